@@ -1,0 +1,158 @@
+//! The engine's error type.
+//!
+//! One `#[non_exhaustive]` enum; every variant that has a MongoDB counterpart
+//! reports MongoDB's numeric code and code name through [`Error::code`] and
+//! [`Error::code_name`], so the wire server can answer exactly as drivers expect.
+//! Errors from outside input never leave stored data changed.
+
+use bson::Bson;
+
+/// Engine result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A unique index (including `_id`) already holds this key. MongoDB code 11000.
+    #[error("E11000 duplicate key error collection: {ns} index: {index} dup key: {key}")]
+    DuplicateKey {
+        ns: String,
+        index: String,
+        /// The index's key pattern, e.g. `{ email: 1 }`.
+        key_pattern: bson::Document,
+        /// The offending key, e.g. `{ email: "a@b" }`.
+        key_value: bson::Document,
+        /// `key_value` rendered for the message.
+        key: String,
+    },
+    /// A value of the wrong type for the operation. MongoDB code 14 (TypeMismatch).
+    #[error("{0}")]
+    TypeMismatch(String),
+    /// Malformed or unsupported input (bad operator argument, invalid spec). Code 2.
+    #[error("{0}")]
+    BadValue(String),
+    /// An operator or stage the engine does not know. Code 2 (MongoDB reports unknown
+    /// query operators as BadValue).
+    #[error("unknown operator: {0}")]
+    UnknownOperator(String),
+    /// An update that would change `_id` or otherwise break an immutable field. Code 66.
+    #[error("{0}")]
+    ImmutableField(String),
+    /// A field path that conflicts with another in the same update. Code 40.
+    #[error("{0}")]
+    ConflictingUpdateOperators(String),
+    /// An update tried to traverse a non-document / non-array. Code 28 (PathNotViable).
+    #[error("{0}")]
+    PathNotViable(String),
+    /// A document that exceeds the size limit. Code 10334 (BSONObjectTooLarge).
+    #[error("document is too large: {size} bytes, the limit is {limit} bytes")]
+    DocumentTooLarge { size: usize, limit: usize },
+    /// Nesting deeper than the limit. Code 15 (Overflow).
+    #[error("document nesting is too deep: more than {limit} levels")]
+    NestingTooDeep { limit: usize },
+    /// Invalid BSON bytes from outside. Code 22 (InvalidBSON).
+    #[error("invalid BSON: {0}")]
+    InvalidBson(String),
+    /// `_id` of a type MongoDB forbids (array, regex, undefined). Code 2.
+    #[error("{0}")]
+    InvalidId(String),
+    /// Namespace does not exist. Code 26 (NamespaceNotFound).
+    #[error("ns not found: {0}")]
+    NamespaceNotFound(String),
+    /// Namespace already exists. Code 48 (NamespaceExists).
+    #[error("collection already exists: {0}")]
+    NamespaceExists(String),
+    /// Invalid collection or database name. Code 73 (InvalidNamespace).
+    #[error("invalid namespace: {0}")]
+    InvalidNamespace(String),
+    /// No index of that name. Code 27 (IndexNotFound).
+    #[error("index not found with name [{0}]")]
+    IndexNotFound(String),
+    /// An index with the same name but a different spec exists. Code 86 (IndexKeySpecsConflict).
+    #[error("{0}")]
+    IndexConflict(String),
+    /// Invalid index specification. Code 67 (CannotCreateIndex).
+    #[error("{0}")]
+    CannotCreateIndex(String),
+    /// The database has been closed or its writer stopped.
+    #[error("database is closed")]
+    Closed,
+    /// A bug that was caught instead of corrupting data. Code 1 (InternalError).
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// Several documents of an `insert_many` failed (see [`crate::BulkWriteFailure`]).
+    #[error("bulk write failed: {} error(s)", .0.errors.len())]
+    BulkWrite(Box<crate::BulkWriteFailure>),
+}
+
+impl Error {
+    /// MongoDB's numeric error code for this error.
+    pub fn code(&self) -> i32 {
+        match self {
+            Error::DuplicateKey { .. } => 11000,
+            Error::TypeMismatch(_) => 14,
+            Error::BadValue(_) | Error::UnknownOperator(_) | Error::InvalidId(_) => 2,
+            Error::ImmutableField(_) => 66,
+            Error::ConflictingUpdateOperators(_) => 40,
+            Error::PathNotViable(_) => 28,
+            Error::DocumentTooLarge { .. } => 10334,
+            Error::NestingTooDeep { .. } => 15,
+            Error::InvalidBson(_) => 22,
+            Error::NamespaceNotFound(_) => 26,
+            Error::NamespaceExists(_) => 48,
+            Error::InvalidNamespace(_) => 73,
+            Error::IndexNotFound(_) => 27,
+            Error::IndexConflict(_) => 86,
+            Error::CannotCreateIndex(_) => 67,
+            Error::Closed => 91,
+            Error::Internal(_) => 1,
+            Error::BulkWrite(_) => 65,
+        }
+    }
+
+    /// MongoDB's code name for this error.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            Error::DuplicateKey { .. } => "DuplicateKey",
+            Error::TypeMismatch(_) => "TypeMismatch",
+            Error::BadValue(_) | Error::UnknownOperator(_) | Error::InvalidId(_) => "BadValue",
+            Error::ImmutableField(_) => "ImmutableField",
+            Error::ConflictingUpdateOperators(_) => "ConflictingUpdateOperators",
+            Error::PathNotViable(_) => "PathNotViable",
+            Error::DocumentTooLarge { .. } => "BSONObjectTooLarge",
+            Error::NestingTooDeep { .. } => "Overflow",
+            Error::InvalidBson(_) => "InvalidBSON",
+            Error::NamespaceNotFound(_) => "NamespaceNotFound",
+            Error::NamespaceExists(_) => "NamespaceExists",
+            Error::InvalidNamespace(_) => "InvalidNamespace",
+            Error::IndexNotFound(_) => "IndexNotFound",
+            Error::IndexConflict(_) => "IndexKeySpecsConflict",
+            Error::CannotCreateIndex(_) => "CannotCreateIndex",
+            Error::Closed => "ShutdownInProgress",
+            Error::Internal(_) => "InternalError",
+            Error::BulkWrite(_) => "MultipleErrorsOccurred",
+        }
+    }
+
+    pub(crate) fn bad_value(msg: impl Into<String>) -> Error {
+        Error::BadValue(msg.into())
+    }
+
+    pub(crate) fn type_mismatch(msg: impl Into<String>) -> Error {
+        Error::TypeMismatch(msg.into())
+    }
+}
+
+/// Short human rendering of a BSON value for error messages.
+pub(crate) fn render(v: &Bson) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    } else {
+        s
+    }
+}
