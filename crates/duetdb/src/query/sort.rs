@@ -16,6 +16,10 @@
 //!   total orders (lexicographic over a total order per component).
 //! - Never panics on any input.
 
+// `crate::Error` is large (DuplicateKey carries documents); its size is error.rs's
+// concern, and every engine function returns it, so the lint is silenced here.
+#![allow(clippy::result_large_err)]
+
 use std::cmp::Ordering;
 
 use bson::raw::{RawArray, RawDocument};
@@ -59,11 +63,16 @@ impl SortSpec {
                 Bson::Int32(-1) | Bson::Int64(-1) => false,
                 Bson::Double(f) if *f == 1.0 => true,
                 Bson::Double(f) if *f == -1.0 => false,
-                Bson::Decimal128(d) => match value::decimal_to_f64(*d) {
-                    f if f == 1.0 => true,
-                    f if f == -1.0 => false,
-                    _ => return Err(bad_direction(k)),
-                },
+                Bson::Decimal128(d) => {
+                    let f = value::decimal_to_f64(*d);
+                    if f == 1.0 {
+                        true
+                    } else if f == -1.0 {
+                        false
+                    } else {
+                        return Err(bad_direction(k));
+                    }
+                }
                 _ => return Err(bad_direction(k)),
             };
             keys.push((k.clone(), asc));
@@ -253,13 +262,10 @@ fn walk_array<'a>(a: &'a RawArray, rest: &[&str], c: &mut Candidates<'a>) {
     }
     let mut any = false;
     for elem in a.into_iter().flatten() {
-        match elem {
-            RawBsonRef::Document(d) => {
-                any = true;
-                walk_doc(d, rest, c);
-            }
-            // Nested arrays are not traversed implicitly (as in MongoDB).
-            _ => {}
+        // Only documents are traversed; nested arrays and scalars are not (as in MongoDB).
+        if let RawBsonRef::Document(d) = elem {
+            any = true;
+            walk_doc(d, rest, c);
         }
     }
     if !any {
