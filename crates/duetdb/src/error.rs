@@ -14,17 +14,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A unique index (including `_id`) already holds this key. MongoDB code 11000.
-    #[error("E11000 duplicate key error collection: {ns} index: {index} dup key: {key}")]
-    DuplicateKey {
-        ns: String,
-        index: String,
-        /// The index's key pattern, e.g. `{ email: 1 }`.
-        key_pattern: bson::Document,
-        /// The offending key, e.g. `{ email: "a@b" }`.
-        key_value: bson::Document,
-        /// `key_value` rendered for the message.
-        key: String,
-    },
+    #[error("E11000 duplicate key error collection: {} index: {} dup key: {}", .0.ns, .0.index, .0.key)]
+    DuplicateKey(Box<DuplicateKey>),
     /// A value of the wrong type for the operation. MongoDB code 14 (TypeMismatch).
     #[error("{0}")]
     TypeMismatch(String),
@@ -74,6 +65,9 @@ pub enum Error {
     /// Invalid index specification. Code 67 (CannotCreateIndex).
     #[error("{0}")]
     CannotCreateIndex(String),
+    /// An operation that is not allowed in this state. Code 20 (IllegalOperation).
+    #[error("{0}")]
+    IllegalOperation(String),
     /// The database has been closed or its writer stopped.
     #[error("database is closed")]
     Closed,
@@ -89,7 +83,7 @@ impl Error {
     /// MongoDB's numeric error code for this error.
     pub fn code(&self) -> i32 {
         match self {
-            Error::DuplicateKey { .. } => 11000,
+            Error::DuplicateKey(_) => 11000,
             Error::TypeMismatch(_) => 14,
             Error::BadValue(_) | Error::UnknownOperator(_) | Error::InvalidId(_) => 2,
             Error::ImmutableField(_) => 66,
@@ -104,6 +98,7 @@ impl Error {
             Error::IndexNotFound(_) => 27,
             Error::IndexConflict(_) => 86,
             Error::CannotCreateIndex(_) => 67,
+            Error::IllegalOperation(_) => 20,
             Error::Closed => 91,
             Error::Internal(_) => 1,
             Error::BulkWrite(_) => 65,
@@ -113,7 +108,7 @@ impl Error {
     /// MongoDB's code name for this error.
     pub fn code_name(&self) -> &'static str {
         match self {
-            Error::DuplicateKey { .. } => "DuplicateKey",
+            Error::DuplicateKey(_) => "DuplicateKey",
             Error::TypeMismatch(_) => "TypeMismatch",
             Error::BadValue(_) | Error::UnknownOperator(_) | Error::InvalidId(_) => "BadValue",
             Error::ImmutableField(_) => "ImmutableField",
@@ -128,6 +123,7 @@ impl Error {
             Error::IndexNotFound(_) => "IndexNotFound",
             Error::IndexConflict(_) => "IndexKeySpecsConflict",
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
+            Error::IllegalOperation(_) => "IllegalOperation",
             Error::Closed => "ShutdownInProgress",
             Error::Internal(_) => "InternalError",
             Error::BulkWrite(_) => "MultipleErrorsOccurred",
@@ -141,6 +137,21 @@ impl Error {
     pub(crate) fn type_mismatch(msg: impl Into<String>) -> Error {
         Error::TypeMismatch(msg.into())
     }
+}
+
+/// Details of a duplicate-key error (boxed: errors stay small on the happy path).
+#[derive(Debug, Clone)]
+pub struct DuplicateKey {
+    /// The collection.
+    pub ns: String,
+    /// The index name (`_id_` for the primary index).
+    pub index: String,
+    /// The index's key pattern, e.g. `{ email: 1 }`.
+    pub key_pattern: bson::Document,
+    /// The offending key, e.g. `{ email: "a@b" }`.
+    pub key_value: bson::Document,
+    /// `key_value` rendered for the message.
+    pub key: String,
 }
 
 /// Short human rendering of a BSON value for error messages.

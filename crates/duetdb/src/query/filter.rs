@@ -77,9 +77,6 @@ pub enum Sarg {
 
 impl Filter {
     /// Parse a filter document; unknown operators and malformed arguments are errors.
-    // The signature is the engine-wide API and the size of `Error` belongs to
-    // error.rs; internally parsing boxes its errors (see `PResult`).
-    #[allow(clippy::result_large_err)]
     pub fn parse(spec: &Document) -> Result<Filter> {
         Ok(Filter {
             root: parse_query(spec, 0).map_err(|e| *e)?,

@@ -15,18 +15,15 @@
 //!   MongoDB 4.4+). Through arrays, inclusion keeps only document elements
 //!   (reduced to the included fields) and exclusion keeps every element.
 //! - Results nest no deeper than the input; input deeper than
-//!   [`crate::query::update::MAX_DEPTH`] is refused. Never panics on input.
-
-// `crate::Error` is large (DuplicateKey carries documents); its size is error.rs's
-// concern, and every engine function returns it, so the lint is silenced here.
-#![allow(clippy::result_large_err)]
+//!   [`crate::doc::MAX_DEPTH`] is refused. Never panics on input.
 
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
+use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
 use crate::path;
-use crate::query::update::{ElemCond, MAX_DEPTH};
+use crate::query::update::ElemCond;
 
 /// A parsed projection.
 #[derive(Debug, Clone)]

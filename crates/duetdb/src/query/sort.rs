@@ -16,10 +16,6 @@
 //!   total orders (lexicographic over a total order per component).
 //! - Never panics on any input.
 
-// `crate::Error` is large (DuplicateKey carries documents); its size is error.rs's
-// concern, and every engine function returns it, so the lint is silenced here.
-#![allow(clippy::result_large_err)]
-
 use std::cmp::Ordering;
 
 use bson::raw::{RawArray, RawDocument};

@@ -19,10 +19,6 @@
 //! - Results nest at most [`MAX_DEPTH`] levels; paths have at most
 //!   [`path::MAX_PATH_COMPONENTS`] components. No input makes this module panic.
 
-// `crate::Error` is large (DuplicateKey carries documents); its size is error.rs's
-// concern, and every engine function returns it, so the lint is silenced here.
-#![allow(clippy::result_large_err)]
-
 use std::cmp::Ordering;
 
 use bson::{Bson, DateTime, Document, RawDocumentBuf, Timestamp};
@@ -33,8 +29,7 @@ use crate::query::filter::Filter;
 use crate::query::sort::SortSpec;
 use crate::value;
 
-/// Deepest nesting a result document may have (the top-level document is level 1).
-pub const MAX_DEPTH: usize = 100;
+use crate::doc::MAX_DEPTH;
 
 /// Most null elements one `$set` on an array index may add (MongoDB's limit).
 const MAX_ARRAY_PADDING: usize = 1_500_000;

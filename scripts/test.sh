@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, Rust unit/property/integration tests,
+# doc tests, and (when present) the Python driver tests in their own venv.
+# This is what CI runs (.ci/run) and what the README's quick start names.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+# Property tests use a fixed case count (see each proptest config); the suite
+# must stay well under 20 minutes on 2 cores.
+cargo test --workspace --locked
+
+if [ -d tests/python ]; then
+    step "python driver tests"
+    venv=".venv"
+    if [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv"
+    fi
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+    cargo build --locked -p duet
+    "$venv/bin/python" -m pytest -q tests/python
+fi
