@@ -15,6 +15,11 @@ use clap::{Args, Parser, Subcommand};
 use duetdb::bson::{doc, Bson, Document};
 use duetdb::{Collection, Database, IndexOptions};
 
+// The engine allocates many small short-lived objects (copy-on-write nodes,
+// index keys); mimalloc handles that pattern far better than glibc malloc.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "duet",
@@ -75,6 +80,38 @@ enum Command {
     Stats {
         #[command(flatten)]
         target: Target,
+    },
+    /// Long-running checks (soaks) of the engine's guarantees.
+    Check {
+        #[command(subcommand)]
+        check: CheckCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckCommand {
+    /// Snapshot consistency: writers change data while scans run under a
+    /// strategy; every scan must equal a model of the data at its start commit.
+    Consistency {
+        /// none, vls, cow or auto (`none` is expected to show violations).
+        #[arg(long, default_value = "vls")]
+        strategy: String,
+        /// How long to run.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Concurrent scans.
+        #[arg(long, default_value_t = 8)]
+        scans: usize,
+        #[arg(long, default_value_t = 2)]
+        writers: usize,
+        /// Documents per round.
+        #[arg(long, default_value_t = 5000)]
+        docs: i64,
+        /// VLS scan slots: 64 or 128.
+        #[arg(long, default_value_t = 64)]
+        slots: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
 }
 
@@ -246,6 +283,66 @@ fn run(cli: Cli) -> Result<()> {
         Command::Count { target, filter } => {
             let c = open(&target)?;
             writeln!(out, "{}", c.count(parse_json_doc(&filter, "--filter")?)?)?;
+            Ok(())
+        }
+        Command::Check {
+            check:
+                CheckCommand::Consistency {
+                    strategy,
+                    seconds,
+                    scans,
+                    writers,
+                    docs,
+                    slots,
+                    seed,
+                },
+        } => {
+            let strategy: duetdb::Strategy = strategy.parse()?;
+            let cfg = duetdb::check::CheckConfig {
+                strategy,
+                scans,
+                writers,
+                docs,
+                scans_per_round: 8,
+                rounds: u64::MAX,
+                max_duration: std::time::Duration::from_secs(seconds),
+                seed,
+                slots,
+                stop_on_violation: false,
+            };
+            writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round")?;
+            let started = Instant::now();
+            let mut last_print = Instant::now();
+            let report = duetdb::check::run(&cfg, |r| {
+                if last_print.elapsed().as_secs() >= 10 {
+                    last_print = Instant::now();
+                    eprintln!(
+                        "  {:>4}s: {} rounds, {} scans checked, {} writes, {} violations",
+                        started.elapsed().as_secs(),
+                        r.rounds,
+                        r.scans_checked,
+                        r.writes,
+                        r.violations
+                    );
+                }
+            });
+            writeln!(
+                out,
+                "{} rounds, {} scans checked ({} overlapped writes), {} writes, {} documents read from the remset, {} violations in {:.0?}",
+                report.rounds,
+                report.scans_checked,
+                report.scans_overlapping_writes,
+                report.writes,
+                report.docs_from_remset,
+                report.violations,
+                started.elapsed()
+            )?;
+            for e in &report.examples {
+                writeln!(out, "  violation: {e}")?;
+            }
+            if report.violations > 0 {
+                bail!("{} violations", report.violations);
+            }
             Ok(())
         }
         Command::Stats { target } => {

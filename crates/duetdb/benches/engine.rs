@@ -10,6 +10,9 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use duetdb::bson::{doc, Document};
 use duetdb::{Database, IndexOptions};
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn n_docs() -> i64 {
     std::env::var("DUET_BENCH_DOCS")
         .ok()
@@ -75,6 +78,12 @@ fn benches(cr: &mut Criterion) {
         b.iter(|| {
             k = (k + 7919) % n;
             black_box(c.find_one(doc! {"_id": k}).expect("read"));
+        })
+    });
+    g.bench_function("point_get_raw", |b| {
+        b.iter(|| {
+            k = (k + 7919) % n;
+            black_box(c.get(&duetdb::bson::Bson::Int64(k)).expect("get"));
         })
     });
     g.bench_function("update_set", |b| {

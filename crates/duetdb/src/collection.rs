@@ -23,6 +23,7 @@ use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
 use crate::heap::{Heap, RecordId};
 use crate::index::{IndexKey, IndexSpec, IndexState, ValueKey};
+use crate::scan::vls::{CollectionVls, VlsOptions};
 
 /// Name of the primary index, as MongoDB.
 pub const ID_INDEX_NAME: &str = "_id_";
@@ -39,10 +40,13 @@ pub struct CollectionState {
     pub indexes: Vec<IndexState>,
     pub next_rid: RecordId,
     pub data_bytes: u64,
+    /// VLS bookkeeping (status masks, remset): beside the heap, shared by every
+    /// version of this collection, updated by the writer before each change.
+    pub vls: Arc<CollectionVls>,
 }
 
 impl CollectionState {
-    pub fn new(ns: &str) -> CollectionState {
+    pub fn new(ns: &str, vls: VlsOptions) -> CollectionState {
         CollectionState {
             ns: Arc::from(ns),
             heap: Heap::new(),
@@ -50,6 +54,7 @@ impl CollectionState {
             indexes: Vec::new(),
             next_rid: 0,
             data_bytes: 0,
+            vls: Arc::new(CollectionVls::new(vls)),
         }
     }
 
@@ -143,6 +148,7 @@ impl CollectionState {
         }
         self.data_bytes += raw.as_bytes().len() as u64;
         self.id_index.insert(ValueKey(id), rid);
+        self.vls.on_insert(rid);
         self.heap.insert(rid, raw);
         Ok(rid)
     }
@@ -172,6 +178,7 @@ impl CollectionState {
                 index.tree.insert((k, rid), ());
             }
         }
+        self.vls.on_supersede(rid, &old);
         self.data_bytes =
             self.data_bytes - old.as_bytes().len() as u64 + new.as_bytes().len() as u64;
         self.heap.insert(rid, new);
@@ -180,6 +187,11 @@ impl CollectionState {
 
     /// Remove the document of `rid`; returns it.
     pub fn delete(&mut self, rid: RecordId) -> Result<DocRef> {
+        let current = self
+            .heap
+            .get(rid)
+            .ok_or_else(|| Error::Internal(format!("delete of missing record {rid}")))?;
+        self.vls.on_supersede(rid, current);
         let old = self
             .heap
             .remove(rid)

@@ -24,6 +24,8 @@ use crate::index::IndexSpec;
 use crate::planner::{self, FindSpec, Hint};
 use crate::query::update::upsert_seed;
 use crate::query::{ApplyContext, Filter, SortSpec, UpdateSpec};
+use crate::scan::vls::CollectionVls;
+use crate::scan::{IndexAtStart, IndexRef};
 use crate::writer::DbState;
 
 /// Most documents one insert command may carry (MongoDB's maxWriteBatchSize).
@@ -37,6 +39,19 @@ pub enum Command {
     },
     DropCollection {
         name: String,
+    },
+    /// Register a VLS scan (see `scan::vls`): a slot, at a commit boundary.
+    VlsRegister {
+        coll: String,
+        vls: Arc<CollectionVls>,
+        ticket: u64,
+        index: Option<IndexRef>,
+    },
+    /// End the table pass of a VLS scan: the writer stops keeping versions for it.
+    VlsFinishTable {
+        vls: Arc<CollectionVls>,
+        slot: usize,
+        complete: bool,
     },
     /// Rename `from` to `to`; `drop_target` replaces an existing `to`.
     RenameCollection {
@@ -127,6 +142,15 @@ pub enum Reply {
     Updated(UpdateResult),
     Deleted(u64),
     FoundAndModified(FindAndModifyOutcome),
+    /// `slot: None`: no free slot yet, wait and retry.
+    VlsRegistered {
+        slot: Option<usize>,
+        csn: u64,
+        next_rid: RecordId,
+        index: Option<IndexAtStart>,
+    },
+    /// The collection of a VLS registration is gone (dropped, renamed, index dropped).
+    VlsGone,
 }
 
 /// Apply `cmd` to `state` (see the module contract).
@@ -139,11 +163,33 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             ensure_collection(state, &name);
             Ok(Reply::Done)
         }
-        Command::DropCollection { name } => Ok(Reply::Existed(
-            Arc::make_mut(&mut state.collections)
-                .remove(&name)
-                .is_some(),
+        Command::VlsRegister {
+            coll,
+            vls,
+            ticket,
+            index,
+        } => Ok(crate::scan::register(
+            state,
+            &coll,
+            &vls,
+            ticket,
+            index.as_ref(),
         )),
+        Command::VlsFinishTable {
+            vls,
+            slot,
+            complete,
+        } => {
+            vls.finish_table(slot, complete);
+            Ok(Reply::Done)
+        }
+        Command::DropCollection { name } => {
+            let removed = Arc::make_mut(&mut state.collections).remove(&name);
+            if let Some(c) = &removed {
+                c.vls.mark_dropped();
+            }
+            Ok(Reply::Existed(removed.is_some()))
+        }
         Command::RenameCollection {
             from,
             to,
@@ -160,10 +206,18 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             if state.collection(&to).is_some() && !drop_target {
                 return Err(Error::NamespaceExists(to));
             }
+            let ns = format!("{}.{to}", state.db);
+            let options = state.vls_options;
             let map = Arc::make_mut(&mut state.collections);
             let mut c = map.remove(&from).ok_or_else(|| missing(&from))?;
-            c.ns = Arc::from(format!("{}.{to}", state.db).as_str());
-            map.insert(to, c);
+            c.ns = Arc::from(ns.as_str());
+            // Scans of the old name end with an error; the renamed collection gets
+            // fresh VLS bookkeeping covering its existing records.
+            c.vls.mark_dropped();
+            c.vls = Arc::new(CollectionVls::with_records(options, c.next_rid));
+            if let Some(replaced) = map.insert(to, c) {
+                replaced.vls.mark_dropped();
+            }
             Ok(Reply::Done)
         }
         Command::Insert {
@@ -210,7 +264,8 @@ fn ensure_collection(state: &mut DbState, name: &str) -> bool {
         return false;
     }
     let ns = format!("{}.{name}", state.db);
-    Arc::make_mut(&mut state.collections).insert(name.to_string(), CollectionState::new(&ns));
+    let c = CollectionState::new(&ns, state.vls_options);
+    Arc::make_mut(&mut state.collections).insert(name.to_string(), c);
     true
 }
 

@@ -5,6 +5,7 @@
 //! is parsed and validated before the writer sees it, so bad input costs the
 //! writer nothing and changes nothing.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::index::IndexSpec;
 use crate::planner::{self, FindSpec, Hint, Plan};
 use crate::query::{Filter, Projection, SortSpec, UpdateSpec};
+use crate::scan::vls::{VlsOptions, VlsStats};
+use crate::scan::{self, ScanOutcome, Strategy};
 use crate::writer::{DbState, Writer};
 use crate::BulkWriteFailure;
 
@@ -35,6 +38,17 @@ pub struct Database {
 struct DbInner {
     writer: Writer,
     path: Option<PathBuf>,
+    /// The snapshot strategy of reads that do not choose one.
+    default_strategy: parking_lot::RwLock<Strategy>,
+}
+
+/// Options of a database.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DbOptions {
+    /// VLS scan slots (64 or 128) and remset mode.
+    pub vls: VlsOptions,
+    /// Strategy of reads that do not choose one (`auto`: `cow` for `_id` lookups, `vls` otherwise).
+    pub default_strategy: Strategy,
 }
 
 impl std::fmt::Debug for Database {
@@ -54,12 +68,56 @@ impl Database {
 
     /// A named in-memory database (used by the multi-database [`crate::Engine`]).
     pub fn named(name: &str, path: Option<PathBuf>) -> Database {
+        Database::with_options(name, path, DbOptions::default())
+    }
+
+    /// A named in-memory database with explicit options.
+    pub fn with_options(name: &str, path: Option<PathBuf>, options: DbOptions) -> Database {
+        let initial = DbState {
+            vls_options: options.vls,
+            ..DbState::default()
+        };
         Database {
             inner: Arc::new(DbInner {
-                writer: Writer::new(name, DbState::default()),
+                writer: Writer::new(name, initial),
                 path,
+                default_strategy: parking_lot::RwLock::new(options.default_strategy),
             }),
         }
+    }
+
+    /// The strategy of reads that do not choose one.
+    pub fn default_strategy(&self) -> Strategy {
+        *self.inner.default_strategy.read()
+    }
+
+    /// Change the store-wide default strategy (e.g. `none` for the baseline).
+    pub fn set_default_strategy(&self, strategy: Strategy) {
+        *self.inner.default_strategy.write() = strategy;
+    }
+
+    /// VLS figures summed over all collections: scans active/queued, remset
+    /// entries and bytes (current and peak), shared and reclaimed versions.
+    pub fn vls_stats(&self) -> VlsStats {
+        let state = self.inner.writer.published();
+        let mut total = VlsStats::default();
+        for c in state.collections.values() {
+            let s = c.vls.stats();
+            total.scans_active += s.scans_active;
+            total.scans_queued += s.scans_queued;
+            total.scans_started += s.scans_started;
+            total.queue_wait_us_total += s.queue_wait_us_total;
+            total.background_resets += s.background_resets;
+            let (t, r) = (&mut total.remset, s.remset);
+            t.entries += r.entries;
+            t.bytes += r.bytes;
+            t.entries_peak += r.entries_peak;
+            t.bytes_peak += r.bytes_peak;
+            t.shared_inserts += r.shared_inserts;
+            t.inserts += r.inserts;
+            t.reclaimed += r.reclaimed;
+        }
+        total
     }
 
     /// Open the database kept in directory `path` (created when missing).
@@ -173,6 +231,18 @@ impl Database {
             s.indexes += 1 + c.indexes.len() as u64;
         }
         s
+    }
+}
+
+fn empty_outcome(csn: u64) -> ScanOutcome {
+    ScanOutcome {
+        strategy: Strategy::Cow,
+        start_csn: csn,
+        plan: Plan {
+            access: planner::Access::CollScan { reverse: false },
+            provides_sort: true,
+        },
+        from_remset: 0,
     }
 }
 
@@ -291,6 +361,14 @@ pub struct Find {
     coll: String,
     filter: Document,
     options: FindOptions,
+    strategy: Option<Strategy>,
+}
+
+/// A find's result with how it was produced.
+#[derive(Debug, Clone)]
+pub struct FindOutcome {
+    pub docs: Vec<DocRef>,
+    pub scan: ScanOutcome,
 }
 
 impl Find {
@@ -319,6 +397,88 @@ impl Find {
     pub fn options(mut self, options: FindOptions) -> Find {
         self.options = options;
         self
+    }
+    /// Read under this snapshot strategy instead of the database default.
+    /// (Reads from a held [`Snapshot`] are always `cow`.)
+    pub fn snapshot(mut self, strategy: Strategy) -> Find {
+        self.strategy = Some(strategy);
+        self
+    }
+
+    /// Execute and report how: the matching stored documents (sorted, skipped,
+    /// limited; unprojected), the strategy, the snapshot's csn and the plan.
+    pub fn run_detailed(self) -> Result<FindOutcome> {
+        let (spec, _) = self.spec()?;
+        self.execute(&spec)
+    }
+
+    fn execute(&self, spec: &FindSpec) -> Result<FindOutcome> {
+        let db = match &self.source {
+            Source::Fixed(state) => {
+                let Some(c) = state.collection(&self.coll) else {
+                    return Ok(FindOutcome {
+                        docs: Vec::new(),
+                        scan: empty_outcome(state.csn),
+                    });
+                };
+                let (found, plan) = planner::run_find(c, spec)?;
+                let scan = ScanOutcome {
+                    strategy: Strategy::Cow,
+                    start_csn: state.csn,
+                    plan,
+                    from_remset: 0,
+                };
+                return Ok(FindOutcome {
+                    docs: found.into_iter().map(|(_, d)| d).collect(),
+                    scan,
+                });
+            }
+            Source::Latest(db) => db,
+        };
+        let strategy = self.strategy.unwrap_or_else(|| db.default_strategy());
+        let filter = spec.filter.as_ref().unwrap_or_else(|| planner::match_all());
+        let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
+        let wanted = if spec.limit > 0 {
+            spec.skip.saturating_add(spec.limit)
+        } else {
+            u64::MAX
+        };
+        let mut docs: Vec<DocRef> = Vec::new();
+        let outcome = scan::scan(
+            db,
+            &self.coll,
+            filter,
+            |c| planner::plan(c, filter, sort, spec.hint.as_ref()),
+            strategy,
+            |d| {
+                docs.push(d.clone());
+                // Without a sort any `wanted` matches will do; stop early.
+                if sort.is_none() && docs.len() as u64 >= wanted {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )?;
+        if let Some(sort) = sort {
+            if !(outcome.strategy == Strategy::Cow && outcome.plan.provides_sort) {
+                let mut keyed: Vec<_> = docs.into_iter().map(|d| (sort.sort_key(&d), d)).collect();
+                // Stable: ties keep scan order.
+                keyed.sort_by(|(a, _), (b, _)| sort.compare_keys(a, b));
+                docs = keyed.into_iter().map(|(_, d)| d).collect();
+            }
+        }
+        let skip = usize::try_from(spec.skip)
+            .unwrap_or(usize::MAX)
+            .min(docs.len());
+        docs.drain(..skip);
+        if spec.limit > 0 {
+            docs.truncate(usize::try_from(spec.limit).unwrap_or(usize::MAX));
+        }
+        Ok(FindOutcome {
+            docs,
+            scan: outcome,
+        })
     }
 
     fn spec(&self) -> Result<(FindSpec, Option<Projection>)> {
@@ -366,14 +526,10 @@ impl Find {
     /// Execute: the matching documents, sorted, skipped, limited and projected.
     pub fn run(self) -> Result<Vec<Document>> {
         let (spec, projection) = self.spec()?;
-        let state = self.source.state();
-        let Some(c) = state.collection(&self.coll) else {
-            return Ok(Vec::new());
-        };
-        let (found, _) = planner::run_find(c, &spec)?;
+        let found = self.execute(&spec)?.docs;
         found
             .iter()
-            .map(|(_, d)| match &projection {
+            .map(|d| match &projection {
                 Some(p) => p.apply(d),
                 None => doc::to_document(d),
             })
@@ -451,6 +607,7 @@ impl SnapshotCollection {
             coll: self.name.clone(),
             filter,
             options: Default::default(),
+            strategy: None,
         }
     }
     pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
@@ -605,6 +762,7 @@ impl Collection {
             coll: self.name.clone(),
             filter,
             options: Default::default(),
+            strategy: None,
         }
     }
 
@@ -612,8 +770,61 @@ impl Collection {
         Ok(self.find(filter).limit(1).run()?.pop())
     }
 
+    /// The stored document with `_id == id` at the latest commit: the point-read
+    /// fast path (no filter parsing, no copy of the bytes).
+    pub fn get(&self, id: &Bson) -> Result<Option<DocRef>> {
+        let id = crate::value::to_raw(id).ok_or_else(|| Error::InvalidId("invalid _id".into()))?;
+        let state = self.state();
+        Ok(state
+            .collection(&self.name)
+            .and_then(|c| c.rid_of_id(&id).and_then(|rid| c.get(rid)).cloned()))
+    }
+
+    /// Stream every document matching `filter` under `strategy` to `visit`
+    /// (which may stop the scan early); no materialization, no order promise
+    /// beyond the strategy's. Returns how the scan ran (strategy, snapshot csn).
+    pub fn scan_with(
+        &self,
+        filter: Document,
+        strategy: Strategy,
+        mut visit: impl FnMut(&DocRef) -> ControlFlow<()>,
+    ) -> Result<ScanOutcome> {
+        let parsed = Filter::parse(&filter)?;
+        scan::scan(
+            &self.db,
+            &self.name,
+            &parsed,
+            |c| planner::plan(c, &parsed, None, None),
+            strategy,
+            |d| visit(d),
+        )
+    }
+
+    /// Count matching documents under the database's default strategy.
     pub fn count(&self, filter: Document) -> Result<u64> {
-        count_in(&self.state(), &self.name, &filter)
+        self.count_with(filter, self.db.default_strategy())
+    }
+
+    /// Count matching documents under `strategy`. Counting everything reads the
+    /// collection size of one published root (O(1), consistent).
+    pub fn count_with(&self, filter: Document, strategy: Strategy) -> Result<u64> {
+        let parsed = Filter::parse(&filter)?;
+        if parsed.is_match_all() {
+            return count_in(&self.state(), &self.name, &filter);
+        }
+        let mut n = 0u64;
+        scan::scan(
+            &self.db,
+            &self.name,
+            &parsed,
+            |c| planner::plan(c, &parsed, None, None),
+            strategy,
+            |_| {
+                n += 1;
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok(n)
     }
 
     /// Distinct values of `path` among matching documents (arrays contribute

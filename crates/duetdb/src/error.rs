@@ -68,6 +68,9 @@ pub enum Error {
     /// An operation that is not allowed in this state. Code 20 (IllegalOperation).
     #[error("{0}")]
     IllegalOperation(String),
+    /// A running query lost its collection (dropped or renamed). Code 175 (QueryPlanKilled).
+    #[error("query plan killed: {0}")]
+    QueryPlanKilled(String),
     /// The database has been closed or its writer stopped.
     #[error("database is closed")]
     Closed,
@@ -99,6 +102,7 @@ impl Error {
             Error::IndexConflict(_) => 86,
             Error::CannotCreateIndex(_) => 67,
             Error::IllegalOperation(_) => 20,
+            Error::QueryPlanKilled(_) => 175,
             Error::Closed => 91,
             Error::Internal(_) => 1,
             Error::BulkWrite(_) => 65,
@@ -124,6 +128,7 @@ impl Error {
             Error::IndexConflict(_) => "IndexKeySpecsConflict",
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
             Error::IllegalOperation(_) => "IllegalOperation",
+            Error::QueryPlanKilled(_) => "QueryPlanKilled",
             Error::Closed => "ShutdownInProgress",
             Error::Internal(_) => "InternalError",
             Error::BulkWrite(_) => "MultipleErrorsOccurred",

@@ -39,10 +39,12 @@ pub enum KeyPart {
     High,
 }
 
-/// A whole index key; `desc` bit i reverses part i.
+/// A whole index key; `desc` bit i reverses part i. The parts are shared
+/// (`Arc`): copy-on-write B+tree nodes clone their keys on every path copy, so a
+/// key clone must cost a reference-count increment, not an allocation.
 #[derive(Debug, Clone)]
 pub struct IndexKey {
-    pub parts: Box<[KeyPart]>,
+    pub parts: Arc<[KeyPart]>,
     pub desc: u32,
 }
 
@@ -215,7 +217,7 @@ impl IndexSpec {
             parts.push(fill.clone());
         }
         IndexKey {
-            parts: parts.into_boxed_slice(),
+            parts: parts.into(),
             desc: self.desc_mask(),
         }
     }
@@ -300,7 +302,7 @@ impl IndexSpec {
                 })
                 .collect();
             keys.push(IndexKey {
-                parts: parts.into_boxed_slice(),
+                parts: parts.into(),
                 desc,
             });
         }

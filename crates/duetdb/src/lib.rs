@@ -18,6 +18,7 @@
 //! ```
 
 pub mod btree;
+pub mod check;
 pub mod collection;
 pub mod command;
 pub mod database;
@@ -29,17 +30,19 @@ pub mod index;
 pub mod path;
 pub mod planner;
 pub mod query;
+pub mod scan;
 pub mod value;
 pub mod writer;
 
 pub use bson;
 pub use command::UpdateResult;
 pub use database::{
-    CollStats, Collection, Database, DbStats, Find, FindAndModifyOptions, FindOptions,
+    CollStats, Collection, Database, DbOptions, DbStats, Find, FindAndModifyOptions, FindOptions,
     IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, UpdateOptions,
 };
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub use scan::Strategy;
 
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
 #[derive(Debug, Clone)]

@@ -629,6 +629,15 @@ fn bounds_nonempty(lo: &Bound<EntryKey>, hi: &Bound<EntryKey>) -> bool {
     }
 }
 
+/// The empty filter, parsed once.
+pub fn match_all() -> &'static Filter {
+    static MATCH_ALL: std::sync::OnceLock<Filter> = std::sync::OnceLock::new();
+    MATCH_ALL.get_or_init(|| {
+        Filter::parse(&Document::new())
+            .unwrap_or_else(|e| panic!("the empty filter must parse: {e}"))
+    })
+}
+
 /// A find's shape, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct FindSpec {
@@ -645,8 +654,10 @@ pub fn run_find(
     coll: &CollectionState,
     spec: &FindSpec,
 ) -> Result<(Vec<(RecordId, DocRef)>, Plan)> {
-    let match_all = Filter::parse(&Document::new())?;
-    let filter = spec.filter.as_ref().unwrap_or(&match_all);
+    let filter = match &spec.filter {
+        Some(f) => f,
+        None => match_all(),
+    };
     let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
     let plan = plan(coll, filter, sort, spec.hint.as_ref())?;
     let mut out: Vec<(RecordId, DocRef)> = Vec::new();

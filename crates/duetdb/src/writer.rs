@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -43,6 +43,8 @@ pub struct DbState {
     /// Commit sequence number of the last command applied.
     pub csn: u64,
     pub collections: Arc<BTreeMap<String, CollectionState>>,
+    /// Options new collections' VLS bookkeeping is created with.
+    pub vls_options: crate::scan::vls::VlsOptions,
 }
 
 impl DbState {
@@ -59,7 +61,20 @@ impl DbState {
 struct Slot {
     command: Mutex<Option<Command>>,
     reply: Mutex<Option<Result<Reply>>>,
+    /// The csn the command committed at (0 when it failed).
+    csn: AtomicU64,
     done: AtomicBool,
+}
+
+thread_local! {
+    static LAST_CSN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The csn at which the last command this thread submitted committed (0 if it
+/// failed). Lets a client order its own writes against snapshots (the checker
+/// builds its model from it; the server reports it as operationTime).
+pub fn last_commit_csn() -> u64 {
+    LAST_CSN.with(|c| c.get())
 }
 
 /// The writer of one database.
@@ -102,6 +117,7 @@ impl Writer {
         let slot = Arc::new(Slot {
             command: Mutex::new(Some(command)),
             reply: Mutex::new(None),
+            csn: AtomicU64::new(0),
             done: AtomicBool::new(false),
         });
         let mut queue = self.queue.lock();
@@ -151,6 +167,8 @@ impl Writer {
                 let reply = apply_command(&mut working, cmd);
                 if reply.is_err() {
                     working.csn -= 1;
+                } else {
+                    s.csn.store(working.csn, Ordering::Relaxed);
                 }
                 *s.reply.lock() = Some(reply);
             }
@@ -184,6 +202,7 @@ impl Writer {
 }
 
 fn take_reply(slot: &Slot) -> Result<Reply> {
+    LAST_CSN.with(|c| c.set(slot.csn.load(Ordering::Relaxed)));
     slot.reply
         .lock()
         .take()
