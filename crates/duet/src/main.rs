@@ -76,6 +76,8 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Serve the MongoDB wire protocol (see the README's "Server" section).
+    Serve(duet_server::ServeArgs),
 }
 
 #[derive(Args)]
@@ -200,6 +202,7 @@ fn run(cli: Cli) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
+        Command::Serve(args) => duet_server::serve_cli(args).map_err(|e| anyhow::anyhow!(e)),
         Command::Demo { docs } => demo(docs, &mut out),
         Command::Import {
             target,
