@@ -256,6 +256,43 @@ mod tests {
         assert_eq!(decode(&h, &bad).expect_err("crc").code, 40579);
     }
 
+    /// Fuzz-lite: random mutations of valid messages never panic the decoders
+    /// (a deterministic xorshift stream, so failures reproduce).
+    #[test]
+    fn random_mutations_never_panic() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut base = 0u32.to_le_bytes().to_vec();
+        base.push(0);
+        base.extend(bytes(
+            &doc! {"find": "c", "filter": {"a": {"$in": [1, "x", {"b": [2]}]}}, "$db": "t"},
+        ));
+        base.push(1);
+        let d = bytes(&doc! {"q": {"x": 1}, "u": {"$set": {"y": 2}}});
+        base.extend(((4 + 8 + d.len()) as i32).to_le_bytes());
+        base.extend(b"updates\0");
+        base.extend(&d);
+        for _ in 0..20_000 {
+            let mut m = base.clone();
+            let edits = 1 + (next() % 4) as usize;
+            for _ in 0..edits {
+                let at = (next() as usize) % m.len();
+                match next() % 3 {
+                    0 => m[at] = next() as u8,
+                    1 => m.truncate(at.max(1)),
+                    _ => m.insert(at, next() as u8),
+                }
+            }
+            let _ = decode(&header(m.len()), &m);
+            let _ = crate::opquery::decode(&m);
+        }
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         let cases: Vec<Vec<u8>> = vec![

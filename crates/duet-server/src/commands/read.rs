@@ -212,7 +212,6 @@ pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 
 pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let coll = args::collection_name(cmd, "count")?;
-    OpCounters::bump(&ctx.state.ops.command, 0);
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     // A negative limit means the same as its absolute value for count.
@@ -474,7 +473,6 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             ))
         }
     };
-    OpCounters::bump(&ctx.state.ops.command, 0);
     let pipeline = args::opt_array(cmd, "pipeline")?
         .ok_or_else(|| CommandError::bad_value("aggregate requires 'pipeline'"))?;
     let plan = pipeline_plan(pipeline)?;
