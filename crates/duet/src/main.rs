@@ -81,6 +81,8 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Serve the MongoDB wire protocol (see the README's "Server" section).
+    Serve(duet_server::ServeArgs),
     /// Long-running checks (soaks) of the engine's guarantees.
     Check {
         #[command(subcommand)]
@@ -113,7 +115,7 @@ enum CheckCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-}
+
 
 #[derive(Args)]
 struct Target {
@@ -237,6 +239,7 @@ fn run(cli: Cli) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
+        Command::Serve(args) => duet_server::serve_cli(args).map_err(|e| anyhow::anyhow!(e)),
         Command::Demo { docs } => demo(docs, &mut out),
         Command::Import {
             target,

@@ -1,0 +1,205 @@
+//! Server-level commands: buildInfo, hostInfo, getParameter, getCmdLineOpts,
+//! connectionStatus, listCommands, serverStatus, listDatabases.
+//!
+//! `serverStatus` reports what the engine exposes today (per database: csn,
+//! collections, objects, data bytes) plus the server's own counters
+//! (connections, opcounters, cursors, held snapshots). Writer-queue, remset and
+//! WAL figures are not exposed by the engine yet and are not invented here.
+
+use std::sync::atomic::Ordering;
+
+use bson::{doc, Bson, DateTime, Document};
+
+use super::{Ctx, COMMANDS};
+use crate::args;
+use crate::error::{CmdResult, CommandError};
+
+/// The MongoDB version whose wire protocol we speak (wire version 21).
+pub const COMPAT_VERSION: &str = "7.0.0";
+
+pub fn build_info() -> Document {
+    doc! {
+        "version": COMPAT_VERSION,
+        "versionArray": [7, 0, 0, 0],
+        "gitVersion": "duetdb",
+        "duetVersion": env!("CARGO_PKG_VERSION"),
+        "bits": 64,
+        "debug": cfg!(debug_assertions),
+        "maxBsonObjectSize": super::handshake::MAX_BSON_OBJECT_SIZE,
+        "storageEngines": ["duetdb"],
+        "modules": [],
+        "ok": 1.0,
+    }
+}
+
+pub fn host_info() -> Document {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as i32)
+        .unwrap_or(1);
+    doc! {
+        "system": {
+            "currentTime": DateTime::now(),
+            "hostname": "localhost",
+            "cpuAddrSize": 64,
+            "numCores": cores,
+            "cpuArch": std::env::consts::ARCH,
+        },
+        "os": {"type": std::env::consts::OS, "name": std::env::consts::OS},
+        "extra": {},
+        "ok": 1.0,
+    }
+}
+
+pub fn cmd_line_opts() -> Document {
+    let argv: Vec<Bson> = std::env::args().map(Bson::String).collect();
+    doc! {"argv": argv, "parsed": {}, "ok": 1.0}
+}
+
+fn parameters() -> Document {
+    doc! {
+        "featureCompatibilityVersion": {"version": "7.0"},
+        "authenticationMechanisms": [],
+        "maxBsonObjectSize": super::handshake::MAX_BSON_OBJECT_SIZE,
+        "maxMessageSizeBytes": super::handshake::MAX_MESSAGE_SIZE_BYTES,
+        "maxWriteBatchSize": super::handshake::MAX_WRITE_BATCH_SIZE,
+        "cursorTimeoutMillis": 600_000i64,
+        "logicalSessionTimeoutMinutes": super::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES,
+    }
+}
+
+/// `{getParameter: 1, name: 1, ...}` or `{getParameter: "*"}`.
+pub fn get_parameter(cmd: &Document) -> CmdResult {
+    let all = parameters();
+    let mut out = Document::new();
+    if matches!(cmd.get("getParameter"), Some(Bson::String(s)) if s == "*") {
+        out = all;
+    } else {
+        for (k, _) in cmd.iter().skip(1) {
+            if k.starts_with('$') || matches!(k.as_str(), "lsid" | "comment" | "apiVersion") {
+                continue;
+            }
+            match all.get(k) {
+                Some(v) => {
+                    out.insert(k.clone(), v.clone());
+                }
+                None => {
+                    return Err(CommandError::new(
+                        72,
+                        "InvalidOptions",
+                        format!("no option found to get: {k}"),
+                    ))
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(CommandError::new(
+                72,
+                "InvalidOptions",
+                "no option found to get",
+            ));
+        }
+    }
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+pub fn connection_status() -> Document {
+    doc! {
+        "authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []},
+        "ok": 1.0,
+    }
+}
+
+pub fn list_commands() -> Document {
+    let mut cmds = Document::new();
+    for (name, help) in COMMANDS {
+        cmds.insert(*name, doc! {"help": *help, "adminOnly": false});
+    }
+    doc! {"commands": cmds, "ok": 1.0}
+}
+
+fn counter(c: &std::sync::atomic::AtomicU64) -> i64 {
+    c.load(Ordering::Relaxed).min(i64::MAX as u64) as i64
+}
+
+pub fn server_status(ctx: &Ctx<'_>) -> Document {
+    let s = ctx.state;
+    let uptime = s.started.elapsed();
+    let current = counter(&s.connections_current);
+    let mut dbs = Vec::new();
+    for (name, db) in s.engine.list_databases() {
+        let st = db.stats();
+        dbs.push(Bson::Document(doc! {
+            "name": name,
+            "csn": st.csn.min(i64::MAX as u64) as i64,
+            "collections": st.collections as i64,
+            "objects": st.objects as i64,
+            "dataBytes": st.data_bytes as i64,
+            "indexes": st.indexes as i64,
+        }));
+    }
+    doc! {
+        "host": "localhost",
+        "version": COMPAT_VERSION,
+        "process": "duet",
+        "pid": std::process::id() as i64,
+        "uptime": uptime.as_secs_f64(),
+        "uptimeMillis": uptime.as_millis().min(i64::MAX as u128) as i64,
+        "localTime": DateTime::now(),
+        "connections": {
+            "current": current as i32,
+            "available": (s.config.max_connections as i64 - current).max(0) as i32,
+            "totalCreated": counter(&s.connections_total),
+            "refused": counter(&s.connections_refused),
+        },
+        "opcounters": {
+            "insert": counter(&s.ops.insert),
+            "query": counter(&s.ops.query),
+            "update": counter(&s.ops.update),
+            "delete": counter(&s.ops.delete),
+            "getmore": counter(&s.ops.getmore),
+            "command": counter(&s.ops.command),
+        },
+        "duet": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "databases": dbs,
+            "cursorsOpen": s.cursors.len() as i64,
+            "snapshotsHeld": s.snapshots.len() as i64,
+            "notYetExposed": ["writerQueue", "remset", "oldVersions", "scans", "wal"],
+        },
+        "ok": 1.0,
+    }
+}
+
+pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name_only = args::flag(cmd, "nameOnly")?;
+    let filter = args::opt_doc(cmd, "filter")?
+        .map(duetdb::query::Filter::parse)
+        .transpose()?;
+    let mut out = Vec::new();
+    let mut total: i64 = 0;
+    for (name, db) in ctx.state.engine.list_databases() {
+        let st = db.stats();
+        let size = st.data_bytes.min(i64::MAX as u64) as i64;
+        let entry = if name_only {
+            doc! {"name": name}
+        } else {
+            doc! {"name": name, "sizeOnDisk": size, "empty": st.objects == 0}
+        };
+        if let Some(f) = &filter {
+            let raw = duetdb::doc::to_raw_document(&entry)?;
+            if !f.matches(&raw) {
+                continue;
+            }
+        }
+        total = total.saturating_add(size);
+        out.push(Bson::Document(entry));
+    }
+    let mut reply = doc! {"databases": out};
+    if !name_only {
+        reply.insert("totalSize", total);
+        reply.insert("totalSizeMb", total / (1024 * 1024));
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
+}

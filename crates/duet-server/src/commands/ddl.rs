@@ -1,0 +1,302 @@
+//! Namespace and index commands: listCollections, create, drop, dropDatabase,
+//! renameCollection, collStats, dbStats, createIndexes, listIndexes,
+//! dropIndexes.
+//!
+//! Options the engine cannot honor (capped, validators, views, time series,
+//! collations, sparse/partial/TTL indexes, …) are refused with
+//! CommandNotSupported (115), never silently dropped.
+
+use bson::{doc, Bson, Document};
+use duetdb::IndexOptions;
+
+use super::Ctx;
+use crate::args;
+use crate::error::{CmdResult, CommandError};
+
+/// A reply carrying all results in its first batch (cursor id 0).
+pub fn single_batch_cursor(ns: String, docs: Vec<Bson>) -> Document {
+    doc! {"cursor": {"id": 0i64, "ns": ns, "firstBatch": docs}, "ok": 1.0}
+}
+
+/// Command options that are accepted with no effect on a single node.
+const GENERIC: &[&str] = &[
+    "lsid",
+    "$clusterTime",
+    "$readPreference",
+    "$db",
+    "writeConcern",
+    "readConcern",
+    "comment",
+    "maxTimeMS",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "txnNumber",
+];
+
+fn is_generic(k: &str) -> bool {
+    GENERIC.contains(&k)
+}
+
+pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name_only = args::flag(cmd, "nameOnly")?;
+    let filter = args::opt_doc(cmd, "filter")?
+        .map(duetdb::query::Filter::parse)
+        .transpose()?;
+    let snap = ctx.database()?.snapshot();
+    let mut out = Vec::new();
+    for name in snap.list_collection_names() {
+        let full = doc! {
+            "name": name.clone(),
+            "type": "collection",
+            "options": {},
+            "info": {"readOnly": false},
+            "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+        };
+        if let Some(f) = &filter {
+            let raw = duetdb::doc::to_raw_document(&full)?;
+            if !f.matches(&raw) {
+                continue;
+            }
+        }
+        out.push(Bson::Document(if name_only {
+            doc! {"name": name, "type": "collection"}
+        } else {
+            full
+        }));
+    }
+    Ok(single_batch_cursor(
+        format!("{}.$cmd.listCollections", ctx.db),
+        out,
+    ))
+}
+
+pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "create")?;
+    if let Some((k, _)) = cmd
+        .iter()
+        .skip(1)
+        .find(|(k, _)| !is_generic(k) && k.as_str() != "idIndex")
+    {
+        return Err(CommandError::not_supported(format!(
+            "create option '{k}' is not supported by duetdb"
+        )));
+    }
+    let db = ctx.database()?;
+    match db.create_collection(name) {
+        // As MongoDB 7.0: creating an existing collection with the same
+        // (default) options succeeds.
+        Ok(()) | Err(duetdb::Error::NamespaceExists(_)) => Ok(doc! {"ok": 1.0}),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "drop")?;
+    let db = ctx.database()?;
+    let n_indexes = db
+        .collection(name)
+        .stats()
+        .map(|s| s.indexes.len() as i32)
+        .unwrap_or(0);
+    if db.drop_collection(name)? {
+        Ok(doc! {"ns": ctx.ns(name), "nIndexesWas": n_indexes, "ok": 1.0})
+    } else {
+        Err(CommandError::ns_not_found("ns not found"))
+    }
+}
+
+pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult {
+    duetdb::engine::validate_db_name(ctx.db)?;
+    ctx.state.engine.drop_database(ctx.db);
+    Ok(doc! {"dropped": ctx.db, "ok": 1.0})
+}
+
+fn split_ns(ns: &str) -> CmdResult<(&str, &str)> {
+    ns.split_once('.')
+        .filter(|(d, c)| !d.is_empty() && !c.is_empty())
+        .ok_or_else(|| {
+            CommandError::new(
+                73,
+                "InvalidNamespace",
+                format!("invalid namespace '{ns}': expected <db>.<collection>"),
+            )
+        })
+}
+
+pub fn rename_collection(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            "renameCollection may only be run against the admin database",
+        ));
+    }
+    let from = args::req_str(cmd, "renameCollection")?;
+    let to = args::req_str(cmd, "to")?;
+    let drop_target = args::flag(cmd, "dropTarget")?;
+    let (from_db, from_coll) = split_ns(from)?;
+    let (to_db, to_coll) = split_ns(to)?;
+    if from_db != to_db {
+        return Err(CommandError::not_supported(
+            "renameCollection across databases is not supported by duetdb",
+        ));
+    }
+    let db = ctx.state.engine.database(from_db)?;
+    db.rename_collection(from_coll, to_coll, drop_target)?;
+    Ok(doc! {"ok": 1.0})
+}
+
+pub fn coll_stats(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "collStats")?;
+    let s = ctx.database()?.collection(name).stats().map_err(|_| {
+        CommandError::ns_not_found(format!("Collection [{}] not found.", ctx.ns(name)))
+    })?;
+    let mut entries = Document::new();
+    for (n, count) in &s.indexes {
+        entries.insert(n.clone(), *count as i64);
+    }
+    Ok(doc! {
+        "ns": ctx.ns(name),
+        "count": s.count as i64,
+        "size": s.data_bytes as i64,
+        "avgObjSize": s.avg_obj_size as i64,
+        "storageSize": s.data_bytes as i64,
+        "nindexes": s.indexes.len() as i32,
+        "duet": {"indexEntries": entries, "heapNodes": s.heap_nodes as i64},
+        "ok": 1.0,
+    })
+}
+
+pub fn db_stats(ctx: &Ctx<'_>) -> CmdResult {
+    let s = ctx.database()?.stats();
+    Ok(doc! {
+        "db": ctx.db,
+        "collections": s.collections as i64,
+        "views": 0,
+        "objects": s.objects as i64,
+        "avgObjSize": s.data_bytes.checked_div(s.objects).unwrap_or(0) as f64,
+        "dataSize": s.data_bytes as f64,
+        "storageSize": s.data_bytes as f64,
+        "indexes": s.indexes as i64,
+        "duet": {"csn": s.csn.min(i64::MAX as u64) as i64},
+        "ok": 1.0,
+    })
+}
+
+const INDEX_OPTIONS_OK: &[&str] = &["key", "name", "unique", "v", "background", "ns"];
+
+pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "createIndexes")?;
+    let specs = args::doc_array(cmd, "indexes")?;
+    if specs.is_empty() {
+        return Err(CommandError::bad_value(
+            "Must specify at least one index to create",
+        ));
+    }
+    let db = ctx.database()?;
+    let coll = db.collection(name);
+    let before = coll.list_indexes().ok();
+    let existed = before.is_some();
+    let n_before = before.map(|v| v.len()).unwrap_or(1) as i32;
+    for spec in specs {
+        if let Some((k, _)) = spec
+            .iter()
+            .find(|(k, _)| !INDEX_OPTIONS_OK.contains(&k.as_str()))
+        {
+            return Err(CommandError::not_supported(format!(
+                "index option '{k}' is not supported by duetdb"
+            )));
+        }
+        let keys = args::opt_doc(spec, "key")?
+            .ok_or_else(|| CommandError::bad_value("index specification has no 'key'"))?;
+        let options = IndexOptions {
+            name: args::opt_str(spec, "name")?.map(str::to_string),
+            unique: args::flag(spec, "unique")?,
+        };
+        coll.create_index(keys.clone(), options)?;
+    }
+    let n_after = coll.list_indexes().map(|v| v.len()).unwrap_or(0) as i32;
+    let mut reply = doc! {
+        "createdCollectionAutomatically": !existed,
+        "numIndexesBefore": n_before,
+        "numIndexesAfter": n_after,
+    };
+    if n_after == n_before {
+        reply.insert("note", "all indexes already exist");
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
+}
+
+pub fn list_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "listIndexes")?;
+    let idx = ctx
+        .database()?
+        .collection(name)
+        .list_indexes()
+        .map_err(|_| CommandError::ns_not_found(format!("ns does not exist: {}", ctx.ns(name))))?;
+    Ok(single_batch_cursor(
+        ctx.ns(name),
+        idx.into_iter().map(Bson::Document).collect(),
+    ))
+}
+
+pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "dropIndexes")?;
+    let coll = ctx.database()?.collection(name);
+    let existing = coll
+        .list_indexes()
+        .map_err(|_| CommandError::ns_not_found(format!("ns not found {}", ctx.ns(name))))?;
+    let n_was = existing.len() as i32;
+    let name_of = |d: &Document| d.get_str("name").unwrap_or_default().to_string();
+    let targets: Vec<String> = match cmd.get("index") {
+        Some(Bson::String(s)) if s == "*" => existing
+            .iter()
+            .map(name_of)
+            .filter(|n| n != "_id_")
+            .collect(),
+        Some(Bson::String(s)) => vec![s.clone()],
+        Some(Bson::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Bson::String(s) => Ok(s.clone()),
+                other => Err(CommandError::type_mismatch(format!(
+                    "dropIndexes index names must be strings, not {:?}",
+                    other.element_type()
+                ))),
+            })
+            .collect::<CmdResult<_>>()?,
+        Some(Bson::Document(pattern)) => {
+            let found = existing
+                .iter()
+                .find(|d| d.get_document("key").ok() == Some(pattern))
+                .ok_or_else(|| {
+                    CommandError::new(
+                        27,
+                        "IndexNotFound",
+                        format!("can't find index with key: {pattern}"),
+                    )
+                })?;
+            vec![name_of(found)]
+        }
+        Some(other) => {
+            return Err(CommandError::type_mismatch(format!(
+                "dropIndexes 'index' must be a string, array or document, not {:?}",
+                other.element_type()
+            )))
+        }
+        None => return Err(CommandError::bad_value("dropIndexes requires 'index'")),
+    };
+    if targets.iter().any(|t| t == "_id_") {
+        return Err(CommandError::new(
+            72,
+            "InvalidOptions",
+            "cannot drop _id index",
+        ));
+    }
+    for t in &targets {
+        coll.drop_index(t)?;
+    }
+    Ok(doc! {"nIndexesWas": n_was, "ok": 1.0})
+}

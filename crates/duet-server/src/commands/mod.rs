@@ -1,0 +1,241 @@
+//! Command dispatch: from one command document (already validated and with its
+//! document sequences merged) to one reply document.
+//!
+//! Runs on a blocking thread (the connection task calls it through
+//! `spawn_blocking`), so engine calls never stall the async runtime.
+//!
+//! Generic fields drivers add (`lsid`, `$clusterTime`, `$readPreference`,
+//! `writeConcern`, `comment`, `apiVersion`, `apiStrict`,
+//! `apiDeprecationErrors`, `txnNumber`) are accepted and ignored: a single
+//! node acknowledges every write once it is visible. `maxTimeMS` is enforced by
+//! the caller. Things we cannot honor are refused, never silently ignored:
+//! transactions (`startTransaction`/`autocommit`), the reserved `$duet` field,
+//! read concern `snapshot` outside find/aggregate/distinct.
+
+pub mod admin;
+pub mod ddl;
+pub mod handshake;
+pub mod read;
+pub mod write;
+
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document, Timestamp};
+use duetdb::{Database, Snapshot};
+
+use crate::error::{CmdResult, CommandError};
+use crate::state::{ConnInfo, OpCounters, ServerState};
+
+/// Everything a command handler may use.
+pub struct Ctx<'a> {
+    pub state: &'a Arc<ServerState>,
+    pub conn: &'a ConnInfo,
+    /// The database the command was sent to (`$db`).
+    pub db: &'a str,
+}
+
+impl Ctx<'_> {
+    pub fn database(&self) -> CmdResult<Database> {
+        Ok(self.state.engine.database(self.db)?)
+    }
+
+    pub fn ns(&self, coll: &str) -> String {
+        format!("{}.{}", self.db, coll)
+    }
+
+    /// The snapshot a read runs on, and the `atClusterTime` to report when the
+    /// client asked for read concern `snapshot`.
+    pub fn read_snapshot(&self, cmd: &Document) -> CmdResult<(Snapshot, Option<Timestamp>)> {
+        let db = self.database()?;
+        match read_concern(cmd)? {
+            ReadConcern::Snapshot(at) => {
+                let snap = self.state.snapshots.resolve(self.db, &db, at)?;
+                let ts = crate::snapshots::csn_to_timestamp(snap.csn());
+                Ok((snap, Some(ts)))
+            }
+            ReadConcern::Default => Ok((db.snapshot(), None)),
+        }
+    }
+}
+
+enum ReadConcern {
+    Default,
+    Snapshot(Option<Timestamp>),
+}
+
+fn read_concern(cmd: &Document) -> CmdResult<ReadConcern> {
+    let Some(rc) = crate::args::opt_doc(cmd, "readConcern")? else {
+        return Ok(ReadConcern::Default);
+    };
+    let level = crate::args::opt_str(rc, "level")?.unwrap_or("local");
+    match level {
+        "local" | "available" | "majority" | "linearizable" => Ok(ReadConcern::Default),
+        "snapshot" => {
+            let at = match rc.get("atClusterTime") {
+                None | Some(Bson::Null) => None,
+                Some(Bson::Timestamp(ts)) => Some(*ts),
+                Some(other) => {
+                    return Err(CommandError::type_mismatch(format!(
+                        "readConcern.atClusterTime must be a timestamp, not {:?}",
+                        other.element_type()
+                    )))
+                }
+            };
+            Ok(ReadConcern::Snapshot(at))
+        }
+        other => Err(CommandError::bad_value(format!(
+            "invalid read concern level '{other}'"
+        ))),
+    }
+}
+
+/// The commands we answer (for `listCommands` and dispatch), with one-line help.
+pub const COMMANDS: &[(&str, &str)] = &[
+    ("hello", "handshake: server description"),
+    ("isMaster", "legacy handshake (alias ismaster)"),
+    ("ping", "liveness check"),
+    ("buildInfo", "server version"),
+    ("hostInfo", "host description"),
+    ("getParameter", "read server parameters"),
+    ("getCmdLineOpts", "the server's command line"),
+    ("getLog", "recent log lines (always empty)"),
+    ("whatsmyuri", "the client's address"),
+    ("connectionStatus", "authentication state (no auth yet)"),
+    ("listCommands", "this list"),
+    ("serverStatus", "counters and engine figures"),
+    ("listDatabases", "databases holding collections"),
+    ("listCollections", "collections of a database"),
+    ("create", "create a collection"),
+    ("drop", "drop a collection"),
+    ("dropDatabase", "drop a database"),
+    ("renameCollection", "rename a collection within a database"),
+    ("collStats", "collection statistics"),
+    ("dbStats", "database statistics"),
+    ("insert", "insert documents"),
+    ("find", "query documents"),
+    ("getMore", "next batch of a cursor"),
+    ("killCursors", "close cursors"),
+    ("update", "update documents"),
+    ("delete", "delete documents"),
+    (
+        "findAndModify",
+        "update or delete one document and return it",
+    ),
+    ("count", "count matching documents"),
+    ("distinct", "distinct values of a field"),
+    (
+        "aggregate",
+        "pipelines of $match/$sort/$skip/$limit/$project/$count",
+    ),
+    ("createIndexes", "build indexes"),
+    ("listIndexes", "indexes of a collection"),
+    ("dropIndexes", "drop indexes"),
+    ("explain", "query plan of find/count/distinct/aggregate"),
+    ("endSessions", "end sessions (no server-side session state)"),
+    (
+        "killSessions",
+        "kill sessions (no server-side session state)",
+    ),
+];
+
+/// Execute one command; always returns a reply document (`ok: 1` or an error).
+pub fn execute(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> Document {
+    OpCounters::bump(&state.ops.command, 1);
+    match dispatch(state, conn, db, cmd) {
+        Ok(reply) => reply,
+        Err(e) => {
+            tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");
+            e.to_reply()
+        }
+    }
+}
+
+/// The command's name (its first field).
+pub fn command_name(cmd: &Document) -> Option<&str> {
+    cmd.keys().next().map(String::as_str)
+}
+
+fn check_generic(cmd: &Document) -> CmdResult<()> {
+    if cmd.contains_key("$duet") {
+        return Err(CommandError::not_supported(
+            "the $duet option (snapshot strategies vls/olcp/cow and named snapshots) is reserved and not built yet",
+        ));
+    }
+    if cmd.contains_key("startTransaction") || cmd.contains_key("autocommit") {
+        return Err(CommandError::new(
+            20,
+            "IllegalOperation",
+            "transactions are not supported by duetdb yet",
+        ));
+    }
+    Ok(())
+}
+
+fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
+    let name =
+        command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
+    check_generic(cmd)?;
+    if !matches!(
+        name,
+        "find" | "aggregate" | "distinct" | "explain" | "getMore"
+    ) && matches!(read_concern(cmd)?, ReadConcern::Snapshot(_))
+    {
+        return Err(CommandError::new(
+            72,
+            "InvalidOptions",
+            format!("read concern level 'snapshot' is not supported by '{name}' (only find, aggregate, distinct)"),
+        ));
+    }
+    let ctx = Ctx { state, conn, db };
+    match name {
+        "hello" | "isMaster" | "ismaster" => Ok(handshake::hello(&ctx, name, cmd)),
+        "ping" => Ok(doc! {"ok": 1.0}),
+        "buildInfo" | "buildinfo" => Ok(admin::build_info()),
+        "hostInfo" => Ok(admin::host_info()),
+        "getParameter" => admin::get_parameter(cmd),
+        "getCmdLineOpts" => Ok(admin::cmd_line_opts()),
+        "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
+        "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
+        "connectionStatus" => Ok(admin::connection_status()),
+        "listCommands" => Ok(admin::list_commands()),
+        "serverStatus" => Ok(admin::server_status(&ctx)),
+        "listDatabases" => admin::list_databases(&ctx, cmd),
+        "endSessions" | "killSessions" | "killAllSessions" => Ok(doc! {"ok": 1.0}),
+        "listCollections" => ddl::list_collections(&ctx, cmd),
+        "create" => ddl::create(&ctx, cmd),
+        "drop" => ddl::drop(&ctx, cmd),
+        "dropDatabase" => ddl::drop_database(&ctx),
+        "renameCollection" => ddl::rename_collection(&ctx, cmd),
+        "collStats" => ddl::coll_stats(&ctx, cmd),
+        "dbStats" => ddl::db_stats(&ctx),
+        "createIndexes" => ddl::create_indexes(&ctx, cmd),
+        "listIndexes" => ddl::list_indexes(&ctx, cmd),
+        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx, cmd),
+        "insert" => write::insert(&ctx, cmd),
+        "update" => write::update(&ctx, cmd),
+        "delete" => write::delete(&ctx, cmd),
+        "findAndModify" | "findandmodify" => write::find_and_modify(&ctx, cmd, name),
+        "find" => read::find(&ctx, cmd),
+        "getMore" => read::get_more(&ctx, cmd),
+        "killCursors" => read::kill_cursors(&ctx, cmd),
+        "count" => read::count(&ctx, cmd),
+        "distinct" => read::distinct(&ctx, cmd),
+        "aggregate" => read::aggregate(&ctx, cmd),
+        "explain" => read::explain(&ctx, cmd),
+        "commitTransaction" | "abortTransaction" => Err(CommandError::new(
+            20,
+            "IllegalOperation",
+            "transactions are not supported by duetdb yet",
+        )),
+        "saslStart" | "saslContinue" | "authenticate" | "createUser" | "dropUser" => {
+            Err(CommandError::not_supported(
+                "authentication is not built yet: duet serve accepts loopback connections without auth",
+            ))
+        }
+        other => Err(CommandError::new(
+            59,
+            "CommandNotFound",
+            format!("no such command: '{other}'"),
+        )),
+    }
+}

@@ -1,0 +1,236 @@
+//! Write commands: insert, update, delete, findAndModify.
+//!
+//! Each statement is one engine command, so each is atomic (an update with
+//! `multi` changes all its matches or none). `ordered` batches stop at the
+//! first failing statement; unordered ones try every statement. Per-statement
+//! failures are reported in `writeErrors` (`index`, `code`, `codeName`,
+//! `errmsg`, and `keyPattern`/`keyValue` for duplicate keys) with `ok: 1`, as
+//! drivers expect; only a malformed command as a whole gets `ok: 0`.
+
+use bson::{doc, Bson, Document};
+use duetdb::query::UpdateSpec;
+use duetdb::{FindAndModifyOptions, ReturnDocument, UpdateOptions};
+
+use super::Ctx;
+use crate::args;
+use crate::error::{CmdResult, CommandError};
+use crate::state::OpCounters;
+
+fn check_batch_len(n: usize) -> CmdResult<()> {
+    if n == 0 || n > super::handshake::MAX_WRITE_BATCH_SIZE as usize {
+        return Err(CommandError::new(
+            16,
+            "InvalidLength",
+            format!("Write batch sizes must be between 1 and 100000. Got {n} operations."),
+        ));
+    }
+    Ok(())
+}
+
+fn ordered(cmd: &Document) -> CmdResult<bool> {
+    match cmd.get("ordered") {
+        None => Ok(true),
+        Some(_) => args::flag(cmd, "ordered"),
+    }
+}
+
+fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Document {
+    let mut d = doc! {"n": n as i32};
+    d.extend(extra);
+    if !errors.is_empty() {
+        d.insert("writeErrors", errors);
+    }
+    d.insert("ok", 1.0);
+    d
+}
+
+pub fn insert(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "insert")?;
+    let docs = args::doc_array(cmd, "documents")?;
+    check_batch_len(docs.len())?;
+    let ordered = ordered(cmd)?;
+    OpCounters::bump(&ctx.state.ops.insert, docs.len() as u64);
+    let coll = ctx.database()?.collection(name);
+    let owned: Vec<Document> = docs.into_iter().cloned().collect();
+    match coll.insert_many(owned, ordered) {
+        Ok(ids) => Ok(write_reply(ids.len() as i64, Document::new(), vec![])),
+        Err(duetdb::Error::BulkWrite(f)) => {
+            let errors = f
+                .errors
+                .iter()
+                .map(|(i, e)| Bson::Document(CommandError::from(e.clone()).to_write_error(*i)))
+                .collect();
+            Ok(write_reply(f.inserted as i64, Document::new(), errors))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Parse an update statement's `u` (operators or a replacement).
+fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
+    match u {
+        Some(Bson::Document(d)) => Ok(UpdateSpec::parse(d)?),
+        Some(Bson::Array(_)) => Err(CommandError::not_supported(
+            "pipeline-style updates are not supported by duetdb yet",
+        )),
+        Some(other) => Err(CommandError::type_mismatch(format!(
+            "update 'u' must be a document, not {:?}",
+            other.element_type()
+        ))),
+        None => Err(CommandError::bad_value("update statement has no 'u'")),
+    }
+}
+
+fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
+    if stmt.contains_key("arrayFilters") {
+        return Err(CommandError::not_supported(format!(
+            "arrayFilters in {what} are not supported by duetdb yet"
+        )));
+    }
+    if let Some(c) = args::opt_doc(stmt, "collation")? {
+        if c.get_str("locale").ok() != Some("simple") {
+            return Err(CommandError::not_supported(
+                "collations are not supported by duetdb",
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "update")?;
+    let stmts = args::doc_array(cmd, "updates")?;
+    check_batch_len(stmts.len())?;
+    let ordered = ordered(cmd)?;
+    let coll = ctx.database()?.collection(name);
+    let (mut n, mut modified) = (0i64, 0i64);
+    let mut upserted = Vec::new();
+    let mut errors = Vec::new();
+    for (i, stmt) in stmts.iter().enumerate() {
+        OpCounters::bump(&ctx.state.ops.update, 1);
+        let one = || -> CmdResult<duetdb::UpdateResult> {
+            refuse_unsupported(stmt, "updates")?;
+            let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
+            let spec = update_spec(stmt.get("u"))?;
+            let options = UpdateOptions {
+                upsert: args::flag(stmt, "upsert")?,
+                hint: stmt.get("hint").cloned(),
+            };
+            Ok(coll.update_with_spec(q, spec, args::flag(stmt, "multi")?, options)?)
+        };
+        match one() {
+            Ok(r) => {
+                n += r.matched as i64;
+                modified += r.modified as i64;
+                if let Some(id) = r.upserted_id {
+                    n += 1;
+                    upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
+                }
+            }
+            Err(e) => {
+                errors.push(Bson::Document(e.to_write_error(i)));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    let mut extra = doc! {"nModified": modified as i32};
+    if !upserted.is_empty() {
+        extra.insert("upserted", upserted);
+    }
+    Ok(write_reply(n, extra, errors))
+}
+
+pub fn delete(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "delete")?;
+    let stmts = args::doc_array(cmd, "deletes")?;
+    check_batch_len(stmts.len())?;
+    let ordered = ordered(cmd)?;
+    let coll = ctx.database()?.collection(name);
+    let mut n = 0i64;
+    let mut errors = Vec::new();
+    for (i, stmt) in stmts.iter().enumerate() {
+        OpCounters::bump(&ctx.state.ops.delete, 1);
+        let one = || -> CmdResult<u64> {
+            refuse_unsupported(stmt, "deletes")?;
+            let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
+            match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
+                0 => Ok(coll.delete_many(q)?),
+                1 => Ok(coll.delete_one(q)?),
+                other => Err(CommandError::new(
+                    9,
+                    "FailedToParse",
+                    format!("The limit field in delete objects must be 0 or 1. Got {other}"),
+                )),
+            }
+        };
+        match one() {
+            Ok(k) => n += k as i64,
+            Err(e) => {
+                errors.push(Bson::Document(e.to_write_error(i)));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(write_reply(n, Document::new(), errors))
+}
+
+pub fn find_and_modify(ctx: &Ctx<'_>, cmd: &Document, name_field: &str) -> CmdResult {
+    let name = args::collection_name(cmd, name_field)?;
+    refuse_unsupported(cmd, "findAndModify")?;
+    let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
+    let remove = args::flag(cmd, "remove")?;
+    let return_new = args::flag(cmd, "new")?;
+    let upsert = args::flag(cmd, "upsert")?;
+    let has_update = cmd.get("update").is_some_and(|u| !matches!(u, Bson::Null));
+    let fail = |m: &str| Err(CommandError::new(9, "FailedToParse", m.to_string()));
+    if remove && has_update {
+        return fail("Cannot specify both an update and remove=true");
+    }
+    if !remove && !has_update {
+        return fail("Either an update or remove=true must be specified");
+    }
+    if remove && (return_new || upsert) {
+        return fail("Cannot specify both new=true/upsert=true and remove=true");
+    }
+    let spec = if remove {
+        OpCounters::bump(&ctx.state.ops.delete, 1);
+        None
+    } else {
+        OpCounters::bump(&ctx.state.ops.update, 1);
+        Some(update_spec(cmd.get("update"))?)
+    };
+    let options = FindAndModifyOptions {
+        sort: args::opt_doc(cmd, "sort")?.cloned(),
+        projection: args::opt_doc(cmd, "fields")?.cloned(),
+        upsert,
+        return_document: if return_new {
+            ReturnDocument::After
+        } else {
+            ReturnDocument::Before
+        },
+        hint: cmd.get("hint").cloned(),
+    };
+    let coll = ctx.database()?.collection(name);
+    let (value, out) = coll.find_and_modify_with_spec(query, spec, options)?;
+    let last_error = if remove {
+        doc! {"n": i32::from(out.removed)}
+    } else {
+        let mut d = doc! {
+            "n": if out.update.matched > 0 || out.update.upserted_id.is_some() { 1 } else { 0 },
+            "updatedExisting": out.update.matched > 0,
+        };
+        if let Some(id) = out.update.upserted_id {
+            d.insert("upserted", id);
+        }
+        d
+    };
+    Ok(doc! {
+        "lastErrorObject": last_error,
+        "value": value.map(Bson::Document).unwrap_or(Bson::Null),
+        "ok": 1.0,
+    })
+}

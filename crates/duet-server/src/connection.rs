@@ -1,0 +1,180 @@
+//! One client connection: read a message, execute it, write the reply, until
+//! the peer closes, a frame is unreadable, or the server shuts down.
+//!
+//! Invariants:
+//! - a malformed message whose frame is intact gets an error reply and the
+//!   connection goes on (frame boundaries are still known); an unreadable frame
+//!   (bad length, truncation, timeout) or an unknown opcode closes the
+//!   connection, with the reason logged;
+//! - commands run on blocking threads (`spawn_blocking`); a panic there (a
+//!   bug) becomes an InternalError reply, never a crashed server;
+//! - `maxTimeMS` bounds how long the client waits: past it the client gets
+//!   MaxTimeMSExpired (50). The engine call itself cannot be interrupted and
+//!   finishes in the background (a read's result is discarded; a write that
+//!   was already submitted may still commit, as with MongoDB);
+//! - on shutdown the connection finishes the command in flight, then closes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::commands;
+use crate::error::CommandError;
+use crate::state::{ConnInfo, ServerState};
+use crate::wire::{self, Frame, FrameError, OP_MSG, OP_QUERY, OP_REPLY};
+use crate::{opmsg, opquery};
+
+/// Serve one connection to completion.
+pub async fn serve(
+    state: Arc<ServerState>,
+    stream: TcpStream,
+    conn: ConnInfo,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let mut next_reply_id: i32 = 1;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let frame = tokio::select! {
+            r = wire::read_frame(&mut rd, state.config.message_timeout) => r,
+            _ = shutdown.changed() => break,
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(FrameError::Closed) => {
+                tracing::debug!(conn = conn.id, "client closed the connection");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(conn = conn.id, peer = %conn.peer, reason = %e, "closing connection");
+                break;
+            }
+        };
+        let reply = match frame.header.op_code {
+            OP_MSG => handle_msg(&state, &conn, &frame).await,
+            OP_QUERY => handle_query(&state, &conn, &frame).await,
+            other => {
+                tracing::warn!(conn = conn.id, peer = %conn.peer, op_code = other,
+                    "closing connection: unsupported opcode (OP_COMPRESSED is not offered; legacy opcodes other than OP_QUERY are not served)");
+                break;
+            }
+        };
+        let Some((op_code, payload)) = reply else {
+            continue;
+        };
+        let bytes = wire::frame_reply(next_reply_id, frame.header.request_id, op_code, &payload);
+        next_reply_id = next_reply_id.wrapping_add(1);
+        if let Err(e) = wr.write_all(&bytes).await {
+            tracing::debug!(conn = conn.id, error = %e, "write failed; closing");
+            break;
+        }
+    }
+}
+
+fn serialize(doc: &Document) -> Vec<u8> {
+    let mut out = Vec::new();
+    if doc.to_writer(&mut out).is_ok() {
+        return out;
+    }
+    let mut fallback = Vec::new();
+    let _ = CommandError::internal("reply could not be serialized")
+        .to_reply()
+        .to_writer(&mut fallback);
+    fallback
+}
+
+async fn handle_msg(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    frame: &Frame,
+) -> Option<(i32, Vec<u8>)> {
+    let more_to_come = opmsg::peek_flags(&frame.body) & opmsg::FLAG_MORE_TO_COME != 0;
+    let reply = match opmsg::decode(&frame.header, &frame.body) {
+        Ok(req) => match req.command.get("$db") {
+            Some(Bson::String(db)) => {
+                let db = db.clone();
+                run_command(state, conn, db, req.command).await
+            }
+            _ => CommandError::new(
+                40571,
+                "Location40571",
+                "OP_MSG requests require a $db argument",
+            )
+            .to_reply(),
+        },
+        Err(e) => {
+            tracing::debug!(conn = conn.id, error = %e.message, "malformed OP_MSG");
+            CommandError::from(e).to_reply()
+        }
+    };
+    if more_to_come {
+        return None;
+    }
+    Some((OP_MSG, opmsg::encode_reply(&serialize(&reply))))
+}
+
+async fn handle_query(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    frame: &Frame,
+) -> Option<(i32, Vec<u8>)> {
+    let (flags, reply) = match opquery::decode(&frame.body) {
+        Ok(q) => (0, run_command(state, conn, q.db, q.command).await),
+        Err(e) => {
+            tracing::debug!(conn = conn.id, error = %e.message, "malformed OP_QUERY");
+            (
+                opquery::REPLY_QUERY_FAILURE,
+                doc! {"$err": e.message.clone(), "code": e.code, "ok": 0.0},
+            )
+        }
+    };
+    Some((OP_REPLY, opquery::encode_reply(flags, &serialize(&reply))))
+}
+
+/// Run a command off the async threads, within its `maxTimeMS`.
+async fn run_command(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: String,
+    cmd: Document,
+) -> Document {
+    let max_time = match crate::args::opt_i64(&cmd, "maxTimeMS") {
+        Ok(None) | Ok(Some(0)) => None,
+        Ok(Some(ms)) if ms > 0 => Some(Duration::from_millis(ms as u64)),
+        Ok(Some(_)) => {
+            return CommandError::bad_value("maxTimeMS must be non-negative").to_reply();
+        }
+        Err(e) => return e.to_reply(),
+    };
+    let name = commands::command_name(&cmd).unwrap_or("").to_string();
+    tracing::trace!(conn = conn.id, db = %db, command = %name, "command");
+    let task = {
+        let state = state.clone();
+        let conn = conn.clone();
+        tokio::task::spawn_blocking(move || commands::execute(&state, &conn, &db, &cmd))
+    };
+    let joined = match max_time {
+        None => task.await,
+        Some(limit) => match tokio::time::timeout(limit, task).await {
+            Ok(j) => j,
+            Err(_) => {
+                tracing::debug!(conn = conn.id, command = %name, "maxTimeMS expired");
+                return CommandError::max_time_expired().to_reply();
+            }
+        },
+    };
+    match joined {
+        Ok(reply) => reply,
+        Err(e) => {
+            tracing::error!(conn = conn.id, command = %name, error = %e, "command panicked (a bug)");
+            CommandError::internal(format!("command '{name}' failed internally")).to_reply()
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! duet-server: duetdb over the MongoDB wire protocol (`duet serve`).
+//!
+//! Modules, one concept each:
+//! - `wire`: message framing and limits; `opmsg`: OP_MSG; `opquery`: legacy
+//!   OP_QUERY/OP_REPLY handshake;
+//! - `connection`: one client; `server`: listener, connection limit, shutdown;
+//! - `commands/*`: the commands; `args`: typed field access; `error`: MongoDB
+//!   error shapes;
+//! - `cursor`: server-side cursors; `snapshots`: read concern `snapshot` and
+//!   `atClusterTime`; `state`: what connections share.
+//!
+//! Not built: authentication and TLS (loopback use only), transactions,
+//! OP_COMPRESSED (not advertised), aggregation beyond find-shaped pipelines.
+
+pub mod args;
+pub mod commands;
+pub mod connection;
+pub mod cursor;
+pub mod error;
+pub mod opmsg;
+pub mod opquery;
+pub mod server;
+pub mod snapshots;
+pub mod state;
+pub mod wire;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use server::Server;
+pub use state::{Config, ServerState};
+
+/// `duet serve` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: String,
+    /// Port to listen on (0 = any free port; the chosen one is logged).
+    #[arg(long, default_value_t = 27017)]
+    pub port: u16,
+    /// Data directory (durability is not built yet: data is kept in memory).
+    #[arg(long, default_value = "./duet-data")]
+    pub data_dir: PathBuf,
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Most connections served at once; more are refused with an error.
+    #[arg(long, default_value_t = 1000)]
+    pub max_connections: usize,
+    /// Seconds a started message may take to arrive completely.
+    #[arg(long, default_value_t = 30.0)]
+    pub message_timeout_secs: f64,
+    /// Seconds an idle cursor lives.
+    #[arg(long, default_value_t = 600.0)]
+    pub cursor_timeout_secs: f64,
+}
+
+fn secs(s: f64, what: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|e| format!("--{what}: {e}"))
+}
+
+/// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
+pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    init_logging(&args.log_level)?;
+    let config = Config {
+        bind: args.bind,
+        port: args.port,
+        data_dir: Some(args.data_dir),
+        max_connections: args.max_connections,
+        message_timeout: secs(args.message_timeout_secs, "message-timeout-secs")?,
+        cursor_idle_timeout: secs(args.cursor_timeout_secs, "cursor-timeout-secs")?,
+        ..Config::default()
+    };
+    let engine = match &config.data_dir {
+        Some(dir) => duetdb::Engine::open(dir)?,
+        None => duetdb::Engine::in_memory(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let state = ServerState::new(engine, config);
+        let server = Server::bind(state).await?;
+        let addr = server.local_addr()?;
+        tracing::info!(%addr, "duet serve listening (no auth, no TLS: keep it on loopback)");
+        // The test harness and scripts wait for this line.
+        println!("duet serve listening on {addr}");
+        server.run(shutdown_signal()).await?;
+        tracing::info!("duet serve stopped");
+        Ok(())
+    })
+}
+
+fn init_logging(level: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| format!("--log-level {level}: {e}"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init()
+        .map_err(|e| format!("logging: {e}"))?;
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = term => tracing::info!("SIGTERM received"),
+    }
+}

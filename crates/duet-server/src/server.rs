@@ -1,0 +1,156 @@
+//! The listener: accept connections (loopback or whatever `--bind` names),
+//! enforce the connection limit, reap idle cursors, and shut down gracefully.
+//!
+//! Invariants:
+//! - at most `max_connections` connections are served at once; one more gets
+//!   a clear refusal (its first command is answered with an error naming the
+//!   limit, then it is closed), and at most [`MAX_REFUSALS_IN_FLIGHT`] such
+//!   refusals are in progress — beyond that a connection is closed at once;
+//! - shutdown stops accepting, lets each connection finish its command in
+//!   flight, waits at most `shutdown_grace`, and returns.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use crate::error::CommandError;
+use crate::state::{ConnInfo, ServerState};
+use crate::{opmsg, opquery, wire};
+
+/// Refusals (over the connection limit) being answered at once.
+pub const MAX_REFUSALS_IN_FLIGHT: usize = 16;
+
+/// A bound server, ready to run.
+pub struct Server {
+    state: Arc<ServerState>,
+    listener: TcpListener,
+}
+
+impl Server {
+    /// Bind the listening socket.
+    pub async fn bind(state: Arc<ServerState>) -> std::io::Result<Server> {
+        let addr = format!("{}:{}", state.config.bind, state.config.port);
+        let listener = TcpListener::bind(&addr).await?;
+        *state.local_addr.lock() = listener.local_addr().ok();
+        Ok(Server { state, listener })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// Serve until `shutdown` completes, then shut down gracefully.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        let state = self.state;
+        let max = state.config.max_connections.max(1);
+        let slots = Arc::new(Semaphore::new(max));
+        let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let reaper = tokio::spawn(reap_cursors(state.clone(), stop_rx.clone()));
+        let mut next_id: u64 = 1;
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = &mut shutdown => break,
+                r = self.listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // E.g. out of file descriptors: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                state.connections_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer = %peer, limit = max, "connection refused: too many open connections");
+                if let Ok(p) = refusals.clone().try_acquire_owned() {
+                    tokio::spawn(async move {
+                        refuse(stream, max).await;
+                        drop(p);
+                    });
+                }
+                continue;
+            };
+            let conn = ConnInfo { id: next_id, peer };
+            next_id += 1;
+            state.connections_total.fetch_add(1, Ordering::Relaxed);
+            state.connections_current.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(conn = conn.id, peer = %peer, "connection accepted");
+            let st = state.clone();
+            let rx = stop_rx.clone();
+            tokio::spawn(async move {
+                crate::connection::serve(st.clone(), stream, conn, rx).await;
+                st.connections_current.fetch_sub(1, Ordering::Relaxed);
+                drop(permit);
+            });
+        }
+        tracing::info!("shutting down: no new connections; finishing commands in flight");
+        drop(self.listener);
+        let _ = stop_tx.send(true);
+        let all = u32::try_from(max).unwrap_or(u32::MAX);
+        match tokio::time::timeout(state.config.shutdown_grace, slots.acquire_many(all)).await {
+            Ok(_) => tracing::info!("all connections closed"),
+            Err(_) => tracing::warn!(
+                grace = ?state.config.shutdown_grace,
+                "some connections did not finish in time; exiting anyway"
+            ),
+        }
+        reaper.abort();
+        Ok(())
+    }
+}
+
+/// Answer the first message of a connection over the limit with an error, then close.
+async fn refuse(mut stream: TcpStream, limit: usize) {
+    let msg =
+        format!("connection refused: the server already serves its limit of {limit} connections");
+    let reply = CommandError::new(20, "IllegalOperation", msg).to_reply();
+    let mut body = Vec::new();
+    if reply.to_writer(&mut body).is_err() {
+        return;
+    }
+    if let Ok(Ok(frame)) = tokio::time::timeout(
+        Duration::from_secs(2),
+        wire::read_frame(&mut stream, Duration::from_secs(2)),
+    )
+    .await
+    {
+        let (op, payload) = match frame.header.op_code {
+            wire::OP_QUERY => (
+                wire::OP_REPLY,
+                opquery::encode_reply(opquery::REPLY_QUERY_FAILURE, &body),
+            ),
+            _ => (wire::OP_MSG, opmsg::encode_reply(&body)),
+        };
+        let bytes = wire::frame_reply(1, frame.header.request_id, op, &payload);
+        let _ = stream.write_all(&bytes).await;
+    }
+    let _ = stream.shutdown().await;
+}
+
+async fn reap_cursors(state: Arc<ServerState>, mut stop: watch::Receiver<bool>) {
+    let period = (state.config.cursor_idle_timeout / 4)
+        .clamp(Duration::from_millis(100), Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
+        let n = state.cursors.reap_idle();
+        if n > 0 {
+            tracing::info!(closed = n, "closed idle cursors");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! `readConcern: {level: "snapshot"}`: which engine snapshot a read runs on,
+//! and the bounded registry that lets a client come back to the same snapshot
+//! by sending the `atClusterTime` it was given.
+//!
+//! A duetdb snapshot is identified by (database, csn): each database has its
+//! own commit sequence, and the state of database D at csn c is unique. The
+//! `atClusterTime` we hand out is the csn as a BSON Timestamp
+//! (`time = (csn >> 32) + 1`, `increment = csn & 0xffff_ffff`; the +1 keeps
+//! it from ever being the all-zero timestamp) and names a state of the
+//! database the command runs in.
+//!
+//! Invariants:
+//! - at most `capacity` snapshots are held here (least recently used evicted),
+//!   because each one keeps the old versions it references alive; cursors hold
+//!   their own snapshot and do not depend on this registry;
+//! - a requested csn is either served exactly (from the registry, or from the
+//!   live state when that is still at that csn) or refused with
+//!   SnapshotTooOld (239) / BadValue (2) for a csn not reached yet — never
+//!   silently replaced by another state.
+
+use std::collections::VecDeque;
+
+use bson::Timestamp;
+use duetdb::{Database, Snapshot};
+use parking_lot::Mutex;
+
+use crate::error::{CmdResult, CommandError};
+
+/// Snapshots kept for `atClusterTime` by default.
+pub const DEFAULT_CAPACITY: usize = 128;
+
+pub fn csn_to_timestamp(csn: u64) -> Timestamp {
+    Timestamp {
+        time: ((csn >> 32) as u32).saturating_add(1),
+        increment: (csn & 0xffff_ffff) as u32,
+    }
+}
+
+pub fn timestamp_to_csn(ts: Timestamp) -> Option<u64> {
+    let hi = ts.time.checked_sub(1)?;
+    Some((u64::from(hi) << 32) | u64::from(ts.increment))
+}
+
+pub struct SnapshotRegistry {
+    capacity: usize,
+    /// Most recently used at the back.
+    held: Mutex<VecDeque<(String, Snapshot)>>,
+}
+
+impl SnapshotRegistry {
+    pub fn new(capacity: usize) -> SnapshotRegistry {
+        SnapshotRegistry {
+            capacity: capacity.max(1),
+            held: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn remember(&self, db: &str, snap: &Snapshot) {
+        let mut g = self.held.lock();
+        if let Some(pos) = g.iter().position(|(d, s)| d == db && s.csn() == snap.csn()) {
+            if let Some(e) = g.remove(pos) {
+                g.push_back(e);
+            }
+            return;
+        }
+        g.push_back((db.to_string(), snap.clone()));
+        while g.len() > self.capacity {
+            g.pop_front();
+        }
+    }
+
+    /// The snapshot a snapshot-read runs on: the one at `at` when given,
+    /// else the latest (which is then remembered for later `atClusterTime`).
+    pub fn resolve(
+        &self,
+        db_name: &str,
+        db: &Database,
+        at: Option<Timestamp>,
+    ) -> CmdResult<Snapshot> {
+        let Some(ts) = at else {
+            let snap = db.snapshot();
+            self.remember(db_name, &snap);
+            return Ok(snap);
+        };
+        let csn = timestamp_to_csn(ts).ok_or_else(|| {
+            CommandError::new(
+                239,
+                "SnapshotTooOld",
+                format!("atClusterTime {ts:?} was not issued by this server"),
+            )
+        })?;
+        let found = {
+            let g = self.held.lock();
+            g.iter()
+                .find(|(d, s)| d == db_name && s.csn() == csn)
+                .map(|(_, s)| s.clone())
+        };
+        if let Some(snap) = found {
+            self.remember(db_name, &snap);
+            return Ok(snap);
+        }
+        let live = db.snapshot();
+        if live.csn() == csn {
+            self.remember(db_name, &live);
+            return Ok(live);
+        }
+        if csn > live.csn() {
+            return Err(CommandError::bad_value(format!(
+                "readConcern atClusterTime (csn {csn}) is later than database '{db_name}' has reached (csn {})",
+                live.csn()
+            )));
+        }
+        Err(CommandError::new(
+            239,
+            "SnapshotTooOld",
+            format!(
+                "the snapshot of database '{db_name}' at csn {csn} is no longer held (the server keeps the {} most recently used); start a new snapshot read",
+                self.capacity
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn atclustertime_returns_the_same_state_or_refuses() {
+        assert_eq!(timestamp_to_csn(csn_to_timestamp(0)), Some(0));
+        assert_eq!(
+            timestamp_to_csn(csn_to_timestamp(u64::from(u32::MAX) + 5)),
+            Some(u64::from(u32::MAX) + 5)
+        );
+        let reg = SnapshotRegistry::new(2);
+        let db = Database::in_memory();
+        let c = db.collection("c");
+        c.insert_one(doc! {"a": 1}).expect("insert");
+        let s1 = reg.resolve("d", &db, None).expect("latest");
+        c.insert_one(doc! {"a": 2}).expect("insert");
+        let again = reg
+            .resolve("d", &db, Some(csn_to_timestamp(s1.csn())))
+            .expect("same");
+        assert_eq!(again.collection("c").count(doc! {}).expect("count"), 1);
+        assert_eq!(
+            reg.resolve("d", &db, Some(csn_to_timestamp(99)))
+                .expect_err("future")
+                .code,
+            2
+        );
+        // Evict s1 by using two newer snapshots.
+        reg.resolve("d", &db, None).expect("latest");
+        c.insert_one(doc! {"a": 3}).expect("insert");
+        reg.resolve("d", &db, None).expect("latest");
+        assert_eq!(
+            reg.resolve("d", &db, Some(csn_to_timestamp(s1.csn())))
+                .expect_err("evicted")
+                .code,
+            239
+        );
+    }
+}

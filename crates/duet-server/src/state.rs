@@ -1,0 +1,105 @@
+//! What all connections of one server share: the engine, configuration,
+//! counters for `serverStatus`, open cursors and held snapshots.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use duetdb::Engine;
+
+use crate::cursor::CursorRegistry;
+use crate::snapshots::SnapshotRegistry;
+
+/// Server configuration (the `duet serve` flags).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub bind: String,
+    pub port: u16,
+    /// `None` = in memory (tests); `Some` = the data directory.
+    pub data_dir: Option<PathBuf>,
+    /// Connections served at once; more are refused with a clear error.
+    pub max_connections: usize,
+    /// Once a message has started arriving, its remainder must arrive within this.
+    pub message_timeout: Duration,
+    /// Cursors idle longer than this are closed (MongoDB's default: 10 minutes).
+    pub cursor_idle_timeout: Duration,
+    /// Open cursors one connection may hold.
+    pub cursors_per_connection: usize,
+    /// Snapshots kept for `atClusterTime`.
+    pub snapshot_capacity: usize,
+    /// How long shutdown waits for in-flight commands.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            bind: "127.0.0.1".into(),
+            port: 27017,
+            data_dir: Some(PathBuf::from("./duet-data")),
+            max_connections: 1000,
+            message_timeout: Duration::from_secs(30),
+            cursor_idle_timeout: Duration::from_secs(600),
+            cursors_per_connection: 1000,
+            snapshot_capacity: crate::snapshots::DEFAULT_CAPACITY,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Operation counters (`serverStatus.opcounters`).
+#[derive(Default)]
+pub struct OpCounters {
+    pub insert: AtomicU64,
+    pub query: AtomicU64,
+    pub update: AtomicU64,
+    pub delete: AtomicU64,
+    pub getmore: AtomicU64,
+    pub command: AtomicU64,
+}
+
+impl OpCounters {
+    pub fn bump(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Shared server state.
+pub struct ServerState {
+    pub engine: Engine,
+    pub config: Config,
+    pub started: Instant,
+    pub cursors: CursorRegistry,
+    pub snapshots: SnapshotRegistry,
+    pub ops: OpCounters,
+    pub connections_current: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub local_addr: parking_lot::Mutex<Option<SocketAddr>>,
+}
+
+impl ServerState {
+    pub fn new(engine: Engine, config: Config) -> Arc<ServerState> {
+        Arc::new(ServerState {
+            engine,
+            cursors: CursorRegistry::new(config.cursors_per_connection, config.cursor_idle_timeout),
+            snapshots: SnapshotRegistry::new(config.snapshot_capacity),
+            config,
+            started: Instant::now(),
+            ops: OpCounters::default(),
+            connections_current: AtomicU64::new(0),
+            connections_total: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            local_addr: parking_lot::Mutex::new(None),
+        })
+    }
+}
+
+/// What a command knows about the connection it arrived on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub id: u64,
+    pub peer: SocketAddr,
+}

@@ -1,0 +1,127 @@
+//! The official MongoDB Rust driver against an in-process `duet serve`.
+
+mod common;
+
+use common::TestServer;
+use futures_util::TryStreamExt;
+use mongodb::bson::{doc, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::Client;
+
+async fn client(s: &TestServer) -> Client {
+    Client::with_uri_str(s.uri()).await.expect("client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_cursors_indexes_and_errors() {
+    let s = TestServer::start(|_| {}).await;
+    let c = client(&s).await;
+    let db = c.database("rs");
+    let coll = db.collection::<Document>("c");
+    let docs: Vec<Document> = (0..1000).map(|i| doc! {"_id": i, "g": i % 10}).collect();
+    let r = coll.insert_many(docs).await.expect("insert");
+    assert_eq!(r.inserted_ids.len(), 1000);
+
+    let all: Vec<Document> = coll
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .batch_size(33)
+        .await
+        .expect("find")
+        .try_collect()
+        .await
+        .expect("collect");
+    assert_eq!(all.len(), 1000);
+    assert_eq!(all[999].get_i32("_id").expect("_id"), 999);
+
+    assert_eq!(
+        coll.count_documents(doc! {"g": 3}).await.expect("count"),
+        100
+    );
+    assert_eq!(coll.estimated_document_count().await.expect("est"), 1000);
+    let u = coll
+        .update_many(doc! {"g": 3}, doc! {"$set": {"seen": true}})
+        .await
+        .expect("update");
+    assert_eq!((u.matched_count, u.modified_count), (100, 100));
+    let d = coll.delete_many(doc! {"g": 9}).await.expect("delete");
+    assert_eq!(d.deleted_count, 100);
+    let after = coll
+        .find_one_and_update(doc! {"_id": 1}, doc! {"$inc": {"g": 100}})
+        .return_document(ReturnDocument::After)
+        .await
+        .expect("fam")
+        .expect("doc");
+    assert_eq!(after.get_i32("g").expect("g"), 101);
+    let vals = coll
+        .distinct("g", doc! {"_id": {"$lt": 5}})
+        .await
+        .expect("distinct");
+    assert_eq!(vals.len(), 5);
+
+    let idx = mongodb::IndexModel::builder()
+        .keys(doc! {"g": 1})
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .unique(false)
+                .build(),
+        )
+        .build();
+    assert_eq!(
+        coll.create_index(idx).await.expect("index").index_name,
+        "g_1"
+    );
+    let names = coll.list_index_names().await.expect("names");
+    assert_eq!(names, vec!["_id_".to_string(), "g_1".to_string()]);
+
+    let dup = coll
+        .insert_one(doc! {"_id": 5})
+        .await
+        .expect_err("duplicate");
+    match *dup.kind {
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref e)) => {
+            assert_eq!(e.code, 11000)
+        }
+        ref other => panic!("unexpected error {other:?}"),
+    }
+    let unknown = db
+        .run_command(doc! {"frobnicate": 1})
+        .await
+        .expect_err("unknown");
+    match *unknown.kind {
+        mongodb::error::ErrorKind::Command(ref e) => assert_eq!(e.code, 59),
+        ref other => panic!("unexpected error {other:?}"),
+    }
+
+    let mut names = db.list_collection_names().await.expect("collections");
+    names.sort();
+    assert_eq!(names, vec!["c".to_string()]);
+    coll.drop().await.expect("drop");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_session_sees_one_state() {
+    let s = TestServer::start(|_| {}).await;
+    let c = client(&s).await;
+    let coll = c.database("rs").collection::<Document>("snap");
+    let docs: Vec<Document> = (0..200).map(|i| doc! {"i": i}).collect();
+    coll.insert_many(docs).await.expect("insert");
+    let mut session = c.start_session().snapshot(true).await.expect("session");
+    let first = coll
+        .count_documents(doc! {})
+        .session(&mut session)
+        .await
+        .expect("count");
+    coll.insert_one(doc! {"i": -1}).await.expect("insert");
+    let again = coll
+        .count_documents(doc! {})
+        .session(&mut session)
+        .await
+        .expect("count");
+    assert_eq!(first, 200);
+    assert_eq!(again, 200);
+    assert_eq!(coll.count_documents(doc! {}).await.expect("live"), 201);
+    drop(session);
+    s.shutdown().await;
+}

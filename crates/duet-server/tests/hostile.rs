@@ -1,0 +1,140 @@
+//! Hostile input over raw sockets: every case ends in an error reply or a
+//! closed connection, and the server keeps serving others.
+
+mod common;
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use common::TestServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn frame(op: i32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend(((16 + payload.len()) as i32).to_le_bytes());
+    v.extend(1i32.to_le_bytes());
+    v.extend(0i32.to_le_bytes());
+    v.extend(op.to_le_bytes());
+    v.extend(payload);
+    v
+}
+
+fn op_msg(d: &Document) -> Vec<u8> {
+    let mut p = 0u32.to_le_bytes().to_vec();
+    p.push(0);
+    d.to_writer(&mut p).expect("encode");
+    frame(2013, &p)
+}
+
+async fn reply(s: &mut TcpStream) -> Option<Document> {
+    let mut h = [0u8; 16];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut h))
+        .await
+        .ok()?
+        .ok()?;
+    let len = i32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    let mut body = vec![0u8; len - 16];
+    s.read_exact(&mut body).await.ok()?;
+    Document::from_reader(&body[5..]).ok()
+}
+
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+async fn ping_ok(addr: std::net::SocketAddr) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(&op_msg(&doc! {"ping": 1, "$db": "admin"}))
+        .await
+        .expect("write");
+    let r = reply(&mut s).await.expect("reply");
+    assert_eq!(r.get_f64("ok").expect("ok"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_close_or_error_and_never_hurt_others() {
+    let s = TestServer::start(|c| c.max_connections = 64).await;
+    let addr = s.addr;
+    // A bystander connection that stays open throughout.
+    let mut bystander = TcpStream::connect(addr).await.expect("connect");
+
+    for len in [0i32, 15, -5, 48_000_001, i32::MAX] {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        let mut h = frame(2013, b"");
+        h[0..4].copy_from_slice(&len.to_le_bytes());
+        c.write_all(&h).await.expect("write");
+        assert!(closed(&mut c).await, "length {len} must close");
+    }
+    // Unknown opcode and OP_COMPRESSED (not offered).
+    for op in [4242, 2012] {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(&frame(op, &[0u8; 16])).await.expect("write");
+        assert!(closed(&mut c).await);
+    }
+    // Stalled half-sent header: closed by the message timeout.
+    let mut c = TcpStream::connect(addr).await.expect("connect");
+    c.write_all(&[40, 0, 0]).await.expect("write");
+    assert!(closed(&mut c).await);
+    // Invalid BSON inside a good frame: an error reply, connection usable.
+    let mut c = TcpStream::connect(addr).await.expect("connect");
+    let mut p = 0u32.to_le_bytes().to_vec();
+    p.push(0);
+    p.extend([12, 0, 0, 0, 2, b'a', 0, 255, 255, 255, 127, 0]);
+    c.write_all(&frame(2013, &p)).await.expect("write");
+    let r = reply(&mut c).await.expect("error reply");
+    assert_eq!(r.get_i32("code").expect("code"), 22);
+    // Deep nesting (built by hand, 50,000 levels): refused with code 15.
+    let depth = 50_000usize;
+    let mut doc_bytes = Vec::new();
+    let mut sizes = Vec::with_capacity(depth);
+    let mut size = 5usize;
+    for _ in 0..depth {
+        size += 4 + 3 + 1;
+        sizes.push(size);
+    }
+    for i in 0..depth {
+        doc_bytes.extend((sizes[depth - 1 - i] as i32).to_le_bytes());
+        doc_bytes.extend([3, b'a', 0]);
+    }
+    doc_bytes.extend([5, 0, 0, 0, 0]);
+    doc_bytes.extend(std::iter::repeat_n(0u8, depth));
+    let mut p = 0u32.to_le_bytes().to_vec();
+    p.push(0);
+    p.extend(doc_bytes);
+    c.write_all(&frame(2013, &p)).await.expect("write");
+    let r = reply(&mut c).await.expect("error reply");
+    assert_eq!(r.get_i32("code").expect("code"), 15);
+
+    bystander
+        .write_all(&op_msg(&doc! {"ping": 1, "$db": "admin"}))
+        .await
+        .expect("write");
+    assert!(reply(&mut bystander).await.is_some());
+    ping_ok(addr).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_refuses_with_a_message() {
+    let s = TestServer::start(|c| c.max_connections = 1).await;
+    let mut a = TcpStream::connect(s.addr).await.expect("a");
+    a.write_all(&op_msg(&doc! {"ping": 1, "$db": "admin"}))
+        .await
+        .expect("write");
+    assert!(reply(&mut a).await.is_some());
+    let mut b = TcpStream::connect(s.addr).await.expect("b");
+    b.write_all(&op_msg(&doc! {"hello": 1, "$db": "admin"}))
+        .await
+        .expect("write");
+    let r = reply(&mut b).await.expect("refusal");
+    assert_eq!(r.get_f64("ok").expect("ok"), 0.0);
+    assert!(r.get_str("errmsg").expect("msg").contains("limit of 1"));
+    assert!(closed(&mut b).await);
+    drop(a);
+    s.shutdown().await;
+}

@@ -1,0 +1,72 @@
+"""Server-level commands."""
+
+import pytest
+from pymongo.errors import OperationFailure
+
+
+def test_ping_buildinfo_hostinfo(client):
+    assert client.admin.command("ping")["ok"] == 1.0
+    bi = client.admin.command("buildInfo")
+    assert bi["version"].startswith("7.") and bi["versionArray"][0] == 7
+    hi = client.admin.command("hostInfo")
+    assert hi["system"]["numCores"] >= 1
+
+
+def test_get_parameter(client):
+    r = client.admin.command({"getParameter": 1, "featureCompatibilityVersion": 1})
+    assert r["featureCompatibilityVersion"]["version"] == "7.0"
+    assert "maxBsonObjectSize" in client.admin.command({"getParameter": "*"})
+    with pytest.raises(OperationFailure) as e:
+        client.admin.command({"getParameter": 1, "noSuchParameter": 1})
+    assert e.value.code == 72
+
+
+def test_whatsmyuri_connection_status_list_commands(client):
+    assert client.admin.command("whatsmyuri")["you"].startswith("127.0.0.1:")
+    st = client.admin.command("connectionStatus")
+    assert st["authInfo"]["authenticatedUsers"] == []
+    cmds = client.admin.command("listCommands")["commands"]
+    for name in ("find", "insert", "aggregate", "hello", "getMore"):
+        assert name in cmds
+
+
+def test_server_status(client, db):
+    db.c.insert_many([{"i": i} for i in range(10)])
+    st = client.admin.command("serverStatus")
+    assert st["connections"]["current"] >= 1
+    assert st["opcounters"]["insert"] >= 10
+    mine = [d for d in st["duet"]["databases"] if d["name"] == db.name]
+    assert mine and mine[0]["csn"] >= 1 and mine[0]["objects"] == 10
+
+
+def test_list_databases(client, db):
+    db.c.insert_one({"a": 1})
+    names = client.list_database_names()
+    assert db.name in names
+    r = client.admin.command({"listDatabases": 1, "filter": {"name": db.name}})
+    assert [d["name"] for d in r["databases"]] == [db.name]
+    r = client.admin.command({"listDatabases": 1, "nameOnly": True})
+    assert all(set(d) == {"name"} for d in r["databases"])
+
+
+def test_sessions_commands(client):
+    with client.start_session() as s:
+        client.t_sessions.c.find_one({}, session=s)
+    assert client.admin.command({"endSessions": []})["ok"] == 1.0
+    assert client.admin.command({"killSessions": []})["ok"] == 1.0
+
+
+def test_unknown_command_is_59(client):
+    with pytest.raises(OperationFailure) as e:
+        client.admin.command("noSuchCommand")
+    assert e.value.code == 59
+    assert e.value.details["codeName"] == "CommandNotFound"
+
+
+def test_transactions_and_duet_option_are_refused_clearly(client, db):
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "$duet": {"snapshot": "vls"}})
+    assert e.value.code == 115
+    with pytest.raises(OperationFailure) as e:
+        db.command({"commitTransaction": 1})
+    assert e.value.code == 20

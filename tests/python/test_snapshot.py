@@ -1,0 +1,72 @@
+"""readConcern snapshot: consistent counts under concurrent updates, atClusterTime round trips."""
+
+import threading
+
+import pytest
+from bson import Timestamp
+from pymongo.errors import OperationFailure
+
+
+def test_snapshot_count_stays_exact_under_updates(server, db):
+    n = 2000
+    db.c.insert_many([{"_id": i, "open": True} for i in range(n)])
+    writer_client = server.client()
+    stop = threading.Event()
+    flips = [0]
+
+    def writer():
+        coll = writer_client[db.name].c
+        i = 0
+        while not stop.is_set():
+            coll.update_one({"_id": i % n}, {"$set": {"open": False}})
+            coll.insert_one({"open": True, "extra": i})
+            flips[0] += 1
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        with db.client.start_session(snapshot=True) as s:
+            first = list(db.c.aggregate([{"$match": {"open": True}}, {"$count": "n"}], session=s))
+            total = db.c.count_documents({}, session=s)
+            for _ in range(10):
+                again = list(db.c.aggregate([{"$match": {"open": True}}, {"$count": "n"}], session=s))
+                assert again == first
+                assert db.c.count_documents({}, session=s) == total
+                assert len(list(db.c.find({}, {"_id": 1}, session=s, batch_size=100))) == total
+                assert len(db.c.distinct("_id", session=s)) == total
+    finally:
+        stop.set()
+        t.join()
+        writer_client.close()
+    assert flips[0] > 0
+    assert db.c.count_documents({}) == n + flips[0]
+
+
+def test_at_cluster_time_round_trip(db):
+    db.c.insert_many([{"i": i} for i in range(10)])
+    r = db.command({"find": "c", "readConcern": {"level": "snapshot"}})
+    ts = r["cursor"]["atClusterTime"]
+    assert isinstance(ts, Timestamp)
+    db.c.insert_many([{"i": i} for i in range(10)])
+    r2 = db.command({"aggregate": "c", "pipeline": [{"$count": "n"}], "cursor": {},
+                     "readConcern": {"level": "snapshot", "atClusterTime": ts}})
+    assert r2["cursor"]["firstBatch"] == [{"n": 10}]
+    assert r2["cursor"]["atClusterTime"] == ts
+    d = db.command({"distinct": "c", "key": "i", "readConcern": {"level": "snapshot", "atClusterTime": ts}})
+    assert d["values"] == list(range(10)) and d["atClusterTime"] == ts
+    live = db.command({"count": "c"})
+    assert live["n"] == 20
+
+
+def test_unknown_or_future_cluster_time_is_refused(db):
+    db.c.insert_one({})
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "readConcern": {"level": "snapshot", "atClusterTime": Timestamp(1, 999999)}})
+    assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "readConcern": {"level": "snapshot", "atClusterTime": Timestamp(0, 1)}})
+    assert e.value.code == 239
+    with pytest.raises(OperationFailure) as e:
+        db.command({"count": "c", "readConcern": {"level": "snapshot"}})
+    assert e.value.code == 72
