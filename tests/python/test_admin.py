@@ -63,10 +63,19 @@ def test_unknown_command_is_59(client):
     assert e.value.details["codeName"] == "CommandNotFound"
 
 
-def test_transactions_and_duet_option_are_refused_clearly(client, db):
+def test_transactions_and_bad_duet_options_are_refused_clearly(client, db):
     with pytest.raises(OperationFailure) as e:
-        db.command({"find": "c", "$duet": {"snapshot": "vls"}})
-    assert e.value.code == 115
+        db.command({"find": "c", "$duet": {"snapshot": "olcp"}})
+    assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "$duet": {"snapshot": "nonsense"}})
+    assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "$duet": {"snapshot": 1}})
+    assert e.value.code == 14
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "$duet": {"nosuch": "vls"}})
+    assert e.value.code == 2
     with pytest.raises(OperationFailure) as e:
         db.command({"commitTransaction": 1})
     assert e.value.code == 20

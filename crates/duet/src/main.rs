@@ -115,7 +115,7 @@ enum CheckCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-
+}
 
 #[derive(Args)]
 struct Target {

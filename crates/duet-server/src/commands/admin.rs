@@ -129,13 +129,28 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
     let mut dbs = Vec::new();
     for (name, db) in s.engine.list_databases() {
         let st = db.stats();
+        let v = db.vls_stats();
+        let i = |n: u64| n.min(i64::MAX as u64) as i64;
         dbs.push(Bson::Document(doc! {
             "name": name,
-            "csn": st.csn.min(i64::MAX as u64) as i64,
-            "collections": st.collections as i64,
-            "objects": st.objects as i64,
-            "dataBytes": st.data_bytes as i64,
-            "indexes": st.indexes as i64,
+            "csn": i(st.csn),
+            "collections": i(st.collections),
+            "objects": i(st.objects),
+            "dataBytes": i(st.data_bytes),
+            "indexes": i(st.indexes),
+            "vls": {
+                "scansActive": i(v.scans_active),
+                "scansQueued": i(v.scans_queued),
+                "scansStarted": i(v.scans_started),
+                "queueWaitMicrosTotal": i(v.queue_wait_us_total),
+                "backgroundResets": i(v.background_resets),
+                "remsetEntries": i(v.remset.entries),
+                "remsetBytes": i(v.remset.bytes),
+                "remsetEntriesPeak": i(v.remset.entries_peak),
+                "remsetBytesPeak": i(v.remset.bytes_peak),
+                "remsetSharedVersions": i(v.remset.shared_inserts),
+                "remsetReclaimed": i(v.remset.reclaimed),
+            },
         }));
     }
     doc! {

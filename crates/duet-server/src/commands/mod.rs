@@ -155,12 +155,40 @@ pub fn command_name(cmd: &Document) -> Option<&str> {
     cmd.keys().next().map(String::as_str)
 }
 
-fn check_generic(cmd: &Document) -> CmdResult<()> {
-    if cmd.contains_key("$duet") {
-        return Err(CommandError::not_supported(
-            "the $duet option (snapshot strategies vls/olcp/cow and named snapshots) is reserved and not built yet",
-        ));
+/// The snapshot strategy a command asks for with `$duet: {snapshot: "none" |
+/// "vls" | "cow" | "auto"}`; `None` when it does not (the server then reads a
+/// held copy-on-write root, as `cow`).
+pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
+    let Some(opts) = crate::args::opt_doc(cmd, "$duet")? else {
+        return Ok(None);
+    };
+    let mut strategy = None;
+    for (k, v) in opts {
+        match (k.as_str(), v) {
+            ("snapshot", Bson::String(s)) => {
+                strategy = Some(
+                    s.parse::<duetdb::Strategy>()
+                        .map_err(|e| CommandError::bad_value(e.to_string()))?,
+                )
+            }
+            ("snapshot", other) => {
+                return Err(CommandError::type_mismatch(format!(
+                    "$duet.snapshot must be a string, not {:?}",
+                    other.element_type()
+                )))
+            }
+            (other, _) => {
+                return Err(CommandError::bad_value(format!(
+                    "unknown $duet option '{other}' (supported: snapshot)"
+                )))
+            }
+        }
     }
+    Ok(strategy)
+}
+
+fn check_generic(cmd: &Document) -> CmdResult<()> {
+    duet_strategy(cmd)?;
     if cmd.contains_key("startTransaction") || cmd.contains_key("autocommit") {
         return Err(CommandError::new(
             20,

@@ -130,6 +130,27 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let projection = plan.parsed_projection()?;
     let first = first_batch_size(cmd)?;
     let single_batch = args::flag(cmd, "singleBatch")?;
+    if let Some(strategy) = super::duet_strategy(cmd)? {
+        // An explicit strategy reads the live collection under it; the result is
+        // materialized, so the cursor holds no snapshot.
+        if cmd
+            .get_document("readConcern")
+            .is_ok_and(|rc| rc.contains_key("atClusterTime"))
+        {
+            return Err(CommandError::bad_value(
+                "$duet.snapshot cannot be combined with readConcern.atClusterTime",
+            ));
+        }
+        let db = ctx.database()?;
+        let docs = db
+            .collection(coll)
+            .find(plan.filter.clone())
+            .options(plan.options.clone())
+            .snapshot(strategy)
+            .raw()?;
+        let cursor = Cursor::from_docs(ctx.ns(coll), ctx.conn.id, None, docs, projection);
+        return cursor_reply(ctx, cursor, first, single_batch, None);
+    }
     let (snap, at) = ctx.read_snapshot(cmd)?;
     let docs = plan.find(&snap, coll).raw()?;
     let cursor = Cursor::from_docs(ctx.ns(coll), ctx.conn.id, Some(snap), docs, projection);
@@ -216,6 +237,17 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     // A negative limit means the same as its absolute value for count.
     let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
+    if let Some(strategy) = super::duet_strategy(cmd)? {
+        let n = ctx
+            .database()?
+            .collection(coll)
+            .count_with(query, strategy)?;
+        let mut n = n.saturating_sub(skip);
+        if limit > 0 {
+            n = n.min(limit);
+        }
+        return Ok(doc! {"n": n.min(i64::MAX as u64) as i64, "ok": 1.0});
+    }
     let (snap, _) = ctx.read_snapshot(cmd)?;
     let n = match cmd.get("hint").filter(|h| !matches!(h, Bson::Null)) {
         Some(h) => snap
