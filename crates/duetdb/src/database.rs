@@ -35,6 +35,8 @@ pub struct Database {
 struct DbInner {
     writer: Writer,
     path: Option<PathBuf>,
+    /// Named snapshots and the analytics read mode (`crate::snapshot`).
+    snapshots: crate::snapshot::Registry,
 }
 
 impl std::fmt::Debug for Database {
@@ -58,6 +60,7 @@ impl Database {
             inner: Arc::new(DbInner {
                 writer: Writer::new(name, DbState::default()),
                 path,
+                snapshots: Default::default(),
             }),
         }
     }
@@ -99,6 +102,11 @@ impl Database {
     #[allow(dead_code)] // used by engine modules as they land (named snapshots, VLS)
     pub(crate) fn writer(&self) -> &Writer {
         &self.inner.writer
+    }
+
+    /// The named-snapshot registry (methods in `crate::snapshot`).
+    pub(crate) fn snapshot_registry(&self) -> &crate::snapshot::Registry {
+        &self.inner.snapshots
     }
 
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
@@ -236,6 +244,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A snapshot over a state the caller took from the published root (or a
+    /// restriction of one to some collections).
+    pub(crate) fn from_state(state: Arc<DbState>) -> Snapshot {
+        Snapshot { state }
+    }
+
     pub fn csn(&self) -> u64 {
         self.state.csn
     }

@@ -29,6 +29,7 @@ pub mod index;
 pub mod path;
 pub mod planner;
 pub mod query;
+pub mod snapshot;
 pub mod value;
 pub mod writer;
 
@@ -40,6 +41,10 @@ pub use database::{
 };
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub use snapshot::{
+    AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
+    RetainedCost, SnapshotInfo,
+};
 
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
 #[derive(Debug, Clone)]
