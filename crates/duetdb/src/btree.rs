@@ -743,6 +743,92 @@ impl<K: Ord, V> DoubleEndedIterator for Range<'_, K, V> {
 
 impl<K: Ord, V> FusedIterator for Range<'_, K, V> {}
 
+/// Cross-version accounting for the snapshot registry (`crate::snapshot`): node
+/// identities, the nodes one version holds that another does not, and weak
+/// probes that show when nodes are freed. All O(nodes); never on a hot path.
+impl<K: Ord + Clone, V: Clone> BTree<K, V> {
+    /// Adds the address of every node of this version to `out`. Addresses are
+    /// identities only, valid while the version is held.
+    pub fn node_addrs_into(&self, out: &mut HashSet<usize>) {
+        if let Some(root) = self.root.as_deref() {
+            visit_nodes(root, &mut |node| {
+                out.insert(node as *const Node<K, V> as usize);
+            });
+        }
+    }
+
+    /// Walks the nodes of this version whose address is not in `known`,
+    /// skipping a known node's subtree whole (shared nodes are immutable, so a
+    /// version that reaches a node reaches all below it). Returns the unknown
+    /// nodes and their bytes: the node, its `Arc` header, its vectors' capacity,
+    /// plus `key_bytes` of each key for what keys own out of line.
+    pub fn walk_unknown(
+        &self,
+        known: &HashSet<usize>,
+        key_bytes: &impl Fn(&K) -> usize,
+    ) -> (usize, usize) {
+        fn walk<K, V>(
+            node: &Node<K, V>,
+            known: &HashSet<usize>,
+            key_bytes: &impl Fn(&K) -> usize,
+            acc: &mut (usize, usize),
+        ) {
+            if known.contains(&(node as *const Node<K, V> as usize)) {
+                return;
+            }
+            let (keys, out_of_line) = match node {
+                Node::Leaf(leaf) => (&leaf.keys, leaf.vals.capacity() * std::mem::size_of::<V>()),
+                Node::Inner(inner) => (
+                    &inner.keys,
+                    inner.children.capacity() * std::mem::size_of::<Arc<Node<K, V>>>(),
+                ),
+            };
+            acc.0 += 1;
+            acc.1 += std::mem::size_of::<Node<K, V>>()
+                + 2 * std::mem::size_of::<usize>()
+                + keys.capacity() * std::mem::size_of::<K>()
+                + keys.iter().map(key_bytes).sum::<usize>()
+                + out_of_line;
+            if let Node::Inner(inner) = node {
+                for child in &inner.children {
+                    walk(child, known, key_bytes, acc);
+                }
+            }
+        }
+        let mut acc = (0, 0);
+        if let Some(root) = self.root.as_deref() {
+            walk(root, known, key_bytes, &mut acc);
+        }
+        acc
+    }
+
+    /// A weak reference to every node: a probe is dead once no version holds
+    /// that node any more (leak tests: released snapshots free their nodes).
+    pub fn node_probes(&self) -> Vec<std::sync::Weak<dyn std::any::Any>>
+    where
+        K: 'static,
+        V: 'static,
+    {
+        fn walk<K: 'static, V: 'static>(
+            node: &Arc<Node<K, V>>,
+            out: &mut Vec<std::sync::Weak<dyn std::any::Any>>,
+        ) {
+            let any: Arc<dyn std::any::Any> = node.clone();
+            out.push(Arc::downgrade(&any));
+            if let Node::Inner(inner) = &**node {
+                for child in &inner.children {
+                    walk(child, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(root) = &self.root {
+            walk(root, &mut out);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

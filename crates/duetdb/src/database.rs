@@ -38,6 +38,8 @@ pub struct Database {
 struct DbInner {
     writer: Writer,
     path: Option<PathBuf>,
+    /// Named snapshots and the analytics read mode (`crate::snapshot`).
+    snapshots: crate::snapshot::Registry,
     /// The snapshot strategy of reads that do not choose one.
     default_strategy: parking_lot::RwLock<Strategy>,
 }
@@ -82,6 +84,7 @@ impl Database {
                 writer: Writer::new(name, initial),
                 path,
                 default_strategy: parking_lot::RwLock::new(options.default_strategy),
+                snapshots: Default::default(),
             }),
         }
     }
@@ -157,6 +160,11 @@ impl Database {
     #[allow(dead_code)] // used by engine modules as they land (named snapshots, VLS)
     pub(crate) fn writer(&self) -> &Writer {
         &self.inner.writer
+    }
+
+    /// The named-snapshot registry (methods in `crate::snapshot`).
+    pub(crate) fn snapshot_registry(&self) -> &crate::snapshot::Registry {
+        &self.inner.snapshots
     }
 
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
@@ -306,6 +314,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A snapshot over a state the caller took from the published root (or a
+    /// restriction of one to some collections).
+    pub(crate) fn from_state(state: Arc<DbState>) -> Snapshot {
+        Snapshot { state }
+    }
+
     pub fn csn(&self) -> u64 {
         self.state.csn
     }

@@ -77,6 +77,14 @@ pub enum Error {
     /// A bug that was caught instead of corrupting data. Code 1 (InternalError).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A named snapshot of that name is already held. Code 48 (NamespaceExists),
+    /// as for a collection that exists.
+    #[error("snapshot already exists: {0}")]
+    SnapshotExists(String),
+    /// No named snapshot of that name (never created, dropped, or expired; the
+    /// message says which when known). Code 246 (SnapshotUnavailable).
+    #[error("{0}")]
+    SnapshotNotFound(String),
     /// Several documents of an `insert_many` failed (see [`crate::BulkWriteFailure`]).
     #[error("bulk write failed: {} error(s)", .0.errors.len())]
     BulkWrite(Box<crate::BulkWriteFailure>),
@@ -106,6 +114,8 @@ impl Error {
             Error::Closed => 91,
             Error::Internal(_) => 1,
             Error::BulkWrite(_) => 65,
+            Error::SnapshotExists(_) => 48,
+            Error::SnapshotNotFound(_) => 246,
         }
     }
 
@@ -132,6 +142,8 @@ impl Error {
             Error::Closed => "ShutdownInProgress",
             Error::Internal(_) => "InternalError",
             Error::BulkWrite(_) => "MultipleErrorsOccurred",
+            Error::SnapshotExists(_) => "NamespaceExists",
+            Error::SnapshotNotFound(_) => "SnapshotUnavailable",
         }
     }
 

@@ -473,6 +473,83 @@ impl<'a, T> Iterator for Iter<'a, T> {
 
 impl<T> FusedIterator for Iter<'_, T> {}
 
+/// Cross-version accounting for the snapshot registry (`crate::snapshot`): node
+/// identities, the nodes one version holds that another does not, and weak
+/// probes that show when nodes are freed. All O(nodes); never on a hot path.
+impl<T: Clone> Heap<T> {
+    /// Adds the address of every node of this version to `out`. Addresses are
+    /// identities only, valid while the version is held.
+    pub fn node_addrs_into(&self, out: &mut HashSet<usize>) {
+        if let Some(root) = self.root.as_deref() {
+            visit_nodes(root, &mut |node| {
+                out.insert(node as *const Node<T> as usize);
+            });
+        }
+    }
+
+    /// Walks the nodes of this version whose address is not in `known` and
+    /// calls `value` for every slot of such leaf pages. A known node's subtree
+    /// is skipped whole: nodes are immutable once shared, so everything below a
+    /// node another version reaches is reached by it too. Returns the unknown
+    /// nodes and their bytes (node allocation plus the `Arc` header).
+    pub fn walk_unknown(
+        &self,
+        known: &HashSet<usize>,
+        value: &mut impl FnMut(&T),
+    ) -> (usize, usize) {
+        fn walk<T>(
+            node: &Node<T>,
+            known: &HashSet<usize>,
+            value: &mut impl FnMut(&T),
+            count: &mut usize,
+        ) {
+            if known.contains(&(node as *const Node<T> as usize)) {
+                return;
+            }
+            *count += 1;
+            match node {
+                Node::Leaf(page) => page.slots.iter().flatten().for_each(&mut *value),
+                Node::Inner(inner) => {
+                    for child in inner.children.iter().flatten() {
+                        walk(child, known, value, count);
+                    }
+                }
+            }
+        }
+        let mut count = 0;
+        if let Some(root) = self.root.as_deref() {
+            walk(root, known, value, &mut count);
+        }
+        let per_node = std::mem::size_of::<Node<T>>() + 2 * std::mem::size_of::<usize>();
+        (count, count * per_node)
+    }
+
+    /// A weak reference to every node: a probe is dead once no version holds
+    /// that node any more (leak tests: released snapshots free their pages).
+    pub fn node_probes(&self) -> Vec<std::sync::Weak<dyn std::any::Any>>
+    where
+        T: 'static,
+    {
+        fn walk<T: 'static>(
+            node: &Arc<Node<T>>,
+            out: &mut Vec<std::sync::Weak<dyn std::any::Any>>,
+        ) {
+            let any: Arc<dyn std::any::Any> = node.clone();
+            out.push(Arc::downgrade(&any));
+            if let Node::Inner(inner) = &**node {
+                for child in inner.children.iter().flatten() {
+                    walk(child, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(root) = &self.root {
+            walk(root, &mut out);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

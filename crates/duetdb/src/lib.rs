@@ -31,6 +31,7 @@ pub mod path;
 pub mod planner;
 pub mod query;
 pub mod scan;
+pub mod snapshot;
 pub mod value;
 pub mod writer;
 
@@ -43,6 +44,10 @@ pub use database::{
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use scan::Strategy;
+pub use snapshot::{
+    AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
+    RetainedCost, SnapshotInfo,
+};
 
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
 #[derive(Debug, Clone)]

@@ -1,0 +1,793 @@
+//! Virtual (`cow`) snapshots beyond the bare published root: named snapshots
+//! with TTL expiry (Cassandra's create / read / delete API), what a held
+//! snapshot costs (its retained nodes and bytes), and the analytics read mode
+//! (AnKer's hybrid execution: analytic queries run on a fresh snapshot).
+//!
+//! A snapshot is an `Arc<DbState>` loaded from the writer's published root. The
+//! writer never modifies a node a published state references, so holding one
+//! costs exactly the nodes and documents later groups replace, and nothing on
+//! the write path (the writer copies each touched node once per group whether
+//! or not a snapshot is held; a held snapshot only stops the old copy being
+//! freed).
+//!
+//! Invariants:
+//! - creating a snapshot never goes through the writer and never waits for it:
+//!   it loads the published root (O(1)), or for a restricted snapshot builds a
+//!   new map of the chosen collections (O(k) for k collections, no node copied);
+//! - a named snapshot's `csn` is the csn of the root it holds; every command
+//!   acknowledged before `create_snapshot` was called is in it (the writer
+//!   publishes before it replies), no command is in it partially (roots are
+//!   published between groups);
+//! - names are unique among held snapshots; an entry is removed by
+//!   `drop_snapshot` or by expiry, after which the name reports why it is gone
+//!   (bounded tombstones) until it is created again;
+//! - an expired snapshot is never returned: expiry is checked on every access
+//!   by name, and all expired entries are swept on create, list and
+//!   [`Database::expire_snapshots`] (no background thread);
+//! - the registry lock is never held while a snapshot's memory is freed or its
+//!   cost walked, so a large release or a `list_snapshots` does not stall other
+//!   registry users, and it is never taken by the writer.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bson::{Document, RawBson};
+use parking_lot::{Mutex, RwLock};
+
+use crate::database::{Collection, Database, Find, Snapshot, SnapshotCollection};
+use crate::error::{Error, Result};
+use crate::index::{IndexKey, KeyPart, ValueKey};
+use crate::writer::DbState;
+
+/// Most named snapshots held at once per database. Each one can pin up to a
+/// whole database version, and listing walks each; a bound keeps a runaway
+/// client from pinning unbounded memory by name.
+pub const MAX_NAMED_SNAPSHOTS: usize = 1024;
+/// Longest snapshot name (bytes). Names will become directory names of durable
+/// snapshots, so they are short and path-safe.
+pub const MAX_SNAPSHOT_NAME: usize = 128;
+/// How many dropped/expired names remember why they are gone (for error
+/// messages); older ones just report "no snapshot named".
+const MAX_TOMBSTONES: usize = 256;
+
+// ---------------------------------------------------------------------------
+// Clock
+
+/// Time source for TTL expiry, behind a trait so tests control time instead of
+/// sleeping.
+pub trait Clock: Send + Sync + fmt::Debug {
+    fn now(&self) -> Instant;
+}
+
+/// The real monotonic clock.
+#[derive(Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// A clock that moves only when told to (tests of TTL expiry).
+#[derive(Debug)]
+pub struct ManualClock {
+    start: Instant,
+    offset: Mutex<Duration>,
+}
+
+impl ManualClock {
+    pub fn new() -> ManualClock {
+        ManualClock {
+            start: Instant::now(),
+            offset: Mutex::new(Duration::ZERO),
+        }
+    }
+
+    pub fn advance(&self, by: Duration) {
+        *self.offset.lock() += by;
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock::new()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.start + *self.offset.lock()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Cost accounting
+
+/// What one collection of a snapshot retains beyond the latest version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CollectionCost {
+    pub heap_nodes: u64,
+    pub index_nodes: u64,
+    /// Bytes of those nodes (node, `Arc` header, vectors, out-of-line key bytes).
+    pub node_bytes: u64,
+    /// Documents no longer reachable from the latest version.
+    pub docs: u64,
+    pub doc_bytes: u64,
+}
+
+impl CollectionCost {
+    pub fn nodes(&self) -> u64 {
+        self.heap_nodes + self.index_nodes
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.node_bytes + self.doc_bytes
+    }
+
+    fn add(&mut self, o: &CollectionCost) {
+        self.heap_nodes += o.heap_nodes;
+        self.index_nodes += o.index_nodes;
+        self.node_bytes += o.node_bytes;
+        self.docs += o.docs;
+        self.doc_bytes += o.doc_bytes;
+    }
+}
+
+/// What a held snapshot keeps alive only because of it, compared with the
+/// latest published version: its space amplification. Several snapshots that
+/// share old nodes each count them, so costs of different snapshots do not add
+/// up to the memory they hold together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetainedCost {
+    /// Heap plus index nodes.
+    pub nodes: u64,
+    /// Node bytes plus document bytes.
+    pub bytes: u64,
+    pub docs: u64,
+    pub heap_nodes: u64,
+    pub index_nodes: u64,
+    pub node_bytes: u64,
+    pub doc_bytes: u64,
+    pub snapshot_csn: u64,
+    pub latest_csn: u64,
+    /// Per collection of the snapshot (all present, zero when nothing retained).
+    pub by_collection: BTreeMap<String, CollectionCost>,
+}
+
+impl Snapshot {
+    /// Nodes, documents and bytes this snapshot retains that `latest` does not
+    /// reach. O(nodes of both versions + documents in pages either one copied):
+    /// an explicit accounting call, never on a read or write path.
+    ///
+    /// A node reachable from `latest` is shared together with its whole subtree
+    /// (shared nodes are immutable), so the walk skips shared subtrees; a
+    /// document counts as retained when no page of `latest` points at the same
+    /// allocation (`Arc` identity, never a byte comparison).
+    pub fn retained(&self, latest: &Snapshot) -> RetainedCost {
+        retained_between(self.state(), latest.state())
+    }
+}
+
+fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedCost {
+    let mut cost = RetainedCost {
+        snapshot_csn: snap.csn,
+        latest_csn: latest.csn,
+        ..RetainedCost::default()
+    };
+    let zero = |cost: &mut RetainedCost| {
+        for name in snap.collections.keys() {
+            cost.by_collection
+                .insert(name.clone(), CollectionCost::default());
+        }
+    };
+    if Arc::ptr_eq(snap, latest) || Arc::ptr_eq(&snap.collections, &latest.collections) {
+        zero(&mut cost);
+        return cost;
+    }
+    // Heap pages of the snapshot: documents in latest pages the snapshot also
+    // holds are shared by construction and need no pointer set.
+    let mut snap_pages = HashSet::new();
+    for c in snap.collections.values() {
+        c.heap.node_addrs_into(&mut snap_pages);
+    }
+    let mut latest_nodes = HashSet::new();
+    let mut latest_docs = HashSet::new();
+    for c in latest.collections.values() {
+        c.heap.node_addrs_into(&mut latest_nodes);
+        c.id_index.node_addrs_into(&mut latest_nodes);
+        for i in &c.indexes {
+            i.tree.node_addrs_into(&mut latest_nodes);
+        }
+        c.heap.walk_unknown(&snap_pages, &mut |d| {
+            latest_docs.insert(Arc::as_ptr(d) as usize);
+        });
+    }
+    drop(snap_pages);
+    let mut total = CollectionCost::default();
+    for (name, c) in snap.collections.iter() {
+        let mut cc = CollectionCost::default();
+        let (docs, doc_bytes) = (&mut cc.docs, &mut cc.doc_bytes);
+        let (heap_nodes, heap_bytes) = c.heap.walk_unknown(&latest_nodes, &mut |d| {
+            if !latest_docs.contains(&(Arc::as_ptr(d) as usize)) {
+                *docs += 1;
+                *doc_bytes += d.as_bytes().len() as u64;
+            }
+        });
+        cc.heap_nodes = heap_nodes as u64;
+        cc.node_bytes = heap_bytes as u64;
+        let (n, b) = c
+            .id_index
+            .walk_unknown(&latest_nodes, &|k: &ValueKey| raw_bson_out_of_line(&k.0));
+        cc.index_nodes += n as u64;
+        cc.node_bytes += b as u64;
+        for i in &c.indexes {
+            let (n, b) = i.tree.walk_unknown(&latest_nodes, &|k: &(IndexKey, _)| {
+                index_key_out_of_line(&k.0)
+            });
+            cc.index_nodes += n as u64;
+            cc.node_bytes += b as u64;
+        }
+        total.add(&cc);
+        cost.by_collection.insert(name.clone(), cc);
+    }
+    cost.heap_nodes = total.heap_nodes;
+    cost.index_nodes = total.index_nodes;
+    cost.node_bytes = total.node_bytes;
+    cost.docs = total.docs;
+    cost.doc_bytes = total.doc_bytes;
+    cost.nodes = cost.heap_nodes + cost.index_nodes;
+    cost.bytes = cost.node_bytes + cost.doc_bytes;
+    cost
+}
+
+/// Bytes a key value owns outside the node (strings, embedded documents,
+/// binary). Approximate: regexes and code-with-scope count 0.
+fn raw_bson_out_of_line(v: &RawBson) -> usize {
+    match v {
+        RawBson::String(s) | RawBson::Symbol(s) | RawBson::JavaScriptCode(s) => s.capacity(),
+        RawBson::Document(d) => d.as_bytes().len(),
+        RawBson::Array(a) => a.as_bytes().len(),
+        RawBson::Binary(b) => b.bytes.capacity(),
+        _ => 0,
+    }
+}
+
+fn index_key_out_of_line(k: &IndexKey) -> usize {
+    k.parts.len() * std::mem::size_of::<KeyPart>()
+        + k.parts
+            .iter()
+            .map(|p| match p {
+                KeyPart::Val(v) => raw_bson_out_of_line(v),
+                KeyPart::Low | KeyPart::High => 0,
+            })
+            .sum::<usize>()
+}
+
+// ---------------------------------------------------------------------------
+// Named snapshots
+
+/// What `list_snapshots` reports about one named snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub csn: u64,
+    /// Wall-clock creation time (for display).
+    pub created: SystemTime,
+    /// Time held so far, by the registry's clock.
+    pub age: Duration,
+    pub ttl: Option<Duration>,
+    /// `None` = every collection of the database at `csn`.
+    pub collections: Option<Vec<String>>,
+    /// Filled by `list_snapshots` / `snapshot_info` (an O(size) walk).
+    pub retained: RetainedCost,
+}
+
+/// Per-database default for analytic reads (AnKer's hybrid execution).
+///
+/// Every single read call already loads one published root at its start and
+/// runs wholly on it, so one `find` or `count` is snapshot-consistent in either
+/// mode. The mode decides what an *analytic session* ([`Database::analytics`])
+/// reads, i.e. a query made of several calls (count then page through results,
+/// several passes, a self-join):
+/// - `Fresh` (the default): the session takes a fresh virtual snapshot when it
+///   starts and every call in it reads that snapshot, so all its passes agree
+///   while writes continue on the latest state;
+/// - `Latest`: every call of the session reads the latest root at its own
+///   start (fresher, but two calls may see different states; MongoDB's default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AnalyticsSnapshot {
+    #[default]
+    Fresh,
+    Latest,
+}
+
+/// Why a name is no longer held.
+#[derive(Debug, Clone, Copy)]
+enum Gone {
+    Dropped { csn: u64 },
+    Expired { csn: u64, ttl: Duration },
+}
+
+struct Entry {
+    snapshot: Snapshot,
+    collections: Option<Vec<String>>,
+    created: SystemTime,
+    created_at: Instant,
+    ttl: Option<Duration>,
+}
+
+impl Entry {
+    fn expired(&self, now: Instant) -> bool {
+        self.ttl
+            .is_some_and(|ttl| now.saturating_duration_since(self.created_at) >= ttl)
+    }
+
+    fn info(&self, name: &str, now: Instant) -> SnapshotInfo {
+        SnapshotInfo {
+            name: name.to_string(),
+            csn: self.snapshot.csn(),
+            created: self.created,
+            age: now.saturating_duration_since(self.created_at),
+            ttl: self.ttl,
+            collections: self.collections.clone(),
+            retained: RetainedCost::default(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Named {
+    held: BTreeMap<String, Entry>,
+    gone: VecDeque<(String, Gone)>,
+}
+
+impl Named {
+    fn bury(&mut self, name: String, why: Gone) {
+        self.gone.retain(|(n, _)| *n != name);
+        if self.gone.len() == MAX_TOMBSTONES {
+            self.gone.pop_front();
+        }
+        self.gone.push_back((name, why));
+    }
+
+    /// Removes expired entries; returns them so the caller frees them after
+    /// releasing the lock.
+    fn sweep(&mut self, now: Instant) -> Vec<Entry> {
+        let names: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, e)| e.expired(now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            if let Some(e) = self.held.remove(&name) {
+                let why = Gone::Expired {
+                    csn: e.snapshot.csn(),
+                    ttl: e.ttl.unwrap_or_default(),
+                };
+                self.bury(name, why);
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    fn not_found(&self, name: &str) -> Error {
+        let why = self.gone.iter().rev().find(|(n, _)| n == name);
+        Error::SnapshotNotFound(match why {
+            Some((_, Gone::Dropped { csn })) => {
+                format!("snapshot '{name}' was dropped (it was taken at csn {csn})")
+            }
+            Some((_, Gone::Expired { csn, ttl })) => format!(
+                "snapshot '{name}' expired (taken at csn {csn}, ttl {} ms)",
+                ttl.as_millis()
+            ),
+            None => format!("no snapshot named '{name}'"),
+        })
+    }
+}
+
+/// The per-database registry: named snapshots, the clock that expires them,
+/// and the analytics read mode. Lives in the database; dropping the database
+/// drops every named snapshot it holds.
+pub struct Registry {
+    named: Mutex<Named>,
+    clock: RwLock<Arc<dyn Clock>>,
+    analytics: AtomicU8,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            named: Mutex::new(Named::default()),
+            clock: RwLock::new(Arc::new(SystemClock)),
+            analytics: AtomicU8::new(0),
+        }
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("named", &self.named.lock().held.len())
+            .finish()
+    }
+}
+
+impl Registry {
+    fn now(&self) -> Instant {
+        self.clock.read().now()
+    }
+}
+
+/// Snapshot names: 1..=128 bytes of `[A-Za-z0-9_.-]`, not starting with `.`
+/// (they will name directories of durable snapshots).
+pub fn validate_snapshot_name(name: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::bad_value(format!(
+            "invalid snapshot name '{name}': {why}"
+        )))
+    };
+    if name.is_empty() {
+        return bad("must not be empty");
+    }
+    if name.len() > MAX_SNAPSHOT_NAME {
+        return bad("longer than 128 bytes");
+    }
+    if name.starts_with('.') {
+        return bad("must not start with '.'");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return bad(&format!(
+            "character {c:?} is not allowed (use A-Z a-z 0-9 _ - .)"
+        ));
+    }
+    Ok(())
+}
+
+/// The state of `published` restricted to `names` (deduplicated). O(k): the
+/// kept collections are O(1) clones sharing every node.
+fn restrict(published: &Arc<DbState>, names: &[String]) -> Result<(Arc<DbState>, Vec<String>)> {
+    if names.is_empty() {
+        return Err(Error::bad_value(
+            "collections must not be empty (omit it to snapshot every collection)",
+        ));
+    }
+    let mut kept = BTreeMap::new();
+    for name in names {
+        let c = published.collection(name).ok_or_else(|| {
+            Error::NamespaceNotFound(format!(
+                "{}.{name}: cannot snapshot a collection that does not exist at csn {}",
+                published.db, published.csn
+            ))
+        })?;
+        kept.insert(name.clone(), c.clone());
+    }
+    let names = kept.keys().cloned().collect();
+    Ok((
+        Arc::new(DbState {
+            db: published.db.clone(),
+            csn: published.csn,
+            collections: Arc::new(kept),
+            vls_options: published.vls_options,
+        }),
+        names,
+    ))
+}
+
+impl Database {
+    /// Take a named snapshot of the latest committed state (of every
+    /// collection, or only of `collections`; others are not pinned), held until
+    /// dropped or until `ttl` has passed.
+    ///
+    /// O(1) for the whole database, O(k) for k listed collections; no node is
+    /// copied and the writer is not involved (see the module invariants for
+    /// why the published root is a consistent cut at its `csn`).
+    pub fn create_snapshot(
+        &self,
+        name: &str,
+        collections: Option<Vec<String>>,
+        ttl: Option<Duration>,
+    ) -> Result<SnapshotInfo> {
+        validate_snapshot_name(name)?;
+        if ttl.is_some_and(|t| t.is_zero()) {
+            return Err(Error::bad_value("snapshot ttl must be positive"));
+        }
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let mut named = reg.named.lock();
+        let expired = named.sweep(now);
+        if named.held.contains_key(name) {
+            drop(named);
+            drop(expired);
+            return Err(Error::SnapshotExists(name.to_string()));
+        }
+        if named.held.len() >= MAX_NAMED_SNAPSHOTS {
+            drop(named);
+            drop(expired);
+            return Err(Error::IllegalOperation(format!(
+                "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
+            )));
+        }
+        // Loaded under the registry lock so snapshots created one after another
+        // have non-decreasing csns in creation order.
+        let published = self.writer().published();
+        let (state, collections) = match collections {
+            None => (published, None),
+            Some(names) => {
+                let (state, names) = restrict(&published, &names)?;
+                (state, Some(names))
+            }
+        };
+        let entry = Entry {
+            snapshot: Snapshot::from_state(state),
+            collections,
+            created: SystemTime::now(),
+            created_at: now,
+            ttl,
+        };
+        let info = entry.info(name, now);
+        named.gone.retain(|(n, _)| n != name);
+        named.held.insert(name.to_string(), entry);
+        drop(named);
+        drop(expired);
+        Ok(info)
+    }
+
+    /// The named snapshot, to run any read on. The returned handle is a lease:
+    /// it stays readable even if the name is dropped or expires meanwhile (its
+    /// memory is freed when the last lease ends), but the name no longer
+    /// resolves.
+    pub fn named_snapshot(&self, name: &str) -> Result<Snapshot> {
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let mut named = reg.named.lock();
+        let expired = match named.held.get(name) {
+            Some(e) if !e.expired(now) => return Ok(e.snapshot.clone()),
+            Some(_) => named.sweep(now),
+            None => Vec::new(),
+        };
+        let err = named.not_found(name);
+        drop(named);
+        drop(expired);
+        Err(err)
+    }
+
+    /// Forget a named snapshot; its memory is freed once no lease holds it.
+    pub fn drop_snapshot(&self, name: &str) -> Result<()> {
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let mut named = reg.named.lock();
+        let expired = named.sweep(now);
+        let Some(entry) = named.held.remove(name) else {
+            let err = named.not_found(name);
+            drop(named);
+            drop(expired);
+            return Err(err);
+        };
+        named.bury(
+            name.to_string(),
+            Gone::Dropped {
+                csn: entry.snapshot.csn(),
+            },
+        );
+        drop(named);
+        // Freed here, on the caller's thread, outside the lock.
+        drop(entry);
+        drop(expired);
+        Ok(())
+    }
+
+    /// Every held named snapshot, by name, with what it retains. Expired ones
+    /// are swept first. O(size of the versions involved): the retained cost is
+    /// walked per snapshot, outside the registry lock.
+    pub fn list_snapshots(&self) -> Vec<SnapshotInfo> {
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let mut named = reg.named.lock();
+        let expired = named.sweep(now);
+        let held: Vec<(SnapshotInfo, Snapshot)> = named
+            .held
+            .iter()
+            .map(|(n, e)| (e.info(n, now), e.snapshot.clone()))
+            .collect();
+        drop(named);
+        drop(expired);
+        let latest = self.snapshot();
+        held.into_iter()
+            .map(|(mut info, snap)| {
+                info.retained = snap.retained(&latest);
+                info
+            })
+            .collect()
+    }
+
+    /// One named snapshot's description, with its retained cost.
+    pub fn snapshot_info(&self, name: &str) -> Result<SnapshotInfo> {
+        let snap = self.named_snapshot(name)?;
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let mut info = {
+            let named = reg.named.lock();
+            match named.held.get(name) {
+                Some(e) => e.info(name, now),
+                None => return Err(named.not_found(name)),
+            }
+        };
+        info.retained = snap.retained(&self.snapshot());
+        Ok(info)
+    }
+
+    /// Drop every expired named snapshot now; returns how many. (Expiry is
+    /// otherwise lazy: on access by name, create and list.)
+    pub fn expire_snapshots(&self) -> usize {
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let expired = reg.named.lock().sweep(now);
+        expired.len()
+    }
+
+    /// Replace the clock that TTLs are measured with (tests use [`ManualClock`]).
+    pub fn set_snapshot_clock(&self, clock: Arc<dyn Clock>) {
+        *self.snapshot_registry().clock.write() = clock;
+    }
+
+    /// What the given snapshot retains compared with the latest state.
+    pub fn retained_by(&self, snapshot: &Snapshot) -> RetainedCost {
+        snapshot.retained(&self.snapshot())
+    }
+
+    /// The default snapshot mode of analytic sessions.
+    pub fn analytics_mode(&self) -> AnalyticsSnapshot {
+        match self.snapshot_registry().analytics.load(Ordering::Relaxed) {
+            1 => AnalyticsSnapshot::Latest,
+            _ => AnalyticsSnapshot::Fresh,
+        }
+    }
+
+    pub fn set_analytics_mode(&self, mode: AnalyticsSnapshot) {
+        let v = match mode {
+            AnalyticsSnapshot::Fresh => 0,
+            AnalyticsSnapshot::Latest => 1,
+        };
+        self.snapshot_registry()
+            .analytics
+            .store(v, Ordering::Relaxed);
+    }
+
+    /// Start an analytic session in the database's analytics mode: under
+    /// `Fresh` every call of the session reads one snapshot taken now.
+    pub fn analytics(&self) -> AnalyticSession {
+        self.analytics_with(self.analytics_mode())
+    }
+
+    /// Start an analytic session in an explicit mode.
+    pub fn analytics_with(&self, mode: AnalyticsSnapshot) -> AnalyticSession {
+        AnalyticSession {
+            db: self.clone(),
+            pinned: match mode {
+                AnalyticsSnapshot::Fresh => Some(self.snapshot()),
+                AnalyticsSnapshot::Latest => None,
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Analytic sessions
+
+/// One analytic query made of any number of read calls (see
+/// [`AnalyticsSnapshot`]). Cheap to create; under `Fresh` it holds a snapshot
+/// (and so the memory later writes replace) until dropped.
+#[derive(Debug, Clone)]
+pub struct AnalyticSession {
+    db: Database,
+    pinned: Option<Snapshot>,
+}
+
+impl AnalyticSession {
+    pub fn mode(&self) -> AnalyticsSnapshot {
+        if self.pinned.is_some() {
+            AnalyticsSnapshot::Fresh
+        } else {
+            AnalyticsSnapshot::Latest
+        }
+    }
+
+    /// The csn every call reads, when the session is pinned.
+    pub fn csn(&self) -> Option<u64> {
+        self.pinned.as_ref().map(Snapshot::csn)
+    }
+
+    /// The pinned snapshot, if any.
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        self.pinned.as_ref()
+    }
+
+    pub fn collection(&self, name: &str) -> AnalyticCollection {
+        AnalyticCollection(match &self.pinned {
+            Some(s) => Reads::Pinned(s.collection(name)),
+            None => Reads::Latest(self.db.collection(name)),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Reads {
+    Pinned(SnapshotCollection),
+    Latest(Collection),
+}
+
+/// Reads on one collection within an analytic session.
+#[derive(Debug, Clone)]
+pub struct AnalyticCollection(Reads);
+
+impl AnalyticCollection {
+    pub fn find(&self, filter: Document) -> Find {
+        match &self.0 {
+            Reads::Pinned(c) => c.find(filter),
+            Reads::Latest(c) => c.find(filter),
+        }
+    }
+
+    pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
+        match &self.0 {
+            Reads::Pinned(c) => c.find_one(filter),
+            Reads::Latest(c) => c.find_one(filter),
+        }
+    }
+
+    pub fn count(&self, filter: Document) -> Result<u64> {
+        match &self.0 {
+            Reads::Pinned(c) => c.count(filter),
+            Reads::Latest(c) => c.count(filter),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        for ok in ["a", "daily-2024.01.01", "A_b-9", &"x".repeat(128)] {
+            assert!(validate_snapshot_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".hidden", "a/b", "a b", "é", &"x".repeat(129), "a\0"] {
+            let e = validate_snapshot_name(bad).expect_err(bad);
+            assert_eq!(e.code(), 2);
+            assert!(e.to_string().contains("invalid snapshot name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn tombstones_are_bounded_and_say_why() {
+        let mut n = Named::default();
+        for i in 0..(MAX_TOMBSTONES + 10) {
+            n.bury(format!("s{i}"), Gone::Dropped { csn: i as u64 });
+        }
+        assert_eq!(n.gone.len(), MAX_TOMBSTONES);
+        assert!(n.not_found("s0").to_string().contains("no snapshot named"));
+        let last = format!("s{}", MAX_TOMBSTONES + 9);
+        assert!(n.not_found(&last).to_string().contains("was dropped"));
+        n.bury(
+            "t".into(),
+            Gone::Expired {
+                csn: 3,
+                ttl: Duration::from_secs(1),
+            },
+        );
+        let e = n.not_found("t");
+        assert_eq!(e.code(), 246);
+        assert!(e.to_string().contains("expired"), "{e}");
+    }
+}
