@@ -76,6 +76,11 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Benchmarks: ycsb, htap, snapshot workloads; `report` regenerates BENCHMARKS.md.
+    Bench {
+        #[command(subcommand)]
+        command: duet_bench::BenchCommand,
+    },
 }
 
 #[derive(Args)]
@@ -201,6 +206,10 @@ fn run(cli: Cli) -> Result<()> {
     let mut out = stdout.lock();
     match cli.command {
         Command::Demo { docs } => demo(docs, &mut out),
+        Command::Bench { command } => {
+            drop(out);
+            duet_bench::run(command).map(|_| ())
+        }
         Command::Import {
             target,
             file,
