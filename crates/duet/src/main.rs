@@ -83,6 +83,11 @@ enum Command {
     },
     /// Serve the MongoDB wire protocol (see the README's "Server" section).
     Serve(duet_server::ServeArgs),
+    /// Benchmarks: ycsb, htap, snapshot workloads; `report` regenerates BENCHMARKS.md.
+    Bench {
+        #[command(subcommand)]
+        command: duet_bench::BenchCommand,
+    },
     /// Long-running checks (soaks) of the engine's guarantees.
     Check {
         #[command(subcommand)]
@@ -241,6 +246,10 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve(args) => duet_server::serve_cli(args).map_err(|e| anyhow::anyhow!(e)),
         Command::Demo { docs } => demo(docs, &mut out),
+        Command::Bench { command } => {
+            drop(out);
+            duet_bench::run(command).map(|_| ())
+        }
         Command::Import {
             target,
             file,

@@ -1,0 +1,243 @@
+//! `duet bench …`: the command-line surface of the harness (clap), shared by
+//! the `duet` binary. Each workload command runs, prints its Markdown table and
+//! writes `<out>/<workload>[-tag].json` + `.md`; `report` turns a results
+//! directory into BENCHMARKS.md sections and PNG charts.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+use crate::gen::Distribution;
+use crate::peers::{self, TargetName};
+use crate::result::{BenchResult, Collector, Started};
+use crate::target::Strategy;
+use crate::workload::{htap, snapshot, ycsb};
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// YCSB core workloads A–F.
+    Ycsb(YcsbArgs),
+    /// Update stream beside K concurrent analytic scans (VLS paper set-up).
+    Htap(HtapArgs),
+    /// Snapshot creation vs fork() vs deep copy; copy-on-write costs (AnKer Table 1).
+    Snapshot(SnapshotArgs),
+    /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
+    Report(ReportArgs),
+}
+
+/// Flags every workload takes.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Records (documents) loaded before the run.
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// Seconds per measured run (per cell for htap).
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Client threads (update threads for htap).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Snapshot strategies for analytic reads (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "cow")]
+    pub strategy: Vec<Strategy>,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Directory for JSON and Markdown results.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Targets side by side: duet, wire, sqlite, postgres, lmdb (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "duet")]
+    pub targets: Vec<TargetName>,
+    /// PostgreSQL connection (scripts/peers/postgres.sh starts one on loopback).
+    #[arg(
+        long,
+        default_value = "host=127.0.0.1 port=54329 user=postgres dbname=postgres"
+    )]
+    pub pg: String,
+    /// MongoDB-wire server for the `wire` target.
+    #[arg(long, default_value = "mongodb://127.0.0.1:27017")]
+    pub uri: String,
+    /// Suffix of the result file names (`<workload>-<tag>.json`).
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// No progress bars or progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct YcsbArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Core workloads to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "A,B,C,F,D,E")]
+    pub workloads: Vec<char>,
+    /// Override every workload's request distribution.
+    #[arg(long)]
+    pub distribution: Option<Distribution>,
+    #[arg(long, default_value_t = 10)]
+    pub field_count: usize,
+    #[arg(long, default_value_t = 100)]
+    pub field_length: usize,
+    /// Operations per workload run (all threads); default: run for --seconds.
+    #[arg(long)]
+    pub operations: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct HtapArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Numbers of concurrent analytic threads (K).
+    #[arg(long, value_delimiter = ',', default_value = "0,1,8")]
+    pub analytics: Vec<usize>,
+    /// Analytic queries: full, idx5, idx10, idx25.
+    #[arg(long, value_delimiter = ',', default_value = "full,idx10")]
+    pub scans: Vec<htap::ScanKind>,
+    /// Attempted updates per second (all threads); 0 = as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    pub update_rate: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    /// Data sizes (MiB of documents), loaded incrementally.
+    #[arg(long, value_delimiter = ',', default_value = "200,1000")]
+    pub sizes_mb: Vec<u64>,
+    /// Percent of the data rewritten while a snapshot is held.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,50")]
+    pub rewrite_pct: Vec<u64>,
+    /// Updates timed right after a snapshot and without one.
+    #[arg(long, default_value_t = 2000)]
+    pub first_writes: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    #[arg(long)]
+    pub tag: Option<String>,
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Directory of JSON results.
+    #[arg(long, default_value = "bench-results")]
+    pub results: PathBuf,
+    /// The Markdown file whose generated sections are replaced.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    pub out: PathBuf,
+    /// Where PNG charts go (linked relative to --out).
+    #[arg(long, default_value = "docs/bench")]
+    pub charts: PathBuf,
+}
+
+fn file_name(workload: &str, tag: &Option<String>) -> String {
+    match tag {
+        Some(t) => format!("{workload}-{t}"),
+        None => workload.to_string(),
+    }
+}
+
+fn finish(result: BenchResult, out: &std::path::Path, tag: &Option<String>) -> Result<BenchResult> {
+    let path = result.write(out, &file_name(&result.workload, tag))?;
+    println!("{}", crate::report::markdown_for(&result, None));
+    eprintln!("wrote {}", path.display());
+    Ok(result)
+}
+
+/// Run one `duet bench` command; returns the result of a workload command.
+pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
+    match cmd {
+        BenchCommand::Ycsb(a) => {
+            let started = Started::now();
+            let c = &a.common;
+            let p = ycsb::Params {
+                records: c.records,
+                field_count: a.field_count,
+                field_length: a.field_length,
+                threads: c.threads.max(1),
+                seconds: c.seconds,
+                operations: a.operations,
+                distribution: a.distribution,
+                workloads: a.workloads.clone(),
+                seed: c.seed,
+                repeat: c.repeat.max(1),
+            };
+            let targets = peers::ycsb_targets(c)?;
+            let mut col = Collector::default();
+            let mut notes = peers::notes(c);
+            ycsb::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
+            let r = BenchResult::finish(
+                "ycsb",
+                serde_json::to_value(&p)?,
+                p.repeat,
+                started,
+                notes,
+                col.figures(),
+            );
+            finish(r, &c.out, &c.tag).map(Some)
+        }
+        BenchCommand::Htap(a) => {
+            let started = Started::now();
+            let c = &a.common;
+            let p = htap::Params {
+                records: c.records,
+                threads: c.threads.max(1),
+                seconds: c.seconds,
+                strategies: c.strategy.clone(),
+                analytics: a.analytics.clone(),
+                scans: a.scans.clone(),
+                update_rate: a.update_rate,
+                seed: c.seed,
+                repeat: c.repeat.max(1),
+            };
+            let targets = peers::htap_targets(c)?;
+            let mut col = Collector::default();
+            let mut notes = peers::notes(c);
+            htap::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
+            let r = BenchResult::finish(
+                "htap",
+                serde_json::to_value(&p)?,
+                p.repeat,
+                started,
+                notes,
+                col.figures(),
+            );
+            finish(r, &c.out, &c.tag).map(Some)
+        }
+        BenchCommand::Snapshot(a) => {
+            let started = Started::now();
+            let p = snapshot::Params {
+                sizes_mb: a.sizes_mb.clone(),
+                rewrite_pct: a.rewrite_pct.clone(),
+                first_writes: a.first_writes,
+                seed: a.seed,
+                repeat: a.repeat.max(1),
+            };
+            let mut col = Collector::default();
+            let mut notes = Vec::new();
+            snapshot::run(&p, a.quiet, &mut col, &mut notes)?;
+            let r = BenchResult::finish(
+                "snapshot",
+                serde_json::to_value(&p)?,
+                p.repeat,
+                started,
+                notes,
+                col.figures(),
+            );
+            finish(r, &a.out, &a.tag).map(Some)
+        }
+        BenchCommand::Report(a) => {
+            crate::report::regenerate(&a.results, &a.out, &a.charts)?;
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! duet-bench: the benchmark harness of duetdb.
+//!
+//! Owns the named workloads (`ycsb`, `htap`, `snapshot`), the targets they run
+//! against (the embedded engine always; peers and the MongoDB-wire target behind
+//! cargo features so ordinary builds stay fast), the JSON/Markdown results with
+//! machine facts and the spread of repeated runs, and `report`, which regenerates
+//! `BENCHMARKS.md` sections and PNG charts from the JSON results.
+//!
+//! Performance is never asserted here: the test suite runs every workload tiny
+//! to keep it from rotting, and the numbers live in `BENCHMARKS.md`.
+
+pub mod cli;
+pub mod gen;
+pub mod machine;
+pub mod peers;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod result;
+pub mod stats;
+pub mod target;
+pub mod workload;
+
+pub use cli::{run, BenchCommand};

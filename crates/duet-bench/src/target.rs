@@ -1,0 +1,346 @@
+//! Targets: what a workload runs against. A target hands out one session per
+//! client thread (connections of client/server peers are not shareable);
+//! workloads only speak these traits, so the embedded engine, the MongoDB-wire
+//! target and the peers are interchangeable.
+//!
+//! Two data models: YCSB's `usertable` (string key, `field0..fieldN` strings)
+//! and the HTAP table (integer `_id`, ~240-byte documents with an indexed,
+//! uniformly distributed `v` used for range scans of a given selectivity).
+
+use anyhow::{bail, Result};
+use duetdb::bson::{doc, Document};
+use duetdb::{Collection, Database, IndexOptions};
+
+/// Snapshot strategy of an analytic read (DESIGN.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    None,
+    Vls,
+    Olcp,
+    Cow,
+}
+
+impl Strategy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::None => "none",
+            Strategy::Vls => "vls",
+            Strategy::Olcp => "olcp",
+            Strategy::Cow => "cow",
+        }
+    }
+}
+
+/// One YCSB field value.
+pub type Field = (String, String);
+
+/// A store YCSB can run on (YCSB's `DB` interface).
+pub trait YcsbTarget: Sync {
+    fn name(&self) -> String;
+    /// Drop and recreate the table.
+    fn reset(&self) -> Result<()>;
+    fn session(&self) -> Result<Box<dyn YcsbSession + '_>>;
+}
+
+pub trait YcsbSession {
+    fn insert_batch(&mut self, records: &[(String, Vec<Field>)]) -> Result<()>;
+    fn insert(&mut self, key: &str, fields: &[Field]) -> Result<()>;
+    /// Read all fields; false when the key is absent.
+    fn read(&mut self, key: &str) -> Result<bool>;
+    /// Set the given fields; false when the key is absent.
+    fn update(&mut self, key: &str, fields: &[Field]) -> Result<bool>;
+    /// Up to `count` records in key order from `start`; how many were read.
+    fn scan(&mut self, start: &str, count: usize) -> Result<usize>;
+}
+
+/// A store the HTAP workload can run on.
+pub trait HtapTarget: Sync {
+    fn name(&self) -> String;
+    /// How a requested strategy is served here: `Ok(label)` or unsupported.
+    fn strategy_label(&self, strategy: Strategy) -> Result<String>;
+    /// Peers have one mechanism of their own (e.g. a REPEATABLE READ
+    /// transaction): its label, and every cell runs once with it.
+    fn native_strategy(&self) -> Option<String> {
+        None
+    }
+    /// Load documents `0..records` (see [`htap_doc`]) and index `v`.
+    fn load(&self, records: u64) -> Result<()>;
+    fn session(&self) -> Result<Box<dyn HtapSession + '_>>;
+    /// Space figures (name with unit → value), sampled during a run.
+    fn space(&self) -> Result<Vec<(String, f64)>>;
+}
+
+pub trait HtapSession {
+    /// Replace the `f2` payload of document `id`.
+    fn update(&mut self, id: u64, payload: &str) -> Result<()>;
+    /// Count every document with a predicate that forces a full scan.
+    fn full_scan_count(&mut self, strategy: Strategy) -> Result<u64>;
+    /// Count documents with `lo <= v < hi` through the index on `v`.
+    fn range_count(&mut self, lo: u64, hi: u64, strategy: Strategy) -> Result<u64>;
+}
+
+/// `v` of each document: a permutation of `0..records` (affine map modulo a
+/// prime ≥ records, cycle-walked back into range), so a range of width w
+/// selects exactly w documents spread over the whole table.
+#[derive(Debug, Clone, Copy)]
+pub struct VPerm {
+    records: u64,
+    prime: u64,
+}
+
+impl VPerm {
+    pub fn new(records: u64) -> VPerm {
+        let is_prime = |m: u64| {
+            m >= 2
+                && (2..)
+                    .take_while(|d| d * d <= m)
+                    .all(|d| !m.is_multiple_of(d))
+        };
+        let prime = (records.max(2)..).find(|&m| is_prime(m)).unwrap_or(records);
+        VPerm { records, prime }
+    }
+
+    /// Requires: `i < records`.
+    pub fn v(&self, i: u64) -> u64 {
+        debug_assert!(i < self.records);
+        let mut x = i;
+        loop {
+            x = ((x as u128 * 2_654_435_761u128 + 7) % self.prime as u128) as u64;
+            if x < self.records {
+                return x;
+            }
+        }
+    }
+}
+
+/// The HTAP document: about 240 bytes of BSON (the VLS paper's record size).
+pub fn htap_doc(i: u64, perm: &VPerm) -> Document {
+    let id = i as i64;
+    let region = ["north", "south", "east", "west"][(i % 4) as usize];
+    doc! {
+        "_id": id,
+        "v": perm.v(i) as i64,
+        "b": id % 1000,
+        "region": region,
+        "f1": format!("{:0>40}", i),
+        "f2": format!("{:x>60}", i.wrapping_mul(7)),
+        "f3": format!("{:y>60}", i.wrapping_mul(13)),
+    }
+}
+
+/// A payload for `f2` of the same length as the loaded one.
+pub fn htap_payload(n: u64) -> String {
+    format!("{:z>60}", n)
+}
+
+/// The duetdb engine, in process.
+pub struct Embedded {
+    db: Database,
+}
+
+pub const YCSB_TABLE: &str = "usertable";
+pub const HTAP_TABLE: &str = "htap";
+
+impl Default for Embedded {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Embedded {
+    pub fn new() -> Embedded {
+        Embedded {
+            db: Database::in_memory(),
+        }
+    }
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+}
+
+struct EmbeddedYcsb {
+    coll: Collection,
+}
+
+fn ycsb_doc(key: &str, fields: &[Field]) -> Document {
+    let mut d = doc! {"_id": key};
+    for (k, v) in fields {
+        d.insert(k.clone(), v.clone());
+    }
+    d
+}
+
+impl YcsbTarget for Embedded {
+    fn name(&self) -> String {
+        "duetdb-embedded".into()
+    }
+    fn reset(&self) -> Result<()> {
+        self.db.drop_collection(YCSB_TABLE)?;
+        Ok(())
+    }
+    fn session(&self) -> Result<Box<dyn YcsbSession + '_>> {
+        Ok(Box::new(EmbeddedYcsb {
+            coll: self.db.collection(YCSB_TABLE),
+        }))
+    }
+}
+
+impl YcsbSession for EmbeddedYcsb {
+    fn insert_batch(&mut self, records: &[(String, Vec<Field>)]) -> Result<()> {
+        let docs: Vec<Document> = records.iter().map(|(k, f)| ycsb_doc(k, f)).collect();
+        self.coll.insert_many(docs, true)?;
+        Ok(())
+    }
+    fn insert(&mut self, key: &str, fields: &[Field]) -> Result<()> {
+        self.coll.insert_one(ycsb_doc(key, fields))?;
+        Ok(())
+    }
+    fn read(&mut self, key: &str) -> Result<bool> {
+        Ok(self.coll.find_one(doc! {"_id": key})?.is_some())
+    }
+    fn update(&mut self, key: &str, fields: &[Field]) -> Result<bool> {
+        let mut set = Document::new();
+        for (k, v) in fields {
+            set.insert(k.clone(), v.clone());
+        }
+        let r = self
+            .coll
+            .update_one(doc! {"_id": key}, doc! {"$set": set})?;
+        Ok(r.matched > 0)
+    }
+    fn scan(&mut self, start: &str, count: usize) -> Result<usize> {
+        let docs = self
+            .coll
+            .find(doc! {"_id": {"$gte": start}})
+            .sort(doc! {"_id": 1})
+            .limit(count as u64)
+            .run()?;
+        Ok(docs.len())
+    }
+}
+
+struct EmbeddedHtap<'a> {
+    db: &'a Database,
+    coll: Collection,
+}
+
+impl HtapTarget for Embedded {
+    fn name(&self) -> String {
+        "duetdb-embedded".into()
+    }
+    fn strategy_label(&self, strategy: Strategy) -> Result<String> {
+        match strategy {
+            // Until the engine's Strategy enum lands, every read runs on the
+            // published root taken at its start: a cow-like snapshot.
+            Strategy::None => Ok(
+                "none→cow (engine reads the published root; no cursor-stability mode yet)".into(),
+            ),
+            Strategy::Cow => Ok("cow (db.snapshot())".into()),
+            Strategy::Vls | Strategy::Olcp => {
+                bail!("strategy {} is not in the engine yet", strategy.name())
+            }
+        }
+    }
+    fn load(&self, records: u64) -> Result<()> {
+        self.db.drop_collection(HTAP_TABLE)?;
+        let coll = self.db.collection(HTAP_TABLE);
+        let perm = VPerm::new(records);
+        let mut batch = Vec::with_capacity(10_000);
+        for i in 0..records {
+            batch.push(htap_doc(i, &perm));
+            if batch.len() == 10_000 {
+                coll.insert_many(std::mem::take(&mut batch), true)?;
+            }
+        }
+        if !batch.is_empty() {
+            coll.insert_many(batch, true)?;
+        }
+        coll.create_index(doc! {"v": 1}, IndexOptions::default())?;
+        Ok(())
+    }
+    fn session(&self) -> Result<Box<dyn HtapSession + '_>> {
+        Ok(Box::new(EmbeddedHtap {
+            db: &self.db,
+            coll: self.db.collection(HTAP_TABLE),
+        }))
+    }
+    fn space(&self) -> Result<Vec<(String, f64)>> {
+        Ok(vec![("rss_mb".into(), crate::machine::rss_mb())])
+    }
+}
+
+impl HtapSession for EmbeddedHtap<'_> {
+    fn update(&mut self, id: u64, payload: &str) -> Result<()> {
+        let r = self
+            .coll
+            .update_one(doc! {"_id": id as i64}, doc! {"$set": {"f2": payload}})?;
+        anyhow::ensure!(r.matched == 1, "document {id} missing");
+        Ok(())
+    }
+    fn full_scan_count(&mut self, strategy: Strategy) -> Result<u64> {
+        // `b` is not indexed: the count visits every document.
+        let filter = doc! {"b": {"$gte": 0}};
+        Ok(match strategy {
+            Strategy::Cow => self.db.snapshot().collection(HTAP_TABLE).count(filter)?,
+            Strategy::None => self.coll.count(filter)?,
+            Strategy::Vls | Strategy::Olcp => {
+                bail!("strategy {} not in the engine yet", strategy.name())
+            }
+        })
+    }
+    fn range_count(&mut self, lo: u64, hi: u64, strategy: Strategy) -> Result<u64> {
+        let filter = doc! {"v": {"$gte": lo as i64, "$lt": hi as i64}};
+        Ok(match strategy {
+            Strategy::Cow => self.db.snapshot().collection(HTAP_TABLE).count(filter)?,
+            Strategy::None => self.coll.count(filter)?,
+            Strategy::Vls | Strategy::Olcp => {
+                bail!("strategy {} not in the engine yet", strategy.name())
+            }
+        })
+    }
+}
+
+/// The HTAP document as JSON text (for SQL peers): the same fields and sizes.
+pub fn htap_json(i: u64, perm: &VPerm) -> String {
+    let region = ["north", "south", "east", "west"][(i % 4) as usize];
+    serde_json::json!({
+        "_id": i,
+        "v": perm.v(i),
+        "b": i % 1000,
+        "region": region,
+        "f1": format!("{:0>40}", i),
+        "f2": format!("{:x>60}", i.wrapping_mul(7)),
+        "f3": format!("{:y>60}", i.wrapping_mul(13)),
+    })
+    .to_string()
+}
+
+/// A SQL identifier we generated ourselves (`field7`); refuses anything else.
+pub fn checked_ident(name: &str) -> Result<&str> {
+    if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        Ok(name)
+    } else {
+        bail!("not a plain identifier: {name:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_is_a_permutation_and_docs_are_about_240_bytes() {
+        let n = 1000;
+        let perm = VPerm::new(n);
+        let mut seen = vec![false; n as usize];
+        for i in 0..n {
+            let v = perm.v(i) as usize;
+            assert!(!seen[v]);
+            seen[v] = true;
+        }
+        let bytes = duetdb::doc::to_raw_document(&htap_doc(123_456, &VPerm::new(1_000_000)))
+            .map_or(0, |b| b.as_bytes().len());
+        assert!((220..=260).contains(&bytes), "{bytes}");
+    }
+}

@@ -1,0 +1,363 @@
+//! HTAP: an update stream beside K concurrent analytic queries — the VLS
+//! paper's set-up (§ evaluation: ~240-byte records, zipfian update keys, one
+//! thread per analytic, full-scan counts and index range scans over 5/10/25 %
+//! of the table, K = 0, 1, 8 …). Per target and snapshot strategy it reports
+//! update throughput, p50/p95/p99 update latency, scan duration, and space
+//! (resident memory, or the peer's own size figures) at start and at peak.
+//!
+//! Every scan's count is checked: a full count must see exactly `records`
+//! documents and a range count exactly the range width (updates never change
+//! `v`), so a target that loses or double-counts documents under updates shows
+//! up in the notes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::gen::ScrambledZipfian;
+use crate::progress::note;
+use crate::result::{case, Collector};
+use crate::stats::{median, Latencies};
+use crate::target::{htap_payload, HtapTarget, Strategy};
+
+/// The analytic query of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanKind {
+    /// Count over the whole table with a predicate on an unindexed field.
+    Full,
+    /// Index range over 5 % of the table.
+    Idx5,
+    /// Index range over 10 % of the table.
+    Idx10,
+    /// Index range over 25 % of the table.
+    Idx25,
+}
+
+impl ScanKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanKind::Full => "full",
+            ScanKind::Idx5 => "idx5",
+            ScanKind::Idx10 => "idx10",
+            ScanKind::Idx25 => "idx25",
+        }
+    }
+    fn percent(self) -> u64 {
+        match self {
+            ScanKind::Full => 100,
+            ScanKind::Idx5 => 5,
+            ScanKind::Idx10 => 10,
+            ScanKind::Idx25 => 25,
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Params {
+    pub records: u64,
+    /// Update client threads.
+    pub threads: usize,
+    pub seconds: f64,
+    pub strategies: Vec<Strategy>,
+    pub analytics: Vec<usize>,
+    pub scans: Vec<ScanKind>,
+    /// Attempted updates per second over all update threads; 0 = as fast as possible.
+    pub update_rate: u64,
+    pub seed: u64,
+    pub repeat: usize,
+}
+
+struct CellOut {
+    update_ops: u64,
+    update_lat: Latencies,
+    wall_s: f64,
+    scan_ms: Vec<f64>,
+    wrong_counts: u64,
+    space_start: Vec<(String, f64)>,
+    space_peak: Vec<(String, f64)>,
+}
+
+fn run_cell(
+    target: &dyn HtapTarget,
+    p: &Params,
+    strategy: Strategy,
+    k: usize,
+    scan: ScanKind,
+    seed: u64,
+    quiet: bool,
+) -> Result<CellOut> {
+    let stop_updates = AtomicBool::new(false);
+    let stop_scans = AtomicBool::new(false);
+    let done = AtomicBool::new(false);
+    let watch_done = &AtomicBool::new(false);
+    let ops = std::sync::atomic::AtomicU64::new(0);
+    let space_start = target.space()?;
+    let space_peak = Mutex::new(space_start.clone());
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(p.seconds);
+    let threads = p.threads.max(1);
+    let per_thread_interval =
+        (p.update_rate > 0).then(|| Duration::from_secs_f64(threads as f64 / p.update_rate as f64));
+    let out = std::thread::scope(|s| -> Result<CellOut> {
+        let updaters: Vec<_> = (0..threads)
+            .map(|t| {
+                let (stop_updates, ops) = (&stop_updates, &ops);
+                s.spawn(move || -> Result<(u64, Latencies)> {
+                    let mut sess = target.session()?;
+                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
+                    let mut keys = ScrambledZipfian::new(0, p.records.max(1) - 1);
+                    let mut lat = Latencies::new();
+                    let mut n = 0u64;
+                    let mut next_at = Instant::now();
+                    while !stop_updates.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        if let Some(iv) = per_thread_interval {
+                            let now = Instant::now();
+                            if next_at > now {
+                                std::thread::sleep(next_at - now);
+                            }
+                            next_at += iv;
+                        }
+                        let id = keys.next(&mut rng);
+                        let payload = htap_payload(rng.gen::<u32>() as u64);
+                        let t0 = Instant::now();
+                        sess.update(id, &payload)?;
+                        lat.record(t0.elapsed());
+                        n += 1;
+                        ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok((n, lat))
+                })
+            })
+            .collect();
+        let scanners: Vec<_> = (0..k)
+            .map(|t| {
+                let stop_scans = &stop_scans;
+                s.spawn(move || -> Result<(Vec<f64>, u64)> {
+                    let mut sess = target.session()?;
+                    let mut rng = StdRng::seed_from_u64(seed ^ 0x5ca9 ^ (t as u64) << 8);
+                    let mut durations = Vec::new();
+                    let mut wrong = 0;
+                    // At least one scan completes, even when it outlasts the window.
+                    while durations.is_empty() || !stop_scans.load(Ordering::Relaxed) {
+                        let t0 = Instant::now();
+                        let (got, want) = match scan {
+                            ScanKind::Full => (sess.full_scan_count(strategy)?, p.records),
+                            _ => {
+                                let width = p.records * scan.percent() / 100;
+                                let lo = rng.gen_range(0..=p.records - width);
+                                (sess.range_count(lo, lo + width, strategy)?, width)
+                            }
+                        };
+                        durations.push(t0.elapsed().as_secs_f64() * 1000.0);
+                        if got != want {
+                            wrong += 1;
+                        }
+                    }
+                    Ok((durations, wrong))
+                })
+            })
+            .collect();
+        let sampler = s.spawn(|| -> Result<()> {
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(250));
+                let now = target.space()?;
+                let mut peak = space_peak
+                    .lock()
+                    .map_err(|_| anyhow!("space sampler poisoned"))?;
+                for (name, v) in now {
+                    match peak.iter_mut().find(|(n, _)| *n == name) {
+                        Some((_, pv)) => *pv = pv.max(v),
+                        None => peak.push((name, v)),
+                    }
+                }
+            }
+            Ok(())
+        });
+        let label = format!(
+            "{} {} K={k} {}",
+            target.name(),
+            strategy.name(),
+            scan.name()
+        );
+        s.spawn(move || {
+            while Instant::now() < deadline && !watch_done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            watch_done.store(true, Ordering::Release);
+        });
+        crate::progress::watch(&label, p.seconds, None, &ops, watch_done, quiet, "upd");
+        let mut update_ops = 0;
+        let mut update_lat = Latencies::new();
+        let mut first_err = None;
+        for h in updaters {
+            match h.join().map_err(|_| anyhow!("update thread panicked"))? {
+                Ok((n, l)) => {
+                    update_ops += n;
+                    update_lat.merge(&l);
+                }
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        let wall_s = started.elapsed().as_secs_f64();
+        stop_updates.store(true, Ordering::Relaxed);
+        stop_scans.store(true, Ordering::Relaxed);
+        let mut scan_ms = Vec::new();
+        let mut wrong_counts = 0;
+        for h in scanners {
+            match h.join().map_err(|_| anyhow!("scan thread panicked"))? {
+                Ok((d, w)) => {
+                    scan_ms.extend(d);
+                    wrong_counts += w;
+                }
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        done.store(true, Ordering::Release);
+        sampler.join().map_err(|_| anyhow!("sampler panicked"))??;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let space_peak = space_peak
+            .lock()
+            .map_err(|_| anyhow!("space sampler poisoned"))?
+            .clone();
+        Ok(CellOut {
+            update_ops,
+            update_lat,
+            wall_s,
+            scan_ms,
+            wrong_counts,
+            space_start,
+            space_peak,
+        })
+    })?;
+    Ok(out)
+}
+
+/// Run every cell (strategy × K × scan kind) on every target, `p.repeat` times.
+pub fn run(
+    targets: &[Box<dyn HtapTarget + '_>],
+    p: &Params,
+    quiet: bool,
+    col: &mut Collector,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    for rep in 0..p.repeat.max(1) {
+        for target in targets {
+            let name = target.name();
+            note(
+                quiet,
+                &format!(
+                    "[htap] {name}: loading {} documents (run {}/{})",
+                    p.records,
+                    rep + 1,
+                    p.repeat
+                ),
+            );
+            let t0 = Instant::now();
+            target.load(p.records)?;
+            let load_s = t0.elapsed().as_secs_f64();
+            col.add(
+                &name,
+                &case(&[("phase", "load")]),
+                "load_docs_per_s",
+                p.records as f64 / load_s.max(1e-9),
+            );
+            for (strategy, label) in plan_strategies(target.as_ref(), &p.strategies) {
+                if rep == 0 {
+                    notes.push(format!("{name}: strategy {label}"));
+                }
+                let sname = strategy_case(target.as_ref(), strategy);
+                for &k in &p.analytics {
+                    let kinds: Vec<ScanKind> = if k == 0 {
+                        vec![ScanKind::Full]
+                    } else {
+                        p.scans.clone()
+                    };
+                    for scan in kinds {
+                        let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24;
+                        let cell = run_cell(target.as_ref(), p, strategy, k, scan, seed, quiet)?;
+                        let ks = k.to_string();
+                        let scan_name = if k == 0 { "-" } else { scan.name() };
+                        let c = case(&[
+                            ("strategy", &sname),
+                            ("analytics", &ks),
+                            ("scan", scan_name),
+                        ]);
+                        col.add(
+                            &name,
+                            &c,
+                            "update_ops_per_s",
+                            cell.update_ops as f64 / cell.wall_s.max(1e-9),
+                        );
+                        col.add(
+                            &name,
+                            &c,
+                            "update_latency_us_p50",
+                            cell.update_lat.quantile_us(0.50),
+                        );
+                        col.add(
+                            &name,
+                            &c,
+                            "update_latency_us_p95",
+                            cell.update_lat.quantile_us(0.95),
+                        );
+                        col.add(
+                            &name,
+                            &c,
+                            "update_latency_us_p99",
+                            cell.update_lat.quantile_us(0.99),
+                        );
+                        if k > 0 {
+                            col.add(&name, &c, "scans_completed", cell.scan_ms.len() as f64);
+                            col.add(&name, &c, "scan_ms_median", median(&cell.scan_ms));
+                        }
+                        for (n, v) in &cell.space_start {
+                            col.add(&name, &c, &format!("{n}_start"), *v);
+                        }
+                        for (n, v) in &cell.space_peak {
+                            col.add(&name, &c, &format!("{n}_peak"), *v);
+                        }
+                        if cell.wrong_counts > 0 {
+                            notes.push(format!(
+                                "{name} {sname} K={k} {scan_name}: {} scans returned a wrong count (not a consistent snapshot)",
+                                cell.wrong_counts
+                            ));
+                        }
+                        note(quiet, &format!(
+                            "[htap] {name} {sname} K={k} {scan_name}: {:.0} upd/s, p99 {:.0} µs, scan median {:.1} ms",
+                            cell.update_ops as f64 / cell.wall_s.max(1e-9),
+                            cell.update_lat.quantile_us(0.99),
+                            median(&cell.scan_ms)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The requested strategies this target serves, with how it serves them.
+fn plan_strategies(target: &dyn HtapTarget, requested: &[Strategy]) -> Vec<(Strategy, String)> {
+    if let Some(label) = target.native_strategy() {
+        return vec![(Strategy::Cow, label)];
+    }
+    requested
+        .iter()
+        .filter_map(|s| target.strategy_label(*s).ok().map(|l| (*s, l)))
+        .collect()
+}
+
+fn strategy_case(target: &dyn HtapTarget, s: Strategy) -> String {
+    if target.native_strategy().is_some() {
+        "native".into()
+    } else {
+        s.name().into()
+    }
+}

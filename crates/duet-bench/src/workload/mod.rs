@@ -1,0 +1,107 @@
+//! The named workloads and what they share: a run budget (duration or
+//! operation count) checked by every client thread, and a runner that starts
+//! client threads, shows progress and collects their results.
+
+pub mod htap;
+pub mod snapshot;
+pub mod ycsb;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+
+/// When a client thread stops: at the deadline, after its quota, or when told.
+pub struct Budget {
+    pub started: Instant,
+    pub deadline: Instant,
+    pub quota_per_thread: Option<u64>,
+    pub stop: AtomicBool,
+    /// Operations done by all threads (progress and live throughput).
+    pub ops: AtomicU64,
+}
+
+impl Budget {
+    pub fn new(seconds: f64, quota_per_thread: Option<u64>) -> Budget {
+        let started = Instant::now();
+        let deadline = match quota_per_thread {
+            // An operation count bounds the run; the deadline is a safety net.
+            Some(_) => started + Duration::from_secs(24 * 3600),
+            None => started + Duration::from_secs_f64(seconds.max(0.0)),
+        };
+        Budget {
+            started,
+            deadline,
+            quota_per_thread,
+            stop: AtomicBool::new(false),
+            ops: AtomicU64::new(0),
+        }
+    }
+
+    /// May a thread that has done `done` operations start another?
+    pub fn more(&self, done: u64) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.quota_per_thread {
+            Some(q) => done < q,
+            None => !done.is_multiple_of(16) || Instant::now() < self.deadline,
+        }
+    }
+
+    pub fn count(&self, n: u64) {
+        self.ops.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Run `threads` clients of `body(thread_index, budget)` with a progress bar;
+/// returns their results in thread order, or the first error.
+pub fn run_clients<T: Send>(
+    label: &str,
+    threads: usize,
+    budget: &Budget,
+    quiet: bool,
+    what: &str,
+    body: impl Fn(usize, &Budget) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let finished = AtomicUsize::new(0);
+    let all_done = AtomicBool::new(false);
+    let threads = threads.max(1);
+    let seconds = budget
+        .deadline
+        .saturating_duration_since(budget.started)
+        .as_secs_f64();
+    let quota_total = budget.quota_per_thread.map(|q| q * threads as u64);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let body = &body;
+                let finished = &finished;
+                let all_done = &all_done;
+                s.spawn(move || {
+                    let r = body(t, budget);
+                    if r.is_err() {
+                        budget.stop.store(true, Ordering::Relaxed);
+                    }
+                    if finished.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                        all_done.store(true, Ordering::Release);
+                    }
+                    r
+                })
+            })
+            .collect();
+        crate::progress::watch(
+            label,
+            seconds,
+            quota_total,
+            &budget.ops,
+            &all_done,
+            quiet,
+            what,
+        );
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow!("client thread panicked"))?)
+            .collect()
+    })
+}
