@@ -220,8 +220,17 @@ impl YcsbSession for EmbeddedYcsb {
     }
 }
 
-struct EmbeddedHtap<'a> {
-    db: &'a Database,
+/// The engine's strategy for a benchmark strategy.
+fn engine_strategy(strategy: Strategy) -> Result<duetdb::Strategy> {
+    Ok(match strategy {
+        Strategy::None => duetdb::Strategy::None,
+        Strategy::Vls => duetdb::Strategy::Vls,
+        Strategy::Cow => duetdb::Strategy::Cow,
+        Strategy::Olcp => bail!("strategy olcp is not in the engine yet"),
+    })
+}
+
+struct EmbeddedHtap {
     coll: Collection,
 }
 
@@ -231,15 +240,10 @@ impl HtapTarget for Embedded {
     }
     fn strategy_label(&self, strategy: Strategy) -> Result<String> {
         match strategy {
-            // Until the engine's Strategy enum lands, every read runs on the
-            // published root taken at its start: a cow-like snapshot.
-            Strategy::None => Ok(
-                "none→cow (engine reads the published root; no cursor-stability mode yet)".into(),
-            ),
-            Strategy::Cow => Ok("cow (db.snapshot())".into()),
-            Strategy::Vls | Strategy::Olcp => {
-                bail!("strategy {} is not in the engine yet", strategy.name())
-            }
+            Strategy::None => Ok("none (latest state, page by page)".into()),
+            Strategy::Cow => Ok("cow (held root)".into()),
+            Strategy::Vls => Ok("vls (status bits + shared remset)".into()),
+            Strategy::Olcp => bail!("strategy olcp is not in the engine yet"),
         }
     }
     fn load(&self, records: u64) -> Result<()> {
@@ -261,7 +265,6 @@ impl HtapTarget for Embedded {
     }
     fn session(&self) -> Result<Box<dyn HtapSession + '_>> {
         Ok(Box::new(EmbeddedHtap {
-            db: &self.db,
             coll: self.db.collection(HTAP_TABLE),
         }))
     }
@@ -270,7 +273,7 @@ impl HtapTarget for Embedded {
     }
 }
 
-impl HtapSession for EmbeddedHtap<'_> {
+impl HtapSession for EmbeddedHtap {
     fn update(&mut self, id: u64, payload: &str) -> Result<()> {
         let r = self
             .coll
@@ -281,23 +284,11 @@ impl HtapSession for EmbeddedHtap<'_> {
     fn full_scan_count(&mut self, strategy: Strategy) -> Result<u64> {
         // `b` is not indexed: the count visits every document.
         let filter = doc! {"b": {"$gte": 0}};
-        Ok(match strategy {
-            Strategy::Cow => self.db.snapshot().collection(HTAP_TABLE).count(filter)?,
-            Strategy::None => self.coll.count(filter)?,
-            Strategy::Vls | Strategy::Olcp => {
-                bail!("strategy {} not in the engine yet", strategy.name())
-            }
-        })
+        Ok(self.coll.count_with(filter, engine_strategy(strategy)?)?)
     }
     fn range_count(&mut self, lo: u64, hi: u64, strategy: Strategy) -> Result<u64> {
         let filter = doc! {"v": {"$gte": lo as i64, "$lt": hi as i64}};
-        Ok(match strategy {
-            Strategy::Cow => self.db.snapshot().collection(HTAP_TABLE).count(filter)?,
-            Strategy::None => self.coll.count(filter)?,
-            Strategy::Vls | Strategy::Olcp => {
-                bail!("strategy {} not in the engine yet", strategy.name())
-            }
-        })
+        Ok(self.coll.count_with(filter, engine_strategy(strategy)?)?)
     }
 }
 

@@ -95,20 +95,12 @@ fn every_workload_runs_tiny_and_report_renders() {
         "--quiet",
     ])
     .expect("htap result");
-    for st in ["none", "cow"] {
+    for st in ["none", "cow", "vls"] {
         let c = [("strategy", st), ("analytics", "2"), ("scan", "full")];
         assert!(metric(&h, "duetdb-embedded", &c, "update_ops_per_s") > 0.0);
         assert!(metric(&h, "duetdb-embedded", &c, "scans_completed") >= 2.0);
         assert!(metric(&h, "duetdb-embedded", &c, "scan_ms_median") > 0.0);
     }
-    // vls is not in the engine yet: skipped, not faked.
-    assert!(h
-        .find(
-            "duetdb-embedded",
-            &[("strategy", "vls")],
-            "update_ops_per_s"
-        )
-        .is_none());
     // Every count was exact (consistent snapshots).
     assert!(
         !h.notes.iter().any(|n| n.contains("wrong count")),
