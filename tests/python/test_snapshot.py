@@ -111,3 +111,40 @@ def test_duet_snapshot_strategies_stay_exact_under_updates(server, db):
         t.join()
         writer_client.close()
     assert moves[0] > 0
+
+
+def test_named_snapshots_over_the_wire(db):
+    db.ns.insert_many([{"_id": i, "v": 0} for i in range(50)])
+    r = db.command({"createSnapshot": "before"})
+    assert r["ok"] == 1.0 and r["name"] == "before"
+    db.ns.update_many({}, {"$set": {"v": 1}})
+    db.ns.insert_one({"_id": 99, "v": 1})
+    # Reads by name see the state at creation, through find, count and aggregate.
+    docs = db.command({"find": "ns", "filter": {}, "batchSize": 1000,
+                       "$duet": {"snapshotName": "before"}})["cursor"]["firstBatch"]
+    assert len(docs) == 50 and all(d["v"] == 0 for d in docs)
+    assert db.command({"count": "ns", "query": {"v": 0}, "$duet": {"snapshotName": "before"}})["n"] == 50
+    assert db.ns.count_documents({"v": 0}) == 0
+    listed = db.command({"listSnapshots": 1})["snapshots"]
+    assert [s["name"] for s in listed] == ["before"]
+    assert listed[0]["retainedBytes"] > 0
+    with pytest.raises(OperationFailure) as e:
+        db.command({"createSnapshot": "before"})
+    assert e.value.code == 48
+    db.command({"dropSnapshot": "before"})
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "ns", "filter": {}, "$duet": {"snapshotName": "before"}})
+    assert e.value.code == 246
+    with pytest.raises(OperationFailure) as e:
+        db.command({"dropSnapshot": "before"})
+    assert e.value.code == 246
+    with pytest.raises(OperationFailure) as e:
+        db.command({"createSnapshot": "bad name!"})
+    assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "ns", "$duet": {"snapshot": "vls", "snapshotName": "x"}})
+    assert e.value.code == 2
+    # A TTL'd snapshot is listed with its TTL.
+    db.command({"createSnapshot": "short", "ttlSeconds": 3600, "collections": ["ns"]})
+    s = db.command({"listSnapshots": 1})["snapshots"][0]
+    assert s["ttlSeconds"] == 3600 and s["collections"] == ["ns"]

@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod ddl;
 pub mod handshake;
+pub mod named;
 pub mod read;
 pub mod write;
 
@@ -47,6 +48,18 @@ impl Ctx<'_> {
     /// client asked for read concern `snapshot`.
     pub fn read_snapshot(&self, cmd: &Document) -> CmdResult<(Snapshot, Option<Timestamp>)> {
         let db = self.database()?;
+        if let Some(name) =
+            crate::args::opt_doc(cmd, "$duet")?.and_then(|d| d.get_str("snapshotName").ok())
+        {
+            if !matches!(read_concern(cmd)?, ReadConcern::Default) {
+                return Err(CommandError::bad_value(
+                    "$duet.snapshotName cannot be combined with readConcern snapshot",
+                ));
+            }
+            let snap = db.named_snapshot(name)?;
+            let ts = crate::snapshots::csn_to_timestamp(snap.csn());
+            return Ok((snap, Some(ts)));
+        }
         match read_concern(cmd)? {
             ReadConcern::Snapshot(at) => {
                 let snap = self.state.snapshots.resolve(self.db, &db, at)?;
@@ -111,6 +124,15 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("renameCollection", "rename a collection within a database"),
     ("collStats", "collection statistics"),
     ("dbStats", "database statistics"),
+    (
+        "createSnapshot",
+        "duet: pin a named snapshot of the database",
+    ),
+    (
+        "listSnapshots",
+        "duet: named snapshots with their csn, age and retained bytes",
+    ),
+    ("dropSnapshot", "duet: release a named snapshot"),
     ("insert", "insert documents"),
     ("find", "query documents"),
     ("getMore", "next batch of a cursor"),
@@ -165,6 +187,13 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
     let mut strategy = None;
     for (k, v) in opts {
         match (k.as_str(), v) {
+            ("snapshotName", Bson::String(_)) => {}
+            ("snapshotName", other) => {
+                return Err(CommandError::type_mismatch(format!(
+                    "$duet.snapshotName must be a string, not {:?}",
+                    other.element_type()
+                )))
+            }
             ("snapshot", Bson::String(s)) => {
                 strategy = Some(
                     s.parse::<duetdb::Strategy>()
@@ -179,10 +208,15 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
             }
             (other, _) => {
                 return Err(CommandError::bad_value(format!(
-                    "unknown $duet option '{other}' (supported: snapshot)"
+                    "unknown $duet option '{other}' (supported: snapshot, snapshotName)"
                 )))
             }
         }
+    }
+    if strategy.is_some() && opts.contains_key("snapshotName") {
+        return Err(CommandError::bad_value(
+            "$duet.snapshot (a strategy on live data) and $duet.snapshotName cannot be combined",
+        ));
     }
     Ok(strategy)
 }
@@ -243,6 +277,9 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
         "update" => write::update(&ctx, cmd),
         "delete" => write::delete(&ctx, cmd),
         "findAndModify" | "findandmodify" => write::find_and_modify(&ctx, cmd, name),
+        "createSnapshot" => named::create(&ctx, cmd),
+        "listSnapshots" => named::list(&ctx),
+        "dropSnapshot" => named::drop(&ctx, cmd),
         "find" => read::find(&ctx, cmd),
         "getMore" => read::get_more(&ctx, cmd),
         "killCursors" => read::kill_cursors(&ctx, cmd),

@@ -1,0 +1,86 @@
+//! Named snapshots over the wire (Cassandra's snapshot API, extended):
+//! `createSnapshot`, `listSnapshots`, `dropSnapshot`; reads name one with
+//! `$duet: {snapshotName: "…"}` (see `read_snapshot`).
+//!
+//! A named snapshot is a pinned copy-on-write root of one database (see the
+//! engine's `snapshot.rs`); these commands only translate arguments and errors.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use bson::{doc, Bson, DateTime, Document};
+
+use super::Ctx;
+use crate::args;
+use crate::error::{CmdResult, CommandError};
+
+/// `{createSnapshot: <name>, collections?: [..], ttlSeconds?: n}`.
+pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::req_str(cmd, "createSnapshot")?;
+    let collections = match args::opt_array(cmd, "collections")? {
+        None => None,
+        Some(items) => Some(
+            items
+                .iter()
+                .map(|b| match b {
+                    Bson::String(s) => Ok(s.clone()),
+                    other => Err(CommandError::type_mismatch(format!(
+                        "collections must hold strings, not {:?}",
+                        other.element_type()
+                    ))),
+                })
+                .collect::<CmdResult<Vec<String>>>()?,
+        ),
+    };
+    let ttl = match args::opt_i64(cmd, "ttlSeconds")? {
+        None => None,
+        Some(s) if s > 0 => Some(Duration::from_secs(s as u64)),
+        Some(s) => {
+            return Err(CommandError::bad_value(format!(
+                "ttlSeconds must be positive, not {s}"
+            )))
+        }
+    };
+    let info = ctx.database()?.create_snapshot(name, collections, ttl)?;
+    Ok(doc! {
+        "name": info.name,
+        "csn": info.csn.min(i64::MAX as u64) as i64,
+        "atClusterTime": crate::snapshots::csn_to_timestamp(info.csn),
+        "ok": 1.0,
+    })
+}
+
+/// `{listSnapshots: 1}`: name, csn, created, age, ttl, collections, bytes retained.
+pub fn list(ctx: &Ctx<'_>) -> CmdResult {
+    let mut out = Vec::new();
+    for info in ctx.database()?.list_snapshots() {
+        let created = info
+            .created
+            .duration_since(UNIX_EPOCH)
+            .map(|d| DateTime::from_millis(d.as_millis().min(i64::MAX as u128) as i64))
+            .unwrap_or(DateTime::from_millis(0));
+        let mut d = doc! {
+            "name": info.name,
+            "csn": info.csn.min(i64::MAX as u64) as i64,
+            "created": created,
+            "ageMillis": info.age.as_millis().min(i64::MAX as u128) as i64,
+            "retainedBytes": info.retained.bytes.min(i64::MAX as u64) as i64,
+            "retainedNodes": info.retained.nodes.min(i64::MAX as u64) as i64,
+            "retainedDocs": info.retained.docs.min(i64::MAX as u64) as i64,
+        };
+        if let Some(ttl) = info.ttl {
+            d.insert("ttlSeconds", ttl.as_secs().min(i64::MAX as u64) as i64);
+        }
+        if let Some(c) = info.collections {
+            d.insert("collections", c);
+        }
+        out.push(Bson::Document(d));
+    }
+    Ok(doc! {"snapshots": out, "ok": 1.0})
+}
+
+/// `{dropSnapshot: <name>}`.
+pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::req_str(cmd, "dropSnapshot")?;
+    ctx.database()?.drop_snapshot(name)?;
+    Ok(doc! {"ok": 1.0})
+}
