@@ -101,6 +101,10 @@ pub struct HtapArgs {
     /// Attempted updates per second (all threads); 0 = as fast as possible.
     #[arg(long, default_value_t = 0)]
     pub update_rate: u64,
+    /// duetdb remset modes to compare: shared (VLS), per-scan (individual
+    /// remsets), scan-end (no immediate reclamation).
+    #[arg(long, value_delimiter = ',', default_value = "shared")]
+    pub remset: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -199,7 +203,18 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 seed: c.seed,
                 repeat: c.repeat.max(1),
             };
-            let targets = peers::htap_targets(c)?;
+            let mut targets = peers::htap_targets(c)?;
+            for mode in &a.remset {
+                let mode = match mode.as_str() {
+                    "shared" => continue, // the default duet target
+                    "per-scan" => duetdb::scan::remset::RemsetMode::PerScan,
+                    "scan-end" => duetdb::scan::remset::RemsetMode::ReclaimAtScanEnd,
+                    other => {
+                        anyhow::bail!("unknown remset mode '{other}': shared, per-scan or scan-end")
+                    }
+                };
+                targets.push(Box::new(crate::target::Embedded::with_remset(mode)));
+            }
             let mut col = Collector::default();
             let mut notes = peers::notes(c);
             htap::run(&targets, &p, c.quiet, &mut col, &mut notes)?;

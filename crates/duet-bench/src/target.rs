@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Result};
 use duetdb::bson::{doc, Document};
+use duetdb::scan::remset::RemsetMode;
 use duetdb::{Collection, Database, IndexOptions};
 
 /// Snapshot strategy of an analytic read (DESIGN.md §4).
@@ -69,6 +70,12 @@ pub trait HtapTarget: Sync {
     fn session(&self) -> Result<Box<dyn HtapSession + '_>>;
     /// Space figures (name with unit → value), sampled during a run.
     fn space(&self) -> Result<Vec<(String, f64)>>;
+    /// A measured cell starts (targets reset their own peak counters here).
+    fn begin_cell(&self) {}
+    /// Figures the target tracks exactly over a cell (e.g. engine-kept peaks).
+    fn cell_figures(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 }
 
 pub trait HtapSession {
@@ -137,6 +144,7 @@ pub fn htap_payload(n: u64) -> String {
 /// The duetdb engine, in process.
 pub struct Embedded {
     db: Database,
+    remset: RemsetMode,
 }
 
 pub const YCSB_TABLE: &str = "usertable";
@@ -150,8 +158,22 @@ impl Default for Embedded {
 
 impl Embedded {
     pub fn new() -> Embedded {
+        Embedded::with_remset(RemsetMode::Shared)
+    }
+
+    /// An embedded target whose VLS remset is kept in `remset` mode (the
+    /// paper's comparison: shared vs one per scan vs reclaim at scan end).
+    pub fn with_remset(remset: RemsetMode) -> Embedded {
+        let options = duetdb::DbOptions {
+            vls: duetdb::scan::vls::VlsOptions {
+                remset,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         Embedded {
-            db: Database::in_memory(),
+            db: Database::with_options("bench", None, options),
+            remset,
         }
     }
     pub fn database(&self) -> &Database {
@@ -236,7 +258,26 @@ struct EmbeddedHtap {
 
 impl HtapTarget for Embedded {
     fn name(&self) -> String {
-        "duetdb-embedded".into()
+        match self.remset {
+            RemsetMode::Shared => "duetdb-embedded".into(),
+            RemsetMode::PerScan => "duetdb-embedded[remset=per-scan]".into(),
+            RemsetMode::ReclaimAtScanEnd => "duetdb-embedded[remset=scan-end]".into(),
+        }
+    }
+    fn begin_cell(&self) {
+        self.db.reset_vls_peaks();
+    }
+    fn cell_figures(&self) -> Vec<(String, f64)> {
+        let v = self.db.vls_stats();
+        // The workload reports these as `<name>_peak`; the engine tracks the
+        // exact peaks since `begin_cell`.
+        vec![
+            ("remset_entries".into(), v.remset.entries_peak as f64),
+            (
+                "remset_mb".into(),
+                v.remset.bytes_peak as f64 / (1024.0 * 1024.0),
+            ),
+        ]
     }
     fn strategy_label(&self, strategy: Strategy) -> Result<String> {
         match strategy {

@@ -99,6 +99,13 @@ impl Database {
         *self.inner.default_strategy.write() = strategy;
     }
 
+    /// Start a new window for the remset peak figures of [`Database::vls_stats`].
+    pub fn reset_vls_peaks(&self) {
+        for c in self.inner.writer.published().collections.values() {
+            c.vls.remset.reset_peaks();
+        }
+    }
+
     /// VLS figures summed over all collections: scans active/queued, remset
     /// entries and bytes (current and peak), shared and reclaimed versions.
     pub fn vls_stats(&self) -> VlsStats {

@@ -96,6 +96,7 @@ fn run_cell(
     let done = AtomicBool::new(false);
     let watch_done = &AtomicBool::new(false);
     let ops = std::sync::atomic::AtomicU64::new(0);
+    target.begin_cell();
     let space_start = target.space()?;
     let space_peak = Mutex::new(space_start.clone());
     let started = Instant::now();
@@ -222,10 +223,11 @@ fn run_cell(
         if let Some(e) = first_err {
             return Err(e);
         }
-        let space_peak = space_peak
+        let mut space_peak = space_peak
             .lock()
             .map_err(|_| anyhow!("space sampler poisoned"))?
             .clone();
+        space_peak.extend(target.cell_figures());
         Ok(CellOut {
             update_ops,
             update_lat,

@@ -190,6 +190,13 @@ impl Remset {
         self.inner.lock().stats
     }
 
+    /// Start a new measurement window: peaks drop to the current values.
+    pub fn reset_peaks(&self) {
+        let mut inner = self.inner.lock();
+        inner.stats.entries_peak = inner.stats.entries;
+        inner.stats.bytes_peak = inner.stats.bytes;
+    }
+
     /// Forget everything (the collection was dropped: no scan can read it any more).
     pub fn clear(&self) {
         let mut inner = self.inner.lock();
