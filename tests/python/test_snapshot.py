@@ -96,7 +96,7 @@ def test_duet_snapshot_strategies_stay_exact_under_updates(server, db):
     t = threading.Thread(target=writer)
     t.start()
     try:
-        for strategy in ["vls", "cow", "auto"]:
+        for strategy in ["vls", "olcp", "cow", "auto"]:
             for _ in range(5):
                 docs = db.command({"find": "acct", "filter": {"bal": {"$gte": 0}}, "batchSize": 10**6,
                                    "$duet": {"snapshot": strategy}})["cursor"]["firstBatch"]

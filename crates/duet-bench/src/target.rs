@@ -248,7 +248,7 @@ fn engine_strategy(strategy: Strategy) -> Result<duetdb::Strategy> {
         Strategy::None => duetdb::Strategy::None,
         Strategy::Vls => duetdb::Strategy::Vls,
         Strategy::Cow => duetdb::Strategy::Cow,
-        Strategy::Olcp => bail!("strategy olcp is not in the engine yet"),
+        Strategy::Olcp => duetdb::Strategy::Olcp,
     })
 }
 
@@ -284,7 +284,7 @@ impl HtapTarget for Embedded {
             Strategy::None => Ok("none (latest state, page by page)".into()),
             Strategy::Cow => Ok("cow (held root)".into()),
             Strategy::Vls => Ok("vls (status bits + shared remset)".into()),
-            Strategy::Olcp => bail!("strategy olcp is not in the engine yet"),
+            Strategy::Olcp => Ok("olcp (status bits + propagation)".into()),
         }
     }
     fn load(&self, records: u64) -> Result<()> {

@@ -46,6 +46,10 @@ pub enum Command {
         vls: Arc<CollectionVls>,
         ticket: u64,
         index: Option<IndexRef>,
+        /// OLCP: where superseded versions are handed over.
+        sink: Option<Arc<crate::scan::vls::OlcpSink>>,
+        /// Collections to capture as of the start (OLCP point ranges).
+        capture: Vec<String>,
     },
     /// End the table pass of a VLS scan: the writer stops keeping versions for it.
     VlsFinishTable {
@@ -148,6 +152,8 @@ pub enum Reply {
         csn: u64,
         next_rid: RecordId,
         index: Option<IndexAtStart>,
+        /// Collections captured at the start (OLCP point ranges).
+        captured: Vec<(String, CollectionState)>,
     },
     /// The collection of a VLS registration is gone (dropped, renamed, index dropped).
     VlsGone,
@@ -168,12 +174,16 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             vls,
             ticket,
             index,
+            sink,
+            capture,
         } => Ok(crate::scan::register(
             state,
             &coll,
             &vls,
             ticket,
             index.as_ref(),
+            sink.as_ref(),
+            &capture,
         )),
         Command::VlsFinishTable {
             vls,

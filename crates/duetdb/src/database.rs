@@ -118,6 +118,8 @@ impl Database {
             total.scans_started += s.scans_started;
             total.queue_wait_us_total += s.queue_wait_us_total;
             total.background_resets += s.background_resets;
+            total.olcp_propagated += s.olcp_propagated;
+            total.olcp_inflight += s.olcp_inflight;
             let (t, r) = (&mut total.remset, s.remset);
             t.entries += r.entries;
             t.bytes += r.bytes;
@@ -258,6 +260,8 @@ fn empty_outcome(csn: u64) -> ScanOutcome {
             provides_sort: true,
         },
         from_remset: 0,
+        propagated: 0,
+        inflight_peak: 0,
     }
 }
 
@@ -448,6 +452,8 @@ impl Find {
                     start_csn: state.csn,
                     plan,
                     from_remset: 0,
+                    propagated: 0,
+                    inflight_peak: 0,
                 };
                 return Ok(FindOutcome {
                     docs: found.into_iter().map(|(_, d)| d).collect(),

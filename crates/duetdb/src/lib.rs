@@ -43,6 +43,7 @@ pub use database::{
 };
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use scan::Strategy;
 pub use snapshot::{
     AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,

@@ -20,6 +20,7 @@
 //! released (after a background reset of the slot's bits when the scan did not
 //! visit every record).
 
+pub mod olcp;
 pub mod remset;
 pub mod vls;
 
@@ -38,12 +39,12 @@ use crate::index::{IndexKey, ValueKey};
 use crate::planner::{self, Access, Plan};
 use crate::query::Filter;
 use crate::writer::DbState;
-use vls::CollectionVls;
+use vls::{CollectionVls, OlcpSink};
 
 /// Records read from one published state before reloading the latest one: small
 /// enough that a VLS scan never pins old versions for long, large enough that the
 /// reload (an atomic pointer load) costs nothing per record.
-const PAGE: usize = 256;
+pub(crate) const PAGE: usize = 256;
 /// How long a scan waits for a VLS slot before re-checking the queue.
 const SLOT_POLL: Duration = Duration::from_millis(50);
 
@@ -59,6 +60,10 @@ pub enum Strategy {
     Vls,
     /// Hold a copy-on-write root for the whole read.
     Cow,
+    /// One pass over the live data in which versions superseded before the
+    /// scan read them are handed to it at once (propagation, KVell+'s OLCP)
+    /// instead of being kept: for commutative work that accepts any order.
+    Olcp,
 }
 
 impl Strategy {
@@ -68,6 +73,7 @@ impl Strategy {
             Strategy::None => "none",
             Strategy::Vls => "vls",
             Strategy::Cow => "cow",
+            Strategy::Olcp => "olcp",
         }
     }
 }
@@ -80,11 +86,9 @@ impl std::str::FromStr for Strategy {
             "none" => Ok(Strategy::None),
             "vls" => Ok(Strategy::Vls),
             "cow" => Ok(Strategy::Cow),
-            "olcp" => Err(Error::bad_value(
-                "snapshot strategy 'olcp' is not available yet",
-            )),
+            "olcp" => Ok(Strategy::Olcp),
             other => Err(Error::bad_value(format!(
-                "unknown snapshot strategy '{other}': use none, vls, cow or auto"
+                "unknown snapshot strategy '{other}': use none, vls, olcp, cow or auto"
             ))),
         }
     }
@@ -106,6 +110,11 @@ pub struct ScanOutcome {
     pub plan: Plan,
     /// Documents that came from the remset (VLS only).
     pub from_remset: u64,
+    /// Superseded versions handed to the scan by the writer (OLCP only).
+    pub propagated: u64,
+    /// Most handed-over versions held at once (OLCP only): bounded by the
+    /// writes made between two drains, not by the scan's duration.
+    pub inflight_peak: u64,
 }
 
 /// The index a VLS scan walks, as of the scan's start.
@@ -146,6 +155,8 @@ where
                 provides_sort: true,
             },
             from_remset: 0,
+            propagated: 0,
+            inflight_peak: 0,
         });
     };
     let plan = plan_for(c)?;
@@ -158,6 +169,8 @@ where
                 start_csn: state.csn,
                 plan,
                 from_remset: 0,
+                propagated: 0,
+                inflight_peak: 0,
             })
         }
         Strategy::None => {
@@ -169,12 +182,20 @@ where
                 start_csn,
                 plan,
                 from_remset: 0,
+                propagated: 0,
+                inflight_peak: 0,
             })
         }
         Strategy::Vls => {
             let vls = c.vls.clone();
             drop(state);
-            vls_scan(db, coll, vls, filter, plan, &mut visit)
+            vls_scan(db, coll, vls, filter, plan, None, &mut visit)
+        }
+        Strategy::Olcp => {
+            let vls = c.vls.clone();
+            drop(state);
+            let sink = Arc::new(OlcpSink::default());
+            vls_scan(db, coll, vls, filter, plan, Some(sink), &mut visit)
         }
     }
 }
@@ -280,8 +301,86 @@ where
     }
 }
 
+/// A scan that holds a slot.
+pub(crate) struct Registered<'a> {
+    /// Collections captured at the start (copy-on-write roots), by name.
+    pub captured: Vec<(String, crate::collection::CollectionState)>,
+    pub guard: VlsGuard<'a>,
+    pub slot: usize,
+    pub start_csn: u64,
+    pub start_next_rid: RecordId,
+    pub index: Option<IndexAtStart>,
+}
+
+/// Register a VLS (or, with `sink`, OLCP) scan: a FIFO ticket, then a writer
+/// command at a commit boundary; waits while all slots are taken.
+pub(crate) fn register_scan<'a>(
+    db: &'a Database,
+    coll: &str,
+    vls: &Arc<CollectionVls>,
+    index_ref: Option<IndexRef>,
+    sink: Option<Arc<OlcpSink>>,
+    capture: Vec<String>,
+) -> Result<Registered<'a>> {
+    let ticket = vls.take_ticket();
+    let waited_from = Instant::now();
+    loop {
+        let reply = db.submit(Command::VlsRegister {
+            coll: coll.to_string(),
+            vls: vls.clone(),
+            ticket,
+            index: index_ref.clone(),
+            sink: sink.clone(),
+            capture: capture.clone(),
+        });
+        match reply {
+            Ok(Reply::VlsRegistered {
+                slot: Some(slot),
+                csn,
+                next_rid,
+                index,
+                captured,
+            }) => {
+                vls.record_wait(waited_from.elapsed());
+                let guard = VlsGuard {
+                    db,
+                    vls: vls.clone(),
+                    slot,
+                    table_done: false,
+                    released: false,
+                };
+                return Ok(Registered {
+                    captured,
+                    guard,
+                    slot,
+                    start_csn: csn,
+                    start_next_rid: next_rid,
+                    index,
+                });
+            }
+            Ok(Reply::VlsRegistered { slot: None, .. }) => vls.wait_turn(ticket, SLOT_POLL),
+            Ok(Reply::VlsGone) => {
+                vls.abandon_ticket(ticket);
+                return Err(Error::QueryPlanKilled(format!(
+                    "collection {coll} was dropped or renamed"
+                )));
+            }
+            Ok(other) => {
+                vls.abandon_ticket(ticket);
+                return Err(Error::Internal(format!(
+                    "unexpected reply to VLS registration: {other:?}"
+                )));
+            }
+            Err(e) => {
+                vls.abandon_ticket(ticket);
+                return Err(e);
+            }
+        }
+    }
+}
+
 /// A registered VLS scan; releases its slot even on error or panic.
-struct VlsGuard<'a> {
+pub(crate) struct VlsGuard<'a> {
     db: &'a Database,
     vls: Arc<CollectionVls>,
     slot: usize,
@@ -290,7 +389,7 @@ struct VlsGuard<'a> {
 }
 
 impl VlsGuard<'_> {
-    fn finish_table(&mut self, complete: bool) -> Result<()> {
+    pub(crate) fn finish_table(&mut self, complete: bool) -> Result<()> {
         self.table_done = true;
         self.db
             .submit(Command::VlsFinishTable {
@@ -302,7 +401,7 @@ impl VlsGuard<'_> {
     }
 
     /// Give back every remset entry this scan still holds, then the slot.
-    fn release(&mut self, reset: bool) {
+    pub(crate) fn release(&mut self, reset: bool) {
         for (id, entry) in self.vls.remset.pending_for(self.slot) {
             self.vls.remset.release(self.slot, id, &entry);
         }
@@ -336,6 +435,7 @@ fn vls_scan<F>(
     vls: Arc<CollectionVls>,
     filter: &Filter,
     plan: Plan,
+    sink: Option<Arc<OlcpSink>>,
     visit: &mut F,
 ) -> Result<ScanOutcome>
 where
@@ -346,56 +446,32 @@ where
         Access::IdPoints { .. } | Access::IdRange { .. } => Some(IndexRef::Id),
         Access::IndexScan { index, .. } => Some(IndexRef::Secondary(index.clone())),
     };
-    // Register: FIFO ticket, then a writer command at a commit boundary.
-    let ticket = vls.take_ticket();
-    let waited_from = Instant::now();
-    let (slot, start_csn, start_next_rid, index) = loop {
-        let reply = db.submit(Command::VlsRegister {
-            coll: coll.to_string(),
-            vls: vls.clone(),
-            ticket,
-            index: index_ref.clone(),
-        });
-        match reply {
-            Ok(Reply::VlsRegistered {
-                slot: Some(slot),
-                csn,
-                next_rid,
-                index,
-            }) => break (slot, csn, next_rid, index),
-            Ok(Reply::VlsRegistered { slot: None, .. }) => vls.wait_turn(ticket, SLOT_POLL),
-            Ok(Reply::VlsGone) => {
-                vls.abandon_ticket(ticket);
-                return Err(Error::QueryPlanKilled(format!(
-                    "collection {coll} was dropped or renamed"
-                )));
-            }
-            Ok(other) => {
-                vls.abandon_ticket(ticket);
-                return Err(Error::Internal(format!(
-                    "unexpected reply to VLS registration: {other:?}"
-                )));
-            }
-            Err(e) => {
-                vls.abandon_ticket(ticket);
-                return Err(e);
-            }
-        }
-    };
-    vls.record_wait(waited_from.elapsed());
-    let mut guard = VlsGuard {
-        db,
-        vls: vls.clone(),
+    let Registered {
+        mut guard,
         slot,
-        table_done: false,
-        released: false,
-    };
+        start_csn,
+        start_next_rid,
+        index,
+        ..
+    } = register_scan(db, coll, &vls, index_ref, sink.clone(), Vec::new())?;
 
     let mut record_set: Option<HashSet<RecordId>> = None;
     let mut stopped = false;
     let emit = |d: &DocRef, visit: &mut F, stopped: &mut bool| {
         if !*stopped && filter.matches(d) && visit(d).is_break() {
             *stopped = true;
+        }
+    };
+
+    // Versions the writer handed over (OLCP): processed as they arrive, so
+    // holding them costs only the writes made since the last drain.
+    let mut propagated = 0u64;
+    let mut drain = |visit: &mut F, stopped: &mut bool| {
+        if let Some(sink) = &sink {
+            for (_, d) in sink.drain() {
+                propagated += 1;
+                emit(&d, visit, stopped);
+            }
         }
     };
 
@@ -406,6 +482,7 @@ where
             // start's next id were inserted after the start and are skipped.
             let mut next: RecordId = 0;
             'pages: while next < start_next_rid && !stopped {
+                drain(visit, &mut stopped);
                 let state = db.writer().published();
                 let view = vls.status_view();
                 let Some(c) = state.collection(coll) else {
@@ -439,6 +516,7 @@ where
             let mut set = HashSet::with_capacity(rids.len());
             let mut i = 0;
             while i < rids.len() && !stopped {
+                drain(visit, &mut stopped);
                 let state = db.writer().published();
                 let view = vls.status_view();
                 let Some(c) = state.collection(coll) else {
@@ -468,6 +546,8 @@ where
     }
     let complete = !stopped && record_set.is_none();
     guard.finish_table(complete)?;
+    // After the end of the table pass the writer hands over nothing more.
+    drain(visit, &mut stopped);
 
     // Remset pass: the start versions of records superseded before this scan read them.
     let mut from_remset = 0;
@@ -485,18 +565,24 @@ where
             "collection {coll} was dropped or renamed during the scan"
         )));
     }
+    let (strategy, inflight_peak) = match &sink {
+        Some(s) => (Strategy::Olcp, s.inflight_peak()),
+        None => (Strategy::Vls, 0),
+    };
     Ok(ScanOutcome {
-        strategy: Strategy::Vls,
+        strategy,
         start_csn,
         plan,
         from_remset,
+        propagated,
+        inflight_peak,
     })
 }
 
 type Interval = (Bound<(IndexKey, RecordId)>, Bound<(IndexKey, RecordId)>);
 
 /// The record ids the plan reaches in the index as of the scan's start, in index order.
-fn index_rids(index: &IndexAtStart, plan: &Plan) -> Vec<RecordId> {
+pub(crate) fn index_rids(index: &IndexAtStart, plan: &Plan) -> Vec<RecordId> {
     let mut out = Vec::new();
     match (index, &plan.access) {
         (IndexAtStart::Id(tree), Access::IdPoints { ids }) => {
@@ -553,6 +639,8 @@ pub(crate) fn register(
     vls: &Arc<CollectionVls>,
     ticket: u64,
     index: Option<&IndexRef>,
+    sink: Option<&Arc<OlcpSink>>,
+    capture: &[String],
 ) -> Reply {
     let Some(c) = state.collection(coll) else {
         return Reply::VlsGone;
@@ -570,17 +658,34 @@ pub(crate) fn register(
         },
     };
     match vls.try_register(ticket) {
-        Some(slot) => Reply::VlsRegistered {
-            slot: Some(slot),
-            csn: state.csn,
-            next_rid: c.next_rid,
-            index: captured,
-        },
+        Some(slot) => {
+            if let Some(sink) = sink {
+                vls.attach_sink(slot, sink.clone());
+            }
+            // Point ranges read these collections as of this commit (cow roots).
+            let taken = capture
+                .iter()
+                .map(|n| {
+                    let c = state.collection(n).cloned().unwrap_or_else(|| {
+                        crate::collection::CollectionState::new(n, state.vls_options)
+                    });
+                    (n.clone(), c)
+                })
+                .collect();
+            Reply::VlsRegistered {
+                slot: Some(slot),
+                csn: state.csn,
+                next_rid: c.next_rid,
+                index: captured,
+                captured: taken,
+            }
+        }
         None => Reply::VlsRegistered {
             slot: None,
             csn: state.csn,
             next_rid: c.next_rid,
             index: None,
+            captured: Vec::new(),
         },
     }
 }

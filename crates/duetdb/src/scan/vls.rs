@@ -216,6 +216,9 @@ pub struct VlsStats {
     pub queue_wait_us_total: u64,
     pub background_resets: u64,
     pub remset: RemsetStats,
+    /// Versions handed to running OLCP queries, in total and held right now.
+    pub olcp_propagated: u64,
+    pub olcp_inflight: u64,
 }
 
 /// The VLS bookkeeping of one collection; shared by all versions of it.
@@ -229,6 +232,10 @@ pub struct CollectionVls {
     slots: Mutex<Slots>,
     slot_freed: Condvar,
     pub remset: Remset,
+    /// Bit 1 = the slot belongs to an OLCP query (propagation, no remset).
+    olcp: [AtomicU64; WORDS_MAX],
+    sinks: parking_lot::RwLock<Vec<Option<Arc<OlcpSink>>>>,
+    propagated: AtomicU64,
     dropped: AtomicBool,
     scans_started: AtomicU64,
     queue_wait_us: AtomicU64,
@@ -282,6 +289,9 @@ impl CollectionVls {
             }),
             slot_freed: Condvar::new(),
             remset: Remset::new(words, options.remset),
+            olcp: Mask::ZEROS.to_atomic(),
+            sinks: parking_lot::RwLock::new(Vec::new()),
+            propagated: AtomicU64::new(0),
             dropped: AtomicBool::new(false),
             scans_started: AtomicU64::new(0),
             queue_wait_us: AtomicU64::new(0),
@@ -362,8 +372,49 @@ impl CollectionVls {
                 }
             }
         }
+        if temp.is_all_ones(self.words) {
+            return;
+        }
+        // OLCP slots get the version handed over at once (propagation); the
+        // remaining slots share one remset entry.
+        let olcp = Mask::from_atomic(&self.olcp);
+        let mut to_propagate = Mask::ZEROS;
+        for w in 0..self.words {
+            to_propagate.0[w] = !temp.0[w] & olcp.0[w];
+        }
+        if !to_propagate.is_all_zeros(self.words) {
+            let sinks = self.sinks.read();
+            for slot in to_propagate.ones(self.words) {
+                if let Some(sink) = sinks.get(slot).and_then(Option::as_ref) {
+                    sink.push(rid, current);
+                    self.propagated.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            for w in 0..self.words {
+                temp.0[w] |= to_propagate.0[w];
+            }
+        }
         if !temp.is_all_ones(self.words) {
             self.remset.insert(rid, current, temp);
+        }
+    }
+
+    /// Make `slot` an OLCP slot: superseded versions it still needs go to `sink`.
+    /// Requires: writer command, right after the slot was registered.
+    pub fn attach_sink(&self, slot: usize, sink: Arc<OlcpSink>) {
+        let mut sinks = self.sinks.write();
+        if sinks.len() <= slot {
+            sinks.resize(slot + 1, None);
+        }
+        sinks[slot] = Some(sink);
+        drop(sinks);
+        self.olcp[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel);
+    }
+
+    fn detach_sink(&self, slot: usize) {
+        self.olcp[slot / 64].fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+        if let Some(s) = self.sinks.write().get_mut(slot) {
+            *s = None;
         }
     }
 
@@ -433,6 +484,7 @@ impl CollectionVls {
             self.stable[slot / 64].fetch_xor(bit, Ordering::AcqRel);
         }
         self.local_active[slot / 64].fetch_or(bit, Ordering::AcqRel);
+        self.detach_sink(slot);
     }
 
     /// Release `slot` after the scan's remset pass. `reset`: set the slot's bit
@@ -538,6 +590,14 @@ impl CollectionVls {
             queue_wait_us_total: self.queue_wait_us.load(Ordering::Relaxed),
             background_resets: self.resets.load(Ordering::Relaxed),
             remset: self.remset.stats(),
+            olcp_propagated: self.propagated.load(Ordering::Relaxed),
+            olcp_inflight: self
+                .sinks
+                .read()
+                .iter()
+                .flatten()
+                .map(|s| s.inflight.load(Ordering::Relaxed))
+                .sum(),
         }
     }
 }
@@ -545,5 +605,60 @@ impl CollectionVls {
 impl Mask {
     fn is_all_zeros(&self, words: usize) -> bool {
         self.0[..words].iter().all(|w| *w == 0)
+    }
+
+    fn ones(&self, words: usize) -> Vec<usize> {
+        let mut v = Vec::new();
+        for (w, word) in self.0[..words].iter().enumerate() {
+            let mut x = *word;
+            while x != 0 {
+                let b = x.trailing_zeros() as usize;
+                v.push(w * 64 + b);
+                x &= x - 1;
+            }
+        }
+        v
+    }
+}
+
+/// Where the writer hands superseded versions to one running OLCP query
+/// (KVell+'s propagation): the query drains it as it goes, so what is held here
+/// is bounded by the writes made since its last drain, not by its duration.
+#[derive(Debug, Default)]
+pub struct OlcpSink {
+    items: Mutex<Vec<(RecordId, DocRef)>>,
+    inflight: AtomicU64,
+    inflight_peak: AtomicU64,
+    propagated: AtomicU64,
+}
+
+impl OlcpSink {
+    fn push(&self, rid: RecordId, doc: &DocRef) {
+        // Counters change under the same lock as the items, so a drain never
+        // subtracts an item whose push has not been counted yet.
+        let mut items = self.items.lock();
+        items.push((rid, doc.clone()));
+        self.propagated.fetch_add(1, Ordering::Relaxed);
+        let now = self.inflight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.inflight_peak.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// Take everything handed over so far.
+    pub fn drain(&self) -> Vec<(RecordId, DocRef)> {
+        let mut guard = self.items.lock();
+        let items = std::mem::take(&mut *guard);
+        self.inflight
+            .fetch_sub(items.len() as u64, Ordering::AcqRel);
+        items
+    }
+
+    /// Versions handed over in total.
+    pub fn propagated(&self) -> u64 {
+        self.propagated.load(Ordering::Relaxed)
+    }
+
+    /// Most versions held at once (handed over, not yet drained).
+    pub fn inflight_peak(&self) -> u64 {
+        self.inflight_peak.load(Ordering::Relaxed)
     }
 }
