@@ -120,7 +120,15 @@ impl PartialOrd for ValueKey {
 }
 impl Ord for ValueKey {
     fn cmp(&self, other: &Self) -> Ordering {
-        value::compare(self.0.as_raw_bson_ref(), other.0.as_raw_bson_ref())
+        // Fast paths for the common `_id` types (same results as `value::compare`,
+        // without building raw references on every step of a tree descent).
+        match (&self.0, &other.0) {
+            (RawBson::Int64(a), RawBson::Int64(b)) => a.cmp(b),
+            (RawBson::Int32(a), RawBson::Int32(b)) => a.cmp(b),
+            (RawBson::ObjectId(a), RawBson::ObjectId(b)) => a.bytes().cmp(&b.bytes()),
+            (RawBson::String(a), RawBson::String(b)) => a.as_bytes().cmp(b.as_bytes()),
+            (a, b) => value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()),
+        }
     }
 }
 
@@ -403,6 +411,31 @@ mod tests {
             .keys_for(&rawdoc! {"a": [1, 2], "b": 5})
             .expect("one array is fine");
         assert_eq!(k.len(), 2);
+    }
+
+    #[test]
+    fn value_key_fast_paths_agree_with_the_bson_order() {
+        let vals = vec![
+            RawBson::Int32(-1),
+            RawBson::Int32(5),
+            RawBson::Int64(5),
+            RawBson::Int64(i64::MIN),
+            RawBson::Double(5.0),
+            RawBson::Double(-0.5),
+            RawBson::String("a".into()),
+            RawBson::String("ab".into()),
+            RawBson::String(String::new()),
+            RawBson::ObjectId(bson::oid::ObjectId::from_bytes([1; 12])),
+            RawBson::ObjectId(bson::oid::ObjectId::from_bytes([0; 12])),
+            RawBson::Null,
+        ];
+        for a in &vals {
+            for b in &vals {
+                let fast = ValueKey(a.clone()).cmp(&ValueKey(b.clone()));
+                let slow = value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref());
+                assert_eq!(fast, slow, "{a:?} vs {b:?}");
+            }
+        }
     }
 
     #[test]
