@@ -77,6 +77,10 @@ pub enum Error {
     /// Several documents of an `insert_many` failed (see [`crate::BulkWriteFailure`]).
     #[error("bulk write failed: {} error(s)", .0.errors.len())]
     BulkWrite(Box<crate::BulkWriteFailure>),
+    /// A storage failure (I/O error, full disk, corrupt or missing file, writes
+    /// stopped after an fsync failure). Code 14031 for a full disk, else 1.
+    #[error("storage: {0}")]
+    Storage(Box<crate::durability::StorageError>),
 }
 
 impl Error {
@@ -102,6 +106,8 @@ impl Error {
             Error::Closed => 91,
             Error::Internal(_) => 1,
             Error::BulkWrite(_) => 65,
+            Error::Storage(e) if e.is_no_space() => 14031,
+            Error::Storage(_) => 1,
         }
     }
 
@@ -127,6 +133,8 @@ impl Error {
             Error::Closed => "ShutdownInProgress",
             Error::Internal(_) => "InternalError",
             Error::BulkWrite(_) => "MultipleErrorsOccurred",
+            Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
+            Error::Storage(_) => "InternalError",
         }
     }
 

@@ -22,6 +22,7 @@ pub mod collection;
 pub mod command;
 pub mod database;
 pub mod doc;
+pub mod durability;
 pub mod engine;
 pub mod error;
 pub mod heap;
@@ -38,6 +39,7 @@ pub use database::{
     CollStats, Collection, Database, DbStats, Find, FindAndModifyOptions, FindOptions,
     IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, UpdateOptions,
 };
+pub use durability::{Durability, DurabilityOptions};
 pub use engine::Engine;
 pub use error::{Error, Result};
 
