@@ -96,7 +96,8 @@ pub struct DurabilityOptions {
     /// Test-only planted bug: never fsync the WAL.
     #[doc(hidden)]
     pub skip_wal_fsync: bool,
-    /// Test-only planted bug: skip the directory fsync after the manifest rename.
+    /// Test-only planted bug: skip directory fsyncs (after creating a WAL
+    /// segment and after the manifest rename).
     #[doc(hidden)]
     pub skip_dir_fsync: bool,
 }
@@ -180,6 +181,7 @@ impl Durable {
                 state.csn + 1,
                 opts.segment_bytes,
                 opts.skip_wal_fsync,
+                opts.skip_dir_fsync,
             )?))
         };
         let manifest = report.manifest;

@@ -125,7 +125,9 @@ pub fn recover(vfs: &dyn Vfs, dir: &Path, db: &str) -> Result<(DbState, Recovery
             }
         }
     }
-    if report.checkpoint.is_none() && manifest.current != 0 {
+    // With no previous checkpoint the WAL is kept back to csn 0 (manifest
+    // invariant), so the empty state is the fallback base.
+    if report.checkpoint.is_none() && manifest.current != 0 && manifest.previous != 0 {
         return Err(StorageError::Corrupt {
             path: dir.join(checkpoint::checkpoint_name(manifest.current)),
             offset: 0,

@@ -156,6 +156,7 @@ pub struct Wal {
     dir: PathBuf,
     segment_bytes: u64,
     skip_fsync: bool,
+    skip_dir_fsync: bool,
     active: Mutex<Active>,
     stopped: AtomicBool,
     stop_reason: Mutex<Option<String>>,
@@ -174,13 +175,15 @@ impl Wal {
         next_csn: u64,
         segment_bytes: u64,
         skip_fsync: bool,
+        skip_dir_fsync: bool,
     ) -> Result<Wal, StorageError> {
-        let active = create_segment(&*vfs, dir, next_csn, skip_fsync)?;
+        let active = create_segment(&*vfs, dir, next_csn, skip_fsync, skip_dir_fsync)?;
         Ok(Wal {
             vfs,
             dir: dir.to_path_buf(),
             segment_bytes: segment_bytes.max(SEGMENT_MAGIC.len() as u64 + 1),
             skip_fsync,
+            skip_dir_fsync,
             active: Mutex::new(active),
             stopped: AtomicBool::new(false),
             stop_reason: Mutex::new(None),
@@ -294,7 +297,13 @@ impl Wal {
         if a.dirty {
             self.sync_locked(a)?;
         }
-        let next = create_segment(&*self.vfs, &self.dir, first, self.skip_fsync)?;
+        let next = create_segment(
+            &*self.vfs,
+            &self.dir,
+            first,
+            self.skip_fsync,
+            self.skip_dir_fsync,
+        )?;
         *a = next;
         Ok(())
     }
@@ -315,6 +324,7 @@ fn create_segment(
     dir: &Path,
     first: u64,
     skip_fsync: bool,
+    skip_dir_fsync: bool,
 ) -> Result<Active, StorageError> {
     let path = dir.join(segment_name(first));
     let file = vfs
@@ -334,8 +344,13 @@ fn create_segment(
             return Err(StorageError::io("fsync", &path, &e));
         }
     }
-    vfs.sync_dir(dir)
-        .map_err(|e| StorageError::io("fsync directory", dir, &e))?;
+    if !skip_dir_fsync {
+        if let Err(e) = vfs.sync_dir(dir) {
+            // Empty still: remove it so the next rotation can try again.
+            undo(vfs);
+            return Err(StorageError::io("fsync directory", dir, &e));
+        }
+    }
     Ok(Active {
         file,
         first,
