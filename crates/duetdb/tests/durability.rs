@@ -74,7 +74,13 @@ fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
                 .map(|k| doc! {"_id": format!("{i}-{k}"), "v": (rng.below(50)) as i64, "s": "y".repeat(rng.below(120) as usize)})
                 .collect();
             let c = if rng.chance(3) { &b } else { &a };
-            c.insert_many(docs, true).map(|_| ())
+            c.insert_many(docs, true).map(|_| ()).map_err(|e| match e {
+                // A storage failure fails the whole batch; report it as itself.
+                Error::BulkWrite(f) if f.inserted == 0 && f.errors.len() == 1 => {
+                    f.errors.into_iter().map(|(_, e)| e).next().unwrap_or(Error::Closed)
+                }
+                e => e,
+            })
         }
         8..=10 => {
             let v = rng.below(50) as i64;

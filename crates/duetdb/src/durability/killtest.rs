@@ -297,7 +297,8 @@ pub fn campaign(
                 return Err(format!("child {run} exited before READY: {text}{err}"));
             }
             text.push_str(&line);
-            if line.trim() == "READY" {
+            // The test harness may print its own text before ours on that line.
+            if line.trim_end().ends_with("READY") {
                 break;
             }
         }
