@@ -68,7 +68,9 @@ fn updates(db: &Database, docs: u64, threads: usize, seconds: u64) -> Load {
                 while !stop.load(Ordering::Relaxed) {
                     let id = rng.below(docs) as i64;
                     let t = Instant::now();
-                    if c.update_one(doc! {"_id": id}, doc! {"$inc": {"n": 1}}).is_err() {
+                    if c.update_one(doc! {"_id": id}, doc! {"$inc": {"n": 1}})
+                        .is_err()
+                    {
                         break;
                     }
                     lat.push(t.elapsed().as_micros() as u64);
@@ -133,7 +135,10 @@ pub fn run(
         out,
         "## Update throughput, {threads} writer threads, {UPDATE_DOCS} documents, {seconds}s each\n"
     )?;
-    writeln!(out, "| mode | updates/s | vs in-memory | p50 µs | p99 µs | max µs |")?;
+    writeln!(
+        out,
+        "| mode | updates/s | vs in-memory | p50 µs | p99 µs | max µs |"
+    )?;
     writeln!(out, "|---|---|---|---|---|---|")?;
     let mem = Database::in_memory();
     fill(&mem, UPDATE_DOCS)?;
@@ -170,7 +175,10 @@ pub fn run(
         t.elapsed(),
         info.map_or(0, |i| i.bytes)
     )?;
-    writeln!(out, "\n| load | updates/s | ratio | p50 µs | p99 µs | max µs |")?;
+    writeln!(
+        out,
+        "\n| load | updates/s | ratio | p50 µs | p99 µs | max µs |"
+    )?;
     writeln!(out, "|---|---|---|---|---|---|")?;
     let quiet = updates(&db, docs, threads, seconds);
     row(out, "no checkpoint", &quiet, quiet.ops_per_s)?;

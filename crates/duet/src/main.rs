@@ -279,7 +279,11 @@ fn run(cli: Cli) -> Result<()> {
                 Some(d) => format!("persisted in {}", d.display()),
                 None => "in memory only: no --data-dir".to_string(),
             };
-            writeln!(out, "imported {n} documents into '{}' ({whereto})", c.name())?;
+            writeln!(
+                out,
+                "imported {n} documents into '{}' ({whereto})",
+                c.name()
+            )?;
             Ok(())
         }
         Command::Find {
@@ -350,7 +354,11 @@ fn run(cli: Cli) -> Result<()> {
                     info.bytes,
                     info.path.display()
                 )?,
-                None => writeln!(out, "nothing new since the last checkpoint (csn {})", db.csn())?,
+                None => writeln!(
+                    out,
+                    "nothing new since the last checkpoint (csn {})",
+                    db.csn()
+                )?,
             }
             Ok(())
         }
@@ -428,7 +436,10 @@ fn check_crash(
             let _ = std::fs::remove_dir_all(&dir);
             Ok(())
         }
-        Err(e) => bail!("crash check FAILED (directory kept: {}): {e}", dir.display()),
+        Err(e) => bail!(
+            "crash check FAILED (directory kept: {}): {e}",
+            dir.display()
+        ),
     }
 }
 

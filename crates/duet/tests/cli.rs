@@ -148,7 +148,15 @@ fn data_dir_persists_across_commands_and_checkpoints() {
     let (ok, out, err) = duet(&["checkpoint", "--data-dir", d]);
     assert!(ok, "{err}");
     assert!(out.contains("checkpoint at csn"), "{out}");
-    let (ok, out, err) = duet(&["count", "--data-dir", d, "-c", "people", "--filter", "{\"age\": {\"$gt\": 30}}"]);
+    let (ok, out, err) = duet(&[
+        "count",
+        "--data-dir",
+        d,
+        "-c",
+        "people",
+        "--filter",
+        "{\"age\": {\"$gt\": 30}}",
+    ]);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "2");

@@ -46,7 +46,12 @@ fn digest(db: &Database) -> u64 {
         for i in c.list_indexes().unwrap_or_default() {
             i.to_string().hash(&mut h);
         }
-        for d in snap.collection(&name).find(doc! {}).run().unwrap_or_default() {
+        for d in snap
+            .collection(&name)
+            .find(doc! {})
+            .run()
+            .unwrap_or_default()
+        {
             d.to_string().hash(&mut h);
         }
         c.check_invariants().expect("indexes equal a rebuild");
@@ -76,16 +81,22 @@ fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
             let c = if rng.chance(3) { &b } else { &a };
             c.insert_many(docs, true).map(|_| ()).map_err(|e| match e {
                 // A storage failure fails the whole batch; report it as itself.
-                Error::BulkWrite(f) if f.inserted == 0 && f.errors.len() == 1 => {
-                    f.errors.into_iter().map(|(_, e)| e).next().unwrap_or(Error::Closed)
-                }
+                Error::BulkWrite(f) if f.inserted == 0 && f.errors.len() == 1 => f
+                    .errors
+                    .into_iter()
+                    .map(|(_, e)| e)
+                    .next()
+                    .unwrap_or(Error::Closed),
                 e => e,
             })
         }
         8..=10 => {
             let v = rng.below(50) as i64;
-            a.update_many(doc! {"v": {"$gte": v, "$lt": v + 5}}, doc! {"$inc": {"v": 1}, "$set": {"t": i as i64}})
-                .map(|_| ())
+            a.update_many(
+                doc! {"v": {"$gte": v, "$lt": v + 5}},
+                doc! {"$inc": {"v": 1}, "$set": {"t": i as i64}},
+            )
+            .map(|_| ())
         }
         11 => b
             .update_one_with(
@@ -106,7 +117,8 @@ fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
             .map(|_| ()),
         15 => {
             if rng.chance(2) {
-                a.create_index(doc! {"v": 1}, IndexOptions::default()).map(|_| ())
+                a.create_index(doc! {"v": 1}, IndexOptions::default())
+                    .map(|_| ())
             } else {
                 soft(a.drop_index("v_1"))
             }
@@ -115,7 +127,8 @@ fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
             if rng.chance(2) {
                 soft(db.create_collection(&format!("c{}", rng.below(3))))
             } else {
-                db.drop_collection(&format!("c{}", rng.below(3))).map(|_| ())
+                db.drop_collection(&format!("c{}", rng.below(3)))
+                    .map(|_| ())
             }
         }
         17 => {
@@ -159,7 +172,12 @@ fn recover_digest(state: SimState, template: &DurabilityOptions) -> Result<u64, 
 
 /// Run the workload for `steps` steps, cutting `per_op` images of each kind
 /// before every file operation. Returns (crash points, violations).
-fn crash_campaign(seed: u64, steps: u64, per_op: usize, opts_of: impl Fn(&SimFs) -> DurabilityOptions) -> (usize, Vec<String>) {
+fn crash_campaign(
+    seed: u64,
+    steps: u64,
+    per_op: usize,
+    opts_of: impl Fn(&SimFs) -> DurabilityOptions,
+) -> (usize, Vec<String>) {
     let fs = SimFs::new();
     let opts = opts_of(&fs);
     let db = Database::open_with(dir(), opts.clone()).expect("open");
@@ -203,7 +221,9 @@ fn crash_campaign(seed: u64, steps: u64, per_op: usize, opts_of: impl Fn(&SimFs)
                     ));
                 }
             }
-            Err(e) => violations.push(format!("{kind:?} after {acked} acked steps: recovery failed: {e}")),
+            Err(e) => violations.push(format!(
+                "{kind:?} after {acked} acked steps: recovery failed: {e}"
+            )),
         }
     }
     (s.results.len(), violations)
@@ -260,13 +280,25 @@ fn durability_reopen_keeps_everything() {
     {
         let db = Database::open(&path).expect("open");
         let c = db.collection("people");
-        c.create_index(doc! {"age": 1}, IndexOptions { unique: false, name: None })
-            .expect("index");
-        c.insert_many((0..100).map(|i| doc! {"_id": i, "age": i % 7, "name": format!("p{i}")}), true)
-            .expect("insert");
+        c.create_index(
+            doc! {"age": 1},
+            IndexOptions {
+                unique: false,
+                name: None,
+            },
+        )
+        .expect("index");
+        c.insert_many(
+            (0..100).map(|i| doc! {"_id": i, "age": i % 7, "name": format!("p{i}")}),
+            true,
+        )
+        .expect("insert");
         db.checkpoint().expect("checkpoint");
-        c.update_many(doc! {"age": 3}, doc! {"$set": {"age": 30}, "$currentDate": {"at": true}})
-            .expect("update");
+        c.update_many(
+            doc! {"age": 3},
+            doc! {"$set": {"age": 30}, "$currentDate": {"at": true}},
+        )
+        .expect("update");
         c.delete_many(doc! {"age": 1}).expect("delete");
         db.collection("tmp").insert_one(doc! {"x": 1}).expect("tmp");
         db.rename_collection("tmp", "kept", false).expect("rename");
@@ -278,7 +310,12 @@ fn durability_reopen_keeps_everything() {
     assert_eq!(digest(&db), before, "state changed across a clean reopen");
     let r = db.recovery_report().expect("report");
     assert!(r.checkpoint.is_some() && r.records_replayed >= 4, "{r}");
-    assert_eq!(db.collection("people").count(doc! {"age": 30}).expect("count"), 14);
+    assert_eq!(
+        db.collection("people")
+            .count(doc! {"age": 30})
+            .expect("count"),
+        14
+    );
     assert!(db.list_collection_names().contains(&"empty".to_string()));
 }
 
@@ -301,7 +338,9 @@ fn durability_batch_and_none_modes() {
     };
     {
         let db = Database::open_with(tmp.path().join("b"), opts.clone()).expect("open");
-        db.collection("c").insert_one(doc! {"_id": 1}).expect("insert");
+        db.collection("c")
+            .insert_one(doc! {"_id": 1})
+            .expect("insert");
         // A per-write fsync on a batch database waits for the sync.
         db.with_durability(Durability::Fsync)
             .collection("c")
@@ -317,9 +356,13 @@ fn durability_batch_and_none_modes() {
     };
     {
         let db = Database::open_with(tmp.path().join("n"), none.clone()).expect("open");
-        db.collection("c").insert_one(doc! {"_id": 1}).expect("insert");
+        db.collection("c")
+            .insert_one(doc! {"_id": 1})
+            .expect("insert");
         db.checkpoint().expect("checkpoint");
-        db.collection("c").insert_one(doc! {"_id": 2}).expect("insert");
+        db.collection("c")
+            .insert_one(doc! {"_id": 2})
+            .expect("insert");
     }
     let db = Database::open_with(tmp.path().join("n"), none).expect("reopen");
     // `none` keeps only what a checkpoint wrote.
@@ -329,10 +372,13 @@ fn durability_batch_and_none_modes() {
 // ------------------------------------------------------- checksum sweeps
 
 fn build_small(fs: &SimFs, checkpoint_after: Option<usize>) -> (Vec<u64>, Database) {
-    let db = Database::open_with(dir(), DurabilityOptions {
-        segment_bytes: 1 << 20,
-        ..sim_opts(fs)
-    })
+    let db = Database::open_with(
+        dir(),
+        DurabilityOptions {
+            segment_bytes: 1 << 20,
+            ..sim_opts(fs)
+        },
+    )
     .expect("open");
     let c = db.collection("c");
     let mut digests = vec![digest(&db)];
@@ -367,20 +413,28 @@ fn durability_checksum_sweep_wal() {
     let n = starts.len();
     assert_eq!(n, 6);
     let (mut truncated, mut errors) = (0, 0);
-    for off in 0..len {
+    assert_eq!(buf.len(), len);
+    for (off, byte) in buf.iter().enumerate() {
         let mut img = state.clone();
-        assert!(img.poke(&seg, off, buf[off] ^ 0x5A));
+        assert!(img.poke(&seg, off, byte ^ 0x5A));
         let record = starts.iter().rposition(|s| *s <= off);
         match recover_digest(img, &sim_opts(&fs)) {
             Ok(d) => {
                 // Only damage in the last record may be cut off, and then the
                 // state is exactly the one before it.
-                assert_eq!(record, Some(n - 1), "byte {off}: damage before the tail was silently accepted");
+                assert_eq!(
+                    record,
+                    Some(n - 1),
+                    "byte {off}: damage before the tail was silently accepted"
+                );
                 assert_eq!(d, digests[n - 1], "byte {off}: wrong data after truncation");
                 truncated += 1;
             }
             Err(e) => {
-                assert!(record != Some(n - 1), "byte {off}: a torn tail should be cut, got {e}");
+                assert!(
+                    record != Some(n - 1),
+                    "byte {off}: a torn tail should be cut, got {e}"
+                );
                 assert!(e.contains("corrupt"), "byte {off}: unclear error {e}");
                 errors += 1;
             }
@@ -402,14 +456,20 @@ fn durability_checksum_sweep_checkpoint_falls_back() {
         .expect("checkpoint file");
     let path = dir().join(&ckpt);
     let len = state.file_len(&path).expect("len");
-    let buf = duetdb::durability::Vfs::read(&SimFs::from_state(state.clone()), &path).expect("read");
-    for off in 0..len {
+    let buf =
+        duetdb::durability::Vfs::read(&SimFs::from_state(state.clone()), &path).expect("read");
+    assert_eq!(buf.len(), len);
+    for (off, byte) in buf.iter().enumerate() {
         let mut img = state.clone();
-        assert!(img.poke(&path, off, buf[off] ^ 0xA5));
+        assert!(img.poke(&path, off, byte ^ 0xA5));
         // The WAL since csn 0 is kept (no previous checkpoint), so every
         // damaged byte must fall back and still recover the full state.
         let d = recover_digest(img, &sim_opts(&fs)).unwrap_or_else(|e| panic!("byte {off}: {e}"));
-        assert_eq!(d, *digests.last().expect("digest"), "byte {off}: wrong data");
+        assert_eq!(
+            d,
+            *digests.last().expect("digest"),
+            "byte {off}: wrong data"
+        );
     }
     eprintln!("checkpoint sweep: {len} bytes, all fell back correctly");
 }
@@ -465,7 +525,10 @@ fn faulty_run(n: u64, persistent: bool, kind: FaultKind) -> (Vec<u64>, SimState,
                 assert_eq!(allowed[0], digest(&shadow), "step {i}: live state diverged");
             }
             Err(e) => {
-                assert!(matches!(e, Error::Storage(_)), "step {i}: not a storage error: {e}");
+                assert!(
+                    matches!(e, Error::Storage(_)),
+                    "step {i}: not a storage error: {e}"
+                );
                 // The state must still be readable and consistent.
                 assert_eq!(digest(&db), allowed[0]);
                 let msg = e.to_string();
@@ -501,10 +564,17 @@ fn durability_io_error_loop_on_write_and_checkpoint_paths() {
                 let (allowed, disk, _) = faulty_run(n, persistent, kind);
                 let fs = SimFs::new();
                 let template = sim_opts(&fs);
-                for img in [disk.clone(), disk.crash_image(CrashKind::DropUnsynced, &mut Rng::new(n))] {
-                    let d = recover_digest(img, &template)
-                        .unwrap_or_else(|e| panic!("n={n} {kind:?} persistent={persistent}: reopen failed: {e}"));
-                    assert!(allowed.contains(&d), "n={n} {kind:?} persistent={persistent}: reopened to a foreign state");
+                for img in [
+                    disk.clone(),
+                    disk.crash_image(CrashKind::DropUnsynced, &mut Rng::new(n)),
+                ] {
+                    let d = recover_digest(img, &template).unwrap_or_else(|e| {
+                        panic!("n={n} {kind:?} persistent={persistent}: reopen failed: {e}")
+                    });
+                    assert!(
+                        allowed.contains(&d),
+                        "n={n} {kind:?} persistent={persistent}: reopened to a foreign state"
+                    );
                 }
                 runs += 1;
             }
@@ -538,7 +608,8 @@ fn durability_io_error_loop_on_recovery_path() {
                 Err(e) => assert!(matches!(e, Error::Storage(_)), "n={n}: {e}"),
             }
             f.set_fault(None);
-            let db = Database::open_with(dir(), opts).unwrap_or_else(|e| panic!("n={n}: retry failed: {e}"));
+            let db = Database::open_with(dir(), opts)
+                .unwrap_or_else(|e| panic!("n={n}: retry failed: {e}"));
             assert_eq!(digest(&db), want, "n={n}: retry recovered wrong data");
         }
     }
@@ -567,7 +638,8 @@ fn durability_fsync_failure_stops_writes_until_reopen() {
     let db = Database::open_with(dir(), sim_opts(&fs)).expect("reopen");
     let c = db.collection("c");
     assert!(c.count(doc! {}).expect("count") >= 1);
-    c.insert_one(doc! {"_id": 4}).expect("writes again after reopen");
+    c.insert_one(doc! {"_id": 4})
+        .expect("writes again after reopen");
 }
 
 #[test]
@@ -576,7 +648,12 @@ fn durability_full_disk_fails_writes_and_resumes() {
     let db = Database::open_with(dir(), sim_opts(&fs)).expect("open");
     let c = db.collection("c");
     c.insert_one(doc! {"_id": 0}).expect("insert");
-    let used: usize = fs.state().files_in(&dir()).iter().map(|n| fs.state().file_len(&dir().join(n)).unwrap_or(0)).sum();
+    let used: usize = fs
+        .state()
+        .files_in(&dir())
+        .iter()
+        .map(|n| fs.state().file_len(&dir().join(n)).unwrap_or(0))
+        .sum();
     fs.set_capacity(Some(used + 3000));
     let mut stored = 1;
     let err = loop {
@@ -590,11 +667,15 @@ fn durability_full_disk_fails_writes_and_resumes() {
     assert_eq!(c.count(doc! {}).expect("readable"), stored as u64);
     c.check_invariants().expect("consistent");
     fs.set_capacity(None);
-    c.insert_one(doc! {"_id": -1}).expect("writes resume once space is back");
+    c.insert_one(doc! {"_id": -1})
+        .expect("writes resume once space is back");
     drop(c);
     drop(db);
     let db = Database::open_with(dir(), sim_opts(&fs)).expect("reopen");
-    assert_eq!(db.collection("c").count(doc! {}).expect("count"), stored as u64 + 1);
+    assert_eq!(
+        db.collection("c").count(doc! {}).expect("count"),
+        stored as u64 + 1
+    );
 }
 
 // -------------------------------------------------------------- fixture
@@ -614,13 +695,20 @@ fn copy_dir(from: &Path, to: &Path) {
 /// The fixture's content: a checkpoint plus a WAL tail, written by format v1.
 fn fill_fixture(db: &Database) {
     let c = db.collection("fixture");
-    c.create_index(doc! {"k": 1}, IndexOptions::default()).expect("index");
-    c.insert_many((0..50).map(|i| doc! {"_id": i, "k": i % 5, "s": format!("v{i}")}), true)
-        .expect("insert");
+    c.create_index(doc! {"k": 1}, IndexOptions::default())
+        .expect("index");
+    c.insert_many(
+        (0..50).map(|i| doc! {"_id": i, "k": i % 5, "s": format!("v{i}")}),
+        true,
+    )
+    .expect("insert");
     db.checkpoint().expect("checkpoint");
-    c.update_many(doc! {"k": 2}, doc! {"$set": {"s": "changed"}}).expect("update");
+    c.update_many(doc! {"k": 2}, doc! {"$set": {"s": "changed"}})
+        .expect("update");
     c.delete_many(doc! {"k": 4}).expect("delete");
-    db.collection("other").insert_one(doc! {"_id": "x", "n": Bson::Int64(7)}).expect("insert");
+    db.collection("other")
+        .insert_one(doc! {"_id": "x", "n": Bson::Int64(7)})
+        .expect("insert");
 }
 
 #[test]

@@ -57,7 +57,8 @@ fn durability_enospc_on_a_real_tmpfs() {
     {
         let db = Database::open_with(&path, opts.clone()).expect("open");
         let c = db.collection("c");
-        c.create_index(doc! {"k": 1}, IndexOptions::default()).expect("index");
+        c.create_index(doc! {"k": 1}, IndexOptions::default())
+            .expect("index");
         let mut n = 0i64;
         let err = loop {
             match c.insert_one(doc! {"_id": n, "k": n % 7, "pad": "p".repeat(1000)}) {
@@ -73,7 +74,8 @@ fn durability_enospc_on_a_real_tmpfs() {
         c.check_invariants().expect("consistent");
         assert!(db.checkpoint().is_err(), "a checkpoint cannot fit either");
         assert!(mount.resize("8m"), "remount to grow the tmpfs");
-        c.insert_one(doc! {"_id": -1, "k": 0}).expect("writes resume once space is back");
+        c.insert_one(doc! {"_id": -1, "k": 0})
+            .expect("writes resume once space is back");
         db.checkpoint().expect("checkpoint after growing");
         stored = n as u64 + 1;
     }

@@ -24,7 +24,12 @@ fn kill_child() {
             .unwrap_or(0)
     };
     let mut out = std::io::stdout();
-    let r = killtest::child(Path::new(&dir), num("DUET_KILL_RUN"), num("DUET_KILL_SEED"), &mut out);
+    let r = killtest::child(
+        Path::new(&dir),
+        num("DUET_KILL_RUN"),
+        num("DUET_KILL_SEED"),
+        &mut out,
+    );
     eprintln!("child stopped: {r:?}");
     std::process::exit(2);
 }
@@ -65,6 +70,13 @@ fn durability_sigkill_campaign() {
         report.max_recovery,
         t.elapsed()
     );
-    assert!(report.kills >= 100, "only {} kills in the time budget", report.kills);
-    assert!(report.acked_ops > report.kills, "children acknowledged almost nothing");
+    assert!(
+        report.kills >= 100,
+        "only {} kills in the time budget",
+        report.kills
+    );
+    assert!(
+        report.acked_ops > report.kills,
+        "children acknowledged almost nothing"
+    );
 }

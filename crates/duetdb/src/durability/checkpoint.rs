@@ -59,11 +59,7 @@ pub struct CheckpointInfo {
 
 /// Write the image of `state` to `dir` under its final name (synced, renamed;
 /// the caller syncs the directory when it installs the manifest).
-pub fn write(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    state: &DbState,
-) -> Result<CheckpointInfo, StorageError> {
+pub fn write(vfs: &dyn Vfs, dir: &Path, state: &DbState) -> Result<CheckpointInfo, StorageError> {
     let path = dir.join(checkpoint_name(state.csn));
     let tmp = dir.join(format!("{}.tmp", checkpoint_name(state.csn)));
     if vfs.exists(&tmp) {
@@ -221,7 +217,10 @@ pub fn load(vfs: &dyn Vfs, path: &Path, db: &str) -> Result<DbState, StorageErro
                 loaded += 1;
             }
             if !r.done() || loaded > n_docs {
-                return Err(corrupt(at, "documents frame does not match its count".into()));
+                return Err(corrupt(
+                    at,
+                    "documents frame does not match its count".into(),
+                ));
             }
         }
         for spec in specs {

@@ -36,15 +36,34 @@ use crate::writer::DbState;
 pub enum Effect {
     /// Insert the document, or replace the one with its `_id`; creates the
     /// collection when missing.
-    Put { coll: String, doc: DocRef },
-    Delete { coll: String, id: RawBson },
-    CreateCollection { name: String },
-    DropCollection { name: String },
+    Put {
+        coll: String,
+        doc: DocRef,
+    },
+    Delete {
+        coll: String,
+        id: RawBson,
+    },
+    CreateCollection {
+        name: String,
+    },
+    DropCollection {
+        name: String,
+    },
     /// Rename, replacing an existing `to` (the command checked it was allowed).
-    Rename { from: String, to: String },
+    Rename {
+        from: String,
+        to: String,
+    },
     /// Creates the collection when missing.
-    CreateIndex { coll: String, spec: IndexSpec },
-    DropIndex { coll: String, name: String },
+    CreateIndex {
+        coll: String,
+        spec: IndexSpec,
+    },
+    DropIndex {
+        coll: String,
+        name: String,
+    },
 }
 
 thread_local! {
@@ -205,8 +224,7 @@ pub fn read_spec(r: &mut Reader<'_>) -> Result<IndexSpec, DecodeError> {
         .get_str("name")
         .map_err(|_| DecodeError("index spec without name".into()))?;
     let unique = d.get_bool("unique").unwrap_or(false);
-    IndexSpec::new(key, Some(name), unique)
-        .map_err(|e| DecodeError(format!("bad index spec: {e}")))
+    IndexSpec::new(key, Some(name), unique).map_err(|e| DecodeError(format!("bad index spec: {e}")))
 }
 
 /// Append the encoding of `e` to `out`.

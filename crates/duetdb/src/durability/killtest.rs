@@ -207,7 +207,10 @@ pub fn read_state(dir: &Path) -> Result<(Model, Duration), String> {
         };
         let e = model.entry(batch.clone()).or_insert((0, gen));
         if e.1 != gen {
-            return Err(format!("batch {batch} is half-updated: generations {} and {gen}", e.1));
+            return Err(format!(
+                "batch {batch} is half-updated: generations {} and {gen}",
+                e.1
+            ));
         }
         e.0 += 1;
     }
@@ -277,12 +280,7 @@ pub fn campaign(
     let mut run = 1u64;
     while report.kills < kills && Instant::now() < deadline {
         let mut child = spawn(run, rng.next_u64()).map_err(|e| format!("spawn: {e}"))?;
-        let mut stdout = BufReader::new(
-            child
-                .stdout
-                .take()
-                .ok_or("child stdout not piped")?,
-        );
+        let mut stdout = BufReader::new(child.stdout.take().ok_or("child stdout not piped")?);
         let mut text = String::new();
         let mut line = String::new();
         loop {

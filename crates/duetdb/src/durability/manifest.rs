@@ -89,7 +89,12 @@ impl Manifest {
     }
 
     /// Atomically replace the manifest of `dir` by `self`.
-    pub fn install(&self, vfs: &dyn Vfs, dir: &Path, skip_dir_fsync: bool) -> Result<(), StorageError> {
+    pub fn install(
+        &self,
+        vfs: &dyn Vfs,
+        dir: &Path,
+        skip_dir_fsync: bool,
+    ) -> Result<(), StorageError> {
         let tmp = dir.join(MANIFEST_TMP);
         let path = dir.join(MANIFEST);
         if vfs.exists(&tmp) {

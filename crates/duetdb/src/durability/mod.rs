@@ -71,7 +71,9 @@ impl std::str::FromStr for Durability {
             "none" => Ok(Durability::None),
             "batch" => Ok(Durability::Batch),
             "fsync" => Ok(Durability::Fsync),
-            other => Err(format!("unknown durability '{other}': none, batch or fsync")),
+            other => Err(format!(
+                "unknown durability '{other}': none, batch or fsync"
+            )),
         }
     }
 }

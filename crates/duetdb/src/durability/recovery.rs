@@ -63,7 +63,11 @@ impl std::fmt::Display for RecoveryReport {
             write!(f, "; fell back to the previous checkpoint: {why}")?;
         }
         if let Some((p, off, n)) = &self.truncated {
-            write!(f, "; torn tail cut: {n} bytes at {} byte {off}", p.display())?;
+            write!(
+                f,
+                "; torn tail cut: {n} bytes at {} byte {off}",
+                p.display()
+            )?;
         }
         Ok(())
     }
@@ -83,7 +87,11 @@ pub fn segments(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<(u64, PathBuf)>, Storag
 }
 
 /// Recover the state of database `db` kept in `dir`.
-pub fn recover(vfs: &dyn Vfs, dir: &Path, db: &str) -> Result<(DbState, RecoveryReport), StorageError> {
+pub fn recover(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    db: &str,
+) -> Result<(DbState, RecoveryReport), StorageError> {
     let t0 = Instant::now();
     let mut report = RecoveryReport::default();
     let manifest = Manifest::load(vfs, dir)?;
@@ -168,7 +176,8 @@ pub fn recover(vfs: &dyn Vfs, dir: &Path, db: &str) -> Result<(DbState, Recovery
         let buf = vfs
             .read(path)
             .map_err(|e| StorageError::io("read", path, &e))?;
-        let headed = buf.len() >= SEGMENT_MAGIC.len() && &buf[..SEGMENT_MAGIC.len()] == SEGMENT_MAGIC;
+        let headed =
+            buf.len() >= SEGMENT_MAGIC.len() && &buf[..SEGMENT_MAGIC.len()] == SEGMENT_MAGIC;
         if !headed {
             // The header is synced before any record is written, so a bad
             // header over valid records is real damage; a bad header over
@@ -179,7 +188,11 @@ pub fn recover(vfs: &dyn Vfs, dir: &Path, db: &str) -> Result<(DbState, Recovery
                     .map_err(|e| StorageError::io("remove", path, &e))?;
                 break;
             }
-            return Err(StorageError::corrupt(path, 0, "not a WAL segment (bad header)"));
+            return Err(StorageError::corrupt(
+                path,
+                0,
+                "not a WAL segment (bad header)",
+            ));
         }
         let mut pos = SEGMENT_MAGIC.len();
         loop {
@@ -218,7 +231,9 @@ pub fn recover(vfs: &dyn Vfs, dir: &Path, db: &str) -> Result<(DbState, Recovery
             };
             // Damage at `pos`: a torn tail, or corruption in the middle?
             let later_valid = valid_record_after(&buf, pos + 1, expected)
-                || segs[i + 1..].iter().any(|(_, p)| segment_has_record(vfs, p));
+                || segs[i + 1..]
+                    .iter()
+                    .any(|(_, p)| segment_has_record(vfs, p));
             if later_valid {
                 return Err(StorageError::corrupt(
                     path,
