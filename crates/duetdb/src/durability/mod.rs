@@ -95,6 +95,12 @@ pub struct DurabilityOptions {
     pub flush_interval: Duration,
     /// The file system (tests pass a [`SimFs`]).
     pub vfs: Arc<dyn Vfs>,
+    /// Recovery cuts the log at the first damaged record even when valid
+    /// records follow, instead of refusing to open. Off by default: with
+    /// `fsync` writes, a valid record after damage may have been acknowledged.
+    /// With `batch` writes a crash can leave a hole among unsynced records
+    /// (writeback out of order); this switch recovers the prefix before it.
+    pub accept_damaged_tail: bool,
     /// Test-only planted bug: never fsync the WAL.
     #[doc(hidden)]
     pub skip_wal_fsync: bool,
@@ -114,6 +120,7 @@ impl Default for DurabilityOptions {
             background_checkpoints: true,
             flush_interval: Duration::from_millis(100),
             vfs: Arc::new(RealFs),
+            accept_damaged_tail: false,
             skip_wal_fsync: false,
             skip_dir_fsync: false,
         }
@@ -165,7 +172,7 @@ impl Durable {
                 StorageError::io("lock", &lock_path, &e)
             }
         })?;
-        let (state, report) = recovery::recover(&*vfs, dir, db)?;
+        let (state, report) = recovery::recover(&*vfs, dir, db, opts.accept_damaged_tail)?;
         let wal = if opts.mode == Durability::None {
             None
         } else {

@@ -91,6 +91,7 @@ pub fn recover(
     vfs: &dyn Vfs,
     dir: &Path,
     db: &str,
+    accept_damaged_tail: bool,
 ) -> Result<(DbState, RecoveryReport), StorageError> {
     let t0 = Instant::now();
     let mut report = RecoveryReport::default();
@@ -234,12 +235,15 @@ pub fn recover(
                 || segs[i + 1..]
                     .iter()
                     .any(|(_, p)| segment_has_record(vfs, p));
-            if later_valid {
+            if later_valid && !accept_damaged_tail {
                 return Err(StorageError::corrupt(
                     path,
                     pos as u64,
                     format!("{bad}, and valid records follow: the log is damaged in the middle"),
                 ));
+            }
+            if later_valid {
+                tracing::warn!(segment = %path.display(), offset = pos, "damage with valid records after it: cutting the log there as asked (accept_damaged_tail)");
             }
             let lost = (buf.len() - pos) as u64;
             tracing::warn!(
