@@ -813,3 +813,47 @@ fn durability_engine_reopens_every_database() {
         1
     );
 }
+
+#[test]
+fn durability_batch_buffer_write_failure_stops_writes() {
+    let fs = SimFs::new();
+    let opts = DurabilityOptions {
+        mode: Durability::Batch,
+        flush_interval: std::time::Duration::from_millis(5),
+        ..sim_opts(&fs)
+    };
+    let db = Database::open_with(dir(), opts.clone()).expect("open");
+    let c = db.collection("c");
+    c.insert_one(doc! {"_id": 1}).expect("insert");
+    std::thread::sleep(std::time::Duration::from_millis(50)); // flushed
+    fs.set_fault(Some(Fault {
+        at: 1,
+        persistent: true,
+        kind: FaultKind::Io,
+        only: Some(OpKind::Append),
+    }));
+    // Acknowledged at once (buffered); the flusher then fails to write it.
+    c.insert_one(doc! {"_id": 2})
+        .expect("batch write is acknowledged");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let e = loop {
+        match c.insert_one(doc! {"_id": 3}) {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(std::time::Instant::now() < deadline, "writes never stopped");
+                c.delete_one(doc! {"_id": 3}).ok();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    };
+    assert!(
+        e.to_string().contains("writes are stopped") || e.to_string().contains("append"),
+        "{e}"
+    );
+    fs.set_fault(None);
+    drop(c);
+    drop(db);
+    let db = Database::open_with(dir(), opts).expect("reopen");
+    let n = db.collection("c").count(doc! {}).expect("count");
+    assert!((1..=2).contains(&n), "recovered {n} documents");
+}

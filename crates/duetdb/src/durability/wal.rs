@@ -16,7 +16,12 @@
 //!   any record in it can be acknowledged;
 //! - after any failed fsync the log accepts no more writes (PostgreSQL's
 //!   fsyncgate: the kernel may have dropped the dirty pages, so a retried fsync
-//!   that succeeds proves nothing).
+//!   that succeeds proves nothing);
+//! - records of `batch` groups may wait in an in-memory buffer (as MongoDB's
+//!   journal does for `j: false`) until the flusher, a group that needs a
+//!   sync, a rotation, or the buffer limit writes them — always before any
+//!   later record, so file order stays commit order. A buffer that cannot be
+//!   written holds acknowledged records, so that failure stops writes too.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +38,8 @@ pub const SEGMENT_MAGIC: &[u8; 8] = b"DUETWAL\x01";
 pub const FRAME_HEADER: usize = 8;
 /// Largest record payload (bounds memory at recovery; a group above it fails).
 pub const MAX_RECORD: usize = 1 << 30;
+/// `batch` records are written out once this many bytes wait in memory.
+pub const BUFFER_LIMIT: usize = 1 << 20;
 
 pub fn segment_name(first: u64) -> String {
     format!("wal-{first:020}.log")
@@ -146,8 +153,10 @@ struct Active {
     path: PathBuf,
     /// Bytes in the segment (header included).
     len: u64,
-    /// Bytes appended since the last sync.
+    /// Bytes written since the last sync.
     dirty: bool,
+    /// Whole `batch` records not yet written (they follow `len`).
+    buffered: Vec<u8>,
 }
 
 /// The log of one database (present unless the database runs with durability `none`).
@@ -241,9 +250,21 @@ impl Wal {
 
         let mut a = self.active.lock();
         debug_assert_eq!(self.last_lsn.load(Ordering::Relaxed) + 1, first);
-        if a.len + rec.len() as u64 > self.segment_bytes && a.len > SEGMENT_MAGIC.len() as u64 {
+        let logical = a.len + a.buffered.len() as u64;
+        if logical + rec.len() as u64 > self.segment_bytes && logical > SEGMENT_MAGIC.len() as u64 {
             self.rotate(&mut a, first)?;
         }
+        if sync == SyncMode::Later {
+            a.buffered.extend_from_slice(&rec);
+            if a.buffered.len() >= BUFFER_LIMIT {
+                self.drain(&mut a)?;
+            }
+            self.last_lsn.store(lsn, Ordering::Release);
+            self.bytes_since_checkpoint
+                .fetch_add(rec.len() as u64, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.drain(&mut a)?;
         if let Err(e) = a.file.append(&rec) {
             let err = StorageError::io("append to", &a.path, &e);
             // Cut a partial record off, or the next record would follow garbage.
@@ -260,9 +281,27 @@ impl Wal {
         self.last_lsn.store(lsn, Ordering::Release);
         self.bytes_since_checkpoint
             .fetch_add(rec.len() as u64, Ordering::Relaxed);
-        if sync == SyncMode::Now {
-            self.sync_locked(&mut a)?;
+        self.sync_locked(&mut a)
+    }
+
+    /// Write the buffered `batch` records. They were acknowledged, so if they
+    /// cannot be written the log no longer matches what readers saw: stop.
+    fn drain(&self, a: &mut Active) -> Result<(), StorageError> {
+        if a.buffered.is_empty() {
+            return Ok(());
         }
+        let bytes = std::mem::take(&mut a.buffered);
+        if let Err(e) = a.file.append(&bytes) {
+            let err = StorageError::io("append to", &a.path, &e);
+            let _ = a.file.set_len(a.len);
+            self.stop(format!(
+                "writing buffered batch-mode records to {} failed: {e}",
+                a.path.display()
+            ));
+            return Err(err);
+        }
+        a.len += bytes.len() as u64;
+        a.dirty = true;
         Ok(())
     }
 
@@ -286,6 +325,7 @@ impl Wal {
             return Ok(());
         }
         let mut a = self.active.lock();
+        self.drain(&mut a)?;
         if a.dirty {
             self.sync_locked(&mut a)?;
         }
@@ -294,6 +334,7 @@ impl Wal {
 
     /// Close the full segment (synced) and start a new one at `first`.
     fn rotate(&self, a: &mut Active, first: u64) -> Result<(), StorageError> {
+        self.drain(a)?;
         if a.dirty {
             self.sync_locked(a)?;
         }
@@ -357,5 +398,6 @@ fn create_segment(
         path,
         len: SEGMENT_MAGIC.len() as u64,
         dirty: false,
+        buffered: Vec::new(),
     })
 }
