@@ -167,6 +167,11 @@ pub struct Wal {
     skip_fsync: bool,
     skip_dir_fsync: bool,
     active: Mutex<Active>,
+    /// Held for every fsync of a segment. Lock order: `active`, then this.
+    /// The flusher syncs holding only this, so `batch` appends (which need
+    /// only `active`) never wait for a disk flush; rotation takes it to wait
+    /// for an in-flight flush of the old segment before starting the next.
+    sync_lock: Mutex<()>,
     stopped: AtomicBool,
     stop_reason: Mutex<Option<String>>,
     /// Bytes appended since the last checkpoint (its trigger).
@@ -194,6 +199,7 @@ impl Wal {
             skip_fsync,
             skip_dir_fsync,
             active: Mutex::new(active),
+            sync_lock: Mutex::new(()),
             stopped: AtomicBool::new(false),
             stop_reason: Mutex::new(None),
             bytes_since_checkpoint: AtomicU64::new(0),
@@ -306,6 +312,7 @@ impl Wal {
     }
 
     fn sync_locked(&self, a: &mut Active) -> Result<(), StorageError> {
+        let _sync = self.sync_lock.lock();
         if self.skip_fsync {
             a.dirty = false; // planted bug for the crash-test controls
             return Ok(());
@@ -324,10 +331,23 @@ impl Wal {
         if self.stopped.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut a = self.active.lock();
-        self.drain(&mut a)?;
-        if a.dirty {
-            self.sync_locked(&mut a)?;
+        let (file, path, _sync) = {
+            let mut a = self.active.lock();
+            self.drain(&mut a)?;
+            if !a.dirty {
+                return Ok(());
+            }
+            let sync = self.sync_lock.lock();
+            a.dirty = false;
+            (a.file.clone(), a.path.clone(), sync)
+        };
+        if self.skip_fsync {
+            return Ok(());
+        }
+        if let Err(e) = file.sync() {
+            let err = StorageError::io("fsync", &path, &e);
+            self.stop(format!("fsync of {} failed: {e}", path.display()));
+            return Err(err);
         }
         Ok(())
     }
@@ -337,6 +357,10 @@ impl Wal {
         self.drain(a)?;
         if a.dirty {
             self.sync_locked(a)?;
+        } else {
+            // A flush of this segment may be in flight: records of the next
+            // segment must not become durable before this one's.
+            drop(self.sync_lock.lock());
         }
         let next = create_segment(
             &*self.vfs,
