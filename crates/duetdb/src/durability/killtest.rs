@@ -122,13 +122,21 @@ pub fn child(dir: &Path, run: u64, seed: u64, out: &mut dyn Write) -> crate::Res
     for seq in 0u64.. {
         let gen = (run * 1_000_000 + seq) as i64;
         let roll = rng.below(100);
-        let op = if live.len() < 4 || roll < 45 || (live.len() < 40 && roll < 60) {
+        // Keep the data bounded (about 40–80 batches) so a long campaign
+        // keeps its kill rate: fewer inserts and more deletes as it grows.
+        let insert_pct = match live.len() {
+            0..=39 => 60,
+            40..=79 => 40,
+            _ => 10,
+        };
+        let update_pct = insert_pct + (100 - insert_pct) / 2;
+        let op = if live.len() < 4 || roll < insert_pct {
             Op::Insert {
                 batch: format!("r{run}s{seq}"),
                 docs: 1 + rng.below(12),
                 gen,
             }
-        } else if roll < 80 {
+        } else if roll < update_pct {
             Op::Update {
                 batch: live[rng.below(live.len() as u64) as usize].clone(),
                 gen,
