@@ -1,9 +1,10 @@
-//! The `duet` command: a demo of the engine, import and queries over JSON data.
+//! The `duet` command: a demo of the engine, import and queries over JSON data,
+//! checkpoints, and the durability checks.
 //!
-//! Durability is not built yet, so every invocation starts from an empty
-//! in-memory store: `import` validates and loads a file and reports what it
-//! stored, and the query commands take `--load FILE` to load data first. Each
-//! command says so when it is given a `--data-dir`.
+//! With `--data-dir` a command opens (recovers) the durable database kept
+//! there and everything it writes persists; without it the command works on
+//! an empty in-memory store (the query commands take `--load FILE` to load
+//! data first).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -13,7 +14,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use duetdb::bson::{doc, Bson, Document};
-use duetdb::{Collection, Database, IndexOptions};
+use duetdb::durability::killtest;
+use duetdb::{Collection, Database, Durability, DurabilityOptions, IndexOptions};
+
+mod durability_bench;
 
 // The engine allocates many small short-lived objects (copy-on-write nodes,
 // index keys); mimalloc handles that pattern far better than glibc malloc.
@@ -88,6 +92,22 @@ enum Command {
         #[command(subcommand)]
         command: duet_bench::BenchCommand,
     },
+    /// Write a checkpoint of a data directory now (and drop the WAL it covers).
+    Checkpoint {
+        /// The data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// The child of `duet check crash` (writes until killed).
+    #[command(hide = true)]
+    CrashChild {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        run: u64,
+        #[arg(long)]
+        seed: u64,
+    },
     /// Long-running checks (soaks) of the engine's guarantees.
     Check {
         #[command(subcommand)]
@@ -120,13 +140,50 @@ enum CheckCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// SIGKILL campaign: a child writes batches (fsync durability) and is
+    /// killed at random moments; every recovery is checked against the
+    /// acknowledged writes, batch atomicity and index rebuilds.
+    Crash {
+        /// How long to run.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Data directory to use (default: a fresh one under the temp dir).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Longest time a child writes before it is killed (ms).
+        #[arg(long, default_value_t = 40)]
+        max_delay_ms: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Durability benchmark: update throughput and p99 latency for
+    /// in-memory / none / batch / fsync, latency during checkpoints, and
+    /// recovery time.
+    Durability {
+        /// Documents loaded for the recovery measurement.
+        #[arg(long, default_value_t = 1_000_000)]
+        docs: u64,
+        /// Seconds per throughput measurement.
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        /// Concurrent writer threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Where to put the databases (default: the temp dir).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
 struct Target {
-    /// Data directory (durability is not built yet: nothing is read from or kept in it).
+    /// Data directory: the durable database kept there is opened (recovered),
+    /// and what the command writes persists. Without it: in memory only.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Durability of writes with --data-dir: none, batch or fsync.
+    #[arg(long, default_value = "fsync")]
+    durability: Durability,
     /// Collection name.
     #[arg(long, short = 'c', default_value = "docs")]
     collection: String,
@@ -144,13 +201,14 @@ fn main() {
 
 fn open(target: &Target) -> Result<Collection> {
     let db = match &target.data_dir {
-        Some(dir) => {
-            eprintln!(
-                "note: durability is not implemented yet; {} is not read or written: data lives only for this command",
-                dir.display()
-            );
-            Database::open(dir)?
-        }
+        Some(dir) => Database::open_with(
+            dir,
+            DurabilityOptions {
+                mode: target.durability,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("cannot open {}", dir.display()))?,
         None => Database::in_memory(),
     };
     let c = db.collection(&target.collection);
@@ -257,9 +315,13 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let c = open(&target)?;
             let n = import(&c, &file, unordered)?;
+            let whereto = match &target.data_dir {
+                Some(d) => format!("persisted in {}", d.display()),
+                None => "in memory only: no --data-dir".to_string(),
+            };
             writeln!(
                 out,
-                "imported {n} documents into '{}' (in memory; durability is not built yet)",
+                "imported {n} documents into '{}' ({whereto})",
                 c.name()
             )?;
             Ok(())
@@ -377,6 +439,111 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Checkpoint { data_dir } => {
+            let db = Database::open(&data_dir)
+                .with_context(|| format!("cannot open {}", data_dir.display()))?;
+            if let Some(r) = db.recovery_report() {
+                writeln!(out, "recovered: {r}")?;
+            }
+            match db.checkpoint()? {
+                Some(info) => writeln!(
+                    out,
+                    "checkpoint at csn {}: {} documents, {} bytes in {}",
+                    info.csn,
+                    info.documents,
+                    info.bytes,
+                    info.path.display()
+                )?,
+                None => writeln!(
+                    out,
+                    "nothing new since the last checkpoint (csn {})",
+                    db.csn()
+                )?,
+            }
+            Ok(())
+        }
+        Command::CrashChild {
+            data_dir,
+            run,
+            seed,
+        } => {
+            let mut stdout = std::io::stdout();
+            killtest::child(&data_dir, run, seed, &mut stdout)?;
+            Ok(())
+        }
+        Command::Check {
+            check:
+                CheckCommand::Crash {
+                    seconds,
+                    data_dir,
+                    max_delay_ms,
+                    seed,
+                },
+        } => check_crash(seconds, data_dir, max_delay_ms, seed, &mut out),
+        Command::Check {
+            check:
+                CheckCommand::Durability {
+                    docs,
+                    seconds,
+                    threads,
+                    dir,
+                },
+        } => durability_bench::run(docs, seconds, threads, dir, &mut out),
+    }
+}
+
+fn check_crash(
+    seconds: u64,
+    data_dir: Option<PathBuf>,
+    max_delay_ms: u64,
+    seed: u64,
+    out: &mut impl Write,
+) -> Result<()> {
+    let dir = data_dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("duet-crash-{}-{seed}", std::process::id()))
+    });
+    if dir.exists() {
+        bail!("{} exists: give a fresh directory", dir.display());
+    }
+    let exe = std::env::current_exe().context("cannot find the duet binary")?;
+    let mut spawn = |run: u64, child_seed: u64| {
+        std::process::Command::new(&exe)
+            .arg("crash-child")
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--run", &run.to_string(), "--seed", &child_seed.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+    };
+    writeln!(out, "SIGKILL campaign for {seconds}s in {}", dir.display())?;
+    let t = Instant::now();
+    let result = killtest::campaign(
+        &dir,
+        u64::MAX,
+        t + std::time::Duration::from_secs(seconds),
+        seed,
+        std::time::Duration::from_millis(max_delay_ms),
+        &mut spawn,
+    );
+    match result {
+        Ok(r) => {
+            writeln!(
+                out,
+                "{} kills, {} acknowledged operations verified, 0 losses; recovery mean {:.1?}, max {:.1?}; {:.1?} total",
+                r.kills,
+                r.acked_ops,
+                r.total_recovery / (r.kills.max(1) as u32),
+                r.max_recovery,
+                t.elapsed()
+            )?;
+            let _ = std::fs::remove_dir_all(&dir);
+            Ok(())
+        }
+        Err(e) => bail!(
+            "crash check FAILED (directory kept: {}): {e}",
+            dir.display()
+        ),
     }
 }
 

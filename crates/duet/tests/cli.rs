@@ -133,10 +133,38 @@ fn errors_are_clear_and_exit_nonzero() {
 }
 
 #[test]
-fn data_dir_says_it_is_not_persisted() {
+fn data_dir_persists_across_commands_and_checkpoints() {
     let dir = std::env::temp_dir().join(format!("duet-cli-dd-{}", std::process::id()));
-    let (ok, _, err) = duet(&["count", "--data-dir", dir.to_str().expect("path")]);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(ok);
-    assert!(err.contains("durability is not implemented yet"), "{err}");
+    let d = dir.to_str().expect("path");
+    let file = people_file();
+    let (ok, out, err) = duet(&["import", "--data-dir", d, "-c", "people", file.as_str()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("persisted in"), "{out}");
+    // A later command sees the data without --load.
+    let (ok, out, err) = duet(&["count", "--data-dir", d, "-c", "people"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "3");
+    let (ok, out, err) = duet(&["checkpoint", "--data-dir", d]);
+    assert!(ok, "{err}");
+    assert!(out.contains("checkpoint at csn"), "{out}");
+    let (ok, out, err) = duet(&[
+        "count",
+        "--data-dir",
+        d,
+        "-c",
+        "people",
+        "--filter",
+        "{\"age\": {\"$gt\": 30}}",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "2");
+}
+
+#[test]
+fn check_crash_runs_a_short_campaign() {
+    let (ok, out, err) = duet(&["check", "crash", "--seconds", "3", "--seed", "3"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("0 losses"), "{out}");
 }

@@ -9,6 +9,12 @@
 //!
 //! `insert_many` is the one exception MongoDB's protocol requires: each
 //! document is its own atomic step and per-document errors are reported.
+//!
+//! Every change a command keeps is also recorded as an [`Effect`] (a physical
+//! change: put, delete, create/drop/rename, index spec) for the WAL; recovery
+//! replays effects and never re-runs filters or updates. Recording is a no-op
+//! unless the writer is logging the group; the writer drops the effects of a
+//! command that fails.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -18,6 +24,7 @@ use bson::{Bson, DateTime, Document, RawBson};
 
 use crate::collection::CollectionState;
 use crate::doc::{self, DocRef};
+use crate::durability::effect::{self, Effect};
 use crate::error::{Error, Result};
 use crate::heap::RecordId;
 use crate::index::IndexSpec;
@@ -167,6 +174,7 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
                 return Err(Error::NamespaceExists(name));
             }
             ensure_collection(state, &name);
+            effect::record(|| Effect::CreateCollection { name });
             Ok(Reply::Done)
         }
         Command::VlsRegister {
@@ -197,6 +205,7 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             let removed = Arc::make_mut(&mut state.collections).remove(&name);
             if let Some(c) = &removed {
                 c.vls.mark_dropped();
+                effect::record(|| Effect::DropCollection { name });
             }
             Ok(Reply::Existed(removed.is_some()))
         }
@@ -225,9 +234,10 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             // fresh VLS bookkeeping covering its existing records.
             c.vls.mark_dropped();
             c.vls = Arc::new(CollectionVls::with_records(options, c.next_rid));
-            if let Some(replaced) = map.insert(to, c) {
+            if let Some(replaced) = map.insert(to.clone(), c) {
                 replaced.vls.mark_dropped();
             }
+            effect::record(|| Effect::Rename { from, to });
             Ok(Reply::Done)
         }
         Command::Insert {
@@ -246,8 +256,17 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
         Command::CreateIndex { coll, spec } => {
             let created_coll = ensure_collection(state, &coll);
             let c = state.collection_mut(&coll).ok_or_else(|| missing(&coll))?;
+            let logged = spec.clone();
             match c.create_index(spec) {
-                Ok(created) => Ok(Reply::Existed(!created)),
+                Ok(created) => {
+                    if created_coll {
+                        effect::record(|| Effect::CreateCollection { name: coll.clone() });
+                    }
+                    if created {
+                        effect::record(|| Effect::CreateIndex { coll, spec: logged });
+                    }
+                    Ok(Reply::Existed(!created))
+                }
                 Err(e) => {
                     undo_create(state, &coll, created_coll);
                     Err(e)
@@ -259,6 +278,7 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
                 .collection_mut(&coll)
                 .ok_or_else(|| Error::NamespaceNotFound(coll.clone()))?;
             c.drop_index(&name)?;
+            effect::record(|| Effect::DropIndex { coll, name });
             Ok(Reply::Done)
         }
     }
@@ -302,8 +322,12 @@ fn insert(
     let mut out = InsertOutcome::default();
     for (i, (raw, id)) in docs.into_iter().enumerate() {
         let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
-        match c.insert(Arc::new(raw), id) {
-            Ok(_) => out.inserted.push((i, id_bson)),
+        let d: DocRef = Arc::new(raw);
+        match c.insert(d.clone(), id) {
+            Ok(_) => {
+                effect::record_put(coll, &d);
+                out.inserted.push((i, id_bson))
+            }
             Err(e) => {
                 out.errors.push((i, e));
                 if ordered {
@@ -385,9 +409,16 @@ fn updated_version(
 }
 
 /// Replace each `(rid, new)`; on the first failure, put back what was replaced.
-fn replace_all(c: &mut CollectionState, changes: Vec<(RecordId, DocRef, DocRef)>) -> Result<u64> {
+fn replace_all(
+    c: &mut CollectionState,
+    coll: &str,
+    changes: Vec<(RecordId, DocRef, DocRef)>,
+) -> Result<u64> {
     let mut done: Vec<(RecordId, DocRef)> = Vec::new();
     for (rid, old, new) in changes {
+        // Recorded before the attempt; on failure the writer drops the
+        // command's effects along with its changes.
+        effect::record_put(coll, &new);
         if let Err(e) = c.replace(rid, new) {
             for (rid, old) in done.into_iter().rev() {
                 // Restoring a version that was consistent before cannot conflict.
@@ -438,7 +469,7 @@ fn update(state: &mut DbState, u: UpdateCommand) -> Result<Reply> {
     let c = state
         .collection_mut(&u.coll)
         .ok_or_else(|| missing(&u.coll))?;
-    let modified = replace_all(c, changes)?;
+    let modified = replace_all(c, &u.coll, changes)?;
     Ok(Reply::Updated(UpdateResult {
         matched: found.len() as u64,
         modified,
@@ -457,10 +488,12 @@ fn upsert_into(
     let created = ensure_collection(state, coll);
     let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
     let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
-    if let Err(e) = c.insert(Arc::new(raw), id) {
+    let d: DocRef = Arc::new(raw);
+    if let Err(e) = c.insert(d.clone(), id) {
         undo_create(state, coll, created);
         return Err(e);
     }
+    effect::record_put(coll, &d);
     Ok(UpdateResult {
         matched: 0,
         modified: 0,
@@ -480,8 +513,9 @@ fn delete(
     };
     let found = matching(c, filter, None, multi, hint)?;
     let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
-    for (rid, _) in &found {
+    for (rid, d) in &found {
         c.delete(*rid)?;
+        effect::record_delete(coll, d);
     }
     Ok(Reply::Deleted(found.len() as u64))
 }
@@ -506,6 +540,7 @@ fn find_and_modify(state: &mut DbState, f: FindAndModifyCommand) -> Result<Reply
                     undo_create(state, &f.coll, created);
                     return Err(e);
                 }
+                effect::record_put(&f.coll, &stored);
                 Ok(Reply::FoundAndModified(FindAndModifyOutcome {
                     doc: f.return_new.then_some(stored),
                     update: UpdateResult {
@@ -525,6 +560,7 @@ fn find_and_modify(state: &mut DbState, f: FindAndModifyCommand) -> Result<Reply
     match &f.update {
         None => {
             c.delete(rid)?;
+            effect::record_delete(&f.coll, &old);
             Ok(Reply::FoundAndModified(FindAndModifyOutcome {
                 doc: Some(old),
                 update: UpdateResult {
@@ -540,6 +576,7 @@ fn find_and_modify(state: &mut DbState, f: FindAndModifyCommand) -> Result<Reply
                 Some(raw) => {
                     let r: DocRef = Arc::new(raw);
                     c.replace(rid, r.clone())?;
+                    effect::record_put(&f.coll, &r);
                     (1, r)
                 }
                 None => (0, old.clone()),

@@ -17,6 +17,9 @@ use crate::command::{
     UpdateResult,
 };
 use crate::doc::{self, DocRef};
+use crate::durability::{
+    Background, CheckpointInfo, Durability, DurabilityOptions, Durable, RecoveryReport,
+};
 use crate::error::{Error, Result};
 use crate::index::IndexSpec;
 use crate::planner::{self, FindSpec, Hint, Plan};
@@ -33,6 +36,8 @@ pub const MAX_COLLECTION_NAME: usize = 255;
 #[derive(Clone)]
 pub struct Database {
     inner: Arc<DbInner>,
+    /// Durability of writes through this handle (`None`: the database's default).
+    durability: Option<Durability>,
 }
 
 struct DbInner {
@@ -42,6 +47,19 @@ struct DbInner {
     snapshots: crate::snapshot::Registry,
     /// The snapshot strategy of reads that do not choose one.
     default_strategy: parking_lot::RwLock<Strategy>,
+    durable: Option<Arc<Durable>>,
+    background: parking_lot::Mutex<Option<Background>>,
+}
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        // Stop the flusher and checkpointer first, then sync what `batch`
+        // writes left unsynced; the directory lock goes with `durable`.
+        drop(self.background.lock().take());
+        if let Some(d) = &self.durable {
+            d.close();
+        }
+    }
 }
 
 /// Options of a database.
@@ -85,7 +103,10 @@ impl Database {
                 path,
                 default_strategy: parking_lot::RwLock::new(options.default_strategy),
                 snapshots: Default::default(),
+                durable: None,
+                background: parking_lot::Mutex::new(None),
             }),
+            durability: None,
         }
     }
 
@@ -132,20 +153,66 @@ impl Database {
         total
     }
 
-    /// Open the database kept in directory `path` (created when missing).
-    ///
-    /// Durability is not built yet: the directory is created and remembered, but
-    /// data lives in memory and is lost when the process exits.
+    /// Open (or create) the durable database kept in directory `path`:
+    /// recover it, lock the directory, and log every write (`fsync` mode).
     pub fn open(path: impl AsRef<Path>) -> Result<Database> {
-        let path = path.as_ref();
-        std::fs::create_dir_all(path).map_err(|e| {
-            Error::Internal(format!(
-                "cannot create data directory {}: {e}",
-                path.display()
-            ))
-        })?;
-        tracing::warn!(path = %path.display(), "durability is not implemented yet: data is kept in memory only");
-        Ok(Database::named("default", Some(path.to_path_buf())))
+        Database::open_with(path, DurabilityOptions::default())
+    }
+
+    /// [`Database::open`] with options (durability mode, WAL and checkpoint
+    /// sizes, the file system).
+    pub fn open_with(path: impl AsRef<Path>, options: DurabilityOptions) -> Result<Database> {
+        Database::open_named("default", path.as_ref(), options)
+    }
+
+    /// Open the durable database `name` kept in `path`.
+    pub fn open_named(name: &str, path: &Path, options: DurabilityOptions) -> Result<Database> {
+        let mode = options.mode;
+        let (durable, state) = Durable::open(path, name, options)?;
+        let durable = Arc::new(durable);
+        let writer = Writer::with_wal(name, state, durable.wal().cloned(), mode);
+        let inner = Arc::new(DbInner {
+            writer,
+            path: Some(path.to_path_buf()),
+            snapshots: Default::default(),
+            default_strategy: parking_lot::RwLock::new(Strategy::default()),
+            durable: Some(durable.clone()),
+            background: parking_lot::Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        let bg = Background::start(&durable, move || {
+            weak.upgrade().map(|i| i.writer.published())
+        });
+        *inner.background.lock() = Some(bg);
+        Ok(Database {
+            inner,
+            durability: None,
+        })
+    }
+
+    /// A handle on the same database whose writes use `durability` (MongoDB's
+    /// per-write `j`): `Fsync` waits for the WAL sync, `Batch` and `None` do
+    /// not (on a logged database they are still logged, in order).
+    pub fn with_durability(&self, durability: Durability) -> Database {
+        Database {
+            inner: self.inner.clone(),
+            durability: Some(durability),
+        }
+    }
+
+    /// Write a checkpoint of the latest state now and install it (WAL
+    /// segments it makes unnecessary are deleted). `Ok(None)` when the
+    /// database is in memory or nothing changed since the last checkpoint.
+    pub fn checkpoint(&self) -> Result<Option<CheckpointInfo>> {
+        match &self.inner.durable {
+            Some(d) => Ok(d.checkpoint(&self.inner.writer.published())?),
+            None => Ok(None),
+        }
+    }
+
+    /// What recovery did when the database was opened (durable databases).
+    pub fn recovery_report(&self) -> Option<&RecoveryReport> {
+        self.inner.durable.as_ref().map(|d| d.report())
     }
 
     pub fn name(&self) -> &str {
@@ -177,7 +244,7 @@ impl Database {
     }
 
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
-        self.inner.writer.submit(cmd)
+        self.inner.writer.submit_with(cmd, self.durability)
     }
 
     /// Create an empty collection; error if it exists.

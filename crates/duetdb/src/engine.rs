@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::RwLock;
 
 use crate::database::Database;
+use crate::durability::DurabilityOptions;
 use crate::error::{Error, Result};
 
 /// Longest database name accepted (MongoDB: 64 bytes).
@@ -17,6 +18,7 @@ pub const MAX_DB_NAME: usize = 63;
 /// All databases of one server or embedding process.
 pub struct Engine {
     dir: Option<PathBuf>,
+    options: DurabilityOptions,
     dbs: RwLock<BTreeMap<String, Database>>,
 }
 
@@ -24,13 +26,19 @@ impl Engine {
     pub fn in_memory() -> Engine {
         Engine {
             dir: None,
+            options: DurabilityOptions::default(),
             dbs: RwLock::new(BTreeMap::new()),
         }
     }
 
-    /// An engine whose databases live under `dir` (created when missing).
-    /// Durability is not built yet: data is kept in memory only.
+    /// An engine whose databases live under `dir` (created when missing), one
+    /// durable database per subdirectory; existing ones are opened (recovered) now.
     pub fn open(dir: impl AsRef<Path>) -> Result<Engine> {
+        Engine::open_with(dir, DurabilityOptions::default())
+    }
+
+    /// [`Engine::open`] with the durability options every database uses.
+    pub fn open_with(dir: impl AsRef<Path>, options: DurabilityOptions) -> Result<Engine> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| {
             Error::Internal(format!(
@@ -38,10 +46,21 @@ impl Engine {
                 dir.display()
             ))
         })?;
-        tracing::warn!(path = %dir.display(), "durability is not implemented yet: data is kept in memory only");
+        let mut dbs = BTreeMap::new();
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            Error::Internal(format!("cannot list data directory {}: {e}", dir.display()))
+        })?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_dir() && validate_db_name(&name).is_ok() {
+                let db = Database::open_named(&name, &entry.path(), options.clone())?;
+                dbs.insert(name, db);
+            }
+        }
         Ok(Engine {
             dir: Some(dir.to_path_buf()),
-            dbs: RwLock::new(BTreeMap::new()),
+            options,
+            dbs: RwLock::new(dbs),
         })
     }
 
@@ -56,11 +75,15 @@ impl Engine {
             return Ok(db.clone());
         }
         let mut dbs = self.dbs.write();
-        let path = self.dir.as_ref().map(|d| d.join(name));
-        Ok(dbs
-            .entry(name.to_string())
-            .or_insert_with(|| Database::named(name, path))
-            .clone())
+        if let Some(db) = dbs.get(name) {
+            return Ok(db.clone());
+        }
+        let db = match &self.dir {
+            Some(d) => Database::open_named(name, &d.join(name), self.options.clone())?,
+            None => Database::named(name, None),
+        };
+        dbs.insert(name.to_string(), db.clone());
+        Ok(db)
     }
 
     /// Names of databases that hold at least one collection.
@@ -73,9 +96,21 @@ impl Engine {
             .collect()
     }
 
-    /// Drop a whole database; `false` when it did not exist.
+    /// Drop a whole database; `false` when it did not exist. A durable
+    /// database's directory is deleted once this engine's handle is closed
+    /// (handles cloned out earlier keep working on unlinked files until dropped).
     pub fn drop_database(&self, name: &str) -> bool {
-        self.dbs.write().remove(name).is_some()
+        let Some(db) = self.dbs.write().remove(name) else {
+            return false;
+        };
+        let path = db.path().map(Path::to_path_buf);
+        drop(db);
+        if let Some(p) = path {
+            if let Err(e) = std::fs::remove_dir_all(&p) {
+                tracing::warn!(path = %p.display(), error = %e, "could not delete dropped database");
+            }
+        }
+        true
     }
 }
 

@@ -88,6 +88,10 @@ pub enum Error {
     /// Several documents of an `insert_many` failed (see [`crate::BulkWriteFailure`]).
     #[error("bulk write failed: {} error(s)", .0.errors.len())]
     BulkWrite(Box<crate::BulkWriteFailure>),
+    /// A storage failure (I/O error, full disk, corrupt or missing file, writes
+    /// stopped after an fsync failure). Code 14031 for a full disk, else 1.
+    #[error("storage: {0}")]
+    Storage(Box<crate::durability::StorageError>),
 }
 
 impl Error {
@@ -116,6 +120,8 @@ impl Error {
             Error::BulkWrite(_) => 65,
             Error::SnapshotExists(_) => 48,
             Error::SnapshotNotFound(_) => 246,
+            Error::Storage(e) if e.is_no_space() => 14031,
+            Error::Storage(_) => 1,
         }
     }
 
@@ -144,6 +150,8 @@ impl Error {
             Error::BulkWrite(_) => "MultipleErrorsOccurred",
             Error::SnapshotExists(_) => "NamespaceExists",
             Error::SnapshotNotFound(_) => "SnapshotUnavailable",
+            Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
+            Error::Storage(_) => "InternalError",
         }
     }
 

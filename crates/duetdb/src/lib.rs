@@ -23,6 +23,7 @@ pub mod collection;
 pub mod command;
 pub mod database;
 pub mod doc;
+pub mod durability;
 pub mod engine;
 pub mod error;
 pub mod heap;
@@ -41,6 +42,7 @@ pub use database::{
     CollStats, Collection, Database, DbOptions, DbStats, Find, FindAndModifyOptions, FindOptions,
     IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, UpdateOptions,
 };
+pub use durability::{Durability, DurabilityOptions};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};

@@ -18,7 +18,11 @@
 //! - a published state is never mutated again (copy-on-write working copy), so a
 //!   reader that loaded it holds a consistent snapshot for as long as it likes;
 //! - a command that fails changes nothing; a command that panics (a bug) poisons
-//!   the writer: the group is not published and later submissions fail.
+//!   the writer: the group is not published and later submissions fail;
+//! - with a WAL, a group is appended to it (and synced when any of its
+//!   commands asked for `fsync`) before it is published or acknowledged; a
+//!   group whose append or sync fails is not published and all its commands
+//!   fail (see `durability`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -30,6 +34,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::collection::CollectionState;
 use crate::command::{apply_command, Command, Reply};
+use crate::durability::wal::{SyncMode, Wal};
+use crate::durability::{effect, Durability};
 use crate::error::{Error, Result};
 
 /// Most commands one leader applies before publishing (bounds reply latency).
@@ -60,6 +66,8 @@ impl DbState {
 
 struct Slot {
     command: Mutex<Option<Command>>,
+    /// Per-write durability (`None`: the database's default).
+    durability: Option<Durability>,
     reply: Mutex<Option<Result<Reply>>>,
     /// The csn the command committed at (0 when it failed).
     csn: AtomicU64,
@@ -84,6 +92,10 @@ pub struct Writer {
     wake: Condvar,
     published: ArcSwap<DbState>,
     poisoned: Mutex<Option<String>>,
+    /// The write-ahead log, for durable databases.
+    wal: Option<Arc<Wal>>,
+    /// The database's default durability.
+    durability: Durability,
 }
 
 impl Writer {
@@ -95,6 +107,22 @@ impl Writer {
             wake: Condvar::new(),
             published: ArcSwap::from_pointee(initial),
             poisoned: Mutex::new(None),
+            wal: None,
+            durability: Durability::None,
+        }
+    }
+
+    /// A writer that logs every group to `wal` before publishing it.
+    pub fn with_wal(
+        db_name: &str,
+        initial: DbState,
+        wal: Option<Arc<Wal>>,
+        durability: Durability,
+    ) -> Writer {
+        Writer {
+            wal,
+            durability,
+            ..Writer::new(db_name, initial)
         }
     }
 
@@ -109,6 +137,14 @@ impl Writer {
 
     /// Execute `command` as the single writer and wait until it is published.
     pub fn submit(&self, command: Command) -> Result<Reply> {
+        self.submit_with(command, None)
+    }
+
+    /// [`Writer::submit`] with a per-write durability (`None`: the default).
+    pub fn submit_with(&self, command: Command, durability: Option<Durability>) -> Result<Reply> {
+        if let Some(wal) = &self.wal {
+            wal.check_writable()?;
+        }
         if let Some(why) = self.poisoned.lock().clone() {
             return Err(Error::Internal(format!(
                 "writer stopped after a bug: {why}"
@@ -116,6 +152,7 @@ impl Writer {
         }
         let slot = Arc::new(Slot {
             command: Mutex::new(Some(command)),
+            durability,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
             done: AtomicBool::new(false),
@@ -154,6 +191,10 @@ impl Writer {
     fn lead(&self, group: &[Arc<Slot>]) {
         let mut working: DbState = (*self.published.load_full()).clone();
         let start_csn = working.csn;
+        if self.wal.is_some() {
+            effect::begin();
+        }
+        let mut sync = SyncMode::Later;
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             for s in group {
                 let Some(cmd) = s.command.lock().take() else {
@@ -164,19 +205,39 @@ impl Writer {
                 // defeat copy-once-per-group; instead each command undoes its own
                 // partial effects on failure (see `command`), and consumes no csn.
                 working.csn += 1;
+                let mark = effect::mark();
                 let reply = apply_command(&mut working, cmd);
                 if reply.is_err() {
                     working.csn -= 1;
+                    effect::truncate(mark);
                 } else {
                     s.csn.store(working.csn, Ordering::Relaxed);
+                    if s.durability.unwrap_or(self.durability) == Durability::Fsync {
+                        sync = SyncMode::Now;
+                    }
                 }
                 *s.reply.lock() = Some(reply);
             }
         }));
+        let effects = effect::take();
         match outcome {
             Ok(()) => {
                 if working.csn != start_csn {
                     debug_assert!(working.csn > start_csn);
+                    if let Some(wal) = &self.wal {
+                        // Log before publishing: nobody may see (or be told
+                        // about) a group a crash could take back.
+                        if let Err(e) = wal.append(start_csn + 1, working.csn, &effects, sync) {
+                            let e = crate::Error::from(e);
+                            for s in group {
+                                let mut r = s.reply.lock();
+                                if r.as_ref().is_none_or(|r| r.is_ok()) {
+                                    *r = Some(Err(e.clone()));
+                                }
+                            }
+                            return;
+                        }
+                    }
                     self.published.store(Arc::new(working));
                 }
             }

@@ -1,0 +1,374 @@
+//! Effects: the physical changes a committed command made, which is what the
+//! WAL stores and recovery replays.
+//!
+//! Recovery never re-runs filters or updates: an update's effect is the new
+//! version of each document it changed (`Put`), a delete's effect is the `_id`s
+//! it removed. Replay is therefore deterministic even for `$currentDate`,
+//! generated `_id`s, or a planner that would pick documents in another order.
+//!
+//! Recording: the writer runs a whole group on one thread, so the recorder is a
+//! thread-local buffer switched on by the writer for the group ([`begin`] /
+//! [`take`]); `command.rs` calls [`record`] after each change it keeps. A
+//! command that fails has its effects cut off again ([`mark`] / [`truncate`]),
+//! matching the command contract (a failed command changes nothing). When no
+//! group is recording (in-memory databases) [`record`] does not even build the
+//! effect. A thread-local keeps the command functions' signatures unchanged.
+//!
+//! Invariants:
+//! - the effects of a group, replayed in order on the state the group started
+//!   from, yield exactly the state the group published;
+//! - `Put` replaces the document with the same `_id` or inserts it; `Delete`
+//!   requires the `_id` to exist (replay reports corruption otherwise).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use bson::raw::RawDocumentBuf;
+use bson::{Bson, Document, RawBson};
+
+use crate::collection::CollectionState;
+use crate::doc::{self, DocRef};
+use crate::index::IndexSpec;
+use crate::writer::DbState;
+
+/// One physical change.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    /// Insert the document, or replace the one with its `_id`; creates the
+    /// collection when missing.
+    Put {
+        coll: String,
+        doc: DocRef,
+    },
+    Delete {
+        coll: String,
+        id: RawBson,
+    },
+    CreateCollection {
+        name: String,
+    },
+    DropCollection {
+        name: String,
+    },
+    /// Rename, replacing an existing `to` (the command checked it was allowed).
+    Rename {
+        from: String,
+        to: String,
+    },
+    /// Creates the collection when missing.
+    CreateIndex {
+        coll: String,
+        spec: IndexSpec,
+    },
+    DropIndex {
+        coll: String,
+        name: String,
+    },
+}
+
+thread_local! {
+    static RECORDER: RefCell<Option<Vec<Effect>>> = const { RefCell::new(None) };
+}
+
+/// Start recording effects on this thread (the writer, at the start of a group).
+pub fn begin() {
+    RECORDER.with(|r| *r.borrow_mut() = Some(Vec::new()));
+}
+
+/// Stop recording; the effects recorded since [`begin`].
+pub fn take() -> Vec<Effect> {
+    RECORDER.with(|r| r.borrow_mut().take()).unwrap_or_default()
+}
+
+/// Position to cut back to if the next command fails.
+pub fn mark() -> usize {
+    RECORDER.with(|r| r.borrow().as_ref().map_or(0, Vec::len))
+}
+
+/// Forget effects recorded after `mark` (the command that made them failed).
+pub fn truncate(mark: usize) {
+    RECORDER.with(|r| {
+        if let Some(v) = r.borrow_mut().as_mut() {
+            v.truncate(mark);
+        }
+    });
+}
+
+/// Record an effect if this thread is recording a group; `make` runs only then.
+pub fn record(make: impl FnOnce() -> Effect) {
+    RECORDER.with(|r| {
+        if let Some(v) = r.borrow_mut().as_mut() {
+            v.push(make());
+        }
+    });
+}
+
+/// Record the put of `doc` into `coll`.
+pub fn record_put(coll: &str, doc: &DocRef) {
+    record(|| Effect::Put {
+        coll: coll.to_string(),
+        doc: doc.clone(),
+    });
+}
+
+/// Record the delete of `doc` (by its `_id`) from `coll`.
+pub fn record_delete(coll: &str, doc: &DocRef) {
+    record(|| Effect::Delete {
+        coll: coll.to_string(),
+        id: doc::id_of(doc).map_or(RawBson::Null, Into::into),
+    });
+}
+
+// ------------------------------------------------------------------ encoding
+
+const T_PUT: u8 = 1;
+const T_DELETE: u8 = 2;
+const T_CREATE_COLL: u8 = 3;
+const T_DROP_COLL: u8 = 4;
+const T_RENAME: u8 = 5;
+const T_CREATE_INDEX: u8 = 6;
+const T_DROP_INDEX: u8 = 7;
+
+/// A decoding failure: what was wrong (the caller adds file and offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError(pub String);
+
+pub fn put_str(out: &mut Vec<u8>, s: &str) {
+    // Names are at most 255 bytes (collection) or a few KB (index names).
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// A cursor over bytes that fails instead of panicking on short input.
+pub struct Reader<'a> {
+    pub buf: &'a [u8],
+    pub pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, pos: 0 }
+    }
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|e| *e <= self.buf.len())
+            .ok_or_else(|| DecodeError(format!("truncated at byte {}", self.pos)))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.bytes(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.bytes(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    pub fn str(&mut self) -> Result<String, DecodeError> {
+        let n = self.u32()? as usize;
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError("name is not UTF-8".into()))
+    }
+    /// One BSON document (its length prefix says how long), validated.
+    pub fn doc(&mut self) -> Result<RawDocumentBuf, DecodeError> {
+        let start = self.pos;
+        let len = self.u32()? as usize;
+        self.pos = start;
+        if len < 5 {
+            return Err(DecodeError(format!("bad document length {len}")));
+        }
+        let b = self.bytes(len)?;
+        let raw = RawDocumentBuf::from_bytes(b.to_vec())
+            .map_err(|e| DecodeError(format!("bad document: {e}")))?;
+        doc::validate_raw(&raw).map_err(|e| DecodeError(format!("bad document: {e}")))?;
+        Ok(raw)
+    }
+    pub fn done(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+}
+
+fn spec_doc(spec: &IndexSpec) -> Document {
+    bson::doc! {"key": spec.key_pattern(), "name": spec.name.clone(), "unique": spec.unique}
+}
+
+/// Encode an index spec as a BSON document.
+pub fn put_spec(out: &mut Vec<u8>, spec: &IndexSpec) {
+    put_document(out, &spec_doc(spec));
+}
+
+fn put_document(out: &mut Vec<u8>, d: &Document) {
+    // Serialising a Document built from valid parts cannot fail; an empty
+    // document keeps the frame well formed if it ever did (decode then fails).
+    match RawDocumentBuf::try_from(d) {
+        Ok(b) => out.extend_from_slice(b.as_bytes()),
+        Err(_) => out.extend_from_slice(&[5, 0, 0, 0, 0]),
+    }
+}
+
+pub fn read_spec(r: &mut Reader<'_>) -> Result<IndexSpec, DecodeError> {
+    let raw = r.doc()?;
+    let d = doc::to_document(&raw).map_err(|e| DecodeError(format!("bad index spec: {e}")))?;
+    let key = d
+        .get_document("key")
+        .map_err(|_| DecodeError("index spec without key".into()))?;
+    let name = d
+        .get_str("name")
+        .map_err(|_| DecodeError("index spec without name".into()))?;
+    let unique = d.get_bool("unique").unwrap_or(false);
+    IndexSpec::new(key, Some(name), unique).map_err(|e| DecodeError(format!("bad index spec: {e}")))
+}
+
+/// Append the encoding of `e` to `out`.
+pub fn encode(e: &Effect, out: &mut Vec<u8>) {
+    match e {
+        Effect::Put { coll, doc } => {
+            out.push(T_PUT);
+            put_str(out, coll);
+            out.extend_from_slice(doc.as_bytes());
+        }
+        Effect::Delete { coll, id } => {
+            out.push(T_DELETE);
+            put_str(out, coll);
+            let mut d = Document::new();
+            d.insert("_id", Bson::try_from(id.clone()).unwrap_or(Bson::Null));
+            put_document(out, &d);
+        }
+        Effect::CreateCollection { name } => {
+            out.push(T_CREATE_COLL);
+            put_str(out, name);
+        }
+        Effect::DropCollection { name } => {
+            out.push(T_DROP_COLL);
+            put_str(out, name);
+        }
+        Effect::Rename { from, to } => {
+            out.push(T_RENAME);
+            put_str(out, from);
+            put_str(out, to);
+        }
+        Effect::CreateIndex { coll, spec } => {
+            out.push(T_CREATE_INDEX);
+            put_str(out, coll);
+            put_spec(out, spec);
+        }
+        Effect::DropIndex { coll, name } => {
+            out.push(T_DROP_INDEX);
+            put_str(out, coll);
+            put_str(out, name);
+        }
+    }
+}
+
+/// Decode one effect.
+pub fn decode(r: &mut Reader<'_>) -> Result<Effect, DecodeError> {
+    Ok(match r.u8()? {
+        T_PUT => Effect::Put {
+            coll: r.str()?,
+            doc: Arc::new(r.doc()?),
+        },
+        T_DELETE => {
+            let coll = r.str()?;
+            let d = r.doc()?;
+            let id = d
+                .get("_id")
+                .ok()
+                .flatten()
+                .ok_or_else(|| DecodeError("delete without _id".into()))?;
+            Effect::Delete {
+                coll,
+                id: id.into(),
+            }
+        }
+        T_CREATE_COLL => Effect::CreateCollection { name: r.str()? },
+        T_DROP_COLL => Effect::DropCollection { name: r.str()? },
+        T_RENAME => Effect::Rename {
+            from: r.str()?,
+            to: r.str()?,
+        },
+        T_CREATE_INDEX => Effect::CreateIndex {
+            coll: r.str()?,
+            spec: read_spec(r)?,
+        },
+        T_DROP_INDEX => Effect::DropIndex {
+            coll: r.str()?,
+            name: r.str()?,
+        },
+        t => return Err(DecodeError(format!("unknown effect tag {t}"))),
+    })
+}
+
+// -------------------------------------------------------------------- replay
+
+fn ensure<'a>(state: &'a mut DbState, name: &str) -> &'a mut CollectionState {
+    let ns = format!("{}.{name}", state.db);
+    let options = state.vls_options;
+    Arc::make_mut(&mut state.collections)
+        .entry(name.to_string())
+        .or_insert_with(|| CollectionState::new(&ns, options))
+}
+
+/// Apply one effect to `state` (recovery). An effect that does not fit the
+/// state (a delete of a missing `_id`, a failing index build) means the log
+/// does not belong to this state: it is reported, never papered over.
+pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
+    match e {
+        Effect::Put { coll, doc } => {
+            let id: RawBson = doc::id_of(&doc)
+                .ok_or("put of a document without _id")?
+                .into();
+            let c = ensure(state, &coll);
+            match c.rid_of_id(&id) {
+                Some(rid) => c.replace(rid, doc).map_err(|e| e.to_string())?,
+                None => {
+                    c.insert(doc, id).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Effect::Delete { coll, id } => {
+            let c = state
+                .collection_mut(&coll)
+                .ok_or_else(|| format!("delete in missing collection {coll}"))?;
+            let rid = c
+                .rid_of_id(&id)
+                .ok_or_else(|| format!("delete of a missing _id in {coll}"))?;
+            c.delete(rid).map_err(|e| e.to_string())?;
+        }
+        Effect::CreateCollection { name } => {
+            ensure(state, &name);
+        }
+        Effect::DropCollection { name } => {
+            Arc::make_mut(&mut state.collections).remove(&name);
+        }
+        Effect::Rename { from, to } => {
+            let ns = format!("{}.{to}", state.db);
+            let map = Arc::make_mut(&mut state.collections);
+            let mut c = map
+                .remove(&from)
+                .ok_or_else(|| format!("rename of missing collection {from}"))?;
+            c.ns = Arc::from(ns.as_str());
+            map.insert(to, c);
+        }
+        Effect::CreateIndex { coll, spec } => {
+            ensure(state, &coll)
+                .create_index(spec)
+                .map_err(|e| e.to_string())?;
+        }
+        Effect::DropIndex { coll, name } => {
+            state
+                .collection_mut(&coll)
+                .ok_or_else(|| format!("drop index in missing collection {coll}"))?
+                .drop_index(&name)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,403 @@
+//! Durability: the write-ahead log, checkpoints from snapshots, recovery.
+//!
+//! A durable database keeps, in its directory: `LOCK` (flock against a second
+//! opener), `MANIFEST` (which checkpoints are installed), `ckpt-*.ckpt`
+//! (images of published states) and `wal-*.log` (one record per commit group
+//! since the older installed checkpoint). See docs/design.md §12 for byte
+//! layouts and the protocols.
+//!
+//! Protocols and their invariants:
+//! - **commit**: the writer appends the group's effects as one WAL record and,
+//!   when any command of the group asked for `fsync`, syncs it — all before it
+//!   publishes the group or replies to anyone (so a reader never sees data a
+//!   crash can take back, in `fsync` mode). A failed append fails the whole
+//!   group and publishes nothing; a failed fsync also stops all later writes.
+//! - **checkpoint**: take the published state (an O(1) `cow` snapshot; the
+//!   writer keeps going), write it to a new file, fsync, rename, install a new
+//!   manifest (tmp + fsync + rename + dir fsync), then delete WAL segments and
+//!   checkpoints older than the *previous* checkpoint, which stays as fallback.
+//! - **recovery**: see [`recovery`].
+//!
+//! Durable named snapshots (issue 6, item 4) are not built yet.
+
+pub mod checkpoint;
+pub mod effect;
+pub mod error;
+pub mod io;
+pub mod killtest;
+pub mod manifest;
+pub mod recovery;
+pub mod wal;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+pub use checkpoint::CheckpointInfo;
+pub use error::StorageError;
+pub use io::{RealFs, SimFs, Vfs};
+pub use recovery::RecoveryReport;
+
+use io::DirLock;
+use manifest::Manifest;
+use wal::Wal;
+
+use crate::writer::DbState;
+
+/// How durable an acknowledged write is (MongoDB's write concern `j`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// No WAL: the database lives in memory, and only explicit checkpoints
+    /// reach the disk. As a per-write choice on a logged database: like `Batch`.
+    None,
+    /// Logged at once, synced by a background flusher within the flush
+    /// interval (100 ms, MongoDB's default journal interval); acknowledged
+    /// before the sync, so a crash may lose the last interval.
+    Batch,
+    /// Acknowledged only after the WAL record is synced (group commit: one
+    /// fsync serves every command of the writer group).
+    #[default]
+    Fsync,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Durability, String> {
+        match s {
+            "none" => Ok(Durability::None),
+            "batch" => Ok(Durability::Batch),
+            "fsync" => Ok(Durability::Fsync),
+            other => Err(format!(
+                "unknown durability '{other}': none, batch or fsync"
+            )),
+        }
+    }
+}
+
+/// Options of a durable database.
+#[derive(Clone)]
+pub struct DurabilityOptions {
+    /// Default durability of writes (and `None` = no WAL at all).
+    pub mode: Durability,
+    /// A WAL segment is closed and a new one started beyond this size.
+    pub segment_bytes: u64,
+    /// Checkpoint once this many WAL bytes were written since the last one.
+    pub checkpoint_wal_bytes: u64,
+    /// Checkpoint at least this often while there are new commits.
+    pub checkpoint_interval: Option<Duration>,
+    /// Run the background checkpointer (size and time triggers).
+    pub background_checkpoints: bool,
+    /// Sync interval of `batch` writes.
+    pub flush_interval: Duration,
+    /// The file system (tests pass a [`SimFs`]).
+    pub vfs: Arc<dyn Vfs>,
+    /// Recovery cuts the log at the first damaged record even when valid
+    /// records follow, instead of refusing to open. Off by default: with
+    /// `fsync` writes, a valid record after damage may have been acknowledged.
+    /// With `batch` writes a crash can leave a hole among unsynced records
+    /// (writeback out of order); this switch recovers the prefix before it.
+    pub accept_damaged_tail: bool,
+    /// Test-only planted bug: never fsync the WAL.
+    #[doc(hidden)]
+    pub skip_wal_fsync: bool,
+    /// Test-only planted bug: skip directory fsyncs (after creating a WAL
+    /// segment and after the manifest rename).
+    #[doc(hidden)]
+    pub skip_dir_fsync: bool,
+}
+
+impl Default for DurabilityOptions {
+    fn default() -> Self {
+        DurabilityOptions {
+            mode: Durability::Fsync,
+            segment_bytes: 64 << 20,
+            checkpoint_wal_bytes: 256 << 20,
+            checkpoint_interval: Some(Duration::from_secs(300)),
+            background_checkpoints: true,
+            flush_interval: Duration::from_millis(100),
+            vfs: Arc::new(RealFs),
+            accept_damaged_tail: false,
+            skip_wal_fsync: false,
+            skip_dir_fsync: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for DurabilityOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurabilityOptions")
+            .field("mode", &self.mode)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("checkpoint_wal_bytes", &self.checkpoint_wal_bytes)
+            .field("checkpoint_interval", &self.checkpoint_interval)
+            .finish()
+    }
+}
+
+/// The durable side of one open database.
+pub struct Durable {
+    dir: PathBuf,
+    opts: DurabilityOptions,
+    wal: Option<Arc<Wal>>,
+    /// The installed manifest; its lock also serialises checkpoints.
+    manifest: Mutex<Manifest>,
+    report: RecoveryReport,
+    _lock: Box<dyn DirLock>,
+}
+
+pub const LOCK_FILE: &str = "LOCK";
+
+impl Durable {
+    /// Lock `dir`, recover its state, and start the WAL. Returns the state to
+    /// publish first.
+    pub fn open(
+        dir: &Path,
+        db: &str,
+        opts: DurabilityOptions,
+    ) -> Result<(Durable, DbState), StorageError> {
+        let vfs = opts.vfs.clone();
+        vfs.create_dir_all(dir)
+            .map_err(|e| StorageError::io("create directory", dir, &e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = vfs.lock(&lock_path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                StorageError::Locked {
+                    path: dir.to_path_buf(),
+                }
+            } else {
+                StorageError::io("lock", &lock_path, &e)
+            }
+        })?;
+        let (state, report) = recovery::recover(&*vfs, dir, db, opts.accept_damaged_tail)?;
+        let wal = if opts.mode == Durability::None {
+            None
+        } else {
+            // A fresh segment per open: the previous tail may have been cut,
+            // and a new file keeps "append only" literally true. An existing
+            // segment of that name can only be one holding no record.
+            let name = dir.join(wal::segment_name(state.csn + 1));
+            if vfs.exists(&name) {
+                vfs.remove(&name)
+                    .map_err(|e| StorageError::io("remove", &name, &e))?;
+            }
+            Some(Arc::new(Wal::start(
+                vfs.clone(),
+                dir,
+                state.csn + 1,
+                opts.segment_bytes,
+                opts.skip_wal_fsync,
+                opts.skip_dir_fsync,
+            )?))
+        };
+        let manifest = report.manifest;
+        Ok((
+            Durable {
+                dir: dir.to_path_buf(),
+                opts,
+                wal,
+                manifest: Mutex::new(manifest),
+                report,
+                _lock: lock,
+            },
+            state,
+        ))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn wal(&self) -> Option<&Arc<Wal>> {
+        self.wal.as_ref()
+    }
+
+    pub fn mode(&self) -> Durability {
+        self.opts.mode
+    }
+
+    pub fn report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Write a checkpoint of `state` and install it; then drop WAL segments
+    /// and checkpoints that neither installed checkpoint needs. Returns `None`
+    /// when `state` is already the current checkpoint.
+    pub fn checkpoint(&self, state: &DbState) -> Result<Option<CheckpointInfo>, StorageError> {
+        let vfs = &*self.opts.vfs;
+        let mut m = self.manifest.lock();
+        if state.csn == m.current || state.csn == 0 {
+            return Ok(None);
+        }
+        let t0 = Instant::now();
+        let info = checkpoint::write(vfs, &self.dir, state)?;
+        let next = Manifest {
+            current: state.csn,
+            previous: m.current,
+        };
+        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync) {
+            // The old manifest may or may not be the one on disk; both name
+            // complete checkpoints and nothing has been deleted, so either is fine.
+            tracing::warn!(error = %e, "checkpoint not installed");
+            return Err(e);
+        }
+        *m = next;
+        if let Some(w) = &self.wal {
+            w.bytes_since_checkpoint.store(0, Ordering::Relaxed);
+        }
+        self.remove_obsolete(&next);
+        tracing::info!(
+            csn = info.csn, bytes = info.bytes, documents = info.documents,
+            elapsed = ?t0.elapsed(), "checkpoint installed"
+        );
+        Ok(Some(info))
+    }
+
+    /// Delete what neither installed checkpoint needs (best effort: a file
+    /// left behind is ignored and retried at the next checkpoint).
+    fn remove_obsolete(&self, m: &Manifest) {
+        let vfs = &*self.opts.vfs;
+        // Recovery may fall back to `previous`; with none, to the empty state.
+        let base = m.previous;
+        if base > 0 {
+            if let Ok(segs) = recovery::segments(vfs, &self.dir) {
+                let active = self.wal.as_ref().map_or(u64::MAX, |w| w.active_first());
+                for pair in segs.windows(2) {
+                    let ((first, path), (next_first, _)) = (&pair[0], &pair[1]);
+                    // Every record of this segment is <= next_first - 1 <= base.
+                    if *next_first <= base + 1 && *first < active {
+                        if let Err(e) = vfs.remove(path) {
+                            tracing::warn!(path = %path.display(), error = %e, "could not remove WAL segment");
+                        }
+                    }
+                }
+            }
+        }
+        if let Ok(names) = vfs.list(&self.dir) {
+            for n in names {
+                let stale = match checkpoint::parse_checkpoint_name(&n) {
+                    Some(csn) => csn != m.current && csn != m.previous,
+                    None => n.starts_with("ckpt-") && n.ends_with(".tmp"),
+                };
+                if stale {
+                    let _ = vfs.remove(&self.dir.join(&n));
+                }
+            }
+        }
+    }
+
+    /// Whether the size or time trigger says a checkpoint is due.
+    fn checkpoint_due(&self, last: Instant, csn: u64) -> bool {
+        if csn == self.manifest.lock().current {
+            return false;
+        }
+        let by_size = self.wal.as_ref().is_some_and(|w| {
+            w.bytes_since_checkpoint.load(Ordering::Relaxed) >= self.opts.checkpoint_wal_bytes
+        });
+        let by_time = self
+            .opts
+            .checkpoint_interval
+            .is_some_and(|i| last.elapsed() >= i);
+        by_size || by_time
+    }
+
+    /// Sync the WAL at close (batch-mode writes since the last flush).
+    pub fn close(&self) {
+        if let Some(w) = &self.wal {
+            if let Err(e) = w.flush() {
+                tracing::error!(error = %e, "final WAL sync failed");
+            }
+        }
+    }
+}
+
+/// Background threads of a database: the `batch` flusher and the
+/// checkpointer. Dropping it stops and joins them.
+pub struct Background {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    /// Start the threads. `source` yields the latest published state, or
+    /// `None` once the database is gone.
+    pub fn start(
+        durable: &Arc<Durable>,
+        source: impl Fn() -> Option<Arc<DbState>> + Send + 'static,
+    ) -> Background {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let mut threads = Vec::new();
+        if let Some(wal) = durable.wal.clone() {
+            let stop = stop.clone();
+            let every = durable.opts.flush_interval;
+            threads.push(spawn("duet-wal-flush", move || {
+                while !wait(&stop, every) {
+                    if let Err(e) = wal.flush() {
+                        tracing::error!(error = %e, "WAL flush failed");
+                    }
+                }
+            }));
+        }
+        if durable.opts.background_checkpoints {
+            let stop = stop.clone();
+            let durable = durable.clone();
+            threads.push(spawn("duet-checkpoint", move || {
+                let mut last = Instant::now();
+                while !wait(&stop, Duration::from_millis(200)) {
+                    let Some(state) = source() else { break };
+                    if durable.checkpoint_due(last, state.csn) {
+                        if let Err(e) = durable.checkpoint(&state) {
+                            tracing::error!(error = %e, "background checkpoint failed; will retry");
+                        }
+                        last = Instant::now();
+                    }
+                }
+            }));
+        }
+        Background { stop, threads }
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    // Spawning fails only when the OS is out of threads; run without the
+    // helper then (writes stay correct; batch syncs and auto checkpoints stop).
+    match std::thread::Builder::new().name(name.into()).spawn(f) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, thread = name, "could not start background thread");
+            std::thread::spawn(|| {})
+        }
+    }
+}
+
+/// Sleep up to `d`; true when asked to stop.
+fn wait(stop: &(Mutex<bool>, Condvar), d: Duration) -> bool {
+    let mut g = stop.0.lock();
+    if !*g {
+        stop.1.wait_for(&mut g, d);
+    }
+    *g
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        let me = std::thread::current().id();
+        for t in self.threads.drain(..) {
+            // The last database handle can be dropped on a background thread
+            // (the checkpointer briefly holds one); it must not join itself.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Whether the OS reported the disk as full.
+pub fn is_no_space(e: &crate::Error) -> bool {
+    matches!(e, crate::Error::Storage(s) if s.is_no_space())
+}

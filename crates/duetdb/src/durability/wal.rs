@@ -1,0 +1,427 @@
+//! The write-ahead log: segment files of checksummed records, one record per
+//! writer group (group commit), LSN = the group's last `csn`.
+//!
+//! Layout (see docs/design.md §12): a segment `wal-<first csn, 20 digits>.log`
+//! starts with the 8-byte magic `DUETWAL\x01`, then frames
+//! `[len u32][crc32c(payload) u32][payload]`, little-endian, where a record's
+//! payload is `[lsn u64][first csn u64][effect count u32][effects…]`.
+//!
+//! Invariants:
+//! - records are appended in commit order, and a record's `first` is the
+//!   previous record's `lsn + 1` (the log has no gaps);
+//! - an append either leaves a whole record or, when it fails, is cut back off
+//!   the file (`set_len`); if even that fails writes stop, because a later
+//!   record after a partial one would read back as corruption in the middle;
+//! - a new segment is created, synced and its directory entry synced before
+//!   any record in it can be acknowledged;
+//! - after any failed fsync the log accepts no more writes (PostgreSQL's
+//!   fsyncgate: the kernel may have dropped the dirty pages, so a retried fsync
+//!   that succeeds proves nothing);
+//! - records of `batch` groups may wait in an in-memory buffer (as MongoDB's
+//!   journal does for `j: false`) until the flusher, a group that needs a
+//!   sync, a rotation, or the buffer limit writes them — always before any
+//!   later record, so file order stays commit order. A buffer that cannot be
+//!   written holds acknowledged records, so that failure stops writes too.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::effect::{self, DecodeError, Effect, Reader};
+use super::error::StorageError;
+use super::io::{VFile, Vfs};
+
+pub const SEGMENT_MAGIC: &[u8; 8] = b"DUETWAL\x01";
+/// Frame header: length and checksum.
+pub const FRAME_HEADER: usize = 8;
+/// Largest record payload (bounds memory at recovery; a group above it fails).
+pub const MAX_RECORD: usize = 1 << 30;
+/// `batch` records are written out once this many bytes wait in memory.
+pub const BUFFER_LIMIT: usize = 1 << 20;
+
+pub fn segment_name(first: u64) -> String {
+    format!("wal-{first:020}.log")
+}
+
+/// The first csn of a segment file name, if it is one.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    name.strip_prefix("wal-")?
+        .strip_suffix(".log")
+        .filter(|d| d.len() == 20)?
+        .parse()
+        .ok()
+}
+
+/// Frame `payload` with its length and checksum.
+pub fn frame(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// The frame at `pos`: `Ok(Some((payload, next)))`, `Ok(None)` at the end of
+/// `buf`, `Err(why)` when the bytes there are not a whole valid frame.
+pub fn read_frame(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, String> {
+    if pos == buf.len() {
+        return Ok(None);
+    }
+    if buf.len() - pos < FRAME_HEADER {
+        return Err("partial frame header".into());
+    }
+    let len = u32::from_le_bytes([buf[pos], buf[pos + 1], buf[pos + 2], buf[pos + 3]]) as usize;
+    let crc = u32::from_le_bytes([buf[pos + 4], buf[pos + 5], buf[pos + 6], buf[pos + 7]]);
+    let start = pos + FRAME_HEADER;
+    if len > MAX_RECORD || len > buf.len() - start {
+        return Err(format!("frame length {len} runs past the end"));
+    }
+    let payload = &buf[start..start + len];
+    if crc32c::crc32c(payload) != crc {
+        return Err("checksum mismatch".into());
+    }
+    Ok(Some((payload, start + len)))
+}
+
+/// One decoded record.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub lsn: u64,
+    pub first: u64,
+    pub effects: Vec<Effect>,
+}
+
+/// Decode a record payload.
+pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
+    let mut r = Reader::new(payload);
+    let lsn = r.u64()?;
+    let first = r.u64()?;
+    if first == 0 || first > lsn {
+        return Err(DecodeError(format!("bad csn range {first}..={lsn}")));
+    }
+    let n = r.u32()? as usize;
+    let mut effects = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        effects.push(effect::decode(&mut r)?);
+    }
+    if !r.done() {
+        return Err(DecodeError("trailing bytes after the effects".into()));
+    }
+    Ok(Record {
+        lsn,
+        first,
+        effects,
+    })
+}
+
+/// Whether a valid record with `lsn >= min_lsn` starts anywhere in
+/// `buf[from..]` (at any byte offset). Used to tell a torn tail (nothing valid
+/// follows the damage) from damage in the middle of the log. The lsn filter
+/// makes the scan cheap: a checksum is computed only where the bytes already
+/// look like a record header of a plausible commit.
+pub fn valid_record_after(buf: &[u8], from: usize, min_lsn: u64) -> bool {
+    let mut pos = from;
+    while pos + FRAME_HEADER + 16 <= buf.len() {
+        let at = pos + FRAME_HEADER;
+        let mut l = [0u8; 8];
+        l.copy_from_slice(&buf[at..at + 8]);
+        let lsn = u64::from_le_bytes(l);
+        if lsn >= min_lsn && lsn < min_lsn.saturating_add(1 << 32) {
+            if let Ok(Some((payload, _))) = read_frame(buf, pos) {
+                if decode_record(payload).is_ok() {
+                    return true;
+                }
+            }
+        }
+        pos += 1;
+    }
+    false
+}
+
+/// What the writer needs to know about how a commit must be made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Sync before returning (acknowledge after the record is durable).
+    Now,
+    /// Leave it to the background flusher (≤ the flush interval).
+    Later,
+}
+
+struct Active {
+    file: Arc<dyn VFile>,
+    first: u64,
+    path: PathBuf,
+    /// Bytes in the segment (header included).
+    len: u64,
+    /// Bytes written since the last sync.
+    dirty: bool,
+    /// Whole `batch` records not yet written (they follow `len`).
+    buffered: Vec<u8>,
+}
+
+/// The log of one database (present unless the database runs with durability `none`).
+pub struct Wal {
+    vfs: Arc<dyn Vfs>,
+    dir: PathBuf,
+    segment_bytes: u64,
+    skip_fsync: bool,
+    skip_dir_fsync: bool,
+    active: Mutex<Active>,
+    /// Held for every fsync of a segment. Lock order: `active`, then this.
+    /// The flusher syncs holding only this, so `batch` appends (which need
+    /// only `active`) never wait for a disk flush; rotation takes it to wait
+    /// for an in-flight flush of the old segment before starting the next.
+    sync_lock: Mutex<()>,
+    stopped: AtomicBool,
+    stop_reason: Mutex<Option<String>>,
+    /// Bytes appended since the last checkpoint (its trigger).
+    pub bytes_since_checkpoint: AtomicU64,
+    /// csn of the last record appended.
+    last_lsn: AtomicU64,
+}
+
+impl Wal {
+    /// Start a log whose next record is `next_csn`, in a fresh segment.
+    /// Requires: no segment in `dir` holds a record at or after `next_csn`.
+    pub fn start(
+        vfs: Arc<dyn Vfs>,
+        dir: &Path,
+        next_csn: u64,
+        segment_bytes: u64,
+        skip_fsync: bool,
+        skip_dir_fsync: bool,
+    ) -> Result<Wal, StorageError> {
+        let active = create_segment(&*vfs, dir, next_csn, skip_fsync, skip_dir_fsync)?;
+        Ok(Wal {
+            vfs,
+            dir: dir.to_path_buf(),
+            segment_bytes: segment_bytes.max(SEGMENT_MAGIC.len() as u64 + 1),
+            skip_fsync,
+            skip_dir_fsync,
+            active: Mutex::new(active),
+            sync_lock: Mutex::new(()),
+            stopped: AtomicBool::new(false),
+            stop_reason: Mutex::new(None),
+            bytes_since_checkpoint: AtomicU64::new(0),
+            last_lsn: AtomicU64::new(next_csn.saturating_sub(1)),
+        })
+    }
+
+    /// Refuse writes once stopped (cheap: one atomic load on the happy path).
+    pub fn check_writable(&self) -> Result<(), StorageError> {
+        if self.stopped.load(Ordering::Acquire) {
+            let reason = self
+                .stop_reason
+                .lock()
+                .clone()
+                .unwrap_or_else(|| "unknown".into());
+            return Err(StorageError::WritesStopped { reason });
+        }
+        Ok(())
+    }
+
+    fn stop(&self, reason: String) {
+        tracing::error!(dir = %self.dir.display(), %reason, "write-ahead log stopped accepting writes");
+        self.stop_reason.lock().get_or_insert(reason);
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    /// Append the record of a group `first..=lsn` and, with `SyncMode::Now`,
+    /// make it durable before returning. On error nothing of the record
+    /// remains in the log (or writes are stopped).
+    pub fn append(
+        &self,
+        first: u64,
+        lsn: u64,
+        effects: &[Effect],
+        sync: SyncMode,
+    ) -> Result<(), StorageError> {
+        self.check_writable()?;
+        debug_assert!(first >= 1 && first <= lsn);
+        let mut payload = Vec::with_capacity(64 + effects.len() * 64);
+        payload.extend_from_slice(&lsn.to_le_bytes());
+        payload.extend_from_slice(&first.to_le_bytes());
+        payload.extend_from_slice(&(effects.len() as u32).to_le_bytes());
+        for e in effects {
+            effect::encode(e, &mut payload);
+        }
+        if payload.len() > MAX_RECORD {
+            return Err(StorageError::RecordTooLarge {
+                bytes: payload.len(),
+                limit: MAX_RECORD,
+            });
+        }
+        let mut rec = Vec::with_capacity(payload.len() + FRAME_HEADER);
+        frame(&payload, &mut rec);
+
+        let mut a = self.active.lock();
+        debug_assert_eq!(self.last_lsn.load(Ordering::Relaxed) + 1, first);
+        let logical = a.len + a.buffered.len() as u64;
+        if logical + rec.len() as u64 > self.segment_bytes && logical > SEGMENT_MAGIC.len() as u64 {
+            self.rotate(&mut a, first)?;
+        }
+        if sync == SyncMode::Later {
+            a.buffered.extend_from_slice(&rec);
+            if a.buffered.len() >= BUFFER_LIMIT {
+                self.drain(&mut a)?;
+            }
+            self.last_lsn.store(lsn, Ordering::Release);
+            self.bytes_since_checkpoint
+                .fetch_add(rec.len() as u64, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.drain(&mut a)?;
+        if let Err(e) = a.file.append(&rec) {
+            let err = StorageError::io("append to", &a.path, &e);
+            // Cut a partial record off, or the next record would follow garbage.
+            if let Err(e2) = a.file.set_len(a.len) {
+                self.stop(format!(
+                    "could not undo a failed append to {}: {e2}",
+                    a.path.display()
+                ));
+            }
+            return Err(err);
+        }
+        a.len += rec.len() as u64;
+        a.dirty = true;
+        self.last_lsn.store(lsn, Ordering::Release);
+        self.bytes_since_checkpoint
+            .fetch_add(rec.len() as u64, Ordering::Relaxed);
+        self.sync_locked(&mut a)
+    }
+
+    /// Write the buffered `batch` records. They were acknowledged, so if they
+    /// cannot be written the log no longer matches what readers saw: stop.
+    fn drain(&self, a: &mut Active) -> Result<(), StorageError> {
+        if a.buffered.is_empty() {
+            return Ok(());
+        }
+        let bytes = std::mem::take(&mut a.buffered);
+        if let Err(e) = a.file.append(&bytes) {
+            let err = StorageError::io("append to", &a.path, &e);
+            let _ = a.file.set_len(a.len);
+            self.stop(format!(
+                "writing buffered batch-mode records to {} failed: {e}",
+                a.path.display()
+            ));
+            return Err(err);
+        }
+        a.len += bytes.len() as u64;
+        a.dirty = true;
+        Ok(())
+    }
+
+    fn sync_locked(&self, a: &mut Active) -> Result<(), StorageError> {
+        let _sync = self.sync_lock.lock();
+        if self.skip_fsync {
+            a.dirty = false; // planted bug for the crash-test controls
+            return Ok(());
+        }
+        if let Err(e) = a.file.sync() {
+            let err = StorageError::io("fsync", &a.path, &e);
+            self.stop(format!("fsync of {} failed: {e}", a.path.display()));
+            return Err(err);
+        }
+        a.dirty = false;
+        Ok(())
+    }
+
+    /// Sync whatever was appended and not yet synced (the `batch` flusher, and close).
+    pub fn flush(&self) -> Result<(), StorageError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (file, path, _sync) = {
+            let mut a = self.active.lock();
+            self.drain(&mut a)?;
+            if !a.dirty {
+                return Ok(());
+            }
+            let sync = self.sync_lock.lock();
+            a.dirty = false;
+            (a.file.clone(), a.path.clone(), sync)
+        };
+        if self.skip_fsync {
+            return Ok(());
+        }
+        if let Err(e) = file.sync() {
+            let err = StorageError::io("fsync", &path, &e);
+            self.stop(format!("fsync of {} failed: {e}", path.display()));
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Close the full segment (synced) and start a new one at `first`.
+    fn rotate(&self, a: &mut Active, first: u64) -> Result<(), StorageError> {
+        self.drain(a)?;
+        if a.dirty {
+            self.sync_locked(a)?;
+        } else {
+            // A flush of this segment may be in flight: records of the next
+            // segment must not become durable before this one's.
+            drop(self.sync_lock.lock());
+        }
+        let next = create_segment(
+            &*self.vfs,
+            &self.dir,
+            first,
+            self.skip_fsync,
+            self.skip_dir_fsync,
+        )?;
+        *a = next;
+        Ok(())
+    }
+
+    pub fn last_lsn(&self) -> u64 {
+        self.last_lsn.load(Ordering::Acquire)
+    }
+
+    /// First csn of the segment being written (never deleted).
+    pub fn active_first(&self) -> u64 {
+        self.active.lock().first
+    }
+}
+
+/// Create, header, sync and publish (dir sync) a new segment starting at `first`.
+fn create_segment(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    first: u64,
+    skip_fsync: bool,
+    skip_dir_fsync: bool,
+) -> Result<Active, StorageError> {
+    let path = dir.join(segment_name(first));
+    let file = vfs
+        .create(&path)
+        .map_err(|e| StorageError::io("create", &path, &e))?;
+    let undo = |vfs: &dyn Vfs| {
+        let _ = vfs.remove(&path);
+    };
+    if let Err(e) = file.append(SEGMENT_MAGIC) {
+        undo(vfs);
+        return Err(StorageError::io("write header of", &path, &e));
+    }
+    if !skip_fsync {
+        if let Err(e) = file.sync() {
+            // Not yet holding any record: removing the file loses nothing.
+            undo(vfs);
+            return Err(StorageError::io("fsync", &path, &e));
+        }
+    }
+    if !skip_dir_fsync {
+        if let Err(e) = vfs.sync_dir(dir) {
+            // Empty still: remove it so the next rotation can try again.
+            undo(vfs);
+            return Err(StorageError::io("fsync directory", dir, &e));
+        }
+    }
+    Ok(Active {
+        file,
+        first,
+        path,
+        len: SEGMENT_MAGIC.len() as u64,
+        dirty: false,
+        buffered: Vec::new(),
+    })
+}
