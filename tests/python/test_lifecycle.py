@@ -50,3 +50,55 @@ def test_graceful_shutdown(make_server, sig):
     assert code == 0
     assert "shutting down" in srv.log_text()
     assert all(r == 1000 for r in results if isinstance(r, int))
+
+
+def test_data_survives_a_restart(tmp_path):
+    """`duet serve --data-dir` keeps what it acknowledged across a restart."""
+    import subprocess, socket, time, pathlib
+    import pymongo
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    binary = root / "target" / "debug" / "duet"
+
+    def free_port():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        return port
+
+    def start(port):
+        p = subprocess.Popen([str(binary), "serve", "--bind", "127.0.0.1", "--port", str(port),
+                              "--data-dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return p
+            except OSError:
+                time.sleep(0.05)
+        p.kill()
+        raise RuntimeError("server did not start")
+
+    port = free_port()
+    p = start(port)
+    try:
+        c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+        c.keep.c.insert_many([{"_id": i, "v": i * 2} for i in range(500)])
+        c.keep.c.create_index("v", unique=True)
+        c.keep.c.update_one({"_id": 7}, {"$set": {"v": -1}})
+        c.close()
+    finally:
+        p.terminate()
+        assert p.wait(timeout=20) == 0
+    port = free_port()
+    p = start(port)
+    try:
+        c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+        assert c.keep.c.count_documents({}) == 500
+        assert c.keep.c.find_one({"_id": 7})["v"] == -1
+        assert [ix["name"] for ix in c.keep.c.list_indexes()] == ["_id_", "v_1"]
+        c.close()
+    finally:
+        p.terminate()
+        p.wait(timeout=20)
