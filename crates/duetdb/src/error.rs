@@ -88,6 +88,10 @@ pub enum Error {
     /// Several documents of an `insert_many` failed (see [`crate::BulkWriteFailure`]).
     #[error("bulk write failed: {} error(s)", .0.errors.len())]
     BulkWrite(Box<crate::BulkWriteFailure>),
+    /// A blocking aggregation stage (`$group`) exceeded its memory limit. Code 292
+    /// (QueryExceededMemoryLimitNoDiskUseAllowed): there is no spilling to disk.
+    #[error("{0}")]
+    ExceededMemoryLimit(String),
 }
 
 impl Error {
@@ -116,6 +120,7 @@ impl Error {
             Error::BulkWrite(_) => 65,
             Error::SnapshotExists(_) => 48,
             Error::SnapshotNotFound(_) => 246,
+            Error::ExceededMemoryLimit(_) => 292,
         }
     }
 
@@ -144,6 +149,7 @@ impl Error {
             Error::BulkWrite(_) => "MultipleErrorsOccurred",
             Error::SnapshotExists(_) => "NamespaceExists",
             Error::SnapshotNotFound(_) => "SnapshotUnavailable",
+            Error::ExceededMemoryLimit(_) => "QueryExceededMemoryLimitNoDiskUseAllowed",
         }
     }
 
