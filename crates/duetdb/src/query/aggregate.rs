@@ -694,14 +694,7 @@ impl Project {
         }
         let mut root = ProjNode::default();
         let (mut includes, mut excludes) = (false, false);
-        parse_projection(
-            spec,
-            &mut Vec::new(),
-            &mut root,
-            &mut includes,
-            &mut excludes,
-            0,
-        )?;
+        parse_projection(spec, &[], &mut root, &mut includes, &mut excludes, 0)?;
         if includes && excludes {
             return Err(Error::bad_value(
                 "Invalid $project :: caused by :: Cannot do exclusion on a field in an inclusion projection",
@@ -731,7 +724,7 @@ impl Project {
 
 fn parse_projection(
     spec: &Document,
-    prefix: &mut Vec<String>,
+    prefix: &[String],
     root: &mut ProjNode,
     includes: &mut bool,
     excludes: &mut bool,
@@ -743,7 +736,7 @@ fn parse_projection(
     for (k, v) in spec {
         let parts = parse_field_path(k)
             .map_err(|e| Error::bad_value(format!("Invalid $project :: caused by :: {e}")))?;
-        let mut path = prefix.clone();
+        let mut path = prefix.to_vec();
         path.extend(parts);
         let full = path.join(".");
         let is_id = path.len() == 1 && path[0] == "_id";
@@ -768,8 +761,7 @@ fn parse_projection(
                         "Invalid $project :: caused by :: An empty sub-projection is not a valid value. Found empty object at path {full}"
                     )));
                 }
-                let mut p = path;
-                parse_projection(d, &mut p, root, includes, excludes, depth + 1)?;
+                parse_projection(d, &path, root, includes, excludes, depth + 1)?;
                 continue;
             }
             other => ProjItem::Computed(Expr::parse(other)?),
