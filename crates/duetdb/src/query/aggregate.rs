@@ -32,11 +32,12 @@
 //! - Nothing here panics on user input.
 
 use std::cmp::Ordering;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
 
 use bson::raw::{RawDocument, RawDocumentBuf};
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawBson};
 
 use crate::database::{Collection, SnapshotCollection};
 use crate::doc::MAX_DOC_SIZE;
@@ -1128,8 +1129,20 @@ impl SumState {
 }
 
 /// A value ordered by MongoDB's comparison (equal values are one key).
+/// Documents and arrays carry their raw form, encoded once, because comparing
+/// owned documents would re-encode both sides at every comparison.
 #[derive(Debug, Clone)]
-struct OrdBson(Bson);
+struct OrdBson(Bson, Option<RawBson>);
+
+impl OrdBson {
+    fn new(v: Bson) -> OrdBson {
+        let raw = match &v {
+            Bson::Document(_) | Bson::Array(_) => crate::value::to_raw(&v),
+            _ => None,
+        };
+        OrdBson(v, raw)
+    }
+}
 
 impl PartialEq for OrdBson {
     fn eq(&self, o: &Self) -> bool {
@@ -1144,7 +1157,10 @@ impl PartialOrd for OrdBson {
 }
 impl Ord for OrdBson {
     fn cmp(&self, o: &Self) -> Ordering {
-        compare(&self.0, &o.0)
+        match (&self.1, &o.1) {
+            (Some(a), Some(b)) => crate::value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()),
+            _ => compare(&self.0, &o.0),
+        }
     }
 }
 
@@ -1153,17 +1169,21 @@ impl Ord for OrdBson {
 /// bit pattern / rendering. Used to pick a representative independently of
 /// arrival order.
 pub fn canonical_cmp(a: &Bson, b: &Bson) -> Ordering {
-    compare(a, b).then_with(|| {
-        if a == b {
-            return Ordering::Equal;
-        }
-        (a.element_type() as u8)
-            .cmp(&(b.element_type() as u8))
-            .then_with(|| match (a, b) {
-                (Bson::Double(x), Bson::Double(y)) => x.to_bits().cmp(&y.to_bits()),
-                _ => format!("{a:?}").cmp(&format!("{b:?}")),
-            })
-    })
+    compare(a, b).then_with(|| tie_break(a, b))
+}
+
+/// [`canonical_cmp`] for two values already known to compare equal (cheap when
+/// they are identical, the common case).
+fn tie_break(a: &Bson, b: &Bson) -> Ordering {
+    if a == b {
+        return Ordering::Equal;
+    }
+    (a.element_type() as u8)
+        .cmp(&(b.element_type() as u8))
+        .then_with(|| match (a, b) {
+            (Bson::Double(x), Bson::Double(y)) => x.to_bits().cmp(&y.to_bits()),
+            _ => format!("{a:?}").cmp(&format!("{b:?}")),
+        })
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1264,18 +1284,16 @@ impl Group {
     }
 
     fn accumulate(&self, gs: &mut GroupState, root: Root<'_>) -> Result<()> {
-        let key = self.id.eval(&root)?.unwrap_or(Bson::Null);
-        let key = OrdBson(key);
-        if !gs.groups.contains_key(&key) {
-            gs.bytes += approx_size(&key.0) + GROUP_ENTRY_OVERHEAD * (1 + self.fields.len());
-            gs.groups.insert(key.clone(), self.new_accs());
-        } else {
-            replace_key_if_smaller(&mut gs.groups, key.clone());
-        }
-        let accs = gs
-            .groups
-            .get_mut(&key)
-            .ok_or_else(|| Error::Internal("group vanished".into()))?;
+        let key = OrdBson::new(self.id.eval(&root)?.unwrap_or(Bson::Null));
+        replace_key_if_smaller(&mut gs.groups, &key);
+        let accs = match gs.groups.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                gs.bytes +=
+                    approx_size(&v.key().0) + GROUP_ENTRY_OVERHEAD * (1 + self.fields.len());
+                v.insert(self.new_accs())
+            }
+        };
         for ((_, _, arg), acc) in self.fields.iter().zip(accs.iter_mut()) {
             let v = arg.eval(&root)?;
             gs.bytes += feed_acc(acc, v)?;
@@ -1310,7 +1328,7 @@ impl Group {
                     big.bytes = big
                         .bytes
                         .saturating_sub(approx_size(&key.0) + GROUP_ENTRY_OVERHEAD);
-                    replace_key_if_smaller(&mut big.groups, key);
+                    replace_key_if_smaller(&mut big.groups, &key);
                 }
                 None => {
                     big.groups.insert(key, accs);
@@ -1336,13 +1354,13 @@ impl Group {
 }
 
 /// Keep the canonical representative of a group key (see [`canonical_cmp`]).
-fn replace_key_if_smaller(groups: &mut BTreeMap<OrdBson, Vec<Acc>>, key: OrdBson) {
+fn replace_key_if_smaller(groups: &mut BTreeMap<OrdBson, Vec<Acc>>, key: &OrdBson) {
     let replace = groups
-        .get_key_value(&key)
-        .is_some_and(|(k, _)| canonical_cmp(&key.0, &k.0) == Ordering::Less);
+        .get_key_value(key)
+        .is_some_and(|(k, _)| tie_break(&key.0, &k.0) == Ordering::Less);
     if replace {
-        if let Some(v) = groups.remove(&key) {
-            groups.insert(key, v);
+        if let Some(v) = groups.remove(key) {
+            groups.insert(key.clone(), v);
         }
     }
 }
@@ -1392,9 +1410,9 @@ fn feed_acc(acc: &mut Acc, v: Value) -> Result<usize> {
         Acc::AddToSet(set, bytes) => {
             let Some(v) = v else { return Ok(0) };
             let n = approx_size(&v);
-            let key = OrdBson(v);
+            let key = OrdBson::new(v);
             if let Some(existing) = set.get(&key) {
-                if canonical_cmp(&key.0, &existing.0) == Ordering::Less {
+                if tie_break(&key.0, &existing.0) == Ordering::Less {
                     set.replace(key);
                 }
                 return Ok(0);
@@ -1461,7 +1479,7 @@ fn feed_acc_set(
     n: usize,
 ) -> Result<()> {
     if let Some(existing) = set.get(&key) {
-        if canonical_cmp(&key.0, &existing.0) == Ordering::Less {
+        if tie_break(&key.0, &existing.0) == Ordering::Less {
             set.replace(key);
         }
         return Ok(());
@@ -1478,7 +1496,7 @@ fn pick(a: Option<Bson>, b: Bson, want: Ordering) -> Option<Bson> {
         None => Some(b),
         Some(a) => {
             let c = compare(&b, &a);
-            if c == want || (c == Ordering::Equal && canonical_cmp(&b, &a) == Ordering::Less) {
+            if c == want || (c == Ordering::Equal && tie_break(&b, &a) == Ordering::Less) {
                 Some(b)
             } else {
                 Some(a)
