@@ -92,6 +92,10 @@ pub enum Error {
     /// stopped after an fsync failure). Code 14031 for a full disk, else 1.
     #[error("storage: {0}")]
     Storage(Box<crate::durability::StorageError>),
+    /// A blocking aggregation stage (`$group`) exceeded its memory limit. Code 292
+    /// (QueryExceededMemoryLimitNoDiskUseAllowed): there is no spilling to disk.
+    #[error("{0}")]
+    ExceededMemoryLimit(String),
 }
 
 impl Error {
@@ -122,6 +126,7 @@ impl Error {
             Error::SnapshotNotFound(_) => 246,
             Error::Storage(e) if e.is_no_space() => 14031,
             Error::Storage(_) => 1,
+            Error::ExceededMemoryLimit(_) => 292,
         }
     }
 
@@ -152,6 +157,7 @@ impl Error {
             Error::SnapshotNotFound(_) => "SnapshotUnavailable",
             Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
             Error::Storage(_) => "InternalError",
+            Error::ExceededMemoryLimit(_) => "QueryExceededMemoryLimitNoDiskUseAllowed",
         }
     }
 

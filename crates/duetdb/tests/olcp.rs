@@ -250,3 +250,37 @@ fn overlapping_ranges_map_each_document_once_and_point_ranges_read_the_start() {
         .is_err());
     let _ = c;
 }
+
+#[test]
+fn commutative_pipelines_run_as_olcp_and_agree_with_vls_and_cow() {
+    let db = loaded(5000);
+    let c = db.collection("c");
+    let pipeline = vec![
+        doc! {"$match": {"k": {"$lt": 50}}},
+        doc! {"$group": {"_id": "$k", "n": {"$sum": 1}, "total": {"$sum": "$bal"}}},
+        doc! {"$sort": {"_id": 1}},
+    ];
+    let (olcp, explain) = c
+        .aggregate_with(pipeline.clone(), Strategy::Auto)
+        .expect("auto");
+    assert_eq!(
+        explain.strategy,
+        Strategy::Olcp,
+        "eligible pipelines run as OLCP by default"
+    );
+    assert!(explain.olcp_eligible);
+    let (vls, e2) = c
+        .aggregate_with(pipeline.clone(), Strategy::Vls)
+        .expect("vls");
+    assert_eq!(e2.strategy, Strategy::Vls);
+    let (cow, _) = c
+        .aggregate_with(pipeline.clone(), Strategy::Cow)
+        .expect("cow");
+    assert_eq!(olcp, vls);
+    assert_eq!(olcp, cow);
+    assert_eq!(olcp.len(), 50);
+    // An order-dependent pipeline forced to olcp falls back to vls.
+    let first = vec![doc! {"$group": {"_id": null, "f": {"$first": "$_id"}}}];
+    let (_, e3) = c.aggregate_with(first, Strategy::Olcp).expect("fallback");
+    assert_eq!(e3.strategy, Strategy::Vls);
+}

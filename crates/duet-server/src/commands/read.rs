@@ -6,12 +6,13 @@
 //! batches. With `readConcern: {level: "snapshot"}` the snapshot comes from
 //! the registry (see `snapshots.rs`) and its `atClusterTime` is returned.
 //!
-//! `aggregate` is honest sugar over find: the engine has no pipeline yet, so
-//! only pipelines of the shape `$match* → $sort? → $skip? → $limit? →
-//! $project? → ($count | counting $group)?` are executed (a counting
-//! `$group` has a constant `_id` and only `{$sum: <number>}` fields: what
-//! drivers send for `count_documents`); every other stage or order is refused
-//! with CommandNotSupported (115), unknown stage names with 40324.
+//! `aggregate` runs the engine's pipeline (`duetdb::query::aggregate`): on the
+//! command's snapshot (`cow`) by default, or on the live collection under the
+//! strategy `$duet: {snapshot: ...}` names. Its result is materialized, so the
+//! cursor holds documents, not the snapshot. Stage names are checked here first:
+//! stages MongoDB has but duetdb does not run are refused with
+//! CommandNotSupported (115), unknown names with 40324, malformed stage
+//! documents with 40323, as MongoDB does.
 
 use bson::{doc, Bson, Document, Timestamp};
 use duetdb::query::Projection;
@@ -29,8 +30,6 @@ struct FindPlan {
     filter: Document,
     options: FindOptions,
     projection: Option<Document>,
-    /// A terminal counting stage, for aggregate.
-    terminal: Option<Terminal>,
 }
 
 impl FindPlan {
@@ -74,7 +73,6 @@ impl FindPlan {
                     .filter(|h| !matches!(h, Bson::Null)),
             },
             projection: args::opt_doc(cmd, "projection")?.cloned(),
-            terminal: None,
         })
     }
 
@@ -298,91 +296,24 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(reply)
 }
 
-/// A last stage that only counts its input.
-enum Terminal {
-    /// `{$count: "field"}`.
-    Count(String),
-    /// `{$group: {_id: <constant>, f: {$sum: <number>}, ...}}` (what drivers
-    /// send for `count_documents`).
-    GroupSum { id: Bson, sums: Vec<(String, Bson)> },
-}
-
-impl Terminal {
-    /// The output for `n` input documents (none when `n` is 0, as MongoDB).
-    fn output(&self, n: u64) -> Vec<Document> {
-        if n == 0 {
-            return vec![];
-        }
-        let int = |k: i64| -> Bson {
-            let v = k.saturating_mul(n.min(i64::MAX as u64) as i64);
-            match i32::try_from(v) {
-                Ok(x) => Bson::Int32(x),
-                Err(_) => Bson::Int64(v),
-            }
-        };
-        match self {
-            Terminal::Count(f) => vec![doc! {f.as_str(): int(1)}],
-            Terminal::GroupSum { id, sums } => {
-                let mut d = doc! {"_id": id.clone()};
-                for (f, k) in sums {
-                    let v = match k {
-                        Bson::Int32(k) => int(i64::from(*k)),
-                        Bson::Int64(k) => int(*k),
-                        Bson::Double(k) => Bson::Double(k * n as f64),
-                        _ => Bson::Null,
-                    };
-                    d.insert(f.clone(), v);
-                }
-                vec![d]
-            }
-        }
-    }
-}
-
-/// Parse a `$group` that only sums constants under a constant `_id`.
-fn group_sum(spec: &Document) -> CmdResult<Terminal> {
-    let unsupported = || {
-        CommandError::not_supported(
-            "$group is supported only with a constant _id and {$sum: <number>} fields (a count); general grouping is not built yet",
-        )
-    };
-    let id = spec.get("_id").cloned().ok_or_else(|| {
-        CommandError::new(
-            15955,
-            "Location15955",
-            "a group specification must include an _id",
-        )
-    })?;
-    let constant = match &id {
-        Bson::String(s) => !s.starts_with('$'),
-        Bson::Document(_) | Bson::Array(_) => false,
-        _ => true,
-    };
-    if !constant {
-        return Err(unsupported());
-    }
-    let mut sums = Vec::new();
-    for (f, v) in spec.iter().filter(|(f, _)| f.as_str() != "_id") {
-        match v {
-            Bson::Document(acc) if acc.len() == 1 => match acc.get("$sum") {
-                Some(k @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => {
-                    sums.push((f.clone(), k.clone()))
-                }
-                _ => return Err(unsupported()),
-            },
-            _ => return Err(unsupported()),
-        }
-    }
-    Ok(Terminal::GroupSum { id, sums })
-}
-
-/// Stages MongoDB has that we do not execute yet (refused with 115, not 40324).
-const KNOWN_UNSUPPORTED: &[&str] = &[
-    "$unwind",
-    "$lookup",
+/// Stages the engine runs.
+const SUPPORTED_STAGES: &[&str] = &[
+    "$match",
+    "$project",
     "$addFields",
     "$set",
     "$unset",
+    "$unwind",
+    "$group",
+    "$sort",
+    "$limit",
+    "$skip",
+    "$count",
+];
+
+/// Stages MongoDB has that we do not execute yet (refused with 115, not 40324).
+const KNOWN_UNSUPPORTED: &[&str] = &[
+    "$lookup",
     "$facet",
     "$bucket",
     "$bucketAuto",
@@ -409,15 +340,10 @@ const KNOWN_UNSUPPORTED: &[&str] = &[
     "$search",
 ];
 
-/// Translate a pipeline into a find: stages in the order
-/// `$match* $sort? $skip? $limit? $project? $count?`.
-fn pipeline_plan(pipeline: &[Bson]) -> CmdResult<FindPlan> {
-    let order = [
-        "$match", "$sort", "$skip", "$limit", "$project", "$count", "$group",
-    ];
-    let mut plan = FindPlan::default();
-    let mut matches = Vec::new();
-    let mut last: Option<usize> = None;
+/// The pipeline's stage documents, with MongoDB's codes for malformed stages,
+/// unsupported and unknown stage names (the engine then parses the arguments).
+fn pipeline_stages(pipeline: &[Bson]) -> CmdResult<Vec<Document>> {
+    let mut out = Vec::with_capacity(pipeline.len());
     for stage in pipeline {
         let Bson::Document(stage) = stage else {
             return Err(CommandError::type_mismatch(
@@ -431,13 +357,12 @@ fn pipeline_plan(pipeline: &[Bson]) -> CmdResult<FindPlan> {
                 "A pipeline stage specification object must contain exactly one field.",
             ));
         }
-        let Some((name, arg)) = stage.iter().next() else {
-            continue;
-        };
-        let Some(pos) = order.iter().position(|o| o == name) else {
-            if KNOWN_UNSUPPORTED.contains(&name.as_str()) {
+        let name = stage.keys().next().map(String::as_str).unwrap_or_default();
+        if !SUPPORTED_STAGES.contains(&name) {
+            if KNOWN_UNSUPPORTED.contains(&name) {
                 return Err(CommandError::not_supported(format!(
-                    "aggregation stage {name} is not supported by duetdb yet (supported: $match, $sort, $skip, $limit, $project, $count, counting $group)"
+                    "aggregation stage {name} is not supported by duetdb yet (supported: {})",
+                    SUPPORTED_STAGES.join(", ")
                 )));
             }
             return Err(CommandError::new(
@@ -445,55 +370,32 @@ fn pipeline_plan(pipeline: &[Bson]) -> CmdResult<FindPlan> {
                 "Location40324",
                 format!("Unrecognized pipeline stage name: '{name}'"),
             ));
-        };
-        let in_order = match last {
-            None => true,
-            Some(l) => (pos > l && l < 5) || (pos == 0 && l == 0),
-        };
-        if !in_order {
-            return Err(CommandError::not_supported(format!(
-                "this pipeline shape is not supported by duetdb yet: stages must appear in the order {} (each at most once, $match first)",
-                order.join(", ")
-            )));
         }
-        last = Some(pos);
-        let want_num = |v: &Bson| -> CmdResult<u64> {
-            let n = args::as_i64(name, v)?;
-            u64::try_from(n)
-                .map_err(|_| CommandError::bad_value(format!("{name} must be non-negative")))
-        };
-        match (pos, arg) {
-            (0, Bson::Document(d)) => matches.push(Bson::Document(d.clone())),
-            (1, Bson::Document(d)) => plan.options.sort = Some(d.clone()),
-            (2, v) => plan.options.skip = want_num(v)?,
-            (3, v) => {
-                let n = want_num(v)?;
-                if n == 0 {
-                    return Err(CommandError::bad_value("the limit must be positive"));
-                }
-                plan.options.limit = n;
-            }
-            (4, Bson::Document(d)) => plan.projection = Some(d.clone()),
-            (5, Bson::String(s)) if !s.is_empty() && !s.starts_with('$') && !s.contains('.') => {
-                plan.terminal = Some(Terminal::Count(s.clone()))
-            }
-            (6, Bson::Document(d)) => plan.terminal = Some(group_sum(d)?),
-            (_, _) => {
-                return Err(CommandError::type_mismatch(format!(
-                    "the argument of {name} has the wrong type"
-                )))
-            }
-        }
+        out.push(stage.clone());
     }
-    plan.filter = match matches.len() {
-        0 => Document::new(),
-        1 => match matches.pop() {
-            Some(Bson::Document(d)) => d,
-            _ => Document::new(),
-        },
-        _ => doc! {"$and": matches},
-    };
-    Ok(plan)
+    Ok(out)
+}
+
+fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
+    pipeline_stages(
+        args::opt_array(cmd, "pipeline")?
+            .ok_or_else(|| CommandError::bad_value("aggregate requires 'pipeline'"))?,
+    )
+}
+
+/// The explain document of an aggregate command (the engine's split, plan and
+/// strategy; `queryPlanner` as drivers expect).
+fn explain_aggregate(ctx: &Ctx<'_>, cmd: &Document, coll: &str) -> CmdResult<Document> {
+    let stages = pipeline_of(cmd)?;
+    if let Some(strategy) = super::duet_strategy(cmd)? {
+        let mut e = ctx.database()?.collection(coll).explain_aggregate(stages)?;
+        if strategy != duetdb::Strategy::Auto {
+            e.insert("strategy", strategy.name());
+        }
+        return Ok(e);
+    }
+    let (snap, _) = ctx.read_snapshot(cmd)?;
+    Ok(snap.collection(coll).explain_aggregate(stages)?)
 }
 
 pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
@@ -505,15 +407,12 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             ))
         }
     };
-    let pipeline = args::opt_array(cmd, "pipeline")?
-        .ok_or_else(|| CommandError::bad_value("aggregate requires 'pipeline'"))?;
-    let plan = pipeline_plan(pipeline)?;
-    let (snap, at) = ctx.read_snapshot(cmd)?;
     if args::flag(cmd, "explain")? {
-        let mut e = plan.find(&snap, coll).explain()?;
+        let mut e = explain_aggregate(ctx, cmd, coll)?;
         e.insert("ok", 1.0);
         return Ok(e);
     }
+    let stages = pipeline_of(cmd)?;
     let cursor_opts = args::opt_doc(cmd, "cursor")?.ok_or_else(|| {
         CommandError::new(
             9,
@@ -522,12 +421,26 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         )
     })?;
     let first = first_batch_size(cursor_opts)?;
-    let projection = plan.parsed_projection()?;
-    let docs = plan.find(&snap, coll).raw()?;
-    let cursor = match &plan.terminal {
-        Some(t) => Cursor::from_owned(ctx.ns(coll), ctx.conn.id, t.output(docs.len() as u64)),
-        None => Cursor::from_docs(ctx.ns(coll), ctx.conn.id, Some(snap), docs, projection),
-    };
+    if let Some(strategy) = super::duet_strategy(cmd)? {
+        // An explicit strategy reads the live collection under it.
+        if cmd
+            .get_document("readConcern")
+            .is_ok_and(|rc| rc.contains_key("atClusterTime"))
+        {
+            return Err(CommandError::bad_value(
+                "$duet.snapshot cannot be combined with readConcern.atClusterTime",
+            ));
+        }
+        let (docs, _) = ctx
+            .database()?
+            .collection(coll)
+            .aggregate_with(stages, strategy)?;
+        let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
+        return cursor_reply(ctx, cursor, first, false, None);
+    }
+    let (snap, at) = ctx.read_snapshot(cmd)?;
+    let docs = snap.collection(coll).aggregate(stages)?;
+    let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
     cursor_reply(ctx, cursor, first, false, at)
 }
 
@@ -536,16 +449,24 @@ pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         .ok_or_else(|| CommandError::bad_value("explain requires a command document"))?;
     let name = super::command_name(inner).unwrap_or_default();
     let coll = args::collection_name(inner, name)?;
+    let with_info = |mut e: Document| -> CmdResult {
+        e.insert("command", inner.clone());
+        e.insert(
+            "serverInfo",
+            doc! {"host": "localhost", "version": super::admin::COMPAT_VERSION},
+        );
+        e.insert("ok", 1.0);
+        Ok(e)
+    };
+    if name == "aggregate" {
+        return with_info(explain_aggregate(ctx, inner, coll)?);
+    }
     let plan = match name {
         "find" => FindPlan::from_find(inner)?,
         "count" | "distinct" => FindPlan {
             filter: args::opt_doc(inner, "query")?.cloned().unwrap_or_default(),
             ..Default::default()
         },
-        "aggregate" => pipeline_plan(
-            args::opt_array(inner, "pipeline")?
-                .ok_or_else(|| CommandError::bad_value("aggregate requires 'pipeline'"))?,
-        )?,
         other => {
             return Err(CommandError::not_supported(format!(
                 "explain of '{other}' is not supported by duetdb (find, count, distinct, aggregate)"
@@ -553,12 +474,5 @@ pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         }
     };
     let (snap, _) = ctx.read_snapshot(inner)?;
-    let mut e = plan.find(&snap, coll).explain()?;
-    e.insert("command", inner.clone());
-    e.insert(
-        "serverInfo",
-        doc! {"host": "localhost", "version": super::admin::COMPAT_VERSION},
-    );
-    e.insert("ok", 1.0);
-    Ok(e)
+    with_info(plan.find(&snap, coll).explain()?)
 }

@@ -1,11 +1,15 @@
-//! The query language: filters, updates, projections and sort specifications,
-//! parsed once from BSON into typed forms and then evaluated on raw documents.
+//! The query language: filters, updates, projections, sort specifications and
+//! aggregation pipelines (expressions, stages), parsed once from BSON into typed forms and then evaluated on raw documents.
 
+pub mod aggregate;
+pub mod expr;
 pub mod filter;
 pub mod projection;
 pub mod sort;
 pub mod update;
 
+pub use aggregate::{AggregateExplain, CommutativePart, PartialState, Pipeline, Split};
+pub use expr::Expr;
 pub use filter::{Filter, Sarg};
 pub use projection::Projection;
 pub use sort::SortSpec;
