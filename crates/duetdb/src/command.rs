@@ -84,6 +84,8 @@ pub enum Command {
         coll: String,
         name: String,
     },
+    /// Validate and apply a multi-document transaction at one csn (`crate::txn`).
+    Commit(Box<crate::txn::TxnCommit>),
 }
 
 #[derive(Debug)]
@@ -157,6 +159,8 @@ pub enum Reply {
     },
     /// The collection of a VLS registration is gone (dropped, renamed, index dropped).
     VlsGone,
+    /// A transaction committed (`crate::txn`).
+    Committed(crate::txn::CommitOutcome),
 }
 
 /// Apply `cmd` to `state` (see the module contract).
@@ -261,6 +265,7 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             c.drop_index(&name)?;
             Ok(Reply::Done)
         }
+        Command::Commit(commit) => crate::txn::apply_commit(state, *commit),
     }
 }
 

@@ -32,6 +32,7 @@ pub mod planner;
 pub mod query;
 pub mod scan;
 pub mod snapshot;
+pub mod txn;
 pub mod value;
 pub mod writer;
 
@@ -45,6 +46,7 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use scan::Strategy;
+pub use txn::{CommitInfo, Isolation, Transaction, TxnOptions};
 pub use snapshot::{
     AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
     RetainedCost, SnapshotInfo,
