@@ -46,11 +46,11 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use scan::Strategy;
-pub use txn::{CommitInfo, Isolation, Transaction, TxnOptions};
 pub use snapshot::{
     AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
     RetainedCost, SnapshotInfo,
 };
+pub use txn::{CommitInfo, Isolation, Transaction, TxnOptions};
 
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
 #[derive(Debug, Clone)]

@@ -169,7 +169,10 @@ impl std::fmt::Debug for TxnCommit {
         f.debug_struct("TxnCommit")
             .field("snapshot_csn", &self.snapshot.csn)
             .field("isolation", &self.isolation)
-            .field("writes", &self.writes.values().map(|w| w.len()).sum::<usize>())
+            .field(
+                "writes",
+                &self.writes.values().map(|w| w.len()).sum::<usize>(),
+            )
             .field("point_reads", &self.point_reads.len())
             .field("predicate_reads", &self.predicate_reads.len())
             .finish()
@@ -826,7 +829,8 @@ fn validate_reads(state: &DbState, commit: &TxnCommit) -> Result<()> {
         }
         let own = commit.writes.get(&r.coll).unwrap_or(&no_writes);
         let is_own = |d: &DocRef| {
-            !own.is_empty() && doc::id_of(d).is_some_and(|id| own.contains_key(&ValueKey(id.into())))
+            !own.is_empty()
+                && doc::id_of(d).is_some_and(|id| own.contains_key(&ValueKey(id.into())))
         };
         let mut before: Vec<(RecordId, usize)> = r
             .matched
@@ -927,9 +931,9 @@ fn apply_writes_inner(
             Arc::make_mut(&mut state.collections).insert(coll.clone(), c);
             undo.push(Undo::CreatedCollection(coll.clone()));
         }
-        let c = state
-            .collection_mut(coll)
-            .ok_or_else(|| Error::Internal(format!("collection {coll} vanished inside a commit")))?;
+        let c = state.collection_mut(coll).ok_or_else(|| {
+            Error::Internal(format!("collection {coll} vanished inside a commit"))
+        })?;
         // Phase 1: deletes (cannot fail once validated).
         for (id, p) in w {
             if p.new.is_none() {

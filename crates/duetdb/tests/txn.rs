@@ -33,13 +33,17 @@ fn read_your_writes_and_atomic_visibility() {
         .unwrap();
     tx.update_one("acct", doc! {"_id": 1}, doc! {"$inc": {"balance": 10}})
         .unwrap();
-    tx.insert_one("acct", doc! {"_id": 9, "balance": 1}).unwrap();
+    tx.insert_one("acct", doc! {"_id": 9, "balance": 1})
+        .unwrap();
     tx.delete_one("acct", doc! {"_id": 2}).unwrap();
     // The transaction sees its own writes.
     let b0 = tx.get("acct", &Bson::Int32(0)).unwrap().unwrap();
     assert_eq!(b0.get_i32("balance").unwrap(), 90);
     assert_eq!(tx.count("acct", doc! {}).unwrap(), 3);
-    assert_eq!(tx.count("acct", doc! {"balance": {"$gte": 100}}).unwrap(), 1);
+    assert_eq!(
+        tx.count("acct", doc! {"balance": {"$gte": 100}}).unwrap(),
+        1
+    );
     assert!(tx.find_one("acct", doc! {"_id": 2}).unwrap().is_none());
     let sorted = tx
         .find_with(
@@ -65,7 +69,11 @@ fn read_your_writes_and_atomic_visibility() {
     assert_eq!(info.outcome.deleted, 1);
     assert_eq!(c.count(doc! {}).unwrap(), 3);
     assert_eq!(
-        c.find_one(doc! {"_id": 1}).unwrap().unwrap().get_i32("balance").ok(),
+        c.find_one(doc! {"_id": 1})
+            .unwrap()
+            .unwrap()
+            .get_i32("balance")
+            .ok(),
         Some(110)
     );
     c.check_invariants().unwrap();
@@ -107,8 +115,22 @@ fn first_committer_wins() {
     assert_eq!(e.error_labels(), ["TransientTransactionError"]);
     assert_eq!(db.csn(), csn, "a failed commit consumes no csn");
     let c = db.collection("acct");
-    assert_eq!(c.find_one(doc! {"_id": 0}).unwrap().unwrap().get_i32("balance").ok(), Some(1));
-    assert_eq!(c.find_one(doc! {"_id": 1}).unwrap().unwrap().get_i32("balance").ok(), Some(0));
+    assert_eq!(
+        c.find_one(doc! {"_id": 0})
+            .unwrap()
+            .unwrap()
+            .get_i32("balance")
+            .ok(),
+        Some(1)
+    );
+    assert_eq!(
+        c.find_one(doc! {"_id": 1})
+            .unwrap()
+            .unwrap()
+            .get_i32("balance")
+            .ok(),
+        Some(0)
+    );
 }
 
 #[test]
@@ -135,7 +157,10 @@ fn concurrent_inserts_of_one_id_conflict() {
     assert_eq!(t2.commit().unwrap_err().code(), 112);
     // Inside one transaction a visible _id is a duplicate at once.
     let mut t3 = db.begin(TxnOptions::default());
-    assert_eq!(t3.insert_one("c", doc! {"_id": "k"}).unwrap_err().code(), 11000);
+    assert_eq!(
+        t3.insert_one("c", doc! {"_id": "k"}).unwrap_err().code(),
+        11000
+    );
     // Deleting then re-inserting is fine.
     t3.delete_one("c", doc! {"_id": "k"}).unwrap();
     t3.insert_one("c", doc! {"_id": "k", "v": 2}).unwrap();
@@ -187,7 +212,10 @@ fn unique_index_enforced_at_commit_changes_nothing() {
 fn write_skew_is_told_apart() {
     // Two doctors on call; each checks that at least two are on call, then
     // goes off call. Deterministic interleaving: both read, then both commit.
-    for (isolation, both_commit) in [(Isolation::Snapshot, true), (Isolation::Serializable, false)] {
+    for (isolation, both_commit) in [
+        (Isolation::Snapshot, true),
+        (Isolation::Serializable, false),
+    ] {
         let db = accounts(2, 0);
         let mut t1 = db.begin(opts(isolation));
         let mut t2 = db.begin(opts(isolation));
@@ -216,13 +244,17 @@ fn serializable_phantom_and_point_reads() {
     let mut t = db.begin(TxnOptions::serializable());
     assert_eq!(t.count("acct", doc! {"balance": {"$gte": 0}}).unwrap(), 2);
     t.insert_one("log", doc! {"n": 2}).unwrap();
-    db.collection("acct").insert_one(doc! {"_id": 7, "balance": 3}).unwrap();
+    db.collection("acct")
+        .insert_one(doc! {"_id": 7, "balance": 3})
+        .unwrap();
     assert_eq!(t.commit().unwrap_err().code(), 112);
     // A write outside the range does not conflict.
     let mut t = db.begin(TxnOptions::serializable());
     assert_eq!(t.count("acct", doc! {"balance": {"$gte": 1}}).unwrap(), 1);
     t.insert_one("log", doc! {"n": 1}).unwrap();
-    db.collection("acct").insert_one(doc! {"_id": 8, "balance": 0}).unwrap();
+    db.collection("acct")
+        .insert_one(doc! {"_id": 8, "balance": 0})
+        .unwrap();
     t.commit().unwrap();
     // Point read of a document another commit changed.
     let mut t = db.begin(TxnOptions::serializable());
@@ -305,7 +337,14 @@ fn transaction_retries_conflicts() {
     })
     .unwrap();
     assert_eq!(attempts, 3);
-    assert_eq!(c.find_one(doc! {}).unwrap().unwrap().get_i32("balance").ok(), Some(201));
+    assert_eq!(
+        c.find_one(doc! {})
+            .unwrap()
+            .unwrap()
+            .get_i32("balance")
+            .ok(),
+        Some(201)
+    );
     // Bounded: a body that always conflicts gives up with the conflict.
     let e = db
         .transaction_with(
@@ -340,7 +379,11 @@ fn planted_bug_loses_updates() {
     t1.commit().unwrap();
     t2.commit().unwrap();
     let b = db.collection("acct").find_one(doc! {}).unwrap().unwrap();
-    assert_eq!(b.get_i32("balance").ok(), Some(1), "the switch really skips validation");
+    assert_eq!(
+        b.get_i32("balance").ok(),
+        Some(1),
+        "the switch really skips validation"
+    );
 }
 
 #[derive(Debug, Clone)]
@@ -389,7 +432,9 @@ fn run_ops(tx: &mut duetdb::Transaction, ops: &[Op], model: &mut Model) {
                 }
             }
             Op::Set(k, v) => {
-                let r = tx.update_one("m", doc! {"_id": k}, doc! {"$set": {"v": v}}).unwrap();
+                let r = tx
+                    .update_one("m", doc! {"_id": k}, doc! {"$set": {"v": v}})
+                    .unwrap();
                 assert_eq!(r.matched, u64::from(model.contains_key(&k)));
                 if let Some(x) = model.get_mut(&k) {
                     *x = v;
