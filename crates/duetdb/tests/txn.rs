@@ -1,6 +1,9 @@
 //! Transactions: read-your-writes, abort, conflicts, unique constraints at
 //! commit, limits, and the write-skew test that tells the two levels apart.
 
+// Tests fail loudly on any unexpected error; unwrap is the point here.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use duetdb::bson::{doc, Bson, Document};

@@ -9,6 +9,9 @@
 //! validation skipped (lost updates, G-single under snapshot isolation) and
 //! read validation skipped (G2 under serializable).
 
+// Tests fail loudly on any unexpected error; unwrap is the point here.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;

@@ -9,8 +9,12 @@
 //!   increments of it, and its final balance the committed transfer deltas;
 //! - serializable keeps an invariant that write skew breaks (at least one
 //!   doctor on call) under concurrency.
+//!
 //! The same checker run against a planted bug (validation skipped) must fail,
 //! which shows that it can see the anomalies it claims to rule out.
+
+// Tests fail loudly on any unexpected error; unwrap is the point here.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
