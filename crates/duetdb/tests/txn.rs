@@ -558,3 +558,10 @@ fn touched(ops: &[Op], k: i32, init: &Model) -> bool {
     // Inserted then deleted again: nothing is written at commit.
     wrote && !(init.get(&k).is_none() && cur.is_none())
 }
+
+#[test]
+fn handles_can_move_between_threads() {
+    // The server keeps a session's transaction across requests on any thread.
+    fn send<T: Send + 'static>() {}
+    send::<duetdb::Transaction>();
+}
