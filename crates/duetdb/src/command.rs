@@ -91,6 +91,8 @@ pub enum Command {
         coll: String,
         name: String,
     },
+    /// Validate and apply a multi-document transaction at one csn (`crate::txn`).
+    Commit(Box<crate::txn::TxnCommit>),
 }
 
 #[derive(Debug)]
@@ -164,6 +166,8 @@ pub enum Reply {
     },
     /// The collection of a VLS registration is gone (dropped, renamed, index dropped).
     VlsGone,
+    /// A transaction committed (`crate::txn`).
+    Committed(crate::txn::CommitOutcome),
 }
 
 /// Apply `cmd` to `state` (see the module contract).
@@ -281,6 +285,7 @@ pub fn apply_command(state: &mut DbState, cmd: Command) -> Result<Reply> {
             effect::record(|| Effect::DropIndex { coll, name });
             Ok(Reply::Done)
         }
+        Command::Commit(commit) => crate::txn::apply_commit(state, *commit),
     }
 }
 

@@ -96,6 +96,20 @@ pub enum Error {
     /// (QueryExceededMemoryLimitNoDiskUseAllowed): there is no spilling to disk.
     #[error("{0}")]
     ExceededMemoryLimit(String),
+    /// A transaction wrote (or, under `serializable`, read) a document or range
+    /// that a commit after its snapshot changed; it changed nothing and may be
+    /// retried. Code 112, labelled `TransientTransactionError`.
+    #[error("WriteConflict: {0}")]
+    WriteConflict(String),
+    /// The transaction was aborted or has ended (committed, aborted, expired). Code 251.
+    #[error("NoSuchTransaction: {0}")]
+    NoSuchTransaction(String),
+    /// The transaction outlived its lifetime limit and was aborted. Code 290.
+    #[error("transaction exceeded its lifetime limit of {0} seconds and was aborted")]
+    TransactionExceededLifetimeLimitSeconds(u64),
+    /// The transaction's write set exceeds the limits. Code 257 (TransactionTooLarge).
+    #[error("{0}")]
+    TransactionTooLarge(String),
 }
 
 impl Error {
@@ -127,6 +141,10 @@ impl Error {
             Error::Storage(e) if e.is_no_space() => 14031,
             Error::Storage(_) => 1,
             Error::ExceededMemoryLimit(_) => 292,
+            Error::WriteConflict(_) => 112,
+            Error::NoSuchTransaction(_) => 251,
+            Error::TransactionExceededLifetimeLimitSeconds(_) => 290,
+            Error::TransactionTooLarge(_) => 257,
         }
     }
 
@@ -158,6 +176,27 @@ impl Error {
             Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
             Error::Storage(_) => "InternalError",
             Error::ExceededMemoryLimit(_) => "QueryExceededMemoryLimitNoDiskUseAllowed",
+            Error::WriteConflict(_) => "WriteConflict",
+            Error::NoSuchTransaction(_) => "NoSuchTransaction",
+            Error::TransactionExceededLifetimeLimitSeconds(_) => {
+                "TransactionExceededLifetimeLimitSeconds"
+            }
+            Error::TransactionTooLarge(_) => "TransactionTooLarge",
+        }
+    }
+
+    /// True for errors after which the whole transaction may simply be retried
+    /// (MongoDB's `TransientTransactionError` label): a write conflict.
+    pub fn is_transient_transaction_error(&self) -> bool {
+        matches!(self, Error::WriteConflict(_))
+    }
+
+    /// MongoDB's `errorLabels` for this error (what the server puts on the reply).
+    pub fn error_labels(&self) -> &'static [&'static str] {
+        if self.is_transient_transaction_error() {
+            &["TransientTransactionError"]
+        } else {
+            &[]
         }
     }
 

@@ -136,6 +136,17 @@ impl<T: Clone> Heap<T> {
         self.len
     }
 
+    /// True when both are the same version (one root node, or both empty): no
+    /// record changed between them. O(1). Sound because each heap keeps its own
+    /// root alive, so a changed heap can never reuse the old root's address.
+    pub fn same_root(&self, other: &Self) -> bool {
+        match (&self.root, &other.root) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -33,6 +33,7 @@ pub mod planner;
 pub mod query;
 pub mod scan;
 pub mod snapshot;
+pub mod txn;
 pub mod value;
 pub mod writer;
 
@@ -51,6 +52,7 @@ pub use snapshot::{
     AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
     RetainedCost, SnapshotInfo,
 };
+pub use txn::{CommitInfo, Isolation, Transaction, TxnOptions};
 
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
 #[derive(Debug, Clone)]
