@@ -49,7 +49,7 @@ pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use scan::Strategy;
 pub use snapshot::{
     AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
-    RetainedCost, SnapshotInfo,
+    RetainedCost, SnapshotInfo, SnapshotOptions,
 };
 
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).

@@ -49,9 +49,6 @@ pub enum StorageError {
         name: String,
         cause: Box<StorageError>,
     },
-    /// Durable snapshots need a database kept in a directory.
-    #[error("a durable snapshot needs a database opened from a data directory; this one lives in memory")]
-    NotDurable,
     /// A single commit group too large for one WAL record.
     #[error("a commit group of {bytes} bytes exceeds the WAL record limit of {limit} bytes")]
     RecordTooLarge { bytes: usize, limit: usize },
