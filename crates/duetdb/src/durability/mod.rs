@@ -19,8 +19,9 @@
 //! - **recovery**: see [`recovery`].
 //! - **durable named snapshots** ([`Durable::pin`]): the snapshot's held
 //!   state is written with the checkpoint writer to its own file
-//!   `snap-<name>-<csn>-<id>.ckpt` (tmp, fsync, rename), then a manifest
-//!   naming it is installed. Dropping installs a manifest without it, then
+//!   `snap-<name>-<csn>-<id>.ckpt` (tmp, fsync, rename, directory fsync —
+//!   a pin has no fallback, so its name must be durable before the manifest
+//!   names it), then a manifest naming it is installed. Dropping installs a manifest without it, then
 //!   deletes the file. Pinned images are full states, so they need no WAL;
 //!   the checkpoint cleanup only ever deletes `ckpt-*` files and WAL segments,
 //!   so it never removes a pinned image. At open, `snap-*` files the manifest
@@ -293,6 +294,15 @@ impl Durable {
         let file = manifest::pin_file_name(name, state.csn, unique_id());
         let t0 = Instant::now();
         let info = checkpoint::write_as(vfs, &self.dir, &file, state)?;
+        // The image's rename must be durable before a manifest naming it can
+        // be: unlike a regular checkpoint, a pin has no fallback. (Found by
+        // the reordered-subset crash images.)
+        if !self.opts.skip_dir_fsync {
+            if let Err(e) = vfs.sync_dir(&self.dir) {
+                let _ = vfs.remove(&info.path);
+                return Err(StorageError::io("fsync directory", &self.dir, &e));
+            }
+        }
         let pin = Pin {
             name: name.to_string(),
             csn: state.csn,
@@ -308,7 +318,8 @@ impl Durable {
         next.pins.push(pin.clone());
         if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync) {
             tracing::warn!(snapshot = name, error = %e, "durable snapshot not installed");
-            let maybe_installed = matches!(&e, StorageError::Io { op, .. } if *op == "fsync directory");
+            let maybe_installed =
+                matches!(&e, StorageError::Io { op, .. } if *op == "fsync directory");
             if !maybe_installed {
                 let _ = vfs.remove(&info.path);
             }
@@ -545,8 +556,12 @@ fn remove_orphan_pins(vfs: &dyn Vfs, dir: &Path, m: &Manifest) {
         if orphan {
             let path = dir.join(&n);
             match vfs.remove(&path) {
-                Ok(()) => tracing::info!(path = %path.display(), "removed an image no durable snapshot names"),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove an orphaned snapshot image"),
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "removed an image no durable snapshot names")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove an orphaned snapshot image")
+                }
             }
         }
     }
