@@ -148,3 +148,36 @@ def test_named_snapshots_over_the_wire(db):
     db.command({"createSnapshot": "short", "ttlSeconds": 3600, "collections": ["ns"]})
     s = db.command({"listSnapshots": 1})["snapshots"][0]
     assert s["ttlSeconds"] == 3600 and s["collections"] == ["ns"]
+
+
+def test_durable_named_snapshot_survives_a_restart(make_server):
+    """`createSnapshot` with `durable: true` is readable by name after a restart."""
+    srv = make_server()
+    c = srv.client()
+    d = c.dsnap
+    d.c.insert_many([{"_id": i, "v": 0} for i in range(100)])
+    r = d.command({"createSnapshot": "keep", "durable": True})
+    assert r["ok"] == 1.0 and r["durable"] is True
+    d.command({"createSnapshot": "volatile"})
+    d.command({"createSnapshot": "gone", "durable": True, "collections": ["c"]})
+    d.command({"dropSnapshot": "gone"})
+    d.c.update_many({}, {"$set": {"v": 1}})
+    d.c.insert_one({"_id": 1000, "v": 1})
+    c.close()
+    assert srv.stop() == 0
+    srv = make_server()
+    c = srv.client()
+    d = c.dsnap
+    listed = {s["name"]: s for s in d.command({"listSnapshots": 1})["snapshots"]}
+    assert list(listed) == ["keep"] and listed["keep"]["durable"] is True
+    docs = d.command({"find": "c", "filter": {}, "batchSize": 1000,
+                      "$duet": {"snapshotName": "keep"}})["cursor"]["firstBatch"]
+    assert len(docs) == 100 and all(x["v"] == 0 for x in docs)
+    assert d.c.count_documents({"v": 1}) == 101
+    for name in ("volatile", "gone"):
+        with pytest.raises(OperationFailure) as e:
+            d.command({"count": "c", "$duet": {"snapshotName": name}})
+        assert e.value.code == 246
+    d.command({"dropSnapshot": "keep"})
+    assert d.command({"listSnapshots": 1})["snapshots"] == []
+    c.close()

@@ -184,10 +184,13 @@ impl Database {
             weak.upgrade().map(|i| i.writer.published())
         });
         *inner.background.lock() = Some(bg);
-        Ok(Database {
+        let db = Database {
             inner,
             durability: None,
-        })
+        };
+        // Durable named snapshots come back by name (loaded on first read).
+        db.register_durable_snapshots();
+        Ok(db)
     }
 
     /// A handle on the same database whose writes use `durability` (MongoDB's
@@ -236,6 +239,11 @@ impl Database {
     #[allow(dead_code)] // used by engine modules as they land (named snapshots, VLS)
     pub(crate) fn writer(&self) -> &Writer {
         &self.inner.writer
+    }
+
+    /// The durable side, for databases opened from a directory.
+    pub(crate) fn durable(&self) -> Option<&Arc<Durable>> {
+        self.inner.durable.as_ref()
     }
 
     /// The named-snapshot registry (methods in `crate::snapshot`).

@@ -50,7 +50,7 @@ pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use scan::Strategy;
 pub use snapshot::{
     AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
-    RetainedCost, SnapshotInfo,
+    RetainedCost, SnapshotInfo, SnapshotOptions,
 };
 pub use txn::{CommitInfo, Isolation, Transaction, TxnOptions};
 

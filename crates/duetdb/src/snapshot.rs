@@ -26,7 +26,14 @@
 //!   [`Database::expire_snapshots`] (no background thread);
 //! - the registry lock is never held while a snapshot's memory is freed or its
 //!   cost walked, so a large release or a `list_snapshots` does not stall other
-//!   registry users, and it is never taken by the writer.
+//!   registry users, and it is never taken by the writer;
+//! - durable snapshots (`SnapshotOptions::durable`): the registry entry exists
+//!   only after the image is synced and the manifest recording it installed
+//!   (the name is reserved meanwhile, and no file I/O runs under the registry
+//!   lock); dropping or expiring one removes it from the manifest before its
+//!   file; after a reopen they are registered by name and loaded from disk on
+//!   the first read (a damaged image is an error on that read, never a panic
+//!   or other data).
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
@@ -38,6 +45,7 @@ use bson::{Document, RawBson};
 use parking_lot::{Mutex, RwLock};
 
 use crate::database::{Collection, Database, Find, Snapshot, SnapshotCollection};
+use crate::durability::Pin;
 use crate::error::{Error, Result};
 use crate::index::{IndexKey, KeyPart, ValueKey};
 use crate::writer::DbState;
@@ -282,8 +290,25 @@ pub struct SnapshotInfo {
     pub ttl: Option<Duration>,
     /// `None` = every collection of the database at `csn`.
     pub collections: Option<Vec<String>>,
-    /// Filled by `list_snapshots` / `snapshot_info` (an O(size) walk).
+    /// Filled by `list_snapshots` / `snapshot_info` (an O(size) walk). Zero
+    /// for a durable snapshot not read since the database was opened (it is
+    /// on disk only).
     pub retained: RetainedCost,
+    /// Pinned to disk: survives restarts.
+    pub durable: bool,
+}
+
+/// Options of [`Database::create_snapshot_with`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotOptions {
+    /// Only these collections (`None`: all).
+    pub collections: Option<Vec<String>>,
+    /// Dropped automatically after this long (measured by wall-clock age
+    /// across restarts for durable snapshots).
+    pub ttl: Option<Duration>,
+    /// Write the snapshot's state to its own checkpoint file, recorded in the
+    /// manifest, so it survives restarts (databases opened from a directory).
+    pub durable: bool,
 }
 
 /// Per-database default for analytic reads (AnKer's hybrid execution).
@@ -312,29 +337,64 @@ enum Gone {
     Expired { csn: u64, ttl: Duration },
 }
 
+/// A durable snapshot registered at open: on disk until first read.
+struct OnDisk {
+    pin: Pin,
+    /// The loaded image; a failed load is retried on the next read (the
+    /// cause may be transient), and the lock makes concurrent first reads
+    /// load once.
+    loaded: Mutex<Option<Snapshot>>,
+}
+
+#[derive(Clone)]
+enum Held {
+    Mem(Snapshot),
+    Disk(Arc<OnDisk>),
+}
+
+impl Held {
+    /// The snapshot if it is in memory.
+    fn in_memory(&self) -> Option<Snapshot> {
+        match self {
+            Held::Mem(s) => Some(s.clone()),
+            Held::Disk(d) => d.loaded.lock().clone(),
+        }
+    }
+}
+
 struct Entry {
-    snapshot: Snapshot,
+    snapshot: Held,
+    csn: u64,
     collections: Option<Vec<String>>,
     created: SystemTime,
     created_at: Instant,
+    /// Age already reached when the entry was registered (durable snapshots
+    /// reloaded at open; zero otherwise).
+    age_offset: Duration,
     ttl: Option<Duration>,
+    /// File of the pinned image, for durable snapshots.
+    durable: Option<String>,
 }
 
 impl Entry {
+    fn age(&self, now: Instant) -> Duration {
+        self.age_offset + now.saturating_duration_since(self.created_at)
+    }
+
     fn expired(&self, now: Instant) -> bool {
-        self.ttl
-            .is_some_and(|ttl| now.saturating_duration_since(self.created_at) >= ttl)
+        self.ttl.is_some_and(|ttl| self.age(now) >= ttl)
     }
 
     fn info(&self, name: &str, now: Instant) -> SnapshotInfo {
         SnapshotInfo {
             name: name.to_string(),
-            csn: self.snapshot.csn(),
+            csn: self.csn,
             created: self.created,
-            age: now.saturating_duration_since(self.created_at),
+            age: self.age(now),
             ttl: self.ttl,
             collections: self.collections.clone(),
             retained: RetainedCost::default(),
+            durable: self.durable.is_some(),
         }
     }
 }
@@ -343,6 +403,8 @@ impl Entry {
 struct Named {
     held: BTreeMap<String, Entry>,
     gone: VecDeque<(String, Gone)>,
+    /// Names reserved while a durable snapshot is written or dropped.
+    busy: HashSet<String>,
 }
 
 impl Named {
@@ -356,7 +418,7 @@ impl Named {
 
     /// Removes expired entries; returns them so the caller frees them after
     /// releasing the lock.
-    fn sweep(&mut self, now: Instant) -> Vec<Entry> {
+    fn sweep(&mut self, now: Instant) -> Vec<(String, Entry)> {
         let names: Vec<String> = self
             .held
             .iter()
@@ -367,11 +429,11 @@ impl Named {
         for name in names {
             if let Some(e) = self.held.remove(&name) {
                 let why = Gone::Expired {
-                    csn: e.snapshot.csn(),
+                    csn: e.csn,
                     ttl: e.ttl.unwrap_or_default(),
                 };
-                self.bury(name, why);
-                out.push(e);
+                self.bury(name.clone(), why);
+                out.push((name, e));
             }
         }
         out
@@ -497,22 +559,54 @@ impl Database {
         collections: Option<Vec<String>>,
         ttl: Option<Duration>,
     ) -> Result<SnapshotInfo> {
+        self.create_snapshot_with(
+            name,
+            SnapshotOptions {
+                collections,
+                ttl,
+                durable: false,
+            },
+        )
+    }
+
+    /// [`Database::create_snapshot`] with options; `durable: true` also writes
+    /// the snapshot's state to its own checkpoint file and records it in the
+    /// manifest (O(size of the snapshot) of I/O, on the caller's thread; the
+    /// writer keeps going). It then survives restarts and is readable by name
+    /// after reopening. A failed write (a full disk, an I/O error) fails the
+    /// call and registers nothing. In-memory databases: `IllegalOperation`.
+    pub fn create_snapshot_with(&self, name: &str, opts: SnapshotOptions) -> Result<SnapshotInfo> {
         validate_snapshot_name(name)?;
+        let SnapshotOptions {
+            collections,
+            ttl,
+            durable,
+        } = opts;
         if ttl.is_some_and(|t| t.is_zero()) {
             return Err(Error::bad_value("snapshot ttl must be positive"));
         }
+        let store = match (durable, self.durable()) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d.clone()),
+            (true, None) => {
+                return Err(Error::IllegalOperation(format!(
+                    "cannot create durable snapshot '{name}': database '{}' lives in memory (open it from a data directory)",
+                    self.name()
+                )))
+            }
+        };
         let reg = self.snapshot_registry();
         let now = reg.now();
         let mut named = reg.named.lock();
         let expired = named.sweep(now);
-        if named.held.contains_key(name) {
+        if named.held.contains_key(name) || named.busy.contains(name) {
             drop(named);
-            drop(expired);
+            self.release_expired(expired);
             return Err(Error::SnapshotExists(name.to_string()));
         }
-        if named.held.len() >= MAX_NAMED_SNAPSHOTS {
+        if named.held.len() + named.busy.len() >= MAX_NAMED_SNAPSHOTS {
             drop(named);
-            drop(expired);
+            self.release_expired(expired);
             return Err(Error::IllegalOperation(format!(
                 "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
             )));
@@ -522,67 +616,202 @@ impl Database {
         let published = self.writer().published();
         let (state, collections) = match collections {
             None => (published, None),
-            Some(names) => {
-                let (state, names) = restrict(&published, &names)?;
-                (state, Some(names))
-            }
+            Some(names) => match restrict(&published, &names) {
+                Ok((state, names)) => (state, Some(names)),
+                Err(e) => {
+                    drop(named);
+                    self.release_expired(expired);
+                    return Err(e);
+                }
+            },
         };
+        let created = SystemTime::now();
+        let csn = state.csn;
+        if let Some(store) = store {
+            // Reserve the name, then write the image without the registry lock.
+            named.busy.insert(name.to_string());
+            drop(named);
+            self.release_expired(expired);
+            let created_ms = created
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let ttl_ms = ttl.map_or(0, |t| (t.as_millis() as u64).max(1));
+            let pinned = store.pin(name, &state, collections.clone(), created_ms, ttl_ms);
+            named = reg.named.lock();
+            named.busy.remove(name);
+            let file = pinned?.file;
+            let entry = Entry {
+                snapshot: Held::Mem(Snapshot::from_state(state)),
+                csn,
+                collections,
+                created,
+                created_at: now,
+                age_offset: Duration::ZERO,
+                ttl,
+                durable: Some(file),
+            };
+            return Ok(self.register(named, name, entry, now, Vec::new()));
+        }
         let entry = Entry {
-            snapshot: Snapshot::from_state(state),
+            csn,
+            snapshot: Held::Mem(Snapshot::from_state(state)),
             collections,
-            created: SystemTime::now(),
+            created,
             created_at: now,
+            age_offset: Duration::ZERO,
             ttl,
+            durable: None,
         };
+        Ok(self.register(named, name, entry, now, expired))
+    }
+
+    fn register(
+        &self,
+        mut named: parking_lot::MutexGuard<'_, Named>,
+        name: &str,
+        entry: Entry,
+        now: Instant,
+        expired: Vec<(String, Entry)>,
+    ) -> SnapshotInfo {
         let info = entry.info(name, now);
         named.gone.retain(|(n, _)| n != name);
         named.held.insert(name.to_string(), entry);
         drop(named);
-        drop(expired);
-        Ok(info)
+        self.release_expired(expired);
+        info
+    }
+
+    /// Register the durable snapshots the manifest records (at open). Their
+    /// images stay on disk until first read; expired ones are dropped.
+    pub(crate) fn register_durable_snapshots(&self) {
+        let Some(store) = self.durable() else { return };
+        let reg = self.snapshot_registry();
+        let now = reg.now();
+        let wall = SystemTime::now();
+        let mut named = reg.named.lock();
+        for pin in store.pins() {
+            let created = std::time::UNIX_EPOCH + Duration::from_millis(pin.created_ms);
+            let entry = Entry {
+                csn: pin.csn,
+                collections: pin.collections.clone(),
+                created,
+                created_at: now,
+                age_offset: wall.duration_since(created).unwrap_or_default(),
+                ttl: (pin.ttl_ms > 0).then(|| Duration::from_millis(pin.ttl_ms)),
+                durable: Some(pin.file.clone()),
+                snapshot: Held::Disk(Arc::new(OnDisk {
+                    pin: pin.clone(),
+                    loaded: Mutex::new(None),
+                })),
+            };
+            named.held.insert(pin.name, entry);
+        }
+        let expired = named.sweep(now);
+        drop(named);
+        self.release_expired(expired);
+    }
+
+    /// Free swept entries outside the registry lock; expired durable ones are
+    /// also removed from the manifest and disk (a failure is logged: the
+    /// entry then comes back at the next open, already expired, and is
+    /// dropped again).
+    fn release_expired(&self, expired: Vec<(String, Entry)>) {
+        for (name, e) in expired {
+            if let (Some(file), Some(store)) = (&e.durable, self.durable()) {
+                if let Err(err) = store.unpin(&name, file) {
+                    tracing::warn!(snapshot = %name, error = %err, "could not drop an expired durable snapshot");
+                }
+            }
+            drop(e);
+        }
+    }
+
+    /// Resolve a held entry to a readable snapshot (loading a durable one's
+    /// image on first read, without the registry lock).
+    fn resolve(&self, held: Held) -> Result<Snapshot> {
+        match held {
+            Held::Mem(s) => Ok(s),
+            Held::Disk(d) => {
+                let mut loaded = d.loaded.lock();
+                if let Some(s) = &*loaded {
+                    return Ok(s.clone());
+                }
+                let store = self.durable().ok_or_else(|| {
+                    Error::IllegalOperation("a durable snapshot without a data directory".into())
+                })?;
+                let mut state = store.load_pin(&d.pin, self.name())?;
+                state.vls_options = self.writer().published().vls_options;
+                let s = Snapshot::from_state(Arc::new(state));
+                *loaded = Some(s.clone());
+                Ok(s)
+            }
+        }
     }
 
     /// The named snapshot, to run any read on. The returned handle is a lease:
     /// it stays readable even if the name is dropped or expires meanwhile (its
     /// memory is freed when the last lease ends), but the name no longer
-    /// resolves.
+    /// resolves. A durable snapshot reopened from disk is loaded on its first
+    /// read; a damaged image gives a storage error naming the snapshot and file.
     pub fn named_snapshot(&self, name: &str) -> Result<Snapshot> {
         let reg = self.snapshot_registry();
         let now = reg.now();
         let mut named = reg.named.lock();
         let expired = match named.held.get(name) {
-            Some(e) if !e.expired(now) => return Ok(e.snapshot.clone()),
+            Some(e) if !e.expired(now) => {
+                let held = e.snapshot.clone();
+                drop(named);
+                return self.resolve(held);
+            }
             Some(_) => named.sweep(now),
             None => Vec::new(),
         };
         let err = named.not_found(name);
         drop(named);
-        drop(expired);
+        self.release_expired(expired);
         Err(err)
     }
 
-    /// Forget a named snapshot; its memory is freed once no lease holds it.
+    /// Forget a named snapshot; its memory is freed once no lease holds it. A
+    /// durable one is removed from the manifest (atomically), then its file
+    /// deleted; if the manifest cannot be rewritten the call fails and the
+    /// snapshot stays.
     pub fn drop_snapshot(&self, name: &str) -> Result<()> {
         let reg = self.snapshot_registry();
         let now = reg.now();
         let mut named = reg.named.lock();
         let expired = named.sweep(now);
+        if named.busy.contains(name) {
+            drop(named);
+            self.release_expired(expired);
+            return Err(Error::IllegalOperation(format!(
+                "snapshot '{name}' is being created or dropped; try again"
+            )));
+        }
         let Some(entry) = named.held.remove(name) else {
             let err = named.not_found(name);
             drop(named);
-            drop(expired);
+            self.release_expired(expired);
             return Err(err);
         };
-        named.bury(
-            name.to_string(),
-            Gone::Dropped {
-                csn: entry.snapshot.csn(),
-            },
-        );
+        if let (Some(file), Some(store)) = (entry.durable.clone(), self.durable()) {
+            named.busy.insert(name.to_string());
+            drop(named);
+            let unpinned = store.unpin(name, &file);
+            named = reg.named.lock();
+            named.busy.remove(name);
+            if let Err(e) = unpinned {
+                named.held.insert(name.to_string(), entry);
+                drop(named);
+                self.release_expired(expired);
+                return Err(e.into());
+            }
+        }
+        named.bury(name.to_string(), Gone::Dropped { csn: entry.csn });
         drop(named);
         // Freed here, on the caller's thread, outside the lock.
         drop(entry);
-        drop(expired);
+        self.release_expired(expired);
         Ok(())
     }
 
@@ -594,17 +823,19 @@ impl Database {
         let now = reg.now();
         let mut named = reg.named.lock();
         let expired = named.sweep(now);
-        let held: Vec<(SnapshotInfo, Snapshot)> = named
+        let held: Vec<(SnapshotInfo, Held)> = named
             .held
             .iter()
             .map(|(n, e)| (e.info(n, now), e.snapshot.clone()))
             .collect();
         drop(named);
-        drop(expired);
+        self.release_expired(expired);
         let latest = self.snapshot();
         held.into_iter()
-            .map(|(mut info, snap)| {
-                info.retained = snap.retained(&latest);
+            .map(|(mut info, held)| {
+                if let Some(snap) = held.in_memory() {
+                    info.retained = snap.retained(&latest);
+                }
                 info
             })
             .collect()
@@ -612,17 +843,24 @@ impl Database {
 
     /// One named snapshot's description, with its retained cost.
     pub fn snapshot_info(&self, name: &str) -> Result<SnapshotInfo> {
-        let snap = self.named_snapshot(name)?;
         let reg = self.snapshot_registry();
         let now = reg.now();
-        let mut info = {
-            let named = reg.named.lock();
+        let (mut info, held) = {
+            let mut named = reg.named.lock();
             match named.held.get(name) {
-                Some(e) => e.info(name, now),
-                None => return Err(named.not_found(name)),
+                Some(e) if !e.expired(now) => (e.info(name, now), e.snapshot.clone()),
+                _ => {
+                    let expired = named.sweep(now);
+                    let err = named.not_found(name);
+                    drop(named);
+                    self.release_expired(expired);
+                    return Err(err);
+                }
             }
         };
-        info.retained = snap.retained(&self.snapshot());
+        if let Some(snap) = held.in_memory() {
+            info.retained = snap.retained(&self.snapshot());
+        }
         Ok(info)
     }
 
@@ -632,7 +870,9 @@ impl Database {
         let reg = self.snapshot_registry();
         let now = reg.now();
         let expired = reg.named.lock().sweep(now);
-        expired.len()
+        let n = expired.len();
+        self.release_expired(expired);
+        n
     }
 
     /// Replace the clock that TTLs are measured with (tests use [`ManualClock`]).

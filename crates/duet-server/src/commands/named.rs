@@ -13,7 +13,9 @@ use super::Ctx;
 use crate::args;
 use crate::error::{CmdResult, CommandError};
 
-/// `{createSnapshot: <name>, collections?: [..], ttlSeconds?: n}`.
+/// `{createSnapshot: <name>, collections?: [..], ttlSeconds?: n, durable?: bool}`.
+/// `durable: true` pins the snapshot to its own checkpoint file so it survives
+/// restarts (the reply then comes after the image is synced).
 pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::req_str(cmd, "createSnapshot")?;
     let collections = match args::opt_array(cmd, "collections")? {
@@ -40,16 +42,26 @@ pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             )))
         }
     };
-    let info = ctx.database()?.create_snapshot(name, collections, ttl)?;
+    let durable = args::flag(cmd, "durable")?;
+    let info = ctx.database()?.create_snapshot_with(
+        name,
+        duetdb::SnapshotOptions {
+            collections,
+            ttl,
+            durable,
+        },
+    )?;
     Ok(doc! {
         "name": info.name,
         "csn": info.csn.min(i64::MAX as u64) as i64,
         "atClusterTime": crate::snapshots::csn_to_timestamp(info.csn),
+        "durable": info.durable,
         "ok": 1.0,
     })
 }
 
-/// `{listSnapshots: 1}`: name, csn, created, age, ttl, collections, bytes retained.
+/// `{listSnapshots: 1}`: name, csn, created, age, ttl, collections, bytes
+/// retained, durable.
 pub fn list(ctx: &Ctx<'_>) -> CmdResult {
     let mut out = Vec::new();
     for info in ctx.database()?.list_snapshots() {
@@ -66,6 +78,7 @@ pub fn list(ctx: &Ctx<'_>) -> CmdResult {
             "retainedBytes": info.retained.bytes.min(i64::MAX as u64) as i64,
             "retainedNodes": info.retained.nodes.min(i64::MAX as u64) as i64,
             "retainedDocs": info.retained.docs.min(i64::MAX as u64) as i64,
+            "durable": info.durable,
         };
         if let Some(ttl) = info.ttl {
             d.insert("ttlSeconds", ttl.as_secs().min(i64::MAX as u64) as i64);

@@ -65,8 +65,21 @@ pub struct CheckpointInfo {
 /// Write the image of `state` to `dir` under its final name (synced, renamed;
 /// the caller syncs the directory when it installs the manifest).
 pub fn write(vfs: &dyn Vfs, dir: &Path, state: &DbState) -> Result<CheckpointInfo, StorageError> {
-    let path = dir.join(checkpoint_name(state.csn));
-    let tmp = dir.join(format!("{}.tmp", checkpoint_name(state.csn)));
+    let name = checkpoint_name(state.csn);
+    write_as(vfs, dir, &name, state)
+}
+
+/// Write the image of `state` to `dir/<name>` (via `<name>.tmp`, synced,
+/// renamed; the caller syncs the directory). Used for regular checkpoints and
+/// for the images of durable named snapshots (same format).
+pub fn write_as(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    name: &str,
+    state: &DbState,
+) -> Result<CheckpointInfo, StorageError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
     if vfs.exists(&tmp) {
         vfs.remove(&tmp)
             .map_err(|e| StorageError::io("remove", &tmp, &e))?;

@@ -42,6 +42,13 @@ pub enum StorageError {
     /// Writes were stopped after a failure that must not be retried blindly.
     #[error("writes are stopped: {reason}; the database stays readable, reopen it to write again")]
     WritesStopped { reason: String },
+    /// A durable named snapshot whose image cannot be read (damaged or
+    /// missing); the database itself is unaffected.
+    #[error("durable snapshot '{name}' is unreadable: {cause}")]
+    SnapshotUnreadable {
+        name: String,
+        cause: Box<StorageError>,
+    },
     /// A single commit group too large for one WAL record.
     #[error("a commit group of {bytes} bytes exceeds the WAL record limit of {limit} bytes")]
     RecordTooLarge { bytes: usize, limit: usize },
@@ -68,7 +75,11 @@ impl StorageError {
 
     /// Whether this is a full disk.
     pub fn is_no_space(&self) -> bool {
-        matches!(self, StorageError::Io { no_space: true, .. })
+        match self {
+            StorageError::Io { no_space, .. } => *no_space,
+            StorageError::SnapshotUnreadable { cause, .. } => cause.is_no_space(),
+            _ => false,
+        }
     }
 }
 

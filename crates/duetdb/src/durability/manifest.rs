@@ -1,41 +1,92 @@
-//! The manifest: which checkpoints are installed. It is the single switch that
-//! makes a new checkpoint current, replaced atomically (write `MANIFEST.tmp`,
-//! fsync, rename over `MANIFEST`, fsync the directory).
+//! The manifest: which checkpoints are installed, and which named snapshots
+//! are pinned to disk. It is the single switch that makes a new checkpoint
+//! current or a durable snapshot exist, replaced atomically (write
+//! `MANIFEST.tmp`, fsync, rename over `MANIFEST`, fsync the directory).
 //!
-//! Layout: `DUETMAN\x01`, format version u32, current checkpoint csn u64,
-//! previous checkpoint csn u64 (0 = none), crc32c of the preceding 28 bytes.
+//! Layout, version 2 (written by this build):
+//! `DUETMAN\x01`, version u32 = 2, current checkpoint csn u64, previous
+//! checkpoint csn u64 (0 = none), pin count u32, pins, crc32c of everything
+//! before it (u32). A pin is: name str, csn u64, file str, created (unix ms)
+//! u64, ttl ms u64 (0 = none), collection count u32 (`u32::MAX` = every
+//! collection) and that many collection names (str = len u32 + UTF-8).
+//!
+//! Version 1 (still read): the same header without pins — exactly 32 bytes:
+//! magic, version 1, current, previous, crc32c of the preceding 28 bytes.
 //!
 //! Invariants:
 //! - the checkpoints it names exist and are complete (they were synced and
 //!   renamed into place before the manifest naming them was written);
 //! - the WAL holds every record after `previous` (or after csn 0 when there is
-//!   no previous checkpoint), so a corrupt current checkpoint can fall back.
+//!   no previous checkpoint), so a corrupt current checkpoint can fall back;
+//! - a pinned snapshot's file was synced and renamed into place before the
+//!   manifest naming it was written; pins are full images, so they need no
+//!   WAL and the checkpoint/WAL cleanup never touches them (their files are
+//!   `snap-*.ckpt`, never `ckpt-*`); pin names are unique.
 
 use std::path::Path;
 
+use super::effect::{put_str, Reader};
 use super::error::StorageError;
 use super::io::Vfs;
 
 pub const MANIFEST: &str = "MANIFEST";
 pub const MANIFEST_TMP: &str = "MANIFEST.tmp";
 const MAGIC: &[u8; 8] = b"DUETMAN\x01";
-pub const FORMAT_VERSION: u32 = 1;
-const LEN: usize = 8 + 4 + 8 + 8 + 4;
+pub const FORMAT_VERSION: u32 = 2;
+/// Length of a version-1 manifest.
+const LEN_V1: usize = 8 + 4 + 8 + 8 + 4;
+/// Most bytes a manifest may have (1,024 pins of long names and many
+/// collections fit easily); a larger file is damage, not a manifest.
+const MAX_LEN: usize = 64 << 20;
+const ALL_COLLECTIONS: u32 = u32::MAX;
 
-/// The installed checkpoints (csn 0 = none).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A durable named snapshot recorded in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub name: String,
+    pub csn: u64,
+    /// File name (in the data directory) of its checkpoint image.
+    pub file: String,
+    /// Creation time, unix milliseconds.
+    pub created_ms: u64,
+    /// Time to live in milliseconds; 0 = none.
+    pub ttl_ms: u64,
+    /// `None` = every collection at `csn`.
+    pub collections: Option<Vec<String>>,
+}
+
+/// The installed checkpoints (csn 0 = none) and pinned snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Manifest {
     pub current: u64,
     pub previous: u64,
+    pub pins: Vec<Pin>,
 }
 
 impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(LEN);
+        let mut b = Vec::with_capacity(LEN_V1 + 4 + self.pins.len() * 96);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         b.extend_from_slice(&self.current.to_le_bytes());
         b.extend_from_slice(&self.previous.to_le_bytes());
+        b.extend_from_slice(&(self.pins.len() as u32).to_le_bytes());
+        for p in &self.pins {
+            put_str(&mut b, &p.name);
+            b.extend_from_slice(&p.csn.to_le_bytes());
+            put_str(&mut b, &p.file);
+            b.extend_from_slice(&p.created_ms.to_le_bytes());
+            b.extend_from_slice(&p.ttl_ms.to_le_bytes());
+            match &p.collections {
+                None => b.extend_from_slice(&ALL_COLLECTIONS.to_le_bytes()),
+                Some(cs) => {
+                    b.extend_from_slice(&(cs.len() as u32).to_le_bytes());
+                    for c in cs {
+                        put_str(&mut b, c);
+                    }
+                }
+            }
+        }
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -43,33 +94,71 @@ impl Manifest {
 
     pub fn decode(path: &Path, b: &[u8]) -> Result<Manifest, StorageError> {
         let bad = |what: &str| Err(StorageError::corrupt(path, 0, what));
-        if b.len() != LEN {
+        if b.len() < LEN_V1 || b.len() > MAX_LEN {
             return bad("wrong length");
         }
         if &b[..8] != MAGIC {
             return bad("not a duetdb manifest (bad magic)");
         }
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(a)
-        };
-        if crc32c::crc32c(&b[..LEN - 4]) != u32_at(LEN - 4) {
+        let n = b.len();
+        let mut crc = [0u8; 4];
+        crc.copy_from_slice(&b[n - 4..]);
+        if crc32c::crc32c(&b[..n - 4]) != u32::from_le_bytes(crc) {
             return bad("checksum mismatch");
         }
-        let version = u32_at(8);
-        if version != FORMAT_VERSION {
+        let body = &b[..n - 4];
+        let dec = |e: super::effect::DecodeError| StorageError::corrupt(path, 0, e.0);
+        let mut r = Reader::new(&body[8..]);
+        let version = r.u32().map_err(dec)?;
+        if version != 1 && version != FORMAT_VERSION {
             return Err(StorageError::corrupt(
                 path,
                 8,
-                format!("format version {version}, this build reads {FORMAT_VERSION}"),
+                format!("format version {version}, this build reads 1 and {FORMAT_VERSION}"),
             ));
         }
-        let m = Manifest {
-            current: u64_at(12),
-            previous: u64_at(20),
+        if version == 1 && n != LEN_V1 {
+            return bad("wrong length for format version 1");
+        }
+        let mut m = Manifest {
+            current: r.u64().map_err(dec)?,
+            previous: r.u64().map_err(dec)?,
+            pins: Vec::new(),
         };
+        if version >= 2 {
+            let count = r.u32().map_err(dec)?;
+            for _ in 0..count {
+                let name = r.str().map_err(dec)?;
+                let csn = r.u64().map_err(dec)?;
+                let file = r.str().map_err(dec)?;
+                let created_ms = r.u64().map_err(dec)?;
+                let ttl_ms = r.u64().map_err(dec)?;
+                let nc = r.u32().map_err(dec)?;
+                let collections = if nc == ALL_COLLECTIONS {
+                    None
+                } else {
+                    let mut cs = Vec::new();
+                    for _ in 0..nc {
+                        cs.push(r.str().map_err(dec)?);
+                    }
+                    Some(cs)
+                };
+                if !is_pin_file(&file) || m.pins.iter().any(|p| p.name == name) {
+                    return bad("a pinned snapshot entry is invalid (bad file name or duplicate)");
+                }
+                m.pins.push(Pin {
+                    name,
+                    csn,
+                    file,
+                    created_ms,
+                    ttl_ms,
+                    collections,
+                });
+            }
+        }
+        if !r.done() {
+            return bad("bytes after the last entry");
+        }
         if m.previous >= m.current && m.previous != 0 {
             return bad("previous checkpoint is not older than the current one");
         }
@@ -119,5 +208,71 @@ impl Manifest {
                 .map_err(|e| StorageError::io("fsync directory", dir, &e))?;
         }
         Ok(())
+    }
+}
+
+/// File name of a pinned snapshot's image: `snap-<name>-<csn, 20 digits>-<id>.ckpt`,
+/// where `id` (16 hex digits) tells apart two pins of one name at one csn
+/// (dropped and created again).
+pub fn pin_file_name(name: &str, csn: u64, id: u64) -> String {
+    format!("snap-{name}-{csn:020}-{id:016x}.ckpt")
+}
+
+/// Whether `file` is a pinned-snapshot file name (no path separators).
+pub fn is_pin_file(file: &str) -> bool {
+    file.starts_with("snap-")
+        && file.ends_with(".ckpt")
+        && !file.contains('/')
+        && !file.contains('\\')
+        && file != ".."
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v2_round_trips_and_v1_still_decodes() {
+        let p = Path::new("MANIFEST");
+        let m = Manifest {
+            current: 9,
+            previous: 4,
+            pins: vec![
+                Pin {
+                    name: "a".into(),
+                    csn: 7,
+                    file: pin_file_name("a", 7, 1),
+                    created_ms: 123,
+                    ttl_ms: 0,
+                    collections: None,
+                },
+                Pin {
+                    name: "b.c".into(),
+                    csn: 8,
+                    file: pin_file_name("b.c", 8, 2),
+                    created_ms: 5,
+                    ttl_ms: 60_000,
+                    collections: Some(vec!["x".into(), "y".into()]),
+                },
+            ],
+        };
+        let b = m.encode();
+        assert_eq!(Manifest::decode(p, &b).expect("v2"), m);
+        // Every single-byte flip is detected.
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x40;
+            assert!(Manifest::decode(p, &c).is_err(), "flip at {i}");
+        }
+        // A version-1 manifest, as the previous build wrote it.
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(MAGIC);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&4u64.to_le_bytes());
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        let old = Manifest::decode(p, &v1).expect("v1");
+        assert_eq!((old.current, old.previous, old.pins.len()), (9, 4, 0));
     }
 }

@@ -17,8 +17,17 @@
 //!   manifest (tmp + fsync + rename + dir fsync), then delete WAL segments and
 //!   checkpoints older than the *previous* checkpoint, which stays as fallback.
 //! - **recovery**: see [`recovery`].
-//!
-//! Durable named snapshots (issue 6, item 4) are not built yet.
+//! - **durable named snapshots** ([`Durable::pin`]): the snapshot's held
+//!   state is written with the checkpoint writer to its own file
+//!   `snap-<name>-<csn>-<id>.ckpt` (tmp, fsync, rename, directory fsync —
+//!   a pin has no fallback, so its name must be durable before the manifest
+//!   names it), then a manifest naming it is installed. Dropping installs a manifest without it, then
+//!   deletes the file. Pinned images are full states, so they need no WAL;
+//!   the checkpoint cleanup only ever deletes `ckpt-*` files and WAL segments,
+//!   so it never removes a pinned image. At open, `snap-*` files the manifest
+//!   does not name (a crash between writing and installing, or between
+//!   uninstalling and deleting) are removed. Pins are loaded lazily, on the
+//!   first read by name ([`Durable::load_pin`]).
 
 pub mod checkpoint;
 pub mod effect;
@@ -40,6 +49,7 @@ use parking_lot::{Condvar, Mutex};
 pub use checkpoint::CheckpointInfo;
 pub use error::StorageError;
 pub use io::{RealFs, SimFs, Vfs};
+pub use manifest::Pin;
 pub use recovery::RecoveryReport;
 
 use io::DirLock;
@@ -193,7 +203,8 @@ impl Durable {
                 opts.skip_dir_fsync,
             )?))
         };
-        let manifest = report.manifest;
+        let manifest = report.manifest.clone();
+        remove_orphan_pins(&*vfs, dir, &manifest);
         Ok((
             Durable {
                 dir: dir.to_path_buf(),
@@ -237,6 +248,7 @@ impl Durable {
         let next = Manifest {
             current: state.csn,
             previous: m.current,
+            pins: m.pins.clone(),
         };
         if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync) {
             // The old manifest may or may not be the one on disk; both name
@@ -244,7 +256,7 @@ impl Durable {
             tracing::warn!(error = %e, "checkpoint not installed");
             return Err(e);
         }
-        *m = next;
+        *m = next.clone();
         if let Some(w) = &self.wal {
             w.bytes_since_checkpoint.store(0, Ordering::Relaxed);
         }
@@ -254,6 +266,130 @@ impl Durable {
             elapsed = ?t0.elapsed(), "checkpoint installed"
         );
         Ok(Some(info))
+    }
+
+    /// The durable named snapshots the manifest records.
+    pub fn pins(&self) -> Vec<Pin> {
+        self.manifest.lock().pins.clone()
+    }
+
+    /// Make a named snapshot durable: write `state` (the snapshot's held
+    /// state, already restricted to its collections) as a checkpoint image to
+    /// its own file, then install a manifest recording it. The writer is never
+    /// paused (the image is written from the held `cow` state). On error
+    /// nothing is recorded: the image is removed, and the manifest on disk is
+    /// the old one — except when only the final directory fsync failed, where
+    /// it may name the complete image (a crash then keeps the snapshot).
+    ///
+    /// The caller guarantees that `name` is not pinned already.
+    pub fn pin(
+        &self,
+        name: &str,
+        state: &DbState,
+        collections: Option<Vec<String>>,
+        created_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Pin, StorageError> {
+        let vfs = &*self.opts.vfs;
+        let file = manifest::pin_file_name(name, state.csn, unique_id());
+        let t0 = Instant::now();
+        let info = checkpoint::write_as(vfs, &self.dir, &file, state)?;
+        // The image's rename must be durable before a manifest naming it can
+        // be: unlike a regular checkpoint, a pin has no fallback. (Found by
+        // the reordered-subset crash images.)
+        if !self.opts.skip_dir_fsync {
+            if let Err(e) = vfs.sync_dir(&self.dir) {
+                let _ = vfs.remove(&info.path);
+                return Err(StorageError::io("fsync directory", &self.dir, &e));
+            }
+        }
+        let pin = Pin {
+            name: name.to_string(),
+            csn: state.csn,
+            file,
+            created_ms,
+            ttl_ms,
+            collections,
+        };
+        let mut m = self.manifest.lock();
+        debug_assert!(m.pins.iter().all(|p| p.name != name), "pinned twice");
+        let mut next = m.clone();
+        next.pins.retain(|p| p.name != name);
+        next.pins.push(pin.clone());
+        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync) {
+            tracing::warn!(snapshot = name, error = %e, "durable snapshot not installed");
+            let maybe_installed =
+                matches!(&e, StorageError::Io { op, .. } if *op == "fsync directory");
+            if !maybe_installed {
+                let _ = vfs.remove(&info.path);
+            }
+            return Err(e);
+        }
+        *m = next;
+        tracing::info!(
+            snapshot = name, csn = info.csn, bytes = info.bytes, documents = info.documents,
+            elapsed = ?t0.elapsed(), "durable snapshot pinned"
+        );
+        Ok(pin)
+    }
+
+    /// Forget the durable snapshot `name` whose image is `file`: install a
+    /// manifest without it, then delete the file (best effort: a file left
+    /// behind is removed at the next open). `Ok(false)` when it is not pinned
+    /// (any more).
+    pub fn unpin(&self, name: &str, file: &str) -> Result<bool, StorageError> {
+        let vfs = &*self.opts.vfs;
+        let mut m = self.manifest.lock();
+        if !m.pins.iter().any(|p| p.name == name && p.file == file) {
+            return Ok(false);
+        }
+        let mut next = m.clone();
+        next.pins.retain(|p| !(p.name == name && p.file == file));
+        next.install(vfs, &self.dir, self.opts.skip_dir_fsync)?;
+        *m = next;
+        drop(m);
+        let path = self.dir.join(file);
+        if let Err(e) = vfs.remove(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a dropped snapshot's image; it is removed at the next open");
+        }
+        Ok(true)
+    }
+
+    /// Load the image of a pinned snapshot. A missing, damaged or mismatched
+    /// file is a `SnapshotUnreadable` error naming the snapshot and the file.
+    pub fn load_pin(&self, pin: &Pin, db: &str) -> Result<DbState, StorageError> {
+        let vfs = &*self.opts.vfs;
+        let path = self.dir.join(&pin.file);
+        let unreadable = |cause: StorageError| StorageError::SnapshotUnreadable {
+            name: pin.name.clone(),
+            cause: Box::new(cause),
+        };
+        if !vfs.exists(&path) {
+            return Err(unreadable(StorageError::Missing {
+                path,
+                what: "the image of a durable snapshot named by MANIFEST".into(),
+            }));
+        }
+        let state = checkpoint::load(vfs, &path, db).map_err(unreadable)?;
+        if state.csn != pin.csn {
+            return Err(unreadable(StorageError::corrupt(
+                &path,
+                0,
+                format!("holds csn {} instead of {}", state.csn, pin.csn),
+            )));
+        }
+        if let Some(cs) = &pin.collections {
+            if state.collections.len() != cs.len()
+                || cs.iter().any(|c| !state.collections.contains_key(c))
+            {
+                return Err(unreadable(StorageError::corrupt(
+                    &path,
+                    0,
+                    "its collections differ from those MANIFEST records",
+                )));
+            }
+        }
+        Ok(state)
     }
 
     /// Delete what neither installed checkpoint needs (best effort: a file
@@ -392,6 +528,40 @@ impl Drop for Background {
             // (the checkpointer briefly holds one); it must not join itself.
             if t.thread().id() != me {
                 let _ = t.join();
+            }
+        }
+    }
+}
+
+/// A process-unique id for pinned-snapshot file names (time-seeded, so ids
+/// of different runs differ too).
+fn unique_id() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Remove `snap-*` files the manifest does not name, and their temporaries
+/// (best effort; the directory lock is held).
+fn remove_orphan_pins(vfs: &dyn Vfs, dir: &Path, m: &Manifest) {
+    let Ok(names) = vfs.list(dir) else { return };
+    for n in names {
+        if !n.starts_with("snap-") {
+            continue;
+        }
+        let orphan = n.ends_with(".tmp") || !m.pins.iter().any(|p| p.file == n);
+        if orphan {
+            let path = dir.join(&n);
+            match vfs.remove(&path) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "removed an image no durable snapshot names")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove an orphaned snapshot image")
+                }
             }
         }
     }

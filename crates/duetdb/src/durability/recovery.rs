@@ -96,7 +96,7 @@ pub fn recover(
     let t0 = Instant::now();
     let mut report = RecoveryReport::default();
     let manifest = Manifest::load(vfs, dir)?;
-    report.manifest = manifest;
+    report.manifest = manifest.clone();
 
     // 1. The base state.
     let mut state = DbState {
