@@ -25,6 +25,9 @@ if [ -d tests/python ]; then
         python3 -m venv "$venv"
     fi
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-    cargo build --locked -p duet
+    # `cargo test --workspace` above already built target/debug/duet (with the
+    # test run's unified features); building it again alone would recompile
+    # half the dependency tree with other features.
+    [ -x target/debug/duet ] || cargo build --locked -p duet
     "$venv/bin/python" -m pytest -q tests/python
 fi

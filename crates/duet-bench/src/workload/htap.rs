@@ -270,6 +270,7 @@ pub fn run(
                 "load_docs_per_s",
                 p.records as f64 / load_s.max(1e-9),
             );
+            let mut cell_no: u64 = 0;
             for (strategy, label) in plan_strategies(target.as_ref(), &p.strategies) {
                 if rep == 0 {
                     notes.push(format!("{name}: strategy {label}"));
@@ -282,7 +283,11 @@ pub fn run(
                         p.scans.clone()
                     };
                     for scan in kinds {
-                        let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24;
+                        // Every cell gets its own update stream: replaying an earlier
+                        // cell's payloads would turn updates into no-ops (a `$set` to
+                        // the current value creates no version) and flatter later cells.
+                        cell_no += 1;
+                        let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24 ^ cell_no << 8;
                         let cell = run_cell(target.as_ref(), p, strategy, k, scan, seed, quiet)?;
                         let ks = k.to_string();
                         let scan_name = if k == 0 { "-" } else { scan.name() };
