@@ -110,14 +110,17 @@ struct Shared {
     held: Vec<Mutex<Option<Snapshot>>>,
 }
 
+/// One sample: (seconds since the cell started, old versions, old MiB).
+type Sample = (f64, f64, f64);
+
 struct CellOut {
     update_ops: u64,
     update_lat: Latencies,
     wall_s: f64,
     query_s: Vec<f64>,
     query_docs: u64,
-    /// (system label, samples (t_s, old versions, old MiB)).
-    samples: Vec<(String, Vec<(f64, f64, f64)>)>,
+    /// (system label, samples).
+    samples: Vec<(String, Vec<Sample>)>,
     rss_mb_peak: f64,
     propagated: u64,
 }
@@ -294,8 +297,8 @@ fn run_cell(
             })
             .collect();
         let sampler = s.spawn(|| -> Result<CellOut> {
-            let mut main: Vec<(f64, f64, f64)> = Vec::new();
-            let mut si: Vec<(f64, f64, f64)> = Vec::new();
+            let mut main: Vec<Sample> = Vec::new();
+            let mut si: Vec<Sample> = Vec::new();
             let mut rss_peak = 0f64;
             let mut last_walk: Option<Instant> = None;
             while !done.load(Ordering::Acquire) {
