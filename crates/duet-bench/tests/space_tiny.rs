@@ -66,6 +66,12 @@ fn space_runs_tiny_and_charts() {
         )
         .is_some());
     assert!(r.series.iter().any(|s| !s.points.is_empty()));
+    // Every update made a new version (cells never replay an earlier payload).
+    assert!(
+        !r.notes.iter().any(|n| n.contains("changed nothing")),
+        "{:?}",
+        r.notes
+    );
     let back = BenchResult::read(&dir.join("space.json")).expect("json reads back");
     assert_eq!(back.series.len(), r.series.len());
     let chart = dir.join("space").join("space-old-versions-uniform-q2.png");

@@ -104,6 +104,8 @@ pub struct Params {
 struct Shared {
     /// Updates committed so far (the SI model's clock).
     updates: AtomicU64,
+    /// Updates that changed nothing (must stay 0: each makes no version).
+    noops: AtomicU64,
     /// Per query thread: `updates` when its running query started, or u64::MAX.
     query_since: Vec<AtomicU64>,
     /// Per query thread: the snapshot its running `cow` query holds.
@@ -123,6 +125,7 @@ struct CellOut {
     samples: Vec<(String, Vec<Sample>)>,
     rss_mb_peak: f64,
     propagated: u64,
+    update_noops: u64,
 }
 
 /// Busy work standing in for a real per-document computation.
@@ -220,10 +223,12 @@ fn run_cell(
     k: usize,
     doc_bytes: u64,
     seed: u64,
+    cell_no: u64,
     quiet: bool,
 ) -> Result<CellOut> {
     let shared = Shared {
         updates: AtomicU64::new(0),
+        noops: AtomicU64::new(0),
         query_since: (0..k).map(|_| AtomicU64::new(u64::MAX)).collect(),
         held: (0..k).map(|_| Mutex::new(None)).collect(),
     };
@@ -261,12 +266,21 @@ fn run_cell(
                             KeyDist::Uniform => rng.gen_range(0..p.records.max(1)),
                             KeyDist::Zipfian => zipf.next(&mut rng),
                         };
-                        let payload = htap_payload(rng.gen::<u32>() as u64);
+                        // Unique per update of the whole run: a `$set` to the value a
+                        // document already has is a no-op (no new version), and cells
+                        // replaying an earlier cell's stream would otherwise keep fewer
+                        // versions.
+                        let payload = htap_payload(
+                            cell_no << 40 | (n * threads as u64 + t as u64) & ((1 << 40) - 1),
+                        );
                         let t0 = Instant::now();
                         let r = coll
                             .update_one(doc! {"_id": id as i64}, doc! {"$set": {"f2": payload}})?;
                         lat.record(t0.elapsed());
                         anyhow::ensure!(r.matched == 1, "document {id} missing");
+                        if r.modified == 0 {
+                            shared.noops.fetch_add(1, Ordering::Relaxed);
+                        }
                         n += 1;
                         shared.updates.fetch_add(1, Ordering::AcqRel);
                     }
@@ -363,6 +377,7 @@ fn run_cell(
                 samples,
                 rss_mb_peak: rss_peak,
                 propagated: 0,
+                update_noops: 0,
             })
         });
         let label = format!("space {} {} Q={k}", system.name(), dist.name());
@@ -410,6 +425,7 @@ fn run_cell(
         out.query_s = query_s;
         out.query_docs = query_docs;
         out.propagated = db.vls_stats().olcp_propagated;
+        out.update_noops = shared.noops.load(Ordering::Relaxed);
         Ok(out)
     })
 }
@@ -439,13 +455,25 @@ pub fn run(
          once per snapshot); si-model is counted, not run (see the module doc of workload/space.rs)",
         p.work_ns_per_doc, p.retained_every_ms
     ));
+    let mut cell_no = 0u64;
     for rep in 0..p.repeat.max(1) {
         for &dist in &p.dists {
             for &k in &p.queries {
                 for &system in &p.systems {
                     let before = db.vls_stats().olcp_propagated;
+                    // The same keys for every system of a (rep, dist, k); payloads
+                    // are unique per cell.
                     let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24;
-                    let cell = run_cell(&db, p, system, dist, k, doc_bytes, seed, quiet)?;
+                    cell_no += 1;
+                    let cell = run_cell(&db, p, system, dist, k, doc_bytes, seed, cell_no, quiet)?;
+                    if cell.update_noops > 0 {
+                        notes.push(format!(
+                            "{} {} Q={k}: {} updates changed nothing (no version made)",
+                            system.name(),
+                            dist.name(),
+                            cell.update_noops
+                        ));
+                    }
                     // Let background resets finish and the remset drain.
                     duetdb::scan::wait_for(
                         || {
