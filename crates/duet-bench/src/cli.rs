@@ -12,7 +12,7 @@ use crate::gen::Distribution;
 use crate::peers::{self, TargetName};
 use crate::result::{BenchResult, Collector, Started};
 use crate::target::Strategy;
-use crate::workload::{htap, snapshot, ycsb};
+use crate::workload::{htap, snapshot, space, ycsb};
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -22,6 +22,9 @@ pub enum BenchCommand {
     Htap(HtapArgs),
     /// Snapshot creation vs fork() vs deep copy; copy-on-write costs (AnKer Table 1).
     Snapshot(SnapshotArgs),
+    /// Old versions over time under a 100 %-update stream with long queries:
+    /// olcp vs vls vs held snapshots (Steam-like) vs an SI model (KVell+ Fig. 4).
+    Space(SpaceArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
 }
@@ -118,6 +121,51 @@ pub struct SnapshotArgs {
     /// Updates timed right after a snapshot and without one.
     #[arg(long, default_value_t = 2000)]
     pub first_writes: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    #[arg(long)]
+    pub tag: Option<String>,
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SpaceArgs {
+    /// Records (~240-byte documents) loaded before the run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub records: u64,
+    /// Seconds of updates per cell (a query running at the deadline finishes,
+    /// with updates still running).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Update threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Attempted updates per second (all threads); 0 = as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    pub update_rate: u64,
+    /// Update key distributions.
+    #[arg(long, value_delimiter = ',', default_value = "uniform,zipfian")]
+    pub dist: Vec<space::KeyDist>,
+    /// Numbers of concurrent full-collection queries.
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    pub queries: Vec<usize>,
+    /// Systems: olcp, vls, cow-steam (which also yields the counted si-model).
+    #[arg(long, value_delimiter = ',', default_value = "olcp,vls,cow-steam")]
+    pub systems: Vec<space::System>,
+    /// Busy work per document in the queries, so they last several seconds.
+    #[arg(long, default_value_t = 3000)]
+    pub work_ns_per_doc: u64,
+    /// Sampling interval of old versions.
+    #[arg(long, default_value_t = 200)]
+    pub sample_ms: u64,
+    /// Interval of the (O(size)) retained-cost walks of held snapshots.
+    #[arg(long, default_value_t = 1000)]
+    pub retained_every_ms: u64,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     #[arg(long, default_value = "bench-results")]
@@ -249,6 +297,43 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 col.figures(),
             );
             finish(r, &a.out, &a.tag).map(Some)
+        }
+        BenchCommand::Space(a) => {
+            let started = Started::now();
+            let p = space::Params {
+                records: a.records.max(1),
+                seconds: a.seconds,
+                update_threads: a.threads.max(1),
+                update_rate: a.update_rate,
+                dists: a.dist.clone(),
+                queries: a.queries.clone(),
+                systems: a.systems.clone(),
+                work_ns_per_doc: a.work_ns_per_doc,
+                sample_ms: a.sample_ms,
+                retained_every_ms: a.retained_every_ms,
+                seed: a.seed,
+                repeat: a.repeat.max(1),
+            };
+            let mut col = Collector::default();
+            let mut series = Vec::new();
+            let mut notes = Vec::new();
+            space::run(&p, a.quiet, &mut col, &mut series, &mut notes)?;
+            let r = BenchResult::finish(
+                "space",
+                serde_json::to_value(&p)?,
+                p.repeat,
+                started,
+                notes,
+                col.figures(),
+            )
+            .with_series(series);
+            let r = finish(r, &a.out, &a.tag)?;
+            // The chart beside the JSON (`report` redraws it into the charts directory).
+            let charts = crate::report::charts_for(&r, &a.out.join(file_name("space", &a.tag)))?;
+            for (_, p) in charts {
+                eprintln!("wrote {}", p.display());
+            }
+            Ok(Some(r))
         }
         BenchCommand::Report(a) => {
             crate::report::regenerate(&a.results, &a.out, &a.charts)?;

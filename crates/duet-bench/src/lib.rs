@@ -1,6 +1,8 @@
 //! duet-bench: the benchmark harness of duetdb.
 //!
-//! Owns the named workloads (`ycsb`, `htap`, `snapshot`), the targets they run
+//! Owns the named workloads (`ycsb`, `htap`, `snapshot`, `space`), the
+//! CH-benCHmark-style generator (`chbench`) and the TPC-H queries run as OLCP
+//! (`tpch`), the targets they run
 //! against (the embedded engine always; peers and the MongoDB-wire target behind
 //! cargo features so ordinary builds stay fast), the JSON/Markdown results with
 //! machine facts and the spread of repeated runs, and `report`, which regenerates
@@ -9,6 +11,7 @@
 //! Performance is never asserted here: the test suite runs every workload tiny
 //! to keep it from rotting, and the numbers live in `BENCHMARKS.md`.
 
+pub mod chbench;
 pub mod cli;
 pub mod gen;
 pub mod machine;
@@ -19,6 +22,7 @@ pub mod report;
 pub mod result;
 pub mod stats;
 pub mod target;
+pub mod tpch;
 pub mod workload;
 
 pub use cli::{run, BenchCommand};

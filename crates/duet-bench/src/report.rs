@@ -345,12 +345,47 @@ pub fn charts_for(r: &BenchResult, dir: &Path) -> Result<Vec<(String, PathBuf)>>
             plot::bars(&p, title, "ms (log scale)", &cats, &series, true)?;
             out.push((title.to_string(), p));
         }
+        "space" => {
+            // One chart per (distribution, queries): old versions over time per system.
+            let mut cells: Vec<(String, String)> = Vec::new();
+            for sr in &r.series {
+                if let (Some(d), Some(q)) = (sr.case.get("dist"), sr.case.get("queries")) {
+                    let c = (d.clone(), q.clone());
+                    if !cells.contains(&c) {
+                        cells.push(c);
+                    }
+                }
+            }
+            for (d, q) in cells {
+                let lines: Vec<(String, Vec<(f64, f64)>)> = r
+                    .series
+                    .iter()
+                    .filter(|sr| {
+                        sr.metric == "old_versions"
+                            && sr.case.get("dist") == Some(&d)
+                            && sr.case.get("queries") == Some(&q)
+                    })
+                    .map(|sr| {
+                        let name = sr.case.get("system").cloned().unwrap_or_default();
+                        (name, sr.points.iter().map(|p| (p[0], p[1])).collect())
+                    })
+                    .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
+                    .collect();
+                if lines.is_empty() {
+                    continue;
+                }
+                let title = format!("Old versions over time, {d} updates, {q} concurrent queries");
+                let p = dir.join(format!("space-old-versions-{d}-q{q}.png"));
+                plot::lines(&p, &title, "seconds", "old versions kept", &lines)?;
+                out.push((title, p));
+            }
+        }
         _ => {}
     }
     Ok(out)
 }
 
-const ORDER: [&str; 3] = ["ycsb", "htap", "snapshot"];
+const ORDER: [&str; 4] = ["ycsb", "htap", "snapshot", "space"];
 
 fn skeleton() -> String {
     "# Benchmarks\n\n\

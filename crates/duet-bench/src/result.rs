@@ -32,6 +32,20 @@ pub struct BenchResult {
     pub noisy: bool,
     pub notes: Vec<String>,
     pub figures: Vec<Figure>,
+    /// Time series (e.g. old versions over time) for charts; absent in older results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<Series>,
+}
+
+/// Samples of one quantity over time for one target and case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Series {
+    pub target: String,
+    pub case: BTreeMap<String, String>,
+    /// Name with its unit, e.g. "old_versions".
+    pub metric: String,
+    /// (seconds since the cell started, value).
+    pub points: Vec<[f64; 2]>,
 }
 
 /// One measured quantity for one target and case, over all repeated runs.
@@ -163,7 +177,14 @@ impl BenchResult {
             noisy,
             notes,
             figures,
+            series: Vec::new(),
         }
+    }
+
+    /// Attach time series (the builder form keeps `finish`'s callers unchanged).
+    pub fn with_series(mut self, series: Vec<Series>) -> BenchResult {
+        self.series = series;
+        self
     }
 
     /// Write `<dir>/<name>.json` and `<dir>/<name>.md`; returns the JSON path.

@@ -4,6 +4,7 @@
 
 pub mod htap;
 pub mod snapshot;
+pub mod space;
 pub mod ycsb;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -1,0 +1,353 @@
+//! TPC-H Q1, Q4 and Q17 over the CH-benCHmark-style data set (`chbench.rs`),
+//! written through `Database::olcp_query` (map + reduce, several threads), and
+//! a straightforward reference evaluation of each over plain documents (a
+//! static copy: `db.snapshot()` materialized, or a model rebuilt from a log).
+//!
+//! Owns the query definitions and their exact result types: money is integer
+//! cents and rates integer percent, so results compare with `==` (averages
+//! are derived from the exact sums on demand).
+//!
+//! Where the aggregation pipeline plugs in (not written here): Q1 is
+//! `$match {ol_shipdate_day: {$lte}}` → `$group {_id: {flag, status}, $sum…,
+//! $avg…, $count}` → `$sort`; Q4 needs a per-order existence test (a `$lookup`
+//! into `order_line`, which the pipeline does not plan yet) so it stays an
+//! `olcp_query` with point ranges; Q17 is a two-level `$group` (per part, then
+//! a filtered sum) after a `$lookup` into `item`. Each pipeline version should
+//! be checked against the `reference_*` functions below.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bson::{doc, Document};
+use duetdb::{Database, OlcpOptions, OlcpReport, PointRange};
+
+use crate::chbench::{int, text, ITEM, ORDERS, ORDER_LINE};
+
+/// Q1's parameter: ship date ≤ 1998-12-01 − 90 days.
+pub const Q1_CUTOFF_DAY: i64 = 2436;
+/// Q4's parameter: order date in [1993-07-01, 1993-10-01).
+pub const Q4_FROM_DAY: i64 = 547;
+pub const Q4_TO_DAY: i64 = 639;
+
+/// One group of Q1 (pricing summary), exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Q1Group {
+    pub sum_qty: i64,
+    pub sum_base_price_cents: i64,
+    /// Σ price · (100 − discount): cents × 100.
+    pub sum_disc_price_centicents: i128,
+    /// Σ price · (100 − discount) · (100 + tax): cents × 10⁴.
+    pub sum_charge_cents_e4: i128,
+    pub sum_discount_pct: i64,
+    pub count_order: u64,
+}
+
+impl Q1Group {
+    fn add(&mut self, qty: i64, price: i64, disc: i64, tax: i64) {
+        self.sum_qty += qty;
+        self.sum_base_price_cents += price;
+        let dp = price as i128 * (100 - disc) as i128;
+        self.sum_disc_price_centicents += dp;
+        self.sum_charge_cents_e4 += dp * (100 + tax) as i128;
+        self.sum_discount_pct += disc;
+        self.count_order += 1;
+    }
+    fn merge(&mut self, o: &Q1Group) {
+        self.sum_qty += o.sum_qty;
+        self.sum_base_price_cents += o.sum_base_price_cents;
+        self.sum_disc_price_centicents += o.sum_disc_price_centicents;
+        self.sum_charge_cents_e4 += o.sum_charge_cents_e4;
+        self.sum_discount_pct += o.sum_discount_pct;
+        self.count_order += o.count_order;
+    }
+    pub fn avg_qty(&self) -> f64 {
+        self.sum_qty as f64 / self.count_order.max(1) as f64
+    }
+    pub fn avg_price_cents(&self) -> f64 {
+        self.sum_base_price_cents as f64 / self.count_order.max(1) as f64
+    }
+    pub fn avg_disc_pct(&self) -> f64 {
+        self.sum_discount_pct as f64 / self.count_order.max(1) as f64
+    }
+}
+
+/// Q1: (returnflag, linestatus) → group.
+pub type Q1 = BTreeMap<(String, String), Q1Group>;
+/// Q4: orderpriority → order count.
+pub type Q4 = BTreeMap<String, u64>;
+
+/// Q17's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Q17Params {
+    pub brand: String,
+    pub container: String,
+}
+
+impl Default for Q17Params {
+    fn default() -> Self {
+        Q17Params {
+            brand: "Brand#23".into(),
+            container: "MED BOX".into(),
+        }
+    }
+}
+
+/// Q17 (small-quantity-order revenue), exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Q17 {
+    /// Σ extended price of the lines with quantity < 0.2 · avg quantity of their part.
+    pub sum_price_cents: i64,
+    /// Qualifying parts that have at least one line.
+    pub parts: u64,
+    pub lines: u64,
+}
+
+impl Q17 {
+    /// TPC-H's `avg_yearly` = Σ price / 7.0, in currency units.
+    pub fn avg_yearly(&self) -> f64 {
+        self.sum_price_cents as f64 / 7.0 / 100.0
+    }
+}
+
+fn opts(threads: usize) -> OlcpOptions {
+    OlcpOptions {
+        threads: threads.max(1),
+    }
+}
+
+/// Q1 through OLCP: one scan range on the ship date over `order_line`.
+pub fn q1_olcp(db: &Database, threads: usize) -> duetdb::Result<(Q1, OlcpReport)> {
+    db.olcp_query(
+        ORDER_LINE,
+        &[doc! {"ol_shipdate_day": {"$lte": Q1_CUTOFF_DAY}}],
+        &[],
+        Q1::new,
+        |s: &mut Q1, d, _| {
+            let key = (
+                text(d, "ol_returnflag")?.to_string(),
+                text(d, "ol_linestatus")?.to_string(),
+            );
+            s.entry(key).or_default().add(
+                int(d, "ol_quantity")?,
+                int(d, "ol_extendedprice_cents")?,
+                int(d, "ol_discount_pct")?,
+                int(d, "ol_tax_pct")?,
+            );
+            Ok(())
+        },
+        |mut a, b| {
+            for (k, g) in b {
+                a.entry(k).or_default().merge(&g);
+            }
+            a
+        },
+        opts(threads),
+    )
+}
+
+/// Q4 through OLCP: orders in the date range are the scan range (an index
+/// range on `o_entry_day`); their lines are read by order key from a point
+/// range over `order_line`, as of the query's start.
+pub fn q4_olcp(db: &Database, threads: usize) -> duetdb::Result<(Q4, OlcpReport)> {
+    db.olcp_query(
+        ORDERS,
+        &[doc! {"o_entry_day": {"$gte": Q4_FROM_DAY, "$lt": Q4_TO_DAY}}],
+        &[PointRange {
+            coll: ORDER_LINE.into(),
+            filter: Document::new(),
+        }],
+        Q4::new,
+        |s: &mut Q4, d, points| {
+            let key = int(d, "_id")?;
+            let mut late = false;
+            for l in points.find(ORDER_LINE, &doc! {"ol_o_key": key})? {
+                if int(&l, "ol_commitdate_day")? < int(&l, "ol_receiptdate_day")? {
+                    late = true;
+                    break;
+                }
+            }
+            if late {
+                *s.entry(text(d, "o_orderpriority")?.to_string())
+                    .or_default() += 1;
+            }
+            Ok(())
+        },
+        |mut a, b| {
+            for (k, n) in b {
+                *a.entry(k).or_default() += n;
+            }
+            a
+        },
+        opts(threads),
+    )
+}
+
+/// Per-part accumulation of Q17: Σ quantity, line count, and the lines.
+#[derive(Debug, Default)]
+struct PartAcc {
+    sum_qty: i64,
+    count: i64,
+    lines: Vec<(i64, i64)>,
+}
+
+#[derive(Default)]
+struct Q17State {
+    /// Item id → is it of the queried brand and container (memo of point reads).
+    selected: HashMap<i64, bool>,
+    parts: HashMap<i64, PartAcc>,
+}
+
+fn q17_finish(parts: &HashMap<i64, PartAcc>) -> Q17 {
+    let mut out = Q17::default();
+    for acc in parts.values() {
+        out.parts += 1;
+        for &(qty, price) in &acc.lines {
+            // qty < 0.2 · (sum / count)  ⇔  5 · qty · count < sum
+            if 5 * qty * acc.count < acc.sum_qty {
+                out.sum_price_cents += price;
+                out.lines += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Q17 through OLCP: one pass over `order_line` (scan range: all of it); each
+/// line's part is looked up in a point range over `item` restricted to the
+/// brand and container, so lines of other parts find nothing. The per-part
+/// average and the filter are computed in the reduce step (the subquery).
+pub fn q17_olcp(db: &Database, p: &Q17Params, threads: usize) -> duetdb::Result<(Q17, OlcpReport)> {
+    let (state, report) = db.olcp_query(
+        ORDER_LINE,
+        &[],
+        &[PointRange {
+            coll: ITEM.into(),
+            filter: doc! {"i_brand": &p.brand, "i_container": &p.container},
+        }],
+        Q17State::default,
+        |s: &mut Q17State, d, points| {
+            let part = int(d, "ol_i_id")?;
+            let selected = match s.selected.get(&part) {
+                Some(b) => *b,
+                None => {
+                    let b = !points.find(ITEM, &doc! {"_id": part})?.is_empty();
+                    s.selected.insert(part, b);
+                    b
+                }
+            };
+            if selected {
+                let qty = int(d, "ol_quantity")?;
+                let acc = s.parts.entry(part).or_default();
+                acc.sum_qty += qty;
+                acc.count += 1;
+                acc.lines.push((qty, int(d, "ol_extendedprice_cents")?));
+            }
+            Ok(())
+        },
+        |mut a, b| {
+            for (part, acc) in b.parts {
+                let e = a.parts.entry(part).or_default();
+                e.sum_qty += acc.sum_qty;
+                e.count += acc.count;
+                e.lines.extend(acc.lines);
+            }
+            a
+        },
+        opts(threads),
+    )?;
+    Ok((q17_finish(&state.parts), report))
+}
+
+fn i(d: &Document, k: &str) -> i64 {
+    match d.get(k) {
+        Some(bson::Bson::Int64(v)) => *v,
+        Some(bson::Bson::Int32(v)) => *v as i64,
+        _ => i64::MIN,
+    }
+}
+
+fn s<'a>(d: &'a Document, k: &str) -> &'a str {
+    d.get_str(k).unwrap_or("")
+}
+
+/// Q1 the obvious way: filter, group, sum.
+pub fn reference_q1(lines: &[Document]) -> Q1 {
+    let mut out = Q1::new();
+    for l in lines {
+        if i(l, "ol_shipdate_day") <= Q1_CUTOFF_DAY {
+            out.entry((
+                s(l, "ol_returnflag").to_string(),
+                s(l, "ol_linestatus").to_string(),
+            ))
+            .or_default()
+            .add(
+                i(l, "ol_quantity"),
+                i(l, "ol_extendedprice_cents"),
+                i(l, "ol_discount_pct"),
+                i(l, "ol_tax_pct"),
+            );
+        }
+    }
+    out
+}
+
+/// Q4 the obvious way: the set of orders with a late line, then the orders.
+pub fn reference_q4(orders: &[Document], lines: &[Document]) -> Q4 {
+    let late: std::collections::HashSet<i64> = lines
+        .iter()
+        .filter(|l| i(l, "ol_commitdate_day") < i(l, "ol_receiptdate_day"))
+        .map(|l| i(l, "ol_o_key"))
+        .collect();
+    let mut out = Q4::new();
+    for o in orders {
+        let day = i(o, "o_entry_day");
+        if (Q4_FROM_DAY..Q4_TO_DAY).contains(&day) && late.contains(&i(o, "_id")) {
+            *out.entry(s(o, "o_orderpriority").to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Q17 the obvious way: the parts, their average quantity, the small lines.
+pub fn reference_q17(items: &[Document], lines: &[Document], p: &Q17Params) -> Q17 {
+    let parts: std::collections::HashSet<i64> = items
+        .iter()
+        .filter(|it| s(it, "i_brand") == p.brand && s(it, "i_container") == p.container)
+        .map(|it| i(it, "_id"))
+        .collect();
+    let mut acc: HashMap<i64, PartAcc> = HashMap::new();
+    for l in lines {
+        let part = i(l, "ol_i_id");
+        if parts.contains(&part) {
+            let a = acc.entry(part).or_default();
+            a.sum_qty += i(l, "ol_quantity");
+            a.count += 1;
+        }
+    }
+    let mut out = Q17 {
+        parts: acc.len() as u64,
+        ..Q17::default()
+    };
+    for l in lines {
+        if let Some(a) = acc.get(&i(l, "ol_i_id")) {
+            // qty < 0.2 · avg, in integers (0.2 has no exact binary form).
+            let qty = i(l, "ol_quantity");
+            if 5 * qty * a.count < a.sum_qty {
+                out.sum_price_cents += i(l, "ol_extendedprice_cents");
+                out.lines += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The static copy the reference evaluations read: (items, orders, lines)
+/// materialized from one snapshot.
+pub fn static_copy(
+    snap: &duetdb::Snapshot,
+) -> duetdb::Result<(Vec<Document>, Vec<Document>, Vec<Document>)> {
+    Ok((
+        snap.collection(ITEM).find(Document::new()).run()?,
+        snap.collection(ORDERS).find(Document::new()).run()?,
+        snap.collection(ORDER_LINE).find(Document::new()).run()?,
+    ))
+}
