@@ -230,3 +230,63 @@ fn answer_changing_updates_match_the_start_snapshot() {
     // The updates did change the answers (the check is not vacuous).
     assert!(changed > 0);
 }
+
+/// Q1 written as an aggregation pipeline: the engine runs its commutative part
+/// (`$match` + `$group`) as an OLCP query and must agree exactly with the
+/// hand-written `olcp_query` version.
+#[test]
+fn q1_as_an_aggregation_pipeline_equals_the_olcp_query() {
+    let (db, _) = loaded();
+    let (expected, _) = tpch::q1_olcp(&db, 2).expect("q1 olcp");
+    let pipeline = vec![
+        doc! {"$match": {"ol_shipdate_day": {"$lte": tpch::Q1_CUTOFF_DAY}}},
+        doc! {"$group": {
+            "_id": {"rf": "$ol_returnflag", "ls": "$ol_linestatus"},
+            "sum_qty": {"$sum": "$ol_quantity"},
+            "sum_base_price": {"$sum": "$ol_extendedprice_cents"},
+            "sum_disc_price": {"$sum": {"$multiply": [
+                "$ol_extendedprice_cents", {"$subtract": [100, "$ol_discount_pct"]}]}},
+            "sum_charge": {"$sum": {"$multiply": [
+                "$ol_extendedprice_cents",
+                {"$subtract": [100, "$ol_discount_pct"]},
+                {"$add": [100, "$ol_tax_pct"]}]}},
+            "sum_disc": {"$sum": "$ol_discount_pct"},
+            "count_order": {"$sum": 1},
+        }},
+        doc! {"$sort": {"_id.rf": 1, "_id.ls": 1}},
+    ];
+    let coll = db.collection(ORDER_LINE);
+    let (rows, explain) = coll
+        .aggregate_with(pipeline, duetdb::Strategy::Auto)
+        .expect("pipeline");
+    assert_eq!(
+        explain.strategy,
+        duetdb::Strategy::Olcp,
+        "Q1's scan part is commutative"
+    );
+    assert_eq!(rows.len(), expected.len());
+    let num = |d: &Document, f: &str| -> i128 {
+        match d.get(f) {
+            Some(Bson::Int32(v)) => i128::from(*v),
+            Some(Bson::Int64(v)) => i128::from(*v),
+            other => panic!("{f}: {other:?}"),
+        }
+    };
+    for row in &rows {
+        let id = row.get_document("_id").expect("_id");
+        let key = (
+            id.get_str("rf").expect("rf").to_string(),
+            id.get_str("ls").expect("ls").to_string(),
+        );
+        let g = expected.get(&key).expect("group present in both");
+        assert_eq!(num(row, "sum_qty"), i128::from(g.sum_qty), "{key:?}");
+        assert_eq!(
+            num(row, "sum_base_price"),
+            i128::from(g.sum_base_price_cents)
+        );
+        assert_eq!(num(row, "sum_disc_price"), g.sum_disc_price_centicents);
+        assert_eq!(num(row, "sum_charge"), g.sum_charge_cents_e4);
+        assert_eq!(num(row, "sum_disc"), i128::from(g.sum_discount_pct));
+        assert_eq!(num(row, "count_order"), i128::from(g.count_order));
+    }
+}
