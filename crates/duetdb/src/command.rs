@@ -386,8 +386,9 @@ fn matching(
     Ok(out)
 }
 
-/// The new version of `old` under `update`, validated for storage.
-fn updated_version(
+/// The new version of `old` under `update`, validated for storage; `None` when
+/// the update changes nothing. (Also used by transactions.)
+pub(crate) fn updated_version(
     old: &DocRef,
     update: &UpdateSpec,
     now: DateTime,

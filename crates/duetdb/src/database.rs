@@ -975,7 +975,8 @@ impl Collection {
         }
     }
 
-    fn operators(update: &Document) -> Result<UpdateSpec> {
+    /// Parse an update that must use operators (`update_one`/`update_many`).
+    pub(crate) fn operators(update: &Document) -> Result<UpdateSpec> {
         let spec = UpdateSpec::parse(update)?;
         if spec.is_replacement() {
             return Err(Error::bad_value(
@@ -985,7 +986,8 @@ impl Collection {
         Ok(spec)
     }
 
-    fn replacement(doc: &Document) -> Result<UpdateSpec> {
+    /// Parse a replacement document (`replace_one`).
+    pub(crate) fn replacement(doc: &Document) -> Result<UpdateSpec> {
         let spec = UpdateSpec::parse(doc)?;
         if !spec.is_replacement() {
             return Err(Error::bad_value(

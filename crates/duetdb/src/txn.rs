@@ -53,8 +53,9 @@ use bson::raw::RawDocumentBuf;
 use bson::{Bson, DateTime, Document, RawBson};
 
 use crate::collection::{CollectionState, ID_INDEX_NAME};
+use crate::command::updated_version;
 use crate::command::{Command, Reply, UpdateResult, MAX_WRITE_BATCH};
-use crate::database::{validate_collection_name, Database, FindOptions, UpdateOptions};
+use crate::database::{validate_collection_name, Collection, Database, FindOptions, UpdateOptions};
 use crate::doc::{self, DocRef};
 use crate::durability::effect::{self, Effect};
 use crate::error::{DuplicateKey, Error, Result};
@@ -547,7 +548,7 @@ impl Transaction {
         filter: Document,
         update: Document,
     ) -> Result<UpdateResult> {
-        let spec = operators(&update)?;
+        let spec = Collection::operators(&update)?;
         self.update_with(coll, filter, spec, false, UpdateOptions::default())
     }
 
@@ -557,7 +558,7 @@ impl Transaction {
         filter: Document,
         update: Document,
     ) -> Result<UpdateResult> {
-        let spec = operators(&update)?;
+        let spec = Collection::operators(&update)?;
         self.update_with(coll, filter, spec, true, UpdateOptions::default())
     }
 
@@ -567,12 +568,7 @@ impl Transaction {
         filter: Document,
         replacement: Document,
     ) -> Result<UpdateResult> {
-        let spec = UpdateSpec::parse(&replacement)?;
-        if !spec.is_replacement() {
-            return Err(Error::bad_value(
-                "replacement document must not contain atomic operators",
-            ));
-        }
+        let spec = Collection::replacement(&replacement)?;
         self.update_with(coll, filter, spec, false, UpdateOptions::default())
     }
 
@@ -703,44 +699,6 @@ impl Transaction {
 
     /// Discard the buffer; nothing was ever written.
     pub fn abort(self) {}
-}
-
-fn operators(update: &Document) -> Result<UpdateSpec> {
-    let spec = UpdateSpec::parse(update)?;
-    if spec.is_replacement() {
-        return Err(Error::bad_value(
-            "update document requires atomic operators",
-        ));
-    }
-    Ok(spec)
-}
-
-/// The new version of `old` under `update`, validated for storage; `None` when
-/// the update changes nothing.
-fn updated_version(
-    old: &DocRef,
-    update: &UpdateSpec,
-    now: DateTime,
-) -> Result<Option<RawDocumentBuf>> {
-    let old_doc = doc::to_document(old)?;
-    let new_doc = update.apply(
-        &old_doc,
-        &ApplyContext {
-            is_upsert_insert: false,
-            now,
-        },
-    )?;
-    doc::check_depth(&new_doc)?;
-    let new_raw = doc::to_raw_document(&new_doc)?;
-    if new_raw.as_bytes() == old.as_bytes() {
-        return Ok(None);
-    }
-    match (doc::id_of(old), doc::id_of(&new_raw)) {
-        (Some(a), Some(b)) if crate::value::equal(a, b) => Ok(Some(new_raw)),
-        _ => Err(Error::ImmutableField(
-            "Performing an update on the path '_id' would modify the immutable field '_id'".into(),
-        )),
-    }
 }
 
 fn dup_id_error(state: &DbState, coll: &str, id: &Bson) -> Error {
