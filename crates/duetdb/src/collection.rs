@@ -155,6 +155,21 @@ impl CollectionState {
 
     /// Replace the document of `rid` by `new` (whose `_id` must equal the old one).
     pub fn replace(&mut self, rid: RecordId, new: DocRef) -> Result<()> {
+        self.replace_where(rid, new, |_| true)
+    }
+
+    /// [`CollectionState::replace`] that maintains only the indexes `affected`
+    /// says the change may touch (an update that modifies no indexed path skips
+    /// computing keys altogether).
+    ///
+    /// Requires: `affected(spec)` is true for every index whose keys differ
+    /// between the old and the new version (checked in debug builds).
+    pub fn replace_where(
+        &mut self,
+        rid: RecordId,
+        new: DocRef,
+        affected: impl Fn(&IndexSpec) -> bool,
+    ) -> Result<()> {
         let old = self
             .heap
             .get(rid)
@@ -164,8 +179,34 @@ impl CollectionState {
             matches!((doc::id_of(&old), doc::id_of(&new)), (Some(a), Some(b)) if crate::value::equal(a, b)),
             "replace must keep _id"
         );
-        let new_keys = self.keys_checked(&new, Some(rid))?;
-        for (index, (new_keys, multikey)) in self.indexes.iter_mut().zip(new_keys) {
+        // All checks first (nothing is written until every index accepted the keys).
+        let mut new_keys: Vec<Option<(Vec<IndexKey>, bool)>> =
+            Vec::with_capacity(self.indexes.len());
+        for index in &self.indexes {
+            if !affected(&index.spec) {
+                debug_assert!(
+                    index.spec.keys_for(&old).ok().map(|k| k.0)
+                        == index.spec.keys_for(&new).ok().map(|k| k.0),
+                    "index {} changed although the update was said not to affect it",
+                    index.spec.name
+                );
+                new_keys.push(None);
+                continue;
+            }
+            let (keys, multikey) = index.spec.keys_for(&new)?;
+            if index.spec.unique {
+                for k in &keys {
+                    if index.holder_of(k, Some(rid)).is_some() {
+                        return Err(self.dup_key_error(index, k));
+                    }
+                }
+            }
+            new_keys.push(Some((keys, multikey)));
+        }
+        for (index, computed) in self.indexes.iter_mut().zip(new_keys) {
+            let Some((new_keys, multikey)) = computed else {
+                continue;
+            };
             let (old_keys, _) = index.spec.keys_for(&old)?;
             if old_keys == new_keys {
                 continue;
@@ -325,5 +366,43 @@ impl CollectionState {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, rawdoc};
+
+    fn coll() -> CollectionState {
+        let mut c = CollectionState::new("t.c", VlsOptions::default());
+        let spec = IndexSpec::new(&doc! {"a": 1}, None, false).expect("spec");
+        c.create_index(spec).expect("index");
+        c.insert(
+            Arc::new(rawdoc! {"_id": 1, "a": 1, "b": 1}),
+            RawBson::Int32(1),
+        )
+        .expect("insert");
+        c
+    }
+
+    #[test]
+    fn replace_where_skips_unaffected_indexes_and_stays_consistent() {
+        let mut c = coll();
+        c.replace_where(0, Arc::new(rawdoc! {"_id": 1, "a": 1, "b": 2}), |_| false)
+            .expect("replace");
+        c.check_invariants().expect("invariants");
+        c.replace_where(0, Arc::new(rawdoc! {"_id": 1, "a": 5, "b": 2}), |_| true)
+            .expect("replace");
+        c.check_invariants().expect("invariants");
+    }
+
+    /// The debug check that guards `replace_where`'s contract can fail.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "was said not to affect it")]
+    fn replace_where_with_a_wrong_claim_is_caught_in_debug_builds() {
+        let mut c = coll();
+        let _ = c.replace_where(0, Arc::new(rawdoc! {"_id": 1, "a": 2, "b": 1}), |_| false);
     }
 }

@@ -419,13 +419,22 @@ fn replace_all(
     c: &mut CollectionState,
     coll: &str,
     changes: Vec<(RecordId, DocRef, DocRef)>,
+    update: &UpdateSpec,
 ) -> Result<u64> {
+    // Indexes the update may touch, decided once per command: the others keep
+    // their keys, so no key is computed for them.
+    let affected: Vec<String> = c
+        .indexes
+        .iter()
+        .filter(|i| i.spec.fields.iter().any(|(p, _)| update.may_affect(p)))
+        .map(|i| i.spec.name.clone())
+        .collect();
     let mut done: Vec<(RecordId, DocRef)> = Vec::new();
     for (rid, old, new) in changes {
         // Recorded before the attempt; on failure the writer drops the
         // command's effects along with its changes.
         effect::record_put(coll, &new);
-        if let Err(e) = c.replace(rid, new) {
+        if let Err(e) = c.replace_where(rid, new, |spec| affected.contains(&spec.name)) {
             for (rid, old) in done.into_iter().rev() {
                 // Restoring a version that was consistent before cannot conflict.
                 c.replace(rid, old)
@@ -475,7 +484,7 @@ fn update(state: &mut DbState, u: UpdateCommand) -> Result<Reply> {
     let c = state
         .collection_mut(&u.coll)
         .ok_or_else(|| missing(&u.coll))?;
-    let modified = replace_all(c, &u.coll, changes)?;
+    let modified = replace_all(c, &u.coll, changes, &u.update)?;
     Ok(Reply::Updated(UpdateResult {
         matched: found.len() as u64,
         modified,
