@@ -153,6 +153,16 @@ impl Database {
         total
     }
 
+    /// Writer figures: queue length now, groups and commands so far, csn.
+    pub fn writer_stats(&self) -> crate::writer::WriterStats {
+        self.inner.writer.stats()
+    }
+
+    /// Write-ahead log figures; `None` for a database without a log.
+    pub fn wal_stats(&self) -> Option<crate::durability::wal::WalStats> {
+        self.inner.writer.wal().map(|w| w.stats())
+    }
+
     /// Open (or create) the durable database kept in directory `path`:
     /// recover it, lock the directory, and log every write (`fsync` mode).
     pub fn open(path: impl AsRef<Path>) -> Result<Database> {

@@ -96,6 +96,23 @@ pub struct Writer {
     wal: Option<Arc<Wal>>,
     /// The database's default durability.
     durability: Durability,
+    /// Groups published and commands applied (successful or not), for
+    /// `serverStatus`; relaxed counters, never used for ordering.
+    groups: AtomicU64,
+    commands: AtomicU64,
+    largest_group: AtomicU64,
+}
+
+/// Writer figures (`Database::writer_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Commands waiting for or being applied by the current leader.
+    pub queue_len: u64,
+    /// Groups led (one state publish each, when a command in it succeeded).
+    pub groups: u64,
+    pub commands: u64,
+    pub largest_group: u64,
+    pub csn: u64,
 }
 
 impl Writer {
@@ -109,6 +126,9 @@ impl Writer {
             poisoned: Mutex::new(None),
             wal: None,
             durability: Durability::None,
+            groups: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            largest_group: AtomicU64::new(0),
         }
     }
 
@@ -133,6 +153,21 @@ impl Writer {
     /// The latest published state: an O(1) consistent snapshot.
     pub fn published(&self) -> Arc<DbState> {
         self.published.load_full()
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        WriterStats {
+            queue_len: self.queue.lock().len() as u64,
+            groups: self.groups.load(Ordering::Relaxed),
+            commands: self.commands.load(Ordering::Relaxed),
+            largest_group: self.largest_group.load(Ordering::Relaxed),
+            csn: self.published.load().csn,
+        }
+    }
+
+    /// The write-ahead log, if the database has one.
+    pub fn wal(&self) -> Option<&Arc<Wal>> {
+        self.wal.as_ref()
     }
 
     /// Execute `command` as the single writer and wait until it is published.
@@ -172,6 +207,11 @@ impl Writer {
         // Leader: take a group, release the queue so others can enqueue meanwhile.
         let group: Vec<Arc<Slot>> = queue.iter().take(MAX_GROUP).cloned().collect();
         drop(queue);
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        self.commands
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        self.largest_group
+            .fetch_max(group.len() as u64, Ordering::Relaxed);
         self.lead(&group);
         let mut queue = self.queue.lock();
         for s in &group {

@@ -178,6 +178,24 @@ pub struct Wal {
     pub bytes_since_checkpoint: AtomicU64,
     /// csn of the last record appended.
     last_lsn: AtomicU64,
+    /// Monotonic counters for `serverStatus` (relaxed: figures, not protocol).
+    records: AtomicU64,
+    bytes: AtomicU64,
+    fsyncs: AtomicU64,
+    segments_created: AtomicU64,
+}
+
+/// What the log has done since the database was opened (`Database::wal_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalStats {
+    pub records: u64,
+    pub bytes: u64,
+    pub fsyncs: u64,
+    /// Segments started, including the one created at open.
+    pub segments_created: u64,
+    pub bytes_since_checkpoint: u64,
+    pub last_lsn: u64,
+    pub stopped: bool,
 }
 
 impl Wal {
@@ -204,6 +222,10 @@ impl Wal {
             stop_reason: Mutex::new(None),
             bytes_since_checkpoint: AtomicU64::new(0),
             last_lsn: AtomicU64::new(next_csn.saturating_sub(1)),
+            records: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
+            segments_created: AtomicU64::new(1),
         })
     }
 
@@ -256,6 +278,10 @@ impl Wal {
 
         let mut a = self.active.lock();
         debug_assert_eq!(self.last_lsn.load(Ordering::Relaxed) + 1, first);
+        // Counted when the record is accepted into the log (buffered or written);
+        // a failed append below returns before the figures would matter.
+        self.records.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(rec.len() as u64, Ordering::Relaxed);
         let logical = a.len + a.buffered.len() as u64;
         if logical + rec.len() as u64 > self.segment_bytes && logical > SEGMENT_MAGIC.len() as u64 {
             self.rotate(&mut a, first)?;
@@ -322,6 +348,7 @@ impl Wal {
             self.stop(format!("fsync of {} failed: {e}", a.path.display()));
             return Err(err);
         }
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
         a.dirty = false;
         Ok(())
     }
@@ -349,6 +376,7 @@ impl Wal {
             self.stop(format!("fsync of {} failed: {e}", path.display()));
             return Err(err);
         }
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -370,7 +398,20 @@ impl Wal {
             self.skip_dir_fsync,
         )?;
         *a = next;
+        self.segments_created.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    pub fn stats(&self) -> WalStats {
+        WalStats {
+            records: self.records.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            fsyncs: self.fsyncs.load(Ordering::Relaxed),
+            segments_created: self.segments_created.load(Ordering::Relaxed),
+            bytes_since_checkpoint: self.bytes_since_checkpoint.load(Ordering::Relaxed),
+            last_lsn: self.last_lsn(),
+            stopped: self.stopped.load(Ordering::Acquire),
+        }
     }
 
     pub fn last_lsn(&self) -> u64 {
