@@ -37,6 +37,14 @@ def test_server_status(client, db):
     assert st["opcounters"]["insert"] >= 10
     mine = [d for d in st["duet"]["databases"] if d["name"] == db.name]
     assert mine and mine[0]["csn"] >= 1 and mine[0]["objects"] == 10
+    d = mine[0]
+    # The insert above was at least one writer group; the WAL (the test server
+    # is durable) logged it and synced it before acknowledging.
+    assert d["writer"]["commands"] >= 1 and d["writer"]["groups"] >= 1
+    assert d["writer"]["queueLength"] >= 0
+    assert d["wal"]["records"] >= 1 and d["wal"]["fsyncs"] >= 1
+    assert d["wal"]["lastLsn"] == d["csn"] and d["wal"]["stopped"] is False
+    assert d["vls"]["remsetEntries"] >= 0
 
 
 def test_list_databases(client, db):

@@ -130,7 +130,20 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
     for (name, db) in s.engine.list_databases() {
         let st = db.stats();
         let v = db.vls_stats();
+        let w = db.writer_stats();
         let i = |n: u64| n.min(i64::MAX as u64) as i64;
+        let wal = match db.wal_stats() {
+            Some(l) => Bson::Document(doc! {
+                "records": i(l.records),
+                "bytes": i(l.bytes),
+                "fsyncs": i(l.fsyncs),
+                "segmentsCreated": i(l.segments_created),
+                "bytesSinceCheckpoint": i(l.bytes_since_checkpoint),
+                "lastLsn": i(l.last_lsn),
+                "stopped": l.stopped,
+            }),
+            None => Bson::Null,
+        };
         dbs.push(Bson::Document(doc! {
             "name": name,
             "csn": i(st.csn),
@@ -150,7 +163,16 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
                 "remsetBytesPeak": i(v.remset.bytes_peak),
                 "remsetSharedVersions": i(v.remset.shared_inserts),
                 "remsetReclaimed": i(v.remset.reclaimed),
+                "olcpPropagated": i(v.olcp_propagated),
+                "olcpInflight": i(v.olcp_inflight),
             },
+            "writer": {
+                "queueLength": i(w.queue_len),
+                "groups": i(w.groups),
+                "commands": i(w.commands),
+                "largestGroup": i(w.largest_group),
+            },
+            "wal": wal,
         }));
     }
     doc! {
@@ -180,7 +202,6 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
             "databases": dbs,
             "cursorsOpen": s.cursors.len() as i64,
             "snapshotsHeld": s.snapshots.len() as i64,
-            "notYetExposed": ["writerQueue", "remset", "oldVersions", "scans", "wal"],
         },
         "ok": 1.0,
     }
