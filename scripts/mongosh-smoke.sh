@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# mongosh against `duet serve`: installs mongosh (npm, into .cache/mongosh) if
+# missing, starts a debug `duet serve` on a free port with a temporary data
+# directory, runs a script of shell helpers with assertions, stops the server.
+# Not part of the CI suite (it needs Node.js and ~100 MB of npm packages).
+#
+#   bash scripts/mongosh-smoke.sh
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+shell_dir="$root/.cache/mongosh"
+if [ ! -x "$shell_dir/node_modules/.bin/mongosh" ]; then
+    mkdir -p "$shell_dir"
+    (cd "$shell_dir" && npm install --silent --no-audit --no-fund mongosh@2 >/dev/null)
+fi
+cargo build -q -p duet --locked
+data="$(mktemp -d)"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+target/debug/duet serve --port "$port" --data-dir "$data/db" --log-level warn >"$data/serve.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$data"' EXIT
+for _ in $(seq 100); do grep -q "listening on" "$data/serve.log" && break; sleep 0.1; done
+"$shell_dir/node_modules/.bin/mongosh" --quiet "mongodb://127.0.0.1:$port/smoke" --eval '
+  function check(ok, what) { if (!ok) { throw new Error("FAILED: " + what); } print("ok  " + what); }
+  db.c.drop();
+  db.c.insertOne({a: 1}); db.c.insertMany([{a: 2}, {a: 3}]);
+  check(db.c.countDocuments() === 3, "insert + countDocuments");
+  check(db.c.find({a: {$gte: 2}}).toArray().length === 2, "find with a filter");
+  const s = db.c.aggregate([{$group: {_id: null, s: {$sum: "$a"}}}]).toArray();
+  check(s.length === 1 && s[0].s === 6, "aggregate $group");
+  db.c.createIndex({a: 1});
+  check(db.c.getIndexes().length === 2, "createIndex + getIndexes");
+  check(db.c.find({a: 2}).explain().queryPlanner.winningPlan.stage === "FETCH", "explain uses the index");
+  check(db.c.updateOne({a: 2}, {$inc: {a: 10}}).modifiedCount === 1, "updateOne $inc");
+  check(db.c.deleteMany({a: {$gt: 5}}).deletedCount === 1, "deleteMany");
+  check(JSON.stringify(db.c.distinct("a")) === "[1,3]", "distinct");
+  check(db.getMongo().getDBNames().includes("smoke"), "show dbs");
+  check(db.getCollectionNames().includes("c"), "show collections");
+  check(db.runCommand({createSnapshot: "s1"}).ok === 1, "createSnapshot");
+  db.c.insertOne({a: 9});
+  check(Number(db.runCommand({count: "c", $duet: {snapshotName: "s1"}}).n) === 2, "count on a named snapshot");
+  check(Number(db.runCommand({count: "c", $duet: {snapshot: "vls"}}).n) === 3, "count under vls");
+  check(db.runCommand({dropSnapshot: "s1"}).ok === 1, "dropSnapshot");
+  check(db.c.find().readConcern("snapshot").toArray().length === 3, "readConcern snapshot");
+'
+echo "mongosh smoke test passed"
