@@ -91,6 +91,9 @@ fn secs(s: f64, what: &str) -> Result<Duration, String> {
 /// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
 pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     init_logging(&args.log_level)?;
+    if !args.standalone && args.replica_set.trim().is_empty() {
+        return Err("--replica-set must not be empty (use --standalone for no replica set)".into());
+    }
     let config = Config {
         bind: args.bind,
         port: args.port,
