@@ -93,8 +93,9 @@ fn session_of(ctx: &Ctx<'_>, args: &SessionArgs) -> CmdResult<(SessionId, i64)> 
     }
 }
 
-/// Lock a session for the whole command (see `sessions.rs`).
-fn lock_session(ctx: &Ctx<'_>, id: &[u8]) -> CmdResult<Arc<Mutex<Session>>> {
+/// The session's entry (created when new); callers lock it for the whole
+/// command (see `sessions.rs`).
+fn session_entry(ctx: &Ctx<'_>, id: &[u8]) -> CmdResult<Arc<Mutex<Session>>> {
     ctx.state.sessions.get_or_create(id)
 }
 
@@ -127,7 +128,7 @@ fn check_first_read_concern(cmd: &Document) -> CmdResult<()> {
 /// A command of a multi-document transaction (`autocommit: false`).
 pub fn in_transaction(ctx: &Ctx<'_>, name: &str, cmd: &Document, args: &SessionArgs) -> CmdResult {
     let (id, n) = session_of(ctx, args)?;
-    let session = lock_session(ctx, &id)?;
+    let session = session_entry(ctx, &id)?;
     let mut s = session.lock();
     s.last_use = Instant::now();
     check_not_too_old(&s, n)?;
@@ -335,7 +336,7 @@ pub fn retryable_write(
         ));
     }
     let (id, n) = session_of(ctx, args)?;
-    let session = lock_session(ctx, &id)?;
+    let session = session_entry(ctx, &id)?;
     let mut s = session.lock();
     s.last_use = Instant::now();
     check_not_too_old(&s, n)?;
