@@ -71,7 +71,7 @@ def test_unknown_command_is_59(client):
     assert e.value.details["codeName"] == "CommandNotFound"
 
 
-def test_transactions_and_bad_duet_options_are_refused_clearly(client, db):
+def test_bad_duet_options_and_sessionless_commit_are_refused_clearly(client, db):
     assert db.command({"find": "c", "$duet": {"snapshot": "olcp"}})["ok"] == 1.0
     with pytest.raises(OperationFailure) as e:
         db.command({"find": "c", "$duet": {"snapshot": "nonsense"}})
@@ -83,5 +83,5 @@ def test_transactions_and_bad_duet_options_are_refused_clearly(client, db):
         db.command({"find": "c", "$duet": {"nosuch": "vls"}})
     assert e.value.code == 2
     with pytest.raises(OperationFailure) as e:
-        db.command({"commitTransaction": 1})
-    assert e.value.code == 20
+        db.command({"commitTransaction": 1})  # no txnNumber: not a transaction
+    assert e.value.code == 72

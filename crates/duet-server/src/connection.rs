@@ -166,7 +166,12 @@ async fn run_command(
             Ok(j) => j,
             Err(_) => {
                 tracing::debug!(conn = conn.id, command = %name, "maxTimeMS expired");
-                return CommandError::max_time_expired().to_reply();
+                let mut e = CommandError::max_time_expired();
+                if name == "commitTransaction" {
+                    // The commit goes on in the background: its outcome is unknown.
+                    e = e.with_label(commands::txn::UNKNOWN_COMMIT);
+                }
+                return e.to_reply();
             }
         },
     };

@@ -2,7 +2,9 @@
 //! plus any extra fields (`keyPattern`/`keyValue` for duplicate keys).
 //!
 //! Every engine error maps through `duetdb::Error::code()/code_name()`, so the
-//! wire answer uses exactly the engine's MongoDB code.
+//! wire answer uses exactly the engine's MongoDB code, and keeps the engine's
+//! `errorLabels` (`TransientTransactionError` on a write conflict); the
+//! session layer adds the transaction labels drivers retry on.
 
 use bson::{doc, Document};
 
@@ -14,6 +16,9 @@ pub struct CommandError {
     pub message: String,
     /// Extra fields merged into the error reply or write error.
     pub extra: Option<Box<Document>>,
+    /// `errorLabels` of the reply (`TransientTransactionError`,
+    /// `UnknownTransactionCommitResult`), no duplicates.
+    pub labels: Vec<&'static str>,
 }
 
 pub type CmdResult<T = Document> = Result<T, CommandError>;
@@ -25,7 +30,16 @@ impl CommandError {
             code_name,
             message: message.into(),
             extra: None,
+            labels: Vec::new(),
         }
+    }
+
+    /// The same error carrying `label` in its `errorLabels`.
+    pub fn with_label(mut self, label: &'static str) -> CommandError {
+        if !self.labels.contains(&label) {
+            self.labels.push(label);
+        }
+        self
     }
     pub fn bad_value(m: impl Into<String>) -> CommandError {
         CommandError::new(2, "BadValue", m)
@@ -60,6 +74,9 @@ impl CommandError {
         for (k, v) in self.extra.iter().flat_map(|e| e.iter()) {
             d.insert(k.clone(), v.clone());
         }
+        if !self.labels.is_empty() {
+            d.insert("errorLabels", self.labels.clone());
+        }
         d
     }
 
@@ -81,6 +98,7 @@ impl CommandError {
 impl From<duetdb::Error> for CommandError {
     fn from(e: duetdb::Error) -> CommandError {
         let mut out = CommandError::new(e.code(), e.code_name(), e.to_string());
+        out.labels = e.error_labels().to_vec();
         if let duetdb::Error::DuplicateKey(dk) = &e {
             out.extra = Some(Box::new(doc! {
                 "keyPattern": dk.key_pattern.clone(),

@@ -7,10 +7,17 @@
 //! - `commands/*`: the commands; `args`: typed field access; `error`: MongoDB
 //!   error shapes;
 //! - `cursor`: server-side cursors; `snapshots`: read concern `snapshot` and
-//!   `atClusterTime`; `state`: what connections share.
+//!   `atClusterTime`; `sessions`: the session table (transactions, retryable
+//!   writes); `state`: what connections share.
 //!
-//! Not built: authentication and TLS (loopback use only), transactions,
-//! OP_COMPRESSED (not advertised), aggregation beyond find-shaped pipelines.
+//! Topology: by default `hello` describes the primary of a one-member replica
+//! set (`--replica-set`, default `duet`), because drivers send retryable
+//! writes only to replica-set members; `--standalone` describes a standalone
+//! server instead. Both accept transactions.
+//!
+//! Not built: authentication and TLS (loopback use only), OP_COMPRESSED (not
+//! advertised), transactions spanning several databases, `$clusterTime`
+//! gossip (one node: causal consistency holds without it).
 
 pub mod args;
 pub mod commands;
@@ -20,6 +27,7 @@ pub mod error;
 pub mod opmsg;
 pub mod opquery;
 pub mod server;
+pub mod sessions;
 pub mod snapshots;
 pub mod state;
 pub mod wire;
@@ -39,7 +47,8 @@ pub struct ServeArgs {
     /// Port to listen on (0 = any free port; the chosen one is logged).
     #[arg(long, default_value_t = 27017)]
     pub port: u16,
-    /// Data directory (durability is not built yet: data is kept in memory).
+    /// Data directory: the write-ahead log and checkpoints live here, and the
+    /// data is recovered from it on start.
     #[arg(long, default_value = "./duet-data")]
     pub data_dir: PathBuf,
     /// Log level: error, warn, info, debug or trace.
@@ -54,6 +63,25 @@ pub struct ServeArgs {
     /// Seconds an idle cursor lives.
     #[arg(long, default_value_t = 600.0)]
     pub cursor_timeout_secs: f64,
+    /// Seconds a multi-document transaction may stay open before it is
+    /// aborted (MongoDB's transactionLifetimeLimitSeconds).
+    #[arg(long, default_value_t = 60.0)]
+    pub transaction_lifetime_secs: f64,
+    /// Replica-set name `hello` reports: the server describes itself as the
+    /// primary of a one-member replica set, so drivers use transactions and
+    /// retryable writes.
+    #[arg(long, default_value = state::DEFAULT_REPLICA_SET)]
+    pub replica_set: String,
+    /// Describe the server as a standalone instead of a replica-set member
+    /// (drivers then send no retryable writes).
+    #[arg(long, conflicts_with = "replica_set")]
+    pub standalone: bool,
+    /// `host:port` that `hello` names as this member; clients follow it, so it
+    /// must be reachable by them (default: the address each connection
+    /// arrived on). Needed behind NAT or port mapping; or connect with
+    /// `directConnection=true`.
+    #[arg(long)]
+    pub advertise: Option<String>,
 }
 
 fn secs(s: f64, what: &str) -> Result<Duration, String> {
@@ -63,6 +91,9 @@ fn secs(s: f64, what: &str) -> Result<Duration, String> {
 /// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
 pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     init_logging(&args.log_level)?;
+    if !args.standalone && args.replica_set.trim().is_empty() {
+        return Err("--replica-set must not be empty (use --standalone for no replica set)".into());
+    }
     let config = Config {
         bind: args.bind,
         port: args.port,
@@ -70,6 +101,9 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         max_connections: args.max_connections,
         message_timeout: secs(args.message_timeout_secs, "message-timeout-secs")?,
         cursor_idle_timeout: secs(args.cursor_timeout_secs, "cursor-timeout-secs")?,
+        transaction_lifetime: secs(args.transaction_lifetime_secs, "transaction-lifetime-secs")?,
+        replica_set: (!args.standalone).then_some(args.replica_set),
+        advertise: args.advertise,
         ..Config::default()
     };
     let engine = match &config.data_dir {

@@ -1,11 +1,13 @@
 //! The listener: accept connections (loopback or whatever `--bind` names),
-//! enforce the connection limit, reap idle cursors, and shut down gracefully.
+//! enforce the connection limit, run the reaper, and shut down gracefully.
 //!
 //! Invariants:
 //! - at most `max_connections` connections are served at once; one more gets
 //!   a clear refusal (its first command is answered with an error naming the
 //!   limit, then it is closed), and at most [`MAX_REFUSALS_IN_FLIGHT`] such
 //!   refusals are in progress — beyond that a connection is closed at once;
+//! - a reaper closes idle cursors, aborts transactions past their lifetime
+//!   and forgets idle sessions;
 //! - shutdown stops accepting, lets each connection finish its command in
 //!   flight, waits at most `shutdown_grace`, and returns.
 
@@ -56,7 +58,7 @@ impl Server {
         let slots = Arc::new(Semaphore::new(max));
         let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let reaper = tokio::spawn(reap_cursors(state.clone(), stop_rx.clone()));
+        let reaper = tokio::spawn(reap(state.clone(), stop_rx.clone()));
         let mut next_id: u64 = 1;
         tokio::pin!(shutdown);
         loop {
@@ -83,7 +85,16 @@ impl Server {
                 }
                 continue;
             };
-            let conn = ConnInfo { id: next_id, peer };
+            let local = stream
+                .local_addr()
+                .ok()
+                .or(*state.local_addr.lock())
+                .unwrap_or(peer);
+            let conn = ConnInfo {
+                id: next_id,
+                peer,
+                local,
+            };
             next_id += 1;
             state.connections_total.fetch_add(1, Ordering::Relaxed);
             state.connections_current.fetch_add(1, Ordering::Relaxed);
@@ -140,17 +151,43 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
     let _ = stream.shutdown().await;
 }
 
-async fn reap_cursors(state: Arc<ServerState>, mut stop: watch::Receiver<bool>) {
-    let period = (state.config.cursor_idle_timeout / 4)
-        .clamp(Duration::from_millis(100), Duration::from_secs(30));
+/// Close idle cursors, abort transactions past their lifetime and forget
+/// idle sessions, a few times per shortest timeout. The work runs on a
+/// blocking thread: aborting a transaction frees its write buffer.
+async fn reap(state: Arc<ServerState>, mut stop: watch::Receiver<bool>) {
+    let shortest = state
+        .config
+        .cursor_idle_timeout
+        .min(state.config.transaction_lifetime)
+        .min(state.config.session_idle_timeout);
+    let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = stop.changed() => return,
         }
-        let n = state.cursors.reap_idle();
-        if n > 0 {
-            tracing::info!(closed = n, "closed idle cursors");
+        let st = state.clone();
+        let work = tokio::task::spawn_blocking(move || {
+            (
+                st.cursors.reap_idle(),
+                st.sessions.reap(std::time::Instant::now()),
+            )
+        });
+        let Ok((cursors, (txns, sessions))) = work.await else {
+            tracing::error!("reaper panicked (a bug); reaping continues");
+            continue;
+        };
+        if cursors > 0 {
+            tracing::info!(closed = cursors, "closed idle cursors");
+        }
+        if txns > 0 {
+            tracing::info!(
+                aborted = txns,
+                "aborted transactions past their lifetime limit"
+            );
+        }
+        if sessions > 0 {
+            tracing::info!(ended = sessions, "forgot idle sessions");
         }
     }
 }

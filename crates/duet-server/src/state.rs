@@ -1,5 +1,6 @@
 //! What all connections of one server share: the engine, configuration,
-//! counters for `serverStatus`, open cursors and held snapshots.
+//! counters for `serverStatus`, open cursors, held snapshots and the session
+//! table (transactions and retryable writes).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +11,11 @@ use std::time::{Duration, Instant};
 use duetdb::Engine;
 
 use crate::cursor::CursorRegistry;
+use crate::sessions::SessionTable;
 use crate::snapshots::SnapshotRegistry;
+
+/// The replica-set name `hello` reports unless `--standalone` is given.
+pub const DEFAULT_REPLICA_SET: &str = "duet";
 
 /// Server configuration (the `duet serve` flags).
 #[derive(Debug, Clone)]
@@ -31,6 +36,19 @@ pub struct Config {
     pub snapshot_capacity: usize,
     /// How long shutdown waits for in-flight commands.
     pub shutdown_grace: Duration,
+    /// `Some(name)`: `hello` describes the primary of a one-member replica set
+    /// of that name (drivers then allow transactions and retryable writes);
+    /// `None`: a standalone server.
+    pub replica_set: Option<String>,
+    /// `host:port` that `hello` names as this member (`hosts`, `me`,
+    /// `primary`); `None`: the local address each connection arrived on.
+    pub advertise: Option<String>,
+    /// Open transactions older than this are aborted.
+    pub transaction_lifetime: Duration,
+    /// Sessions unused this long are forgotten (`logicalSessionTimeoutMinutes`).
+    pub session_idle_timeout: Duration,
+    /// Sessions with server-side state at most.
+    pub max_sessions: usize,
 }
 
 impl Default for Config {
@@ -45,6 +63,13 @@ impl Default for Config {
             cursors_per_connection: 1000,
             snapshot_capacity: crate::snapshots::DEFAULT_CAPACITY,
             shutdown_grace: Duration::from_secs(10),
+            replica_set: Some(DEFAULT_REPLICA_SET.to_string()),
+            advertise: None,
+            transaction_lifetime: duetdb::txn::DEFAULT_LIFETIME,
+            session_idle_timeout: Duration::from_secs(
+                60 * crate::commands::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES as u64,
+            ),
+            max_sessions: crate::sessions::DEFAULT_MAX_SESSIONS,
         }
     }
 }
@@ -73,6 +98,7 @@ pub struct ServerState {
     pub started: Instant,
     pub cursors: CursorRegistry,
     pub snapshots: SnapshotRegistry,
+    pub sessions: SessionTable,
     pub ops: OpCounters,
     pub connections_current: AtomicU64,
     pub connections_total: AtomicU64,
@@ -86,6 +112,11 @@ impl ServerState {
             engine,
             cursors: CursorRegistry::new(config.cursors_per_connection, config.cursor_idle_timeout),
             snapshots: SnapshotRegistry::new(config.snapshot_capacity),
+            sessions: SessionTable::new(
+                config.max_sessions,
+                config.transaction_lifetime,
+                config.session_idle_timeout,
+            ),
             config,
             started: Instant::now(),
             ops: OpCounters::default(),
@@ -102,4 +133,6 @@ impl ServerState {
 pub struct ConnInfo {
     pub id: u64,
     pub peer: SocketAddr,
+    /// The server address this connection arrived on.
+    pub local: SocketAddr,
 }

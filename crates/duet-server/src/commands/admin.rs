@@ -126,6 +126,7 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
     let s = ctx.state;
     let uptime = s.started.elapsed();
     let current = counter(&s.connections_current);
+    let sessions = s.sessions.stats();
     let mut dbs = Vec::new();
     for (name, db) in s.engine.list_databases() {
         let st = db.stats();
@@ -196,6 +197,11 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
             "delete": counter(&s.ops.delete),
             "getmore": counter(&s.ops.getmore),
             "command": counter(&s.ops.command),
+        },
+        "transactions": {
+            "currentOpen": sessions.open_transactions as i64,
+            "sessionsWithState": sessions.sessions as i64,
+            "lifetimeLimitSeconds": s.config.transaction_lifetime.as_secs_f64(),
         },
         "duet": {
             "version": env!("CARGO_PKG_VERSION"),

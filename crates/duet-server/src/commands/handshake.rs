@@ -2,12 +2,24 @@
 //! connect and when monitoring.
 //!
 //! Field types are exactly what drivers require (int32 sizes and wire
-//! versions, booleans, a datetime `localTime`). We describe a standalone,
-//! writable server; no `topologyVersion` (so drivers poll instead of using the
-//! streaming protocol), no `compression` (OP_COMPRESSED is declined by not
-//! offering it), no `saslSupportedMechs` (no authentication yet).
+//! versions, booleans, a datetime `localTime`). By default we describe the
+//! writable primary of a one-member replica set (`setName`, `hosts` = `me` =
+//! `primary`, `setVersion`, `electionId`): drivers only start transactions
+//! and send retryable writes to a replica-set member (the Rust driver refuses
+//! transactions on a standalone; pymongo sends `txnNumber` for retryable
+//! writes only to a primary). `--standalone` describes a standalone server
+//! instead. The member address is `--advertise` or the local address the
+//! connection arrived on, so the host a client reached us by is one it can
+//! reach again when it follows `hosts`.
+//!
+//! Left out on purpose: `topologyVersion` (so drivers poll instead of using
+//! the streaming protocol), `compression` (OP_COMPRESSED is declined by not
+//! offering it), `saslSupportedMechs` (no authentication yet), and
+//! `$clusterTime`/`operationTime` (without them drivers send no
+//! `afterClusterTime`; one node sees its own writes anyway, so causal
+//! consistency holds trivially).
 
-use bson::{doc, DateTime, Document};
+use bson::{doc, oid::ObjectId, DateTime, Document};
 
 use super::Ctx;
 
@@ -18,6 +30,19 @@ pub const MIN_WIRE_VERSION: i32 = 0;
 /// MongoDB 7.0's wire version.
 pub const MAX_WIRE_VERSION: i32 = 21;
 pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;
+/// The replica-set configuration version we report (there is one member, and
+/// its configuration never changes).
+pub const SET_VERSION: i32 = 1;
+/// The election id we report: constant, as there is never another election.
+const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
+
+/// `host:port` of this member as `hello` reports it.
+pub fn member_address(ctx: &Ctx<'_>) -> String {
+    match &ctx.state.config.advertise {
+        Some(a) => a.clone(),
+        None => ctx.conn.local.to_string(),
+    }
+}
 
 pub fn hello(ctx: &Ctx<'_>, name: &str, _cmd: &Document) -> Document {
     let mut d = Document::new();
@@ -25,6 +50,18 @@ pub fn hello(ctx: &Ctx<'_>, name: &str, _cmd: &Document) -> Document {
         d.insert("isWritablePrimary", true);
     } else {
         d.insert("ismaster", true);
+    }
+    if let Some(set) = &ctx.state.config.replica_set {
+        let me = member_address(ctx);
+        d.extend(doc! {
+            "secondary": false,
+            "setName": set.clone(),
+            "setVersion": SET_VERSION,
+            "hosts": [me.clone()],
+            "primary": me.clone(),
+            "me": me,
+            "electionId": ObjectId::from_bytes(ELECTION_ID),
+        });
     }
     d.extend(doc! {
         "helloOk": true,

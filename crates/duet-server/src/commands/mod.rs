@@ -4,19 +4,24 @@
 //! Runs on a blocking thread (the connection task calls it through
 //! `spawn_blocking`), so engine calls never stall the async runtime.
 //!
-//! Generic fields drivers add (`lsid`, `$clusterTime`, `$readPreference`,
+//! Session fields route a command first (see `txn.rs`): `autocommit: false`
+//! runs it inside the session's transaction, `txnNumber` alone makes it a
+//! retryable write, `commitTransaction`/`abortTransaction` end a transaction.
+//! Other generic fields drivers add (`$clusterTime`, `$readPreference`,
 //! `writeConcern`, `comment`, `apiVersion`, `apiStrict`,
-//! `apiDeprecationErrors`, `txnNumber`) are accepted and ignored: a single
-//! node acknowledges every write once it is visible. `maxTimeMS` is enforced by
+//! `apiDeprecationErrors`) are accepted and ignored: a single node
+//! acknowledges every write once it is visible. `maxTimeMS` is enforced by
 //! the caller. Things we cannot honor are refused, never silently ignored:
-//! transactions (`startTransaction`/`autocommit`), the reserved `$duet` field,
-//! read concern `snapshot` outside find/aggregate/distinct.
+//! the reserved `$duet` field with unknown options, read concern `snapshot`
+//! outside find/aggregate/distinct.
 
 pub mod admin;
 pub mod ddl;
 pub mod handshake;
+pub mod in_txn;
 pub mod named;
 pub mod read;
+pub mod txn;
 pub mod write;
 
 use std::sync::Arc;
@@ -25,6 +30,7 @@ use bson::{doc, Bson, Document, Timestamp};
 use duetdb::{Database, Snapshot};
 
 use crate::error::{CmdResult, CommandError};
+use crate::sessions::SessionArgs;
 use crate::state::{ConnInfo, OpCounters, ServerState};
 
 /// Everything a command handler may use.
@@ -153,11 +159,20 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("listIndexes", "indexes of a collection"),
     ("dropIndexes", "drop indexes"),
     ("explain", "query plan of find/count/distinct/aggregate"),
-    ("endSessions", "end sessions (no server-side session state)"),
     (
-        "killSessions",
-        "kill sessions (no server-side session state)",
+        "commitTransaction",
+        "commit the session's multi-document transaction",
     ),
+    (
+        "abortTransaction",
+        "abort the session's multi-document transaction",
+    ),
+    (
+        "endSessions",
+        "end sessions, aborting their open transactions",
+    ),
+    ("killSessions", "kill sessions ([]: all sessions)"),
+    ("killAllSessions", "kill every session"),
 ];
 
 /// Execute one command; always returns a reply document (`ok: 1` or an error).
@@ -221,22 +236,30 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
     Ok(strategy)
 }
 
-fn check_generic(cmd: &Document) -> CmdResult<()> {
-    duet_strategy(cmd)?;
-    if cmd.contains_key("startTransaction") || cmd.contains_key("autocommit") {
-        return Err(CommandError::new(
-            20,
-            "IllegalOperation",
-            "transactions are not supported by duetdb yet",
-        ));
-    }
-    Ok(())
-}
-
 fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
-    check_generic(cmd)?;
+    duet_strategy(cmd)?;
+    let ctx = Ctx { state, conn, db };
+    let session = SessionArgs::parse(cmd)?;
+    if matches!(name, "commitTransaction" | "abortTransaction") {
+        return txn::finish(&ctx, name, &session);
+    }
+    if session.in_transaction() {
+        return txn::in_transaction(&ctx, name, cmd, &session);
+    }
+    if session.txn_number.is_some() {
+        return txn::retryable_write(&ctx, name, &session, || run(&ctx, name, cmd));
+    }
+    if let Some(id) = &session.lsid {
+        state.sessions.touch(id);
+    }
+    run(&ctx, name, cmd)
+}
+
+/// Run a command outside any transaction.
+fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
+    let conn = ctx.conn;
     if !matches!(
         name,
         "find" | "aggregate" | "distinct" | "explain" | "getMore"
@@ -248,9 +271,8 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
             format!("read concern level 'snapshot' is not supported by '{name}' (only find, aggregate, distinct)"),
         ));
     }
-    let ctx = Ctx { state, conn, db };
     match name {
-        "hello" | "isMaster" | "ismaster" => Ok(handshake::hello(&ctx, name, cmd)),
+        "hello" | "isMaster" | "ismaster" => Ok(handshake::hello(ctx, name, cmd)),
         "ping" => Ok(doc! {"ok": 1.0}),
         "buildInfo" | "buildinfo" => Ok(admin::build_info()),
         "hostInfo" => Ok(admin::host_info()),
@@ -260,38 +282,34 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => Ok(admin::connection_status()),
         "listCommands" => Ok(admin::list_commands()),
-        "serverStatus" => Ok(admin::server_status(&ctx)),
-        "listDatabases" => admin::list_databases(&ctx, cmd),
-        "endSessions" | "killSessions" | "killAllSessions" => Ok(doc! {"ok": 1.0}),
-        "listCollections" => ddl::list_collections(&ctx, cmd),
-        "create" => ddl::create(&ctx, cmd),
-        "drop" => ddl::drop(&ctx, cmd),
-        "dropDatabase" => ddl::drop_database(&ctx),
-        "renameCollection" => ddl::rename_collection(&ctx, cmd),
-        "collStats" => ddl::coll_stats(&ctx, cmd),
-        "dbStats" => ddl::db_stats(&ctx),
-        "createIndexes" => ddl::create_indexes(&ctx, cmd),
-        "listIndexes" => ddl::list_indexes(&ctx, cmd),
-        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx, cmd),
-        "insert" => write::insert(&ctx, cmd),
-        "update" => write::update(&ctx, cmd),
-        "delete" => write::delete(&ctx, cmd),
-        "findAndModify" | "findandmodify" => write::find_and_modify(&ctx, cmd, name),
-        "createSnapshot" => named::create(&ctx, cmd),
-        "listSnapshots" => named::list(&ctx),
-        "dropSnapshot" => named::drop(&ctx, cmd),
-        "find" => read::find(&ctx, cmd),
-        "getMore" => read::get_more(&ctx, cmd),
-        "killCursors" => read::kill_cursors(&ctx, cmd),
-        "count" => read::count(&ctx, cmd),
-        "distinct" => read::distinct(&ctx, cmd),
-        "aggregate" => read::aggregate(&ctx, cmd),
-        "explain" => read::explain(&ctx, cmd),
-        "commitTransaction" | "abortTransaction" => Err(CommandError::new(
-            20,
-            "IllegalOperation",
-            "transactions are not supported by duetdb yet",
-        )),
+        "serverStatus" => Ok(admin::server_status(ctx)),
+        "listDatabases" => admin::list_databases(ctx, cmd),
+        "endSessions" => txn::end_sessions(ctx, cmd),
+        "killSessions" | "killAllSessions" => txn::kill_sessions(ctx, name, cmd),
+        "listCollections" => ddl::list_collections(ctx, cmd),
+        "create" => ddl::create(ctx, cmd),
+        "drop" => ddl::drop(ctx, cmd),
+        "dropDatabase" => ddl::drop_database(ctx),
+        "renameCollection" => ddl::rename_collection(ctx, cmd),
+        "collStats" => ddl::coll_stats(ctx, cmd),
+        "dbStats" => ddl::db_stats(ctx),
+        "createIndexes" => ddl::create_indexes(ctx, cmd),
+        "listIndexes" => ddl::list_indexes(ctx, cmd),
+        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, cmd),
+        "insert" => write::insert(ctx, cmd),
+        "update" => write::update(ctx, cmd),
+        "delete" => write::delete(ctx, cmd),
+        "findAndModify" | "findandmodify" => write::find_and_modify(ctx, cmd, name),
+        "createSnapshot" => named::create(ctx, cmd),
+        "listSnapshots" => named::list(ctx),
+        "dropSnapshot" => named::drop(ctx, cmd),
+        "find" => read::find(ctx, cmd),
+        "getMore" => read::get_more(ctx, cmd),
+        "killCursors" => read::kill_cursors(ctx, cmd),
+        "count" => read::count(ctx, cmd),
+        "distinct" => read::distinct(ctx, cmd),
+        "aggregate" => read::aggregate(ctx, cmd),
+        "explain" => read::explain(ctx, cmd),
         "saslStart" | "saslContinue" | "authenticate" | "createUser" | "dropUser" => {
             Err(CommandError::not_supported(
                 "authentication is not built yet: duet serve accepts loopback connections without auth",

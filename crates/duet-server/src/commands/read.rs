@@ -26,14 +26,14 @@ use crate::state::OpCounters;
 
 /// A parsed find (from `find`, an `aggregate` pipeline, or `explain`).
 #[derive(Default)]
-struct FindPlan {
-    filter: Document,
-    options: FindOptions,
-    projection: Option<Document>,
+pub(crate) struct FindPlan {
+    pub(crate) filter: Document,
+    pub(crate) options: FindOptions,
+    pub(crate) projection: Option<Document>,
 }
 
 impl FindPlan {
-    fn from_find(cmd: &Document) -> CmdResult<FindPlan> {
+    pub(crate) fn from_find(cmd: &Document) -> CmdResult<FindPlan> {
         if let Some(c) = args::opt_doc(cmd, "collation")? {
             if c.get_str("locale").ok() != Some("simple") {
                 return Err(CommandError::not_supported(
@@ -76,7 +76,7 @@ impl FindPlan {
         })
     }
 
-    fn parsed_projection(&self) -> CmdResult<Option<Projection>> {
+    pub(crate) fn parsed_projection(&self) -> CmdResult<Option<Projection>> {
         Ok(self
             .projection
             .as_ref()
@@ -93,14 +93,14 @@ impl FindPlan {
 }
 
 /// First-batch size: `batchSize` when given (0 allowed), else 101.
-fn first_batch_size(cmd: &Document) -> CmdResult<usize> {
+pub(crate) fn first_batch_size(cmd: &Document) -> CmdResult<usize> {
     Ok(args::opt_count(cmd, "batchSize")?
         .map(|n| n.min(usize::MAX as u64) as usize)
         .unwrap_or(DEFAULT_FIRST_BATCH))
 }
 
 /// Build a cursor reply from the first batch; registers the cursor when more remains.
-fn cursor_reply(
+pub(crate) fn cursor_reply(
     ctx: &Ctx<'_>,
     mut cursor: Cursor,
     first: usize,
@@ -270,8 +270,23 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let (snap, at) = ctx.read_snapshot(cmd)?;
     let docs = snap.collection(coll).find(query).raw()?;
-    let mut vals: Vec<bson::RawBsonRef<'_>> = Vec::new();
-    for d in &docs {
+    let values = distinct_values(docs.iter().map(|d| d.as_ref().as_ref()), key)?;
+    let mut reply = doc! {"values": values};
+    if let Some(ts) = at {
+        reply.insert("atClusterTime", ts);
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
+}
+
+/// The distinct values of `key` in `docs` (array elements counted singly),
+/// in MongoDB's value order.
+pub(crate) fn distinct_values<'a>(
+    docs: impl Iterator<Item = &'a bson::RawDocument>,
+    key: &str,
+) -> CmdResult<Vec<Bson>> {
+    let mut vals: Vec<bson::RawBsonRef<'a>> = Vec::new();
+    for d in docs {
         for v in duetdb::path::values(d, key) {
             match v {
                 bson::RawBsonRef::Array(a) => vals.extend(a.into_iter().flatten()),
@@ -281,19 +296,12 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     }
     vals.sort_by(|a, b| duetdb::value::compare(*a, *b));
     vals.dedup_by(|a, b| duetdb::value::equal(*a, *b));
-    let values = vals
-        .into_iter()
+    vals.into_iter()
         .map(|v| {
             Bson::try_from(bson::RawBson::from(v))
                 .map_err(|e| CommandError::new(22, "InvalidBSON", e.to_string()))
         })
-        .collect::<CmdResult<Vec<Bson>>>()?;
-    let mut reply = doc! {"values": values};
-    if let Some(ts) = at {
-        reply.insert("atClusterTime", ts);
-    }
-    reply.insert("ok", 1.0);
-    Ok(reply)
+        .collect()
 }
 
 /// Stages the engine runs.
@@ -376,7 +384,7 @@ fn pipeline_stages(pipeline: &[Bson]) -> CmdResult<Vec<Document>> {
     Ok(out)
 }
 
-fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
+pub(crate) fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
     pipeline_stages(
         args::opt_array(cmd, "pipeline")?
             .ok_or_else(|| CommandError::bad_value("aggregate requires 'pipeline'"))?,

@@ -16,7 +16,7 @@ use crate::args;
 use crate::error::{CmdResult, CommandError};
 use crate::state::OpCounters;
 
-fn check_batch_len(n: usize) -> CmdResult<()> {
+pub(crate) fn check_batch_len(n: usize) -> CmdResult<()> {
     if n == 0 || n > super::handshake::MAX_WRITE_BATCH_SIZE as usize {
         return Err(CommandError::new(
             16,
@@ -27,14 +27,14 @@ fn check_batch_len(n: usize) -> CmdResult<()> {
     Ok(())
 }
 
-fn ordered(cmd: &Document) -> CmdResult<bool> {
+pub(crate) fn ordered(cmd: &Document) -> CmdResult<bool> {
     match cmd.get("ordered") {
         None => Ok(true),
         Some(_) => args::flag(cmd, "ordered"),
     }
 }
 
-fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Document {
+pub(crate) fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Document {
     let mut d = doc! {"n": n as i32};
     d.extend(extra);
     if !errors.is_empty() {
@@ -67,7 +67,7 @@ pub fn insert(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 }
 
 /// Parse an update statement's `u` (operators or a replacement).
-fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
+pub(crate) fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
     match u {
         Some(Bson::Document(d)) => Ok(UpdateSpec::parse(d)?),
         Some(Bson::Array(_)) => Err(CommandError::not_supported(
@@ -81,7 +81,7 @@ fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
     }
 }
 
-fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
+pub(crate) fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
     if stmt.contains_key("arrayFilters") {
         return Err(CommandError::not_supported(format!(
             "arrayFilters in {what} are not supported by duetdb yet"
