@@ -42,5 +42,16 @@ for _ in $(seq 100); do grep -q "listening on" "$data/serve.log" && break; sleep
   check(Number(db.runCommand({count: "c", $duet: {snapshot: "vls"}}).n) === 3, "count under vls");
   check(db.runCommand({dropSnapshot: "s1"}).ok === 1, "dropSnapshot");
   check(db.c.find().readConcern("snapshot").toArray().length === 3, "readConcern snapshot");
+  const s1 = db.getMongo().startSession();
+  s1.startTransaction();
+  s1.getDatabase("smoke").c.insertOne({t: 1});
+  check(db.c.countDocuments({t: 1}) === 0, "a transaction write is invisible before commit");
+  s1.commitTransaction();
+  check(db.c.countDocuments({t: 1}) === 1, "and visible after commit");
+  s1.startTransaction();
+  s1.getDatabase("smoke").c.insertOne({t: 2});
+  s1.abortTransaction();
+  check(db.c.countDocuments({t: 2}) === 0, "an aborted transaction leaves nothing");
+  s1.endSession();
 '
 echo "mongosh smoke test passed"
