@@ -229,7 +229,7 @@ pub struct TpcchArgs {
     #[arg(long, value_delimiter = ',', default_value = "si")]
     pub isolation: Vec<ycsbt::IsolationArg>,
     /// Weights of NewOrder, Payment, OrderStatus.
-    #[arg(long, value_delimiter = ',', num_args = 3, default_value = "45,43,4")]
+    #[arg(long, value_delimiter = ',', default_value = "45,43,4")]
     pub mix: Vec<u32>,
     /// Map threads of each OLCP query.
     #[arg(long, default_value_t = 1)]

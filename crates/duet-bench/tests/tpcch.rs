@@ -178,6 +178,8 @@ fn tpcch_runs_tiny_and_report_renders() {
         "0,1",
         "--strategy",
         "none,vls,olcp,cow",
+        "--mix",
+        "45,43,4",
         "--verify",
         "--repeat",
         "1",
