@@ -12,7 +12,7 @@ use crate::gen::Distribution;
 use crate::peers::{self, TargetName};
 use crate::result::{BenchResult, Collector, Started};
 use crate::target::Strategy;
-use crate::workload::{htap, snapshot, space, ycsb};
+use crate::workload::{htap, snapshot, space, tpcch, ycsb, ycsbt};
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -25,6 +25,13 @@ pub enum BenchCommand {
     /// Old versions over time under a 100 %-update stream with long queries:
     /// olcp vs vls vs held snapshots (Steam-like) vs an SI model (KVell+ Fig. 4).
     Space(SpaceArgs),
+    /// YCSB-T (KVell+): transactions of 16 read-modify-writes, alone and beside
+    /// K concurrent analytic scans per strategy.
+    #[command(name = "ycsb-t")]
+    YcsbT(YcsbTArgs),
+    /// TPC-CH: TPC-C NewOrder / Payment / OrderStatus beside K threads looping
+    /// TPC-H Q1, Q4, Q17 per strategy (AnKer's and KVell+'s mixes).
+    Tpcch(TpcchArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
 }
@@ -166,6 +173,74 @@ pub struct SpaceArgs {
     /// Interval of the (O(size)) retained-cost walks of held snapshots.
     #[arg(long, default_value_t = 1000)]
     pub retained_every_ms: u64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    #[arg(long)]
+    pub tag: Option<String>,
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct YcsbTArgs {
+    /// --records, --seconds (per cell), --threads (transaction clients),
+    /// --strategy (of the analytic scans); only the duet target.
+    #[command(flatten)]
+    pub common: Common,
+    /// Numbers of concurrent analytic scan threads (K).
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub analytics: Vec<usize>,
+    /// Isolation levels: si, serializable.
+    #[arg(long, value_delimiter = ',', default_value = "si")]
+    pub isolation: Vec<ycsbt::IsolationArg>,
+    /// Request distribution of the keys (KVell+: uniform).
+    #[arg(long, default_value = "uniform")]
+    pub distribution: Distribution,
+    /// Read-modify-writes per transaction.
+    #[arg(long, default_value_t = 16)]
+    pub txn_size: usize,
+    /// Attempts per transaction before it is given up.
+    #[arg(long, default_value_t = 100)]
+    pub max_attempts: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct TpcchArgs {
+    /// Scale factor: warehouses (a fraction shrinks one warehouse).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Transaction threads (T).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Numbers of concurrent analytic threads (K), each looping Q1, Q4, Q17.
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub analytics: Vec<usize>,
+    /// Snapshot strategies of the analytic queries.
+    #[arg(long, value_delimiter = ',', default_value = "olcp")]
+    pub strategy: Vec<Strategy>,
+    /// Isolation levels of the transactions: si, serializable.
+    #[arg(long, value_delimiter = ',', default_value = "si")]
+    pub isolation: Vec<ycsbt::IsolationArg>,
+    /// Weights of NewOrder, Payment, OrderStatus.
+    #[arg(long, value_delimiter = ',', default_value = "45,43,4")]
+    pub mix: Vec<u32>,
+    /// Map threads of each OLCP query.
+    #[arg(long, default_value_t = 1)]
+    pub query_threads: usize,
+    /// Attempts per transaction before it is given up.
+    #[arg(long, default_value_t = 100)]
+    pub max_attempts: u32,
+    /// After each run, check every query under every strategy against the
+    /// reference evaluation (materializes a copy of the data set).
+    #[arg(long)]
+    pub verify: bool,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     #[arg(long, default_value = "bench-results")]
@@ -334,6 +409,70 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 eprintln!("wrote {}", p.display());
             }
             Ok(Some(r))
+        }
+        BenchCommand::YcsbT(a) => {
+            let started = Started::now();
+            let c = &a.common;
+            if c.targets.iter().any(|t| *t != TargetName::Duet) {
+                anyhow::bail!("ycsb-t runs on the duet target only (embedded transactions)");
+            }
+            let p = ycsbt::Params {
+                records: c.records,
+                threads: c.threads.max(1),
+                seconds: c.seconds,
+                strategies: c.strategy.clone(),
+                analytics: a.analytics.clone(),
+                isolations: a.isolation.clone(),
+                distribution: a.distribution,
+                txn_size: a.txn_size,
+                max_attempts: a.max_attempts.max(1),
+                seed: c.seed,
+                repeat: c.repeat.max(1),
+            };
+            let mut col = Collector::default();
+            let mut notes = Vec::new();
+            ycsbt::run(&p, c.quiet, &mut col, &mut notes)?;
+            let r = BenchResult::finish(
+                "ycsb-t",
+                serde_json::to_value(&p)?,
+                p.repeat,
+                started,
+                notes,
+                col.figures(),
+            );
+            finish(r, &c.out, &c.tag).map(Some)
+        }
+        BenchCommand::Tpcch(a) => {
+            let started = Started::now();
+            let mix: [u32; 3] = a.mix.as_slice().try_into().map_err(|_| {
+                anyhow::anyhow!("--mix takes three weights: NewOrder,Payment,OrderStatus")
+            })?;
+            let p = tpcch::Params {
+                scale: a.scale,
+                threads: a.threads.max(1),
+                seconds: a.seconds,
+                strategies: a.strategy.clone(),
+                analytics: a.analytics.clone(),
+                isolations: a.isolation.clone(),
+                mix,
+                query_threads: a.query_threads.max(1),
+                max_attempts: a.max_attempts.max(1),
+                verify: a.verify,
+                seed: a.seed,
+                repeat: a.repeat.max(1),
+            };
+            let mut col = Collector::default();
+            let mut notes = Vec::new();
+            tpcch::run(&p, a.quiet, &mut col, &mut notes)?;
+            let r = BenchResult::finish(
+                "tpcch",
+                serde_json::to_value(&p)?,
+                p.repeat,
+                started,
+                notes,
+                col.figures(),
+            );
+            finish(r, &a.out, &a.tag).map(Some)
         }
         BenchCommand::Report(a) => {
             crate::report::regenerate(&a.results, &a.out, &a.charts)?;

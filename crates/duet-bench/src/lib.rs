@@ -1,6 +1,7 @@
 //! duet-bench: the benchmark harness of duetdb.
 //!
-//! Owns the named workloads (`ycsb`, `htap`, `snapshot`, `space`), the
+//! Owns the named workloads (`ycsb`, `htap`, `snapshot`, `space`, `ycsb-t`,
+//! `tpcch`), the
 //! CH-benCHmark-style generator (`chbench`) and the TPC-H queries run as OLCP
 //! (`tpch`), the targets they run
 //! against (the embedded engine always; peers and the MongoDB-wire target behind

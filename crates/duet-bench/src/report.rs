@@ -380,12 +380,144 @@ pub fn charts_for(r: &BenchResult, dir: &Path) -> Result<Vec<(String, PathBuf)>>
                 out.push((title, p));
             }
         }
+        "ycsb-t" => {
+            for (metric, title, y, file) in [
+                (
+                    "commits_per_s",
+                    "YCSB-T committed transactions beside concurrent scans",
+                    "transactions / s",
+                    "ycsbt-commits.png",
+                ),
+                (
+                    "commit_latency_us_p99",
+                    "YCSB-T p99 commit latency beside concurrent scans",
+                    "µs",
+                    "ycsbt-commit-p99.png",
+                ),
+            ] {
+                if let Some((cats, series)) = by_strategy_and_isolation(r, metric) {
+                    let p = dir.join(file);
+                    plot::bars(&p, title, y, &cats, &series, false)?;
+                    out.push((title.to_string(), p));
+                }
+            }
+        }
+        "tpcch" => {
+            if let Some((cats, series)) = by_strategy_and_isolation(r, "tpmC") {
+                let title = "TPC-CH tpmC beside concurrent TPC-H queries";
+                let p = dir.join("tpcch-tpmc.png");
+                plot::bars(&p, title, "NewOrders / min", &cats, &series, false)?;
+                out.push((title.to_string(), p));
+            }
+            // Query latency per query and strategy at the largest K.
+            let k_max = max_analytics(r);
+            if k_max > 0 {
+                let ks = k_max.to_string();
+                let mut cats: Vec<String> = Vec::new();
+                let mut strategies: Vec<String> = Vec::new();
+                for f in r.figures.iter().filter(|f| f.metric == "query_ms_median") {
+                    if let (Some(q), Some(s)) = (f.case.get("query"), f.case.get("strategy")) {
+                        if !cats.contains(q) {
+                            cats.push(q.clone());
+                        }
+                        if !strategies.contains(s) {
+                            strategies.push(s.clone());
+                        }
+                    }
+                }
+                let series: Vec<(String, Vec<f64>)> = strategies
+                    .iter()
+                    .map(|s| {
+                        let v = cats
+                            .iter()
+                            .map(|q| {
+                                r.find(
+                                    "duetdb-embedded",
+                                    &[("strategy", s), ("analytics", &ks), ("query", q)],
+                                    "query_ms_median",
+                                )
+                                .map_or(0.0, |f| f.median)
+                            })
+                            .collect();
+                        (s.clone(), v)
+                    })
+                    .collect();
+                if !series.is_empty() {
+                    let title = format!("TPC-H query latency beside TPC-C, K = {k_max}");
+                    let p = dir.join("tpcch-query-latency.png");
+                    plot::bars(&p, &title, "ms (median, log)", &cats, &series, true)?;
+                    out.push((title, p));
+                }
+            }
+        }
         _ => {}
     }
     Ok(out)
 }
 
-const ORDER: [&str; 4] = ["ycsb", "htap", "snapshot", "space"];
+fn max_analytics(r: &BenchResult) -> usize {
+    r.figures
+        .iter()
+        .filter_map(|f| f.case.get("analytics")?.parse::<usize>().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Categories "K=0" (no analytics) and each strategy at the largest K; one
+/// series per isolation level: the median of `metric` in the cell whose case
+/// has no keys beyond isolation / strategy / analytics.
+#[allow(clippy::type_complexity)]
+fn by_strategy_and_isolation(
+    r: &BenchResult,
+    metric: &str,
+) -> Option<(Vec<String>, Vec<(String, Vec<f64>)>)> {
+    let k_max = max_analytics(r);
+    let ks = k_max.to_string();
+    let plain = |f: &&Figure| f.metric == metric && f.case.len() == 3;
+    let mut isolations: Vec<String> = Vec::new();
+    let mut strategies: Vec<String> = Vec::new();
+    for f in r.figures.iter().filter(plain) {
+        if let Some(i) = f.case.get("isolation") {
+            if !isolations.contains(i) {
+                isolations.push(i.clone());
+            }
+        }
+        if f.case.get("analytics") == Some(&ks) && k_max > 0 {
+            if let Some(s) = f.case.get("strategy") {
+                if !strategies.contains(s) {
+                    strategies.push(s.clone());
+                }
+            }
+        }
+    }
+    if isolations.is_empty() {
+        return None;
+    }
+    let mut cats = vec!["K=0".to_string()];
+    cats.extend(strategies.iter().map(|s| format!("{s}, K={k_max}")));
+    let series = isolations
+        .iter()
+        .map(|iso| {
+            let find = |s: &str, k: &str| {
+                r.figures
+                    .iter()
+                    .filter(plain)
+                    .find(|f| {
+                        f.case.get("isolation") == Some(iso)
+                            && f.case.get("strategy").map(String::as_str) == Some(s)
+                            && f.case.get("analytics").map(String::as_str) == Some(k)
+                    })
+                    .map_or(0.0, |f| f.median)
+            };
+            let mut v = vec![find("-", "0")];
+            v.extend(strategies.iter().map(|s| find(s, &ks)));
+            (iso.clone(), v)
+        })
+        .collect();
+    Some((cats, series))
+}
+
+const ORDER: [&str; 6] = ["ycsb", "htap", "snapshot", "space", "ycsb-t", "tpcch"];
 
 fn skeleton() -> String {
     "# Benchmarks\n\n\

@@ -7,6 +7,16 @@
 //! cents and rates integer percent, so results compare with `==` (averages
 //! are derived from the exact sums on demand).
 //!
+//! [`run_query`] runs any of the three under any snapshot strategy: `olcp` is
+//! the `*_olcp` version; `cow` reads every collection the query needs from one
+//! `db.snapshot()` (one consistent state); `vls` and `none` stream each
+//! collection with `scan_with` under that strategy — one scan per collection,
+//! each with its own start, so across collections they are consistent only
+//! where the other collection is not being written (true of the TPC-C mix:
+//! `item` is never written and Q4's orders and lines are older than any
+//! NewOrder; see `chbench.rs`). All versions compute the same result on a
+//! quiesced database (tested against the `reference_*` evaluations).
+//!
 //! Where the aggregation pipeline plugs in (not written here): Q1 is
 //! `$match {ol_shipdate_day: {$lte}}` → `$group {_id: {flag, status}, $sum…,
 //! $avg…, $count}` → `$sort`; Q4 needs a per-order existence test (a `$lookup`
@@ -16,9 +26,10 @@
 //! be checked against the `reference_*` functions below.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 
 use bson::{doc, Document};
-use duetdb::{Database, OlcpOptions, OlcpReport, PointRange};
+use duetdb::{Database, OlcpOptions, OlcpReport, PointRange, Strategy};
 
 use crate::chbench::{int, text, ITEM, ORDERS, ORDER_LINE};
 
@@ -114,26 +125,72 @@ fn opts(threads: usize) -> OlcpOptions {
     }
 }
 
+fn q1_filter() -> Document {
+    doc! {"ol_shipdate_day": {"$lte": Q1_CUTOFF_DAY}}
+}
+
+/// Q1's per-line work (the same for every strategy). One pass over the raw
+/// document: a `get` per field would walk it from the start six times.
+fn q1_map(s: &mut Q1, d: &bson::RawDocument) -> duetdb::Result<()> {
+    const FIELDS: [&str; 6] = [
+        "ol_returnflag",
+        "ol_linestatus",
+        "ol_quantity",
+        "ol_extendedprice_cents",
+        "ol_discount_pct",
+        "ol_tax_pct",
+    ];
+    let mut flag = None;
+    let mut status = None;
+    let mut nums = [None; 4];
+    let mut found = 0;
+    for el in d.iter() {
+        let (key, value) = el.map_err(|e| duetdb::Error::BadValue(e.to_string()))?;
+        let Some(i) = FIELDS.iter().position(|f| *f == key.as_str()) else {
+            continue;
+        };
+        match (i, value) {
+            (0, bson::RawBsonRef::String(v)) => flag = Some(v),
+            (1, bson::RawBsonRef::String(v)) => status = Some(v),
+            (2..=5, bson::RawBsonRef::Int64(v)) => nums[i - 2] = Some(v),
+            (2..=5, bson::RawBsonRef::Int32(v)) => nums[i - 2] = Some(i64::from(v)),
+            _ => {}
+        }
+        found += 1;
+        if found == FIELDS.len() {
+            break;
+        }
+    }
+    let (Some(flag), Some(status), [Some(qty), Some(price), Some(disc), Some(tax)]) =
+        (flag, status, nums)
+    else {
+        // Name the first field that is missing or mistyped.
+        text(d, "ol_returnflag")?;
+        text(d, "ol_linestatus")?;
+        for f in &FIELDS[2..] {
+            int(d, f)?;
+        }
+        return Err(duetdb::Error::BadValue(
+            "order line with a duplicated field".into(),
+        ));
+    };
+    // A handful of groups: find without allocating a key per line.
+    let group = match s.iter_mut().find(|((f, l), _)| f == flag && l == status) {
+        Some((_, g)) => g,
+        None => s.entry((flag.to_string(), status.to_string())).or_default(),
+    };
+    group.add(qty, price, disc, tax);
+    Ok(())
+}
+
 /// Q1 through OLCP: one scan range on the ship date over `order_line`.
 pub fn q1_olcp(db: &Database, threads: usize) -> duetdb::Result<(Q1, OlcpReport)> {
     db.olcp_query(
         ORDER_LINE,
-        &[doc! {"ol_shipdate_day": {"$lte": Q1_CUTOFF_DAY}}],
+        &[q1_filter()],
         &[],
         Q1::new,
-        |s: &mut Q1, d, _| {
-            let key = (
-                text(d, "ol_returnflag")?.to_string(),
-                text(d, "ol_linestatus")?.to_string(),
-            );
-            s.entry(key).or_default().add(
-                int(d, "ol_quantity")?,
-                int(d, "ol_extendedprice_cents")?,
-                int(d, "ol_discount_pct")?,
-                int(d, "ol_tax_pct")?,
-            );
-            Ok(())
-        },
+        |s: &mut Q1, d, _| q1_map(s, d),
         |mut a, b| {
             for (k, g) in b {
                 a.entry(k).or_default().merge(&g);
@@ -144,13 +201,17 @@ pub fn q1_olcp(db: &Database, threads: usize) -> duetdb::Result<(Q1, OlcpReport)
     )
 }
 
+fn q4_filter() -> Document {
+    doc! {"o_entry_day": {"$gte": Q4_FROM_DAY, "$lt": Q4_TO_DAY}}
+}
+
 /// Q4 through OLCP: orders in the date range are the scan range (an index
 /// range on `o_entry_day`); their lines are read by order key from a point
 /// range over `order_line`, as of the query's start.
 pub fn q4_olcp(db: &Database, threads: usize) -> duetdb::Result<(Q4, OlcpReport)> {
     db.olcp_query(
         ORDERS,
-        &[doc! {"o_entry_day": {"$gte": Q4_FROM_DAY, "$lt": Q4_TO_DAY}}],
+        &[q4_filter()],
         &[PointRange {
             coll: ORDER_LINE.into(),
             filter: Document::new(),
@@ -196,6 +257,19 @@ struct Q17State {
     parts: HashMap<i64, PartAcc>,
 }
 
+fn q17_add(
+    parts: &mut HashMap<i64, PartAcc>,
+    part: i64,
+    d: &bson::RawDocument,
+) -> duetdb::Result<()> {
+    let qty = int(d, "ol_quantity")?;
+    let acc = parts.entry(part).or_default();
+    acc.sum_qty += qty;
+    acc.count += 1;
+    acc.lines.push((qty, int(d, "ol_extendedprice_cents")?));
+    Ok(())
+}
+
 fn q17_finish(parts: &HashMap<i64, PartAcc>) -> Q17 {
     let mut out = Q17::default();
     for acc in parts.values() {
@@ -235,11 +309,7 @@ pub fn q17_olcp(db: &Database, p: &Q17Params, threads: usize) -> duetdb::Result<
                 }
             };
             if selected {
-                let qty = int(d, "ol_quantity")?;
-                let acc = s.parts.entry(part).or_default();
-                acc.sum_qty += qty;
-                acc.count += 1;
-                acc.lines.push((qty, int(d, "ol_extendedprice_cents")?));
+                q17_add(&mut s.parts, part, d)?;
             }
             Ok(())
         },
@@ -255,6 +325,196 @@ pub fn q17_olcp(db: &Database, p: &Q17Params, threads: usize) -> duetdb::Result<
         opts(threads),
     )?;
     Ok((q17_finish(&state.parts), report))
+}
+
+/// One of the three queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Query {
+    Q1,
+    Q4,
+    Q17,
+}
+
+impl Query {
+    pub const ALL: [Query; 3] = [Query::Q1, Query::Q4, Query::Q17];
+    pub fn name(self) -> &'static str {
+        match self {
+            Query::Q1 => "Q1",
+            Query::Q4 => "Q4",
+            Query::Q17 => "Q17",
+        }
+    }
+}
+
+/// A query's answer, whichever query it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Q1(Q1),
+    Q4(Q4),
+    Q17(Q17),
+}
+
+/// Where a non-OLCP query reads its collections from.
+enum Source<'a> {
+    /// One snapshot for every collection (`cow`).
+    Snapshot(duetdb::Snapshot),
+    /// The live database, one `scan_with` per collection (`vls`, `none`).
+    Live(&'a Database, Strategy),
+}
+
+impl Source<'_> {
+    /// Call `visit` on every document of `coll` matching `filter`; the first
+    /// error (from the scan or from `visit`) ends the scan and is returned.
+    fn each(
+        &self,
+        coll: &str,
+        filter: Document,
+        mut visit: impl FnMut(&bson::RawDocument) -> duetdb::Result<()>,
+    ) -> duetdb::Result<()> {
+        match self {
+            Source::Snapshot(snap) => {
+                for d in snap.collection(coll).find(filter).raw()? {
+                    visit(&d)?;
+                }
+                Ok(())
+            }
+            Source::Live(db, strategy) => {
+                let mut failed = None;
+                db.collection(coll)
+                    .scan_with(filter, *strategy, |d| match visit(d) {
+                        Ok(()) => ControlFlow::Continue(()),
+                        Err(e) => {
+                            failed = Some(e);
+                            ControlFlow::Break(())
+                        }
+                    })?;
+                failed.map_or(Ok(()), Err)
+            }
+        }
+    }
+}
+
+fn scanned_q1(src: &Source) -> duetdb::Result<Q1> {
+    let mut out = Q1::new();
+    src.each(ORDER_LINE, q1_filter(), |d| q1_map(&mut out, d))?;
+    Ok(out)
+}
+
+/// Q4 as two scans: the orders of the date range, then the lines of their
+/// key range (order keys grow with the entry day, so a range covers them).
+fn scanned_q4(src: &Source) -> duetdb::Result<Q4> {
+    let mut orders: HashMap<i64, String> = HashMap::new();
+    src.each(ORDERS, q4_filter(), |d| {
+        orders.insert(int(d, "_id")?, text(d, "o_orderpriority")?.to_string());
+        Ok(())
+    })?;
+    let (Some(lo), Some(hi)) = (orders.keys().min(), orders.keys().max()) else {
+        return Ok(Q4::new());
+    };
+    let mut late: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    src.each(
+        ORDER_LINE,
+        doc! {"ol_o_key": {"$gte": *lo, "$lte": *hi}},
+        |l| {
+            if int(l, "ol_commitdate_day")? < int(l, "ol_receiptdate_day")? {
+                late.insert(int(l, "ol_o_key")?);
+            }
+            Ok(())
+        },
+    )?;
+    let mut out = Q4::new();
+    for (key, priority) in orders {
+        if late.contains(&key) {
+            *out.entry(priority).or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn scanned_q17(src: &Source, p: &Q17Params) -> duetdb::Result<Q17> {
+    let mut selected: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    src.each(
+        ITEM,
+        doc! {"i_brand": &p.brand, "i_container": &p.container},
+        |d| {
+            selected.insert(int(d, "_id")?);
+            Ok(())
+        },
+    )?;
+    let mut parts: HashMap<i64, PartAcc> = HashMap::new();
+    src.each(ORDER_LINE, Document::new(), |d| {
+        let part = int(d, "ol_i_id")?;
+        if selected.contains(&part) {
+            q17_add(&mut parts, part, d)?;
+        }
+        Ok(())
+    })?;
+    Ok(q17_finish(&parts))
+}
+
+/// Run `query` under `strategy` (`auto` is `cow` here); `threads` is the
+/// number of map threads of the OLCP versions (the others scan on one thread).
+pub fn run_query(
+    db: &Database,
+    query: Query,
+    strategy: Strategy,
+    q17: &Q17Params,
+    threads: usize,
+) -> duetdb::Result<Answer> {
+    let src = match strategy {
+        Strategy::Olcp => {
+            return Ok(match query {
+                Query::Q1 => Answer::Q1(q1_olcp(db, threads)?.0),
+                Query::Q4 => Answer::Q4(q4_olcp(db, threads)?.0),
+                Query::Q17 => Answer::Q17(q17_olcp(db, q17, threads)?.0),
+            })
+        }
+        Strategy::Cow | Strategy::Auto => Source::Snapshot(db.snapshot()),
+        Strategy::Vls | Strategy::None => Source::Live(db, strategy),
+    };
+    Ok(match query {
+        Query::Q1 => Answer::Q1(scanned_q1(&src)?),
+        Query::Q4 => Answer::Q4(scanned_q4(&src)?),
+        Query::Q17 => Answer::Q17(scanned_q17(&src, q17)?),
+    })
+}
+
+/// The reference answer of `query` over a static copy (see [`static_copy`]).
+pub fn reference(
+    query: Query,
+    items: &[Document],
+    orders: &[Document],
+    lines: &[Document],
+    q17: &Q17Params,
+) -> Answer {
+    match query {
+        Query::Q1 => Answer::Q1(reference_q1(lines)),
+        Query::Q4 => Answer::Q4(reference_q4(orders, lines)),
+        Query::Q17 => Answer::Q17(reference_q17(items, lines, q17)),
+    }
+}
+
+/// Q17's parameters chosen so that the query selects something: the brand
+/// and container of the part of the lowest-keyed order line (the default
+/// Brand#23 / MED BOX selects nothing at small scales).
+pub fn q17_params_for(db: &Database) -> duetdb::Result<Q17Params> {
+    let first = db
+        .collection(ORDER_LINE)
+        .find(Document::new())
+        .sort(doc! {"_id": 1})
+        .limit(1)
+        .raw()?;
+    let Some(line) = first.first() else {
+        return Ok(Q17Params::default());
+    };
+    let part = int(line, "ol_i_id")?;
+    let Some(item) = db.collection(ITEM).get(&bson::Bson::Int64(part))? else {
+        return Ok(Q17Params::default());
+    };
+    Ok(Q17Params {
+        brand: text(&item, "i_brand")?.to_string(),
+        container: text(&item, "i_container")?.to_string(),
+    })
 }
 
 fn i(d: &Document, k: &str) -> i64 {

@@ -5,7 +5,9 @@
 pub mod htap;
 pub mod snapshot;
 pub mod space;
+pub mod tpcch;
 pub mod ycsb;
+pub mod ycsbt;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -1,0 +1,222 @@
+//! TPC-CH: the TPC-C transactions keep TPC-C's consistency conditions and do
+//! what they say (NewOrder takes the next order number, Payment moves money),
+//! the consistency check catches a broken condition, every query under every
+//! strategy equals the reference on a quiesced database after concurrent
+//! transactions, and `duet bench tpcch` runs tiny (checking all of that
+//! itself) with `report` rendering its section.
+
+use bson::{doc, Bson};
+use clap::Parser;
+use duet_bench::chbench::{
+    self, NewOrderInput, OrderStatusInput, PaymentInput, Scale, TpccRand, TxnEnd, DISTRICT,
+    NEW_ORDER, ORDERS, WAREHOUSE,
+};
+use duet_bench::tpch::{self, Query};
+use duet_bench::BenchCommand;
+use duetdb::{Database, Strategy, TxnOptions};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+fn loaded(sf: f64) -> (Database, Scale) {
+    let db = Database::in_memory();
+    let scale = Scale::new(sf).expect("scale");
+    chbench::load(&db, &scale, 5).expect("load");
+    (db, scale)
+}
+
+fn field(db: &Database, coll: &str, id: i64, f: &str) -> i64 {
+    let d = db
+        .collection(coll)
+        .find_one(doc! {"_id": id})
+        .expect("read")
+        .expect("document");
+    d.get_i64(f).expect("integer field")
+}
+
+#[test]
+fn transactions_keep_the_consistency_conditions() {
+    let (db, scale) = loaded(0.01);
+    assert_eq!(
+        chbench::check_consistency(&db.snapshot(), &scale).expect("check"),
+        Vec::<String>::new()
+    );
+    let mut rng = StdRng::seed_from_u64(3);
+    let k = TpccRand::new(&scale, &mut rng);
+    let (mut new_orders, mut rollbacks, mut paid) = (0, 0, 0i64);
+    for _ in 0..60 {
+        let no = NewOrderInput::random(&scale, &k, &mut rng);
+        let next = field(&db, DISTRICT, no.dk as i64, "d_next_o_id");
+        let mut tx = db.begin(TxnOptions::default());
+        match chbench::new_order(&mut tx, &scale, &no).expect("new order") {
+            TxnEnd::Commit => {
+                tx.commit().expect("commit");
+                new_orders += 1;
+                let key = scale.order_key(no.dk, next as u64) as i64;
+                assert_eq!(field(&db, DISTRICT, no.dk as i64, "d_next_o_id"), next + 1);
+                assert_eq!(field(&db, ORDERS, key, "o_id"), next);
+                assert_eq!(field(&db, NEW_ORDER, key, "no_o_id"), next);
+            }
+            TxnEnd::Rollback => {
+                tx.abort();
+                rollbacks += 1;
+                assert_eq!(field(&db, DISTRICT, no.dk as i64, "d_next_o_id"), next);
+            }
+        }
+        let pay = PaymentInput::random(&scale, &k, &mut rng);
+        let before = field(&db, WAREHOUSE, pay.w as i64, "w_ytd_cents");
+        db.transaction(|tx| chbench::payment(tx, &pay))
+            .expect("payment");
+        paid += pay.amount_cents;
+        assert_eq!(
+            field(&db, WAREHOUSE, pay.w as i64, "w_ytd_cents"),
+            before + pay.amount_cents
+        );
+        let os = OrderStatusInput::random(&scale, &k, &mut rng);
+        db.transaction(|tx| chbench::order_status(tx, &os))
+            .expect("order status");
+    }
+    assert!(new_orders > 0 && new_orders + rollbacks == 60);
+    assert!(paid > 0);
+    assert_eq!(
+        chbench::check_consistency(&db.snapshot(), &scale).expect("check"),
+        Vec::<String>::new()
+    );
+
+    // The check is not vacuous: a district's ytd moved alone breaks condition 1.
+    db.collection(DISTRICT)
+        .update_one(doc! {"_id": 0i64}, doc! {"$inc": {"d_ytd_cents": 1i64}})
+        .expect("tamper");
+    let bad = chbench::check_consistency(&db.snapshot(), &scale).expect("check");
+    assert!(bad.iter().any(|v| v.contains("w_ytd")), "{bad:?}");
+    // … and an order number taken without an order breaks condition 2.
+    db.collection(DISTRICT)
+        .update_one(doc! {"_id": 1i64}, doc! {"$inc": {"d_next_o_id": 1i64}})
+        .expect("tamper");
+    let bad = chbench::check_consistency(&db.snapshot(), &scale).expect("check");
+    assert!(bad.iter().any(|v| v.contains("d_next_o_id")), "{bad:?}");
+}
+
+#[test]
+fn queries_under_every_strategy_equal_the_reference_after_transactions() {
+    let (db, scale) = loaded(0.01);
+    let q17 = tpch::q17_params_for(&db).expect("q17 params");
+    let mut rng = StdRng::seed_from_u64(9);
+    let k = TpccRand::new(&scale, &mut rng);
+    let q1_at_load = tpch::run_query(&db, Query::Q1, Strategy::Cow, &q17, 1).expect("q1");
+    // NewOrders change Q1's and Q17's answers; run them while queries run.
+    std::thread::scope(|s| {
+        let db = &db;
+        let writer = s.spawn(move || {
+            let mut rng = StdRng::seed_from_u64(10);
+            for _ in 0..40 {
+                let no = NewOrderInput::random(&scale, &k, &mut rng);
+                let mut tx = db.begin(TxnOptions::default());
+                if chbench::new_order(&mut tx, &scale, &no).expect("new order") == TxnEnd::Commit {
+                    tx.commit().expect("commit");
+                }
+            }
+        });
+        for q in Query::ALL {
+            for st in [Strategy::None, Strategy::Vls, Strategy::Olcp, Strategy::Cow] {
+                tpch::run_query(db, q, st, &q17, 2).expect("query during updates");
+            }
+        }
+        writer.join().expect("writer");
+    });
+    let snap = db.snapshot();
+    let (items, orders, lines) = tpch::static_copy(&snap).expect("copy");
+    let mut q1_changed = false;
+    for q in Query::ALL {
+        let want = tpch::reference(q, &items, &orders, &lines, &q17);
+        for st in [Strategy::None, Strategy::Vls, Strategy::Olcp, Strategy::Cow] {
+            let got = tpch::run_query(&db, q, st, &q17, 2).expect("query");
+            assert_eq!(got, want, "{} under {st}", q.name());
+        }
+        if q == Query::Q1 {
+            // New lines entered Q1's range: the comparison is not vacuous.
+            q1_changed = want != q1_at_load;
+        }
+    }
+    assert!(q1_changed, "NewOrders did not change Q1");
+    assert_eq!(
+        chbench::check_consistency(&snap, &scale).expect("check"),
+        Vec::<String>::new()
+    );
+    // New orders are entered after the loaded ones.
+    let newest = db
+        .collection(ORDERS)
+        .find(doc! {"o_entry_day": chbench::NEW_ORDER_DAY})
+        .run()
+        .expect("new orders");
+    assert!(!newest.is_empty());
+    assert!(newest
+        .iter()
+        .all(|o| matches!(o.get("o_comment"), Some(Bson::String(s)) if s == "new")));
+}
+
+#[test]
+fn tpcch_runs_tiny_and_report_renders() {
+    let dir = std::env::temp_dir().join(format!("duet-bench-tpcch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.to_str().expect("utf-8 temp dir");
+    let args = [
+        "bench",
+        "tpcch",
+        "--scale",
+        "0.01",
+        "--seconds",
+        "0.3",
+        "--threads",
+        "2",
+        "--analytics",
+        "0,1",
+        "--strategy",
+        "none,vls,olcp,cow",
+        "--mix",
+        "45,43,4",
+        "--verify",
+        "--repeat",
+        "1",
+        "--out",
+        out,
+        "--quiet",
+    ];
+    let cli = Cli::try_parse_from(args).expect("arguments parse");
+    let r = duet_bench::run(cli.command)
+        .expect("tpcch runs (consistency and query verification included)")
+        .expect("a result");
+    let t = "duetdb-embedded";
+    let base = [("isolation", "si"), ("strategy", "-"), ("analytics", "0")];
+    assert!(r.find(t, &base, "tpmC").expect("tpmC").median > 0.0);
+    let mut with_txn = base.to_vec();
+    with_txn.push(("txn", "payment"));
+    assert!(
+        r.find(t, &with_txn, "commits_per_s")
+            .expect("payment")
+            .median
+            > 0.0
+    );
+    for s in ["none", "vls", "olcp", "cow"] {
+        let c = [("isolation", "si"), ("strategy", s), ("analytics", "1")];
+        assert_eq!(
+            r.find(t, &c, "q4_wrong").expect("q4_wrong").median,
+            0.0,
+            "{s}"
+        );
+        let mut q = c.to_vec();
+        q.push(("query", "Q1"));
+        assert!(r.find(t, &q, "queries_completed").expect("Q1 ran").median >= 1.0);
+    }
+    let md = dir.join("BENCHMARKS.md");
+    duet_bench::report::regenerate(&dir, &md, &dir.join("charts")).expect("report");
+    let text = std::fs::read_to_string(&md).expect("markdown");
+    assert!(text.contains("<!-- BEGIN bench:tpcch -->") && text.contains("tpmC"));
+    assert!(dir.join("charts/tpcch/tpcch-tpmc.png").exists());
+    assert!(dir.join("charts/tpcch/tpcch-query-latency.png").exists());
+}
