@@ -148,7 +148,7 @@ pub fn validate_raw(doc: &RawDocument) -> Result<()> {
 
 /// The `_id` of a stored document (always present by the invariant above).
 pub fn id_of(doc: &RawDocument) -> Option<RawBsonRef<'_>> {
-    doc.get("_id").ok().flatten()
+    crate::rawfield::field(doc, "_id")
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ pub mod index;
 pub mod path;
 pub mod planner;
 pub mod query;
+pub mod rawfield;
 pub mod scan;
 pub mod snapshot;
 pub mod txn;

@@ -39,7 +39,7 @@ pub fn get_plain<'a>(doc: &'a RawDocument, path: &str) -> Option<RawBsonRef<'a>>
     let mut cur = RawBsonRef::Document(doc);
     for part in path.split('.') {
         cur = match cur {
-            RawBsonRef::Document(d) => d.get(part).ok().flatten()?,
+            RawBsonRef::Document(d) => crate::rawfield::field(d, part)?,
             RawBsonRef::Array(a) => {
                 let idx: usize = part.parse().ok()?;
                 a.get(idx).ok().flatten()?
@@ -59,7 +59,7 @@ fn walk_doc<'a>(
     let Some((first, rest)) = parts.split_first() else {
         return;
     };
-    if let Ok(Some(v)) = doc.get(first) {
+    if let Some(v) = crate::rawfield::field(doc, first) {
         walk_value(v, rest, out, arr);
     }
 }

@@ -51,10 +51,9 @@ impl Root<'_> {
         };
         match self {
             Root::Doc(d) => Ok(d.get(first).and_then(|v| path_bson(v, rest))),
-            Root::Raw(d) => match d.get(first) {
-                Ok(Some(v)) => path_raw(v, rest),
-                Ok(None) => Ok(None),
-                Err(e) => Err(Error::InvalidBson(e.to_string())),
+            Root::Raw(d) => match crate::rawfield::field(d, first) {
+                Some(v) => path_raw(v, rest),
+                None => Ok(None),
             },
         }
     }
@@ -89,10 +88,9 @@ fn path_raw(v: RawBsonRef<'_>, rest: &[String]) -> Result<Value> {
         return raw_to_bson(v).map(Some);
     };
     match v {
-        RawBsonRef::Document(d) => match d.get(first) {
-            Ok(Some(x)) => path_raw(x, tail),
-            Ok(None) => Ok(None),
-            Err(e) => Err(Error::InvalidBson(e.to_string())),
+        RawBsonRef::Document(d) => match crate::rawfield::field(d, first) {
+            Some(x) => path_raw(x, tail),
+            None => Ok(None),
         },
         RawBsonRef::Array(a) => path_raw_array(a, rest).map(|v| Some(Bson::Array(v))),
         _ => Ok(None),

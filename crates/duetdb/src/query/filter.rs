@@ -469,10 +469,11 @@ where
     let Some((first, rest)) = parts.split_first() else {
         return false;
     };
-    match doc.get(&*first.name) {
-        Ok(Some(v)) => walk_value(v, rest, expand, f),
-        // A malformed element is treated as absent: `matches` must not fail.
-        _ => yield_missing && f(None),
+    // Byte-compared lookup (see `rawfield`); a malformed element is absent:
+    // `matches` must not fail.
+    match crate::rawfield::field(doc, &first.name) {
+        Some(v) => walk_value(v, rest, expand, f),
+        None => yield_missing && f(None),
     }
 }
 

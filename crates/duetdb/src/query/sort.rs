@@ -208,9 +208,9 @@ fn walk_doc<'a>(doc: &'a RawDocument, parts: &[&str], c: &mut Candidates<'a>) {
     let Some((first, rest)) = parts.split_first() else {
         return;
     };
-    match doc.get(first) {
-        Ok(Some(v)) => walk_value(v, rest, c),
-        _ => c.missing = true,
+    match crate::rawfield::field(doc, first) {
+        Some(v) => walk_value(v, rest, c),
+        None => c.missing = true,
     }
 }
 
@@ -248,7 +248,7 @@ fn walk_array<'a>(a: &'a RawArray, rest: &[&str], c: &mut Candidates<'a>) {
             walk_value(elem, tail, c);
             for elem in a.into_iter().flatten() {
                 if let RawBsonRef::Document(d) = elem {
-                    if let Ok(Some(v)) = d.get(first) {
+                    if let Some(v) = crate::rawfield::field(d, first) {
                         walk_value(v, tail, c);
                     }
                 }
