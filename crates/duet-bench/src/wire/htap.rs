@@ -18,7 +18,7 @@ use anyhow::{ensure, Result};
 use mongodb::bson::{doc, Document};
 use mongodb::IndexModel;
 
-use super::{count_of, WireTarget};
+use super::{count_of, Lane, LaneGuard, WireTarget};
 use crate::target::{htap_doc, HtapSession, HtapTarget, Strategy, VPerm, HTAP_TABLE};
 
 /// Documents per `insertMany` while loading (as the embedded target).
@@ -27,20 +27,23 @@ const LOAD_BATCH: usize = 10_000;
 const MIB: f64 = 1024.0 * 1024.0;
 
 struct WireHtap<'a> {
-    t: &'a WireTarget,
+    lane: LaneGuard<'a>,
     coll: mongodb::Collection<Document>,
+    /// Send `$duet` (the server is duetdb).
+    duet: bool,
+}
+
+/// A `count` of `query` on the HTAP collection, under `strategy` when the
+/// server is duetdb.
+fn htap_count(lane: &Lane, duet: bool, query: Document, strategy: Strategy) -> Result<u64> {
+    let mut cmd = doc! {"count": HTAP_TABLE, "query": query};
+    if duet {
+        cmd.insert("$duet", doc! {"snapshot": strategy.name()});
+    }
+    count_of(&lane.command(cmd)?)
 }
 
 impl WireTarget {
-    /// A `count` of `query` on the HTAP collection under `strategy`.
-    fn htap_count(&self, query: Document, strategy: Strategy) -> Result<u64> {
-        let mut cmd = doc! {"count": HTAP_TABLE, "query": query};
-        if self.is_duet() {
-            cmd.insert("$duet", doc! {"snapshot": strategy.name()});
-        }
-        count_of(&self.command(cmd)?)
-    }
-
     /// (entries, MiB) of the remset from `serverStatus`, current and peak.
     fn remset_figures(&self) -> Result<Option<[f64; 4]>> {
         let Some(v) = self.vls_status()? else {
@@ -87,27 +90,31 @@ impl HtapTarget for WireTarget {
         })
     }
     fn load(&self, records: u64) -> Result<()> {
-        let coll = self.collection(HTAP_TABLE);
-        self.block_on(coll.drop())?;
+        let lane = self.lane()?;
+        let coll = lane.collection(HTAP_TABLE);
+        lane.block_on(coll.drop())?;
         let perm = VPerm::new(records);
         let mut batch = Vec::with_capacity(LOAD_BATCH);
         for i in 0..records {
             batch.push(htap_doc(i, &perm));
             if batch.len() == LOAD_BATCH {
-                self.block_on(coll.insert_many(std::mem::take(&mut batch)))?;
+                lane.block_on(coll.insert_many(std::mem::take(&mut batch)))?;
             }
         }
         if !batch.is_empty() {
-            self.block_on(coll.insert_many(batch))?;
+            lane.block_on(coll.insert_many(batch))?;
         }
         let index = IndexModel::builder().keys(doc! {"v": 1}).build();
-        self.block_on(coll.create_index(index))?;
+        lane.block_on(coll.create_index(index))?;
         Ok(())
     }
     fn session(&self) -> Result<Box<dyn HtapSession + '_>> {
+        let lane = self.lane()?;
+        let coll = lane.collection(HTAP_TABLE);
         Ok(Box::new(WireHtap {
-            t: self,
-            coll: self.collection(HTAP_TABLE),
+            lane,
+            coll,
+            duet: self.is_duet(),
         }))
     }
     fn space(&self) -> Result<Vec<(String, f64)>> {
@@ -150,7 +157,7 @@ impl HtapTarget for WireTarget {
 
 impl HtapSession for WireHtap<'_> {
     fn update(&mut self, id: u64, payload: &str) -> Result<()> {
-        let r = self.t.block_on(
+        let r = self.lane.block_on(
             self.coll
                 .update_one(doc! {"_id": id as i64}, doc! {"$set": {"f2": payload}}),
         )?;
@@ -159,10 +166,10 @@ impl HtapSession for WireHtap<'_> {
     }
     fn full_scan_count(&mut self, strategy: Strategy) -> Result<u64> {
         // `b` is not indexed: the count visits every document.
-        self.t.htap_count(doc! {"b": {"$gte": 0}}, strategy)
+        htap_count(&self.lane, self.duet, doc! {"b": {"$gte": 0}}, strategy)
     }
     fn range_count(&mut self, lo: u64, hi: u64, strategy: Strategy) -> Result<u64> {
-        self.t
-            .htap_count(doc! {"v": {"$gte": lo as i64, "$lt": hi as i64}}, strategy)
+        let query = doc! {"v": {"$gte": lo as i64, "$lt": hi as i64}};
+        htap_count(&self.lane, self.duet, query, strategy)
     }
 }

@@ -2,15 +2,17 @@
 //! official `mongodb` Rust driver, so `duet serve` is measured as a user sees
 //! it — and any other MongoDB-compatible server can be measured the same way.
 //!
-//! How the synchronous workload threads drive the async driver: one tokio
-//! runtime per target, shared by all client threads; each client thread
-//! `block_on`s its own operation (the driver's `sync` feature does exactly this
-//! with a global runtime). The operation future — encoding, the socket write,
-//! waiting for the reply, decoding — is polled on the client thread itself; the
-//! runtime's workers drive the I/O reactor and the driver's monitors. The
-//! connection pool is raised to [`POOL_SIZE`] (unless the URI sets
-//! `maxPoolSize`), so every client thread has a connection of its own and the
-//! figures measure the server, not a wait for a pooled connection.
+//! How the synchronous workload threads drive the async driver: each client
+//! thread works through a [`Lane`] of its own — a current-thread tokio runtime
+//! and a driver `Client` created on it — and blocks on its operations there,
+//! so the thread that waits for the reply also drives its socket. One shared
+//! multi-threaded runtime (or the driver's `sync` feature, which is the same
+//! thing with a global runtime) adds two thread hand-offs per operation on
+//! the client side: measured here on loopback, a `ping` took ~180–230 µs that
+//! way vs ~105 µs with a lane per thread, i.e. the shared runtime would charge
+//! client overhead to the server. Lanes are pooled and reused: they are
+//! created (and connected, with a `ping`) when a run first needs them, so the
+//! timed phases that follow a load never pay for connection set-up.
 //!
 //! `--uri self` starts a `duet serve` in this process for the run (see
 //! [`spawn`]); otherwise the URI names a running server. Whether the server is
@@ -18,8 +20,9 @@
 //! `$duet` options sent. The target drops and recreates its collections in the
 //! database [`WIRE_DB`].
 //!
-//! Invariants: the client is shut down before the runtime, and the runtime
-//! before a spawned server, so no driver task outlives what it talks to.
+//! Invariants: every lane's client is shut down on its own runtime before that
+//! runtime is dropped, and all lanes before a spawned server is stopped, so no
+//! driver task outlives what it talks to.
 
 mod htap;
 pub mod snapshot;
@@ -29,6 +32,7 @@ mod ycsb;
 pub use spawn::SpawnedServer;
 
 use std::future::IntoFuture;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -38,10 +42,6 @@ use mongodb::Client;
 
 /// The database the wire target works in.
 pub const WIRE_DB: &str = "duet_bench";
-
-/// Connections the driver may open (above the 32 client threads of the
-/// largest YCSB run plus the HTAP analytics and samplers).
-pub const POOL_SIZE: u32 = 256;
 
 /// How long the driver may look for the server before an operation fails.
 const SELECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,16 +74,88 @@ pub struct ServerFacts {
     pub duet_version: Option<String>,
 }
 
-/// A MongoDB-wire server reached through the official driver.
-pub struct WireTarget {
+/// One client thread's driver: a current-thread runtime and a client on it.
+pub struct Lane {
+    // `client` is shut down in `WireTarget::drop` before `rt` goes.
     client: Client,
     rt: tokio::runtime::Runtime,
-    /// Dropped last (fields drop in order): the server outlives its client.
+}
+
+impl Lane {
+    fn open(opts: &ClientOptions) -> Result<Lane> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting a wire client runtime")?;
+        let client = rt.block_on(async {
+            let client = Client::with_options(opts.clone())?;
+            // Connect now, so no measured operation pays for the handshake.
+            client
+                .database("admin")
+                .run_command(doc! {"ping": 1})
+                .await?;
+            Ok::<_, mongodb::error::Error>(client)
+        })?;
+        Ok(Lane { client, rt })
+    }
+
+    /// Run a driver operation to completion on this thread.
+    pub fn block_on<F: IntoFuture>(&self, f: F) -> F::Output {
+        self.rt.block_on(f.into_future())
+    }
+
+    fn database(&self) -> mongodb::Database {
+        self.client.database(WIRE_DB)
+    }
+
+    fn collection(&self, name: &str) -> mongodb::Collection<Document> {
+        self.database().collection(name)
+    }
+
+    /// A command in [`WIRE_DB`].
+    pub fn command(&self, cmd: Document) -> Result<Document> {
+        Ok(self.block_on(self.database().run_command(cmd))?)
+    }
+
+    fn admin_command(&self, cmd: Document) -> Result<Document> {
+        Ok(self.block_on(self.client.database("admin").run_command(cmd))?)
+    }
+}
+
+/// A lane borrowed from the target's pool; returned when dropped.
+pub struct LaneGuard<'a> {
+    pool: &'a Mutex<Vec<Lane>>,
+    lane: Option<Lane>,
+}
+
+impl std::ops::Deref for LaneGuard<'_> {
+    type Target = Lane;
+    fn deref(&self) -> &Lane {
+        // Requires: `lane` is `Some` until `drop` (set at creation, taken only there).
+        self.lane
+            .as_ref()
+            .expect("a lane guard holds its lane until dropped")
+    }
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if let (Some(lane), Ok(mut pool)) = (self.lane.take(), self.pool.lock()) {
+            pool.push(lane);
+        }
+    }
+}
+
+/// A MongoDB-wire server reached through the official driver.
+pub struct WireTarget {
+    opts: ClientOptions,
+    /// Idle lanes (see the module comment).
+    lanes: Mutex<Vec<Lane>>,
+    /// Dropped last (fields drop in order, after `Drop::drop` closed the lanes).
     server: Option<SpawnedServer>,
     facts: ServerFacts,
     /// The URI with any password removed, for the notes.
     shown_uri: String,
-    pool_size: Option<u32>,
 }
 
 impl WireTarget {
@@ -97,32 +169,49 @@ impl WireTarget {
             }
             WireSpec::Uri(u) => (None, u.clone()),
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("wire-client")
-            .build()
-            .context("starting the wire client's runtime")?;
         let shown_uri = redact(&uri);
-        let (client, facts, pool_size) = rt
-            .block_on(async {
-                let mut opts = ClientOptions::parse(&uri).await?;
-                opts.max_pool_size.get_or_insert(POOL_SIZE);
-                opts.server_selection_timeout.get_or_insert(SELECT_TIMEOUT);
-                opts.app_name.get_or_insert_with(|| "duet-bench".into());
-                let pool_size = opts.max_pool_size;
-                let client = Client::with_options(opts)?;
-                let facts = server_facts(&client).await?;
-                Ok::<_, anyhow::Error>((client, facts, pool_size))
-            })
+        let parse_rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting a wire client runtime")?;
+        let mut opts = parse_rt
+            .block_on(ClientOptions::parse(&uri).into_future())
+            .with_context(|| format!("parsing the wire URI {shown_uri}"))?;
+        opts.server_selection_timeout.get_or_insert(SELECT_TIMEOUT);
+        opts.app_name.get_or_insert_with(|| "duet-bench".into());
+        let lane = Lane::open(&opts)
             .with_context(|| format!("connecting to the wire target {shown_uri}"))?;
+        let facts = server_facts(&lane).context("asking the wire target what it is")?;
         Ok(WireTarget {
-            client,
-            rt,
+            opts,
+            lanes: Mutex::new(vec![lane]),
             server,
             facts,
             shown_uri,
-            pool_size,
         })
+    }
+
+    /// A lane for one client thread: an idle one, or a new connection.
+    pub fn lane(&self) -> Result<LaneGuard<'_>> {
+        let idle = self
+            .lanes
+            .lock()
+            .map_err(|_| anyhow!("wire lane pool poisoned"))?
+            .pop();
+        let lane = match idle {
+            Some(l) => l,
+            None => Lane::open(&self.opts)
+                .with_context(|| format!("connecting to the wire target {}", self.shown_uri))?,
+        };
+        Ok(LaneGuard {
+            pool: &self.lanes,
+            lane: Some(lane),
+        })
+    }
+
+    /// A command in [`WIRE_DB`] on any lane.
+    pub fn command(&self, cmd: Document) -> Result<Document> {
+        self.lane()?.command(cmd)
     }
 
     pub fn is_duet(&self) -> bool {
@@ -172,39 +261,15 @@ impl WireTarget {
             ),
         };
         format!(
-            "{}: {server}. Client: the official mongodb Rust driver (3.x, async API) on one tokio runtime shared by all client threads, each blocking on its own operation; connection pool up to {} connections; database `{WIRE_DB}`",
+            "{}: {server}. Client: the official mongodb Rust driver (3.x, async API); each client thread has its own driver client and connection on a current-thread tokio runtime it blocks on, set up before the timed phases; database `{WIRE_DB}`",
             self.label(),
-            self.pool_size
-                .map_or_else(|| "the driver's default".to_string(), |n| n.to_string()),
         )
-    }
-
-    /// Run a future of the driver to completion on this thread.
-    fn block_on<F: IntoFuture>(&self, f: F) -> F::Output {
-        self.rt.block_on(f.into_future())
-    }
-
-    fn database(&self) -> mongodb::Database {
-        self.client.database(WIRE_DB)
-    }
-
-    fn collection(&self, name: &str) -> mongodb::Collection<Document> {
-        self.database().collection(name)
-    }
-
-    /// A command in [`WIRE_DB`].
-    pub fn command(&self, cmd: Document) -> Result<Document> {
-        Ok(self.block_on(self.database().run_command(cmd))?)
     }
 
     /// `serverStatus.duet.databases[name = WIRE_DB].vls`, when the server
     /// reports it (duetdb, once the database exists).
     fn vls_status(&self) -> Result<Option<Document>> {
-        let status = self.block_on(
-            self.client
-                .database("admin")
-                .run_command(doc! {"serverStatus": 1}),
-        )?;
+        let status = self.lane()?.admin_command(doc! {"serverStatus": 1})?;
         let Ok(dbs) = status
             .get_document("duet")
             .and_then(|d| d.get_array("databases"))
@@ -222,24 +287,27 @@ impl WireTarget {
 
 impl Drop for WireTarget {
     fn drop(&mut self) {
-        // Ends the driver's sessions and monitors while the runtime still runs.
-        let client = self.client.clone();
-        self.block_on(client.shutdown().immediate(true));
+        // Each client ends its sessions and monitors on its own runtime.
+        let lanes = match self.lanes.get_mut() {
+            Ok(l) => std::mem::take(l),
+            Err(poisoned) => std::mem::take(poisoned.into_inner()),
+        };
+        for lane in lanes {
+            let client = lane.client.clone();
+            lane.block_on(client.shutdown().immediate(true));
+        }
     }
 }
 
-async fn server_facts(client: &Client) -> Result<ServerFacts> {
-    let admin = client.database("admin");
-    let build = admin
-        .run_command(doc! {"buildInfo": 1})
-        .await
+fn server_facts(lane: &Lane) -> Result<ServerFacts> {
+    let build = lane
+        .admin_command(doc! {"buildInfo": 1})
         .context("buildInfo")?;
     let version = build.get_str("version").unwrap_or("unknown").to_string();
     // A server may refuse serverStatus (e.g. missing privileges): then it is
     // treated as not duetdb, which only means `$duet` is not sent.
-    let duet_version = admin
-        .run_command(doc! {"serverStatus": 1})
-        .await
+    let duet_version = lane
+        .admin_command(doc! {"serverStatus": 1})
         .ok()
         .and_then(|s| {
             s.get_document("duet")

@@ -18,7 +18,7 @@ use mongodb::bson::{doc, Bson, Document};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{WireSpec, WireTarget};
+use super::{Lane, WireSpec, WireTarget};
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::Latencies;
@@ -37,7 +37,7 @@ fn doc_bytes() -> u64 {
         .map_or(240, |b| b.as_bytes().len() as u64)
 }
 
-fn time(t: &WireTarget, lat: &mut Latencies, cmd: Document) -> Result<Document> {
+fn time(t: &Lane, lat: &mut Latencies, cmd: Document) -> Result<Document> {
     let t0 = Instant::now();
     let r = t.command(cmd)?;
     lat.record(t0.elapsed());
@@ -45,7 +45,7 @@ fn time(t: &WireTarget, lat: &mut Latencies, cmd: Document) -> Result<Document> 
 }
 
 /// `listSnapshots` figures of snapshot `name`: (retainedBytes, retainedDocs).
-fn retained(t: &WireTarget, name: &str) -> Result<(f64, f64)> {
+fn retained(t: &Lane, name: &str) -> Result<(f64, f64)> {
     let r = t.command(doc! {"listSnapshots": 1})?;
     let list = r.get_array("snapshots").context("listSnapshots reply")?;
     for s in list {
@@ -66,15 +66,17 @@ pub fn run(
     col: &mut Collector,
     notes: &mut Vec<String>,
 ) -> Result<()> {
-    let t = WireTarget::connect(spec)?;
-    if !t.is_duet() {
+    let w = WireTarget::connect(spec)?;
+    if !w.is_duet() {
         bail!(
             "snapshot over the wire needs duetdb's createSnapshot/dropSnapshot/listSnapshots; the server at the wire URI is MongoDB {} without a `duet` serverStatus section",
-            t.facts().version
+            w.facts().version
         );
     }
-    notes.push(t.description());
-    let name = t.label();
+    notes.push(w.description());
+    let name = w.label();
+    // One connection does everything, as one client would.
+    let t = w.lane()?;
     let target = name.as_str();
     let coll = t.database().collection::<Document>(SNAPSHOT_TABLE);
     let per_doc = doc_bytes();

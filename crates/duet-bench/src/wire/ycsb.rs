@@ -7,11 +7,11 @@
 use anyhow::Result;
 use mongodb::bson::{doc, Document};
 
-use super::WireTarget;
+use super::{LaneGuard, WireTarget};
 use crate::target::{Field, YcsbSession, YcsbTarget, YCSB_TABLE};
 
 struct WireYcsb<'a> {
-    t: &'a WireTarget,
+    t: LaneGuard<'a>,
     coll: mongodb::Collection<Document>,
 }
 
@@ -32,14 +32,14 @@ impl YcsbTarget for WireTarget {
     }
     fn reset(&self) -> Result<()> {
         // The driver treats "namespace not found" on drop as success.
-        self.block_on(self.collection(YCSB_TABLE).drop())?;
+        let lane = self.lane()?;
+        lane.block_on(lane.collection(YCSB_TABLE).drop())?;
         Ok(())
     }
     fn session(&self) -> Result<Box<dyn YcsbSession + '_>> {
-        Ok(Box::new(WireYcsb {
-            t: self,
-            coll: self.collection(YCSB_TABLE),
-        }))
+        let lane = self.lane()?;
+        let coll = lane.collection(YCSB_TABLE);
+        Ok(Box::new(WireYcsb { t: lane, coll }))
     }
 }
 
