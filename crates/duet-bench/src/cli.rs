@@ -68,8 +68,11 @@ pub struct Common {
         default_value = "host=127.0.0.1 port=54329 user=postgres dbname=postgres"
     )]
     pub pg: String,
-    /// MongoDB-wire server for the `wire` target.
-    #[arg(long, default_value = "mongodb://127.0.0.1:27017")]
+    /// MongoDB-wire server for the `wire` target: a `mongodb://` URI (its
+    /// `duet_bench` database is overwritten), `self` (start `duet serve` in
+    /// this process for the run: in-memory, free loopback port) or
+    /// `self-durable` (the same on a temporary data directory, fsync durability).
+    #[arg(long, default_value = "self")]
     pub uri: String,
     /// Suffix of the result file names (`<workload>-<tag>.json`).
     #[arg(long)]
@@ -96,6 +99,10 @@ pub struct YcsbArgs {
     /// Operations per workload run (all threads); default: run for --seconds.
     #[arg(long)]
     pub operations: Option<u64>,
+    /// Client thread counts to run every workload at, each on a freshly loaded
+    /// table (e.g. 1,8,32); overrides --threads. Cases then carry `threads`.
+    #[arg(long, value_delimiter = ',')]
+    pub thread_counts: Vec<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -138,6 +145,13 @@ pub struct SnapshotArgs {
     pub tag: Option<String>,
     #[arg(long)]
     pub quiet: bool,
+    /// duet (in process: db.snapshot(), fork, deep copy) and/or wire (named
+    /// snapshots over the wire: createSnapshot/dropSnapshot, retained bytes).
+    #[arg(long, value_delimiter = ',', default_value = "duet")]
+    pub targets: Vec<TargetName>,
+    /// Server of the `wire` target (as for ycsb/htap: a URI, `self` or `self-durable`).
+    #[arg(long, default_value = "self")]
+    pub uri: String,
 }
 
 #[derive(Args, Debug)]
@@ -164,6 +178,10 @@ pub struct SpaceArgs {
     /// Systems: olcp, vls, cow-steam (which also yields the counted si-model).
     #[arg(long, value_delimiter = ',', default_value = "olcp,vls,cow-steam")]
     pub systems: Vec<space::System>,
+    /// Only `duet`: space is not measured over the wire (the server reports no
+    /// old-version counts, and strategy reads finish inside one command).
+    #[arg(long, value_delimiter = ',', default_value = "duet")]
+    pub targets: Vec<TargetName>,
     /// Busy work per document in the queries, so they last several seconds.
     #[arg(long, default_value_t = 3000)]
     pub work_ns_per_doc: u64,
@@ -301,15 +319,22 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             let targets = peers::ycsb_targets(c)?;
             let mut col = Collector::default();
             let mut notes = peers::notes(c);
-            ycsb::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
-            let r = BenchResult::finish(
-                "ycsb",
-                serde_json::to_value(&p)?,
-                p.repeat,
-                started,
-                notes,
-                col.figures(),
-            );
+            notes.extend(targets.iter().filter_map(|t| t.setup_note()));
+            let mut params = serde_json::to_value(&p)?;
+            if a.thread_counts.is_empty() {
+                ycsb::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
+            } else {
+                params["threads"] = serde_json::to_value(&a.thread_counts)?;
+                ycsb::run_thread_counts(
+                    &targets,
+                    &p,
+                    &a.thread_counts,
+                    c.quiet,
+                    &mut col,
+                    &mut notes,
+                )?;
+            }
+            let r = BenchResult::finish("ycsb", params, p.repeat, started, notes, col.figures());
             finish(r, &c.out, &c.tag).map(Some)
         }
         BenchCommand::Htap(a) => {
@@ -340,6 +365,7 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             }
             let mut col = Collector::default();
             let mut notes = peers::notes(c);
+            notes.extend(targets.iter().filter_map(|t| t.setup_note()));
             htap::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
             let r = BenchResult::finish(
                 "htap",
@@ -362,7 +388,13 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             };
             let mut col = Collector::default();
             let mut notes = Vec::new();
-            snapshot::run(&p, a.quiet, &mut col, &mut notes)?;
+            let (embedded, wire) = peers::snapshot_targets(&a.targets)?;
+            if embedded {
+                snapshot::run(&p, a.quiet, &mut col, &mut notes)?;
+            }
+            if wire {
+                peers::run_wire_snapshot(&a.uri, &p, a.quiet, &mut col, &mut notes)?;
+            }
             let r = BenchResult::finish(
                 "snapshot",
                 serde_json::to_value(&p)?,
@@ -374,6 +406,7 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             finish(r, &a.out, &a.tag).map(Some)
         }
         BenchCommand::Space(a) => {
+            peers::space_targets_check(&a.targets)?;
             let started = Started::now();
             let p = space::Params {
                 records: a.records.max(1),

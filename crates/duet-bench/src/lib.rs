@@ -4,8 +4,9 @@
 //! `tpcch`), the
 //! CH-benCHmark-style generator (`chbench`) and the TPC-H queries run as OLCP
 //! (`tpch`), the targets they run
-//! against (the embedded engine always; peers and the MongoDB-wire target behind
-//! cargo features so ordinary builds stay fast), the JSON/Markdown results with
+//! against (the embedded engine always; the MongoDB-wire target `wire`, through
+//! the official driver, with the default feature `wire`; peers behind the
+//! `peers` feature so ordinary builds stay fast), the JSON/Markdown results with
 //! machine facts and the spread of repeated runs, and `report`, which regenerates
 //! `BENCHMARKS.md` sections and PNG charts from the JSON results.
 //!
@@ -24,6 +25,8 @@ pub mod result;
 pub mod stats;
 pub mod target;
 pub mod tpch;
+#[cfg(feature = "wire")]
+pub mod wire;
 pub mod workload;
 
 pub use cli::{run, BenchCommand};

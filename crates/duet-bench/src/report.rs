@@ -172,18 +172,32 @@ pub fn charts_for(r: &BenchResult, dir: &Path) -> Result<Vec<(String, PathBuf)>>
                     }
                 }
             }
-            let series: Vec<(String, Vec<f64>)> = r
-                .targets()
+            // One series per target, or per (target, threads) when the run
+            // covered several client thread counts (`--thread-counts`).
+            let mut keys: Vec<(String, Option<String>)> = Vec::new();
+            for f in &r.figures {
+                let k = (f.target.clone(), f.case.get("threads").cloned());
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+            let series: Vec<(String, Vec<f64>)> = keys
                 .into_iter()
-                .map(|t| {
+                .map(|(t, threads)| {
                     let v = cats
                         .iter()
                         .map(|w| {
-                            r.find(&t, &[("workload", w)], "ops_per_s")
-                                .map_or(0.0, |f| f.median)
+                            let mut filter = vec![("workload", w.as_str())];
+                            if let Some(n) = &threads {
+                                filter.push(("threads", n.as_str()));
+                            }
+                            r.find(&t, &filter, "ops_per_s").map_or(0.0, |f| f.median)
                         })
                         .collect();
-                    (t, v)
+                    match threads {
+                        Some(n) => (format!("{t} ×{n} threads"), v),
+                        None => (t, v),
+                    }
                 })
                 .collect();
             let p = dir.join("ycsb-throughput.png");

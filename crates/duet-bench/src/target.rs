@@ -39,6 +39,11 @@ pub type Field = (String, String);
 /// A store YCSB can run on (YCSB's `DB` interface).
 pub trait YcsbTarget: Sync {
     fn name(&self) -> String;
+    /// How this target was set up, recorded in the result's notes (e.g. the
+    /// wire target's server, version and durability).
+    fn setup_note(&self) -> Option<String> {
+        None
+    }
     /// Drop and recreate the table.
     fn reset(&self) -> Result<()>;
     fn session(&self) -> Result<Box<dyn YcsbSession + '_>>;
@@ -58,6 +63,10 @@ pub trait YcsbSession {
 /// A store the HTAP workload can run on.
 pub trait HtapTarget: Sync {
     fn name(&self) -> String;
+    /// As [`YcsbTarget::setup_note`].
+    fn setup_note(&self) -> Option<String> {
+        None
+    }
     /// How a requested strategy is served here: `Ok(label)` or unsupported.
     fn strategy_label(&self, strategy: Strategy) -> Result<String>;
     /// Peers have one mechanism of their own (e.g. a REPEATABLE READ

@@ -1,7 +1,8 @@
 //! Which targets exist in this build and how to build them from the common
 //! flags. Peers (SQLite, PostgreSQL) compile only with the cargo feature
-//! `peers`, so ordinary builds and CI stay fast. The MongoDB-wire and LMDB
-//! targets are named here but not implemented yet (a clear error says so).
+//! `peers`, so ordinary builds and CI stay fast. The MongoDB-wire target
+//! (`crate::wire`) is built with the default feature `wire`. The LMDB target
+//! is named here but not implemented yet (a clear error says so).
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -57,6 +58,8 @@ pub fn ycsb_targets(c: &Common) -> Result<Vec<Box<dyn YcsbTarget>>> {
     for t in &c.targets {
         match t {
             TargetName::Duet => out.push(Box::new(Embedded::new())),
+            #[cfg(feature = "wire")]
+            TargetName::Wire => out.push(Box::new(wire_target(&c.uri)?)),
             #[cfg(feature = "sqlite")]
             TargetName::Sqlite => out.push(Box::new(sqlite::Sqlite::create()?)),
             #[cfg(feature = "postgres")]
@@ -73,6 +76,8 @@ pub fn htap_targets(c: &Common) -> Result<Vec<Box<dyn HtapTarget>>> {
     for t in &c.targets {
         match t {
             TargetName::Duet => out.push(Box::new(Embedded::new())),
+            #[cfg(feature = "wire")]
+            TargetName::Wire => out.push(Box::new(wire_target(&c.uri)?)),
             #[cfg(feature = "sqlite")]
             TargetName::Sqlite => out.push(Box::new(sqlite::Sqlite::create()?)),
             #[cfg(feature = "postgres")]
@@ -88,11 +93,71 @@ pub fn htap_targets(c: &Common) -> Result<Vec<Box<dyn HtapTarget>>> {
 fn not_built(t: TargetName) -> anyhow::Error {
     match t {
         TargetName::Duet => anyhow::anyhow!("duet is always built"),
-        TargetName::Wire => anyhow::anyhow!(
-            "the wire target is not implemented yet (see BENCHMARKS.md: the MongoDB-wire server is being written)"
-        ),
+        TargetName::Wire => missing("wire", "wire"),
         TargetName::Sqlite => missing("sqlite", "peers"),
         TargetName::Postgres => missing("postgres", "peers"),
         TargetName::Lmdb => anyhow::anyhow!("the lmdb peer is not implemented yet"),
     }
+}
+
+#[cfg(feature = "wire")]
+fn wire_target(uri: &str) -> Result<crate::wire::WireTarget> {
+    crate::wire::WireTarget::connect(&crate::wire::WireSpec::parse(uri))
+}
+
+/// Which `snapshot` runs the targets ask for: (embedded, wire).
+pub fn snapshot_targets(targets: &[TargetName]) -> Result<(bool, bool)> {
+    let mut out = (false, false);
+    for t in targets {
+        match t {
+            TargetName::Duet => out.0 = true,
+            TargetName::Wire => out.1 = true,
+            other => anyhow::bail!(
+                "snapshot runs on duet (in process) and wire (named snapshots over the wire), not on {other:?}: it measures duetdb's own snapshots"
+            ),
+        }
+    }
+    Ok(out)
+}
+
+/// `snapshot` over the wire (`crate::wire::snapshot`).
+#[cfg(feature = "wire")]
+pub fn run_wire_snapshot(
+    uri: &str,
+    p: &crate::workload::snapshot::Params,
+    quiet: bool,
+    col: &mut crate::result::Collector,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let spec = crate::wire::WireSpec::parse(uri);
+    crate::wire::snapshot::run(&spec, p, quiet, col, notes)
+}
+
+/// `snapshot` over the wire: not built without the `wire` feature.
+#[cfg(not(feature = "wire"))]
+pub fn run_wire_snapshot(
+    _uri: &str,
+    _p: &crate::workload::snapshot::Params,
+    _quiet: bool,
+    _col: &mut crate::result::Collector,
+    _notes: &mut Vec<String>,
+) -> Result<()> {
+    Err(not_built(TargetName::Wire))
+}
+
+/// `space` runs embedded only; any other target is refused with the reason.
+pub fn space_targets_check(targets: &[TargetName]) -> Result<()> {
+    for t in targets {
+        match t {
+            TargetName::Duet => {}
+            TargetName::Wire => anyhow::bail!(
+                "space is not measured over the wire: duet serve's serverStatus reports no old-version counts (only the VLS remset), \
+                 `$duet` strategy reads (vls, olcp) run to completion inside one command so a client cannot keep one open while updates stream, \
+                 and the queries' per-document work that makes them last seconds cannot be injected over the wire. \
+                 Over the wire, use `htap --targets wire` (remset peaks per cell) and `snapshot --targets wire` (bytes a held named snapshot retains)"
+            ),
+            other => anyhow::bail!("space runs on duet only, not on {other:?}"),
+        }
+    }
+    Ok(())
 }

@@ -287,10 +287,26 @@ fn run_mix(
     Ok((total.ops as f64 / wall.max(1e-9), total))
 }
 
-/// Run every workload of `p` on every target, `p.repeat` times.
+/// Run every workload of `p` on every target, `p.repeat` times, with
+/// `p.threads` client threads.
 pub fn run(
     targets: &[Box<dyn YcsbTarget + '_>],
     p: &Params,
+    quiet: bool,
+    col: &mut Collector,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    run_thread_counts(targets, p, &[p.threads], quiet, col, notes)
+}
+
+/// [`run`] at each of several client thread counts (`p.threads` is ignored).
+/// Each count starts from a freshly loaded table (D and E grow it), so the
+/// counts are independent. With more than one count every figure's case gets
+/// a `threads` key; with one, the cases are exactly those of [`run`].
+pub fn run_thread_counts(
+    targets: &[Box<dyn YcsbTarget + '_>],
+    p: &Params,
+    thread_counts: &[usize],
     quiet: bool,
     col: &mut Collector,
     notes: &mut Vec<String>,
@@ -300,59 +316,89 @@ pub fn run(
         .iter()
         .map(|c| core_workload(*c))
         .collect::<Result<_>>()?;
+    let keyed = thread_counts.len() > 1;
     for rep in 0..p.repeat.max(1) {
         for target in targets {
-            let name = target.name();
-            note(
-                quiet,
-                &format!(
-                    "[ycsb] {name}: loading {} records (run {}/{})",
-                    p.records,
-                    rep + 1,
-                    p.repeat
-                ),
-            );
-            let load_rate = load(target.as_ref(), p, quiet)?;
-            col.add(
-                &name,
-                &case(&[("workload", "load")]),
-                "ops_per_s",
-                load_rate,
-            );
-            let seq = KeySequence::new(p.records);
-            for mix in &mixes {
-                let (rate, st) = run_mix(target.as_ref(), p, mix, &seq, rep, quiet)?;
-                let w = mix.name.to_string();
-                let c = case(&[("workload", &w)]);
-                col.add(&name, &c, "ops_per_s", rate);
-                for (op, _) in OPS.iter().map(|(o, n)| (n, o)) {
-                    if let Some(l) = st.latencies.get(op) {
-                        col.add(
-                            &name,
-                            &c,
-                            &format!("{op}_latency_us_p50"),
-                            l.quantile_us(0.50),
-                        );
-                        col.add(
-                            &name,
-                            &c,
-                            &format!("{op}_latency_us_p99"),
-                            l.quantile_us(0.99),
-                        );
+            for &threads in thread_counts {
+                let p = &Params {
+                    threads: threads.max(1),
+                    ..p.clone()
+                };
+                let ts = p.threads.to_string();
+                let case_of = |w: &str| {
+                    if keyed {
+                        case(&[("threads", &ts), ("workload", w)])
+                    } else {
+                        case(&[("workload", w)])
                     }
-                }
-                if st.not_found > 0 && rep == 0 {
-                    notes.push(format!(
-                        "{name} workload {}: {} of {} operations found no record",
-                        mix.name, st.not_found, st.ops
-                    ));
-                }
-                note(
-                    quiet,
-                    &format!("[ycsb] {name} {}: {:.0} ops/s", mix.name, rate),
+                };
+                run_one(target.as_ref(), p, &mixes, rep, &case_of, quiet, col, notes)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Load, then run every mix once, on one target with `p.threads` clients.
+#[allow(clippy::too_many_arguments)]
+fn run_one(
+    target: &dyn YcsbTarget,
+    p: &Params,
+    mixes: &[Mix],
+    rep: usize,
+    case_of: &dyn Fn(&str) -> std::collections::BTreeMap<String, String>,
+    quiet: bool,
+    col: &mut Collector,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let name = target.name();
+    note(
+        quiet,
+        &format!(
+            "[ycsb] {name}: loading {} records with {} threads (run {}/{})",
+            p.records,
+            p.threads,
+            rep + 1,
+            p.repeat
+        ),
+    );
+    let load_rate = load(target, p, quiet)?;
+    col.add(&name, &case_of("load"), "ops_per_s", load_rate);
+    let seq = KeySequence::new(p.records);
+    for mix in mixes {
+        let (rate, st) = run_mix(target, p, mix, &seq, rep, quiet)?;
+        let w = mix.name.to_string();
+        let c = case_of(&w);
+        col.add(&name, &c, "ops_per_s", rate);
+        for (op, _) in OPS.iter().map(|(o, n)| (n, o)) {
+            if let Some(l) = st.latencies.get(op) {
+                col.add(
+                    &name,
+                    &c,
+                    &format!("{op}_latency_us_p50"),
+                    l.quantile_us(0.50),
+                );
+                col.add(
+                    &name,
+                    &c,
+                    &format!("{op}_latency_us_p99"),
+                    l.quantile_us(0.99),
                 );
             }
         }
+        if st.not_found > 0 && rep == 0 {
+            notes.push(format!(
+                "{name} workload {} ({} threads): {} of {} operations found no record",
+                mix.name, p.threads, st.not_found, st.ops
+            ));
+        }
+        note(
+            quiet,
+            &format!(
+                "[ycsb] {name} {} ({} threads): {:.0} ops/s",
+                mix.name, p.threads, rate
+            ),
+        );
     }
     Ok(())
 }

@@ -1,0 +1,252 @@
+//! The wire target against a `duet serve` spawned in process (`--uri self`):
+//! a tiny run of every wire-capable workload beside the embedded target, exact
+//! counts over the wire under every strategy while updates run, and the clear
+//! refusal of `space` over the wire. Nothing here asserts performance.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use clap::Parser;
+use duet_bench::result::BenchResult;
+use duet_bench::target::{HtapTarget, Strategy};
+use duet_bench::wire::{WireSpec, WireTarget};
+use duet_bench::BenchCommand;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+fn parse(args: &[&str]) -> BenchCommand {
+    Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+        .expect("arguments parse")
+        .command
+}
+
+fn run(args: &[&str]) -> BenchResult {
+    duet_bench::run(parse(args))
+        .expect("benchmark runs")
+        .expect("a result")
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("duet-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn metric(r: &BenchResult, target: &str, case: &[(&str, &str)], metric: &str) -> f64 {
+    r.find(target, case, metric)
+        .unwrap_or_else(|| panic!("missing {metric} of {target} for {case:?}"))
+        .median
+}
+
+#[test]
+fn ycsb_runs_embedded_and_over_the_wire_at_several_thread_counts() {
+    let dir = temp_dir("wire-ycsb");
+    let y = run(&[
+        "ycsb",
+        "--targets",
+        "duet,wire",
+        "--uri",
+        "self",
+        "--records",
+        "200",
+        "--operations",
+        "120",
+        "--thread-counts",
+        "1,3",
+        "--repeat",
+        "1",
+        "--field-length",
+        "10",
+        "--out",
+        dir.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    for target in ["duetdb-embedded", "duetdb-wire"] {
+        for threads in ["1", "3"] {
+            for w in ["A", "B", "C", "D", "E", "F"] {
+                let c = [("threads", threads), ("workload", w)];
+                assert!(metric(&y, target, &c, "ops_per_s") > 0.0, "{target} {c:?}");
+            }
+            let e = [("threads", threads), ("workload", "E")];
+            assert!(metric(&y, target, &e, "scan_latency_us_p99") > 0.0);
+        }
+    }
+    // Every read and update of A–C found its record over the wire too.
+    assert!(
+        !y.notes.iter().any(|n| n.contains("found no record")),
+        "{:?}",
+        y.notes
+    );
+    let wire_note = y
+        .notes
+        .iter()
+        .find(|n| n.starts_with("duetdb-wire:"))
+        .expect("the wire target is described");
+    assert!(wire_note.contains("spawned in this process"), "{wire_note}");
+    assert!(wire_note.contains("in-memory"), "{wire_note}");
+    assert_eq!(y.params["threads"], serde_json::json!([1, 3]));
+    // The report draws one series per target and thread count.
+    let md = dir.join("BENCHMARKS.md");
+    let charts = dir.join("charts");
+    let cmd = parse(&[
+        "report",
+        "--results",
+        dir.to_str().expect("utf-8"),
+        "--out",
+        md.to_str().expect("utf-8"),
+        "--charts",
+        charts.to_str().expect("utf-8"),
+    ]);
+    assert!(duet_bench::run(cmd).expect("report").is_none());
+    let text = std::fs::read_to_string(&md).expect("report written");
+    assert!(text.contains("| duetdb-wire | 3 | A |"), "{text}");
+    let png = charts.join("ycsb/ycsb-throughput.png");
+    assert!(std::fs::metadata(&png).map_or(0, |m| m.len()) > 1000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn htap_runs_over_the_wire_with_exact_counts_and_remset_peaks() {
+    let dir = temp_dir("wire-htap");
+    let h = run(&[
+        "htap",
+        "--targets",
+        "wire",
+        "--records",
+        "2000",
+        "--seconds",
+        "0.2",
+        "--repeat",
+        "1",
+        "--analytics",
+        "0,2",
+        "--scans",
+        "full,idx5",
+        "--strategy",
+        "none,cow,vls,olcp",
+        "--out",
+        dir.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    for st in ["none", "cow", "vls", "olcp"] {
+        let c = [("strategy", st), ("analytics", "2"), ("scan", "full")];
+        assert!(
+            metric(&h, "duetdb-wire", &c, "update_ops_per_s") > 0.0,
+            "{st}"
+        );
+        assert!(
+            metric(&h, "duetdb-wire", &c, "scans_completed") >= 2.0,
+            "{st}"
+        );
+        assert!(
+            metric(&h, "duetdb-wire", &c, "scan_ms_median") > 0.0,
+            "{st}"
+        );
+        // Taken over the wire from serverStatus (exact per cell when spawned).
+        assert!(metric(&h, "duetdb-wire", &c, "remset_entries_peak") >= 0.0);
+        assert!(metric(&h, "duetdb-wire", &c, "rss_mb_peak") > 0.0);
+    }
+    assert!(
+        !h.notes.iter().any(|n| n.contains("wrong count")),
+        "{:?}",
+        h.notes
+    );
+    assert!(h
+        .notes
+        .iter()
+        .any(|n| n.contains("vls over the wire (`count` with `$duet")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The check the htap workload relies on, made directly: while updates
+/// stream through one connection, every count through another is exact
+/// (updates never change `b` or `v`, so the answer is known).
+#[test]
+fn counts_over_the_wire_are_exact_while_updates_run() {
+    let t = WireTarget::connect(&WireSpec::Spawn { durable: false }).expect("spawned server");
+    assert!(t.is_duet());
+    let records = 600;
+    t.load(records).expect("load");
+    let stop = AtomicBool::new(false);
+    let updates = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let updater = s.spawn(|| {
+            let mut sess = t.session().expect("session");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                sess.update((i * 7919) % records, &duet_bench::target::htap_payload(i))
+                    .expect("update");
+                updates.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        });
+        let mut sess = t.session().expect("session");
+        for _ in 0..5 {
+            for st in [Strategy::None, Strategy::Cow, Strategy::Vls, Strategy::Olcp] {
+                assert_eq!(sess.full_scan_count(st).expect("count"), records, "{st:?}");
+                assert_eq!(sess.range_count(100, 160, st).expect("range"), 60, "{st:?}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        updater.join().expect("updater");
+    });
+    assert!(updates.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn snapshot_runs_over_the_wire_and_space_refuses_it() {
+    let dir = temp_dir("wire-snapshot");
+    let out = dir.to_str().expect("utf-8");
+    let s = run(&[
+        "snapshot",
+        "--targets",
+        "wire",
+        "--sizes-mb",
+        "1,2",
+        "--rewrite-pct",
+        "10",
+        "--first-writes",
+        "20",
+        "--out",
+        out,
+        "--quiet",
+    ]);
+    let create = [("data_mb", "2"), ("what", "create")];
+    assert!(metric(&s, "duetdb-wire", &create, "create_snapshot_us_median") > 0.0);
+    assert!(metric(&s, "duetdb-wire", &create, "drop_snapshot_us_median") > 0.0);
+    assert!(metric(&s, "duetdb-wire", &create, "ping_us_median") > 0.0);
+    let rewrite = [("data_mb", "2"), ("what", "rewrite_10pct")];
+    let rewritten = metric(&s, "duetdb-wire", &rewrite, "rewritten_mb");
+    let retained = metric(&s, "duetdb-wire", &rewrite, "retained_mb");
+    // The held snapshot keeps about the old versions of the rewritten documents.
+    assert!(
+        retained >= rewritten * 0.5 && retained <= rewritten * 3.0,
+        "retained {retained} MiB for {rewritten} MiB rewritten"
+    );
+    assert!(
+        s.find("duetdb-embedded", &create, "fork_ms_median")
+            .is_none(),
+        "only the wire target was asked for"
+    );
+
+    let err = duet_bench::run(parse(&[
+        "space",
+        "--targets",
+        "wire",
+        "--records",
+        "100",
+        "--out",
+        out,
+        "--quiet",
+    ]))
+    .expect_err("space over the wire is refused");
+    assert!(
+        err.to_string().contains("not measured over the wire"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
