@@ -1,8 +1,10 @@
 //! Which targets exist in this build and how to build them from the common
 //! flags. Peers (SQLite, PostgreSQL) compile only with the cargo feature
-//! `peers`, so ordinary builds and CI stay fast. The MongoDB-wire and LMDB
-//! targets are named here but not implemented yet (a clear error says so).
+//! `peers`, so ordinary builds and CI stay fast. The MongoDB-wire target is
+//! named here but not implemented yet (a clear error says so).
 
+#[cfg(feature = "lmdb")]
+pub mod lmdb;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -49,6 +51,10 @@ pub fn notes(c: &Common) -> Vec<String> {
     if c.targets.contains(&TargetName::Postgres) {
         notes.push(postgres::DESCRIPTION.into());
     }
+    #[cfg(feature = "lmdb")]
+    if c.targets.contains(&TargetName::Lmdb) {
+        notes.push(lmdb::DESCRIPTION.into());
+    }
     notes
 }
 
@@ -61,6 +67,8 @@ pub fn ycsb_targets(c: &Common) -> Result<Vec<Box<dyn YcsbTarget>>> {
             TargetName::Sqlite => out.push(Box::new(sqlite::Sqlite::create()?)),
             #[cfg(feature = "postgres")]
             TargetName::Postgres => out.push(Box::new(postgres::Postgres::connect(&c.pg)?)),
+            #[cfg(feature = "lmdb")]
+            TargetName::Lmdb => out.push(Box::new(lmdb::Lmdb::create()?)),
             #[allow(unreachable_patterns)]
             other => return Err(not_built(*other)),
         }
@@ -77,6 +85,8 @@ pub fn htap_targets(c: &Common) -> Result<Vec<Box<dyn HtapTarget>>> {
             TargetName::Sqlite => out.push(Box::new(sqlite::Sqlite::create()?)),
             #[cfg(feature = "postgres")]
             TargetName::Postgres => out.push(Box::new(postgres::Postgres::connect(&c.pg)?)),
+            #[cfg(feature = "lmdb")]
+            TargetName::Lmdb => out.push(Box::new(lmdb::Lmdb::create()?)),
             #[allow(unreachable_patterns)]
             other => return Err(not_built(*other)),
         }
@@ -93,6 +103,6 @@ fn not_built(t: TargetName) -> anyhow::Error {
         ),
         TargetName::Sqlite => missing("sqlite", "peers"),
         TargetName::Postgres => missing("postgres", "peers"),
-        TargetName::Lmdb => anyhow::anyhow!("the lmdb peer is not implemented yet"),
+        TargetName::Lmdb => missing("lmdb", "peers"),
     }
 }
