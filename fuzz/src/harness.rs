@@ -72,6 +72,7 @@ pub fn run(data: &[u8]) -> Outcome {
     let conn = ConnInfo {
         id: 1,
         peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
+        local: SocketAddr::from(([127, 0, 0, 1], 27017)),
     };
     let mut out = Outcome::default();
     let mut rest = data;
