@@ -547,7 +547,7 @@ impl Find {
             }
             Source::Latest(db) => db,
         };
-        let strategy = self.strategy.unwrap_or_else(|| db.default_strategy());
+        let mut strategy = self.strategy.unwrap_or_else(|| db.default_strategy());
         let filter = spec.filter.as_ref().unwrap_or_else(|| planner::match_all());
         let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
         let wanted = if spec.limit > 0 {
@@ -555,17 +555,36 @@ impl Find {
         } else {
             u64::MAX
         };
+        if strategy == Strategy::Auto && sort.is_some() && spec.limit > 0 {
+            // A top-k read whose plan yields sort order touches about k
+            // records under `cow` (O(1) to take) and stops there; `vls` would
+            // have to read the whole range and sort it (YCSB's workload E).
+            let state = db.writer().published();
+            if let Some(c) = state.collection(&self.coll) {
+                if planner::plan(c, filter, sort, spec.hint.as_ref())?.provides_sort {
+                    strategy = Strategy::Cow;
+                }
+            }
+        }
+        // Set by the planning closure: the scan yields documents in sort order
+        // (a `cow` walk of a plan that provides the sort), so it may stop at `wanted`.
+        let in_order = std::cell::Cell::new(false);
         let mut docs: Vec<DocRef> = Vec::new();
         let outcome = scan::scan(
             db,
             &self.coll,
             filter,
-            |c| planner::plan(c, filter, sort, spec.hint.as_ref()),
+            |c| {
+                let p = planner::plan(c, filter, sort, spec.hint.as_ref())?;
+                in_order.set(strategy == Strategy::Cow && p.provides_sort);
+                Ok(p)
+            },
             strategy,
             |d| {
                 docs.push(d.clone());
-                // Without a sort any `wanted` matches will do; stop early.
-                if sort.is_none() && docs.len() as u64 >= wanted {
+                // Without a sort, or in sort order, the first `wanted` matches
+                // are the answer; stop early.
+                if (sort.is_none() || in_order.get()) && docs.len() as u64 >= wanted {
                     ControlFlow::Break(())
                 } else {
                     ControlFlow::Continue(())

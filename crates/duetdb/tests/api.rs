@@ -299,3 +299,63 @@ fn bad_input_is_an_error_not_a_panic() {
     c.check_invariants().expect("untouched");
     assert_eq!(c.count(doc! {}).expect("count"), 3);
 }
+
+/// A top-k read in index order (YCSB's workload E: `_id >= k`, sorted by
+/// `_id`, limited) runs under `auto` as a `cow` walk that stops at k, and
+/// returns exactly what a full sort would.
+#[test]
+fn auto_top_k_in_index_order_stops_at_k() {
+    let db = Database::in_memory();
+    let c = db.collection("t");
+    let docs: Vec<_> = (0..2000)
+        .map(|i| doc! {"_id": format!("user{i:05}"), "v": i})
+        .collect();
+    c.insert_many(docs, true).expect("load");
+    let out = c
+        .find(doc! {"_id": {"$gte": "user01000"}})
+        .sort(doc! {"_id": 1})
+        .limit(10)
+        .run_detailed()
+        .expect("find");
+    assert_eq!(out.scan.strategy, duetdb::Strategy::Cow);
+    let ids: Vec<String> = out
+        .docs
+        .iter()
+        .map(|d| {
+            duetdb::doc::id_of(d)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    let want: Vec<String> = (1000..1010).map(|i| format!("user{i:05}")).collect();
+    assert_eq!(ids, want);
+    // Descending, with skip: still in index order, still exact.
+    let out = c
+        .find(doc! {"_id": {"$lt": "user00100"}})
+        .sort(doc! {"_id": -1})
+        .skip(5)
+        .limit(3)
+        .run_detailed()
+        .expect("find");
+    let ids: Vec<String> = out
+        .docs
+        .iter()
+        .map(|d| {
+            duetdb::doc::id_of(d)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids, ["user00094", "user00093", "user00092"]);
+    // A sort the plan cannot provide keeps `vls` and sorts everything.
+    let out = c
+        .find(doc! {"v": {"$gte": 0}})
+        .sort(doc! {"v": -1})
+        .limit(2)
+        .run_detailed()
+        .expect("find");
+    assert_eq!(out.scan.strategy, duetdb::Strategy::Vls);
+    assert_eq!(out.docs.len(), 2);
+}

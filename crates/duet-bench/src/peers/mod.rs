@@ -40,9 +40,7 @@ fn missing(name: &str, feature: &str) -> anyhow::Error {
 pub fn notes(c: &Common) -> Vec<String> {
     let mut notes = Vec::new();
     if c.targets.contains(&TargetName::Duet) {
-        notes.push(
-            "duetdb-embedded: in-memory database in this process (no WAL)".into(),
-        );
+        notes.push("duetdb-embedded: in-memory database in this process (no WAL)".into());
     }
     #[cfg(feature = "sqlite")]
     if c.targets.contains(&TargetName::Sqlite) {
