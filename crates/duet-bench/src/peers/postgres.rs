@@ -72,6 +72,11 @@ impl YcsbSession for Session {
             .iter()
             .map(|(k, _)| checked_ident(k))
             .collect::<Result<_>>()?;
+        // CREATE TABLE IF NOT EXISTS is not safe against itself in PostgreSQL
+        // (two sessions can both pass the check and one fails on the catalog's
+        // unique index), and load threads insert concurrently.
+        static CREATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let one_at_a_time = CREATE.lock().unwrap_or_else(|e| e.into_inner());
         self.c.batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS usertable (ycsb_key TEXT PRIMARY KEY, {})",
             cols.iter()
@@ -79,6 +84,7 @@ impl YcsbSession for Session {
                 .collect::<Vec<_>>()
                 .join(", ")
         ))?;
+        drop(one_at_a_time);
         let mut tx = self.c.transaction()?;
         let sql = format!(
             "INSERT INTO usertable (ycsb_key, {}) VALUES ({})",
