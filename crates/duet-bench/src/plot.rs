@@ -30,7 +30,9 @@ const W: u32 = 900;
 const H: u32 = 520;
 
 fn color(i: usize) -> RGBColor {
-    const PALETTE: [RGBColor; 8] = [
+    // Tableau 10 followed by its light variants: charts with every target and
+    // strategy have up to 11 series, and a repeated colour made two unreadable.
+    const PALETTE: [RGBColor; 20] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -39,6 +41,18 @@ fn color(i: usize) -> RGBColor {
         RGBColor(140, 86, 75),
         RGBColor(227, 119, 194),
         RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+        RGBColor(0, 0, 0),
+        RGBColor(174, 199, 232),
+        RGBColor(255, 187, 120),
+        RGBColor(152, 223, 138),
+        RGBColor(255, 152, 150),
+        RGBColor(197, 176, 213),
+        RGBColor(196, 156, 148),
+        RGBColor(247, 182, 210),
+        RGBColor(199, 199, 199),
+        RGBColor(219, 219, 141),
     ];
     PALETTE[i % PALETTE.len()]
 }
