@@ -131,7 +131,7 @@ pub(crate) struct CellOut {
 }
 
 /// Busy work standing in for a real per-document computation.
-pub(crate) fn work(d: &bson::RawDocumentBuf, ns: u64) -> u64 {
+fn work(d: &bson::RawDocumentBuf, ns: u64) -> u64 {
     let mut h = d.as_bytes().len() as u64;
     if ns > 0 {
         let t0 = Instant::now();
