@@ -178,10 +178,14 @@ pub struct SpaceArgs {
     /// Systems: olcp, vls, cow-steam (which also yields the counted si-model).
     #[arg(long, value_delimiter = ',', default_value = "olcp,vls,cow-steam")]
     pub systems: Vec<space::System>,
-    /// Only `duet`: space is not measured over the wire (the server reports no
-    /// old-version counts, and strategy reads finish inside one command).
+    /// `duet` (embedded) and/or `wire` (a duetdb server: queries are `count`
+    /// commands with `$duet.workNsPerDoc`, old versions come from serverStatus
+    /// and listSnapshots).
     #[arg(long, value_delimiter = ',', default_value = "duet")]
     pub targets: Vec<TargetName>,
+    /// Server of the `wire` target (a URI of a duetdb server, `self` or `self-durable`).
+    #[arg(long, default_value = "self")]
+    pub uri: String,
     /// Busy work per document in the queries, so they last several seconds.
     #[arg(long, default_value_t = 3000)]
     pub work_ns_per_doc: u64,
@@ -406,7 +410,7 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             finish(r, &a.out, &a.tag).map(Some)
         }
         BenchCommand::Space(a) => {
-            peers::space_targets_check(&a.targets)?;
+            let (embedded, wire) = peers::space_targets(&a.targets)?;
             let started = Started::now();
             let p = space::Params {
                 records: a.records.max(1),
@@ -425,7 +429,12 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             let mut col = Collector::default();
             let mut series = Vec::new();
             let mut notes = Vec::new();
-            space::run(&p, a.quiet, &mut col, &mut series, &mut notes)?;
+            if embedded {
+                space::run(&p, a.quiet, &mut col, &mut series, &mut notes)?;
+            }
+            if wire {
+                peers::run_wire_space(&a.uri, &p, a.quiet, &mut col, &mut series, &mut notes)?;
+            }
             let r = BenchResult::finish(
                 "space",
                 serde_json::to_value(&p)?,

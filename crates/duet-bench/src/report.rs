@@ -370,6 +370,12 @@ pub fn charts_for(r: &BenchResult, dir: &Path) -> Result<Vec<(String, PathBuf)>>
                     }
                 }
             }
+            // Runs of several targets (embedded and wire) name their lines
+            // "system (target)", so the legend tells them apart.
+            let mut targets: Vec<&str> = r.series.iter().map(|s| s.target.as_str()).collect();
+            targets.sort_unstable();
+            targets.dedup();
+            let several = targets.len() > 1;
             for (d, q) in cells {
                 let lines: Vec<(String, Vec<(f64, f64)>)> = r
                     .series
@@ -380,7 +386,12 @@ pub fn charts_for(r: &BenchResult, dir: &Path) -> Result<Vec<(String, PathBuf)>>
                             && sr.case.get("queries") == Some(&q)
                     })
                     .map(|sr| {
-                        let name = sr.case.get("system").cloned().unwrap_or_default();
+                        let system = sr.case.get("system").cloned().unwrap_or_default();
+                        let name = if several {
+                            format!("{system} ({})", sr.target)
+                        } else {
+                            system
+                        };
                         (name, sr.points.iter().map(|p| (p[0], p[1])).collect())
                     })
                     .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())

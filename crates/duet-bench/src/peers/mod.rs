@@ -153,19 +153,45 @@ pub fn run_wire_snapshot(
     Err(not_built(TargetName::Wire))
 }
 
-/// `space` runs embedded only; any other target is refused with the reason.
-pub fn space_targets_check(targets: &[TargetName]) -> Result<()> {
+/// Which `space` runs the targets ask for: (embedded, wire). Other targets
+/// are refused: space measures duetdb's own old versions.
+pub fn space_targets(targets: &[TargetName]) -> Result<(bool, bool)> {
+    let mut out = (false, false);
     for t in targets {
         match t {
-            TargetName::Duet => {}
-            TargetName::Wire => anyhow::bail!(
-                "space is not measured over the wire: duet serve's serverStatus reports no old-version counts (only the VLS remset), \
-                 `$duet` strategy reads (vls, olcp) run to completion inside one command so a client cannot keep one open while updates stream, \
-                 and the queries' per-document work that makes them last seconds cannot be injected over the wire. \
-                 Over the wire, use `htap --targets wire` (remset peaks per cell) and `snapshot --targets wire` (bytes a held named snapshot retains)"
+            TargetName::Duet => out.0 = true,
+            TargetName::Wire => out.1 = true,
+            other => anyhow::bail!(
+                "space runs on duet (in process) and wire (a duetdb server), not on {other:?}: it measures duetdb's own old versions"
             ),
-            other => anyhow::bail!("space runs on duet only, not on {other:?}"),
         }
     }
-    Ok(())
+    Ok(out)
+}
+
+/// `space` over the wire (`crate::wire::space`).
+#[cfg(feature = "wire")]
+pub fn run_wire_space(
+    uri: &str,
+    p: &crate::workload::space::Params,
+    quiet: bool,
+    col: &mut crate::result::Collector,
+    series: &mut Vec<crate::result::Series>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let spec = crate::wire::WireSpec::parse(uri);
+    crate::wire::space::run(&spec, p, quiet, col, series, notes)
+}
+
+/// `space` over the wire: not built without the `wire` feature.
+#[cfg(not(feature = "wire"))]
+pub fn run_wire_space(
+    _uri: &str,
+    _p: &crate::workload::space::Params,
+    _quiet: bool,
+    _col: &mut crate::result::Collector,
+    _series: &mut Vec<crate::result::Series>,
+    _notes: &mut Vec<String>,
+) -> Result<()> {
+    Err(not_built(TargetName::Wire))
 }

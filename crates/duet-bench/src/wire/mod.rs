@@ -26,6 +26,7 @@
 
 mod htap;
 pub mod snapshot;
+pub mod space;
 mod spawn;
 mod ycsb;
 

@@ -113,19 +113,21 @@ struct Shared {
 }
 
 /// One sample: (seconds since the cell started, old versions, old MiB).
-type Sample = (f64, f64, f64);
+pub(crate) type Sample = (f64, f64, f64);
 
-struct CellOut {
-    update_ops: u64,
-    update_lat: Latencies,
-    wall_s: f64,
-    query_s: Vec<f64>,
-    query_docs: u64,
+/// What one cell measured (embedded or over the wire).
+pub(crate) struct CellOut {
+    pub(crate) update_ops: u64,
+    pub(crate) update_lat: Latencies,
+    pub(crate) wall_s: f64,
+    pub(crate) query_s: Vec<f64>,
+    pub(crate) query_docs: u64,
     /// (system label, samples).
-    samples: Vec<(String, Vec<Sample>)>,
-    rss_mb_peak: f64,
-    propagated: u64,
-    update_noops: u64,
+    pub(crate) samples: Vec<(String, Vec<Sample>)>,
+    pub(crate) rss_mb_peak: f64,
+    /// Embedded: the engine's running olcp propagation total at the cell's end.
+    pub(crate) propagated: u64,
+    pub(crate) update_noops: u64,
 }
 
 /// Busy work standing in for a real per-document computation.
@@ -466,14 +468,6 @@ pub fn run(
                     let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24;
                     cell_no += 1;
                     let cell = run_cell(&db, p, system, dist, k, doc_bytes, seed, cell_no, quiet)?;
-                    if cell.update_noops > 0 {
-                        notes.push(format!(
-                            "{} {} Q={k}: {} updates changed nothing (no version made)",
-                            system.name(),
-                            dist.name(),
-                            cell.update_noops
-                        ));
-                    }
                     // Let background resets finish and the remset drain.
                     duetdb::scan::wait_for(
                         || {
@@ -482,97 +476,123 @@ pub fn run(
                         },
                         Duration::from_secs(10),
                     );
-                    let ks = k.to_string();
-                    let upd_s = cell.update_ops as f64 / cell.wall_s.max(1e-9);
-                    let q_total_s: f64 = cell.query_s.iter().sum();
-                    for (label, pts) in &cell.samples {
-                        let c = case(&[("system", label), ("dist", dist.name()), ("queries", &ks)]);
-                        let peak_n = pts.iter().map(|x| x.1).fold(0.0, f64::max);
-                        let peak_mb = pts.iter().map(|x| x.2).fold(0.0, f64::max);
-                        col.add(TARGET, &c, "old_versions_peak", peak_n);
-                        col.add(TARGET, &c, "old_mb_peak", peak_mb);
-                        col.add(
-                            TARGET,
-                            &c,
-                            "old_versions_mean",
-                            pts.iter().map(|x| x.1).sum::<f64>() / pts.len().max(1) as f64,
-                        );
-                        if label == "si-model" {
-                            continue;
-                        }
-                        col.add(
-                            TARGET,
-                            &c,
-                            "query_docs_per_s",
-                            cell.query_docs as f64 / q_total_s.max(1e-9),
-                        );
-                        col.add(TARGET, &c, "queries_done", cell.query_s.len() as f64);
-                        col.add(TARGET, &c, "query_s_median", median(&cell.query_s));
-                        col.add(TARGET, &c, "update_ops_per_s", upd_s);
-                        col.add(
-                            TARGET,
-                            &c,
-                            "update_latency_us_p99",
-                            cell.update_lat.quantile_us(0.99),
-                        );
-                        col.add(
-                            TARGET,
-                            &c,
-                            "update_latency_us_max",
-                            cell.update_lat.max_us(),
-                        );
-                        col.add(TARGET, &c, "rss_mb_peak", cell.rss_mb_peak);
-                        if system == System::Olcp {
-                            col.add(
-                                TARGET,
-                                &c,
-                                "olcp_propagated",
-                                cell.propagated.saturating_sub(before) as f64,
-                            );
-                        }
-                        if rep == 0 {
-                            series.push(Series {
-                                target: TARGET.into(),
-                                case: c.clone(),
-                                metric: "old_versions".into(),
-                                points: pts.iter().map(|x| [x.0, x.1]).collect(),
-                            });
-                        }
-                    }
-                    if system == System::CowSteam && rep == 0 {
-                        if let Some((_, pts)) = cell.samples.iter().find(|(l, _)| l == "si-model") {
-                            series.push(Series {
-                                target: TARGET.into(),
-                                case: case(&[
-                                    ("system", "si-model"),
-                                    ("dist", dist.name()),
-                                    ("queries", &ks),
-                                ]),
-                                metric: "old_versions".into(),
-                                points: pts.iter().map(|x| [x.0, x.1]).collect(),
-                            });
-                        }
-                    }
-                    let peak = cell
-                        .samples
-                        .first()
-                        .map_or(0.0, |(_, p)| p.iter().map(|x| x.1).fold(0.0, f64::max));
-                    note(
-                        quiet,
-                        &format!(
-                            "[space] {} {} Q={k}: peak old versions {peak:.0}, {:.0} upd/s, p99 {:.0} µs, max {:.0} µs, {} queries, {:.0} docs/s",
-                            system.name(),
-                            dist.name(),
-                            upd_s,
-                            cell.update_lat.quantile_us(0.99),
-                            cell.update_lat.max_us(),
-                            cell.query_s.len(),
-                            cell.query_docs as f64 / q_total_s.max(1e-9)
-                        ),
+                    let propagated = cell.propagated.saturating_sub(before);
+                    record_cell(
+                        TARGET, rep, system, dist, k, &cell, propagated, quiet, col, series, notes,
                     );
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Record one cell's figures and series under `target` (shared by the
+/// embedded run and the wire run, so both produce the same names).
+/// `propagated` is the olcp propagations of this cell alone.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_cell(
+    target: &str,
+    rep: usize,
+    system: System,
+    dist: KeyDist,
+    k: usize,
+    cell: &CellOut,
+    propagated: u64,
+    quiet: bool,
+    col: &mut Collector,
+    series: &mut Vec<Series>,
+    notes: &mut Vec<String>,
+) {
+    if cell.update_noops > 0 {
+        notes.push(format!(
+            "{target} {} {} Q={k}: {} updates changed nothing (no version made)",
+            system.name(),
+            dist.name(),
+            cell.update_noops
+        ));
+    }
+    let ks = k.to_string();
+    let upd_s = cell.update_ops as f64 / cell.wall_s.max(1e-9);
+    let q_total_s: f64 = cell.query_s.iter().sum();
+    for (label, pts) in &cell.samples {
+        let c = case(&[("system", label), ("dist", dist.name()), ("queries", &ks)]);
+        let peak_n = pts.iter().map(|x| x.1).fold(0.0, f64::max);
+        let peak_mb = pts.iter().map(|x| x.2).fold(0.0, f64::max);
+        col.add(target, &c, "old_versions_peak", peak_n);
+        col.add(target, &c, "old_mb_peak", peak_mb);
+        col.add(
+            target,
+            &c,
+            "old_versions_mean",
+            pts.iter().map(|x| x.1).sum::<f64>() / pts.len().max(1) as f64,
+        );
+        if label == "si-model" {
+            continue;
+        }
+        col.add(
+            target,
+            &c,
+            "query_docs_per_s",
+            cell.query_docs as f64 / q_total_s.max(1e-9),
+        );
+        col.add(target, &c, "queries_done", cell.query_s.len() as f64);
+        col.add(target, &c, "query_s_median", median(&cell.query_s));
+        col.add(target, &c, "update_ops_per_s", upd_s);
+        col.add(
+            target,
+            &c,
+            "update_latency_us_p99",
+            cell.update_lat.quantile_us(0.99),
+        );
+        col.add(
+            target,
+            &c,
+            "update_latency_us_max",
+            cell.update_lat.max_us(),
+        );
+        col.add(target, &c, "rss_mb_peak", cell.rss_mb_peak);
+        if system == System::Olcp {
+            col.add(target, &c, "olcp_propagated", propagated as f64);
+        }
+        if rep == 0 {
+            series.push(Series {
+                target: target.into(),
+                case: c.clone(),
+                metric: "old_versions".into(),
+                points: pts.iter().map(|x| [x.0, x.1]).collect(),
+            });
+        }
+    }
+    if system == System::CowSteam && rep == 0 {
+        if let Some((_, pts)) = cell.samples.iter().find(|(l, _)| l == "si-model") {
+            series.push(Series {
+                target: target.into(),
+                case: case(&[
+                    ("system", "si-model"),
+                    ("dist", dist.name()),
+                    ("queries", &ks),
+                ]),
+                metric: "old_versions".into(),
+                points: pts.iter().map(|x| [x.0, x.1]).collect(),
+            });
+        }
+    }
+    let peak = cell
+        .samples
+        .first()
+        .map_or(0.0, |(_, p)| p.iter().map(|x| x.1).fold(0.0, f64::max));
+    note(
+        quiet,
+        &format!(
+            "[space] {target} {} {} Q={k}: peak old versions {peak:.0}, {:.0} upd/s, p99 {:.0} µs, max {:.0} µs, {} queries, {:.0} docs/s",
+            system.name(),
+            dist.name(),
+            upd_s,
+            cell.update_lat.quantile_us(0.99),
+            cell.update_lat.max_us(),
+            cell.query_s.len(),
+            cell.query_docs as f64 / q_total_s.max(1e-9)
+        ),
+    );
 }

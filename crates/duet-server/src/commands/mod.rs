@@ -13,7 +13,7 @@
 //! acknowledges every write once it is visible. `maxTimeMS` is enforced by
 //! the caller. Things we cannot honor are refused, never silently ignored:
 //! the reserved `$duet` field with unknown options, read concern `snapshot`
-//! outside find/aggregate/distinct.
+//! outside find/aggregate/distinct, `$duet.workNsPerDoc` outside `count`.
 
 pub mod admin;
 pub mod ddl;
@@ -221,10 +221,13 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
                     other.element_type()
                 )))
             }
+            ("workNsPerDoc", v) => {
+                work_ns(v)?;
+            }
             (other, _) => {
                 return Err(CommandError::bad_value(format!(
-                    "unknown $duet option '{other}' (supported: snapshot, snapshotName)"
-                )))
+                "unknown $duet option '{other}' (supported: snapshot, snapshotName, workNsPerDoc)"
+            )))
             }
         }
     }
@@ -236,10 +239,58 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
     Ok(strategy)
 }
 
+/// Upper bound of `$duet.workNsPerDoc`: 1 ms per document already makes a
+/// count of 10 000 documents last 10 s; more only ties up a server thread.
+pub const MAX_WORK_NS_PER_DOC: u64 = 1_000_000;
+
+/// One `$duet.workNsPerDoc` value: a whole number in 0..=[`MAX_WORK_NS_PER_DOC`].
+fn work_ns(v: &Bson) -> CmdResult<u64> {
+    let n = match v {
+        Bson::Int32(n) => i64::from(*n),
+        Bson::Int64(n) => *n,
+        Bson::Double(d) if d.fract() == 0.0 && d.abs() <= 1e15 => *d as i64,
+        Bson::Double(d) => {
+            return Err(CommandError::bad_value(format!(
+                "$duet.workNsPerDoc must be a whole number, not {d}"
+            )))
+        }
+        other => {
+            return Err(CommandError::type_mismatch(format!(
+                "$duet.workNsPerDoc must be a number, not {:?}",
+                other.element_type()
+            )))
+        }
+    };
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n <= MAX_WORK_NS_PER_DOC)
+        .ok_or_else(|| {
+            CommandError::bad_value(format!(
+                "$duet.workNsPerDoc must be in 0..={MAX_WORK_NS_PER_DOC}, not {n}"
+            ))
+        })
+}
+
+/// `$duet: {workNsPerDoc: N}`, a benchmark knob honoured by `count` only: N ns
+/// of busy work per document the count visits, so that one query lasts
+/// seconds while updates stream (the `space` benchmark over the wire). `None`
+/// when absent; 0 is the same as absent.
+pub fn duet_work_ns(cmd: &Document) -> CmdResult<Option<u64>> {
+    let Some(opts) = crate::args::opt_doc(cmd, "$duet")? else {
+        return Ok(None);
+    };
+    opts.get("workNsPerDoc").map(work_ns).transpose()
+}
+
 fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
     duet_strategy(cmd)?;
+    if name != "count" && duet_work_ns(cmd)?.is_some() {
+        return Err(CommandError::bad_value(format!(
+            "$duet.workNsPerDoc is honoured by count only, not by '{name}'"
+        )));
+    }
     let ctx = Ctx { state, conn, db };
     let session = SessionArgs::parse(cmd)?;
     if matches!(name, "commitTransaction" | "abortTransaction") {

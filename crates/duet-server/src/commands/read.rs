@@ -6,6 +6,11 @@
 //! batches. With `readConcern: {level: "snapshot"}` the snapshot comes from
 //! the registry (see `snapshots.rs`) and its `atClusterTime` is returned.
 //!
+//! `count` alone honours the benchmark knob `$duet: {workNsPerDoc: N}`: it
+//! then visits every matching document (on the strategy's scan, or on the
+//! command's or named snapshot) and busy-waits N ns on each, so a query lasts
+//! seconds while updates stream; the count it returns is unchanged.
+//!
 //! `aggregate` runs the engine's pipeline (`duetdb::query::aggregate`): on the
 //! command's snapshot (`cow`) by default, or on the live collection under the
 //! strategy `$duet: {snapshot: ...}` names. Its result is materialized, so the
@@ -235,11 +240,25 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     // A negative limit means the same as its absolute value for count.
     let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
+    let work_ns = super::duet_work_ns(cmd)?.filter(|ns| *ns > 0);
     if let Some(strategy) = super::duet_strategy(cmd)? {
-        let n = ctx
-            .database()?
-            .collection(coll)
-            .count_with(query, strategy)?;
+        let c = ctx.database()?.collection(coll);
+        let n = match work_ns {
+            None => c.count_with(query, strategy)?,
+            Some(ns) => {
+                // Visit every match (no O(1) size shortcut); under `olcp` the
+                // scan is handed superseded versions, so each document still
+                // counts exactly once.
+                let (mut n, mut h) = (0u64, 0u64);
+                c.scan_with(query, strategy, |d| {
+                    n += 1;
+                    h = h.wrapping_add(busy_work(d, ns));
+                    std::ops::ControlFlow::Continue(())
+                })?;
+                std::hint::black_box(h);
+                n
+            }
+        };
         let mut n = n.saturating_sub(skip);
         if limit > 0 {
             n = n.min(limit);
@@ -247,20 +266,41 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         return Ok(doc! {"n": n.min(i64::MAX as u64) as i64, "ok": 1.0});
     }
     let (snap, _) = ctx.read_snapshot(cmd)?;
-    let n = match cmd.get("hint").filter(|h| !matches!(h, Bson::Null)) {
-        Some(h) => snap
-            .collection(coll)
-            .find(query)
-            .hint(h.clone())
-            .raw()?
-            .len() as u64,
-        None => snap.collection(coll).count(query)?,
+    let hint = cmd.get("hint").filter(|h| !matches!(h, Bson::Null));
+    let n = match (hint, work_ns) {
+        (None, None) => snap.collection(coll).count(query)?,
+        (hint, work_ns) => {
+            let mut find = snap.collection(coll).find(query);
+            if let Some(h) = hint {
+                find = find.hint(h.clone());
+            }
+            let docs = find.raw()?;
+            if let Some(ns) = work_ns {
+                let h = docs
+                    .iter()
+                    .fold(0u64, |h, d| h.wrapping_add(busy_work(d, ns)));
+                std::hint::black_box(h);
+            }
+            docs.len() as u64
+        }
     };
     let mut n = n.saturating_sub(skip);
     if limit > 0 {
         n = n.min(limit);
     }
     Ok(doc! {"n": n.min(i64::MAX as u64) as i64, "ok": 1.0})
+}
+
+/// `$duet.workNsPerDoc`'s busy wait: `ns` nanoseconds spent on document `d`
+/// (a stand-in for real per-document computation; the hash keeps the loop
+/// from being optimised away).
+fn busy_work(d: &bson::RawDocumentBuf, ns: u64) -> u64 {
+    let mut h = d.as_bytes().len() as u64;
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_nanos() < u128::from(ns) {
+        h = h.wrapping_mul(31).wrapping_add(7);
+    }
+    h
 }
 
 pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {

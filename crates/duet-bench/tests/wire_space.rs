@@ -1,0 +1,84 @@
+//! A tiny `duet bench space --targets duet,wire --uri self` run: both targets
+//! side by side in one invocation, the same figure and series names under
+//! each label, and the chart drawing both. Nothing here asserts performance.
+
+use clap::Parser;
+use duet_bench::result::BenchResult;
+use duet_bench::BenchCommand;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[test]
+fn space_runs_embedded_and_over_the_wire() {
+    let dir = std::env::temp_dir().join(format!("duet-bench-wire-space-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.to_str().expect("utf-8 temp dir");
+    let args = [
+        "space",
+        "--targets",
+        "duet,wire",
+        "--uri",
+        "self",
+        "--records",
+        "3000",
+        "--seconds",
+        "0.3",
+        "--queries",
+        "2",
+        "--dist",
+        "uniform",
+        "--work-ns-per-doc",
+        "100",
+        "--sample-ms",
+        "20",
+        "--retained-every-ms",
+        "40",
+        "--out",
+        out,
+        "--quiet",
+    ];
+    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args)).expect("arguments parse");
+    let r: BenchResult = duet_bench::run(cli.command)
+        .expect("benchmark runs")
+        .expect("a result");
+    for target in ["duetdb-embedded", "duetdb-wire"] {
+        for system in ["olcp", "vls", "cow-steam"] {
+            let c = [("system", system), ("dist", "uniform"), ("queries", "2")];
+            let f = |m: &str| {
+                r.find(target, &c, m)
+                    .unwrap_or_else(|| panic!("missing {m} of {target} for {c:?}"))
+                    .median
+            };
+            assert!(f("update_ops_per_s") > 0.0, "{target} {system}");
+            assert!(f("queries_done") >= 2.0, "{target} {system}");
+            assert!(f("query_docs_per_s") > 0.0, "{target} {system}");
+            assert!(f("old_versions_peak") >= 0.0);
+            assert!(
+                r.series.iter().any(|s| s.target == target
+                    && s.case.get("system").map(String::as_str) == Some(system)),
+                "no series of {target} {system}"
+            );
+        }
+        assert!(r
+            .find(
+                target,
+                &[("system", "si-model"), ("queries", "2")],
+                "old_versions_peak"
+            )
+            .is_some());
+    }
+    // Every update over the wire made a new version too.
+    assert!(
+        !r.notes.iter().any(|n| n.contains("changed nothing")),
+        "{:?}",
+        r.notes
+    );
+    let chart = dir.join("space").join("space-old-versions-uniform-q2.png");
+    assert!(std::fs::metadata(&chart).map_or(0, |m| m.len()) > 1000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
