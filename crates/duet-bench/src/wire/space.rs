@@ -35,7 +35,9 @@ use crate::progress::note;
 use crate::result::{case, Collector, Series};
 use crate::stats::Latencies;
 use crate::target::{htap_doc, htap_payload, VPerm};
-use crate::workload::space::{record_cell, CellOut, KeyDist, Params, Sample, System, SPACE_TABLE};
+use crate::workload::space::{
+    join_cell_threads, record_cell, CellOut, Joined, KeyDist, Params, Sample, System, SPACE_TABLE,
+};
 
 /// Documents per `insertMany` while loading (as the embedded run).
 const LOAD_BATCH: usize = 10_000;
@@ -338,29 +340,13 @@ fn run_cell(
             watch_done.store(true, Ordering::Release);
         });
         crate::progress::watch(&label, p.seconds, None, ops_view, watch_done, quiet, "upd");
-        let mut first_err = None;
-        let mut query_s = Vec::new();
-        let mut query_docs = 0;
-        for h in queriers {
-            match h.join().map_err(|_| anyhow!("query thread panicked"))? {
-                Ok((d, n)) => {
-                    query_s.extend(d);
-                    query_docs += n;
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        let mut update_ops = 0;
-        let mut update_lat = Latencies::new();
-        for h in updaters {
-            match h.join().map_err(|_| anyhow!("update thread panicked"))? {
-                Ok((n, l)) => {
-                    update_ops += n;
-                    update_lat.merge(&l);
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
+        let (joined, first_err) = join_cell_threads(queriers, updaters)?;
+        let Joined {
+            query_s,
+            query_docs,
+            update_ops,
+            update_lat,
+        } = joined;
         let wall_s = started.elapsed().as_secs_f64();
         done.store(true, Ordering::Release);
         let out = sampler.join().map_err(|_| anyhow!("sampler panicked"))?;

@@ -392,29 +392,13 @@ fn run_cell(
             watch_done.store(true, Ordering::Release);
         });
         crate::progress::watch(&label, p.seconds, None, ops_view, watch_done, quiet, "upd");
-        let mut first_err = None;
-        let mut query_s = Vec::new();
-        let mut query_docs = 0;
-        for h in queriers {
-            match h.join().map_err(|_| anyhow!("query thread panicked"))? {
-                Ok((d, n)) => {
-                    query_s.extend(d);
-                    query_docs += n;
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        let mut update_ops = 0;
-        let mut update_lat = Latencies::new();
-        for h in updaters {
-            match h.join().map_err(|_| anyhow!("update thread panicked"))? {
-                Ok((n, l)) => {
-                    update_ops += n;
-                    update_lat.merge(&l);
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
+        let (joined, first_err) = join_cell_threads(queriers, updaters)?;
+        let Joined {
+            query_s,
+            query_docs,
+            update_ops,
+            update_lat,
+        } = joined;
         let wall_s = started.elapsed().as_secs_f64();
         done.store(true, Ordering::Release);
         let mut out = sampler.join().map_err(|_| anyhow!("sampler panicked"))??;
@@ -430,6 +414,52 @@ fn run_cell(
         out.update_noops = shared.noops.load(Ordering::Relaxed);
         Ok(out)
     })
+}
+
+/// What the threads of one cell measured, once joined.
+pub(crate) struct Joined {
+    pub query_s: Vec<f64>,
+    pub query_docs: u64,
+    pub update_ops: u64,
+    pub update_lat: Latencies,
+}
+
+type QueryOut = Result<(Vec<f64>, u64)>;
+type UpdateOut = Result<(u64, Latencies)>;
+
+/// Join a cell's query and update threads (embedded and wire cells alike):
+/// their figures, and the first error any of them returned. A panicked
+/// thread is an error at once.
+pub(crate) fn join_cell_threads<'s>(
+    queriers: Vec<std::thread::ScopedJoinHandle<'s, QueryOut>>,
+    updaters: Vec<std::thread::ScopedJoinHandle<'s, UpdateOut>>,
+) -> Result<(Joined, Option<anyhow::Error>)> {
+    let mut first_err = None;
+    let mut out = Joined {
+        query_s: Vec::new(),
+        query_docs: 0,
+        update_ops: 0,
+        update_lat: Latencies::new(),
+    };
+    for h in queriers {
+        match h.join().map_err(|_| anyhow!("query thread panicked"))? {
+            Ok((d, n)) => {
+                out.query_s.extend(d);
+                out.query_docs += n;
+            }
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    for h in updaters {
+        match h.join().map_err(|_| anyhow!("update thread panicked"))? {
+            Ok((n, l)) => {
+                out.update_ops += n;
+                out.update_lat.merge(&l);
+            }
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    Ok((out, first_err))
 }
 
 /// Run every cell (distribution × queries × system), `p.repeat` times.
