@@ -76,9 +76,14 @@ fn ycsb_runs_embedded_and_over_the_wire_at_several_thread_counts() {
             assert!(metric(&y, target, &e, "scan_latency_us_p99") > 0.0);
         }
     }
-    // Every read and update of A–C found its record over the wire too.
+    // Every read and update of A–C, E and F found its record, over the wire
+    // too. D is left out: with several threads its "latest" reads may pick a
+    // key another thread has not finished inserting (gen.rs `KeySequence`),
+    // which the harness counts and notes by design.
     assert!(
-        !y.notes.iter().any(|n| n.contains("found no record")),
+        !y.notes
+            .iter()
+            .any(|n| n.contains("found no record") && !n.contains("workload D")),
         "{:?}",
         y.notes
     );
