@@ -294,30 +294,14 @@ fn find_and_modify(
     name_field: &str,
     txn: &mut Transaction,
 ) -> CmdResult {
-    let coll = args::collection_name(cmd, name_field)?;
-    write::refuse_unsupported(cmd, "findAndModify")?;
-    let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
-    let remove = args::flag(cmd, "remove")?;
-    let return_new = args::flag(cmd, "new")?;
-    let upsert = args::flag(cmd, "upsert")?;
-    let has_update = cmd.get("update").is_some_and(|u| !matches!(u, Bson::Null));
-    let fail = |m: &str| Err(CommandError::new(9, "FailedToParse", m.to_string()));
-    if remove && has_update {
-        return fail("Cannot specify both an update and remove=true");
-    }
-    if !remove && !has_update {
-        return fail("Either an update or remove=true must be specified");
-    }
-    if remove && (return_new || upsert) {
-        return fail("Cannot specify both new=true/upsert=true and remove=true");
-    }
-    let spec = if remove {
-        OpCounters::bump(&ctx.state.ops.delete, 1);
-        None
-    } else {
-        OpCounters::bump(&ctx.state.ops.update, 1);
-        Some(write::update_spec(cmd.get("update"))?)
-    };
+    let write::FindAndModifyArgs {
+        coll,
+        query,
+        remove: _,
+        return_new,
+        upsert,
+        spec,
+    } = write::find_and_modify_args(ctx, cmd, name_field)?;
     let projection = args::opt_doc(cmd, "fields")?
         .filter(|p| !p.is_empty())
         .map(duetdb::query::Projection::parse)

@@ -178,8 +178,24 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(write_reply(n, Document::new(), errors))
 }
 
-pub fn find_and_modify(ctx: &Ctx<'_>, cmd: &Document, name_field: &str) -> CmdResult {
-    let name = args::collection_name(cmd, name_field)?;
+/// The arguments of a `findAndModify`, checked (shared by the plain and the
+/// in-transaction command); counts the operation.
+pub(crate) struct FindAndModifyArgs<'a> {
+    pub coll: &'a str,
+    pub query: Document,
+    pub remove: bool,
+    pub return_new: bool,
+    pub upsert: bool,
+    /// `None` for `remove: true`.
+    pub spec: Option<UpdateSpec>,
+}
+
+pub(crate) fn find_and_modify_args<'a>(
+    ctx: &Ctx<'_>,
+    cmd: &'a Document,
+    name_field: &str,
+) -> CmdResult<FindAndModifyArgs<'a>> {
+    let coll = args::collection_name(cmd, name_field)?;
     refuse_unsupported(cmd, "findAndModify")?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let remove = args::flag(cmd, "remove")?;
@@ -203,6 +219,25 @@ pub fn find_and_modify(ctx: &Ctx<'_>, cmd: &Document, name_field: &str) -> CmdRe
         OpCounters::bump(&ctx.state.ops.update, 1);
         Some(update_spec(cmd.get("update"))?)
     };
+    Ok(FindAndModifyArgs {
+        coll,
+        query,
+        remove,
+        return_new,
+        upsert,
+        spec,
+    })
+}
+
+pub fn find_and_modify(ctx: &Ctx<'_>, cmd: &Document, name_field: &str) -> CmdResult {
+    let FindAndModifyArgs {
+        coll: name,
+        query,
+        remove,
+        return_new,
+        upsert,
+        spec,
+    } = find_and_modify_args(ctx, cmd, name_field)?;
     let options = FindAndModifyOptions {
         sort: args::opt_doc(cmd, "sort")?.cloned(),
         projection: args::opt_doc(cmd, "fields")?.cloned(),
