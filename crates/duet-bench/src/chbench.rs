@@ -59,8 +59,8 @@ use std::collections::HashMap;
 
 use anyhow::{ensure, Result};
 use bson::{doc, Bson, Document};
-use duetdb::database::FindOptions;
-use duetdb::doc::DocRef;
+use duetdb::raw::DocRef;
+use duetdb::FindOptions;
 use duetdb::{Database, IndexOptions, Snapshot, Transaction};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -359,8 +359,8 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
             for mode in &a.remset {
                 let mode = match mode.as_str() {
                     "shared" => continue, // the default duet target
-                    "per-scan" => duetdb::scan::remset::RemsetMode::PerScan,
-                    "scan-end" => duetdb::scan::remset::RemsetMode::ReclaimAtScanEnd,
+                    "per-scan" => duetdb::RemsetMode::PerScan,
+                    "scan-end" => duetdb::RemsetMode::ReclaimAtScanEnd,
                     other => {
                         anyhow::bail!("unknown remset mode '{other}': shared, per-scan or scan-end")
                     }

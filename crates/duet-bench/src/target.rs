@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Result};
 use duetdb::bson::{doc, Document};
-use duetdb::scan::remset::RemsetMode;
+use duetdb::RemsetMode;
 use duetdb::{Collection, Database, IndexOptions};
 
 /// Snapshot strategy of an analytic read (DESIGN.md §4).
@@ -174,7 +174,7 @@ impl Embedded {
     /// paper's comparison: shared vs one per scan vs reclaim at scan end).
     pub fn with_remset(remset: RemsetMode) -> Embedded {
         let options = duetdb::DbOptions {
-            vls: duetdb::scan::vls::VlsOptions {
+            vls: duetdb::VlsOptions {
                 remset,
                 ..Default::default()
             },
@@ -380,7 +380,7 @@ mod tests {
             assert!(!seen[v]);
             seen[v] = true;
         }
-        let bytes = duetdb::doc::to_raw_document(&htap_doc(123_456, &VPerm::new(1_000_000)))
+        let bytes = duetdb::raw::to_raw_document(&htap_doc(123_456, &VPerm::new(1_000_000)))
             .map_or(0, |b| b.as_bytes().len());
         assert!((220..=260).contains(&bytes), "{bytes}");
     }

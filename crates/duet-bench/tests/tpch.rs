@@ -193,7 +193,7 @@ fn answer_changing_updates_match_the_start_snapshot() {
                 .update_one(doc! {"_id": id}, doc! {"$set": {field: value.clone()}})
                 .expect("update");
             assert_eq!(r.matched, 1);
-            logged.push((duetdb::writer::last_commit_csn(), coll, id, field, value));
+            logged.push((duetdb::last_commit_csn(), coll, id, field, value));
             log.lock().expect("log").extend(logged);
         },
         || {

@@ -130,7 +130,7 @@ fn the_lost_update_check_catches_lost_updates() {
     // A commit that validates nothing loses updates under this contention
     // (2 threads × 16 of 20 keys); the same check sees it.
     let broken = TxnOptions {
-        planted_bug: duetdb::txn::PlantedBug::SkipValidation,
+        planted_bug: duetdb::testing::PlantedBug::SkipValidation,
         ..TxnOptions::default()
     };
     let mut caught = false;

@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document};
-use duetdb::doc::DocRef;
-use duetdb::query::Projection;
+use duetdb::lang::Projection;
+use duetdb::raw::DocRef;
 use duetdb::Snapshot;
 use parking_lot::Mutex;
 
@@ -98,7 +98,7 @@ impl Cursor {
             let doc = if let Some(raw) = self.docs.next() {
                 match &self.projection {
                     Some(p) => p.apply(&raw)?,
-                    None => duetdb::doc::to_document(&raw)?,
+                    None => duetdb::raw::to_document(&raw)?,
                 }
             } else if let Some(d) = self.owned.next() {
                 d

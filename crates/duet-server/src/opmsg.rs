@@ -7,7 +7,7 @@
 //! an identifier cstring, and BSON documents filling the rest of the section.
 //!
 //! Invariants:
-//! - every document is fully validated (`duetdb::doc::validate_raw`: element
+//! - every document is fully validated (`duetdb::raw::validate_raw`: element
 //!   framing, UTF-8, depth, size; iterative) before it is parsed into a
 //!   `Document`, so hostile bytes cannot reach a recursive parser unchecked;
 //! - every offset is bounds-checked; a malformed message yields a
@@ -103,7 +103,7 @@ fn document_at(b: &[u8], at: usize, limit: usize) -> Result<(&RawDocument, usize
         .ok_or_else(|| MsgError::invalid_bson("document runs past the end of its section"))?;
     let raw =
         RawDocument::from_bytes(&b[at..end]).map_err(|e| MsgError::invalid_bson(e.to_string()))?;
-    duetdb::doc::validate_raw(raw)?;
+    duetdb::raw::validate_raw(raw)?;
     Ok((raw, end))
 }
 

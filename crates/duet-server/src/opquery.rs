@@ -42,7 +42,7 @@ pub fn decode(body: &[u8]) -> Result<Query, MsgError> {
         .ok_or_else(|| MsgError::invalid_bson("OP_QUERY query document length is invalid"))?;
     let raw = RawDocument::from_bytes(&body[at..end])
         .map_err(|e| MsgError::invalid_bson(e.to_string()))?;
-    duetdb::doc::validate_raw(raw)?;
+    duetdb::raw::validate_raw(raw)?;
     let mut command = Document::try_from(raw).map_err(|e| MsgError::invalid_bson(e.to_string()))?;
     let wrapped = command
         .get("$query")

@@ -65,7 +65,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             replica_set: Some(DEFAULT_REPLICA_SET.to_string()),
             advertise: None,
-            transaction_lifetime: duetdb::txn::DEFAULT_LIFETIME,
+            transaction_lifetime: duetdb::DEFAULT_LIFETIME,
             session_idle_timeout: Duration::from_secs(
                 60 * crate::commands::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES as u64,
             ),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use duetdb::bson::doc;
-use duetdb::durability::io::Rng;
+use duetdb::storage::Rng;
 use duetdb::{Database, Durability, DurabilityOptions, IndexOptions};
 
 const UPDATE_DOCS: u64 = 100_000;

@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use duetdb::bson::{doc, Bson, Document};
-use duetdb::durability::killtest;
+use duetdb::check::killtest;
 use duetdb::{Collection, Database, Durability, DurabilityOptions, IndexOptions};
 
 mod durability_bench;

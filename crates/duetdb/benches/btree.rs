@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use duetdb::btree::BTree;
-use duetdb::heap::Heap;
+use duetdb::structures::BTree;
+use duetdb::structures::Heap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

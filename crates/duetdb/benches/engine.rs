@@ -54,7 +54,7 @@ fn loaded() -> Database {
 
 fn benches(cr: &mut Criterion) {
     let n = n_docs();
-    let size = duetdb::doc::prepare_insert(&make_doc(n / 2))
+    let size = duetdb::raw::prepare_insert(&make_doc(n / 2))
         .expect("doc")
         .0
         .as_bytes()

@@ -17,49 +17,98 @@
 //! assert_eq!(old.get_i32("born").unwrap(), 1815);
 //! ```
 
-pub mod btree;
+// The engine's modules, lowest layer first (docs/design.md §1; the order is
+// enforced by tests/layering.rs). None is public: what other crates use is
+// exported below, deliberately.
+mod api;
 pub mod check;
-pub mod collection;
-pub mod command;
-pub mod database;
-pub mod doc;
-pub mod durability;
-pub mod engine;
-pub mod error;
-pub mod heap;
-pub mod index;
-pub mod path;
-pub mod planner;
-pub mod query;
-pub mod rawfield;
-pub mod scan;
-pub mod snapshot;
-pub mod txn;
-pub mod value;
-pub mod writer;
+mod doc;
+mod durability;
+mod error;
+mod query;
+mod snapshot;
+mod store;
+mod txn;
+mod write;
 
 pub use bson;
-pub use command::UpdateResult;
-pub use database::{
-    CollStats, Collection, Database, DbOptions, DbStats, Find, FindAndModifyOptions, FindOptions,
-    IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, UpdateOptions,
-};
-pub use durability::{Durability, DurabilityOptions};
-pub use engine::Engine;
-pub use error::{Error, Result};
-pub use scan::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
-pub use scan::Strategy;
-pub use snapshot::{
-    AnalyticCollection, AnalyticSession, AnalyticsSnapshot, CollectionCost, ManualClock,
-    RetainedCost, SnapshotInfo, SnapshotOptions,
-};
-pub use txn::{CommitInfo, Isolation, Transaction, TxnOptions};
 
-/// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
-#[derive(Debug, Clone)]
-pub struct BulkWriteFailure {
-    /// `(index in the input, error)` for each failed document.
-    pub errors: Vec<(usize, Error)>,
-    /// How many documents were inserted.
-    pub inserted: usize,
+// The embedded API.
+pub use api::engine::validate_db_name;
+pub use api::{
+    AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
+    DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, IndexOptions,
+    ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
+};
+pub use durability::wal::WalStats;
+pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport};
+pub use error::{BulkWriteFailure, DuplicateKey, Error, Result, StorageError};
+pub use snapshot::named::{
+    AnalyticsSnapshot, Clock, ManualClock, SnapshotInfo, SnapshotOptions, MAX_NAMED_SNAPSHOTS,
+};
+pub use snapshot::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
+pub use snapshot::retained::{CollectionCost, RetainedCost};
+pub use snapshot::scan::ScanOutcome;
+pub use snapshot::{Choice, ReadStats, Strategy};
+pub use store::remset::{RemsetMode, RemsetStats};
+pub use store::vls::{VlsOptions, VlsStats};
+pub use txn::{CommitInfo, CommitOutcome, Isolation, TxnOptions, DEFAULT_LIFETIME};
+pub use write::command::UpdateResult;
+pub use write::writer::{last_commit_csn, WriterStats};
+
+/// Documents as the engine stores them (raw BSON behind an `Arc`), and the
+/// checks every document from outside passes: for servers that validate and
+/// convert what clients send.
+pub mod raw {
+    pub use crate::doc::path::{validate as validate_path, values as path_values};
+    pub use crate::doc::types::type_name;
+    pub use crate::doc::value::{compare, equal};
+    pub use crate::doc::{
+        id_of, prepare_insert, to_document, to_raw_document, validate_raw, DocRef, MAX_DEPTH,
+        MAX_DOC_SIZE,
+    };
+}
+
+/// The query language, parsed once into typed forms: filters, projections,
+/// updates and aggregation pipelines.
+pub mod lang {
+    pub use crate::query::aggregate::canonical_cmp;
+    pub use crate::query::distinct::Distinct;
+    pub use crate::query::{
+        CommutativePart, Filter, PartialState, Pipeline, Projection, Split, UpdateSpec,
+    };
+}
+
+/// The persistent structures under every version, exported for their
+/// benchmarks (`benches/btree.rs`) and for tests that prove structural
+/// sharing between versions (`Snapshot::state`). Read-only inspection: no
+/// API mutates them from outside.
+pub mod structures {
+    pub use crate::store::btree::BTree;
+    pub use crate::store::collection::CollectionState;
+    pub use crate::store::heap::{Heap, RecordId};
+    pub use crate::store::index::IndexState;
+    pub use crate::store::DbState;
+}
+
+/// The storage seam: the file-system trait with its real and simulated
+/// implementations (fault injection, crash images) and what crash tests read
+/// of the WAL.
+pub mod storage {
+    pub use crate::durability::io::{
+        CrashKind, Fault, FaultKind, OpKind, RealFs, Rng, SimFs, SimState, VFile, Vfs,
+    };
+    pub use crate::durability::is_no_space;
+    /// WAL segment names and framing, for tests that damage segments.
+    pub mod wal {
+        pub use crate::durability::wal::{read_frame, segment_name, SEGMENT_MAGIC};
+    }
+}
+
+/// Test hooks: planted bugs the checkers must catch, and waits for
+/// background work. Not part of the stable API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::snapshot::scan::wait_for;
+    pub use crate::txn::PlantedBug;
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bson::{bson, doc, Bson, Document, RawDocumentBuf};
-use duetdb::query::aggregate::canonical_cmp;
-use duetdb::query::{PartialState, Pipeline};
+use duetdb::lang::canonical_cmp;
+use duetdb::lang::{PartialState, Pipeline};
 use duetdb::{Database, Strategy};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as PropStrategy;
@@ -612,7 +612,7 @@ proptest! {
             // Only leading $match stages (or nothing): the scan filter is the whole pipeline.
             return Ok(());
         };
-        let filter = split.scan_filter.as_ref().map(|f| duetdb::query::Filter::parse(f).expect("filter"));
+        let filter = split.scan_filter.as_ref().map(|f| duetdb::lang::Filter::parse(f).expect("filter"));
         // A deterministic pseudo-random permutation and assignment to states.
         let mut rng = perm_seed | 1;
         let mut next = move || { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; rng };

@@ -322,7 +322,7 @@ fn auto_top_k_in_index_order_stops_at_k() {
         .docs
         .iter()
         .map(|d| {
-            duetdb::doc::id_of(d)
+            duetdb::raw::id_of(d)
                 .and_then(|v| v.as_str())
                 .unwrap_or("")
                 .to_string()
@@ -342,7 +342,7 @@ fn auto_top_k_in_index_order_stops_at_k() {
         .docs
         .iter()
         .map(|d| {
-            duetdb::doc::id_of(d)
+            duetdb::raw::id_of(d)
                 .and_then(|v| v.as_str())
                 .unwrap_or("")
                 .to_string()

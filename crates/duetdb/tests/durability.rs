@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use duetdb::bson::{doc, Bson};
-use duetdb::durability::io::{CrashKind, Fault, FaultKind, OpKind, Rng, SimFs, SimState};
-use duetdb::durability::{wal, Durability, DurabilityOptions};
+use duetdb::storage::wal;
+use duetdb::storage::{CrashKind, Fault, FaultKind, OpKind, Rng, SimFs, SimState};
 use duetdb::{Database, Error, IndexOptions};
+use duetdb::{Durability, DurabilityOptions};
 use parking_lot::Mutex;
 
 fn dir() -> PathBuf {
@@ -449,7 +450,7 @@ fn durability_checksum_sweep_wal() {
     let len = state.file_len(&seg).expect("segment");
     // Record boundaries, to know which record each byte belongs to.
     let bytes = SimFs::from_state(state.clone());
-    let buf = duetdb::durability::Vfs::read(&bytes, &seg).expect("read");
+    let buf = duetdb::storage::Vfs::read(&bytes, &seg).expect("read");
     let mut starts = Vec::new();
     let mut pos = wal::SEGMENT_MAGIC.len();
     while let Ok(Some((_, next))) = wal::read_frame(&buf, pos) {
@@ -502,8 +503,7 @@ fn durability_checksum_sweep_checkpoint_falls_back() {
         .expect("checkpoint file");
     let path = dir().join(&ckpt);
     let len = state.file_len(&path).expect("len");
-    let buf =
-        duetdb::durability::Vfs::read(&SimFs::from_state(state.clone()), &path).expect("read");
+    let buf = duetdb::storage::Vfs::read(&SimFs::from_state(state.clone()), &path).expect("read");
     assert_eq!(buf.len(), len);
     for (off, byte) in buf.iter().enumerate() {
         let mut img = state.clone();
@@ -536,7 +536,7 @@ fn durability_missing_checkpoint_and_manifest_damage_are_clear_errors() {
     let fs2 = SimFs::from_state(state);
     for n in fs2.state().files_in(&dir()) {
         if n.ends_with(".ckpt") {
-            duetdb::durability::Vfs::remove(&fs2, &dir().join(n)).expect("rm");
+            duetdb::storage::Vfs::remove(&fs2, &dir().join(n)).expect("rm");
         }
     }
     let e = recover_digest(fs2.state(), &sim_opts(&fs)).expect_err("missing checkpoints");
@@ -708,7 +708,7 @@ fn durability_full_disk_fails_writes_and_resumes() {
             Err(e) => break e,
         }
     };
-    assert!(duetdb::durability::is_no_space(&err), "{err}");
+    assert!(duetdb::storage::is_no_space(&err), "{err}");
     assert_eq!(err.code(), 14031);
     assert_eq!(c.count(doc! {}).expect("readable"), stored as u64);
     c.check_invariants().expect("consistent");

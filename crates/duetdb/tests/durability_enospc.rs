@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use duetdb::bson::doc;
-use duetdb::durability::is_no_space;
+use duetdb::storage::is_no_space;
 use duetdb::{Database, Durability, DurabilityOptions, IndexOptions};
 
 struct Mount(PathBuf);

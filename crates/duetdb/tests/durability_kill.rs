@@ -2,13 +2,13 @@
 //! `kill_child` test, active only when `DUET_KILL_CHILD_DIR` is set), which
 //! writes multi-document batches through the engine and reports
 //! acknowledgements on stdout; the parent kills it at random moments and
-//! checks every recovery (see `duetdb::durability::killtest`).
+//! checks every recovery (see `duetdb::check::killtest`).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use duetdb::durability::killtest;
+use duetdb::check::killtest;
 
 const CHILD_DIR: &str = "DUET_KILL_CHILD_DIR";
 

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use duetdb::bson::doc;
-use duetdb::durability::io::{CrashKind, Fault, FaultKind, OpKind, Rng, SimFs, SimState};
-use duetdb::durability::{Durability, DurabilityOptions};
+use duetdb::storage::{CrashKind, Fault, FaultKind, OpKind, Rng, SimFs, SimState};
 use duetdb::{Database, ManualClock, Snapshot, SnapshotOptions};
+use duetdb::{Durability, DurabilityOptions};
 use parking_lot::Mutex;
 
 fn dir() -> PathBuf {
@@ -245,7 +245,7 @@ fn durable_snap_damaged_image_is_a_clear_error_on_read() {
         .expect("file");
     let path = dir().join(&file);
     let bytes = {
-        use duetdb::durability::Vfs;
+        use duetdb::storage::Vfs;
         fs.read(&path).expect("read image")
     };
     let len = bytes.len();
@@ -258,7 +258,7 @@ fn durable_snap_damaged_image_is_a_clear_error_on_read() {
     let st = fs.state();
     let gone = SimFs::from_state(st);
     {
-        use duetdb::durability::Vfs;
+        use duetdb::storage::Vfs;
         gone.remove(&path).expect("remove");
     }
     check_damaged(gone, &file, &want);

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::Duration;
 
 use duetdb::bson::{doc, Document};
-use duetdb::collection::CollectionState;
+use duetdb::structures::CollectionState;
 use duetdb::{AnalyticsSnapshot, Database, IndexOptions, ManualClock, Snapshot};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

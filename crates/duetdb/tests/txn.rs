@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use duetdb::bson::{doc, Bson, Document};
-use duetdb::txn::PlantedBug;
+use duetdb::testing::PlantedBug;
 use duetdb::{Database, Error, IndexOptions, Isolation, TxnOptions};
 use proptest::prelude::*;
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use adya::{check, History, Opts, Valid, Workload};
 use duetdb::bson::{doc, Bson};
-use duetdb::txn::PlantedBug;
+use duetdb::testing::PlantedBug;
 use duetdb::{Database, Isolation, TxnOptions};
 use rand::{Rng, SeedableRng};
 

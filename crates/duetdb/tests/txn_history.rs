@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use duetdb::bson::{doc, Bson, Document};
-use duetdb::txn::PlantedBug;
+use duetdb::testing::PlantedBug;
 use duetdb::{Database, Isolation, TxnOptions};
 use rand::{Rng, SeedableRng};
 
@@ -114,7 +114,7 @@ fn run_bank(
                                 let a = rng.gen_range(0..ACCOUNTS);
                                 let d = tx
                                     .get("acct", &Bson::Int32(a))?
-                                    .map(|d| duetdb::doc::to_document(&d).unwrap_or_default())
+                                    .map(|d| duetdb::raw::to_document(&d).unwrap_or_default())
                                     .unwrap_or_default();
                                 seen.push(acct(&d).2);
                                 std::thread::sleep(pause);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use duetdb::bson::doc;
 use duetdb::check::{self, CheckConfig};
-use duetdb::scan::remset::RemsetMode;
-use duetdb::scan::vls::VlsOptions;
+use duetdb::RemsetMode;
+use duetdb::VlsOptions;
 use duetdb::{Database, DbOptions, IndexOptions, Strategy};
 
 fn config(strategy: Strategy) -> CheckConfig {
@@ -247,7 +247,7 @@ fn index_scan_reads_its_start_range_even_when_keys_move() {
         "moved and deleted records come from the remset: {outcome:?}"
     );
     // The index scan did not visit every record: its slot is reset in the background.
-    assert!(duetdb::scan::wait_for(
+    assert!(duetdb::testing::wait_for(
         || db.vls_stats().scans_active == 0,
         Duration::from_secs(5)
     ));
@@ -297,7 +297,7 @@ fn more_scans_than_slots_wait_in_fifo_order() {
     }
     let stats = db.vls_stats();
     assert_eq!(stats.scans_started, n as u64);
-    assert!(duetdb::scan::wait_for(
+    assert!(duetdb::testing::wait_for(
         || db.vls_stats().scans_active == 0,
         Duration::from_secs(5)
     ));
@@ -344,7 +344,7 @@ fn early_stop_releases_everything() {
         .run()
         .expect("find");
     assert_eq!(first.len(), 5);
-    assert!(duetdb::scan::wait_for(
+    assert!(duetdb::testing::wait_for(
         || db.vls_stats().scans_active == 0,
         Duration::from_secs(5)
     ));

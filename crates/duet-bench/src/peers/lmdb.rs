@@ -275,7 +275,7 @@ impl HtapTarget for Lmdb {
             let to = (from + LOAD_BATCH).min(records);
             let mut wtxn = self.env.write_txn()?;
             for i in from..to {
-                let raw = duetdb::doc::to_raw_document(&htap_doc(i, &perm))?;
+                let raw = duetdb::raw::to_raw_document(&htap_doc(i, &perm))?;
                 self.htap.put(&mut wtxn, &i.to_be_bytes(), raw.as_bytes())?;
                 self.htap_v.put(&mut wtxn, &index_key(perm.v(i), i), &[])?;
             }
@@ -320,7 +320,7 @@ impl HtapSession for Session<'_> {
         let old_v = doc_v(RawDocument::from_bytes(bytes)?)?;
         let mut d = Document::from_reader(bytes)?;
         d.insert("f2", payload);
-        let raw = duetdb::doc::to_raw_document(&d)?;
+        let raw = duetdb::raw::to_raw_document(&d)?;
         let new_v = doc_v(&raw)?;
         lmdb.htap.put(&mut wtxn, &key, raw.as_bytes())?;
         // The workload only changes `f2`, but the index stays right whatever

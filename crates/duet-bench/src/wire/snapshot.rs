@@ -33,7 +33,7 @@ const ROUND_TRIPS: usize = 200;
 
 /// Bytes of one loaded document (≈240), as the embedded run counts them.
 fn doc_bytes() -> u64 {
-    duetdb::doc::to_raw_document(&htap_doc(1, &VPerm::new(2)))
+    duetdb::raw::to_raw_document(&htap_doc(1, &VPerm::new(2)))
         .map_or(240, |b| b.as_bytes().len() as u64)
 }
 

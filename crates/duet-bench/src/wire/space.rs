@@ -124,7 +124,7 @@ fn load(w: &WireTarget, records: u64) -> Result<u64> {
     if !batch.is_empty() {
         lane.block_on(coll.insert_many(batch))?;
     }
-    Ok(duetdb::doc::to_raw_document(&htap_doc(records / 2, &perm))
+    Ok(duetdb::raw::to_raw_document(&htap_doc(records / 2, &perm))
         .map_or(240, |b| b.as_bytes().len() as u64))
 }
 

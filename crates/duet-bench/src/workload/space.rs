@@ -157,7 +157,7 @@ pub fn load(db: &Database, records: u64) -> Result<u64> {
     if !batch.is_empty() {
         coll.insert_many(batch, true)?;
     }
-    let bytes = duetdb::doc::to_raw_document(&htap_doc(records / 2, &perm))
+    let bytes = duetdb::raw::to_raw_document(&htap_doc(records / 2, &perm))
         .map_or(240, |b| b.as_bytes().len() as u64);
     Ok(bytes)
 }
@@ -499,7 +499,7 @@ pub fn run(
                     cell_no += 1;
                     let cell = run_cell(&db, p, system, dist, k, doc_bytes, seed, cell_no, quiet)?;
                     // Let background resets finish and the remset drain.
-                    duetdb::scan::wait_for(
+                    duetdb::testing::wait_for(
                         || {
                             let v = db.vls_stats();
                             v.scans_active == 0 && v.remset.entries == 0

@@ -216,7 +216,7 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
 pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name_only = args::flag(cmd, "nameOnly")?;
     let filter = args::opt_doc(cmd, "filter")?
-        .map(duetdb::query::Filter::parse)
+        .map(duetdb::lang::Filter::parse)
         .transpose()?;
     let mut out = Vec::new();
     let mut total: i64 = 0;
@@ -229,7 +229,7 @@ pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             doc! {"name": name, "sizeOnDisk": size, "empty": st.objects == 0}
         };
         if let Some(f) = &filter {
-            let raw = duetdb::doc::to_raw_document(&entry)?;
+            let raw = duetdb::raw::to_raw_document(&entry)?;
             if !f.matches(&raw) {
                 continue;
             }

@@ -41,7 +41,7 @@ fn is_generic(k: &str) -> bool {
 pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name_only = args::flag(cmd, "nameOnly")?;
     let filter = args::opt_doc(cmd, "filter")?
-        .map(duetdb::query::Filter::parse)
+        .map(duetdb::lang::Filter::parse)
         .transpose()?;
     let snap = ctx.database()?.snapshot();
     let mut out = Vec::new();
@@ -54,7 +54,7 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
         };
         if let Some(f) = &filter {
-            let raw = duetdb::doc::to_raw_document(&full)?;
+            let raw = duetdb::raw::to_raw_document(&full)?;
             if !f.matches(&raw) {
                 continue;
             }
@@ -107,7 +107,7 @@ pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 }
 
 pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult {
-    duetdb::engine::validate_db_name(ctx.db)?;
+    duetdb::validate_db_name(ctx.db)?;
     ctx.state.engine.drop_database(ctx.db);
     Ok(doc! {"dropped": ctx.db, "ok": 1.0})
 }

@@ -13,7 +13,7 @@
 //! their labels reach the driver.
 
 use bson::{doc, Bson, Document, RawDocumentBuf};
-use duetdb::query::Pipeline;
+use duetdb::lang::Pipeline;
 use duetdb::{FindOptions, Transaction, UpdateOptions};
 
 use super::read::{self, FindPlan};
@@ -123,7 +123,7 @@ fn to_raw(docs: &[Document]) -> CmdResult<Vec<RawDocumentBuf>> {
 fn distinct(cmd: &Document, txn: &mut Transaction) -> CmdResult {
     let coll = args::collection_name(cmd, "distinct")?;
     let key = args::req_str(cmd, "key")?;
-    duetdb::path::validate(key).map_err(CommandError::bad_value)?;
+    duetdb::raw::validate_path(key).map_err(CommandError::bad_value)?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let raw = to_raw(&txn.find(coll, query)?)?;
     let values = read::distinct_values(raw.iter().map(|d| d.as_ref()), key)?;
@@ -304,7 +304,7 @@ fn find_and_modify(
     } = write::find_and_modify_args(ctx, cmd, name_field)?;
     let projection = args::opt_doc(cmd, "fields")?
         .filter(|p| !p.is_empty())
-        .map(duetdb::query::Projection::parse)
+        .map(duetdb::lang::Projection::parse)
         .transpose()?;
     let project = |d: Document| -> CmdResult<Bson> {
         match &projection {

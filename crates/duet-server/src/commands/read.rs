@@ -11,7 +11,7 @@
 //! command's or named snapshot) and busy-waits N ns on each, so a query lasts
 //! seconds while updates stream; the count it returns is unchanged.
 //!
-//! `aggregate` runs the engine's pipeline (`duetdb::query::aggregate`): on the
+//! `aggregate` runs the engine's pipeline (`duetdb::lang::aggregate`): on the
 //! command's snapshot (`cow`) by default, or on the live collection under the
 //! strategy `$duet: {snapshot: ...}` names. Its result is materialized, so the
 //! cursor holds documents, not the snapshot. Stage names are checked here first:
@@ -20,7 +20,7 @@
 //! documents with 40323, as MongoDB does.
 
 use bson::{doc, Bson, Document, Timestamp};
-use duetdb::query::Projection;
+use duetdb::lang::Projection;
 use duetdb::{FindOptions, Snapshot};
 
 use super::Ctx;
@@ -306,7 +306,7 @@ fn busy_work(d: &bson::RawDocumentBuf, ns: u64) -> u64 {
 pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let coll = args::collection_name(cmd, "distinct")?;
     let key = args::req_str(cmd, "key")?;
-    duetdb::path::validate(key).map_err(CommandError::bad_value)?;
+    duetdb::raw::validate_path(key).map_err(CommandError::bad_value)?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let (snap, at) = ctx.read_snapshot(cmd)?;
     let docs = snap.collection(coll).find(query).raw()?;
@@ -327,15 +327,15 @@ pub(crate) fn distinct_values<'a>(
 ) -> CmdResult<Vec<Bson>> {
     let mut vals: Vec<bson::RawBsonRef<'a>> = Vec::new();
     for d in docs {
-        for v in duetdb::path::values(d, key) {
+        for v in duetdb::raw::path_values(d, key) {
             match v {
                 bson::RawBsonRef::Array(a) => vals.extend(a.into_iter().flatten()),
                 other => vals.push(other),
             }
         }
     }
-    vals.sort_by(|a, b| duetdb::value::compare(*a, *b));
-    vals.dedup_by(|a, b| duetdb::value::equal(*a, *b));
+    vals.sort_by(|a, b| duetdb::raw::compare(*a, *b));
+    vals.dedup_by(|a, b| duetdb::raw::equal(*a, *b));
     vals.into_iter()
         .map(|v| {
             Bson::try_from(bson::RawBson::from(v))

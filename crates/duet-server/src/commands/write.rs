@@ -8,7 +8,7 @@
 //! drivers expect; only a malformed command as a whole gets `ok: 0`.
 
 use bson::{doc, Bson, Document};
-use duetdb::query::UpdateSpec;
+use duetdb::lang::UpdateSpec;
 use duetdb::{FindAndModifyOptions, ReturnDocument, UpdateOptions};
 
 use super::Ctx;

@@ -25,11 +25,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::effect::{put_spec, put_str, read_spec, DecodeError, Reader};
-use super::error::StorageError;
 use super::io::Vfs;
 use super::wal::{frame, read_frame};
-use crate::collection::CollectionState;
-use crate::writer::DbState;
+use crate::error::StorageError;
+use crate::store::collection::CollectionState;
+use crate::store::DbState;
 
 const MAGIC: &[u8; 8] = b"DUETCKP\x01";
 pub const FORMAT_VERSION: u32 = 1;

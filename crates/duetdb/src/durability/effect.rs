@@ -6,13 +6,12 @@
 //! it removed. Replay is therefore deterministic even for `$currentDate`,
 //! generated `_id`s, or a planner that would pick documents in another order.
 //!
-//! Recording: the writer runs a whole group on one thread, so the recorder is a
-//! thread-local buffer switched on by the writer for the group ([`begin`] /
-//! [`take`]); `command.rs` calls [`record`] after each change it keeps. A
-//! command that fails has its effects cut off again ([`mark`] / [`truncate`]),
-//! matching the command contract (a failed command changes nothing). When no
-//! group is recording (in-memory databases) [`record`] does not even build the
-//! effect. A thread-local keeps the command functions' signatures unchanged.
+//! Recording: the writer creates an [`Effects`] log per group and passes it
+//! explicitly to every command; a command records each change it keeps. A
+//! command that fails has its effects cut off again ([`Effects::mark`] /
+//! [`Effects::truncate`]), matching the command contract (a failed command
+//! changes nothing). Without a WAL the log is disabled and does not even build
+//! the effect.
 //!
 //! Invariants:
 //! - the effects of a group, replayed in order on the state the group started
@@ -20,16 +19,15 @@
 //! - `Put` replaces the document with the same `_id` or inserts it; `Delete`
 //!   requires the `_id` to exist (replay reports corruption otherwise).
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use bson::raw::RawDocumentBuf;
 use bson::{Bson, Document, RawBson};
 
-use crate::collection::CollectionState;
 use crate::doc::{self, DocRef};
-use crate::index::IndexSpec;
-use crate::writer::DbState;
+use crate::store::collection::CollectionState;
+use crate::store::index::IndexSpec;
+use crate::store::DbState;
 
 /// One physical change.
 #[derive(Debug, Clone)]
@@ -66,57 +64,65 @@ pub enum Effect {
     },
 }
 
-thread_local! {
-    static RECORDER: RefCell<Option<Vec<Effect>>> = const { RefCell::new(None) };
+/// The effects of one writer group, passed explicitly to every command that
+/// changes state (no hidden thread-local): the writer creates it per group,
+/// cuts it back when a command fails, and hands it to the WAL.
+///
+/// Invariant: after a group, it holds exactly the effects of the commands that
+/// succeeded, in commit order, so replaying it yields the published state.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// `false` when nobody will read the effects (no WAL): recording is skipped.
+    enabled: bool,
+    list: Vec<Effect>,
 }
 
-/// Start recording effects on this thread (the writer, at the start of a group).
-pub fn begin() {
-    RECORDER.with(|r| *r.borrow_mut() = Some(Vec::new()));
-}
-
-/// Stop recording; the effects recorded since [`begin`].
-pub fn take() -> Vec<Effect> {
-    RECORDER.with(|r| r.borrow_mut().take()).unwrap_or_default()
-}
-
-/// Position to cut back to if the next command fails.
-pub fn mark() -> usize {
-    RECORDER.with(|r| r.borrow().as_ref().map_or(0, Vec::len))
-}
-
-/// Forget effects recorded after `mark` (the command that made them failed).
-pub fn truncate(mark: usize) {
-    RECORDER.with(|r| {
-        if let Some(v) = r.borrow_mut().as_mut() {
-            v.truncate(mark);
+impl Effects {
+    /// A log that records (`enabled`) or ignores every effect.
+    pub fn new(enabled: bool) -> Effects {
+        Effects {
+            enabled,
+            list: Vec::new(),
         }
-    });
-}
+    }
 
-/// Record an effect if this thread is recording a group; `make` runs only then.
-pub fn record(make: impl FnOnce() -> Effect) {
-    RECORDER.with(|r| {
-        if let Some(v) = r.borrow_mut().as_mut() {
-            v.push(make());
+    /// Position to cut back to if the next command fails.
+    pub fn mark(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Forget effects recorded after `mark` (the command that made them failed).
+    pub fn truncate(&mut self, mark: usize) {
+        self.list.truncate(mark);
+    }
+
+    /// The recorded effects, in order.
+    pub fn into_vec(self) -> Vec<Effect> {
+        self.list
+    }
+
+    /// Record an effect; `make` runs only when recording.
+    pub fn record(&mut self, make: impl FnOnce() -> Effect) {
+        if self.enabled {
+            self.list.push(make());
         }
-    });
-}
+    }
 
-/// Record the put of `doc` into `coll`.
-pub fn record_put(coll: &str, doc: &DocRef) {
-    record(|| Effect::Put {
-        coll: coll.to_string(),
-        doc: doc.clone(),
-    });
-}
+    /// Record the put of `doc` into `coll`.
+    pub fn put(&mut self, coll: &str, doc: &DocRef) {
+        self.record(|| Effect::Put {
+            coll: coll.to_string(),
+            doc: doc.clone(),
+        });
+    }
 
-/// Record the delete of `doc` (by its `_id`) from `coll`.
-pub fn record_delete(coll: &str, doc: &DocRef) {
-    record(|| Effect::Delete {
-        coll: coll.to_string(),
-        id: doc::id_of(doc).map_or(RawBson::Null, Into::into),
-    });
+    /// Record the delete of `doc` (by its `_id`) from `coll`.
+    pub fn delete(&mut self, coll: &str, doc: &DocRef) {
+        self.record(|| Effect::Delete {
+            coll: coll.to_string(),
+            id: doc::id_of(doc).map_or(RawBson::Null, Into::into),
+        });
+    }
 }
 
 // ------------------------------------------------------------------ encoding

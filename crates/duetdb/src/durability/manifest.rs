@@ -26,8 +26,8 @@
 use std::path::Path;
 
 use super::effect::{put_str, Reader};
-use super::error::StorageError;
 use super::io::Vfs;
+use crate::error::StorageError;
 
 pub const MANIFEST: &str = "MANIFEST";
 pub const MANIFEST_TMP: &str = "MANIFEST.tmp";

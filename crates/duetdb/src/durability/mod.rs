@@ -31,9 +31,7 @@
 
 pub mod checkpoint;
 pub mod effect;
-pub mod error;
 pub mod io;
-pub mod killtest;
 pub mod manifest;
 pub mod recovery;
 pub mod wal;
@@ -46,9 +44,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+pub use crate::error::StorageError;
 pub use checkpoint::CheckpointInfo;
-pub use error::StorageError;
-pub use io::{RealFs, SimFs, Vfs};
+pub use io::{RealFs, Vfs};
 pub use manifest::Pin;
 pub use recovery::RecoveryReport;
 
@@ -56,7 +54,7 @@ use io::DirLock;
 use manifest::Manifest;
 use wal::Wal;
 
-use crate::writer::DbState;
+use crate::store::DbState;
 
 /// How durable an acknowledged write is (MongoDB's write concern `j`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -218,16 +216,8 @@ impl Durable {
         ))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     pub fn wal(&self) -> Option<&Arc<Wal>> {
         self.wal.as_ref()
-    }
-
-    pub fn mode(&self) -> Durability {
-        self.opts.mode
     }
 
     pub fn report(&self) -> &RecoveryReport {
@@ -568,6 +558,6 @@ fn remove_orphan_pins(vfs: &dyn Vfs, dir: &Path, m: &Manifest) {
 }
 
 /// Whether the OS reported the disk as full.
-pub fn is_no_space(e: &crate::Error) -> bool {
-    matches!(e, crate::Error::Storage(s) if s.is_no_space())
+pub fn is_no_space(e: &crate::error::Error) -> bool {
+    matches!(e, crate::error::Error::Storage(s) if s.is_no_space())
 }

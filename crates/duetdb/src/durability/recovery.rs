@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use super::checkpoint;
 use super::effect;
-use super::error::StorageError;
 use super::io::Vfs;
 use super::manifest::{Manifest, MANIFEST_TMP};
 use super::wal::{self, decode_record, read_frame, valid_record_after, SEGMENT_MAGIC};
-use crate::writer::DbState;
+use crate::error::StorageError;
+use crate::store::DbState;
 
 /// What recovery found and did (logged, and kept on the database).
 #[derive(Debug, Clone, Default)]

@@ -30,8 +30,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::effect::{self, DecodeError, Effect, Reader};
-use super::error::StorageError;
 use super::io::{VFile, Vfs};
+use crate::error::StorageError;
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"DUETWAL\x01";
 /// Frame header: length and checksum.

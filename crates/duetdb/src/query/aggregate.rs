@@ -21,7 +21,7 @@
 //!   order of the output documents (both are unordered in MongoDB too). Integer
 //!   sums are exact (i128) so their result type does not depend on the merge
 //!   shape; double sums may differ in the last bits (as in a sharded MongoDB).
-//! - Values equal under [`crate::value::compare`] but not identical (`1` and
+//! - Values equal under [`crate::doc::value::compare`] but not identical (`1` and
 //!   `1.0`) are one group / one set element / one min; which representative is
 //!   kept is decided by a total order refining `compare` ([`canonical_cmp`]), not
 //!   by arrival order, so it too is independent of the merge shape.
@@ -34,19 +34,16 @@
 use std::cmp::Ordering;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::ControlFlow;
 
 use bson::raw::{RawDocument, RawDocumentBuf};
 use bson::{Bson, Document, RawBson};
 
-use crate::database::{Collection, SnapshotCollection};
 use crate::doc::MAX_DOC_SIZE;
 use crate::error::{Error, Result};
 use crate::query::expr::{
     self, approx_size, compare, num_of, parse_field_path, Expr, Num, Root, Value,
 };
 use crate::query::{Filter, SortSpec};
-use crate::scan::Strategy;
 
 /// Most stages in one pipeline (MongoDB's default `internalPipelineLengthLimit`).
 pub const MAX_PIPELINE_STAGES: usize = 1000;
@@ -1137,7 +1134,7 @@ struct OrdBson(Bson, Option<RawBson>);
 impl OrdBson {
     fn new(v: Bson) -> OrdBson {
         let raw = match &v {
-            Bson::Document(_) | Bson::Array(_) => crate::value::to_raw(&v),
+            Bson::Document(_) | Bson::Array(_) => crate::doc::value::to_raw(&v),
             _ => None,
         };
         OrdBson(v, raw)
@@ -1158,7 +1155,9 @@ impl PartialOrd for OrdBson {
 impl Ord for OrdBson {
     fn cmp(&self, o: &Self) -> Ordering {
         match (&self.1, &o.1) {
-            (Some(a), Some(b)) => crate::value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()),
+            (Some(a), Some(b)) => {
+                crate::doc::value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref())
+            }
             _ => compare(&self.0, &o.0),
         }
     }
@@ -1515,58 +1514,21 @@ fn finish_acc(acc: Acc) -> Bson {
     }
 }
 
-// ---------------------------------------------------------------- execution
-
-/// How an aggregation ran (or would run).
-#[derive(Debug, Clone)]
-pub struct AggregateExplain {
-    /// Could an out-of-order (OLCP) scan run it? See [`Split::olcp_eligible`].
-    pub olcp_eligible: bool,
-    /// The scan's filter (`{}` for all documents).
-    pub scan_filter: Document,
-    /// Stages evaluated during the scan, per document (and the merged `$group`).
-    pub commutative_stages: Vec<String>,
-    /// Stages run afterwards on the materialized output.
-    pub rest_stages: Vec<String>,
-    /// The strategy that actually ran (`olcp` does not exist yet).
-    pub strategy: Strategy,
-    /// The snapshot's commit number.
-    pub start_csn: u64,
-    /// The scan plan (`winningPlan`-style).
-    pub plan: Document,
-    /// Documents the scan read from the VLS remset.
-    pub from_remset: u64,
-    /// Whether the scan stopped early because of a leading `$limit`.
-    pub stopped_early: bool,
-}
-
-impl AggregateExplain {
-    pub fn to_document(&self) -> Document {
-        bson::doc! {
-            "olcpEligible": self.olcp_eligible,
-            "scanFilter": self.scan_filter.clone(),
-            "commutativeStages": self.commutative_stages.clone(),
-            "restStages": self.rest_stages.clone(),
-            "strategy": self.strategy.name(),
-            "csn": self.start_csn as i64,
-            "winningPlan": self.plan.clone(),
-            "fromRemset": self.from_remset as i64,
-            "stoppedEarly": self.stopped_early,
-        }
-    }
-}
+// ---------------------------------------------------------------- preparation
 
 /// The pieces execution needs, from a parsed pipeline.
-struct Prepared {
-    filter: Document,
-    part: CommutativePart,
-    rest: Pipeline,
+pub struct Prepared {
+    pub filter: Document,
+    pub part: CommutativePart,
+    pub rest: Pipeline,
     /// Stop feeding once the part's output holds this many documents.
-    stop_after: Option<usize>,
-    eligible: bool,
+    pub stop_after: Option<usize>,
+    /// [`Split::olcp_eligible`].
+    pub eligible: bool,
 }
 
-fn prepare(pipeline: &[Document]) -> Result<Prepared> {
+/// Parse and split `pipeline` for execution.
+pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
     let split = Pipeline::parse(pipeline)?.split();
     let eligible = split.olcp_eligible();
     let part = split
@@ -1590,7 +1552,8 @@ fn prepare(pipeline: &[Document]) -> Result<Prepared> {
 }
 
 impl Prepared {
-    fn names(&self) -> (Vec<String>, Vec<String>) {
+    /// The stage names of the commutative part and of the rest.
+    pub fn names(&self) -> (Vec<String>, Vec<String>) {
         (
             self.part
                 .stage_names()
@@ -1604,194 +1567,6 @@ impl Prepared {
                 .collect(),
         )
     }
-}
-
-impl Collection {
-    /// Run an aggregation pipeline under the database's default strategy.
-    pub fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
-        Ok(self
-            .aggregate_with(pipeline, self.database().default_strategy())?
-            .0)
-    }
-
-    /// Run an aggregation pipeline with one scan under `strategy` (whose snapshot
-    /// makes the result consistent under concurrent writes), feeding the
-    /// commutative part, then the rest on its output.
-    pub fn aggregate_with(
-        &self,
-        pipeline: Vec<Document>,
-        strategy: Strategy,
-    ) -> Result<(Vec<Document>, AggregateExplain)> {
-        let p = prepare(&pipeline)?;
-        let strategy = resolve_strategy(strategy, &p);
-        if strategy == Strategy::Olcp {
-            return self.aggregate_olcp(p);
-        }
-        let mut state = p.part.new_state();
-        let mut failed: Option<Error> = None;
-        let mut stopped_early = false;
-        let outcome = self.scan_with(p.filter.clone(), strategy, |d| {
-            if let Err(e) = p.part.feed(&mut state, d) {
-                failed = Some(e);
-                return ControlFlow::Break(());
-            }
-            if p.stop_after.is_some_and(|n| state.len() >= n) {
-                stopped_early = true;
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let docs = p.rest.run_on(p.part.finish(state)?)?;
-        let (commutative_stages, rest_stages) = p.names();
-        Ok((
-            docs,
-            AggregateExplain {
-                olcp_eligible: p.eligible,
-                scan_filter: p.filter,
-                commutative_stages,
-                rest_stages,
-                strategy: outcome.strategy,
-                start_csn: outcome.start_csn,
-                plan: outcome.plan.explain(),
-                from_remset: outcome.from_remset,
-                stopped_early,
-            },
-        ))
-    }
-
-    /// The commutative part as an OLCP query: one pass, map = feed on one state
-    /// per thread, reduce = merge; superseded versions are handed over, not kept.
-    fn aggregate_olcp(&self, p: Prepared) -> Result<(Vec<Document>, AggregateExplain)> {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(4);
-        let ranges: Vec<Document> = if p.filter.is_empty() {
-            Vec::new()
-        } else {
-            vec![p.filter.clone()]
-        };
-        let part = &p.part;
-        let (state, report) = self.database().olcp_query(
-            self.name(),
-            &ranges,
-            &[],
-            || Ok(part.new_state()),
-            |s: &mut Result<PartialState>, d, _| {
-                if let Ok(st) = s {
-                    if let Err(e) = part.feed(st, d) {
-                        *s = Err(e);
-                    }
-                }
-                Ok(())
-            },
-            |a, b| match (a, b) {
-                (Ok(a), Ok(b)) => part.merge(a, b),
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            },
-            crate::scan::olcp::OlcpOptions { threads },
-        )?;
-        let docs = p.rest.run_on(part.finish(state?)?)?;
-        let (commutative_stages, rest_stages) = p.names();
-        let plan = bson::doc! {
-            "stage": "OLCP",
-            "threads": report.threads as i64,
-            "fromTable": report.from_table as i64,
-            "propagated": report.propagated as i64,
-            "propagatedMapped": report.propagated_mapped as i64,
-            "inflightPeak": report.inflight_peak as i64,
-        };
-        Ok((
-            docs,
-            AggregateExplain {
-                olcp_eligible: p.eligible,
-                scan_filter: p.filter,
-                commutative_stages,
-                rest_stages,
-                strategy: Strategy::Olcp,
-                start_csn: report.start_csn,
-                plan,
-                from_remset: 0,
-                stopped_early: false,
-            },
-        ))
-    }
-
-    /// How [`Collection::aggregate`] would run `pipeline`, without running it.
-    pub fn explain_aggregate(&self, pipeline: Vec<Document>) -> Result<Document> {
-        let p = prepare(&pipeline)?;
-        let find = self.find(p.filter.clone()).explain()?;
-        let requested = self.database().default_strategy();
-        explain_doc(&p, find, requested)
-    }
-}
-
-impl SnapshotCollection {
-    /// Run an aggregation pipeline on this snapshot (always `cow`: the snapshot
-    /// is held anyway).
-    pub fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
-        let p = prepare(&pipeline)?;
-        let docs = self.find(p.filter.clone()).raw()?;
-        let mut state = p.part.new_state();
-        for d in &docs {
-            p.part.feed(&mut state, d)?;
-            if p.stop_after.is_some_and(|n| state.len() >= n) {
-                break;
-            }
-        }
-        p.rest.run_on(p.part.finish(state)?)
-    }
-
-    /// How [`SnapshotCollection::aggregate`] would run `pipeline`.
-    pub fn explain_aggregate(&self, pipeline: Vec<Document>) -> Result<Document> {
-        let p = prepare(&pipeline)?;
-        let find = self.find(p.filter.clone()).explain()?;
-        explain_doc(&p, find, Strategy::Cow)
-    }
-}
-
-/// The strategy an aggregation runs under: `auto` → `olcp` when the pipeline's
-/// scan part is commutative, else `vls`; a forced `olcp` on an order-dependent
-/// pipeline falls back to `vls` (its result would depend on arrival order).
-fn resolve_strategy(requested: Strategy, p: &Prepared) -> Strategy {
-    match requested {
-        Strategy::Auto if p.eligible && p.stop_after.is_none() => Strategy::Olcp,
-        Strategy::Olcp if !p.eligible || p.stop_after.is_some() => Strategy::Vls,
-        s => s,
-    }
-}
-
-fn explain_doc(p: &Prepared, find: Document, requested: Strategy) -> Result<Document> {
-    let planner = find.get_document("queryPlanner").ok();
-    let summary = planner
-        .and_then(|q| q.get_str("summary").ok())
-        .unwrap_or("");
-    // `auto` runs an eligible pipeline as OLCP; otherwise as the scan resolves
-    // it (`cow` for `_id` point lookups, else `vls`). Forcing `olcp` on an
-    // order-dependent pipeline falls back to `vls`.
-    let would_run = match resolve_strategy(requested, p) {
-        Strategy::Auto if summary == "IDHACK" => Strategy::Cow,
-        Strategy::Auto => Strategy::Vls,
-        s => s,
-    };
-    let (commutative, rest) = p.names();
-    let mut out = bson::doc! {
-        "olcpEligible": p.eligible,
-        "scanFilter": p.filter.clone(),
-        "commutativeStages": commutative,
-        "restStages": rest,
-        "strategy": would_run.name(),
-        "requestedStrategy": requested.name(),
-    };
-    if let Some(q) = planner {
-        out.insert("queryPlanner", q.clone());
-    }
-    if let Ok(csn) = find.get_i64("csn") {
-        out.insert("csn", csn);
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! - A value is `Option<Bson>`; `None` means *missing* (a field that does not
 //!   exist, `$$REMOVE`). Missing compares equal to `undefined` and below
 //!   `null`, like MongoDB's `Value` order, and most operators treat it as null.
-//! - Every comparison goes through [`crate::value::compare`], so `$eq`, `$in`,
+//! - Every comparison goes through [`crate::doc::value::compare`], so `$eq`, `$in`,
 //!   `$max`, `$sort` and `$group` keys agree with filters and indexes.
 //! - Arithmetic follows MongoDB: int32 ∘ int32 stays int32 unless it overflows
 //!   (then int64), int64 overflow goes to double, any double makes a double,
@@ -24,8 +24,8 @@ use std::cmp::Ordering;
 use bson::raw::{RawArray, RawDocument};
 use bson::{Bson, Document, RawBsonRef};
 
+use crate::doc::value;
 use crate::error::{Error, Result};
-use crate::value;
 
 /// An evaluated value; `None` is *missing*.
 pub type Value = Option<Bson>;
@@ -51,7 +51,7 @@ impl Root<'_> {
         };
         match self {
             Root::Doc(d) => Ok(d.get(first).and_then(|v| path_bson(v, rest))),
-            Root::Raw(d) => match crate::rawfield::field(d, first) {
+            Root::Raw(d) => match crate::doc::rawfield::field(d, first) {
                 Some(v) => path_raw(v, rest),
                 None => Ok(None),
             },
@@ -88,7 +88,7 @@ fn path_raw(v: RawBsonRef<'_>, rest: &[String]) -> Result<Value> {
         return raw_to_bson(v).map(Some);
     };
     match v {
-        RawBsonRef::Document(d) => match crate::rawfield::field(d, first) {
+        RawBsonRef::Document(d) => match crate::doc::rawfield::field(d, first) {
             Some(x) => path_raw(x, tail),
             None => Ok(None),
         },
@@ -278,16 +278,6 @@ impl Expr {
         parse_at(v, 0)
     }
 
-    /// Is this a constant (no field paths or variables anywhere)?
-    pub fn is_constant(&self) -> bool {
-        match self {
-            Expr::Literal(_) => true,
-            Expr::Field(_) | Expr::Root(_) | Expr::Remove => false,
-            Expr::Doc(fields) => fields.iter().all(|(_, e)| e.is_constant()),
-            Expr::Array(items) | Expr::Op(_, items) => items.iter().all(Expr::is_constant),
-        }
-    }
-
     /// Evaluate against `root`.
     pub fn eval(&self, root: &Root<'_>) -> Result<Value> {
         match self {
@@ -341,7 +331,8 @@ pub fn parse_field_path(p: &str) -> Result<Vec<String>> {
     if p.is_empty() {
         return Err(Error::bad_value("'$' by itself is not a valid FieldPath"));
     }
-    crate::path::validate(p).map_err(|e| Error::bad_value(format!("invalid field path: {e}")))?;
+    crate::doc::path::validate(p)
+        .map_err(|e| Error::bad_value(format!("invalid field path: {e}")))?;
     let parts: Vec<String> = p.split('.').map(str::to_string).collect();
     if let Some(bad) = parts.iter().find(|c| c.starts_with('$')) {
         return Err(Error::bad_value(format!(
@@ -484,30 +475,7 @@ fn parse_operator(name: &str, arg: &Bson, depth: usize) -> Result<Expr> {
 
 /// MongoDB's type name of a value (`"missing"` for missing).
 pub fn type_name(v: &Value) -> &'static str {
-    let Some(v) = v else { return "missing" };
-    match v {
-        Bson::Double(_) => "double",
-        Bson::String(_) => "string",
-        Bson::Document(_) => "object",
-        Bson::Array(_) => "array",
-        Bson::Binary(_) => "binData",
-        Bson::Undefined => "undefined",
-        Bson::ObjectId(_) => "objectId",
-        Bson::Boolean(_) => "bool",
-        Bson::DateTime(_) => "date",
-        Bson::Null => "null",
-        Bson::RegularExpression(_) => "regex",
-        Bson::JavaScriptCode(_) => "javascript",
-        Bson::JavaScriptCodeWithScope(_) => "javascriptWithScope",
-        Bson::Int32(_) => "int",
-        Bson::Timestamp(_) => "timestamp",
-        Bson::Int64(_) => "long",
-        Bson::Decimal128(_) => "decimal",
-        Bson::MinKey => "minKey",
-        Bson::MaxKey => "maxKey",
-        Bson::Symbol(_) => "symbol",
-        Bson::DbPointer(_) => "dbPointer",
-    }
+    v.as_ref().map_or("missing", crate::doc::types::type_name)
 }
 
 /// Null, undefined or missing: what most operators answer null for.

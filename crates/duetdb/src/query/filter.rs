@@ -6,10 +6,10 @@
 //! predicates ([`Filter::sargs`]) that the planner uses.
 //!
 //! Invariants:
-//! - Every comparison goes through [`crate::value`] (`compare`, `equal`,
+//! - Every comparison goes through [`crate::doc::value`] (`compare`, `equal`,
 //!   `canonical_rank`), so a filter agrees with index order and with sort.
 //! - A condition on a path is existential over the values the path reaches
-//!   (MongoDB's implicit array traversal, the rule of [`crate::path`]): it matches
+//!   (MongoDB's implicit array traversal, the rule of [`crate::doc::path`]): it matches
 //!   when any reached value matches, and a reached array also stands for each of
 //!   its elements — except for `$size`, `$elemMatch` and `$exists`, which look at
 //!   the reached values themselves, and an array element picked by a final
@@ -35,8 +35,8 @@ use bson::spec::ElementType;
 use bson::{Bson, Document, RawBson, RawBsonRef};
 use regex::{Regex, RegexBuilder};
 
+use crate::doc::value::{self, Num};
 use crate::error::{render, Error, Result};
-use crate::value::{self, Num};
 
 /// How deeply `$and`/`$or`/`$nor`/`$not`/`$elemMatch` may nest (MongoDB's limit).
 pub const MAX_FILTER_DEPTH: usize = 100;
@@ -218,7 +218,7 @@ impl FieldPath {
             .split('.')
             .map(|p| Part {
                 name: p.into(),
-                index: crate::path::numeric_component(p),
+                index: crate::doc::path::numeric_component(p),
             })
             .collect();
         FieldPath {
@@ -448,7 +448,7 @@ const NUMBER_MASK: u32 = (1 << 1) | (1 << 16) | (1 << 18) | (1 << 19);
 // Path walking over raw documents
 // ---------------------------------------------------------------------------
 //
-// Same traversal as `crate::path`, written as callbacks so that a scan does not
+// Same traversal as `crate::doc::path`, written as callbacks so that a scan does not
 // build a Vec per document, and extended with "missing" items (`None`) that
 // null equality and `$exists` need. `f` returns true to stop (a match was
 // found); every walker returns whether it stopped.
@@ -471,7 +471,7 @@ where
     };
     // Byte-compared lookup (see `rawfield`); a malformed element is absent:
     // `matches` must not fail.
-    match crate::rawfield::field(doc, &first.name) {
+    match crate::doc::rawfield::field(doc, &first.name) {
         Some(v) => walk_value(v, rest, expand, f),
         None => yield_missing && f(None),
     }
@@ -849,28 +849,10 @@ fn parse_one_type(t: &Bson) -> PResult<u32> {
     let ty = match t {
         Bson::String(alias) => match alias.as_str() {
             "number" => return Ok(NUMBER_MASK),
-            "double" => T::Double,
-            "string" => T::String,
-            "object" => T::EmbeddedDocument,
-            "array" => T::Array,
-            "binData" => T::Binary,
-            "undefined" => T::Undefined,
-            "objectId" => T::ObjectId,
-            "bool" => T::Boolean,
-            "date" => T::DateTime,
-            "null" => T::Null,
-            "regex" => T::RegularExpression,
-            "dbPointer" => T::DbPointer,
-            "javascript" => T::JavaScriptCode,
-            "symbol" => T::Symbol,
-            "javascriptWithScope" => T::JavaScriptCodeWithScope,
-            "int" => T::Int32,
-            "timestamp" => T::Timestamp,
-            "long" => T::Int64,
-            "decimal" => T::Decimal128,
-            "minKey" => T::MinKey,
-            "maxKey" => T::MaxKey,
-            other => return Err(bad(format!("Unknown type name alias: {other}"))),
+            other => match crate::doc::types::from_alias(other) {
+                Some(t) => t,
+                None => return Err(bad(format!("Unknown type name alias: {other}"))),
+            },
         },
         Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => {
             let code = whole_number(t)
@@ -2390,7 +2372,7 @@ mod tests {
             match v {
                 Bson::Document(d) => reach_doc(d, rest, true, out),
                 Bson::Array(a) => {
-                    let numeric = crate::path::numeric_component(rest[0]);
+                    let numeric = crate::doc::path::numeric_component(rest[0]);
                     if let Some(e) = numeric.and_then(|i| a.get(i)) {
                         if rest.len() == 1 {
                             out.push(Some(e.clone()), false);

@@ -2,14 +2,16 @@
 //! aggregation pipelines (expressions, stages), parsed once from BSON into typed forms and then evaluated on raw documents.
 
 pub mod aggregate;
+pub mod distinct;
 pub mod expr;
 pub mod filter;
+pub mod planner;
 pub mod projection;
 pub mod sort;
 pub mod update;
 
-pub use aggregate::{AggregateExplain, CommutativePart, PartialState, Pipeline, Split};
-pub use expr::Expr;
+pub use aggregate::{CommutativePart, PartialState, Pipeline, Split};
+
 pub use filter::{Filter, Sarg};
 pub use projection::Projection;
 pub use sort::SortSpec;

@@ -20,9 +20,9 @@
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
+use crate::doc::path;
 use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
-use crate::path;
 use crate::query::update::ElemCond;
 
 /// A parsed projection.
@@ -252,7 +252,7 @@ fn truthy(v: &Bson) -> bool {
         Bson::Int32(i) => *i != 0,
         Bson::Int64(i) => *i != 0,
         Bson::Double(f) => *f != 0.0,
-        Bson::Decimal128(d) => crate::value::decimal_to_f64(*d) != 0.0,
+        Bson::Decimal128(d) => crate::doc::value::decimal_to_f64(*d) != 0.0,
         _ => false,
     }
 }

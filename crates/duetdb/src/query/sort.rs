@@ -4,7 +4,7 @@
 //! documents / keys. Also used by `$push … $sort` with a pattern.
 //!
 //! Invariants:
-//! - Values are compared only through [`crate::value::compare`], so a sort agrees
+//! - Values are compared only through [`crate::doc::value::compare`], so a sort agrees
 //!   with filters and index order.
 //! - The key of one sort component is chosen among every value the path reaches
 //!   (arrays stand for their elements, as in MongoDB's multikey sort): ascending
@@ -21,9 +21,9 @@ use std::cmp::Ordering;
 use bson::raw::{RawArray, RawDocument};
 use bson::{Bson, Document, RawBson, RawBsonRef};
 
+use crate::doc::path::{self, numeric_component};
+use crate::doc::value;
 use crate::error::{Error, Result};
-use crate::path::{self, numeric_component};
-use crate::value;
 
 /// A parsed sort specification: `(path, ascending)` in priority order.
 #[derive(Debug, Clone)]
@@ -81,6 +81,7 @@ impl SortSpec {
         self.keys.is_empty()
     }
 
+    #[cfg(test)]
     /// Compare two documents under this sort.
     pub fn compare(&self, a: &RawDocument, b: &RawDocument) -> Ordering {
         for (path, asc) in &self.keys {
@@ -208,7 +209,7 @@ fn walk_doc<'a>(doc: &'a RawDocument, parts: &[&str], c: &mut Candidates<'a>) {
     let Some((first, rest)) = parts.split_first() else {
         return;
     };
-    match crate::rawfield::field(doc, first) {
+    match crate::doc::rawfield::field(doc, first) {
         Some(v) => walk_value(v, rest, c),
         None => c.missing = true,
     }
@@ -248,7 +249,7 @@ fn walk_array<'a>(a: &'a RawArray, rest: &[&str], c: &mut Candidates<'a>) {
             walk_value(elem, tail, c);
             for elem in a.into_iter().flatten() {
                 if let RawBsonRef::Document(d) = elem {
-                    if let Some(v) = crate::rawfield::field(d, first) {
+                    if let Some(v) = crate::doc::rawfield::field(d, first) {
                         walk_value(v, tail, c);
                     }
                 }

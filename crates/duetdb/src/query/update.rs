@@ -14,7 +14,7 @@
 //!   bytewise), as MongoDB 5.0+ does; existing fields keep their position and new
 //!   fields are appended in that order.
 //! - `_id` never changes once the input has one (code 66) and stays the first field.
-//! - Values are compared only through [`crate::value`] (`$min`, `$max`,
+//! - Values are compared only through [`crate::doc::value`] (`$min`, `$max`,
 //!   `$addToSet`, `$pull`), so updates agree with filters and indexes.
 //! - Results nest at most [`MAX_DEPTH`] levels; paths have at most
 //!   [`path::MAX_PATH_COMPONENTS`] components. No input makes this module panic.
@@ -23,12 +23,13 @@ use std::cmp::Ordering;
 
 use bson::{Bson, DateTime, Document, RawDocumentBuf, Timestamp};
 
+use crate::doc::path::{self, numeric_component};
+use crate::doc::value;
 use crate::error::{render, Error, Result};
-use crate::path::{self, numeric_component};
 use crate::query::filter::Filter;
 use crate::query::sort::SortSpec;
-use crate::value;
 
+use crate::doc::types::type_name;
 use crate::doc::MAX_DEPTH;
 
 /// Most null elements one `$set` on an array index may add (MongoDB's limit).
@@ -1287,33 +1288,6 @@ fn scalar_matches(op: CmpOp, arg: &Bson, x: &Bson) -> bool {
 }
 
 // ---------------------------------------------------------------- helpers
-
-/// MongoDB's type alias names, for messages.
-pub(crate) fn type_name(v: &Bson) -> &'static str {
-    match v {
-        Bson::Double(_) => "double",
-        Bson::String(_) => "string",
-        Bson::Document(_) => "object",
-        Bson::Array(_) => "array",
-        Bson::Binary(_) => "binData",
-        Bson::Undefined => "undefined",
-        Bson::ObjectId(_) => "objectId",
-        Bson::Boolean(_) => "bool",
-        Bson::DateTime(_) => "date",
-        Bson::Null => "null",
-        Bson::RegularExpression(_) => "regex",
-        Bson::DbPointer(_) => "dbPointer",
-        Bson::JavaScriptCode(_) => "javascript",
-        Bson::Symbol(_) => "symbol",
-        Bson::JavaScriptCodeWithScope(_) => "javascriptWithScope",
-        Bson::Int32(_) => "int",
-        Bson::Timestamp(_) => "timestamp",
-        Bson::Int64(_) => "long",
-        Bson::Decimal128(_) => "decimal",
-        Bson::MinKey => "minKey",
-        Bson::MaxKey => "maxKey",
-    }
-}
 
 fn id_render(doc: &Document) -> String {
     match doc.get("_id") {

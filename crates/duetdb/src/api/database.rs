@@ -1,0 +1,391 @@
+//! The embedded API: databases, collection handles, CRUD, indexes, snapshots.
+//!
+//! Writes go through the database's single [`Writer`]; reads load the published
+//! state (an O(1) consistent snapshot) and never block the writer. Every input
+//! is parsed and validated before the writer sees it, so bad input costs the
+//! writer nothing and changes nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::api::*;
+use crate::durability::{
+    Background, CheckpointInfo, Durability, DurabilityOptions, Durable, RecoveryReport,
+};
+use crate::error::{Error, Result};
+use crate::snapshot::{ReadCounts, ReadStats, Strategy};
+use crate::store::vls::{VlsOptions, VlsStats};
+use crate::store::DbState;
+use crate::write::command::{Command, Reply};
+use crate::write::writer::Writer;
+
+/// Longest collection name accepted (bytes).
+pub const MAX_COLLECTION_NAME: usize = 255;
+
+/// A database: one writer, any number of collections.
+#[derive(Clone)]
+pub struct Database {
+    inner: Arc<DbInner>,
+    /// Durability of writes through this handle (`None`: the database's default).
+    durability: Option<Durability>,
+}
+
+struct DbInner {
+    writer: Writer,
+    path: Option<PathBuf>,
+    /// Named snapshots and the analytics read mode (`crate::snapshot`).
+    snapshots: crate::snapshot::named::Registry,
+    /// The snapshot strategy of reads that do not choose one.
+    default_strategy: parking_lot::RwLock<Strategy>,
+    /// Live reads by the strategy they ran under.
+    reads: ReadCounts,
+    durable: Option<Arc<Durable>>,
+    background: parking_lot::Mutex<Option<Background>>,
+}
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        // Stop the flusher and checkpointer first, then sync what `batch`
+        // writes left unsynced; the directory lock goes with `durable`.
+        drop(self.background.lock().take());
+        if let Some(d) = &self.durable {
+            d.close();
+        }
+    }
+}
+
+/// Options of a database.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DbOptions {
+    /// VLS scan slots (64 or 128) and remset mode.
+    pub vls: VlsOptions,
+    /// Strategy of reads that do not choose one (`auto`: `cow` for `_id` lookups, `vls` otherwise).
+    pub default_strategy: Strategy,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("name", &self.name())
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+impl Database {
+    /// A database that lives in memory only.
+    pub fn in_memory() -> Database {
+        Database::named("default", None)
+    }
+
+    /// A named in-memory database (used by the multi-database [`crate::Engine`]).
+    pub fn named(name: &str, path: Option<PathBuf>) -> Database {
+        Database::with_options(name, path, DbOptions::default())
+    }
+
+    /// A named in-memory database with explicit options.
+    pub fn with_options(name: &str, path: Option<PathBuf>, options: DbOptions) -> Database {
+        let initial = DbState {
+            vls_options: options.vls,
+            ..DbState::default()
+        };
+        Database {
+            inner: Arc::new(DbInner {
+                writer: Writer::new(name, initial),
+                path,
+                default_strategy: parking_lot::RwLock::new(options.default_strategy),
+                reads: ReadCounts::default(),
+                snapshots: Default::default(),
+                durable: None,
+                background: parking_lot::Mutex::new(None),
+            }),
+            durability: None,
+        }
+    }
+
+    /// The strategy of reads that do not choose one.
+    pub fn default_strategy(&self) -> Strategy {
+        *self.inner.default_strategy.read()
+    }
+
+    /// Change the store-wide default strategy (e.g. `none` for the baseline).
+    pub fn set_default_strategy(&self, strategy: Strategy) {
+        *self.inner.default_strategy.write() = strategy;
+    }
+
+    /// Start a new window for the remset peak figures of [`Database::vls_stats`].
+    pub fn reset_vls_peaks(&self) {
+        for c in self.inner.writer.published().collections.values() {
+            c.vls.remset.reset_peaks();
+        }
+    }
+
+    /// How many live reads ran under each strategy.
+    pub fn read_stats(&self) -> ReadStats {
+        self.inner.reads.stats()
+    }
+
+    /// Count a live read that ran under `strategy`.
+    pub(crate) fn note_read(&self, strategy: Strategy) {
+        self.inner.reads.record(strategy);
+    }
+
+    /// VLS figures summed over all collections: scans active/queued, remset
+    /// entries and bytes (current and peak), shared and reclaimed versions.
+    pub fn vls_stats(&self) -> VlsStats {
+        let state = self.inner.writer.published();
+        let mut total = VlsStats::default();
+        for c in state.collections.values() {
+            let s = c.vls.stats();
+            total.scans_active += s.scans_active;
+            total.scans_queued += s.scans_queued;
+            total.scans_started += s.scans_started;
+            total.queue_wait_us_total += s.queue_wait_us_total;
+            total.background_resets += s.background_resets;
+            total.olcp_propagated += s.olcp_propagated;
+            total.olcp_inflight += s.olcp_inflight;
+            let (t, r) = (&mut total.remset, s.remset);
+            t.entries += r.entries;
+            t.bytes += r.bytes;
+            t.entries_peak += r.entries_peak;
+            t.bytes_peak += r.bytes_peak;
+            t.shared_inserts += r.shared_inserts;
+            t.inserts += r.inserts;
+            t.reclaimed += r.reclaimed;
+        }
+        total
+    }
+
+    /// Writer figures: queue length now, groups and commands so far, csn.
+    pub fn writer_stats(&self) -> crate::write::writer::WriterStats {
+        self.inner.writer.stats()
+    }
+
+    /// Write-ahead log figures; `None` for a database without a log.
+    pub fn wal_stats(&self) -> Option<crate::durability::wal::WalStats> {
+        self.inner.writer.wal().map(|w| w.stats())
+    }
+
+    /// Open (or create) the durable database kept in directory `path`:
+    /// recover it, lock the directory, and log every write (`fsync` mode).
+    pub fn open(path: impl AsRef<Path>) -> Result<Database> {
+        Database::open_with(path, DurabilityOptions::default())
+    }
+
+    /// [`Database::open`] with options (durability mode, WAL and checkpoint
+    /// sizes, the file system).
+    pub fn open_with(path: impl AsRef<Path>, options: DurabilityOptions) -> Result<Database> {
+        Database::open_named("default", path.as_ref(), options)
+    }
+
+    /// Open the durable database `name` kept in `path`.
+    pub fn open_named(name: &str, path: &Path, options: DurabilityOptions) -> Result<Database> {
+        let mode = options.mode;
+        let (durable, state) = Durable::open(path, name, options)?;
+        let durable = Arc::new(durable);
+        let writer = Writer::with_wal(name, state, durable.wal().cloned(), mode);
+        let inner = Arc::new(DbInner {
+            writer,
+            path: Some(path.to_path_buf()),
+            snapshots: Default::default(),
+            default_strategy: parking_lot::RwLock::new(Strategy::default()),
+            reads: ReadCounts::default(),
+            durable: Some(durable.clone()),
+            background: parking_lot::Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        let bg = Background::start(&durable, move || {
+            weak.upgrade().map(|i| i.writer.published())
+        });
+        *inner.background.lock() = Some(bg);
+        let db = Database {
+            inner,
+            durability: None,
+        };
+        // Durable named snapshots come back by name (loaded on first read).
+        db.register_durable_snapshots();
+        Ok(db)
+    }
+
+    /// A handle on the same database whose writes use `durability` (MongoDB's
+    /// per-write `j`): `Fsync` waits for the WAL sync, `Batch` and `None` do
+    /// not (on a logged database they are still logged, in order).
+    pub fn with_durability(&self, durability: Durability) -> Database {
+        Database {
+            inner: self.inner.clone(),
+            durability: Some(durability),
+        }
+    }
+
+    /// Write a checkpoint of the latest state now and install it (WAL
+    /// segments it makes unnecessary are deleted). `Ok(None)` when the
+    /// database is in memory or nothing changed since the last checkpoint.
+    pub fn checkpoint(&self) -> Result<Option<CheckpointInfo>> {
+        match &self.inner.durable {
+            Some(d) => Ok(d.checkpoint(&self.inner.writer.published())?),
+            None => Ok(None),
+        }
+    }
+
+    /// What recovery did when the database was opened (durable databases).
+    pub fn recovery_report(&self) -> Option<&RecoveryReport> {
+        self.inner.durable.as_ref().map(|d| d.report())
+    }
+
+    pub fn name(&self) -> &str {
+        self.inner.writer.db_name()
+    }
+
+    /// The data directory, for databases opened by path.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// Handle on collection `name` (created implicitly by its first write).
+    pub fn collection(&self, name: &str) -> Collection {
+        Collection {
+            db: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The database's writer (for engine modules that add commands or read state).
+    #[allow(dead_code)] // used by engine modules as they land (named snapshots, VLS)
+    pub(crate) fn writer(&self) -> &Writer {
+        &self.inner.writer
+    }
+
+    /// The durable side, for databases opened from a directory.
+    pub(crate) fn durable(&self) -> Option<&Arc<Durable>> {
+        self.inner.durable.as_ref()
+    }
+
+    /// The named-snapshot registry (methods in `crate::snapshot`).
+    pub(crate) fn snapshot_registry(&self) -> &crate::snapshot::named::Registry {
+        &self.inner.snapshots
+    }
+
+    pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
+        self.inner.writer.submit_with(cmd, self.durability)
+    }
+
+    /// Create an empty collection; error if it exists.
+    pub fn create_collection(&self, name: &str) -> Result<()> {
+        validate_collection_name(name)?;
+        self.submit(Command::CreateCollection {
+            name: name.to_string(),
+        })
+        .map(|_| ())
+    }
+
+    /// Drop a collection; `Ok(false)` when it did not exist.
+    pub fn drop_collection(&self, name: &str) -> Result<bool> {
+        match self.submit(Command::DropCollection {
+            name: name.to_string(),
+        })? {
+            Reply::Existed(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Rename a collection (atomically, at one csn). With `drop_target`, an
+    /// existing collection named `to` is replaced.
+    pub fn rename_collection(&self, from: &str, to: &str, drop_target: bool) -> Result<()> {
+        validate_collection_name(to)?;
+        self.submit(Command::RenameCollection {
+            from: from.to_string(),
+            to: to.to_string(),
+            drop_target,
+        })
+        .map(|_| ())
+    }
+
+    /// Names of the collections, sorted.
+    pub fn list_collection_names(&self) -> Vec<String> {
+        self.inner
+            .writer
+            .published()
+            .collections
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// An O(1) consistent snapshot of the whole database at the latest commit.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::from_state(self.inner.writer.published())
+    }
+
+    /// The latest commit sequence number.
+    pub fn csn(&self) -> u64 {
+        self.inner.writer.published().csn
+    }
+
+    /// Totals over all collections.
+    pub fn stats(&self) -> DbStats {
+        let state = self.inner.writer.published();
+        let mut s = DbStats {
+            csn: state.csn,
+            ..Default::default()
+        };
+        for c in state.collections.values() {
+            s.collections += 1;
+            s.objects += c.len() as u64;
+            s.data_bytes += c.data_bytes;
+            s.indexes += 1 + c.indexes.len() as u64;
+        }
+        s
+    }
+}
+
+pub(crate) fn unexpected(r: Reply) -> Error {
+    Error::Internal(format!("unexpected writer reply {r:?}"))
+}
+
+/// MongoDB's collection-name rules.
+pub fn validate_collection_name(name: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::InvalidNamespace(format!(
+            "invalid collection name '{name}': {why}"
+        )))
+    };
+    if name.is_empty() {
+        return bad("must not be empty");
+    }
+    if name.len() > MAX_COLLECTION_NAME {
+        return bad("too long");
+    }
+    if name.contains('$') {
+        return bad("must not contain '$'");
+    }
+    if name.contains('\0') {
+        return bad("must not contain NUL");
+    }
+    if name.starts_with('.') || name.ends_with('.') {
+        return bad("must not start or end with '.'");
+    }
+    if name.starts_with("system.") {
+        return bad("the 'system.' prefix is reserved");
+    }
+    Ok(())
+}
+
+/// Database totals.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DbStats {
+    pub csn: u64,
+    pub collections: u64,
+    pub objects: u64,
+    pub data_bytes: u64,
+    pub indexes: u64,
+}
+
+/// Collection figures (`collStats`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CollStats {
+    pub count: u64,
+    pub data_bytes: u64,
+    pub avg_obj_size: u64,
+    pub indexes: Vec<(String, u64)>,
+    pub heap_nodes: u64,
+}

@@ -1,0 +1,25 @@
+//! The public API: `Database`, `Collection`, `Find`, `Snapshot`,
+//! `Transaction`, `Engine`. Every `impl` block of an API type lives here; the
+//! layers below know nothing of these types. Layer 8: may use every layer below.
+
+pub mod aggregate;
+pub mod analytics;
+pub mod collection;
+pub mod database;
+pub mod engine;
+pub mod find;
+pub mod named;
+pub mod olcp;
+pub mod snapshot;
+pub mod transaction;
+
+pub use aggregate::AggregateExplain;
+pub use analytics::{AnalyticCollection, AnalyticSession};
+pub use collection::{
+    Collection, FindAndModifyOptions, IndexOptions, ReturnDocument, UpdateOptions,
+};
+pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
+pub use engine::Engine;
+pub use find::{Find, FindOptions, FindOutcome};
+pub use snapshot::{Snapshot, SnapshotCollection};
+pub use transaction::Transaction;

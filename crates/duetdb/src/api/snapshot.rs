@@ -1,0 +1,112 @@
+//! Held snapshots: a frozen database state and read-only collection handles.
+
+use std::sync::Arc;
+
+use bson::{Bson, Document};
+
+use crate::api::find::Source;
+use crate::api::*;
+use crate::error::Result;
+use crate::query::distinct::Distinct;
+use crate::query::planner::{self};
+use crate::query::Filter;
+use crate::store::collection::{CollectionState, ID_INDEX_NAME};
+use crate::store::DbState;
+
+/// A frozen, consistent view of a whole database: everything committed up to
+/// `csn()` and nothing after, for as long as it is held.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    state: Arc<DbState>,
+}
+
+impl Snapshot {
+    /// A snapshot over a state the caller took from the published root (or a
+    /// restriction of one to some collections).
+    pub(crate) fn from_state(state: Arc<DbState>) -> Snapshot {
+        Snapshot { state }
+    }
+
+    pub fn csn(&self) -> u64 {
+        self.state.csn
+    }
+
+    /// Read-only handle on a collection as of this snapshot.
+    pub fn collection(&self, name: &str) -> SnapshotCollection {
+        SnapshotCollection {
+            state: self.state.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn list_collection_names(&self) -> Vec<String> {
+        self.state.collections.keys().cloned().collect()
+    }
+
+    /// The underlying state (for the query layers built on snapshots).
+    pub fn state(&self) -> &Arc<DbState> {
+        &self.state
+    }
+}
+
+/// Read operations shared by live and snapshot collection handles.
+pub(crate) fn count_in(state: &DbState, coll: &str, filter: &Document) -> Result<u64> {
+    let filter = Filter::parse(filter)?;
+    match state.collection(coll) {
+        Some(c) => planner::count(c, &filter, None),
+        None => Ok(0),
+    }
+}
+
+pub(crate) fn stats_of(c: &CollectionState) -> CollStats {
+    let count = c.len() as u64;
+    let mut indexes = vec![(ID_INDEX_NAME.to_string(), c.id_index.len() as u64)];
+    indexes.extend(
+        c.indexes
+            .iter()
+            .map(|i| (i.spec.name.clone(), i.tree.len() as u64)),
+    );
+    CollStats {
+        count,
+        data_bytes: c.data_bytes,
+        avg_obj_size: c.data_bytes.checked_div(count).unwrap_or(0),
+        indexes,
+        heap_nodes: c.heap.stats().nodes as u64,
+    }
+}
+
+/// A collection as of a snapshot (read-only).
+#[derive(Clone, Debug)]
+pub struct SnapshotCollection {
+    state: Arc<DbState>,
+    name: String,
+}
+
+impl SnapshotCollection {
+    pub fn find(&self, filter: Document) -> Find {
+        Find {
+            source: Source::Fixed(self.state.clone()),
+            coll: self.name.clone(),
+            filter,
+            options: Default::default(),
+            strategy: None,
+        }
+    }
+    pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
+        Ok(self.find(filter).limit(1).run()?.pop())
+    }
+    pub fn count(&self, filter: Document) -> Result<u64> {
+        count_in(&self.state, &self.name, &filter)
+    }
+    /// Distinct values of `path` among matching documents, in BSON order.
+    pub fn distinct(&self, path: &str, filter: Document) -> Result<Vec<Bson>> {
+        let mut d = Distinct::new(path)?;
+        for doc in self.find(filter).raw()? {
+            d.feed(&doc);
+        }
+        d.finish()
+    }
+    pub fn stats(&self) -> Option<CollStats> {
+        self.state.collection(&self.name).map(stats_of)
+    }
+}

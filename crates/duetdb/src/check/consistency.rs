@@ -1,0 +1,488 @@
+//! The snapshot checker: does a scan under a strategy return exactly the state
+//! at its start commit while writers keep changing the data?
+//!
+//! Per round: a fresh database with `docs` documents `{_id, k, v, pad}` and an
+//! index on `k`. Writer threads apply random single-document updates of `v`,
+//! updates that move `k` (so index keys cross scanned ranges), inserts, deletes
+//! and two-document updates; each logs `(csn, op)` using the csn its command
+//! committed at. Scanner threads run full scans, index-range scans on `k` and
+//! `_id` ranges with predicates under the strategy, yielding now and then so
+//! writes land mid-scan, and record `(start csn, query, result)`. Afterwards the
+//! log is replayed in csn order into a plain `BTreeMap` model, and every result
+//! must equal the model at its start csn: each matching document exactly once,
+//! in its start version, nothing newer.
+//!
+//! A checker that cannot fail proves nothing: under `none` it must report
+//! violations (tests assert that it does).
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+
+use crate::api::IndexOptions;
+use crate::api::{Collection, Database, DbOptions};
+use crate::snapshot::Strategy;
+use crate::store::vls::VlsOptions;
+use crate::write::writer::last_commit_csn;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct CheckConfig {
+    pub strategy: Strategy,
+    /// Concurrent scanner threads.
+    pub scans: usize,
+    pub writers: usize,
+    /// Documents loaded before each round.
+    pub docs: i64,
+    /// Scans each scanner runs per round.
+    pub scans_per_round: usize,
+    /// Stop after this many rounds…
+    pub rounds: u64,
+    /// …or this much time, whichever comes first.
+    pub max_duration: Duration,
+    pub seed: u64,
+    /// VLS slots (64 or 128).
+    pub slots: usize,
+    /// Stop at the first round with violations.
+    pub stop_on_violation: bool,
+}
+
+impl Default for CheckConfig {
+    fn default() -> Self {
+        CheckConfig {
+            strategy: Strategy::Vls,
+            scans: 4,
+            writers: 2,
+            docs: 2000,
+            scans_per_round: 6,
+            rounds: 10,
+            max_duration: Duration::from_secs(10),
+            seed: 1,
+            slots: 64,
+            stop_on_violation: false,
+        }
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    pub rounds: u64,
+    pub scans_checked: u64,
+    pub writes: u64,
+    /// Scans whose result differed from the model (first few described).
+    pub violations: u64,
+    pub examples: Vec<String>,
+    /// Scans during which at least one write committed (the interesting ones).
+    pub scans_overlapping_writes: u64,
+    pub docs_from_remset: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    IncV(i64),
+    SetK(i64, i64),
+    Insert(i64, i64),
+    Delete(i64),
+    IncPair(i64, i64),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Query {
+    All,
+    VGte(i64),
+    KRange(i64, i64),
+    IdRange(i64, i64),
+}
+
+impl Query {
+    fn filter(self) -> Document {
+        match self {
+            Query::All => doc! {"pad": {"$exists": true}},
+            Query::VGte(v) => doc! {"v": {"$gte": v}},
+            Query::KRange(l, h) => doc! {"k": {"$gte": l, "$lt": h}},
+            Query::IdRange(l, h) => doc! {"_id": {"$gte": l, "$lt": h}},
+        }
+    }
+
+    fn matches(self, id: i64, k: i64, v: i64) -> bool {
+        match self {
+            Query::All => true,
+            Query::VGte(x) => v >= x,
+            Query::KRange(l, h) => k >= l && k < h,
+            Query::IdRange(l, h) => id >= l && id < h,
+        }
+    }
+}
+
+struct ScanRecord {
+    query: Query,
+    start_csn: u64,
+    end_csn: u64,
+    /// `(id, k, v)` as returned, unsorted.
+    rows: Vec<(i64, i64, i64)>,
+    from_remset: u64,
+}
+
+/// A small deterministic generator (no dependency needed for the checker).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const K_RANGE: i64 = 1000;
+
+fn pad() -> String {
+    "p".repeat(100)
+}
+
+/// Run the checker; `progress` is called after each round.
+pub fn run(cfg: &CheckConfig, mut progress: impl FnMut(&CheckReport)) -> CheckReport {
+    let mut report = CheckReport::default();
+    let started = Instant::now();
+    while report.rounds < cfg.rounds && started.elapsed() < cfg.max_duration {
+        round(cfg, report.rounds, &mut report);
+        report.rounds += 1;
+        progress(&report);
+        if cfg.stop_on_violation && report.violations > 0 {
+            break;
+        }
+    }
+    report
+}
+
+fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
+    let options = DbOptions {
+        vls: VlsOptions {
+            slots: cfg.slots,
+            ..VlsOptions::default()
+        },
+        default_strategy: cfg.strategy,
+    };
+    let db = Database::with_options("check", None, options);
+    let coll = db.collection("c");
+    if let Err(e) = load(&coll, cfg.docs) {
+        report.violations += 1;
+        report
+            .examples
+            .push(format!("round {round_no}: loading failed: {e}"));
+        return;
+    }
+    let mut initial: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    for i in 0..cfg.docs {
+        initial.insert(i, (i % K_RANGE, 0));
+    }
+    let load_csn = db.csn();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let next_id = Arc::new(AtomicU64::new(cfg.docs as u64));
+    let log: Arc<Mutex<Vec<(u64, Op)>>> = Arc::new(Mutex::new(Vec::new()));
+    let scans: Arc<Mutex<Vec<ScanRecord>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for w in 0..cfg.writers {
+        let (coll, stop, next_id, log) = (coll.clone(), stop.clone(), next_id.clone(), log.clone());
+        let mut rng =
+            Rng(cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (round_no << 20) ^ (w as u64 + 1));
+        let max_id = cfg.docs;
+        handles.push(std::thread::spawn(move || {
+            writer(&coll, &stop, &next_id, &log, &mut rng, max_id)
+        }));
+    }
+    let mut scanners = Vec::new();
+    for s in 0..cfg.scans {
+        let (coll, scans) = (coll.clone(), scans.clone());
+        let mut rng = Rng(cfg.seed ^ (round_no << 32) ^ ((s as u64 + 1) << 8) ^ 0xABCD);
+        let (strategy, n, docs) = (cfg.strategy, cfg.scans_per_round, cfg.docs);
+        let db = db.clone();
+        scanners.push(std::thread::spawn(move || {
+            for _ in 0..n {
+                let q = match rng.below(4) {
+                    0 => Query::All,
+                    1 => Query::VGte(rng.below(3) as i64),
+                    2 => {
+                        let l = rng.below(K_RANGE as u64) as i64;
+                        Query::KRange(l, l + 1 + rng.below(300) as i64)
+                    }
+                    _ => {
+                        let l = rng.below(docs as u64) as i64;
+                        Query::IdRange(l, l + 1 + rng.below(docs as u64 / 2) as i64)
+                    }
+                };
+                let mut rows = Vec::new();
+                let mut seen = 0u64;
+                let outcome = coll.scan_with(q.filter(), strategy, |d| {
+                    let get = |f: &str| {
+                        d.get(f)
+                            .ok()
+                            .flatten()
+                            .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+                    };
+                    rows.push((
+                        get("_id").unwrap_or(-1),
+                        get("k").unwrap_or(-1),
+                        get("v").unwrap_or(-1),
+                    ));
+                    seen += 1;
+                    // Let writers in mid-scan.
+                    if seen.is_multiple_of(64) {
+                        std::thread::yield_now();
+                    }
+                    ControlFlow::Continue(())
+                });
+                let end_csn = db.csn();
+                match outcome {
+                    Ok(o) => {
+                        let rec = ScanRecord {
+                            query: q,
+                            start_csn: o.start_csn,
+                            end_csn,
+                            rows,
+                            from_remset: o.from_remset,
+                        };
+                        scans.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+                    }
+                    Err(e) => {
+                        // A failed scan is a violation too: record it with an impossible csn marker.
+                        let rec = ScanRecord {
+                            query: q,
+                            start_csn: u64::MAX,
+                            end_csn,
+                            rows: vec![(-1, -1, -1)],
+                            from_remset: 0,
+                        };
+                        tracing::error!("checker scan failed: {e}");
+                        scans.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+                    }
+                }
+            }
+        }));
+    }
+    for s in scanners {
+        let _ = s.join();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        report.writes += h.join().unwrap_or(0);
+    }
+
+    let mut log = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
+    log.sort_by_key(|(csn, _)| *csn);
+    let mut records = std::mem::take(&mut *scans.lock().unwrap_or_else(|e| e.into_inner()));
+    records.sort_by_key(|r| r.start_csn);
+
+    let mut model = initial;
+    let mut applied = 0usize;
+    for rec in &records {
+        while applied < log.len() && log[applied].0 <= rec.start_csn {
+            apply(&mut model, log[applied].1);
+            applied += 1;
+        }
+        report.scans_checked += 1;
+        report.docs_from_remset += rec.from_remset;
+        if rec.end_csn > rec.start_csn {
+            report.scans_overlapping_writes += 1;
+        }
+        if rec.start_csn == u64::MAX {
+            report.violations += 1;
+            report.examples.push(format!(
+                "round {round_no}: {:?} failed with an error (see log)",
+                rec.query
+            ));
+            continue;
+        }
+        if rec.start_csn < load_csn {
+            report.violations += 1;
+            report.examples.push(format!(
+                "scan started at csn {} before the load finished",
+                rec.start_csn
+            ));
+            continue;
+        }
+        if let Some(why) = compare(&model, rec) {
+            report.violations += 1;
+            if report.examples.len() < 8 {
+                report.examples.push(format!(
+                    "round {round_no}: {:?} at csn {} ({} strategy): {why}",
+                    rec.query, rec.start_csn, cfg.strategy
+                ));
+            }
+        }
+    }
+    if let Err(e) = coll.check_invariants() {
+        report.violations += 1;
+        report.examples.push(format!(
+            "round {round_no}: collection invariants broken: {e}"
+        ));
+    }
+    let stats = db.vls_stats();
+    if stats.scans_active != 0 || (cfg.strategy == Strategy::Vls && stats.remset.entries != 0) {
+        // Background resets may still be finishing; give them a moment.
+        let settled = crate::snapshot::scan::wait_for(
+            || {
+                let s = db.vls_stats();
+                s.scans_active == 0 && s.remset.entries == 0
+            },
+            Duration::from_secs(5),
+        );
+        if !settled {
+            report.violations += 1;
+            report.examples.push(format!(
+                "round {round_no}: after all scans ended {} scans still active, {} remset entries left",
+                db.vls_stats().scans_active,
+                db.vls_stats().remset.entries
+            ));
+        }
+    }
+}
+
+fn load(coll: &Collection, n: i64) -> crate::error::Result<()> {
+    let mut batch = Vec::with_capacity(1000);
+    for i in 0..n {
+        batch.push(doc! {"_id": i, "k": i % K_RANGE, "v": 0i64, "pad": pad()});
+        if batch.len() == 1000 {
+            coll.insert_many(std::mem::take(&mut batch), true)?;
+        }
+    }
+    if !batch.is_empty() {
+        coll.insert_many(batch, true)?;
+    }
+    coll.create_index(doc! {"k": 1}, IndexOptions::default())?;
+    Ok(())
+}
+
+fn writer(
+    coll: &Collection,
+    stop: &AtomicBool,
+    next_id: &AtomicU64,
+    log: &Mutex<Vec<(u64, Op)>>,
+    rng: &mut Rng,
+    max_id: i64,
+) -> u64 {
+    let mut mine = Vec::new();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let id = rng.below(max_id.max(1) as u64 + next_id.load(Ordering::Relaxed) / 8) as i64;
+        let op = match rng.below(10) {
+            0..=3 => Op::IncV(id),
+            4..=5 => Op::SetK(id, rng.below(K_RANGE as u64) as i64),
+            6 => Op::Insert(
+                next_id.fetch_add(1, Ordering::Relaxed) as i64,
+                rng.below(K_RANGE as u64) as i64,
+            ),
+            7 => Op::Delete(id),
+            _ => Op::IncPair(id, rng.below(max_id.max(1) as u64) as i64),
+        };
+        let ok = match op {
+            Op::IncV(id) => coll
+                .update_one(doc! {"_id": id}, doc! {"$inc": {"v": 1i64}})
+                .is_ok(),
+            Op::SetK(id, k) => coll
+                .update_one(doc! {"_id": id}, doc! {"$set": {"k": k}})
+                .is_ok(),
+            Op::Insert(id, k) => coll
+                .insert_one(doc! {"_id": id, "k": k, "v": 0i64, "pad": pad()})
+                .is_ok(),
+            Op::Delete(id) => coll.delete_one(doc! {"_id": id}).is_ok(),
+            Op::IncPair(a, b) => coll
+                .update_many(doc! {"_id": {"$in": [a, b]}}, doc! {"$inc": {"v": 1i64}})
+                .is_ok(),
+        };
+        let csn = last_commit_csn();
+        if ok && csn != 0 {
+            mine.push((csn, op));
+            n += 1;
+        }
+    }
+    if let Ok(mut l) = log.lock() {
+        l.extend(mine);
+    }
+    n
+}
+
+fn apply(model: &mut BTreeMap<i64, (i64, i64)>, op: Op) {
+    match op {
+        Op::IncV(id) => {
+            if let Some(d) = model.get_mut(&id) {
+                d.1 += 1;
+            }
+        }
+        Op::SetK(id, k) => {
+            if let Some(d) = model.get_mut(&id) {
+                d.0 = k;
+            }
+        }
+        Op::Insert(id, k) => {
+            model.insert(id, (k, 0));
+        }
+        Op::Delete(id) => {
+            model.remove(&id);
+        }
+        Op::IncPair(a, b) => {
+            for id in [a, b] {
+                if let Some(d) = model.get_mut(&id) {
+                    d.1 += 1;
+                }
+            }
+            if a == b {
+                // `$in: [a, a]` matches the document once.
+                if let Some(d) = model.get_mut(&a) {
+                    d.1 -= 1;
+                }
+            }
+        }
+    }
+}
+
+/// `None` when the scan saw exactly the model's matching documents.
+fn compare(model: &BTreeMap<i64, (i64, i64)>, rec: &ScanRecord) -> Option<String> {
+    let mut got: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for (id, k, v) in &rec.rows {
+        got.entry(*id).or_default().push((*k, *v));
+    }
+    let mut problems = Vec::new();
+    for (id, versions) in &got {
+        if versions.len() > 1 {
+            problems.push(format!("_id {id} returned {} times", versions.len()));
+            continue;
+        }
+        match model.get(id) {
+            None => problems.push(format!("_id {id} returned but absent at the start")),
+            Some(&(k, v)) => {
+                if !rec.query.matches(*id, k, v) {
+                    problems.push(format!("_id {id} returned but did not match at the start"));
+                } else if versions[0] != (k, v) {
+                    problems.push(format!(
+                        "_id {id} returned as (k,v)={:?}, start version {:?}",
+                        versions[0],
+                        (k, v)
+                    ));
+                }
+            }
+        }
+    }
+    for (id, &(k, v)) in model {
+        if rec.query.matches(*id, k, v) && !got.contains_key(id) {
+            problems.push(format!("_id {id} missing"));
+        }
+    }
+    if problems.is_empty() {
+        None
+    } else {
+        let n = problems.len();
+        problems.truncate(3);
+        Some(format!("{n} differences, e.g. {}", problems.join("; ")))
+    }
+}

@@ -1,0 +1,230 @@
+//! Stored documents: validation on the way in, and their immutable shared form.
+//!
+//! Invariants of every stored document (checked here, relied on everywhere else):
+//! - it is well-formed BSON, at most [`MAX_DOC_SIZE`] bytes, nested at most
+//!   [`MAX_DEPTH`] levels;
+//! - its first field is `_id`, of an allowed type (not an array, regex or
+//!   undefined);
+//! - it is never modified once stored: an update stores a new [`DocRef`] and the
+//!   old one lives on only where a snapshot still references it (a pointer, never
+//!   a copy of the bytes).
+
+pub mod path;
+pub mod rawfield;
+pub mod types;
+pub mod value;
+
+use std::sync::Arc;
+
+use bson::oid::ObjectId;
+use bson::raw::{RawDocument, RawDocumentBuf};
+use bson::{Bson, Document, RawBson, RawBsonRef};
+
+use crate::error::{Error, Result};
+
+/// Largest document accepted, as MongoDB: 16 MiB.
+pub const MAX_DOC_SIZE: usize = 16 * 1024 * 1024;
+/// Deepest nesting accepted (documents and arrays), as MongoDB.
+pub const MAX_DEPTH: usize = 100;
+
+/// A stored, immutable, reference-counted document.
+pub type DocRef = Arc<RawDocumentBuf>;
+
+/// Turn a user document into its stored form: `_id` first (generated when absent),
+/// limits checked. Returns the raw document and its `_id`.
+pub fn prepare_insert(doc: &Document) -> Result<(RawDocumentBuf, RawBson)> {
+    check_depth(doc)?;
+    let id = match doc.get("_id") {
+        Some(id) => {
+            check_id(id)?;
+            id.clone()
+        }
+        None => Bson::ObjectId(ObjectId::new()),
+    };
+    let mut out = Document::new();
+    out.insert("_id", id.clone());
+    for (k, v) in doc {
+        if k != "_id" {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    let raw = to_raw_document(&out)?;
+    let raw_id =
+        crate::doc::value::to_raw(&id).ok_or_else(|| Error::InvalidId("invalid _id".into()))?;
+    Ok((raw, raw_id))
+}
+
+/// Serialize a document, enforcing the size limit and rejecting keys BSON cannot hold.
+pub fn to_raw_document(doc: &Document) -> Result<RawDocumentBuf> {
+    let raw = RawDocumentBuf::try_from(doc).map_err(|e| Error::InvalidBson(e.to_string()))?;
+    let size = raw.as_bytes().len();
+    if size > MAX_DOC_SIZE {
+        return Err(Error::DocumentTooLarge {
+            size,
+            limit: MAX_DOC_SIZE,
+        });
+    }
+    Ok(raw)
+}
+
+/// Parse a stored or received raw document into the owned form.
+pub fn to_document(raw: &RawDocument) -> Result<Document> {
+    Document::try_from(raw).map_err(|e| Error::InvalidBson(e.to_string()))
+}
+
+/// MongoDB forbids arrays, regexes and undefined as `_id`.
+pub fn check_id(id: &Bson) -> Result<()> {
+    match id {
+        Bson::Array(_) => Err(Error::InvalidId(
+            "The '_id' value cannot be of type array".into(),
+        )),
+        Bson::RegularExpression(_) => Err(Error::InvalidId(
+            "The '_id' value cannot be of type regex".into(),
+        )),
+        Bson::Undefined => Err(Error::InvalidId(
+            "The '_id' value cannot be undefined".into(),
+        )),
+        Bson::Document(d) => {
+            if let Some((k, _)) = d.iter().find(|(k, _)| k.starts_with('$')) {
+                return Err(Error::InvalidId(format!(
+                    "_id fields may not contain '$'-prefixed fields: {k} is not valid for storage"
+                )));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reject documents nested deeper than [`MAX_DEPTH`]; iterative so hostile input
+/// cannot overflow the stack here.
+pub fn check_depth(doc: &Document) -> Result<()> {
+    let mut stack: Vec<(&Bson, usize)> = doc.values().map(|v| (v, 1)).collect();
+    while let Some((v, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Bson>> = match v {
+            Bson::Document(d) => Box::new(d.values()),
+            Bson::Array(a) => Box::new(a.iter()),
+            _ => continue,
+        };
+        if depth + 1 > MAX_DEPTH {
+            return Err(Error::NestingTooDeep { limit: MAX_DEPTH });
+        }
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
+    Ok(())
+}
+
+/// Fully validate raw BSON received from outside: every element decodes, UTF-8
+/// is valid, nesting within [`MAX_DEPTH`], size within [`MAX_DOC_SIZE`].
+/// Iterative, so a hostile message cannot overflow the stack.
+pub fn validate_raw(doc: &RawDocument) -> Result<()> {
+    let size = doc.as_bytes().len();
+    if size > MAX_DOC_SIZE {
+        return Err(Error::DocumentTooLarge {
+            size,
+            limit: MAX_DOC_SIZE,
+        });
+    }
+    let mut stack: Vec<(RawBsonRef<'_>, usize)> = vec![(RawBsonRef::Document(doc), 0)];
+    while let Some((v, depth)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return Err(Error::NestingTooDeep { limit: MAX_DEPTH });
+        }
+        match v {
+            RawBsonRef::Document(d) => {
+                for elem in d.iter() {
+                    let (_, child) = elem.map_err(|e| Error::InvalidBson(e.to_string()))?;
+                    stack.push((child, depth + 1));
+                }
+            }
+            RawBsonRef::Array(a) => {
+                for elem in a.into_iter() {
+                    let child = elem.map_err(|e| Error::InvalidBson(e.to_string()))?;
+                    stack.push((child, depth + 1));
+                }
+            }
+            RawBsonRef::JavaScriptCodeWithScope(c) => {
+                stack.push((RawBsonRef::Document(c.scope), depth + 1));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The `_id` of a stored document (always present by the invariant above).
+pub fn id_of(doc: &RawDocument) -> Option<RawBsonRef<'_>> {
+    crate::doc::rawfield::field(doc, "_id")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn id_generated_and_moved_first() {
+        let (raw, id) = prepare_insert(&doc! {"a": 1}).expect("insert");
+        assert!(matches!(id, RawBson::ObjectId(_)));
+        let first = raw.iter().next().expect("one field").expect("valid");
+        assert_eq!(first.0.as_str(), "_id");
+        let (raw, _) = prepare_insert(&doc! {"a": 1, "_id": 5}).expect("insert");
+        let keys: Vec<String> = raw
+            .iter()
+            .map(|e| e.expect("ok").0.as_str().to_string())
+            .collect();
+        assert_eq!(keys, vec!["_id", "a"]);
+    }
+
+    #[test]
+    fn forbidden_ids() {
+        for bad in [
+            doc! {"_id": [1, 2]},
+            doc! {"_id": Bson::Undefined},
+            doc! {"_id": {"$x": 1}},
+        ] {
+            let err = prepare_insert(&bad).expect_err("must fail");
+            assert_eq!(err.code(), 2, "{err}");
+        }
+        assert!(prepare_insert(&doc! {"_id": {"a": 1}}).is_ok());
+    }
+
+    #[test]
+    fn depth_limit() {
+        let mut d = doc! {"x": 1};
+        for _ in 0..MAX_DEPTH - 1 {
+            d = doc! {"n": d};
+        }
+        assert!(prepare_insert(&d).is_ok(), "exactly at the limit");
+        let too_deep = doc! {"n": d};
+        assert!(matches!(
+            prepare_insert(&too_deep),
+            Err(Error::NestingTooDeep { .. })
+        ));
+        let raw = RawDocumentBuf::try_from(&too_deep).expect("encodes");
+        assert!(matches!(
+            validate_raw(&raw),
+            Err(Error::NestingTooDeep { .. })
+        ));
+    }
+
+    #[test]
+    fn size_limit() {
+        let big = "x".repeat(MAX_DOC_SIZE);
+        let err = prepare_insert(&doc! {"s": big}).expect_err("too large");
+        assert_eq!(err.code(), 10334);
+    }
+
+    #[test]
+    fn garbage_bytes_are_rejected() {
+        let mut bytes = RawDocumentBuf::try_from(&doc! {"a": "hello", "b": {"c": 1}})
+            .expect("encodes")
+            .into_bytes();
+        // Corrupt the inner document's length prefix.
+        let n = bytes.len();
+        bytes[n - 10] = 0x7f;
+        if let Ok(raw) = RawDocument::from_bytes(&bytes) {
+            assert!(validate_raw(raw).is_err());
+        }
+    }
+}

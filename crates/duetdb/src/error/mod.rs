@@ -1,0 +1,252 @@
+//! The engine's error type.
+//!
+//! One `#[non_exhaustive]` enum; every variant that has a MongoDB counterpart
+//! reports MongoDB's numeric code and code name through [`Error::code`] and
+//! [`Error::code_name`], so the wire server can answer exactly as drivers expect.
+//! Errors from outside input never leave stored data changed.
+
+mod storage;
+
+use bson::Bson;
+
+pub use storage::StorageError;
+
+/// Engine result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A unique index (including `_id`) already holds this key. MongoDB code 11000.
+    #[error("E11000 duplicate key error collection: {} index: {} dup key: {}", .0.ns, .0.index, .0.key)]
+    DuplicateKey(Box<DuplicateKey>),
+    /// A value of the wrong type for the operation. MongoDB code 14 (TypeMismatch).
+    #[error("{0}")]
+    TypeMismatch(String),
+    /// Malformed or unsupported input (bad operator argument, invalid spec). Code 2.
+    #[error("{0}")]
+    BadValue(String),
+    /// An operator or stage the engine does not know. Code 2 (MongoDB reports unknown
+    /// query operators as BadValue).
+    #[error("unknown operator: {0}")]
+    UnknownOperator(String),
+    /// An update that would change `_id` or otherwise break an immutable field. Code 66.
+    #[error("{0}")]
+    ImmutableField(String),
+    /// A field path that conflicts with another in the same update. Code 40.
+    #[error("{0}")]
+    ConflictingUpdateOperators(String),
+    /// An update tried to traverse a non-document / non-array. Code 28 (PathNotViable).
+    #[error("{0}")]
+    PathNotViable(String),
+    /// A document that exceeds the size limit. Code 10334 (BSONObjectTooLarge).
+    #[error("document is too large: {size} bytes, the limit is {limit} bytes")]
+    DocumentTooLarge { size: usize, limit: usize },
+    /// Nesting deeper than the limit. Code 15 (Overflow).
+    #[error("document nesting is too deep: more than {limit} levels")]
+    NestingTooDeep { limit: usize },
+    /// Invalid BSON bytes from outside. Code 22 (InvalidBSON).
+    #[error("invalid BSON: {0}")]
+    InvalidBson(String),
+    /// `_id` of a type MongoDB forbids (array, regex, undefined). Code 2.
+    #[error("{0}")]
+    InvalidId(String),
+    /// Namespace does not exist. Code 26 (NamespaceNotFound).
+    #[error("ns not found: {0}")]
+    NamespaceNotFound(String),
+    /// Namespace already exists. Code 48 (NamespaceExists).
+    #[error("collection already exists: {0}")]
+    NamespaceExists(String),
+    /// Invalid collection or database name. Code 73 (InvalidNamespace).
+    #[error("invalid namespace: {0}")]
+    InvalidNamespace(String),
+    /// No index of that name. Code 27 (IndexNotFound).
+    #[error("index not found with name [{0}]")]
+    IndexNotFound(String),
+    /// An index with the same name but a different spec exists. Code 86 (IndexKeySpecsConflict).
+    #[error("{0}")]
+    IndexConflict(String),
+    /// Invalid index specification. Code 67 (CannotCreateIndex).
+    #[error("{0}")]
+    CannotCreateIndex(String),
+    /// An operation that is not allowed in this state. Code 20 (IllegalOperation).
+    #[error("{0}")]
+    IllegalOperation(String),
+    /// A running query lost its collection (dropped or renamed). Code 175 (QueryPlanKilled).
+    #[error("query plan killed: {0}")]
+    QueryPlanKilled(String),
+    /// The database has been closed or its writer stopped.
+    #[error("database is closed")]
+    Closed,
+    /// A bug that was caught instead of corrupting data. Code 1 (InternalError).
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// A named snapshot of that name is already held. Code 48 (NamespaceExists),
+    /// as for a collection that exists.
+    #[error("snapshot already exists: {0}")]
+    SnapshotExists(String),
+    /// No named snapshot of that name (never created, dropped, or expired; the
+    /// message says which when known). Code 246 (SnapshotUnavailable).
+    #[error("{0}")]
+    SnapshotNotFound(String),
+    /// Several documents of an `insert_many` failed (see [`BulkWriteFailure`]).
+    #[error("bulk write failed: {} error(s)", .0.errors.len())]
+    BulkWrite(Box<BulkWriteFailure>),
+    /// A storage failure (I/O error, full disk, corrupt or missing file, writes
+    /// stopped after an fsync failure). Code 14031 for a full disk, else 1.
+    #[error("storage: {0}")]
+    Storage(Box<StorageError>),
+    /// A blocking aggregation stage (`$group`) exceeded its memory limit. Code 292
+    /// (QueryExceededMemoryLimitNoDiskUseAllowed): there is no spilling to disk.
+    #[error("{0}")]
+    ExceededMemoryLimit(String),
+    /// A transaction wrote (or, under `serializable`, read) a document or range
+    /// that a commit after its snapshot changed; it changed nothing and may be
+    /// retried. Code 112, labelled `TransientTransactionError`.
+    #[error("WriteConflict: {0}")]
+    WriteConflict(String),
+    /// The transaction was aborted or has ended (committed, aborted, expired). Code 251.
+    #[error("NoSuchTransaction: {0}")]
+    NoSuchTransaction(String),
+    /// The transaction outlived its lifetime limit and was aborted. Code 290.
+    #[error("transaction exceeded its lifetime limit of {0} seconds and was aborted")]
+    TransactionExceededLifetimeLimitSeconds(u64),
+    /// The transaction's write set exceeds the limits. Code 257 (TransactionTooLarge).
+    #[error("{0}")]
+    TransactionTooLarge(String),
+}
+
+impl Error {
+    /// MongoDB's numeric error code for this error.
+    pub fn code(&self) -> i32 {
+        match self {
+            Error::DuplicateKey(_) => 11000,
+            Error::TypeMismatch(_) => 14,
+            Error::BadValue(_) | Error::UnknownOperator(_) | Error::InvalidId(_) => 2,
+            Error::ImmutableField(_) => 66,
+            Error::ConflictingUpdateOperators(_) => 40,
+            Error::PathNotViable(_) => 28,
+            Error::DocumentTooLarge { .. } => 10334,
+            Error::NestingTooDeep { .. } => 15,
+            Error::InvalidBson(_) => 22,
+            Error::NamespaceNotFound(_) => 26,
+            Error::NamespaceExists(_) => 48,
+            Error::InvalidNamespace(_) => 73,
+            Error::IndexNotFound(_) => 27,
+            Error::IndexConflict(_) => 86,
+            Error::CannotCreateIndex(_) => 67,
+            Error::IllegalOperation(_) => 20,
+            Error::QueryPlanKilled(_) => 175,
+            Error::Closed => 91,
+            Error::Internal(_) => 1,
+            Error::BulkWrite(_) => 65,
+            Error::SnapshotExists(_) => 48,
+            Error::SnapshotNotFound(_) => 246,
+            Error::Storage(e) if e.is_no_space() => 14031,
+            Error::Storage(_) => 1,
+            Error::ExceededMemoryLimit(_) => 292,
+            Error::WriteConflict(_) => 112,
+            Error::NoSuchTransaction(_) => 251,
+            Error::TransactionExceededLifetimeLimitSeconds(_) => 290,
+            Error::TransactionTooLarge(_) => 257,
+        }
+    }
+
+    /// MongoDB's code name for this error.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            Error::DuplicateKey(_) => "DuplicateKey",
+            Error::TypeMismatch(_) => "TypeMismatch",
+            Error::BadValue(_) | Error::UnknownOperator(_) | Error::InvalidId(_) => "BadValue",
+            Error::ImmutableField(_) => "ImmutableField",
+            Error::ConflictingUpdateOperators(_) => "ConflictingUpdateOperators",
+            Error::PathNotViable(_) => "PathNotViable",
+            Error::DocumentTooLarge { .. } => "BSONObjectTooLarge",
+            Error::NestingTooDeep { .. } => "Overflow",
+            Error::InvalidBson(_) => "InvalidBSON",
+            Error::NamespaceNotFound(_) => "NamespaceNotFound",
+            Error::NamespaceExists(_) => "NamespaceExists",
+            Error::InvalidNamespace(_) => "InvalidNamespace",
+            Error::IndexNotFound(_) => "IndexNotFound",
+            Error::IndexConflict(_) => "IndexKeySpecsConflict",
+            Error::CannotCreateIndex(_) => "CannotCreateIndex",
+            Error::IllegalOperation(_) => "IllegalOperation",
+            Error::QueryPlanKilled(_) => "QueryPlanKilled",
+            Error::Closed => "ShutdownInProgress",
+            Error::Internal(_) => "InternalError",
+            Error::BulkWrite(_) => "MultipleErrorsOccurred",
+            Error::SnapshotExists(_) => "NamespaceExists",
+            Error::SnapshotNotFound(_) => "SnapshotUnavailable",
+            Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
+            Error::Storage(_) => "InternalError",
+            Error::ExceededMemoryLimit(_) => "QueryExceededMemoryLimitNoDiskUseAllowed",
+            Error::WriteConflict(_) => "WriteConflict",
+            Error::NoSuchTransaction(_) => "NoSuchTransaction",
+            Error::TransactionExceededLifetimeLimitSeconds(_) => {
+                "TransactionExceededLifetimeLimitSeconds"
+            }
+            Error::TransactionTooLarge(_) => "TransactionTooLarge",
+        }
+    }
+
+    /// True for errors after which the whole transaction may simply be retried
+    /// (MongoDB's `TransientTransactionError` label): a write conflict.
+    pub fn is_transient_transaction_error(&self) -> bool {
+        matches!(self, Error::WriteConflict(_))
+    }
+
+    /// MongoDB's `errorLabels` for this error (what the server puts on the reply).
+    pub fn error_labels(&self) -> &'static [&'static str] {
+        if self.is_transient_transaction_error() {
+            &["TransientTransactionError"]
+        } else {
+            &[]
+        }
+    }
+
+    pub(crate) fn bad_value(msg: impl Into<String>) -> Error {
+        Error::BadValue(msg.into())
+    }
+
+    pub(crate) fn type_mismatch(msg: impl Into<String>) -> Error {
+        Error::TypeMismatch(msg.into())
+    }
+}
+
+/// Details of a duplicate-key error (boxed: errors stay small on the happy path).
+#[derive(Debug, Clone)]
+pub struct DuplicateKey {
+    /// The collection.
+    pub ns: String,
+    /// The index name (`_id_` for the primary index).
+    pub index: String,
+    /// The index's key pattern, e.g. `{ email: 1 }`.
+    pub key_pattern: bson::Document,
+    /// The offending key, e.g. `{ email: "a@b" }`.
+    pub key_value: bson::Document,
+    /// `key_value` rendered for the message.
+    pub key: String,
+}
+
+/// Short human rendering of a BSON value for error messages.
+pub(crate) fn render(v: &Bson) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    } else {
+        s
+    }
+}
+
+/// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
+#[derive(Debug, Clone)]
+pub struct BulkWriteFailure {
+    /// `(index in the input, error)` for each failed document.
+    pub errors: Vec<(usize, Error)>,
+    /// How many documents were inserted.
+    pub inserted: usize,
+}

@@ -1,0 +1,716 @@
+//! Query planning and execution over one collection version.
+//!
+//! The planner picks, per query, one access path: a collection scan, `_id`
+//! lookups/ranges, or a scan of one secondary index over intervals derived from
+//! the filter's index-answerable predicates ([`Sarg`]s). Execution always
+//! re-checks every fetched document against the whole filter, so intervals only
+//! need to be a superset of the matches — that is what keeps the index answer
+//! equal to the collection-scan answer, which property tests check.
+//!
+//! Rules that keep intervals sound:
+//! - comparisons are type-bracketed (`$gt: 5` only reaches numbers), so a
+//!   one-sided range is closed at the edge of its type's rank;
+//! - on a multikey index a two-sided range keeps only its lower side (one array
+//!   element may satisfy `$gt` and another `$lt`);
+//! - `{a: null}` also matches missing fields and `undefined`: interval [undefined, null];
+//! - a multikey index or overlapping intervals can yield a record twice: deduplicated.
+
+use std::collections::HashSet;
+use std::ops::{Bound, ControlFlow};
+
+use bson::spec::BinarySubtype;
+use bson::{doc, Bson, Document, RawBson};
+
+use crate::doc::value;
+use crate::doc::DocRef;
+use crate::error::{Error, Result};
+use crate::query::{Filter, Sarg, SortSpec};
+use crate::store::collection::{CollectionState, ID_INDEX_NAME};
+use crate::store::heap::RecordId;
+use crate::store::index::{IndexKey, IndexSpec, IndexState, KeyPart, ValueKey};
+
+/// How the client constrained the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Hint {
+    /// `{$natural: 1|-1}`: collection scan.
+    Natural { reverse: bool },
+    /// An index by name.
+    Name(String),
+    /// An index by key pattern.
+    Keys(Document),
+}
+
+impl Hint {
+    /// Parse MongoDB's `hint` field (a name string or a key-pattern document).
+    pub fn from_bson(b: &Bson) -> Result<Hint> {
+        match b {
+            Bson::String(s) => Ok(Hint::Name(s.clone())),
+            Bson::Document(d) => match d.get("$natural") {
+                Some(v) => Ok(Hint::Natural {
+                    reverse: matches!(v, Bson::Int32(-1) | Bson::Int64(-1))
+                        || matches!(v, Bson::Double(x) if *x == -1.0),
+                }),
+                None => Ok(Hint::Keys(d.clone())),
+            },
+            other => Err(Error::bad_value(format!(
+                "hint must be a string or a document, not {other}"
+            ))),
+        }
+    }
+}
+
+type ValueBound = Bound<RawBson>;
+type EntryKey = (IndexKey, RecordId);
+
+/// The chosen access path.
+#[derive(Debug, Clone)]
+pub enum Access {
+    CollScan {
+        reverse: bool,
+    },
+    IdPoints {
+        ids: Vec<RawBson>,
+    },
+    IdRange {
+        lower: Bound<ValueKey>,
+        upper: Bound<ValueKey>,
+        reverse: bool,
+    },
+    IndexScan {
+        index: String,
+        intervals: Vec<(Bound<EntryKey>, Bound<EntryKey>)>,
+        reverse: bool,
+        dedup: bool,
+        /// Human-readable bounds for `explain`.
+        bounds: Document,
+    },
+}
+
+/// A plan: the access path and whether it already yields documents in sort order.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub access: Access,
+    pub provides_sort: bool,
+}
+
+impl Plan {
+    /// The `queryPlanner.winningPlan` of MongoDB's explain output, simplified.
+    pub fn explain(&self) -> Document {
+        let mut stage = match &self.access {
+            Access::CollScan { reverse } => doc! {
+                "stage": "COLLSCAN",
+                "direction": if *reverse { "backward" } else { "forward" },
+            },
+            Access::IdPoints { ids } => doc! {
+                "stage": "IDHACK",
+                "indexName": ID_INDEX_NAME,
+                "keys": ids.len() as i64,
+            },
+            Access::IdRange { reverse, .. } => doc! {
+                "stage": "FETCH",
+                "inputStage": {
+                    "stage": "IXSCAN",
+                    "indexName": ID_INDEX_NAME,
+                    "keyPattern": {"_id": 1},
+                    "direction": if *reverse { "backward" } else { "forward" },
+                },
+            },
+            Access::IndexScan {
+                index,
+                reverse,
+                bounds,
+                intervals,
+                ..
+            } => doc! {
+                "stage": "FETCH",
+                "inputStage": {
+                    "stage": "IXSCAN",
+                    "indexName": index.clone(),
+                    "direction": if *reverse { "backward" } else { "forward" },
+                    "intervals": intervals.len() as i64,
+                    "indexBounds": bounds.clone(),
+                },
+            },
+        };
+        if !self.provides_sort {
+            stage.insert("blockingSortIfRequested", true);
+        }
+        stage
+    }
+
+    /// Stage name summary: `COLLSCAN`, `IDHACK` or `IXSCAN <name>`.
+    pub fn summary(&self) -> String {
+        match &self.access {
+            Access::CollScan { .. } => "COLLSCAN".into(),
+            Access::IdPoints { .. } => "IDHACK".into(),
+            Access::IdRange { .. } => format!("IXSCAN {ID_INDEX_NAME}"),
+            Access::IndexScan { index, .. } => format!("IXSCAN {index}"),
+        }
+    }
+}
+
+/// The lowest value of each canonical rank that has one (see [`value::canonical_rank`]).
+fn rank_floor(rank: u8) -> Option<RawBson> {
+    Some(match rank {
+        0 => RawBson::MinKey,
+        1 => RawBson::Undefined,
+        2 => RawBson::Null,
+        3 => RawBson::Double(f64::NAN),
+        4 => RawBson::String(String::new()),
+        5 => RawBson::Document(bson::RawDocumentBuf::new()),
+        6 => RawBson::Array(bson::RawArrayBuf::new()),
+        7 => RawBson::Binary(bson::Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![],
+        }),
+        8 => RawBson::ObjectId(bson::oid::ObjectId::from_bytes([0; 12])),
+        9 => RawBson::Boolean(false),
+        10 => RawBson::DateTime(bson::DateTime::from_millis(i64::MIN)),
+        11 => RawBson::Timestamp(bson::Timestamp {
+            time: 0,
+            increment: 0,
+        }),
+        16 => RawBson::MaxKey,
+        _ => return None,
+    })
+}
+
+fn rank(v: &RawBson) -> u8 {
+    value::canonical_rank(v.as_raw_bson_ref())
+}
+
+/// Value-order intervals that contain every value satisfying `sarg`.
+fn value_intervals(sarg: &Sarg, multikey: bool) -> Vec<(ValueBound, ValueBound)> {
+    match sarg {
+        Sarg::Eq(v) => vec![eq_interval(v)],
+        Sarg::In(vs) => {
+            let mut vs: Vec<&RawBson> = vs.iter().collect();
+            vs.sort_by(|a, b| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+            vs.dedup_by(|a, b| value::equal(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+            // null's interval [undefined, null] may overlap an explicit undefined; harmless (dedup).
+            vs.into_iter().map(eq_interval).collect()
+        }
+        Sarg::Range { lower, upper } => {
+            let (mut lower, mut upper) = (lower.clone(), upper.clone());
+            // `$gte: null` also matches missing (indexed as null) and undefined.
+            if matches!(lower, Bound::Included(RawBson::Null)) {
+                lower = Bound::Included(RawBson::Undefined);
+            }
+            if multikey && !matches!(lower, Bound::Unbounded) {
+                upper = Bound::Unbounded;
+            }
+            let bracket_rank = match (&lower, &upper) {
+                (Bound::Included(v) | Bound::Excluded(v), _) => Some(rank(v)),
+                (_, Bound::Included(v) | Bound::Excluded(v)) => Some(rank(v)),
+                _ => None,
+            };
+            if let Some(r) = bracket_rank.filter(|r| (3..=11).contains(r)) {
+                if matches!(upper, Bound::Unbounded) {
+                    upper = rank_floor(r + 1).map_or(Bound::Unbounded, Bound::Excluded);
+                }
+                if matches!(lower, Bound::Unbounded) {
+                    lower = rank_floor(r).map_or(Bound::Unbounded, Bound::Included);
+                }
+            }
+            vec![(lower, upper)]
+        }
+    }
+}
+
+fn eq_interval(v: &RawBson) -> (ValueBound, ValueBound) {
+    if matches!(v, RawBson::Null) {
+        (
+            Bound::Included(RawBson::Undefined),
+            Bound::Included(RawBson::Null),
+        )
+    } else {
+        (Bound::Included(v.clone()), Bound::Included(v.clone()))
+    }
+}
+
+/// Turn a value-order interval on field `k` (after an equality prefix) into
+/// entry-key bounds in the index's key order.
+fn key_interval(
+    spec: &IndexSpec,
+    prefix: &[KeyPart],
+    (lower, upper): (ValueBound, ValueBound),
+    asc: bool,
+) -> (Bound<EntryKey>, Bound<EntryKey>) {
+    // In key order a descending field swaps the roles of the value bounds.
+    let (key_lower, key_upper) = if asc { (lower, upper) } else { (upper, lower) };
+    let build = |v: RawBson, fill: KeyPart, rid: RecordId| {
+        let mut parts = prefix.to_vec();
+        parts.push(KeyPart::Val(v));
+        (spec.bound_key(parts, fill), rid)
+    };
+    let whole = |fill: KeyPart, rid: RecordId| (spec.bound_key(prefix.to_vec(), fill), rid);
+    let lo = match key_lower {
+        Bound::Included(v) => Bound::Included(build(v, KeyPart::Low, RecordId::MIN)),
+        Bound::Excluded(v) => Bound::Excluded(build(v, KeyPart::High, RecordId::MAX)),
+        Bound::Unbounded if prefix.is_empty() => Bound::Unbounded,
+        Bound::Unbounded => Bound::Included(whole(KeyPart::Low, RecordId::MIN)),
+    };
+    let hi = match key_upper {
+        Bound::Included(v) => Bound::Included(build(v, KeyPart::High, RecordId::MAX)),
+        Bound::Excluded(v) => Bound::Excluded(build(v, KeyPart::Low, RecordId::MIN)),
+        Bound::Unbounded if prefix.is_empty() => Bound::Unbounded,
+        Bound::Unbounded => Bound::Included(whole(KeyPart::High, RecordId::MAX)),
+    };
+    (lo, hi)
+}
+
+fn render_bound(b: &ValueBound) -> Bson {
+    match b {
+        Bound::Included(v) | Bound::Excluded(v) => Bson::try_from(v.clone()).unwrap_or(Bson::Null),
+        Bound::Unbounded => Bson::String("unbounded".into()),
+    }
+}
+
+/// A candidate plan for one secondary index.
+struct IndexCandidate {
+    access: Access,
+    score: u32,
+    provides_sort: bool,
+}
+
+fn plan_index(
+    index: &IndexState,
+    sargs: &[(String, Sarg)],
+    sort: Option<&SortSpec>,
+) -> IndexCandidate {
+    let spec = &index.spec;
+    let sarg_for = |path: &str| sargs.iter().find(|(p, _)| p == path).map(|(_, s)| s);
+    let mut prefix: Vec<KeyPart> = Vec::new();
+    let mut bounds = Document::new();
+    let mut k = 0;
+    while k < spec.fields.len() {
+        match sarg_for(&spec.fields[k].0) {
+            Some(Sarg::Eq(v)) if !matches!(v, RawBson::Null) => {
+                prefix.push(KeyPart::Val(v.clone()));
+                let b = render_bound(&Bound::Included(v.clone()));
+                bounds.insert(spec.fields[k].0.clone(), vec![b.clone(), b]);
+                k += 1;
+            }
+            _ => break,
+        }
+    }
+    let eq_len = k;
+    let mut score = 4 * eq_len as u32;
+    let intervals = if k < spec.fields.len() {
+        let (path, asc) = &spec.fields[k];
+        match sarg_for(path) {
+            Some(sarg) => {
+                let mut vi = value_intervals(sarg, index.multikey);
+                score += if matches!(sarg, Sarg::Range { .. }) {
+                    1
+                } else {
+                    2
+                };
+                bounds.insert(
+                    path.clone(),
+                    vi.iter()
+                        .map(|(l, u)| Bson::Array(vec![render_bound(l), render_bound(u)]))
+                        .collect::<Vec<_>>(),
+                );
+                if !asc {
+                    vi.reverse();
+                }
+                vi.into_iter()
+                    .map(|iv| key_interval(spec, &prefix, iv, *asc))
+                    .collect()
+            }
+            None => vec![key_interval(
+                spec,
+                &prefix,
+                (Bound::Unbounded, Bound::Unbounded),
+                true,
+            )],
+        }
+    } else {
+        vec![key_interval(
+            spec,
+            &prefix,
+            (Bound::Unbounded, Bound::Unbounded),
+            true,
+        )]
+    };
+    if spec.unique && eq_len == spec.fields.len() {
+        score += 8;
+    }
+    // The index yields sort order when the sort keys continue its equality prefix,
+    // all in its direction or all against it, and no document is in it twice.
+    let mut reverse = false;
+    let mut provides_sort = false;
+    if let Some(sort) = sort.filter(|s| !s.keys.is_empty()) {
+        if !index.multikey && eq_len + sort.keys.len() <= spec.fields.len() && intervals.len() == 1
+        {
+            let fields = &spec.fields[eq_len..eq_len + sort.keys.len()];
+            let same = fields
+                .iter()
+                .zip(&sort.keys)
+                .all(|((p, a), (q, b))| p == q && a == b);
+            let flipped = fields
+                .iter()
+                .zip(&sort.keys)
+                .all(|((p, a), (q, b))| p == q && a != b);
+            if same || flipped {
+                provides_sort = true;
+                reverse = flipped;
+            }
+        }
+    }
+    IndexCandidate {
+        access: Access::IndexScan {
+            index: spec.name.clone(),
+            dedup: index.multikey || intervals.len() > 1,
+            intervals,
+            reverse,
+            bounds,
+        },
+        score,
+        provides_sort,
+    }
+}
+
+fn plan_id(sargs: &[(String, Sarg)], sort: Option<&SortSpec>) -> Option<Plan> {
+    let sort_dir = match sort.map(|s| s.keys.as_slice()) {
+        None | Some([]) => Some(false),
+        Some([(p, asc)]) if p == "_id" => Some(!asc),
+        _ => None,
+    };
+    let (_, sarg) = sargs.iter().find(|(p, _)| p == "_id")?;
+    match sarg {
+        Sarg::Eq(v) => Some(Plan {
+            access: Access::IdPoints {
+                ids: vec![v.clone()],
+            },
+            provides_sort: true,
+        }),
+        Sarg::In(vs) => {
+            let mut ids = vs.clone();
+            ids.sort_by(|a, b| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+            ids.dedup_by(|a, b| value::equal(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+            if sort_dir == Some(true) {
+                ids.reverse();
+            }
+            Some(Plan {
+                access: Access::IdPoints { ids },
+                provides_sort: sort_dir.is_some(),
+            })
+        }
+        Sarg::Range { .. } => {
+            let (lower, upper) = value_intervals(sarg, false).pop()?;
+            Some(Plan {
+                access: Access::IdRange {
+                    lower: lower.map(ValueKey),
+                    upper: upper.map(ValueKey),
+                    reverse: sort_dir == Some(true),
+                },
+                provides_sort: sort_dir.is_some(),
+            })
+        }
+    }
+}
+
+/// Choose an access path for `filter` (and `sort`) on `coll`.
+pub fn plan(
+    coll: &CollectionState,
+    filter: &Filter,
+    sort: Option<&SortSpec>,
+    hint: Option<&Hint>,
+) -> Result<Plan> {
+    let sargs = filter.sargs();
+    match hint {
+        Some(Hint::Natural { reverse }) => {
+            return Ok(Plan {
+                access: Access::CollScan { reverse: *reverse },
+                provides_sort: false,
+            })
+        }
+        Some(h @ (Hint::Name(_) | Hint::Keys(_))) => {
+            let is_id = match h {
+                Hint::Name(n) => n == ID_INDEX_NAME,
+                Hint::Keys(k) => k.len() == 1 && k.contains_key("_id"),
+                Hint::Natural { .. } => false,
+            };
+            if is_id {
+                if let Some(p) = plan_id(&sargs, sort) {
+                    return Ok(p);
+                }
+                let reverse =
+                    matches!(sort.map(|s| s.keys.as_slice()), Some([(p, false)]) if p == "_id");
+                let provides_sort = sort.is_none_or(|s| {
+                    s.keys.is_empty() || (s.keys.len() == 1 && s.keys[0].0 == "_id")
+                });
+                return Ok(Plan {
+                    access: Access::IdRange {
+                        lower: Bound::Unbounded,
+                        upper: Bound::Unbounded,
+                        reverse,
+                    },
+                    provides_sort,
+                });
+            }
+            let index = coll
+                .indexes
+                .iter()
+                .find(|i| match h {
+                    Hint::Name(n) => &i.spec.name == n,
+                    Hint::Keys(k) => &i.spec.key_pattern() == k,
+                    Hint::Natural { .. } => false,
+                })
+                .ok_or_else(|| Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index"))?;
+            let c = plan_index(index, &sargs, sort);
+            return Ok(Plan {
+                access: c.access,
+                provides_sort: c.provides_sort,
+            });
+        }
+        None => {}
+    }
+    if let Some(p) = plan_id(&sargs, sort) {
+        if matches!(p.access, Access::IdPoints { .. }) {
+            return Ok(p);
+        }
+    }
+    let mut best: Option<IndexCandidate> = None;
+    for index in &coll.indexes {
+        let c = plan_index(index, &sargs, sort);
+        if c.score == 0 && !c.provides_sort {
+            continue;
+        }
+        let better = match &best {
+            None => true,
+            Some(b) => (c.score, c.provides_sort) > (b.score, b.provides_sort),
+        };
+        if better {
+            best = Some(c);
+        }
+    }
+    if let Some(p) = plan_id(&sargs, sort) {
+        // An _id range competes with a secondary range of the same strength.
+        if best.as_ref().is_none_or(|b| b.score <= 1) {
+            return Ok(p);
+        }
+    }
+    if let Some(b) = best {
+        return Ok(Plan {
+            access: b.access,
+            provides_sort: b.provides_sort,
+        });
+    }
+    // A sort on _id alone is served by the primary index.
+    if let Some([(p, asc)]) = sort.map(|s| s.keys.as_slice()) {
+        if p == "_id" {
+            return Ok(Plan {
+                access: Access::IdRange {
+                    lower: Bound::Unbounded,
+                    upper: Bound::Unbounded,
+                    reverse: !asc,
+                },
+                provides_sort: true,
+            });
+        }
+    }
+    Ok(Plan {
+        access: Access::CollScan { reverse: false },
+        provides_sort: sort.is_none_or(|s| s.keys.is_empty()),
+    })
+}
+
+/// Visit every document of `coll` that the plan reaches and `filter` matches, in
+/// the plan's order, until `visit` breaks.
+pub fn execute<F>(coll: &CollectionState, plan: &Plan, filter: &Filter, mut visit: F) -> Result<()>
+where
+    F: FnMut(RecordId, &DocRef) -> ControlFlow<()>,
+{
+    let match_all = filter.is_match_all();
+    let mut emit = |rid: RecordId, doc: &DocRef| -> ControlFlow<()> {
+        if match_all || filter.matches(doc) {
+            visit(rid, doc)
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    match &plan.access {
+        Access::CollScan { reverse: false } => {
+            for (rid, doc) in coll.heap.iter() {
+                if emit(rid, doc).is_break() {
+                    break;
+                }
+            }
+        }
+        Access::CollScan { reverse: true } => {
+            let all: Vec<(RecordId, &DocRef)> = coll.heap.iter().collect();
+            for (rid, doc) in all.into_iter().rev() {
+                if emit(rid, doc).is_break() {
+                    break;
+                }
+            }
+        }
+        Access::IdPoints { ids } => {
+            for id in ids {
+                if let Some(rid) = coll.rid_of_id(id) {
+                    if let Some(doc) = coll.heap.get(rid) {
+                        if emit(rid, doc).is_break() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Access::IdRange {
+            lower,
+            upper,
+            reverse,
+        } => {
+            let range = coll.id_index.range(lower.as_ref(), upper.as_ref());
+            let rids: Box<dyn Iterator<Item = (&ValueKey, &RecordId)>> = if *reverse {
+                Box::new(range.rev())
+            } else {
+                Box::new(range)
+            };
+            for (_, rid) in rids {
+                if let Some(doc) = coll.heap.get(*rid) {
+                    if emit(*rid, doc).is_break() {
+                        break;
+                    }
+                }
+            }
+        }
+        Access::IndexScan {
+            index,
+            intervals,
+            reverse,
+            dedup,
+            ..
+        } => {
+            let index = coll
+                .index(index)
+                .ok_or_else(|| Error::Internal(format!("planned index {index} is gone")))?;
+            let mut seen: HashSet<RecordId> = HashSet::new();
+            let order: Box<dyn Iterator<Item = &(Bound<EntryKey>, Bound<EntryKey>)>> = if *reverse {
+                Box::new(intervals.iter().rev())
+            } else {
+                Box::new(intervals.iter())
+            };
+            'outer: for (lo, hi) in order {
+                if !bounds_nonempty(lo, hi) {
+                    continue;
+                }
+                let range = index.tree.range(lo.as_ref(), hi.as_ref());
+                let entries: Box<dyn Iterator<Item = (&EntryKey, &())>> = if *reverse {
+                    Box::new(range.rev())
+                } else {
+                    Box::new(range)
+                };
+                for ((_, rid), _) in entries {
+                    if *dedup && !seen.insert(*rid) {
+                        continue;
+                    }
+                    if let Some(doc) = coll.heap.get(*rid) {
+                        if emit(*rid, doc).is_break() {
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `std`'s range panics when lower > upper; such an interval is simply empty.
+fn bounds_nonempty(lo: &Bound<EntryKey>, hi: &Bound<EntryKey>) -> bool {
+    match (lo, hi) {
+        (Bound::Included(a), Bound::Included(b)) => a <= b,
+        (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => a < b,
+        _ => true,
+    }
+}
+
+/// The empty filter, parsed once.
+pub fn match_all() -> &'static Filter {
+    static MATCH_ALL: std::sync::OnceLock<Filter> = std::sync::OnceLock::new();
+    MATCH_ALL.get_or_init(|| {
+        Filter::parse(&Document::new())
+            .unwrap_or_else(|e| panic!("the empty filter must parse: {e}"))
+    })
+}
+
+/// A find's shape, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct FindSpec {
+    pub filter: Option<Filter>,
+    pub sort: Option<SortSpec>,
+    pub skip: u64,
+    /// 0 = no limit.
+    pub limit: u64,
+    pub hint: Option<Hint>,
+}
+
+/// Run a find to completion: the matching documents, sorted, skipped and limited.
+pub fn run_find(
+    coll: &CollectionState,
+    spec: &FindSpec,
+) -> Result<(Vec<(RecordId, DocRef)>, Plan)> {
+    let filter = match &spec.filter {
+        Some(f) => f,
+        None => match_all(),
+    };
+    let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
+    let plan = plan(coll, filter, sort, spec.hint.as_ref())?;
+    let mut out: Vec<(RecordId, DocRef)> = Vec::new();
+    if sort.is_none() || plan.provides_sort {
+        let mut to_skip = spec.skip;
+        let limit = spec.limit;
+        execute(coll, &plan, filter, |rid, doc| {
+            if to_skip > 0 {
+                to_skip -= 1;
+                return ControlFlow::Continue(());
+            }
+            out.push((rid, doc.clone()));
+            if limit > 0 && out.len() as u64 >= limit {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+        return Ok((out, plan));
+    }
+    let sort = sort.ok_or_else(|| Error::Internal("sort vanished".into()))?;
+    execute(coll, &plan, filter, |rid, doc| {
+        out.push((rid, doc.clone()));
+        ControlFlow::Continue(())
+    })?;
+    // Keys are computed once per document, not once per comparison; ties keep
+    // record order, so results are deterministic.
+    let mut keyed: Vec<_> = out
+        .into_iter()
+        .map(|(rid, d)| (sort.sort_key(&d), rid, d))
+        .collect();
+    keyed.sort_by(|(ka, ra, _), (kb, rb, _)| sort.compare_keys(ka, kb).then(ra.cmp(rb)));
+    let mut out: Vec<(RecordId, DocRef)> = keyed.into_iter().map(|(_, rid, d)| (rid, d)).collect();
+    let skip = usize::try_from(spec.skip)
+        .unwrap_or(usize::MAX)
+        .min(out.len());
+    out.drain(..skip);
+    if spec.limit > 0 {
+        out.truncate(usize::try_from(spec.limit).unwrap_or(usize::MAX));
+    }
+    Ok((out, plan))
+}
+
+/// Count the matching documents (no materialization).
+pub fn count(coll: &CollectionState, filter: &Filter, hint: Option<&Hint>) -> Result<u64> {
+    if filter.is_match_all() && hint.is_none() {
+        return Ok(coll.len() as u64);
+    }
+    let plan = plan(coll, filter, None, hint)?;
+    let mut n = 0u64;
+    execute(coll, &plan, filter, |_, _| {
+        n += 1;
+        ControlFlow::Continue(())
+    })?;
+    Ok(n)
+}

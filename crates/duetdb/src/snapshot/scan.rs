@@ -1,0 +1,287 @@
+//! The scan driver: visit the documents a plan reaches under a strategy
+//! (chosen by [`crate::snapshot::choose`]). `cow` walks one held root, `none`
+//! reloads the latest root page by page, `vls` and `olcp` are in
+//! [`crate::snapshot::vls`].
+
+use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::doc::DocRef;
+use crate::error::Result;
+use crate::query::planner::{self, Access, Plan};
+use crate::query::Filter;
+use crate::snapshot::vls::vls_scan;
+use crate::snapshot::{choose, Read, Strategy};
+use crate::store::btree::BTree;
+use crate::store::collection::CollectionState;
+use crate::store::heap::RecordId;
+use crate::store::index::{IndexKey, ValueKey};
+use crate::store::vls::OlcpSink;
+use crate::write::writer::Writer;
+
+/// Records read from one published state before reloading the latest one: small
+/// enough that a VLS scan never pins old versions for long, large enough that the
+/// reload (an atomic pointer load) costs nothing per record.
+pub(crate) const PAGE: usize = 256;
+
+/// What a scan did.
+#[derive(Debug, Clone)]
+pub struct ScanOutcome {
+    /// The strategy that actually ran (never `auto`).
+    pub strategy: Strategy,
+    /// Why [`choose`] picked it (explain's `strategyReason`).
+    pub reason: &'static str,
+    /// The commit the scan's snapshot is at (`none`: the state it started from).
+    pub start_csn: u64,
+    pub plan: Plan,
+    /// Documents that came from the remset (VLS only).
+    pub from_remset: u64,
+    /// Superseded versions handed to the scan by the writer (OLCP only).
+    pub propagated: u64,
+    /// Most handed-over versions held at once (OLCP only): bounded by the
+    /// writes made between two drains, not by the scan's duration.
+    pub inflight_peak: u64,
+}
+
+impl ScanOutcome {
+    /// The strategy that ran and why.
+    pub fn choice(&self) -> crate::snapshot::Choice {
+        crate::snapshot::Choice {
+            strategy: self.strategy,
+            reason: self.reason,
+        }
+    }
+}
+
+/// The index a VLS scan walks, as of the scan's start.
+#[derive(Debug, Clone)]
+pub enum IndexAtStart {
+    Id(BTree<ValueKey, RecordId>),
+    Secondary(BTree<(IndexKey, RecordId), ()>),
+}
+
+/// Which index to capture at registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexRef {
+    Id,
+    Secondary(String),
+}
+
+/// Visit every document matching `filter` in collection `coll`, under the
+/// strategy [`choose`] picks for `requested` and `read` once the plan is
+/// known, until `visit` breaks. Documents come in plan order for `cow`; for
+/// `vls` the remset's documents come last; `none` gives no order guarantee.
+pub fn scan<F>(
+    writer: &Writer,
+    coll: &str,
+    filter: &Filter,
+    plan_for: impl Fn(&CollectionState) -> Result<Plan>,
+    requested: Strategy,
+    read: Read,
+    mut visit: F,
+) -> Result<ScanOutcome>
+where
+    F: FnMut(&DocRef) -> ControlFlow<()>,
+{
+    let state = writer.published();
+    let Some(c) = state.collection(coll) else {
+        let choice = choose(requested, read, None);
+        return Ok(ScanOutcome {
+            strategy: choice.strategy,
+            reason: choice.reason,
+            start_csn: state.csn,
+            plan: Plan {
+                access: Access::CollScan { reverse: false },
+                provides_sort: true,
+            },
+            from_remset: 0,
+            propagated: 0,
+            inflight_peak: 0,
+        });
+    };
+    let plan = plan_for(c)?;
+    let choice = choose(requested, read, Some(&plan));
+    debug_assert_ne!(choice.strategy, Strategy::Auto, "choose() resolves auto");
+    let done = |start_csn, plan| ScanOutcome {
+        strategy: choice.strategy,
+        reason: choice.reason,
+        start_csn,
+        plan,
+        from_remset: 0,
+        propagated: 0,
+        inflight_peak: 0,
+    };
+    match choice.strategy {
+        Strategy::Cow | Strategy::Auto => {
+            planner::execute(c, &plan, filter, |_, d| visit(d))?;
+            Ok(done(state.csn, plan))
+        }
+        Strategy::None => {
+            let start_csn = state.csn;
+            drop(state);
+            none_scan(writer, coll, filter, &plan, &mut visit)?;
+            Ok(done(start_csn, plan))
+        }
+        Strategy::Vls | Strategy::Olcp => {
+            let vls = c.vls.clone();
+            drop(state);
+            let sink = (choice.strategy == Strategy::Olcp).then(|| Arc::new(OlcpSink::default()));
+            let mut outcome = vls_scan(writer, coll, vls, filter, plan, sink, &mut visit)?;
+            outcome.reason = choice.reason;
+            Ok(outcome)
+        }
+    }
+}
+
+/// Count the documents matching `filter` under the strategy [`choose`]
+/// picks. Counting everything under `cow` reads one root's size (O(1)).
+pub fn count(
+    writer: &Writer,
+    coll: &str,
+    filter: &Filter,
+    requested: Strategy,
+) -> Result<(u64, ScanOutcome)> {
+    let match_all = filter.is_match_all();
+    let read = Read::Count { match_all };
+    if match_all {
+        let state = writer.published();
+        let plan = Plan {
+            access: Access::CollScan { reverse: false },
+            provides_sort: false,
+        };
+        let c = state.collection(coll);
+        let choice = choose(requested, read, c.map(|_| &plan));
+        if choice.strategy == Strategy::Cow {
+            let n = c.map_or(0, |c| c.len() as u64);
+            let outcome = ScanOutcome {
+                strategy: choice.strategy,
+                reason: choice.reason,
+                start_csn: state.csn,
+                plan,
+                from_remset: 0,
+                propagated: 0,
+                inflight_peak: 0,
+            };
+            return Ok((n, outcome));
+        }
+    }
+    let mut n = 0u64;
+    let outcome = scan(
+        writer,
+        coll,
+        filter,
+        |c| planner::plan(c, filter, None, None),
+        requested,
+        read,
+        |_| {
+            n += 1;
+            ControlFlow::Continue(())
+        },
+    )?;
+    Ok((n, outcome))
+}
+
+/// `none`: walk the plan over the *latest* state, reloading it page by page.
+fn none_scan<F>(
+    writer: &Writer,
+    coll: &str,
+    filter: &Filter,
+    plan: &Plan,
+    visit: &mut F,
+) -> Result<()>
+where
+    F: FnMut(&DocRef) -> ControlFlow<()>,
+{
+    let emit = |d: &DocRef, visit: &mut F| {
+        if filter.matches(d) {
+            visit(d)
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    match &plan.access {
+        Access::IndexScan {
+            index,
+            intervals,
+            reverse,
+            ..
+        } if !reverse => {
+            for (lo, hi) in intervals {
+                let mut lower: Bound<(IndexKey, RecordId)> = lo.clone();
+                loop {
+                    let state = writer.published();
+                    let Some(c) = state.collection(coll) else {
+                        return Ok(());
+                    };
+                    let Some(ix) = c.index(index) else {
+                        return Ok(());
+                    };
+                    let mut n = 0;
+                    let mut last = None;
+                    for (key, _) in ix.tree.range(lower.as_ref(), hi.as_ref()) {
+                        if let Some(d) = c.heap.get(key.1) {
+                            if emit(d, visit).is_break() {
+                                return Ok(());
+                            }
+                        }
+                        last = Some(key.clone());
+                        n += 1;
+                        if n == PAGE {
+                            break;
+                        }
+                    }
+                    match last {
+                        Some(k) if n == PAGE => lower = Bound::Excluded(k),
+                        _ => break,
+                    }
+                }
+            }
+            Ok(())
+        }
+        Access::CollScan { reverse: false } => {
+            let mut next: RecordId = 0;
+            loop {
+                let state = writer.published();
+                let Some(c) = state.collection(coll) else {
+                    return Ok(());
+                };
+                let mut n = 0;
+                for (rid, d) in c.heap.iter_from(next) {
+                    next = rid + 1;
+                    if emit(d, visit).is_break() {
+                        return Ok(());
+                    }
+                    n += 1;
+                    if n == PAGE {
+                        break;
+                    }
+                }
+                if n < PAGE {
+                    return Ok(());
+                }
+            }
+        }
+        // Point lookups and backward walks: one state is as good as any.
+        _ => {
+            let state = writer.published();
+            if let Some(c) = state.collection(coll) {
+                planner::execute(c, plan, filter, |_, d| visit(d))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Wait briefly for a database-wide condition in tests (e.g. background resets).
+#[doc(hidden)]
+pub fn wait_for(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    cond()
+}

@@ -1,0 +1,21 @@
+//! The store: persistent (copy-on-write) structures that hold one version of
+//! the data. Layer 2: uses `error` and `doc` only.
+//!
+//! - `heap`: radix tree `RecordId → document` (the record heap);
+//! - `btree`: the persistent B+tree under every index;
+//! - `index`: index specs, key extraction, key order;
+//! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
+//! - `state`: one version of a database (`DbState`);
+//! - `vls`, `remset`: the VLS status masks and shared remset kept beside the
+//!   heap; the writer updates them before each change, scans (in `snapshot`)
+//!   claim records through them.
+
+pub mod btree;
+pub mod collection;
+pub mod heap;
+pub mod index;
+pub mod remset;
+pub mod state;
+pub mod vls;
+
+pub use state::DbState;

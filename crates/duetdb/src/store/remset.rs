@@ -1,0 +1,209 @@
+//! The shared remembered set (remset) of one collection: the stable versions of
+//! records changed or deleted while VLS scans that still needed them were running.
+//!
+//! Each entry holds one superseded version (a pointer to the immutable document:
+//! the bytes are moved out of the heap slot, never copied) and a *remset status
+//! mask*: bit `i` is 0 while the scan in slot `i` still has to read the entry.
+//!
+//! Invariants:
+//! - an entry is inserted only by the writer, with the mask computed from the
+//!   record's status mask under the VLS protocol (see `vls.rs`); there is at most
+//!   one entry per (record, scan) pair with the scan's bit 0;
+//! - only the scan in slot `i` clears bit `i` of an entry (0 → 1), exactly once;
+//! - with immediate reclamation, the scan that sets the last 0 bit to 1 removes
+//!   the entry at once: no entry whose mask is all ones outlives that moment;
+//! - in the comparison mode "one remset per scan" the writer inserts one entry
+//!   per needing scan (as if each scan kept its own copy); in "reclaim at scan
+//!   end" mode fully-read entries are removed only when a scan ends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::doc::DocRef;
+use crate::store::heap::RecordId;
+use crate::store::vls::{Mask, WORDS_MAX};
+
+/// How the remset is kept (the last two exist only for the benchmarks' comparisons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RemsetMode {
+    /// One shared remset, immediate reclamation (the VLS paper's design).
+    #[default]
+    Shared,
+    /// One entry per needing scan ("individual remsets").
+    PerScan,
+    /// Shared, but fully-read entries are removed only when a scan ends.
+    ReclaimAtScanEnd,
+}
+
+/// One remembered version.
+#[derive(Debug)]
+pub struct Entry {
+    pub rid: RecordId,
+    pub doc: DocRef,
+    mask: [AtomicU64; WORDS_MAX],
+}
+
+impl Entry {
+    /// Is bit `slot` still 0 (the scan in `slot` still needs this version)?
+    pub fn needed_by(&self, slot: usize) -> bool {
+        self.mask[slot / 64].load(Ordering::Acquire) & (1 << (slot % 64)) == 0
+    }
+}
+
+/// Figures of one remset (also summed per database for metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemsetStats {
+    pub entries: u64,
+    pub bytes: u64,
+    pub entries_peak: u64,
+    pub bytes_peak: u64,
+    /// Entries that were needed by more than one scan when inserted.
+    pub shared_inserts: u64,
+    pub inserts: u64,
+    pub reclaimed: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    entries: HashMap<u64, Arc<Entry>>,
+    stats: RemsetStats,
+}
+
+/// The remset of one collection.
+pub struct Remset {
+    words: usize,
+    mode: RemsetMode,
+    inner: Mutex<Inner>,
+}
+
+impl Remset {
+    pub fn new(words: usize, mode: RemsetMode) -> Remset {
+        debug_assert!((1..=WORDS_MAX).contains(&words));
+        Remset {
+            words,
+            mode,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    pub fn mode(&self) -> RemsetMode {
+        self.mode
+    }
+
+    /// Remember `doc` (the version of `rid` being replaced) for the scans whose bit
+    /// is 0 in `mask`. Requires: called by the writer; `mask` has a 0 bit.
+    pub fn insert(&self, rid: RecordId, doc: &DocRef, mask: Mask) {
+        let needing = mask.zeros(self.words);
+        debug_assert!(needing > 0, "remset insert without a needing scan");
+        let bytes = doc.as_bytes().len() as u64;
+        let mut inner = self.inner.lock();
+        let add = |inner: &mut Inner, m: Mask| {
+            let id = inner.next_id;
+            inner.next_id += 1;
+            let entry = Entry {
+                rid,
+                doc: doc.clone(),
+                mask: m.to_atomic(),
+            };
+            inner.entries.insert(id, Arc::new(entry));
+            inner.stats.entries += 1;
+            inner.stats.bytes += bytes;
+            inner.stats.inserts += 1;
+        };
+        match self.mode {
+            RemsetMode::PerScan => {
+                for slot in mask.zero_slots(self.words) {
+                    add(&mut inner, Mask::all_ones_except(slot));
+                }
+            }
+            _ => {
+                if needing > 1 {
+                    inner.stats.shared_inserts += 1;
+                }
+                add(&mut inner, mask);
+            }
+        }
+        let s = &mut inner.stats;
+        s.entries_peak = s.entries_peak.max(s.entries);
+        s.bytes_peak = s.bytes_peak.max(s.bytes);
+    }
+
+    /// The entries the scan in `slot` still has to visit.
+    pub fn pending_for(&self, slot: usize) -> Vec<(u64, Arc<Entry>)> {
+        let inner = self.inner.lock();
+        let mut v: Vec<(u64, Arc<Entry>)> = inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.needed_by(slot))
+            .map(|(id, e)| (*id, e.clone()))
+            .collect();
+        // Insertion order: deterministic and roughly record order.
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+
+    /// The scan in `slot` is done with entry `id`: set its bit, and reclaim the
+    /// entry when no scan needs it any more (immediately, in `Shared` mode).
+    pub fn release(&self, slot: usize, id: u64, entry: &Entry) {
+        let bit = 1u64 << (slot % 64);
+        let prev = entry.mask[slot / 64].fetch_or(bit, Ordering::AcqRel);
+        debug_assert!(prev & bit == 0, "a scan released an entry twice");
+        if self.mode == RemsetMode::ReclaimAtScanEnd {
+            return;
+        }
+        if Mask::from_atomic(&entry.mask).is_all_ones(self.words) {
+            self.remove(id);
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        let mut inner = self.inner.lock();
+        if let Some(e) = inner.entries.remove(&id) {
+            inner.stats.entries -= 1;
+            inner.stats.bytes -= e.doc.as_bytes().len() as u64;
+            inner.stats.reclaimed += 1;
+        }
+    }
+
+    /// Remove every entry no scan needs (the end-of-scan sweep of the
+    /// `ReclaimAtScanEnd` mode; a no-op otherwise since such entries are gone).
+    pub fn sweep(&self) {
+        let ids: Vec<u64> = {
+            let inner = self.inner.lock();
+            inner
+                .entries
+                .iter()
+                .filter(|(_, e)| Mask::from_atomic(&e.mask).is_all_ones(self.words))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in ids {
+            self.remove(id);
+        }
+    }
+
+    pub fn stats(&self) -> RemsetStats {
+        self.inner.lock().stats
+    }
+
+    /// Start a new measurement window: peaks drop to the current values.
+    pub fn reset_peaks(&self) {
+        let mut inner = self.inner.lock();
+        inner.stats.entries_peak = inner.stats.entries;
+        inner.stats.bytes_peak = inner.stats.bytes;
+    }
+
+    /// Forget everything (the collection was dropped: no scan can read it any more).
+    pub fn clear(&self) {
+        let mut inner = self.inner.lock();
+        let n = inner.entries.len() as u64;
+        inner.entries.clear();
+        inner.stats.reclaimed += n;
+        inner.stats.entries = 0;
+        inner.stats.bytes = 0;
+    }
+}

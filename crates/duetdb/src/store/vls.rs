@@ -1,0 +1,664 @@
+//! Virtual Lightweight Snapshots (the VLS paper's Table I), per collection.
+//!
+//! Every record has an N-bit *status mask* (N = 64 scan slots by default, 128
+//! selectable), kept beside the heap in an array of atomics indexed by
+//! `RecordId` (record ids are never reused, so a slot's mask belongs to one
+//! record forever). Per collection there is a *stable mask* (which bit value
+//! means "stable" for each slot — flipped when a full scan completes, so bits
+//! never need a reset pass after full scans), a *local active mask* (bit 0 =
+//! slot in use by a scan of this collection), slot allocation with a FIFO queue,
+//! and one shared [`Remset`].
+//!
+//! ## The protocol (why reading and flipping is race-free)
+//!
+//! Scan registration, end of the table pass and slot release of stable bits are
+//! writer-serialized commands, so a scan starts exactly at a commit boundary.
+//! The race that remains is between the writer superseding record `r` and scan
+//! `i` reading `r`. Both decide through a compare-and-swap on the word of `r`'s
+//! status mask that holds bit `i`:
+//!
+//! - the writer (update or delete of `r`): `temp = (stable ^ status) | local_active`
+//!   (Table I `REMSET_MASK_INS`); CAS `status → !(stable ^ local_active)`
+//!   (`STATUS_MASK_UPD`: "changed" for every active slot); only after the CAS
+//!   succeeds, if `temp` has a 0 bit, insert the *current* version into the
+//!   remset with mask `temp`, then replace the record;
+//! - scan `i`, having read version `v` of `r` from a published state taken after
+//!   its start: if bit `i` of `status` is not "stable", skip `r`; else CAS
+//!   `status → status ^ bit_i` (`STATUS_MASK_SCAN_UPD`); if that succeeds, `v` is
+//!   the stable version: use it.
+//!
+//! Whichever CAS wins decides where scan `i` gets `r`: if the scan's CAS wins, no
+//! update of `r` has been applied since the scan started (an update would have
+//! marked the bit first), so `v` — from a state no older than the start — is the
+//! start version, and the writer then sees bit `i` read and copies nothing for
+//! `i`. If the writer's CAS wins, the scan skips `r` and finds the start version
+//! in the remset. Either way scan `i` reads `r` exactly once, in its start
+//! version. Inserts get `!(stable ^ local_active)`, so active scans skip them.
+//!
+//! A full scan that visited every record flips its stable bit when its table
+//! pass ends (every surviving record's bit was flipped by the scan or the
+//! writer). A scan that did not visit every record (index scans, early stop)
+//! does not flip; instead a background pass sets its bit back to "stable" in
+//! every record before the slot can be reused (the paper's background reset),
+//! without stalling the writer.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::{Condvar, Mutex};
+
+use crate::doc::DocRef;
+use crate::store::heap::RecordId;
+use crate::store::remset::{Remset, RemsetMode, RemsetStats};
+
+/// Most mask words (128 slots).
+pub const WORDS_MAX: usize = 2;
+/// Default number of scan slots.
+pub const DEFAULT_SLOTS: usize = 64;
+/// Status masks are allocated in chunks of this many records.
+const CHUNK: usize = 4096;
+
+/// An N-bit mask (N ≤ 128) held as words; unused words are all ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask(pub [u64; WORDS_MAX]);
+
+impl Mask {
+    pub const ONES: Mask = Mask([u64::MAX; WORDS_MAX]);
+    pub const ZEROS: Mask = Mask([0; WORDS_MAX]);
+
+    pub fn all_ones_except(slot: usize) -> Mask {
+        let mut m = Mask::ONES;
+        m.0[slot / 64] &= !(1 << (slot % 64));
+        m
+    }
+
+    pub fn bit(slot: usize) -> Mask {
+        let mut m = Mask::ZEROS;
+        m.0[slot / 64] = 1 << (slot % 64);
+        m
+    }
+
+    pub fn is_all_ones(&self, words: usize) -> bool {
+        self.0[..words].iter().all(|w| *w == u64::MAX)
+    }
+
+    /// Number of 0 bits among the first `words` words.
+    pub fn zeros(&self, words: usize) -> u32 {
+        self.0[..words].iter().map(|w| w.count_zeros()).sum()
+    }
+
+    pub fn zero_slots(&self, words: usize) -> Vec<usize> {
+        let mut v = Vec::new();
+        for (w, word) in self.0[..words].iter().enumerate() {
+            for b in 0..64 {
+                if word & (1 << b) == 0 {
+                    v.push(w * 64 + b);
+                }
+            }
+        }
+        v
+    }
+
+    pub fn to_atomic(self) -> [AtomicU64; WORDS_MAX] {
+        [AtomicU64::new(self.0[0]), AtomicU64::new(self.0[1])]
+    }
+
+    pub fn from_atomic(a: &[AtomicU64; WORDS_MAX]) -> Mask {
+        Mask([a[0].load(Ordering::Acquire), a[1].load(Ordering::Acquire)])
+    }
+}
+
+/// The status masks of a collection's records: append-only chunks of atomics.
+struct StatusArray {
+    words: usize,
+    chunks: ArcSwap<Vec<Arc<[AtomicU64]>>>,
+}
+
+impl StatusArray {
+    fn new(words: usize) -> StatusArray {
+        StatusArray {
+            words,
+            chunks: ArcSwap::from_pointee(Vec::new()),
+        }
+    }
+
+    /// The atomic word holding bit word `w` of `rid`, if allocated.
+    fn word(&self, rid: RecordId, w: usize) -> Option<WordRef> {
+        let chunks = self.chunks.load();
+        let idx = usize::try_from(rid).ok()?;
+        let chunk = chunks.get(idx / CHUNK)?.clone();
+        Some(WordRef {
+            chunk,
+            at: (idx % CHUNK) * self.words + w,
+        })
+    }
+
+    /// The chunk list as of now, for a scan to use over many records.
+    fn view(&self) -> StatusView {
+        StatusView {
+            words: self.words,
+            chunks: self.chunks.load_full(),
+        }
+    }
+
+    /// Make sure `rid` has a mask. Requires: writer (the only appender).
+    fn ensure(&self, rid: RecordId, init: Mask) {
+        let Ok(idx) = usize::try_from(rid) else {
+            return;
+        };
+        let chunks = self.chunks.load_full();
+        if idx / CHUNK < chunks.len() {
+            return;
+        }
+        let mut grown: Vec<Arc<[AtomicU64]>> = (*chunks).clone();
+        while grown.len() <= idx / CHUNK {
+            let chunk: Arc<[AtomicU64]> = (0..CHUNK * self.words)
+                .map(|i| AtomicU64::new(init.0[i % self.words]))
+                .collect();
+            grown.push(chunk);
+        }
+        self.chunks.store(Arc::new(grown));
+    }
+
+    fn len_records(&self) -> usize {
+        self.chunks.load().len() * CHUNK
+    }
+}
+
+/// A scan's cached view of the status chunks (reloaded per page of records).
+/// Records that existed when the scan started always have their chunk here.
+pub struct StatusView {
+    words: usize,
+    chunks: Arc<Vec<Arc<[AtomicU64]>>>,
+}
+
+impl StatusView {
+    fn word(&self, rid: RecordId, w: usize) -> Option<&AtomicU64> {
+        let idx = usize::try_from(rid).ok()?;
+        self.chunks
+            .get(idx / CHUNK)
+            .map(|c| &c[(idx % CHUNK) * self.words + w])
+    }
+}
+
+struct WordRef {
+    chunk: Arc<[AtomicU64]>,
+    at: usize,
+}
+
+impl WordRef {
+    fn atomic(&self) -> &AtomicU64 {
+        &self.chunk[self.at]
+    }
+}
+
+/// Slot allocation state (the paper's global *active mask*, per collection here:
+/// stable bits are per collection, so slots are too).
+struct Slots {
+    /// Bit 1 = free.
+    free: Mask,
+    /// Waiting scans in arrival order (tickets).
+    queue: VecDeque<u64>,
+    next_ticket: u64,
+    /// Slots being reset in the background (not free yet).
+    resetting: u32,
+}
+
+/// Scan-visible figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VlsStats {
+    pub scans_active: u64,
+    pub scans_queued: u64,
+    pub scans_started: u64,
+    pub queue_wait_us_total: u64,
+    pub background_resets: u64,
+    pub remset: RemsetStats,
+    /// Versions handed to running OLCP queries, in total and held right now.
+    pub olcp_propagated: u64,
+    pub olcp_inflight: u64,
+}
+
+/// The VLS bookkeeping of one collection; shared by all versions of it.
+pub struct CollectionVls {
+    words: usize,
+    slots_n: usize,
+    status: StatusArray,
+    /// Written only by the writer (inside commands); read by the writer and scans.
+    stable: [AtomicU64; WORDS_MAX],
+    local_active: [AtomicU64; WORDS_MAX],
+    slots: Mutex<Slots>,
+    slot_freed: Condvar,
+    pub remset: Remset,
+    /// Bit 1 = the slot belongs to an OLCP query (propagation, no remset).
+    olcp: [AtomicU64; WORDS_MAX],
+    sinks: parking_lot::RwLock<Vec<Option<Arc<OlcpSink>>>>,
+    propagated: AtomicU64,
+    dropped: AtomicBool,
+    scans_started: AtomicU64,
+    queue_wait_us: AtomicU64,
+    resets: AtomicU64,
+}
+
+impl std::fmt::Debug for CollectionVls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollectionVls")
+            .field("slots", &self.slots_n)
+            .finish()
+    }
+}
+
+/// Options of the VLS bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VlsOptions {
+    /// 64 or 128.
+    pub slots: usize,
+    pub remset: RemsetMode,
+}
+
+impl Default for VlsOptions {
+    fn default() -> Self {
+        VlsOptions {
+            slots: DEFAULT_SLOTS,
+            remset: RemsetMode::Shared,
+        }
+    }
+}
+
+impl CollectionVls {
+    pub fn new(options: VlsOptions) -> CollectionVls {
+        let slots_n = if options.slots > 64 { 128 } else { 64 };
+        let words = slots_n / 64;
+        let mut free = Mask::ZEROS;
+        for w in 0..words {
+            free.0[w] = u64::MAX;
+        }
+        CollectionVls {
+            words,
+            slots_n,
+            status: StatusArray::new(words),
+            stable: Mask::ZEROS.to_atomic(),
+            local_active: Mask::ONES.to_atomic(),
+            slots: Mutex::new(Slots {
+                free,
+                queue: VecDeque::new(),
+                next_ticket: 0,
+                resetting: 0,
+            }),
+            slot_freed: Condvar::new(),
+            remset: Remset::new(words, options.remset),
+            olcp: Mask::ZEROS.to_atomic(),
+            sinks: parking_lot::RwLock::new(Vec::new()),
+            propagated: AtomicU64::new(0),
+            dropped: AtomicBool::new(false),
+            scans_started: AtomicU64::new(0),
+            queue_wait_us: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+        }
+    }
+
+    /// Fresh bookkeeping for a collection that already has records `0..next_rid`
+    /// (a renamed collection): every existing record starts "stable".
+    pub fn with_records(options: VlsOptions, next_rid: RecordId) -> CollectionVls {
+        let v = CollectionVls::new(options);
+        if next_rid > 0 {
+            v.status.ensure(next_rid - 1, Mask::ZEROS);
+        }
+        v
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots_n
+    }
+
+    fn stable(&self) -> Mask {
+        Mask::from_atomic(&self.stable)
+    }
+
+    fn local_active(&self) -> Mask {
+        Mask::from_atomic(&self.local_active)
+    }
+
+    /// No scan is active on this collection: writes need no bookkeeping.
+    fn idle(&self) -> bool {
+        self.local_active().is_all_ones(self.words)
+    }
+
+    // ---- writer side (called only inside writer commands) ----
+
+    /// A record was inserted at `rid`: active scans must skip it (`STATUS_MASK_UPD`).
+    pub fn on_insert(&self, rid: RecordId) {
+        let stable = self.stable();
+        let active = self.local_active();
+        self.status.ensure(rid, stable);
+        for w in 0..self.words {
+            let value = !(stable.0[w] ^ active.0[w]);
+            if let Some(word) = self.status.word(rid, w) {
+                word.atomic().store(value, Ordering::Release);
+            }
+        }
+    }
+
+    /// Record `rid` is about to be replaced or deleted; `current` is its version
+    /// now. Keeps it in the remset for every active scan that has not read it.
+    pub fn on_supersede(&self, rid: RecordId, current: &DocRef) {
+        if self.idle() {
+            return;
+        }
+        let stable = self.stable();
+        let active = self.local_active();
+        let mut temp = Mask::ONES;
+        for w in 0..self.words {
+            let Some(word) = self.status.word(rid, w) else {
+                continue;
+            };
+            let target = !(stable.0[w] ^ active.0[w]);
+            let mut cur = word.atomic().load(Ordering::Acquire);
+            loop {
+                let t = (stable.0[w] ^ cur) | active.0[w];
+                match word.atomic().compare_exchange_weak(
+                    cur,
+                    target,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        temp.0[w] = t;
+                        break;
+                    }
+                    Err(now) => cur = now,
+                }
+            }
+        }
+        if temp.is_all_ones(self.words) {
+            return;
+        }
+        // OLCP slots get the version handed over at once (propagation); the
+        // remaining slots share one remset entry.
+        let olcp = Mask::from_atomic(&self.olcp);
+        let mut to_propagate = Mask::ZEROS;
+        for w in 0..self.words {
+            to_propagate.0[w] = !temp.0[w] & olcp.0[w];
+        }
+        if !to_propagate.is_all_zeros(self.words) {
+            let sinks = self.sinks.read();
+            for slot in to_propagate.ones(self.words) {
+                if let Some(sink) = sinks.get(slot).and_then(Option::as_ref) {
+                    sink.push(rid, current);
+                    self.propagated.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            for w in 0..self.words {
+                temp.0[w] |= to_propagate.0[w];
+            }
+        }
+        if !temp.is_all_ones(self.words) {
+            self.remset.insert(rid, current, temp);
+        }
+    }
+
+    /// Make `slot` an OLCP slot: superseded versions it still needs go to `sink`.
+    /// Requires: writer command, right after the slot was registered.
+    pub fn attach_sink(&self, slot: usize, sink: Arc<OlcpSink>) {
+        let mut sinks = self.sinks.write();
+        if sinks.len() <= slot {
+            sinks.resize(slot + 1, None);
+        }
+        sinks[slot] = Some(sink);
+        drop(sinks);
+        self.olcp[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel);
+    }
+
+    fn detach_sink(&self, slot: usize) {
+        self.olcp[slot / 64].fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+        if let Some(s) = self.sinks.write().get_mut(slot) {
+            *s = None;
+        }
+    }
+
+    /// Allocate a slot for a new scan if one is free. Requires: writer command.
+    pub fn try_register(&self, ticket: u64) -> Option<usize> {
+        let mut slots = self.slots.lock();
+        if slots.queue.front() != Some(&ticket) {
+            return None; // FIFO: earlier arrivals first
+        }
+        let slot = (0..self.slots_n).find(|s| slots.free.0[s / 64] & (1 << (s % 64)) != 0)?;
+        slots.free.0[slot / 64] &= !(1 << (slot % 64));
+        slots.queue.pop_front();
+        drop(slots);
+        self.local_active[slot / 64].fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+        self.scans_started.fetch_add(1, Ordering::Relaxed);
+        // Wake the next in line: it may find another free slot.
+        self.slot_freed.notify_all();
+        Some(slot)
+    }
+
+    /// Join the FIFO queue of scans waiting for a slot.
+    pub fn take_ticket(&self) -> u64 {
+        let mut slots = self.slots.lock();
+        let t = slots.next_ticket;
+        slots.next_ticket += 1;
+        slots.queue.push_back(t);
+        t
+    }
+
+    /// Wait until `ticket` is at the front and a slot is free (or `timeout`).
+    pub fn wait_turn(&self, ticket: u64, timeout: Duration) {
+        let mut slots = self.slots.lock();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let front = slots.queue.front() == Some(&ticket);
+            let any_free = !Mask(slots.free.0).is_all_zeros(self.words);
+            if front && any_free {
+                return;
+            }
+            if self.slot_freed.wait_until(&mut slots, deadline).timed_out() {
+                return;
+            }
+        }
+    }
+
+    /// Leave the queue without a slot (the scan gave up).
+    pub fn abandon_ticket(&self, ticket: u64) {
+        let mut slots = self.slots.lock();
+        slots.queue.retain(|t| *t != ticket);
+        drop(slots);
+        self.slot_freed.notify_all();
+    }
+
+    pub fn record_wait(&self, waited: Duration) {
+        self.queue_wait_us.fetch_add(
+            u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// End of the table pass of the scan in `slot`. Requires: writer command.
+    /// A scan that visited every record flips its stable bit; otherwise its bit
+    /// must be reset in the background before the slot is reused.
+    pub fn finish_table(&self, slot: usize, complete: bool) {
+        let bit = 1u64 << (slot % 64);
+        if complete {
+            self.stable[slot / 64].fetch_xor(bit, Ordering::AcqRel);
+        }
+        self.local_active[slot / 64].fetch_or(bit, Ordering::AcqRel);
+        self.detach_sink(slot);
+    }
+
+    /// Release `slot` after the scan's remset pass. `reset`: set the slot's bit
+    /// back to stable in every record first (in the background).
+    pub fn release(self: &Arc<Self>, slot: usize, reset: bool) {
+        if self.remset.mode() == RemsetMode::ReclaimAtScanEnd {
+            self.remset.sweep();
+        }
+        if !reset {
+            self.free_slot(slot);
+            return;
+        }
+        self.slots.lock().resetting += 1;
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("duet-vls-reset".into())
+            .spawn(move || {
+                me.reset_bit(slot);
+                me.slots.lock().resetting -= 1;
+                me.free_slot(slot);
+            });
+        if spawned.is_err() {
+            // No thread to spare: do it inline (slower for this caller, still correct).
+            self.reset_bit(slot);
+            self.slots.lock().resetting -= 1;
+            self.free_slot(slot);
+        }
+    }
+
+    /// Set bit `slot` to its stable value in every record. The slot is inactive,
+    /// so the writer sets the same value on any record it touches meanwhile.
+    fn reset_bit(&self, slot: usize) {
+        let w = slot / 64;
+        let bit = 1u64 << (slot % 64);
+        let stable_bit = self.stable[w].load(Ordering::Acquire) & bit;
+        let n = self.status.len_records();
+        for rid in 0..n as u64 {
+            if let Some(word) = self.status.word(rid, w) {
+                if stable_bit != 0 {
+                    word.atomic().fetch_or(bit, Ordering::AcqRel);
+                } else {
+                    word.atomic().fetch_and(!bit, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    fn free_slot(&self, slot: usize) {
+        let mut slots = self.slots.lock();
+        slots.free.0[slot / 64] |= 1 << (slot % 64);
+        drop(slots);
+        self.slot_freed.notify_all();
+    }
+
+    // ---- scan side ----
+
+    /// A view of the status masks for [`CollectionVls::claim`].
+    pub fn status_view(&self) -> StatusView {
+        self.status.view()
+    }
+
+    /// Scan `slot` read version `v` of `rid` from a state no older than its start:
+    /// true when `v` is its stable version (and the record is now marked read).
+    /// `view` must have been taken after the scan started.
+    pub fn claim(&self, view: &StatusView, slot: usize, rid: RecordId) -> bool {
+        let w = slot / 64;
+        let bit = 1u64 << (slot % 64);
+        let Some(word) = view.word(rid, w) else {
+            return false;
+        };
+        let stable_bit = self.stable[w].load(Ordering::Acquire) & bit;
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            if cur & bit != stable_bit {
+                return false; // changed or inserted since the scan started, or already read
+            }
+            match word.compare_exchange_weak(cur, cur ^ bit, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// The collection was dropped: running scans must fail, the remset is freed.
+    pub fn mark_dropped(&self) {
+        self.dropped.store(true, Ordering::Release);
+        self.remset.clear();
+    }
+
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    pub fn stats(&self) -> VlsStats {
+        let slots = self.slots.lock();
+        let free = slots.free.zeros(self.words) as u64;
+        let used_or_resetting = free; // zeros in `free` = slots taken
+        VlsStats {
+            scans_active: used_or_resetting - u64::from(slots.resetting),
+            scans_queued: slots.queue.len() as u64,
+            scans_started: self.scans_started.load(Ordering::Relaxed),
+            queue_wait_us_total: self.queue_wait_us.load(Ordering::Relaxed),
+            background_resets: self.resets.load(Ordering::Relaxed),
+            remset: self.remset.stats(),
+            olcp_propagated: self.propagated.load(Ordering::Relaxed),
+            olcp_inflight: self
+                .sinks
+                .read()
+                .iter()
+                .flatten()
+                .map(|s| s.inflight.load(Ordering::Relaxed))
+                .sum(),
+        }
+    }
+}
+
+impl Mask {
+    fn is_all_zeros(&self, words: usize) -> bool {
+        self.0[..words].iter().all(|w| *w == 0)
+    }
+
+    fn ones(&self, words: usize) -> Vec<usize> {
+        let mut v = Vec::new();
+        for (w, word) in self.0[..words].iter().enumerate() {
+            let mut x = *word;
+            while x != 0 {
+                let b = x.trailing_zeros() as usize;
+                v.push(w * 64 + b);
+                x &= x - 1;
+            }
+        }
+        v
+    }
+}
+
+/// Where the writer hands superseded versions to one running OLCP query
+/// (KVell+'s propagation): the query drains it as it goes, so what is held here
+/// is bounded by the writes made since its last drain, not by its duration.
+#[derive(Debug, Default)]
+pub struct OlcpSink {
+    items: Mutex<Vec<(RecordId, DocRef)>>,
+    inflight: AtomicU64,
+    inflight_peak: AtomicU64,
+    propagated: AtomicU64,
+}
+
+impl OlcpSink {
+    fn push(&self, rid: RecordId, doc: &DocRef) {
+        // Counters change under the same lock as the items, so a drain never
+        // subtracts an item whose push has not been counted yet.
+        let mut items = self.items.lock();
+        items.push((rid, doc.clone()));
+        self.propagated.fetch_add(1, Ordering::Relaxed);
+        let now = self.inflight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.inflight_peak.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// Take everything handed over so far.
+    pub fn drain(&self) -> Vec<(RecordId, DocRef)> {
+        let mut guard = self.items.lock();
+        let items = std::mem::take(&mut *guard);
+        self.inflight
+            .fetch_sub(items.len() as u64, Ordering::AcqRel);
+        items
+    }
+
+    /// Versions handed over in total.
+    pub fn propagated(&self) -> u64 {
+        self.propagated.load(Ordering::Relaxed)
+    }
+
+    /// Most versions held at once (handed over, not yet drained).
+    pub fn inflight_peak(&self) -> u64 {
+        self.inflight_peak.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,593 @@
+//! What each mutation does to a database state. Runs only inside the writer.
+//!
+//! Contract with the writer: a command either applies completely and returns
+//! `Ok`, or returns `Err` having left the state exactly as it found it. Commands
+//! whose work can fail midway (multi-document updates, a collection created
+//! implicitly by a failing insert) keep an undo list and roll back themselves:
+//! the writer does not clone the state per command, because a live clone would
+//! force every node to be copied again on the next write.
+//!
+//! `insert_many` is the one exception MongoDB's protocol requires: each
+//! document is its own atomic step and per-document errors are reported.
+//!
+//! Every change a command keeps is also recorded as an [`Effect`] (a physical
+//! change: put, delete, create/drop/rename, index spec) for the WAL; recovery
+//! replays effects and never re-runs filters or updates. Recording is a no-op
+//! unless the writer is logging the group; the writer drops the effects of a
+//! command that fails.
+
+use std::any::Any;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use bson::raw::RawDocumentBuf;
+use bson::{Bson, DateTime, Document, RawBson};
+
+use crate::doc::{self, DocRef};
+use crate::durability::effect::{Effect, Effects};
+use crate::error::{Error, Result};
+use crate::query::planner::{self, FindSpec, Hint};
+use crate::query::update::upsert_seed;
+use crate::query::{ApplyContext, Filter, SortSpec, UpdateSpec};
+use crate::store::collection::CollectionState;
+use crate::store::heap::RecordId;
+use crate::store::index::IndexSpec;
+use crate::store::vls::CollectionVls;
+use crate::store::DbState;
+
+/// Most documents one insert command may carry (MongoDB's maxWriteBatchSize).
+pub const MAX_WRITE_BATCH: usize = 100_000;
+
+/// A mutation, executed atomically by the writer.
+#[derive(Debug)]
+pub enum Command {
+    CreateCollection {
+        name: String,
+    },
+    DropCollection {
+        name: String,
+    },
+    /// Rename `from` to `to`; `drop_target` replaces an existing `to`.
+    RenameCollection {
+        from: String,
+        to: String,
+        drop_target: bool,
+    },
+    Insert {
+        coll: String,
+        docs: Vec<(RawDocumentBuf, RawBson)>,
+        ordered: bool,
+    },
+    Update(UpdateCommand),
+    Delete {
+        coll: String,
+        filter: Filter,
+        multi: bool,
+        hint: Option<Hint>,
+    },
+    FindAndModify(FindAndModifyCommand),
+    CreateIndex {
+        coll: String,
+        spec: IndexSpec,
+    },
+    DropIndex {
+        coll: String,
+        name: String,
+    },
+    /// A step of a higher layer (a scan's registration, a transaction's
+    /// commit) run by the writer at a commit boundary, with the working state
+    /// and the group's effects log. Like every command it either succeeds
+    /// completely or fails having changed nothing; its result comes back as
+    /// [`Reply::Boundary`].
+    AtBoundary(BoundaryStep),
+}
+
+#[derive(Debug)]
+pub struct UpdateCommand {
+    pub coll: String,
+    pub filter: Filter,
+    /// The filter as given (upserts seed the new document from its equalities).
+    pub filter_doc: Document,
+    pub update: UpdateSpec,
+    pub multi: bool,
+    pub upsert: bool,
+    pub hint: Option<Hint>,
+}
+
+#[derive(Debug)]
+pub struct FindAndModifyCommand {
+    pub coll: String,
+    pub filter: Filter,
+    pub filter_doc: Document,
+    pub sort: Option<SortSpec>,
+    /// `None` removes the document.
+    pub update: Option<UpdateSpec>,
+    pub upsert: bool,
+    /// Return the new version instead of the old one.
+    pub return_new: bool,
+    pub hint: Option<Hint>,
+}
+
+/// The work of a [`Command::AtBoundary`]: runs once, on the writer thread.
+#[allow(clippy::type_complexity)]
+pub struct BoundaryStep(
+    pub Box<dyn FnOnce(&mut DbState, &mut Effects) -> Result<Box<dyn Any + Send>> + Send>,
+);
+
+impl std::fmt::Debug for BoundaryStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BoundaryStep")
+    }
+}
+
+/// What a [`BoundaryStep`] returned (downcast by [`crate::write::writer::Writer::at_boundary`]).
+pub struct BoundaryResult(pub Box<dyn Any + Send>);
+
+impl std::fmt::Debug for BoundaryResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BoundaryResult")
+    }
+}
+
+/// Outcome of an update.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpdateResult {
+    pub matched: u64,
+    pub modified: u64,
+    pub upserted_id: Option<Bson>,
+}
+
+/// Outcome of an insert command.
+#[derive(Debug, Clone, Default)]
+pub struct InsertOutcome {
+    /// `(position in the input, _id)` of each inserted document.
+    pub inserted: Vec<(usize, Bson)>,
+    /// `(position in the input, error)` of each failed document.
+    pub errors: Vec<(usize, Error)>,
+}
+
+/// Outcome of a findAndModify.
+#[derive(Debug, Clone, Default)]
+pub struct FindAndModifyOutcome {
+    pub doc: Option<DocRef>,
+    pub update: UpdateResult,
+    pub removed: bool,
+}
+
+/// What a command returns.
+#[derive(Debug)]
+pub enum Reply {
+    Done,
+    Existed(bool),
+    Inserted(InsertOutcome),
+    Updated(UpdateResult),
+    Deleted(u64),
+    FoundAndModified(FindAndModifyOutcome),
+    /// The result of an [`Command::AtBoundary`] step.
+    Boundary(BoundaryResult),
+}
+
+/// Apply `cmd` to `state` (see the module contract).
+pub fn apply_command(state: &mut DbState, fx: &mut Effects, cmd: Command) -> Result<Reply> {
+    match cmd {
+        Command::CreateCollection { name } => {
+            if state.collection(&name).is_some() {
+                return Err(Error::NamespaceExists(name));
+            }
+            ensure_collection(state, &name);
+            fx.record(|| Effect::CreateCollection { name });
+            Ok(Reply::Done)
+        }
+        Command::DropCollection { name } => {
+            let removed = Arc::make_mut(&mut state.collections).remove(&name);
+            if let Some(c) = &removed {
+                c.vls.mark_dropped();
+                fx.record(|| Effect::DropCollection { name });
+            }
+            Ok(Reply::Existed(removed.is_some()))
+        }
+        Command::RenameCollection {
+            from,
+            to,
+            drop_target,
+        } => {
+            if state.collection(&from).is_none() {
+                return Err(Error::NamespaceNotFound(from));
+            }
+            if from == to {
+                return Err(Error::IllegalOperation(
+                    "cannot rename a collection to itself".into(),
+                ));
+            }
+            if state.collection(&to).is_some() && !drop_target {
+                return Err(Error::NamespaceExists(to));
+            }
+            let ns = format!("{}.{to}", state.db);
+            let options = state.vls_options;
+            let map = Arc::make_mut(&mut state.collections);
+            let mut c = map.remove(&from).ok_or_else(|| missing(&from))?;
+            c.ns = Arc::from(ns.as_str());
+            // Scans of the old name end with an error; the renamed collection gets
+            // fresh VLS bookkeeping covering its existing records.
+            c.vls.mark_dropped();
+            c.vls = Arc::new(CollectionVls::with_records(options, c.next_rid));
+            if let Some(replaced) = map.insert(to.clone(), c) {
+                replaced.vls.mark_dropped();
+            }
+            fx.record(|| Effect::Rename { from, to });
+            Ok(Reply::Done)
+        }
+        Command::Insert {
+            coll,
+            docs,
+            ordered,
+        } => insert(state, fx, &coll, docs, ordered),
+        Command::Update(u) => update(state, fx, u),
+        Command::Delete {
+            coll,
+            filter,
+            multi,
+            hint,
+        } => delete(state, fx, &coll, &filter, multi, hint.as_ref()),
+        Command::FindAndModify(f) => find_and_modify(state, fx, f),
+        Command::CreateIndex { coll, spec } => {
+            let created_coll = ensure_collection(state, &coll);
+            let c = state.collection_mut(&coll).ok_or_else(|| missing(&coll))?;
+            let logged = spec.clone();
+            match c.create_index(spec) {
+                Ok(created) => {
+                    if created_coll {
+                        fx.record(|| Effect::CreateCollection { name: coll.clone() });
+                    }
+                    if created {
+                        fx.record(|| Effect::CreateIndex { coll, spec: logged });
+                    }
+                    Ok(Reply::Existed(!created))
+                }
+                Err(e) => {
+                    undo_create(state, &coll, created_coll);
+                    Err(e)
+                }
+            }
+        }
+        Command::DropIndex { coll, name } => {
+            let c = state
+                .collection_mut(&coll)
+                .ok_or_else(|| Error::NamespaceNotFound(coll.clone()))?;
+            c.drop_index(&name)?;
+            fx.record(|| Effect::DropIndex { coll, name });
+            Ok(Reply::Done)
+        }
+        Command::AtBoundary(step) => {
+            (step.0)(state, fx).map(|r| Reply::Boundary(BoundaryResult(r)))
+        }
+    }
+}
+
+fn missing(coll: &str) -> Error {
+    Error::Internal(format!("collection {coll} vanished inside a command"))
+}
+
+/// Create `name` if absent; true when it was created.
+fn ensure_collection(state: &mut DbState, name: &str) -> bool {
+    if state.collection(name).is_some() {
+        return false;
+    }
+    let ns = format!("{}.{name}", state.db);
+    let c = CollectionState::new(&ns, state.vls_options);
+    Arc::make_mut(&mut state.collections).insert(name.to_string(), c);
+    true
+}
+
+fn undo_create(state: &mut DbState, name: &str, created: bool) {
+    if created {
+        Arc::make_mut(&mut state.collections).remove(name);
+    }
+}
+
+fn insert(
+    state: &mut DbState,
+    fx: &mut Effects,
+    coll: &str,
+    docs: Vec<(RawDocumentBuf, RawBson)>,
+    ordered: bool,
+) -> Result<Reply> {
+    if docs.len() > MAX_WRITE_BATCH {
+        return Err(Error::bad_value(format!(
+            "write batch of {} documents exceeds the limit of {MAX_WRITE_BATCH}",
+            docs.len()
+        )));
+    }
+    let created = ensure_collection(state, coll);
+    let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
+    let mut out = InsertOutcome::default();
+    for (i, (raw, id)) in docs.into_iter().enumerate() {
+        let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
+        let d: DocRef = Arc::new(raw);
+        match c.insert(d.clone(), id) {
+            Ok(_) => {
+                fx.put(coll, &d);
+                out.inserted.push((i, id_bson))
+            }
+            Err(e) => {
+                out.errors.push((i, e));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    if out.inserted.is_empty() {
+        undo_create(state, coll, created);
+        if out.errors.len() == 1 {
+            // A lone failure is the command's error: the state is unchanged.
+            let (_, e) = out
+                .errors
+                .pop()
+                .ok_or_else(|| Error::Internal("no error".into()))?;
+            return Err(e);
+        }
+    }
+    Ok(Reply::Inserted(out))
+}
+
+/// The matching records, in plan (or sort) order, at most one unless `multi`.
+fn matching(
+    c: &CollectionState,
+    filter: &Filter,
+    sort: Option<&SortSpec>,
+    multi: bool,
+    hint: Option<&Hint>,
+) -> Result<Vec<(RecordId, DocRef)>> {
+    if sort.is_some() {
+        let spec = FindSpec {
+            filter: Some(filter.clone()),
+            sort: sort.cloned(),
+            skip: 0,
+            limit: if multi { 0 } else { 1 },
+            hint: hint.cloned(),
+        };
+        return Ok(planner::run_find(c, &spec)?.0);
+    }
+    let plan = planner::plan(c, filter, None, hint)?;
+    let mut out = Vec::new();
+    planner::execute(c, &plan, filter, |rid, doc| {
+        out.push((rid, doc.clone()));
+        if multi {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
+    })?;
+    Ok(out)
+}
+
+/// The new version of `old` under `update`, validated for storage; `None` when
+/// the update changes nothing. (Also used by transactions.)
+pub(crate) fn updated_version(
+    old: &DocRef,
+    update: &UpdateSpec,
+    now: DateTime,
+) -> Result<Option<RawDocumentBuf>> {
+    let old_doc = doc::to_document(old)?;
+    let new_doc = update.apply(
+        &old_doc,
+        &ApplyContext {
+            is_upsert_insert: false,
+            now,
+        },
+    )?;
+    doc::check_depth(&new_doc)?;
+    let new_raw = doc::to_raw_document(&new_doc)?;
+    if new_raw.as_bytes() == old.as_bytes() {
+        return Ok(None);
+    }
+    match (doc::id_of(old), doc::id_of(&new_raw)) {
+        (Some(a), Some(b)) if crate::doc::value::equal(a, b) => Ok(Some(new_raw)),
+        _ => Err(Error::ImmutableField(
+            "Performing an update on the path '_id' would modify the immutable field '_id'".into(),
+        )),
+    }
+}
+
+/// Replace each `(rid, new)`; on the first failure, put back what was replaced.
+fn replace_all(
+    fx: &mut Effects,
+    c: &mut CollectionState,
+    coll: &str,
+    changes: Vec<(RecordId, DocRef, DocRef)>,
+    update: &UpdateSpec,
+) -> Result<u64> {
+    // Indexes the update may touch, decided once per command: the others keep
+    // their keys, so no key is computed for them.
+    let affected: Vec<String> = c
+        .indexes
+        .iter()
+        .filter(|i| i.spec.fields.iter().any(|(p, _)| update.may_affect(p)))
+        .map(|i| i.spec.name.clone())
+        .collect();
+    let mut done: Vec<(RecordId, DocRef)> = Vec::new();
+    for (rid, old, new) in changes {
+        // Recorded before the attempt; on failure the writer drops the
+        // command's effects along with its changes.
+        fx.put(coll, &new);
+        if let Err(e) = c.replace_where(rid, new, |spec| affected.contains(&spec.name)) {
+            for (rid, old) in done.into_iter().rev() {
+                // Restoring a version that was consistent before cannot conflict.
+                c.replace(rid, old)
+                    .map_err(|u| Error::Internal(format!("undo of a failed update failed: {u}")))?;
+            }
+            return Err(e);
+        }
+        done.push((rid, old));
+    }
+    Ok(done.len() as u64)
+}
+
+fn upsert_doc(
+    filter_doc: &Document,
+    update: &UpdateSpec,
+    now: DateTime,
+) -> Result<(RawDocumentBuf, RawBson)> {
+    let seed = upsert_seed(filter_doc)?;
+    let new_doc = update.apply(
+        &seed,
+        &ApplyContext {
+            is_upsert_insert: true,
+            now,
+        },
+    )?;
+    doc::prepare_insert(&new_doc)
+}
+
+fn update(state: &mut DbState, fx: &mut Effects, u: UpdateCommand) -> Result<Reply> {
+    let now = DateTime::now();
+    let Some(c) = state.collection(&u.coll) else {
+        if !u.upsert {
+            return Ok(Reply::Updated(UpdateResult::default()));
+        }
+        return upsert_into(state, fx, &u.coll, &u.filter_doc, &u.update, now).map(Reply::Updated);
+    };
+    let found = matching(c, &u.filter, None, u.multi, u.hint.as_ref())?;
+    if found.is_empty() && u.upsert {
+        return upsert_into(state, fx, &u.coll, &u.filter_doc, &u.update, now).map(Reply::Updated);
+    }
+    let mut changes = Vec::new();
+    for (rid, old) in &found {
+        if let Some(new) = updated_version(old, &u.update, now)? {
+            changes.push((*rid, old.clone(), Arc::new(new)));
+        }
+    }
+    let c = state
+        .collection_mut(&u.coll)
+        .ok_or_else(|| missing(&u.coll))?;
+    let modified = replace_all(fx, c, &u.coll, changes, &u.update)?;
+    Ok(Reply::Updated(UpdateResult {
+        matched: found.len() as u64,
+        modified,
+        upserted_id: None,
+    }))
+}
+
+fn upsert_into(
+    state: &mut DbState,
+    fx: &mut Effects,
+    coll: &str,
+    filter_doc: &Document,
+    update: &UpdateSpec,
+    now: DateTime,
+) -> Result<UpdateResult> {
+    let (raw, id) = upsert_doc(filter_doc, update, now)?;
+    let created = ensure_collection(state, coll);
+    let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
+    let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
+    let d: DocRef = Arc::new(raw);
+    if let Err(e) = c.insert(d.clone(), id) {
+        undo_create(state, coll, created);
+        return Err(e);
+    }
+    fx.put(coll, &d);
+    Ok(UpdateResult {
+        matched: 0,
+        modified: 0,
+        upserted_id: Some(id_bson),
+    })
+}
+
+fn delete(
+    state: &mut DbState,
+    fx: &mut Effects,
+    coll: &str,
+    filter: &Filter,
+    multi: bool,
+    hint: Option<&Hint>,
+) -> Result<Reply> {
+    let Some(c) = state.collection(coll) else {
+        return Ok(Reply::Deleted(0));
+    };
+    let found = matching(c, filter, None, multi, hint)?;
+    let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
+    for (rid, d) in &found {
+        c.delete(*rid)?;
+        fx.delete(coll, d);
+    }
+    Ok(Reply::Deleted(found.len() as u64))
+}
+
+fn find_and_modify(
+    state: &mut DbState,
+    fx: &mut Effects,
+    f: FindAndModifyCommand,
+) -> Result<Reply> {
+    let now = DateTime::now();
+    let found = match state.collection(&f.coll) {
+        Some(c) => matching(c, &f.filter, f.sort.as_ref(), false, f.hint.as_ref())?,
+        None => Vec::new(),
+    };
+    let Some((rid, old)) = found.into_iter().next() else {
+        return match (&f.update, f.upsert) {
+            (Some(update), true) => {
+                let (raw, id) = upsert_doc(&f.filter_doc, update, now)?;
+                let stored: DocRef = Arc::new(raw);
+                let created = ensure_collection(state, &f.coll);
+                let c = state
+                    .collection_mut(&f.coll)
+                    .ok_or_else(|| missing(&f.coll))?;
+                let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
+                if let Err(e) = c.insert(stored.clone(), id) {
+                    undo_create(state, &f.coll, created);
+                    return Err(e);
+                }
+                fx.put(&f.coll, &stored);
+                Ok(Reply::FoundAndModified(FindAndModifyOutcome {
+                    doc: f.return_new.then_some(stored),
+                    update: UpdateResult {
+                        matched: 0,
+                        modified: 0,
+                        upserted_id: Some(id_bson),
+                    },
+                    removed: false,
+                }))
+            }
+            _ => Ok(Reply::FoundAndModified(FindAndModifyOutcome::default())),
+        };
+    };
+    let c = state
+        .collection_mut(&f.coll)
+        .ok_or_else(|| missing(&f.coll))?;
+    match &f.update {
+        None => {
+            c.delete(rid)?;
+            fx.delete(&f.coll, &old);
+            Ok(Reply::FoundAndModified(FindAndModifyOutcome {
+                doc: Some(old),
+                update: UpdateResult {
+                    matched: 1,
+                    ..Default::default()
+                },
+                removed: true,
+            }))
+        }
+        Some(update) => {
+            let new = updated_version(&old, update, now)?;
+            let (modified, new_ref) = match new {
+                Some(raw) => {
+                    let r: DocRef = Arc::new(raw);
+                    c.replace(rid, r.clone())?;
+                    fx.put(&f.coll, &r);
+                    (1, r)
+                }
+                None => (0, old.clone()),
+            };
+            Ok(Reply::FoundAndModified(FindAndModifyOutcome {
+                doc: Some(if f.return_new { new_ref } else { old }),
+                update: UpdateResult {
+                    matched: 1,
+                    modified,
+                    upserted_id: None,
+                },
+                removed: false,
+            }))
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The single writer of a database and the publish protocol.
+//!
+//! Every mutation is a [`Command`] submitted to the database's writer queue.
+//! Exactly one thread at a time holds the *writer role*: the submitter at the
+//! front of the queue becomes the leader, takes a group of queued commands,
+//! applies them in queue order to a private working copy of the published
+//! [`DbState`], stamps each with the next commit sequence number (`csn`), and
+//! publishes the new state with one atomic pointer swap. Then it hands each
+//! submitter its reply and passes the role on. This is LevelDB's group-commit
+//! writer: a single writer in effect (total commit order, no write locks on
+//! data) without a thread hand-off when there is no contention.
+//!
+//! Invariants:
+//! - at most one leader applies commands at any time (it is the queue front, and
+//!   only the leader pops the queue);
+//! - `published.csn` grows strictly with every publish; a command's effects are
+//!   visible exactly from the first state whose `csn` >= its own;
+//! - a published state is never mutated again (copy-on-write working copy), so a
+//!   reader that loaded it holds a consistent snapshot for as long as it likes;
+//! - a command that fails changes nothing; a command that panics (a bug) poisons
+//!   the writer: the group is not published and later submissions fail;
+//! - with a WAL, a group is appended to it (and synced when any of its
+//!   commands asked for `fsync`) before it is published or acknowledged; a
+//!   group whose append or sync fails is not published and all its commands
+//!   fail (see `durability`).
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::{Condvar, Mutex};
+
+use crate::durability::effect::Effects;
+use crate::durability::wal::{SyncMode, Wal};
+use crate::durability::Durability;
+use crate::error::{Error, Result};
+use crate::store::DbState;
+use crate::write::command::{apply_command, BoundaryStep, Command, Reply};
+
+/// Most commands one leader applies before publishing (bounds reply latency).
+pub const MAX_GROUP: usize = 1024;
+
+struct Slot {
+    command: Mutex<Option<Command>>,
+    /// Per-write durability (`None`: the database's default).
+    durability: Option<Durability>,
+    reply: Mutex<Option<Result<Reply>>>,
+    /// The csn the command committed at (0 when it failed).
+    csn: AtomicU64,
+    done: AtomicBool,
+}
+
+thread_local! {
+    static LAST_CSN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The csn at which the last command this thread submitted committed (0 if it
+/// failed). Lets a client order its own writes against snapshots (the checker
+/// builds its model from it; the server reports it as operationTime).
+pub fn last_commit_csn() -> u64 {
+    LAST_CSN.with(|c| c.get())
+}
+
+/// The writer of one database.
+pub struct Writer {
+    db_name: Arc<str>,
+    queue: Mutex<VecDeque<Arc<Slot>>>,
+    wake: Condvar,
+    published: ArcSwap<DbState>,
+    poisoned: Mutex<Option<String>>,
+    /// The write-ahead log, for durable databases.
+    wal: Option<Arc<Wal>>,
+    /// The database's default durability.
+    durability: Durability,
+    /// Groups published and commands applied (successful or not), for
+    /// `serverStatus`; relaxed counters, never used for ordering.
+    groups: AtomicU64,
+    commands: AtomicU64,
+    largest_group: AtomicU64,
+}
+
+/// Writer figures (`Database::writer_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Commands waiting for or being applied by the current leader.
+    pub queue_len: u64,
+    /// Groups led (one state publish each, when a command in it succeeded).
+    pub groups: u64,
+    pub commands: u64,
+    pub largest_group: u64,
+    pub csn: u64,
+}
+
+impl Writer {
+    pub fn new(db_name: &str, mut initial: DbState) -> Writer {
+        initial.db = Arc::from(db_name);
+        Writer {
+            db_name: Arc::from(db_name),
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            published: ArcSwap::from_pointee(initial),
+            poisoned: Mutex::new(None),
+            wal: None,
+            durability: Durability::None,
+            groups: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            largest_group: AtomicU64::new(0),
+        }
+    }
+
+    /// A writer that logs every group to `wal` before publishing it.
+    pub fn with_wal(
+        db_name: &str,
+        initial: DbState,
+        wal: Option<Arc<Wal>>,
+        durability: Durability,
+    ) -> Writer {
+        Writer {
+            wal,
+            durability,
+            ..Writer::new(db_name, initial)
+        }
+    }
+
+    pub fn db_name(&self) -> &str {
+        &self.db_name
+    }
+
+    /// The latest published state: an O(1) consistent snapshot.
+    pub fn published(&self) -> Arc<DbState> {
+        self.published.load_full()
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        WriterStats {
+            queue_len: self.queue.lock().len() as u64,
+            groups: self.groups.load(Ordering::Relaxed),
+            commands: self.commands.load(Ordering::Relaxed),
+            largest_group: self.largest_group.load(Ordering::Relaxed),
+            csn: self.published.load().csn,
+        }
+    }
+
+    /// The write-ahead log, if the database has one.
+    pub fn wal(&self) -> Option<&Arc<Wal>> {
+        self.wal.as_ref()
+    }
+
+    /// Run `step` as the single writer at a commit boundary (between two
+    /// commands of a group) on the working state, and wait until its group is
+    /// published. This is how higher layers (scan registration, transaction
+    /// commit) act atomically with respect to every write without the writer
+    /// knowing them. The step follows the command contract: on `Err` it must
+    /// have changed nothing.
+    pub fn at_boundary<R: Send + 'static>(
+        &self,
+        step: impl FnOnce(&mut DbState, &mut Effects) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let boxed = BoundaryStep(Box::new(move |state, fx| {
+            step(state, fx).map(|r| Box::new(r) as Box<dyn std::any::Any + Send>)
+        }));
+        match self.submit(Command::AtBoundary(boxed))? {
+            Reply::Boundary(r) => {
+                r.0.downcast::<R>()
+                    .map(|r| *r)
+                    .map_err(|_| Error::Internal("boundary step returned another type".into()))
+            }
+            other => Err(Error::Internal(format!(
+                "unexpected reply to a boundary step: {other:?}"
+            ))),
+        }
+    }
+
+    /// Execute `command` as the single writer and wait until it is published.
+    pub fn submit(&self, command: Command) -> Result<Reply> {
+        self.submit_with(command, None)
+    }
+
+    /// [`Writer::submit`] with a per-write durability (`None`: the default).
+    pub fn submit_with(&self, command: Command, durability: Option<Durability>) -> Result<Reply> {
+        if let Some(wal) = &self.wal {
+            wal.check_writable()?;
+        }
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(Error::Internal(format!(
+                "writer stopped after a bug: {why}"
+            )));
+        }
+        let slot = Arc::new(Slot {
+            command: Mutex::new(Some(command)),
+            durability,
+            reply: Mutex::new(None),
+            csn: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        });
+        let mut queue = self.queue.lock();
+        queue.push_back(slot.clone());
+        loop {
+            if slot.done.load(Ordering::Acquire) {
+                drop(queue);
+                return take_reply(&slot);
+            }
+            if queue.front().is_some_and(|f| Arc::ptr_eq(f, &slot)) {
+                break;
+            }
+            self.wake.wait(&mut queue);
+        }
+        // Leader: take a group, release the queue so others can enqueue meanwhile.
+        let group: Vec<Arc<Slot>> = queue.iter().take(MAX_GROUP).cloned().collect();
+        drop(queue);
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        self.commands
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        self.largest_group
+            .fetch_max(group.len() as u64, Ordering::Relaxed);
+        self.lead(&group);
+        let mut queue = self.queue.lock();
+        for s in &group {
+            let popped = queue.pop_front();
+            debug_assert!(
+                popped.is_some_and(|p| Arc::ptr_eq(&p, s)),
+                "queue order broken"
+            );
+            s.done.store(true, Ordering::Release);
+        }
+        self.wake.notify_all();
+        drop(queue);
+        take_reply(&slot)
+    }
+
+    /// Apply `group` to a working copy and publish it. Requires: caller is leader.
+    fn lead(&self, group: &[Arc<Slot>]) {
+        let mut working: DbState = (*self.published.load_full()).clone();
+        let start_csn = working.csn;
+        let mut fx = Effects::new(self.wal.is_some());
+        let mut sync = SyncMode::Later;
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            for s in group {
+                let Some(cmd) = s.command.lock().take() else {
+                    *s.reply.lock() = Some(Err(Error::Internal("command taken twice".into())));
+                    continue;
+                };
+                // Cloning `working` here would make every node shared again and
+                // defeat copy-once-per-group; instead each command undoes its own
+                // partial effects on failure (see `command`), and consumes no csn.
+                working.csn += 1;
+                let mark = fx.mark();
+                let reply = apply_command(&mut working, &mut fx, cmd);
+                if reply.is_err() {
+                    working.csn -= 1;
+                    fx.truncate(mark);
+                } else {
+                    s.csn.store(working.csn, Ordering::Relaxed);
+                    if s.durability.unwrap_or(self.durability) == Durability::Fsync {
+                        sync = SyncMode::Now;
+                    }
+                }
+                *s.reply.lock() = Some(reply);
+            }
+        }));
+        let effects = fx.into_vec();
+        match outcome {
+            Ok(()) => {
+                if working.csn != start_csn {
+                    debug_assert!(working.csn > start_csn);
+                    if let Some(wal) = &self.wal {
+                        // Log before publishing: nobody may see (or be told
+                        // about) a group a crash could take back.
+                        if let Err(e) = wal.append(start_csn + 1, working.csn, &effects, sync) {
+                            let e = crate::error::Error::from(e);
+                            for s in group {
+                                let mut r = s.reply.lock();
+                                if r.as_ref().is_none_or(|r| r.is_ok()) {
+                                    *r = Some(Err(e.clone()));
+                                }
+                            }
+                            return;
+                        }
+                    }
+                    self.published.store(Arc::new(working));
+                }
+            }
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".into());
+                tracing::error!(db = %self.db_name, %why, "writer poisoned by a panic");
+                *self.poisoned.lock() = Some(why.clone());
+                for s in group {
+                    let mut r = s.reply.lock();
+                    if r.as_ref().is_none_or(|r| r.is_ok()) {
+                        *r = Some(Err(Error::Internal(format!(
+                            "writer stopped after a bug: {why}"
+                        ))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn take_reply(slot: &Slot) -> Result<Reply> {
+    LAST_CSN.with(|c| c.set(slot.csn.load(Ordering::Relaxed)));
+    slot.reply
+        .lock()
+        .take()
+        .unwrap_or_else(|| Err(Error::Internal("writer finished without a reply".into())))
+}
