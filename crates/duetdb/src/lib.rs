@@ -112,3 +112,11 @@ pub mod testing {
     pub use crate::snapshot::scan::wait_for;
     pub use crate::txn::PlantedBug;
 }
+
+/// Decoders of the on-disk formats (WAL, effects, checkpoints, manifest)
+/// behind one entry point each, for the cargo-fuzz targets and their corpus
+/// replay. Not part of the stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::durability::fuzzing::*;
+}

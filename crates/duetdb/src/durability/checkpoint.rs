@@ -175,12 +175,18 @@ pub fn load(vfs: &dyn Vfs, path: &Path, db: &str) -> Result<DbState, StorageErro
     let buf = vfs
         .read(path)
         .map_err(|e| StorageError::io("read", path, &e))?;
+    decode(&buf, path, db)
+}
+
+/// Decode a checkpoint image read from `path` (named in errors). Any damage
+/// is a `Corrupt` error naming the offset; never a panic.
+pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError> {
     let corrupt = |off: usize, what: String| StorageError::corrupt(path, off as u64, what);
     let dec = |off: usize| move |e: DecodeError| StorageError::corrupt(path, off as u64, e.0);
     let mut pos = 0usize;
     let next = |pos: &mut usize| -> Result<(&[u8], usize), StorageError> {
         let at = *pos;
-        match read_frame(&buf, at) {
+        match read_frame(buf, at) {
             Ok(Some((p, n))) => {
                 *pos = n;
                 Ok((p, at))

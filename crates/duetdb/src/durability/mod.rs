@@ -31,6 +31,7 @@
 
 pub mod checkpoint;
 pub mod effect;
+pub mod fuzzing;
 pub mod io;
 pub mod manifest;
 pub mod recovery;
