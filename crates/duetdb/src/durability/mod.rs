@@ -111,12 +111,30 @@ pub struct DurabilityOptions {
     /// (writeback out of order); this switch recovers the prefix before it.
     pub accept_damaged_tail: bool,
     /// Test-only planted bug: never fsync the WAL.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub skip_wal_fsync: bool,
     /// Test-only planted bug: skip directory fsyncs (after creating a WAL
     /// segment and after the manifest rename).
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub skip_dir_fsync: bool,
+}
+
+impl DurabilityOptions {
+    /// The planted `skip_wal_fsync` bug (always off without the `testing` feature).
+    fn skip_wal_fsync(&self) -> bool {
+        #[cfg(feature = "testing")]
+        return self.skip_wal_fsync;
+        #[cfg(not(feature = "testing"))]
+        false
+    }
+
+    /// The planted `skip_dir_fsync` bug (always off without the `testing` feature).
+    fn skip_dir_fsync(&self) -> bool {
+        #[cfg(feature = "testing")]
+        return self.skip_dir_fsync;
+        #[cfg(not(feature = "testing"))]
+        false
+    }
 }
 
 impl Default for DurabilityOptions {
@@ -130,7 +148,9 @@ impl Default for DurabilityOptions {
             flush_interval: Duration::from_millis(100),
             vfs: Arc::new(RealFs),
             accept_damaged_tail: false,
+            #[cfg(feature = "testing")]
             skip_wal_fsync: false,
+            #[cfg(feature = "testing")]
             skip_dir_fsync: false,
         }
     }
@@ -198,8 +218,8 @@ impl Durable {
                 dir,
                 state.csn + 1,
                 opts.segment_bytes,
-                opts.skip_wal_fsync,
-                opts.skip_dir_fsync,
+                opts.skip_wal_fsync(),
+                opts.skip_dir_fsync(),
             )?))
         };
         let manifest = report.manifest.clone();
@@ -241,7 +261,7 @@ impl Durable {
             previous: m.current,
             pins: m.pins.clone(),
         };
-        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync) {
+        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync()) {
             // The old manifest may or may not be the one on disk; both name
             // complete checkpoints and nothing has been deleted, so either is fine.
             tracing::warn!(error = %e, "checkpoint not installed");
@@ -288,7 +308,7 @@ impl Durable {
         // The image's rename must be durable before a manifest naming it can
         // be: unlike a regular checkpoint, a pin has no fallback. (Found by
         // the reordered-subset crash images.)
-        if !self.opts.skip_dir_fsync {
+        if !self.opts.skip_dir_fsync() {
             if let Err(e) = vfs.sync_dir(&self.dir) {
                 let _ = vfs.remove(&info.path);
                 return Err(StorageError::io("fsync directory", &self.dir, &e));
@@ -307,7 +327,7 @@ impl Durable {
         let mut next = m.clone();
         next.pins.retain(|p| p.name != name);
         next.pins.push(pin.clone());
-        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync) {
+        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync()) {
             tracing::warn!(snapshot = name, error = %e, "durable snapshot not installed");
             let maybe_installed =
                 matches!(&e, StorageError::Io { op, .. } if *op == "fsync directory");
@@ -336,7 +356,7 @@ impl Durable {
         }
         let mut next = m.clone();
         next.pins.retain(|p| !(p.name == name && p.file == file));
-        next.install(vfs, &self.dir, self.opts.skip_dir_fsync)?;
+        next.install(vfs, &self.dir, self.opts.skip_dir_fsync())?;
         *m = next;
         drop(m);
         let path = self.dir.join(file);
