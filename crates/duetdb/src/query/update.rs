@@ -32,9 +32,6 @@ use crate::query::sort::SortSpec;
 use crate::doc::types::type_name;
 use crate::doc::MAX_DEPTH;
 
-/// Most null elements one `$set` on an array index may add (MongoDB's limit).
-const MAX_ARRAY_PADDING: usize = 1_500_000;
-
 /// Inputs of one update application besides the document.
 #[derive(Debug, Clone, Copy)]
 pub struct ApplyContext {
@@ -247,7 +244,7 @@ pub fn upsert_seed(filter: &Document) -> Result<Document> {
     eqs.sort_by(|a, b| cmp_paths(&a.0, &b.0));
     let mut out = Document::new();
     for (p, v) in eqs {
-        set_path(&mut out, &p, v)?;
+        path::set_creating(&mut out, &p, v)?;
     }
     id_first(&mut out);
     if too_deep_doc(&out, 1) {
@@ -872,7 +869,7 @@ fn apply_rename(doc: &mut Document, from: &[String], to: &[String], orig: &Docum
             id_render(orig)
         )));
     }
-    set_path(doc, to, value)?;
+    path::set_creating(doc, to, value)?;
     remove_path(doc, from);
     Ok(())
 }
@@ -952,93 +949,17 @@ fn apply_at(
         Lookup::Missing => f(None)?,
         Lookup::Blocked { at, parent } => match f(None)? {
             // Only operators that would create the field fail on a blocked path.
-            Action::Set(_) => return Err(not_viable(path, at, parent)),
+            Action::Set(_) => return Err(path::not_viable(path, at, parent)),
             _ => Action::Keep,
         },
     };
     match action {
         Action::Keep => Ok(()),
-        Action::Set(v) => set_path(doc, path, v),
+        Action::Set(v) => path::set_creating(doc, path, v),
         Action::Remove => {
             remove_path(doc, path);
             Ok(())
         }
-    }
-}
-
-fn not_viable(path: &[String], at: usize, parent: &Bson) -> Error {
-    let name = path.get(at).map(String::as_str).unwrap_or("");
-    let parent_name = at
-        .checked_sub(1)
-        .and_then(|i| path.get(i))
-        .map(String::as_str);
-    Error::PathNotViable(format!(
-        "Cannot create field '{name}' in element {{{}: {}}}",
-        parent_name.unwrap_or(""),
-        render(parent)
-    ))
-}
-
-/// Set `path` to `value`, creating missing intermediate documents and padding
-/// arrays with nulls up to a numeric component.
-fn set_path(doc: &mut Document, path: &[String], value: Bson) -> Result<()> {
-    let Some((first, rest)) = path.split_first() else {
-        return Err(Error::Internal("empty update path".into()));
-    };
-    if rest.is_empty() {
-        doc.insert(first.clone(), value);
-        return Ok(());
-    }
-    let child = doc
-        .entry(first.clone())
-        .or_insert_with(|| Bson::Document(Document::new()));
-    set_in(child, path, 1, value)
-}
-
-fn set_in(cur: &mut Bson, path: &[String], i: usize, value: Bson) -> Result<()> {
-    let Some(part) = path.get(i) else {
-        return Err(Error::Internal("update path ended early".into()));
-    };
-    let last = i + 1 == path.len();
-    match cur {
-        Bson::Document(d) => {
-            if last {
-                d.insert(part.clone(), value);
-                Ok(())
-            } else {
-                let child = d
-                    .entry(part.clone())
-                    .or_insert_with(|| Bson::Document(Document::new()));
-                set_in(child, path, i + 1, value)
-            }
-        }
-        Bson::Array(a) => {
-            let Some(idx) = numeric_component(part) else {
-                return Err(not_viable(path, i, cur));
-            };
-            if idx >= a.len() {
-                if idx - a.len() > MAX_ARRAY_PADDING {
-                    return Err(Error::bad_value(format!(
-                        "can't backfill more than {MAX_ARRAY_PADDING} elements ('{}')",
-                        path.join(".")
-                    )));
-                }
-                a.resize(idx, Bson::Null);
-                if last {
-                    a.push(value);
-                    return Ok(());
-                }
-                a.push(Bson::Document(Document::new()));
-            } else if last {
-                a[idx] = value;
-                return Ok(());
-            }
-            match a.get_mut(idx) {
-                Some(child) => set_in(child, path, i + 1, value),
-                None => Err(Error::Internal("array index vanished".into())),
-            }
-        }
-        _ => Err(not_viable(path, i, cur)),
     }
 }
 
