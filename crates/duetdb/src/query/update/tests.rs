@@ -1,7 +1,10 @@
 //! Tests of update parsing and application, through the public API.
 
-use super::*;
-use bson::doc;
+use bson::{doc, Bson, DateTime, Document};
+
+use super::{upsert_seed, ApplyContext, UpdateSpec};
+use crate::doc::MAX_DEPTH;
+use crate::error::{Error, Result};
 use proptest::prelude::*;
 
 fn ctx() -> ApplyContext {
