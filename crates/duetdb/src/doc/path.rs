@@ -8,7 +8,9 @@
 //! (filters: yes; index keys: yes, one key per element; sort: min/max element).
 
 use bson::raw::{RawArray, RawDocument};
-use bson::RawBsonRef;
+use bson::{Bson, Document, RawBsonRef};
+
+use crate::error::{render, Error};
 
 /// Upper bound on path components; deeper paths cannot reach anything because
 /// documents nest at most [`crate::doc::MAX_DEPTH`] levels.
@@ -126,6 +128,103 @@ pub fn validate(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Most null elements one [`set_creating`] may add to an array (MongoDB's limit),
+/// so a single `{$set: {"a.99999999": 1}}` cannot allocate without bound.
+pub const MAX_ARRAY_PADDING: usize = 1_500_000;
+
+/// Set `path` (already split into components) in `doc` to `value`, creating what
+/// is missing on the way: absent fields become empty documents, and an array
+/// reached by a numeric component is padded with nulls up to that index. This is
+/// the update operators' setter (`$set`, `$inc`, … and `$rename`'s destination).
+///
+/// Unlike the traversal of [`values`], it never reaches into every element of an
+/// array: a component applied to an array must be a canonical index, otherwise
+/// the path is not viable. On a missing field a numeric component names a
+/// document field (`{}` + `a.0` → `{a: {"0": …}}`), as in MongoDB.
+///
+/// Errors: [`Error::PathNotViable`] (code 28) when a component would have to be
+/// created inside a scalar or by name inside an array; a bad value (code 2) when
+/// padding would exceed [`MAX_ARRAY_PADDING`]; [`Error::Internal`] for an empty
+/// path. On error `doc` may hold intermediate documents already created, so
+/// callers work on a copy (update applies to a clone and discards it on error).
+pub fn set_creating(doc: &mut Document, path: &[String], value: Bson) -> Result<(), Error> {
+    let Some((first, rest)) = path.split_first() else {
+        return Err(Error::Internal("empty update path".into()));
+    };
+    if rest.is_empty() {
+        doc.insert(first.clone(), value);
+        return Ok(());
+    }
+    let child = doc
+        .entry(first.clone())
+        .or_insert_with(|| Bson::Document(Document::new()));
+    set_in(child, path, 1, value)
+}
+
+/// [`set_creating`] below the top level: `cur` is the value `path[..i]` names.
+fn set_in(cur: &mut Bson, path: &[String], i: usize, value: Bson) -> Result<(), Error> {
+    let Some(part) = path.get(i) else {
+        return Err(Error::Internal("update path ended early".into()));
+    };
+    let last = i + 1 == path.len();
+    match cur {
+        Bson::Document(d) => {
+            if last {
+                d.insert(part.clone(), value);
+                Ok(())
+            } else {
+                let child = d
+                    .entry(part.clone())
+                    .or_insert_with(|| Bson::Document(Document::new()));
+                set_in(child, path, i + 1, value)
+            }
+        }
+        Bson::Array(a) => {
+            let Some(idx) = numeric_component(part) else {
+                return Err(not_viable(path, i, cur));
+            };
+            if idx >= a.len() {
+                if idx - a.len() > MAX_ARRAY_PADDING {
+                    return Err(Error::bad_value(format!(
+                        "can't backfill more than {MAX_ARRAY_PADDING} elements ('{}')",
+                        path.join(".")
+                    )));
+                }
+                a.resize(idx, Bson::Null);
+                if last {
+                    a.push(value);
+                    return Ok(());
+                }
+                a.push(Bson::Document(Document::new()));
+            } else if last {
+                a[idx] = value;
+                return Ok(());
+            }
+            match a.get_mut(idx) {
+                Some(child) => set_in(child, path, i + 1, value),
+                None => Err(Error::Internal("array index vanished".into())),
+            }
+        }
+        _ => Err(not_viable(path, i, cur)),
+    }
+}
+
+/// The error for a component `path[at]` that cannot be created inside `parent`
+/// (the value `path[at - 1]` names): MongoDB's PathNotViable, code 28. Public so
+/// that callers refusing the same situation before setting report it alike.
+pub fn not_viable(path: &[String], at: usize, parent: &Bson) -> Error {
+    let name = path.get(at).map(String::as_str).unwrap_or("");
+    let parent_name = at
+        .checked_sub(1)
+        .and_then(|i| path.get(i))
+        .map(String::as_str);
+    Error::PathNotViable(format!(
+        "Cannot create field '{name}' in element {{{}: {}}}",
+        parent_name.unwrap_or(""),
+        render(parent)
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +275,28 @@ mod tests {
         assert!(validate("").is_err());
         assert!(validate("a..b").is_err());
         assert!(validate(".a").is_err());
+    }
+
+    fn parts(p: &str) -> Vec<String> {
+        p.split('.').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn set_creating_creates_and_pads() {
+        let mut d = bson::doc! {"a": [1], "s": 5};
+        set_creating(&mut d, &parts("n.m"), Bson::Int32(1)).expect("set");
+        set_creating(&mut d, &parts("a.2.b"), Bson::Int32(2)).expect("set");
+        set_creating(&mut d, &parts("z.0"), Bson::Int32(3)).expect("set");
+        assert_eq!(
+            d,
+            bson::doc! {"a": [1, null, {"b": 2}], "s": 5, "n": {"m": 1}, "z": {"0": 3}}
+        );
+        let err = set_creating(&mut d, &parts("s.x"), Bson::Null).expect_err("scalar");
+        assert_eq!(err.code(), 28);
+        let err = set_creating(&mut d, &parts("a.x"), Bson::Null).expect_err("by name");
+        assert_eq!(err.code(), 28);
+        let err = set_creating(&mut d, &parts("a.9999999"), Bson::Null).expect_err("padding");
+        assert_eq!(err.code(), 2);
+        assert!(set_creating(&mut d, &[], Bson::Null).is_err());
     }
 }
