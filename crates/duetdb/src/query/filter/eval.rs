@@ -1,0 +1,198 @@
+//! Evaluation of the predicate tree on raw documents: what each operator means
+//! for one candidate value, and how nodes and leaves combine those answers.
+//!
+//! Invariants:
+//! - Every comparison goes through `crate::doc::value` (`compare`, `equal`,
+//!   `canonical_rank`), so a filter agrees with index order and with sort.
+//! - A leaf on a path is an existential over the values `walk` reaches (arrays
+//!   expanded unless the operator looks at arrays themselves: `$size`,
+//!   `$elemMatch`, `$exists`); `Not` above it negates the whole existential.
+//! - "Missing" (`None`) is a candidate too: of the value operators only null
+//!   equality (`$eq`/`$in`/`$lte`/`$gte` with `null`) accepts it, and `$exists`
+//!   holds when some candidate is not missing.
+//! - Nothing here panics whatever the document's shape (malformed elements
+//!   count as absent) or builds per-document Vecs (paths are walked with
+//!   callbacks); recursion is bounded by the parse-time nesting limit.
+
+use std::cmp::Ordering;
+
+use bson::raw::RawDocument;
+use bson::RawBsonRef;
+
+use super::tree::{type_bit, CmpKind, InSet, Leaf, Node, Op, RegexOp};
+use super::walk::walk_doc;
+use crate::doc::value::{self, Num};
+
+/// What a node is evaluated against.
+#[derive(Clone, Copy)]
+pub(super) enum Ctx<'a> {
+    /// A document whose paths the leaves walk.
+    Doc(&'a RawDocument),
+    /// One array element, for `$elemMatch: {$op: …}` (no array expansion, as in MongoDB).
+    Elem(RawBsonRef<'a>),
+}
+
+impl Node {
+    pub(super) fn eval(&self, ctx: Ctx<'_>) -> bool {
+        match self {
+            Node::And(children) => children.iter().all(|c| c.eval(ctx)),
+            Node::Or(children) => children.iter().any(|c| c.eval(ctx)),
+            Node::Nor(children) => !children.iter().any(|c| c.eval(ctx)),
+            Node::Not(child) => !child.eval(ctx),
+            Node::Leaf(leaf) => leaf.eval(ctx),
+        }
+    }
+}
+
+impl Leaf {
+    fn eval(&self, ctx: Ctx<'_>) -> bool {
+        match (&self.path, ctx) {
+            (Some(path), Ctx::Doc(doc)) => {
+                let op = &self.op;
+                walk_doc(doc, &path.parts, op.expands_arrays(), true, &mut |item| {
+                    op.matches_item(item)
+                })
+            }
+            (None, Ctx::Elem(v)) => self.op.matches_item(Some(v)),
+            // The parser builds path-less leaves only under `ElemMatchValue` and
+            // evaluates those only on elements; any other pairing cannot match.
+            _ => false,
+        }
+    }
+}
+
+impl Op {
+    /// Whether a reached array also stands for each of its elements.
+    fn expands_arrays(&self) -> bool {
+        !matches!(
+            self,
+            Op::Exists | Op::Size(_) | Op::ElemMatchObject(_) | Op::ElemMatchValue(_)
+        )
+    }
+
+    /// Does one candidate (`None` = missing) satisfy the operator?
+    fn matches_item(&self, item: Option<RawBsonRef<'_>>) -> bool {
+        match self {
+            Op::Eq(operand) => eq_matches(operand.as_raw_bson_ref(), item),
+            Op::Cmp(kind, operand) => cmp_matches(*kind, operand.as_raw_bson_ref(), item),
+            Op::In(set) => set.matches(item),
+            Op::Regex(re) => item.is_some_and(|v| re.matches(v)),
+            Op::Exists => item.is_some(),
+            Op::Type(mask) => item.is_some_and(|v| mask & type_bit(v.element_type()) != 0),
+            Op::Size(n) => match item {
+                // `take` keeps a huge array from being counted past the answer.
+                Some(RawBsonRef::Array(a)) => a.into_iter().take(n.saturating_add(1)).count() == *n,
+                _ => false,
+            },
+            Op::Mod { divisor, remainder } => {
+                item.is_some_and(|v| mod_matches(v, *divisor, *remainder))
+            }
+            Op::ElemMatchObject(node) => match item {
+                Some(RawBsonRef::Array(a)) => a.into_iter().flatten().any(|e| match e {
+                    RawBsonRef::Document(d) => node.eval(Ctx::Doc(d)),
+                    _ => false,
+                }),
+                _ => false,
+            },
+            Op::ElemMatchValue(node) => match item {
+                Some(RawBsonRef::Array(a)) => {
+                    a.into_iter().flatten().any(|e| node.eval(Ctx::Elem(e)))
+                }
+                _ => false,
+            },
+        }
+    }
+}
+
+fn eq_matches(operand: RawBsonRef<'_>, item: Option<RawBsonRef<'_>>) -> bool {
+    match item {
+        // Null equality matches missing fields and `undefined`, as in MongoDB.
+        None => matches!(operand, RawBsonRef::Null),
+        Some(RawBsonRef::Undefined) if matches!(operand, RawBsonRef::Null) => true,
+        Some(v) => value::equal(v, operand),
+    }
+}
+
+fn cmp_matches(kind: CmpKind, operand: RawBsonRef<'_>, item: Option<RawBsonRef<'_>>) -> bool {
+    let inclusive = matches!(kind, CmpKind::Lte | CmpKind::Gte);
+    let Some(v) = item else {
+        return inclusive && matches!(operand, RawBsonRef::Null);
+    };
+    let (rv, ro) = (value::canonical_rank(v), value::canonical_rank(operand));
+    if rv != ro {
+        // Type bracketing: values of another type never satisfy a comparison,
+        // except null/undefined (treated alike) and MinKey/MaxKey operands, which
+        // compare against every type.
+        if matches!((rv, ro), (1, 2) | (2, 1)) {
+            return inclusive;
+        }
+        return match operand {
+            RawBsonRef::MinKey => matches!(kind, CmpKind::Gt | CmpKind::Gte),
+            RawBsonRef::MaxKey => matches!(kind, CmpKind::Lt | CmpKind::Lte),
+            _ => false,
+        };
+    }
+    if value::is_number(v) {
+        // NaN equals NaN but is neither less nor greater than any number in a
+        // query, although it sorts first.
+        let (nv, no) = (is_nan(v), is_nan(operand));
+        if nv || no {
+            return inclusive && nv && no;
+        }
+    }
+    let ord = value::compare(v, operand);
+    match kind {
+        CmpKind::Lt => ord == Ordering::Less,
+        CmpKind::Lte => ord != Ordering::Greater,
+        CmpKind::Gt => ord == Ordering::Greater,
+        CmpKind::Gte => ord != Ordering::Less,
+    }
+}
+
+fn is_nan(v: RawBsonRef<'_>) -> bool {
+    matches!(Num::of(v), Num::Float(f) if f.is_nan())
+}
+
+fn mod_matches(v: RawBsonRef<'_>, divisor: i64, remainder: i64) -> bool {
+    if !value::is_number(v) {
+        return false;
+    }
+    let n = match Num::of(v) {
+        Num::Int(i) => i,
+        // NaN and infinities have no remainder; other doubles truncate toward
+        // zero (saturating at the i64 range) as MongoDB does.
+        Num::Float(f) if f.is_finite() => f.trunc() as i64,
+        Num::Float(_) => return false,
+    };
+    // i64::MIN % -1 overflows; mathematically the remainder is 0.
+    n.checked_rem(divisor).unwrap_or(0) == remainder
+}
+
+impl InSet {
+    fn matches(&self, item: Option<RawBsonRef<'_>>) -> bool {
+        let Some(v) = item else {
+            return self.has_null;
+        };
+        if self.has_null && matches!(v, RawBsonRef::Undefined) {
+            return true;
+        }
+        self.values
+            .binary_search_by(|probe| value::compare(probe.as_raw_bson_ref(), v))
+            .is_ok()
+            || self.regexes.iter().any(|re| re.matches(v))
+    }
+}
+
+impl RegexOp {
+    /// Strings and symbols are matched by pattern; a stored regex matches when it
+    /// is the same regex (pattern and options), as in MongoDB.
+    fn matches(&self, v: RawBsonRef<'_>) -> bool {
+        match v {
+            RawBsonRef::String(s) | RawBsonRef::Symbol(s) => self.re.is_match(s),
+            RawBsonRef::RegularExpression(r) => {
+                r.pattern.as_str() == self.pattern && r.options.as_str() == self.options
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Query filters: MongoDB's query language parsed once into a compact predicate
+//! tree and evaluated directly on raw documents.
+//!
+//! Owns the meaning of every query operator (`$eq` … `$mod`, `$and`/`$or`/`$nor`,
+//! `$not`, `$elemMatch`, `$all`, regexes) and the extraction of index-answerable
+//! predicates ([`Filter::sargs`]) that the planner uses.
+//!
+//! Invariants:
+//! - Every comparison goes through [`crate::doc::value`] (`compare`, `equal`,
+//!   `canonical_rank`), so a filter agrees with index order and with sort.
+//! - A condition on a path is existential over the values the path reaches
+//!   (MongoDB's implicit array traversal, the rule of [`crate::doc::path`]): it matches
+//!   when any reached value matches, and a reached array also stands for each of
+//!   its elements — except for `$size`, `$elemMatch` and `$exists`, which look at
+//!   the reached values themselves, and an array element picked by a final
+//!   numeric component (`a.0`), which is taken whole. Negations (`$ne`, `$nin`,
+//!   `$not`, `$nor`, `$exists: false`) negate the whole existential.
+//! - A path that reaches nothing where a field is absent (a missing field, a
+//!   scalar in the middle of the path, an array element document lacking the
+//!   field) yields "missing", which only null equality (`$eq`/`$in`/`$lte`/`$gte`
+//!   with `null`) matches.
+//! - Parsing rejects every malformed filter with an error; `matches` never panics
+//!   whatever the document's shape (malformed elements count as absent) and
+//!   walks paths with callbacks instead of building per-document Vecs.
+//! - Filter nesting is bounded by [`MAX_FILTER_DEPTH`], so evaluation recursion is
+//!   bounded too (path walking recurses at most once per path component).
+//! - [`Filter::sargs`] returns only conditions that every matching document
+//!   satisfies (a superset of the matches, never a subset; see [`Sarg`]).
+//!
+//! Layout, one concern a file: `tree` (the typed predicate tree), `parse`
+//! (BSON to tree, every error message), `eval` (matching on raw documents) with
+//! `walk` (the implicit array traversal), `sarg` (index-answerable predicates
+//! for the planner), `tests`.
+
+use bson::raw::RawDocument;
+use bson::Document;
+
+use crate::error::Result;
+
+mod eval;
+mod parse;
+mod sarg;
+#[cfg(test)]
+mod tests;
+mod tree;
+mod walk;
+
+pub use sarg::Sarg;
+
+use eval::Ctx;
+use parse::parse_query;
+use tree::Node;
+
+/// How deeply `$and`/`$or`/`$nor`/`$not`/`$elemMatch` may nest (MongoDB's limit).
+pub const MAX_FILTER_DEPTH: usize = 100;
+
+/// A parsed MongoDB filter document.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    root: Node,
+}
+
+impl Filter {
+    /// Parse a filter document; unknown operators and malformed arguments are errors.
+    pub fn parse(spec: &Document) -> Result<Filter> {
+        Ok(Filter {
+            root: parse_query(spec, 0).map_err(|e| *e)?,
+        })
+    }
+
+    /// True when the filter matches every document (`{}`).
+    pub fn is_match_all(&self) -> bool {
+        self.root.is_always_true()
+    }
+
+    /// Does `doc` match?
+    pub fn matches(&self, doc: &RawDocument) -> bool {
+        self.root.eval(Ctx::Doc(doc))
+    }
+
+    /// Index-answerable predicates of the top-level conjunction, per path.
+    ///
+    /// Only conditions every matching document satisfies are returned: top-level
+    /// fields and members of (nested) top-level `$and`s. Nothing comes from
+    /// negations, `$exists`, regexes, `$elemMatch` or `$or`/`$nor`.
+    pub fn sargs(&self) -> Vec<(String, Sarg)> {
+        sarg::sargs(&self.root)
+    }
+}
