@@ -40,9 +40,7 @@ use bson::{Bson, Document, RawBson};
 
 use crate::doc::MAX_DOC_SIZE;
 use crate::error::{Error, Result};
-use crate::query::expr::{
-    self, approx_size, compare, num_of, parse_field_path, Expr, Num, Root, Value,
-};
+use crate::query::expr::{self, compare, num_of, parse_field_path, Expr, Num, Root, Value};
 use crate::query::{Filter, SortSpec};
 
 /// Most stages in one pipeline (MongoDB's default `internalPipelineLengthLimit`).
@@ -1512,6 +1510,37 @@ fn finish_acc(acc: Acc) -> Bson {
         Acc::Push(items, _) => Bson::Array(items),
         Acc::AddToSet(set, _) => Bson::Array(set.into_iter().map(|k| k.0).collect()),
     }
+}
+
+/// Approximate memory held by a value (for the `$group` / `$push` limits):
+/// its BSON size plus per-node overhead, computed without serializing.
+pub fn approx_size(v: &Bson) -> usize {
+    let mut total = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        total += 16;
+        match v {
+            Bson::String(s) | Bson::Symbol(s) | Bson::JavaScriptCode(s) => total += s.len(),
+            Bson::Binary(b) => total += b.bytes.len(),
+            Bson::Document(d) => {
+                for (k, x) in d {
+                    total += k.len() + 8;
+                    stack.push(x);
+                }
+            }
+            Bson::Array(a) => stack.extend(a.iter()),
+            Bson::RegularExpression(r) => total += r.pattern.len() + r.options.len(),
+            Bson::JavaScriptCodeWithScope(c) => {
+                total += c.code.len();
+                for (k, x) in &c.scope {
+                    total += k.len() + 8;
+                    stack.push(x);
+                }
+            }
+            _ => {}
+        }
+    }
+    total
 }
 
 // ---------------------------------------------------------------- preparation
