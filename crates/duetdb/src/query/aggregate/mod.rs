@@ -5,9 +5,10 @@
 //! per-document and whole-set stages (`stages.rs`), `$group` and its
 //! accumulators (`group.rs`), and the split into a commutative scan part with
 //! a mergeable state (`split.rs`: [`Split`], [`CommutativePart`],
-//! [`PartialState`], [`prepare`]) and `$project`/`$unset` (`project.rs`).
-//! Executing a pipeline on a collection (choosing a scan, OLCP) belongs to
-//! `api::aggregate`.
+//! [`PartialState`], [`prepare`]). `$project` and `$unset` are projections of
+//! `query::projection` (the one implementation find uses too, in its `$project`
+//! dialect). Executing a pipeline on a collection (choosing a scan, OLCP)
+//! belongs to `api::aggregate`.
 //!
 //! Why the split: an OLCP scan (and any parallel scan) hands documents to the
 //! query in an arbitrary order, possibly on several threads. A prefix of
@@ -35,7 +36,6 @@
 //! - Nothing here panics on user input.
 
 mod group;
-mod project;
 mod split;
 mod stages;
 #[cfg(test)]
@@ -46,10 +46,10 @@ use bson::{Bson, Document};
 use crate::error::{Error, Result};
 use crate::query::expr::{num_of, parse_field_path, type_name, Expr, Num};
 use crate::query::filter::Filter;
+use crate::query::projection::Projection;
 use crate::query::sort::SortSpec;
 
 use group::Group;
-use project::Project;
 use stages::{run_stage, Unwind};
 
 pub use group::canonical_cmp;
@@ -72,10 +72,10 @@ enum Stage {
         spec: Document,
         filter: Filter,
     },
-    Project(Project),
+    Project(Projection),
     AddFields(Vec<(Vec<String>, Expr)>),
     /// `$unset` is an exclusion projection; kept apart only for its name.
-    Unset(Project),
+    Unset(Projection),
     Unwind(Unwind),
     Group(Group),
     Sort(SortSpec),
@@ -187,7 +187,7 @@ fn parse_stage(stage: &Document) -> Result<Stage> {
                 spec,
             })
         }
-        "$project" => Ok(Stage::Project(Project::parse(want_doc()?)?)),
+        "$project" => Ok(Stage::Project(Projection::parse_stage(want_doc()?)?)),
         "$addFields" | "$set" => parse_add_fields(name, want_doc()?),
         "$unset" => parse_unset(arg),
         "$unwind" => Ok(Stage::Unwind(Unwind::parse(arg)?)),
@@ -265,7 +265,7 @@ fn parse_unset(arg: &Bson) -> Result<Stage> {
     for p in paths {
         spec.insert(p, 0);
     }
-    Ok(Stage::Unset(Project::parse(&spec)?))
+    Ok(Stage::Unset(Projection::parse_stage(&spec)?))
 }
 
 /// `$count: "<field>"`: a plain, non-empty top-level field name.

@@ -71,7 +71,7 @@ pub(super) fn per_document(
                 }
                 cur
             }
-            Stage::Project(p) | Stage::Unset(p) => Cur::Owned(p.apply(&cur.root())?),
+            Stage::Project(p) | Stage::Unset(p) => Cur::Owned(p.apply_to(&cur.root())?),
             Stage::AddFields(fields) => Cur::Owned(add_fields(fields, cur)?),
             Stage::Unwind(u) => {
                 let doc = cur.into_document()?;

@@ -15,11 +15,17 @@ use crate::query::expr::{is_nullish, Expr, Op, Root, Value};
 /// Aggregation truthiness: false, null, undefined, missing and numeric zero are
 /// false; everything else (also `""` and `[]`) is true.
 pub fn truthy(v: &Value) -> bool {
+    v.as_ref().is_some_and(truthy_bson)
+}
+
+/// [`truthy`] of a present value (also what a projection's `1`/`0`/`true`
+/// means: the same rule decides inclusion).
+pub fn truthy_bson(v: &Bson) -> bool {
     match v {
-        None | Some(Bson::Null) | Some(Bson::Undefined) | Some(Bson::Boolean(false)) => false,
-        Some(Bson::Int32(0)) | Some(Bson::Int64(0)) => false,
-        Some(Bson::Double(f)) => *f != 0.0,
-        Some(Bson::Decimal128(d)) => value::decimal_to_f64(*d) != 0.0,
+        Bson::Null | Bson::Undefined | Bson::Boolean(false) => false,
+        Bson::Int32(0) | Bson::Int64(0) => false,
+        Bson::Double(f) => *f != 0.0,
+        Bson::Decimal128(d) => value::decimal_to_f64(*d) != 0.0,
         _ => true,
     }
 }

@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 
 pub use arithmetic::{num_of, Num};
 pub use compare::{compare, compare_values};
-pub use logic::truthy;
+pub use logic::truthy_bson;
 
 /// An evaluated value; `None` is *missing*.
 pub type Value = Option<Bson>;
