@@ -1,0 +1,286 @@
+//! The commutative split of a pipeline: which leading part may run on a
+//! parallel, out-of-order scan, and the mergeable state it accumulates.
+//!
+//! Owns: [`Pipeline::split`] into [`Split`], the scan-side evaluator
+//! [`CommutativePart`] with its [`PartialState`] (`feed`, `merge`, `finish`),
+//! and [`prepare`], which turns a pipeline into what `api::aggregate` executes.
+//!
+//! Invariants: see the module doc of `query::aggregate` — `merge` is
+//! associative and commutative on the finished result; `feed` assumes the
+//! scan already applied the split's `scan_filter`. A state is only ever fed to,
+//! merged with and finished by the part that created it; a mismatch is an
+//! internal error, never a panic.
+
+use bson::raw::RawDocument;
+use bson::{Bson, Document};
+
+use crate::error::{Error, Result};
+use crate::query::aggregate::group::{Group, GroupState};
+use crate::query::aggregate::stages::{per_document, Cur};
+use crate::query::aggregate::{Pipeline, Stage};
+
+impl Pipeline {
+    /// Split into the scan filter (leading `$match` stages), the commutative part
+    /// (the longest following run of per-document stages, optionally closed by one
+    /// `$group` with only mergeable accumulators) and the rest.
+    pub fn split(self) -> Split {
+        let mut stages = self.stages.into_iter().peekable();
+        let mut matches = Vec::new();
+        while let Some(Stage::Match { .. }) = stages.peek() {
+            if let Some(Stage::Match { spec, .. }) = stages.next() {
+                if !spec.is_empty() {
+                    matches.push(spec);
+                }
+            }
+        }
+        let scan_filter = match matches.len() {
+            0 => None,
+            1 => matches.pop(),
+            _ => Some(
+                bson::doc! {"$and": matches.into_iter().map(Bson::Document).collect::<Vec<_>>()},
+            ),
+        };
+        let mut per_doc = Vec::new();
+        while stages.peek().is_some_and(Stage::is_per_document) {
+            if let Some(s) = stages.next() {
+                per_doc.push(s);
+            }
+        }
+        let mut group = None;
+        if let Some(Stage::Group(g)) = stages.peek() {
+            if g.is_mergeable() {
+                if let Some(Stage::Group(g)) = stages.next() {
+                    group = Some(g);
+                }
+            }
+        }
+        let commutative = if per_doc.is_empty() && group.is_none() {
+            None
+        } else {
+            Some(CommutativePart {
+                stages: per_doc,
+                group,
+            })
+        };
+        Split {
+            scan_filter,
+            commutative,
+            rest: Pipeline {
+                stages: stages.collect(),
+            },
+        }
+    }
+
+    /// `skip + limit` when the pipeline starts with `$skip*`/`$limit`: only that
+    /// many input documents can matter (the input order is arbitrary anyway).
+    fn leading_limit(&self) -> Option<u64> {
+        let mut skip = 0u64;
+        for s in &self.stages {
+            match s {
+                Stage::Skip(n) => skip = skip.saturating_add(*n),
+                Stage::Limit(n) => return Some(skip.saturating_add(*n)),
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Does the result depend on the order documents arrive in (before any
+    /// `$sort` re-establishes one)?
+    fn is_order_sensitive(&self) -> bool {
+        for s in &self.stages {
+            match s {
+                Stage::Sort(_) => return false,
+                Stage::Limit(_) | Stage::Skip(_) => return true,
+                Stage::Group(g) if !g.is_mergeable() => return true,
+                _ => {}
+            }
+        }
+        false
+    }
+}
+
+/// A pipeline split for scanning: see [`Pipeline::split`].
+#[derive(Debug)]
+pub struct Split {
+    /// The leading `$match` stages, combined with `$and` (`None`: match all).
+    pub scan_filter: Option<Document>,
+    /// Per-document stages and an optional mergeable `$group` (`None`: no such stage).
+    pub commutative: Option<CommutativePart>,
+    /// Everything after, run in order on the commutative part's output.
+    pub rest: Pipeline,
+}
+
+impl Split {
+    /// Can an out-of-order, multi-threaded (OLCP) scan run this pipeline with the
+    /// same answer as an in-order one? True when there is a scan-side part and the
+    /// rest does not depend on the input order.
+    pub fn olcp_eligible(&self) -> bool {
+        let has_scan_part = self.scan_filter.is_some() || self.commutative.is_some();
+        let after_group = self.commutative.as_ref().is_some_and(|c| c.group.is_some());
+        has_scan_part && (after_group || !self.rest.is_order_sensitive())
+    }
+}
+
+/// The commutative scan-side part of a pipeline.
+#[derive(Debug, Clone)]
+pub struct CommutativePart {
+    stages: Vec<Stage>,
+    group: Option<Group>,
+}
+
+/// Per-thread (or per-range) state of a [`CommutativePart`]; `Send`, mergeable.
+#[derive(Debug, Clone)]
+pub struct PartialState(StateInner);
+
+#[derive(Debug, Clone)]
+enum StateInner {
+    /// No `$group`: the documents that came out of the per-document stages.
+    Docs(Vec<Document>),
+    Groups(GroupState),
+}
+
+impl PartialState {
+    /// Output documents collected (no `$group`) or groups formed so far.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            StateInner::Docs(d) => d.len(),
+            StateInner::Groups(g) => g.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl CommutativePart {
+    /// A part with no stages: collects the scanned documents as they are.
+    pub fn collect_all() -> CommutativePart {
+        CommutativePart {
+            stages: Vec::new(),
+            group: None,
+        }
+    }
+
+    /// Does it end in a `$group`?
+    pub fn has_group(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// Stage names in order (for explain).
+    pub fn stage_names(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self.stages.iter().map(Stage::name).collect();
+        if self.group.is_some() {
+            names.push("$group");
+        }
+        names
+    }
+
+    pub fn new_state(&self) -> PartialState {
+        PartialState(match &self.group {
+            Some(_) => StateInner::Groups(GroupState::default()),
+            None => StateInner::Docs(Vec::new()),
+        })
+    }
+
+    /// Apply the per-document stages to `doc` and accumulate the result.
+    pub fn feed(&self, state: &mut PartialState, doc: &RawDocument) -> Result<()> {
+        let group = self.group.as_ref();
+        per_document(
+            &self.stages,
+            Cur::Raw(doc),
+            &mut |cur| match (&mut state.0, group) {
+                (StateInner::Groups(gs), Some(g)) => g.accumulate(gs, cur.root()),
+                (StateInner::Docs(out), None) => {
+                    out.push(cur.into_document()?);
+                    Ok(())
+                }
+                _ => Err(Error::Internal(
+                    "partial state does not belong to this pipeline part".into(),
+                )),
+            },
+        )
+    }
+
+    /// Combine two states (associative and commutative; see the module invariants).
+    pub fn merge(&self, a: PartialState, b: PartialState) -> Result<PartialState> {
+        match (a.0, b.0, self.group.as_ref()) {
+            (StateInner::Docs(mut x), StateInner::Docs(y), None) => {
+                x.extend(y);
+                Ok(PartialState(StateInner::Docs(x)))
+            }
+            (StateInner::Groups(x), StateInner::Groups(y), Some(g)) => {
+                Ok(PartialState(StateInner::Groups(g.merge(x, y)?)))
+            }
+            _ => Err(Error::Internal(
+                "partial states do not belong to this pipeline part".into(),
+            )),
+        }
+    }
+
+    /// The output documents (groups in `_id` order).
+    pub fn finish(&self, state: PartialState) -> Result<Vec<Document>> {
+        match (state.0, self.group.as_ref()) {
+            (StateInner::Docs(d), None) => Ok(d),
+            (StateInner::Groups(gs), Some(g)) => g.finish(gs),
+            _ => Err(Error::Internal(
+                "partial state does not belong to this pipeline part".into(),
+            )),
+        }
+    }
+}
+// ---------------------------------------------------------------- preparation
+
+/// The pieces execution needs, from a parsed pipeline.
+pub struct Prepared {
+    pub filter: Document,
+    pub part: CommutativePart,
+    pub rest: Pipeline,
+    /// Stop feeding once the part's output holds this many documents.
+    pub stop_after: Option<usize>,
+    /// [`Split::olcp_eligible`].
+    pub eligible: bool,
+}
+
+/// Parse and split `pipeline` for execution.
+pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
+    let split = Pipeline::parse(pipeline)?.split();
+    let eligible = split.olcp_eligible();
+    let part = split
+        .commutative
+        .unwrap_or_else(CommutativePart::collect_all);
+    let stop_after = if part.has_group() {
+        None
+    } else {
+        split
+            .rest
+            .leading_limit()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+    };
+    Ok(Prepared {
+        filter: split.scan_filter.unwrap_or_default(),
+        part,
+        rest: split.rest,
+        stop_after,
+        eligible,
+    })
+}
+
+impl Prepared {
+    /// The stage names of the commutative part and of the rest.
+    pub fn names(&self) -> (Vec<String>, Vec<String>) {
+        (
+            self.part
+                .stage_names()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            self.rest
+                .stage_names()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        )
+    }
+}

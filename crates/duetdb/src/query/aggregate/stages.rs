@@ -1,0 +1,324 @@
+//! The stages that are not `$group`: the per-document ones (`$match`,
+//! `$project`/`$unset`, `$addFields`/`$set`, `$unwind`), which map one document
+//! to zero or more independently of the others, and the whole-set ones
+//! (`$sort`, `$skip`, `$limit`, `$count`), which only run after the
+//! commutative part.
+//!
+//! Owns: the document flowing through per-document stages ([`Cur`], read in
+//! place until a stage rewrites it), their evaluation ([`per_document`]), the
+//! in-order evaluation of any one stage ([`run_stage`]), `$addFields` with its
+//! setter, and `$unwind`.
+//!
+//! Invariants: `$sort` is stable (ties keep their input order); a `$addFields`
+//! expression sees the input document, never a field the same stage adds;
+//! nothing here panics on user input.
+
+use bson::raw::{RawDocument, RawDocumentBuf};
+use bson::{Bson, Document};
+
+use crate::error::{Error, Result};
+use crate::query::aggregate::group::GroupState;
+use crate::query::aggregate::Stage;
+use crate::query::expr::{parse_field_path, Expr, Root, Value};
+use crate::query::filter::Filter;
+
+/// The document flowing through per-document stages: read in place while no
+/// stage has rewritten it.
+pub(super) enum Cur<'a> {
+    Raw(&'a RawDocument),
+    Owned(Document),
+}
+
+impl Cur<'_> {
+    pub(super) fn root(&self) -> Root<'_> {
+        match self {
+            Cur::Raw(r) => Root::Raw(r),
+            Cur::Owned(d) => Root::Doc(d),
+        }
+    }
+
+    pub(super) fn into_document(self) -> Result<Document> {
+        match self {
+            Cur::Raw(r) => crate::doc::to_document(r),
+            Cur::Owned(d) => Ok(d),
+        }
+    }
+
+    fn matches(&self, filter: &Filter) -> Result<bool> {
+        match self {
+            Cur::Raw(r) => Ok(filter.matches(r)),
+            Cur::Owned(d) => Ok(filter.matches(&to_raw_doc(d)?)),
+        }
+    }
+}
+
+fn to_raw_doc(d: &Document) -> Result<RawDocumentBuf> {
+    RawDocumentBuf::try_from(d).map_err(|e| Error::InvalidBson(e.to_string()))
+}
+
+/// Run `stages` (all per-document) on one document, handing each output to `out`.
+pub(super) fn per_document(
+    stages: &[Stage],
+    cur: Cur<'_>,
+    out: &mut dyn FnMut(Cur<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut cur = cur;
+    for (i, stage) in stages.iter().enumerate() {
+        cur = match stage {
+            Stage::Match { filter, .. } => {
+                if !cur.matches(filter)? {
+                    return Ok(());
+                }
+                cur
+            }
+            Stage::Project(p) | Stage::Unset(p) => Cur::Owned(p.apply_to(&cur.root())?),
+            Stage::AddFields(fields) => Cur::Owned(add_fields(fields, cur)?),
+            Stage::Unwind(u) => {
+                let doc = cur.into_document()?;
+                for d in u.apply(doc)? {
+                    per_document(&stages[i + 1..], Cur::Owned(d), out)?;
+                }
+                return Ok(());
+            }
+            other => {
+                return Err(Error::Internal(format!(
+                    "{} is not a per-document stage",
+                    other.name()
+                )))
+            }
+        };
+    }
+    out(cur)
+}
+
+pub(super) fn run_stage(stage: &Stage, docs: Vec<Document>) -> Result<Vec<Document>> {
+    Ok(match stage {
+        Stage::Match { .. }
+        | Stage::Project(_)
+        | Stage::AddFields(_)
+        | Stage::Unset(_)
+        | Stage::Unwind(_) => {
+            let mut out = Vec::new();
+            let stages = std::slice::from_ref(stage);
+            for d in docs {
+                per_document(stages, Cur::Owned(d), &mut |c| {
+                    out.push(c.into_document()?);
+                    Ok(())
+                })?;
+            }
+            out
+        }
+        Stage::Group(g) => {
+            let mut gs = GroupState::default();
+            for d in &docs {
+                g.accumulate(&mut gs, Root::Doc(d))?;
+            }
+            g.finish(gs)?
+        }
+        Stage::Sort(spec) => {
+            let mut keyed = docs
+                .into_iter()
+                .map(|d| Ok((spec.sort_key(&to_raw_doc(&d)?), d)))
+                .collect::<Result<Vec<_>>>()?;
+            // Stable: ties keep their input order.
+            keyed.sort_by(|(a, _), (b, _)| spec.compare_keys(a, b));
+            keyed.into_iter().map(|(_, d)| d).collect()
+        }
+        Stage::Limit(n) => {
+            let mut docs = docs;
+            docs.truncate(usize::try_from(*n).unwrap_or(usize::MAX));
+            docs
+        }
+        Stage::Skip(n) => {
+            let mut docs = docs;
+            let n = usize::try_from(*n).unwrap_or(usize::MAX).min(docs.len());
+            docs.drain(..n);
+            docs
+        }
+        Stage::Count(field) => {
+            if docs.is_empty() {
+                Vec::new()
+            } else {
+                let n = docs.len() as i64;
+                let v = i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n));
+                vec![bson::doc! {field.as_str(): v}]
+            }
+        }
+    })
+}
+
+// ---------------------------------------------------------------- $addFields
+
+fn add_fields(fields: &[(Vec<String>, Expr)], cur: Cur<'_>) -> Result<Document> {
+    // Every expression sees the input document, not fields added by this stage.
+    let values = fields
+        .iter()
+        .map(|(_, e)| e.eval(&cur.root()))
+        .collect::<Result<Vec<Value>>>()?;
+    let mut doc = cur.into_document()?;
+    for ((path, _), v) in fields.iter().zip(values) {
+        set_mapping_arrays(&mut doc, path, v);
+    }
+    Ok(doc)
+}
+
+/// Aggregation's setter (`$addFields`, `$unwind`): set (or, for missing,
+/// remove) `path`; existing fields keep their position; an array on the way
+/// gets the field in each of its elements, and a scalar on the way (or in such
+/// an array) becomes a document holding just the field. This is not update's
+/// rule (update's `$set` addresses array elements by index and refuses to
+/// traverse a scalar), which is why it stays private to the pipeline.
+fn set_mapping_arrays(doc: &mut Document, path: &[String], v: Value) {
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    if rest.is_empty() {
+        match v {
+            Some(v) => {
+                doc.insert(first.clone(), v);
+            }
+            None => {
+                doc.remove(first);
+            }
+        }
+        return;
+    }
+    match doc.get_mut(first) {
+        Some(Bson::Document(d)) => set_mapping_arrays(d, rest, v),
+        Some(Bson::Array(a)) => set_in_each_element(a, rest, &v),
+        _ => {
+            if v.is_some() {
+                let mut d = Document::new();
+                set_mapping_arrays(&mut d, rest, v);
+                doc.insert(first.clone(), d);
+            }
+        }
+    }
+}
+
+/// [`set_mapping_arrays`] below an array: in every element, nested arrays included.
+fn set_in_each_element(a: &mut [Bson], rest: &[String], v: &Value) {
+    for e in a.iter_mut() {
+        match e {
+            Bson::Document(d) => set_mapping_arrays(d, rest, v.clone()),
+            Bson::Array(inner) => set_in_each_element(inner, rest, v),
+            other => {
+                let mut d = Document::new();
+                set_mapping_arrays(&mut d, rest, v.clone());
+                *other = Bson::Document(d);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- $unwind
+
+#[derive(Debug, Clone)]
+pub(super) struct Unwind {
+    path: Vec<String>,
+    include_index: Option<Vec<String>>,
+    preserve: bool,
+}
+
+impl Unwind {
+    pub(super) fn parse(arg: &Bson) -> Result<Unwind> {
+        let path_of = |v: &Bson| -> Result<Vec<String>> {
+            match v {
+                Bson::String(s) if s.starts_with('$') => parse_field_path(&s[1..]),
+                Bson::String(s) => Err(Error::bad_value(format!(
+                    "path option to $unwind stage should be prefixed with a '$': {s}"
+                ))),
+                _ => Err(Error::bad_value(
+                    "expected a string as the path for $unwind stage",
+                )),
+            }
+        };
+        match arg {
+            Bson::String(_) => Ok(Unwind {
+                path: path_of(arg)?,
+                include_index: None,
+                preserve: false,
+            }),
+            Bson::Document(d) => {
+                let mut u = Unwind {
+                    path: Vec::new(),
+                    include_index: None,
+                    preserve: false,
+                };
+                for (k, v) in d {
+                    match (k.as_str(), v) {
+                        ("path", _) => u.path = path_of(v)?,
+                        ("preserveNullAndEmptyArrays", Bson::Boolean(b)) => u.preserve = *b,
+                        ("preserveNullAndEmptyArrays", _) => {
+                            return Err(Error::bad_value(
+                                "expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage",
+                            ))
+                        }
+                        ("includeArrayIndex", Bson::String(s)) if !s.starts_with('$') && !s.is_empty() => {
+                            u.include_index = Some(parse_field_path(s)?)
+                        }
+                        ("includeArrayIndex", _) => {
+                            return Err(Error::bad_value(
+                                "includeArrayIndex option to $unwind stage should be a non-empty string not prefixed with '$'",
+                            ))
+                        }
+                        (other, _) => {
+                            return Err(Error::bad_value(format!(
+                                "unrecognized option to $unwind stage: {other}"
+                            )))
+                        }
+                    }
+                }
+                if u.path.is_empty() {
+                    return Err(Error::bad_value("no path specified to $unwind stage"));
+                }
+                Ok(u)
+            }
+            _ => Err(Error::bad_value(
+                "expected either a string or an object as specification for $unwind stage",
+            )),
+        }
+    }
+
+    fn apply(&self, doc: Document) -> Result<Vec<Document>> {
+        let value = Root::Doc(&doc).get(&self.path)?;
+        let with = |mut d: Document, v: Value, idx: Option<i64>| -> Document {
+            set_mapping_arrays(&mut d, &self.path, v);
+            if let Some(ip) = &self.include_index {
+                set_mapping_arrays(&mut d, ip, Some(idx.map(Bson::Int64).unwrap_or(Bson::Null)));
+            }
+            d
+        };
+        // `$unwind` reads the path through documents only (no array mapping).
+        let value = if plain_path_exists(&doc, &self.path) {
+            value
+        } else {
+            None
+        };
+        Ok(match value {
+            Some(Bson::Array(items)) if !items.is_empty() => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| with(doc.clone(), Some(v), Some(i as i64)))
+                .collect(),
+            Some(Bson::Array(_)) if self.preserve => vec![with(doc, None, None)],
+            Some(Bson::Null) | None if self.preserve => {
+                let v = value;
+                vec![with(doc, v, None)]
+            }
+            Some(Bson::Array(_)) | Some(Bson::Null) | None => Vec::new(),
+            Some(other) => vec![with(doc, Some(other), None)],
+        })
+    }
+}
+
+fn plain_path_exists(doc: &Document, path: &[String]) -> bool {
+    let Some((first, rest)) = path.split_first() else {
+        return true;
+    };
+    match (doc.get(first), rest.is_empty()) {
+        (Some(_), true) => true,
+        (Some(Bson::Document(d)), false) => plain_path_exists(d, rest),
+        _ => false,
+    }
+}

@@ -1,0 +1,79 @@
+//! Boolean and conditional operators: `$and`, `$or`, `$not`, `$cond`,
+//! `$ifNull`, and aggregation truthiness.
+//!
+//! Invariants: `$and`, `$or`, `$cond` and `$ifNull` evaluate their arguments
+//! lazily, left to right, and stop as soon as the answer is known (so an
+//! argument that would fail is never evaluated when MongoDB would not evaluate
+//! it either). `$not` is eager and dispatched from `eval.rs`.
+
+use bson::Bson;
+
+use crate::doc::value;
+use crate::error::{Error, Result};
+use crate::query::expr::{is_nullish, Expr, Op, Root, Value};
+
+/// Aggregation truthiness: false, null, undefined, missing and numeric zero are
+/// false; everything else (also `""` and `[]`) is true.
+pub fn truthy(v: &Value) -> bool {
+    v.as_ref().is_some_and(truthy_bson)
+}
+
+/// [`truthy`] of a present value (also what a projection's `1`/`0`/`true`
+/// means: the same rule decides inclusion).
+pub fn truthy_bson(v: &Bson) -> bool {
+    match v {
+        Bson::Null | Bson::Undefined | Bson::Boolean(false) => false,
+        Bson::Int32(0) | Bson::Int64(0) => false,
+        Bson::Double(f) => *f != 0.0,
+        Bson::Decimal128(d) => value::decimal_to_f64(*d) != 0.0,
+        _ => true,
+    }
+}
+
+/// Evaluate a short-circuiting operator on its unevaluated arguments.
+pub(super) fn eval_lazy(op: Op, args: &[Expr], root: &Root<'_>) -> Result<Value> {
+    match op {
+        Op::And => {
+            for a in args {
+                if !truthy(&a.eval(root)?) {
+                    return Ok(Some(Bson::Boolean(false)));
+                }
+            }
+            Ok(Some(Bson::Boolean(true)))
+        }
+        Op::Or => {
+            for a in args {
+                if truthy(&a.eval(root)?) {
+                    return Ok(Some(Bson::Boolean(true)));
+                }
+            }
+            Ok(Some(Bson::Boolean(false)))
+        }
+        Op::Cond => {
+            let [c, t, e] = args else {
+                return Err(Error::Internal("$cond arity".into()));
+            };
+            if truthy(&c.eval(root)?) {
+                t.eval(root)
+            } else {
+                e.eval(root)
+            }
+        }
+        Op::IfNull => {
+            let Some((last, init)) = args.split_last() else {
+                return Err(Error::Internal("$ifNull arity".into()));
+            };
+            for a in init {
+                let v = a.eval(root)?;
+                if !is_nullish(&v) {
+                    return Ok(v);
+                }
+            }
+            last.eval(root)
+        }
+        other => Err(Error::Internal(format!(
+            "{} is not a short-circuiting operator",
+            other.name()
+        ))),
+    }
+}
