@@ -49,7 +49,7 @@ pub struct Common {
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Snapshot strategies for analytic reads (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "cow")]
+    #[arg(long, value_delimiter = ',', default_value = "cow", value_parser = crate::target::strategy_arg())]
     pub strategy: Vec<Strategy>,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -245,7 +245,7 @@ pub struct TpcchArgs {
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub analytics: Vec<usize>,
     /// Snapshot strategies of the analytic queries.
-    #[arg(long, value_delimiter = ',', default_value = "olcp")]
+    #[arg(long, value_delimiter = ',', default_value = "olcp", value_parser = crate::target::strategy_arg())]
     pub strategy: Vec<Strategy>,
     /// Isolation levels of the transactions: si, serializable.
     #[arg(long, value_delimiter = ',', default_value = "si")]

@@ -12,25 +12,23 @@ use duetdb::bson::{doc, Document};
 use duetdb::RemsetMode;
 use duetdb::{Collection, Database, IndexOptions};
 
-/// Snapshot strategy of an analytic read (DESIGN.md §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Strategy {
-    None,
-    Vls,
-    Olcp,
-    Cow,
+/// The engine's snapshot strategy is the one a workload names: results
+/// record it by `Strategy::name`.
+pub use duetdb::Strategy;
+
+/// The strategies a benchmark may ask for. `auto` is left out on purpose: a
+/// figure must say which strategy it measured, not which one was delegated.
+pub const STRATEGIES: [&str; 4] = ["none", "vls", "olcp", "cow"];
+
+/// The clap parser of `--strategy` values (one of [`STRATEGIES`]).
+pub fn strategy_arg() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(STRATEGIES).try_map(|s| s.parse::<Strategy>())
 }
 
-impl Strategy {
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::None => "none",
-            Strategy::Vls => "vls",
-            Strategy::Olcp => "olcp",
-            Strategy::Cow => "cow",
-        }
-    }
+/// Serialize strategies by name (the `params` of a result).
+pub fn serialize_strategies<S: serde::Serializer>(v: &[Strategy], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|x| x.name()))
 }
 
 /// One YCSB field value.
@@ -251,16 +249,6 @@ impl YcsbSession for EmbeddedYcsb {
     }
 }
 
-/// The engine's strategy for a benchmark strategy.
-fn engine_strategy(strategy: Strategy) -> Result<duetdb::Strategy> {
-    Ok(match strategy {
-        Strategy::None => duetdb::Strategy::None,
-        Strategy::Vls => duetdb::Strategy::Vls,
-        Strategy::Cow => duetdb::Strategy::Cow,
-        Strategy::Olcp => duetdb::Strategy::Olcp,
-    })
-}
-
 struct EmbeddedHtap {
     coll: Collection,
 }
@@ -294,6 +282,7 @@ impl HtapTarget for Embedded {
             Strategy::Cow => Ok("cow (held root)".into()),
             Strategy::Vls => Ok("vls (status bits + shared remset)".into()),
             Strategy::Olcp => Ok("olcp (status bits + propagation)".into()),
+            Strategy::Auto => bail!("auto is not a measured strategy"),
         }
     }
     fn load(&self, records: u64) -> Result<()> {
@@ -334,11 +323,11 @@ impl HtapSession for EmbeddedHtap {
     fn full_scan_count(&mut self, strategy: Strategy) -> Result<u64> {
         // `b` is not indexed: the count visits every document.
         let filter = doc! {"b": {"$gte": 0}};
-        Ok(self.coll.count_with(filter, engine_strategy(strategy)?)?)
+        Ok(self.coll.count_with(filter, strategy)?)
     }
     fn range_count(&mut self, lo: u64, hi: u64, strategy: Strategy) -> Result<u64> {
         let filter = doc! {"v": {"$gte": lo as i64, "$lt": hi as i64}};
-        Ok(self.coll.count_with(filter, engine_strategy(strategy)?)?)
+        Ok(self.coll.count_with(filter, strategy)?)
     }
 }
 

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use clap::Parser;
 use duet_bench::result::BenchResult;
-use duet_bench::target::{HtapTarget, Strategy};
+use duet_bench::target::HtapTarget;
 use duet_bench::wire::{WireSpec, WireTarget};
 use duet_bench::BenchCommand;
+use duetdb::Strategy;
 
 #[derive(Parser)]
 struct Cli {

@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use clap::Parser;
-use duet_bench::target::Strategy;
 use duet_bench::workload::ycsbt::{self, TxnStats};
 use duet_bench::BenchCommand;
+use duetdb::Strategy;
 use duetdb::{Database, TxnOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

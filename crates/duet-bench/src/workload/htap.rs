@@ -63,6 +63,7 @@ pub struct Params {
     /// Update client threads.
     pub threads: usize,
     pub seconds: f64,
+    #[serde(serialize_with = "crate::target::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     pub analytics: Vec<usize>,
     pub scans: Vec<ScanKind>,

@@ -35,9 +35,7 @@ use crate::result::{case, Collector};
 use crate::stats::{median, spread};
 use crate::target::Strategy;
 use crate::tpch::{self, Answer, Q17Params, Query};
-use crate::workload::ycsbt::{
-    add_txn_figures, attempt_loop, engine_strategy, IsolationArg, TxnStats,
-};
+use crate::workload::ycsbt::{add_txn_figures, attempt_loop, IsolationArg, TxnStats};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Params {
@@ -46,6 +44,7 @@ pub struct Params {
     /// Transaction threads (T).
     pub threads: usize,
     pub seconds: f64,
+    #[serde(serialize_with = "crate::target::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     /// Numbers of concurrent analytic threads (K).
     pub analytics: Vec<usize>,
@@ -192,13 +191,8 @@ fn run_cell(
                         let q = Query::ALL[i % Query::ALL.len()];
                         i += 1;
                         let t0 = Instant::now();
-                        let answer = tpch::run_query(
-                            ctx.db,
-                            q,
-                            engine_strategy(strategy),
-                            &ctx.q17,
-                            p.query_threads,
-                        )?;
+                        let answer =
+                            tpch::run_query(ctx.db, q, strategy, &ctx.q17, p.query_threads)?;
                         done.push((q, t0.elapsed().as_secs_f64() * 1000.0));
                         if q == Query::Q4 && answer != ctx.q4_at_load {
                             wrong += 1;
@@ -288,8 +282,7 @@ fn check_quiesced(ctx: &Ctx, p: &Params) -> Result<()> {
         for q in Query::ALL {
             let want = tpch::reference(q, &items, &orders, &lines, &ctx.q17);
             for s in [Strategy::None, Strategy::Vls, Strategy::Olcp, Strategy::Cow] {
-                let got =
-                    tpch::run_query(ctx.db, q, engine_strategy(s), &ctx.q17, p.query_threads)?;
+                let got = tpch::run_query(ctx.db, q, s, &ctx.q17, p.query_threads)?;
                 if got != want {
                     bail!(
                         "{} under {} differs from the reference on a quiesced database:\n got {got:?}\nwant {want:?}",

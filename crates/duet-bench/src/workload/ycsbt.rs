@@ -74,22 +74,13 @@ impl IsolationArg {
     }
 }
 
-/// The engine's strategy for a harness strategy.
-pub fn engine_strategy(s: Strategy) -> duetdb::Strategy {
-    match s {
-        Strategy::None => duetdb::Strategy::None,
-        Strategy::Vls => duetdb::Strategy::Vls,
-        Strategy::Olcp => duetdb::Strategy::Olcp,
-        Strategy::Cow => duetdb::Strategy::Cow,
-    }
-}
-
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Params {
     pub records: u64,
     /// Transaction client threads.
     pub threads: usize,
     pub seconds: f64,
+    #[serde(serialize_with = "crate::target::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     /// Numbers of concurrent analytic threads (K).
     pub analytics: Vec<usize>,
@@ -268,10 +259,8 @@ pub fn sum_n(db: &Database, strategy: Strategy) -> Result<i64> {
         other => {
             let mut sum = 0i64;
             let mut failed = None;
-            db.collection(TABLE).scan_with(
-                Document::new(),
-                engine_strategy(other),
-                |d| match field(d) {
+            db.collection(TABLE)
+                .scan_with(Document::new(), other, |d| match field(d) {
                     Ok(v) => {
                         sum += v;
                         ControlFlow::Continue(())
@@ -280,8 +269,7 @@ pub fn sum_n(db: &Database, strategy: Strategy) -> Result<i64> {
                         failed = Some(e);
                         ControlFlow::Break(())
                     }
-                },
-            )?;
+                })?;
             match failed {
                 Some(e) => Err(e.into()),
                 None => Ok(sum),
