@@ -23,7 +23,7 @@ pub mod progress;
 pub mod report;
 pub mod result;
 pub mod stats;
-pub mod target;
+pub mod targets;
 pub mod tpch;
 #[cfg(feature = "wire")]
 pub mod wire;

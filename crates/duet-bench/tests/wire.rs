@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use clap::Parser;
 use duet_bench::result::BenchResult;
-use duet_bench::target::HtapTarget;
+use duet_bench::targets::HtapTarget;
 use duet_bench::wire::{WireSpec, WireTarget};
 use duet_bench::BenchCommand;
 use duetdb::Strategy;
@@ -185,7 +185,7 @@ fn counts_over_the_wire_are_exact_while_updates_run() {
             let mut sess = t.session().expect("session");
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                sess.update((i * 7919) % records, &duet_bench::target::htap_payload(i))
+                sess.update((i * 7919) % records, &duet_bench::targets::htap_payload(i))
                     .expect("update");
                 updates.fetch_add(1, Ordering::Relaxed);
                 i += 1;

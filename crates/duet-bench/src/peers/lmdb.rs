@@ -29,8 +29,8 @@ use bson::{Document, RawDocument};
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions};
 
-use crate::target::{
-    htap_doc, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession, YcsbTarget,
+use crate::targets::{
+    htap_doc, Field, HtapSession, HtapTarget, Strategy, Target, VPerm, YcsbSession, YcsbTarget,
 };
 
 pub const DESCRIPTION: &str = "lmdb: LMDB (heed, mdb.master) on a temp dir, NO_SYNC, map size DUET_BENCH_LMDB_MAP_GIB (default 64 GiB, sparse); documents as BSON under a u64 big-endian key, secondary index (v, id) in a second database maintained in the same write transaction; analytics in one read transaction (LMDB MVCC snapshot); one writer at a time (LMDB's writer lock); index range counts read the index only";
@@ -164,10 +164,22 @@ fn fields_doc(fields: &[Field]) -> Result<Vec<u8>> {
     Ok(d.to_vec()?)
 }
 
-impl YcsbTarget for Lmdb {
+impl Target for Lmdb {
     fn name(&self) -> String {
         "lmdb".into()
     }
+    fn setup_note(&self) -> Option<String> {
+        Some(DESCRIPTION.into())
+    }
+    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
+        Some(self)
+    }
+    fn as_htap(&self) -> Option<&dyn HtapTarget> {
+        Some(self)
+    }
+}
+
+impl YcsbTarget for Lmdb {
     fn reset(&self) -> Result<()> {
         let mut wtxn = self.env.write_txn()?;
         self.usertable.clear(&mut wtxn)?;
@@ -255,9 +267,6 @@ fn doc_v(raw: &RawDocument) -> Result<u64> {
 }
 
 impl HtapTarget for Lmdb {
-    fn name(&self) -> String {
-        "lmdb".into()
-    }
     fn strategy_label(&self, _: Strategy) -> Result<String> {
         Ok(NATIVE.into())
     }

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use anyhow::{anyhow, Context, Result};
 use postgres::{Client, NoTls};
 
-use crate::target::{
-    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession,
+use crate::targets::{
+    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, Target, VPerm, YcsbSession,
     YcsbTarget,
 };
 
@@ -49,10 +49,22 @@ struct Session {
     c: Client,
 }
 
-impl YcsbTarget for Postgres {
+impl Target for Postgres {
     fn name(&self) -> String {
         "postgres".into()
     }
+    fn setup_note(&self) -> Option<String> {
+        Some(DESCRIPTION.into())
+    }
+    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
+        Some(self)
+    }
+    fn as_htap(&self) -> Option<&dyn HtapTarget> {
+        Some(self)
+    }
+}
+
+impl YcsbTarget for Postgres {
     fn reset(&self) -> Result<()> {
         self.client()?
             .batch_execute("DROP TABLE IF EXISTS usertable")?;
@@ -139,9 +151,6 @@ impl YcsbSession for Session {
 }
 
 impl HtapTarget for Postgres {
-    fn name(&self) -> String {
-        "postgres".into()
-    }
     fn strategy_label(&self, _: Strategy) -> Result<String> {
         Ok("REPEATABLE READ transaction (MVCC snapshot)".into())
     }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context, Result};
 use rusqlite::{params, Connection};
 
-use crate::target::{
-    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession,
+use crate::targets::{
+    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, Target, VPerm, YcsbSession,
     YcsbTarget,
 };
 
@@ -66,10 +66,22 @@ struct Session {
     c: Connection,
 }
 
-impl YcsbTarget for Sqlite {
+impl Target for Sqlite {
     fn name(&self) -> String {
         "sqlite-wal".into()
     }
+    fn setup_note(&self) -> Option<String> {
+        Some(DESCRIPTION.into())
+    }
+    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
+        Some(self)
+    }
+    fn as_htap(&self) -> Option<&dyn HtapTarget> {
+        Some(self)
+    }
+}
+
+impl YcsbTarget for Sqlite {
     fn reset(&self) -> Result<()> {
         self.open()?
             .execute_batch("DROP TABLE IF EXISTS usertable")?;
@@ -149,9 +161,6 @@ impl YcsbSession for Session {
 }
 
 impl HtapTarget for Sqlite {
-    fn name(&self) -> String {
-        "sqlite-wal".into()
-    }
     fn strategy_label(&self, _: Strategy) -> Result<String> {
         Ok("read transaction (WAL snapshot)".into())
     }

@@ -22,7 +22,7 @@ use crate::gen::ScrambledZipfian;
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, Latencies};
-use crate::target::{htap_payload, HtapTarget, Strategy};
+use crate::targets::{htap_payload, HtapTarget, Strategy};
 
 /// The analytic query of a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -63,7 +63,7 @@ pub struct Params {
     /// Update client threads.
     pub threads: usize,
     pub seconds: f64,
-    #[serde(serialize_with = "crate::target::serialize_strategies")]
+    #[serde(serialize_with = "crate::targets::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     pub analytics: Vec<usize>,
     pub scans: Vec<ScanKind>,
@@ -244,14 +244,14 @@ fn run_cell(
 
 /// Run every cell (strategy × K × scan kind) on every target, `p.repeat` times.
 pub fn run(
-    targets: &[Box<dyn HtapTarget + '_>],
+    targets: &[&dyn HtapTarget],
     p: &Params,
     quiet: bool,
     col: &mut Collector,
     notes: &mut Vec<String>,
 ) -> Result<()> {
     for rep in 0..p.repeat.max(1) {
-        for target in targets {
+        for &target in targets {
             let name = target.name();
             note(
                 quiet,
@@ -272,11 +272,11 @@ pub fn run(
                 p.records as f64 / load_s.max(1e-9),
             );
             let mut cell_no: u64 = 0;
-            for (strategy, label) in plan_strategies(target.as_ref(), &p.strategies) {
+            for (strategy, label) in plan_strategies(target, &p.strategies) {
                 if rep == 0 {
                     notes.push(format!("{name}: strategy {label}"));
                 }
-                let sname = strategy_case(target.as_ref(), strategy);
+                let sname = strategy_case(target, strategy);
                 for &k in &p.analytics {
                     let kinds: Vec<ScanKind> = if k == 0 {
                         vec![ScanKind::Full]
@@ -289,7 +289,7 @@ pub fn run(
                         // the current value creates no version) and flatter later cells.
                         cell_no += 1;
                         let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24 ^ cell_no << 8;
-                        let cell = run_cell(target.as_ref(), p, strategy, k, scan, seed, quiet)?;
+                        let cell = run_cell(target, p, strategy, k, scan, seed, quiet)?;
                         let ks = k.to_string();
                         let scan_name = if k == 0 { "-" } else { scan.name() };
                         let c = case(&[

@@ -57,6 +57,35 @@ impl Budget {
     }
 }
 
+/// Paces one thread's share of an attempted rate: `rate` operations per
+/// second over `threads` threads, 0 = as fast as possible. Late operations
+/// are not skipped: a thread that fell behind catches up at full speed.
+pub struct Pacer {
+    interval: Option<Duration>,
+    next_at: Instant,
+}
+
+impl Pacer {
+    pub fn new(rate: u64, threads: usize) -> Pacer {
+        Pacer {
+            interval: (rate > 0)
+                .then(|| Duration::from_secs_f64(threads.max(1) as f64 / rate as f64)),
+            next_at: Instant::now(),
+        }
+    }
+
+    /// Sleep until this thread's next operation is due.
+    pub fn wait(&mut self) {
+        if let Some(iv) = self.interval {
+            let now = Instant::now();
+            if self.next_at > now {
+                std::thread::sleep(self.next_at - now);
+            }
+            self.next_at += iv;
+        }
+    }
+}
+
 /// Run `threads` clients of `body(thread_index, budget)` with a progress bar;
 /// returns their results in thread order, or the first error.
 pub fn run_clients<T: Send>(

@@ -33,7 +33,7 @@ use crate::chbench::{
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, spread};
-use crate::target::Strategy;
+use crate::targets::Strategy;
 use crate::tpch::{self, Answer, Q17Params, Query};
 use crate::workload::ycsbt::{add_txn_figures, attempt_loop, IsolationArg, TxnStats};
 
@@ -44,7 +44,7 @@ pub struct Params {
     /// Transaction threads (T).
     pub threads: usize,
     pub seconds: f64,
-    #[serde(serialize_with = "crate::target::serialize_strategies")]
+    #[serde(serialize_with = "crate::targets::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     /// Numbers of concurrent analytic threads (K).
     pub analytics: Vec<usize>,

@@ -35,7 +35,7 @@ use crate::gen::{Distribution, KeyChooser, KeySequence};
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, Latencies};
-use crate::target::Strategy;
+use crate::targets::Strategy;
 
 /// The collection YCSB-T runs on.
 pub const TABLE: &str = "ycsbt";
@@ -80,7 +80,7 @@ pub struct Params {
     /// Transaction client threads.
     pub threads: usize,
     pub seconds: f64,
-    #[serde(serialize_with = "crate::target::serialize_strategies")]
+    #[serde(serialize_with = "crate::targets::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     /// Numbers of concurrent analytic threads (K).
     pub analytics: Vec<usize>,
