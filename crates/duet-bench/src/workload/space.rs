@@ -41,7 +41,7 @@ use crate::progress::note;
 use crate::result::{case, Series, Sink};
 use crate::stats::{median, Latencies};
 use crate::targets::{htap_payload, SpaceSession, SpaceTarget, VlsFigures};
-use crate::workload::Pacer;
+use crate::workload::{join_all, Pacer};
 
 /// Update key distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -436,39 +436,29 @@ struct Joined {
 type QueryOut = Result<(Vec<f64>, u64)>;
 type UpdateOut = Result<(u64, Latencies)>;
 
-/// Join a cell's query and update threads:
-/// their figures, and the first error any of them returned. A panicked
-/// thread is an error at once.
+/// Join a cell's query and update threads: their figures, and the first
+/// error any of them returned. A panicked thread is an error at once.
 fn join_cell_threads<'s>(
     queriers: Vec<std::thread::ScopedJoinHandle<'s, QueryOut>>,
     updaters: Vec<std::thread::ScopedJoinHandle<'s, UpdateOut>>,
 ) -> Result<(Joined, Option<anyhow::Error>)> {
     let mut first_err = None;
-    let mut out = Joined {
-        query_s: Vec::new(),
-        query_docs: 0,
-        update_ops: 0,
-        update_lat: Latencies::new(),
+    let queries = join_all(queriers, "query", &mut first_err)?;
+    let updates = join_all(updaters, "update", &mut first_err)?;
+    let mut update_lat = Latencies::new();
+    for (_, l) in &updates {
+        update_lat.merge(l);
+    }
+    let joined = Joined {
+        query_s: queries
+            .iter()
+            .flat_map(|(d, _)| d.iter().copied())
+            .collect(),
+        query_docs: queries.iter().map(|(_, n)| n).sum(),
+        update_ops: updates.iter().map(|(n, _)| n).sum(),
+        update_lat,
     };
-    for h in queriers {
-        match h.join().map_err(|_| anyhow!("query thread panicked"))? {
-            Ok((d, n)) => {
-                out.query_s.extend(d);
-                out.query_docs += n;
-            }
-            Err(e) => first_err = first_err.or(Some(e)),
-        }
-    }
-    for h in updaters {
-        match h.join().map_err(|_| anyhow!("update thread panicked"))? {
-            Ok((n, l)) => {
-                out.update_ops += n;
-                out.update_lat.merge(&l);
-            }
-            Err(e) => first_err = first_err.or(Some(e)),
-        }
-    }
-    Ok((out, first_err))
+    Ok((joined, first_err))
 }
 
 /// Record one cell's figures and series under `target` (the same names on

@@ -21,10 +21,9 @@
 //!   `olcp` and `cow` must not.
 
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use bson::{doc, Bson, Document};
 use duetdb::{Database, Isolation, TxnOptions};
 use rand::distributions::Alphanumeric;
@@ -36,6 +35,7 @@ use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, Latencies};
 use crate::targets::Strategy;
+use crate::workload::{timed_cell, CellClock};
 
 /// The collection YCSB-T runs on.
 pub const TABLE: &str = "ycsbt";
@@ -321,107 +321,65 @@ fn run_cell(
     seed: u64,
     quiet: bool,
 ) -> Result<CellOut> {
-    let stop_scans = AtomicBool::new(false);
-    let ops = AtomicU64::new(0);
-    let watch_done = AtomicBool::new(false);
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(p.seconds.max(0.0));
     let seq = KeySequence::new(p.records);
-    std::thread::scope(|s| -> Result<CellOut> {
-        let clients: Vec<_> = (0..p.threads.max(1))
-            .map(|t| {
-                let (ops, seq) = (&ops, &seq);
-                s.spawn(move || -> Result<TxnStats> {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
-                    let mut chooser = KeyChooser::new(p.distribution, p.records, 0);
-                    let mut st = TxnStats::default();
-                    let opts = iso.options();
-                    let mut n = 0u64;
-                    while !n.is_multiple_of(4) || Instant::now() < deadline {
-                        let keys: Vec<u64> = (0..p.txn_size)
-                            .map(|_| chooser.next(seq, &mut rng))
-                            .collect();
-                        let fields: Vec<(usize, String)> = (0..p.txn_size)
-                            .map(|_| (rng.gen_range(0..FIELD_COUNT), value(&mut rng)))
-                            .collect();
-                        let t0 = Instant::now();
-                        let a = attempt_loop(
-                            db,
-                            opts,
-                            p.max_attempts,
-                            &mut rng,
-                            &mut st.commit_lat,
-                            |tx| read_modify_write(tx, &keys, &fields),
-                        )?;
-                        st.record(a, t0);
-                        n += 1;
-                        ops.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(st)
-                })
-            })
-            .collect();
-        let scanners: Vec<_> = (0..k)
-            .map(|_| {
-                let stop_scans = &stop_scans;
-                s.spawn(move || -> Result<(Vec<f64>, u64)> {
-                    let mut durations = Vec::new();
-                    let mut torn = 0;
-                    // At least one scan completes, even when it outlasts the window.
-                    while durations.is_empty() || !stop_scans.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        let sum = sum_n(db, strategy)?;
-                        durations.push(t0.elapsed().as_secs_f64() * 1000.0);
-                        if sum % p.txn_size.max(1) as i64 != 0 {
-                            torn += 1;
-                        }
-                    }
-                    Ok((durations, torn))
-                })
-            })
-            .collect();
-        let label = format!("ycsb-t {} {} K={k}", iso.name(), strategy.name());
-        let watch_done = &watch_done;
-        s.spawn(move || {
-            while Instant::now() < deadline && !watch_done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
+    let label = format!("ycsb-t {} {} K={k}", iso.name(), strategy.name());
+    let run = timed_cell(
+        (&label, p.seconds, quiet, "txn"),
+        (p.threads.max(1), |t, clock: &CellClock| {
+            let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
+            let mut chooser = KeyChooser::new(p.distribution, p.records, 0);
+            let mut st = TxnStats::default();
+            let opts = iso.options();
+            let mut n = 0u64;
+            while !n.is_multiple_of(4) || clock.writing() {
+                let keys: Vec<u64> = (0..p.txn_size)
+                    .map(|_| chooser.next(&seq, &mut rng))
+                    .collect();
+                let fields: Vec<(usize, String)> = (0..p.txn_size)
+                    .map(|_| (rng.gen_range(0..FIELD_COUNT), value(&mut rng)))
+                    .collect();
+                let t0 = Instant::now();
+                let a = attempt_loop(
+                    db,
+                    opts,
+                    p.max_attempts,
+                    &mut rng,
+                    &mut st.commit_lat,
+                    |tx| read_modify_write(tx, &keys, &fields),
+                )?;
+                st.record(a, t0);
+                n += 1;
+                clock.count();
             }
-            watch_done.store(true, Ordering::Release);
-        });
-        crate::progress::watch(&label, p.seconds, None, &ops, watch_done, quiet, "txn");
-        let mut stats = TxnStats::default();
-        let mut first_err = None;
-        for h in clients {
-            match h
-                .join()
-                .map_err(|_| anyhow!("transaction thread panicked"))?
-            {
-                Ok(st) => stats.merge(&st),
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        let wall_s = started.elapsed().as_secs_f64();
-        stop_scans.store(true, Ordering::Relaxed);
-        let mut scan_ms = Vec::new();
-        let mut torn = 0;
-        for h in scanners {
-            match h.join().map_err(|_| anyhow!("scan thread panicked"))? {
-                Ok((d, t)) => {
-                    scan_ms.extend(d);
-                    torn += t;
+            Ok(st)
+        }),
+        (k, |_, clock: &CellClock| {
+            let mut durations = Vec::new();
+            let mut torn = 0;
+            while clock.reading(durations.len()) {
+                let t0 = Instant::now();
+                let sum = sum_n(db, strategy)?;
+                durations.push(t0.elapsed().as_secs_f64() * 1000.0);
+                if sum % p.txn_size.max(1) as i64 != 0 {
+                    torn += 1;
                 }
-                Err(e) => first_err = first_err.or(Some(e)),
             }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        Ok(CellOut {
-            stats,
-            wall_s,
-            scan_ms,
-            torn,
-        })
+            Ok((durations, torn))
+        }),
+    )?;
+    let mut stats = TxnStats::default();
+    for st in &run.writers {
+        stats.merge(st);
+    }
+    Ok(CellOut {
+        stats,
+        wall_s: run.wall_s,
+        scan_ms: run
+            .readers
+            .iter()
+            .flat_map(|(d, _)| d.iter().copied())
+            .collect(),
+        torn: run.readers.iter().map(|(_, t)| t).sum(),
     })
 }
 
