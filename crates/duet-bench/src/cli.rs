@@ -51,11 +51,6 @@ pub struct Common {
     /// Snapshot strategies for analytic reads (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "cow", value_parser = crate::targets::strategy_arg())]
     pub strategy: Vec<Strategy>,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    /// Directory for JSON and Markdown results.
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
     /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
@@ -74,6 +69,18 @@ pub struct Common {
     /// `self-durable` (the same on a temporary data directory, fsync durability).
     #[arg(long, default_value = "self")]
     pub uri: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Flags of every workload command: the seed, where results go, how loud.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Directory for JSON and Markdown results.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
     /// Suffix of the result file names (`<workload>-<tag>.json`).
     #[arg(long)]
     pub tag: Option<String>,
@@ -135,16 +142,11 @@ pub struct SnapshotArgs {
     /// Updates timed right after a snapshot and without one.
     #[arg(long, default_value_t = 2000)]
     pub first_writes: usize,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    #[arg(long)]
-    pub tag: Option<String>,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// duet (in process: db.snapshot(), fork, deep copy) and/or wire (named
     /// snapshots over the wire: createSnapshot/dropSnapshot, retained bytes).
     #[arg(long, value_delimiter = ',', default_value = "duet")]
@@ -195,16 +197,11 @@ pub struct SpaceArgs {
     /// Interval of the (O(size)) retained-cost walks of held snapshots.
     #[arg(long, default_value_t = 1000)]
     pub retained_every_ms: u64,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    #[arg(long)]
-    pub tag: Option<String>,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -263,16 +260,11 @@ pub struct TpcchArgs {
     /// reference evaluation (materializes a copy of the data set).
     #[arg(long)]
     pub verify: bool,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    #[arg(long)]
-    pub tag: Option<String>,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -360,7 +352,7 @@ fn ycsb(a: &YcsbArgs) -> Result<BenchResult> {
         operations: a.operations,
         distribution: a.distribution,
         workloads: a.workloads.clone(),
-        seed: c.seed,
+        seed: c.run.seed,
         repeat: c.repeat.max(1),
     };
     let mut params = serde_json::to_value(&p)?;
@@ -370,10 +362,17 @@ fn ycsb(a: &YcsbArgs) -> Result<BenchResult> {
         params["threads"] = serde_json::to_value(&a.thread_counts)?;
         a.thread_counts.clone()
     };
-    run_workload("ycsb", params, p.repeat, c.output(), |sink| {
+    run_workload("ycsb", params, p.repeat, c.run.output(), |sink| {
         let built = targets(&c.targets, &c.connect(), sink)?;
         let ts = capable(&built, "ycsb", |t| t.as_ycsb())?;
-        ycsb::run(&ts, &p, &counts, c.quiet, &mut sink.col, &mut sink.notes)
+        ycsb::run(
+            &ts,
+            &p,
+            &counts,
+            c.run.quiet,
+            &mut sink.col,
+            &mut sink.notes,
+        )
     })
 }
 
@@ -387,7 +386,7 @@ fn htap(a: &HtapArgs) -> Result<BenchResult> {
         analytics: a.analytics.clone(),
         scans: a.scans.clone(),
         update_rate: a.update_rate,
-        seed: c.seed,
+        seed: c.run.seed,
         repeat: c.repeat.max(1),
     };
     let mut remset_modes = Vec::new();
@@ -403,7 +402,7 @@ fn htap(a: &HtapArgs) -> Result<BenchResult> {
         "htap",
         serde_json::to_value(&p)?,
         p.repeat,
-        c.output(),
+        c.run.output(),
         |sink| {
             let mut built = targets(&c.targets, &c.connect(), sink)?;
             for mode in remset_modes {
@@ -412,7 +411,7 @@ fn htap(a: &HtapArgs) -> Result<BenchResult> {
                 built.push(Box::new(t));
             }
             let ts = capable(&built, "htap", |t| t.as_htap())?;
-            htap::run(&ts, &p, c.quiet, &mut sink.col, &mut sink.notes)
+            htap::run(&ts, &p, c.run.quiet, &mut sink.col, &mut sink.notes)
         },
     )
 }
@@ -448,22 +447,18 @@ fn snapshot(a: &SnapshotArgs) -> Result<BenchResult> {
         sizes_mb: a.sizes_mb.clone(),
         rewrite_pct: a.rewrite_pct.clone(),
         first_writes: a.first_writes,
-        seed: a.seed,
+        seed: a.run.seed,
         repeat: a.repeat.max(1),
-    };
-    let to = Output {
-        out: &a.out,
-        tag: &a.tag,
     };
     run_workload(
         "snapshot",
         serde_json::to_value(&p)?,
         p.repeat,
-        to,
+        a.run.output(),
         |sink| {
             one_at_a_time(&a.targets, &a.uri, sink, |t, sink| {
                 let ts = capable(t, "snapshot", |t| t.as_snapshot())?;
-                snapshot::run(&ts, &p, a.quiet, sink)
+                snapshot::run(&ts, &p, a.run.quiet, sink)
             })
         },
     )
@@ -487,21 +482,23 @@ fn space(a: &SpaceArgs) -> Result<BenchResult> {
         work_ns_per_doc: a.work_ns_per_doc,
         sample_ms: a.sample_ms,
         retained_every_ms: a.retained_every_ms,
-        seed: a.seed,
+        seed: a.run.seed,
         repeat: a.repeat.max(1),
     };
-    let to = Output {
-        out: &a.out,
-        tag: &a.tag,
-    };
-    let r = run_workload("space", serde_json::to_value(&p)?, p.repeat, to, |sink| {
-        one_at_a_time(&a.targets, &a.uri, sink, |t, sink| {
-            let ts = capable(t, "space", |t| t.as_space())?;
-            space::run(&ts, &p, a.quiet, sink)
-        })
-    })?;
+    let r = run_workload(
+        "space",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        a.run.output(),
+        |sink| {
+            one_at_a_time(&a.targets, &a.uri, sink, |t, sink| {
+                let ts = capable(t, "space", |t| t.as_space())?;
+                space::run(&ts, &p, a.run.quiet, sink)
+            })
+        },
+    )?;
     // The chart beside the JSON (`report` redraws it into the charts directory).
-    let charts = crate::report::charts_for(&r, &a.out.join(file_name("space", &a.tag)))?;
+    let charts = crate::report::charts_for(&r, &a.run.out.join(file_name("space", &a.run.tag)))?;
     for (_, p) in charts {
         eprintln!("wrote {}", p.display());
     }
@@ -526,15 +523,15 @@ fn ycsb_t(a: &YcsbTArgs) -> Result<BenchResult> {
         distribution: a.distribution,
         txn_size: a.txn_size,
         max_attempts: a.max_attempts.max(1),
-        seed: c.seed,
+        seed: c.run.seed,
         repeat: c.repeat.max(1),
     };
     run_workload(
         "ycsb-t",
         serde_json::to_value(&p)?,
         p.repeat,
-        c.output(),
-        |sink| ycsbt::run(&p, c.quiet, &mut sink.col, &mut sink.notes),
+        c.run.output(),
+        |sink| ycsbt::run(&p, c.run.quiet, &mut sink.col, &mut sink.notes),
     )
 }
 
@@ -554,25 +551,28 @@ fn tpcch(a: &TpcchArgs) -> Result<BenchResult> {
         query_threads: a.query_threads.max(1),
         max_attempts: a.max_attempts.max(1),
         verify: a.verify,
-        seed: a.seed,
+        seed: a.run.seed,
         repeat: a.repeat.max(1),
     };
-    let to = Output {
-        out: &a.out,
-        tag: &a.tag,
-    };
-    run_workload("tpcch", serde_json::to_value(&p)?, p.repeat, to, |sink| {
-        tpcch::run(&p, a.quiet, &mut sink.col, &mut sink.notes)
-    })
+    run_workload(
+        "tpcch",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        a.run.output(),
+        |sink| tpcch::run(&p, a.run.quiet, &mut sink.col, &mut sink.notes),
+    )
 }
 
-impl Common {
+impl RunArgs {
     fn output(&self) -> Output<'_> {
         Output {
             out: &self.out,
             tag: &self.tag,
         }
     }
+}
+
+impl Common {
     fn connect(&self) -> Connect<'_> {
         Connect {
             uri: &self.uri,
