@@ -34,7 +34,7 @@ use crate::result::{case, Collector};
 use crate::stats::{median, spread};
 use crate::targets::Strategy;
 use crate::tpch::{self, Answer, Q17Params, Query};
-use crate::workload::ycsbt::{add_txn_figures, attempt_loop, IsolationArg, TxnStats};
+use crate::workload::ycsbt::{add_txn_figures, attempt_loop, txn_cells, IsolationArg, TxnStats};
 use crate::workload::{timed_cell, CellClock};
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -297,29 +297,20 @@ pub fn run(p: &Params, quiet: bool, col: &mut Collector, notes: &mut Vec<String>
                 loaded.order_lines, loaded.new_orders, ctx.q17.brand, ctx.q17.container
             ));
         }
-        let mut cell_no = 0u64;
-        for &iso in &p.isolations {
-            for &k in &p.analytics {
-                let strategies: Vec<Option<Strategy>> = if k == 0 {
-                    vec![None]
-                } else {
-                    p.strategies.iter().copied().map(Some).collect()
-                };
-                for strategy in strategies {
-                    cell_no += 1;
-                    let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
-                    let s = strategy.unwrap_or(Strategy::Cow);
-                    let cell = run_cell(&ctx, p, iso, s, k, seed, quiet)?;
-                    record_cell(col, target, iso, strategy, k, &cell);
-                    if cell.q4_wrong > 0 {
-                        notes.push(format!(
-                            "{target} {} {} K={k}: {} Q4 answers differed from the answer at load (Q4's inputs are never written)",
-                            iso.name(),
-                            s.name(),
-                            cell.q4_wrong
-                        ));
-                    }
-                }
+        for (cell_no, (iso, k, strategy)) in
+            (1u64..).zip(txn_cells(&p.isolations, &p.analytics, &p.strategies))
+        {
+            let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
+            let s = strategy.unwrap_or(Strategy::Cow);
+            let cell = run_cell(&ctx, p, iso, s, k, seed, quiet)?;
+            record_cell(col, target, iso, strategy, k, &cell);
+            if cell.q4_wrong > 0 {
+                notes.push(format!(
+                    "{target} {} {} K={k}: {} Q4 answers differed from the answer at load (Q4's inputs are never written)",
+                    iso.name(),
+                    s.name(),
+                    cell.q4_wrong
+                ));
             }
         }
         check_quiesced(&ctx, p)?;

@@ -383,6 +383,27 @@ fn run_cell(
     })
 }
 
+/// The cells of a transactional workload (ycsb-t, tpcch), in run order: per
+/// isolation level and K, one cell per strategy, and a single cell with no
+/// strategy (recorded as `-`) where no analytic thread runs.
+pub fn txn_cells(
+    isolations: &[IsolationArg],
+    analytics: &[usize],
+    strategies: &[Strategy],
+) -> Vec<(IsolationArg, usize, Option<Strategy>)> {
+    let mut out = Vec::new();
+    for &iso in isolations {
+        for &k in analytics {
+            if k == 0 {
+                out.push((iso, k, None));
+            } else {
+                out.extend(strategies.iter().map(|&s| (iso, k, Some(s))));
+            }
+        }
+    }
+    out
+}
+
 /// Record the transaction figures of one cell.
 pub fn add_txn_figures(
     col: &mut Collector,
@@ -463,53 +484,44 @@ pub fn run(p: &Params, quiet: bool, col: &mut Collector, notes: &mut Vec<String>
             p.records as f64 / t0.elapsed().as_secs_f64().max(1e-9),
         );
         let mut commits_total = 0u64;
-        let mut cell_no = 0u64;
-        for &iso in &p.isolations {
-            for &k in &p.analytics {
-                let strategies: Vec<Option<Strategy>> = if k == 0 {
-                    vec![None]
-                } else {
-                    p.strategies.iter().copied().map(Some).collect()
-                };
-                for strategy in strategies {
-                    cell_no += 1;
-                    let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
-                    let s = strategy.unwrap_or(Strategy::Cow);
-                    let cell = run_cell(&db, p, iso, s, k, seed, quiet)?;
-                    commits_total += cell.stats.commits;
-                    let sname = strategy.map_or("-", Strategy::name);
-                    let ks = k.to_string();
-                    let c = case(&[
-                        ("isolation", iso.name()),
-                        ("strategy", sname),
-                        ("analytics", &ks),
-                    ]);
-                    add_txn_figures(col, target, &c, "", &cell.stats, cell.wall_s);
-                    if k > 0 {
-                        col.add(target, &c, "scans_completed", cell.scan_ms.len() as f64);
-                        col.add(target, &c, "scan_ms_median", median(&cell.scan_ms));
-                        col.add(target, &c, "torn_scans", cell.torn as f64);
-                        if cell.torn > 0 && s != Strategy::None {
-                            notes.push(format!(
-                                "{target} {} {sname} K={k}: {} scans saw part of a transaction (not a consistent snapshot)",
-                                iso.name(),
-                                cell.torn
-                            ));
-                        }
-                    }
-                    note(
-                        quiet,
-                        &format!(
-                            "[ycsb-t] {} {sname} K={k}: {:.0} txn/s, {:.0} conflicts/s, commit p99 {:.0} µs, scan median {:.1} ms",
-                            iso.name(),
-                            cell.stats.commits as f64 / cell.wall_s.max(1e-9),
-                            cell.stats.conflicts as f64 / cell.wall_s.max(1e-9),
-                            cell.stats.commit_lat.quantile_us(0.99),
-                            median(&cell.scan_ms)
-                        ),
-                    );
+        for (cell_no, (iso, k, strategy)) in
+            (1u64..).zip(txn_cells(&p.isolations, &p.analytics, &p.strategies))
+        {
+            let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
+            let s = strategy.unwrap_or(Strategy::Cow);
+            let cell = run_cell(&db, p, iso, s, k, seed, quiet)?;
+            commits_total += cell.stats.commits;
+            let sname = strategy.map_or("-", Strategy::name);
+            let ks = k.to_string();
+            let c = case(&[
+                ("isolation", iso.name()),
+                ("strategy", sname),
+                ("analytics", &ks),
+            ]);
+            add_txn_figures(col, target, &c, "", &cell.stats, cell.wall_s);
+            if k > 0 {
+                col.add(target, &c, "scans_completed", cell.scan_ms.len() as f64);
+                col.add(target, &c, "scan_ms_median", median(&cell.scan_ms));
+                col.add(target, &c, "torn_scans", cell.torn as f64);
+                if cell.torn > 0 && s != Strategy::None {
+                    notes.push(format!(
+                        "{target} {} {sname} K={k}: {} scans saw part of a transaction (not a consistent snapshot)",
+                        iso.name(),
+                        cell.torn
+                    ));
                 }
             }
+            note(
+                quiet,
+                &format!(
+                    "[ycsb-t] {} {sname} K={k}: {:.0} txn/s, {:.0} conflicts/s, commit p99 {:.0} µs, scan median {:.1} ms",
+                    iso.name(),
+                    cell.stats.commits as f64 / cell.wall_s.max(1e-9),
+                    cell.stats.conflicts as f64 / cell.wall_s.max(1e-9),
+                    cell.stats.commit_lat.quantile_us(0.99),
+                    median(&cell.scan_ms)
+                ),
+            );
         }
         // No lost update: each commit added exactly txn_size to Σ n.
         let sum = sum_n(&db, Strategy::Cow)?;
