@@ -30,7 +30,7 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions};
 
 use crate::targets::{
-    htap_doc, Field, HtapSession, HtapTarget, Strategy, Target, VPerm, YcsbSession, YcsbTarget,
+    htap_doc, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession, YcsbTarget,
 };
 
 pub const DESCRIPTION: &str = "lmdb: LMDB (heed, mdb.master) on a temp dir, NO_SYNC, map size DUET_BENCH_LMDB_MAP_GIB (default 64 GiB, sparse); documents as BSON under a u64 big-endian key, secondary index (v, id) in a second database maintained in the same write transaction; analytics in one read transaction (LMDB MVCC snapshot); one writer at a time (LMDB's writer lock); index range counts read the index only";
@@ -164,20 +164,7 @@ fn fields_doc(fields: &[Field]) -> Result<Vec<u8>> {
     Ok(d.to_vec()?)
 }
 
-impl Target for Lmdb {
-    fn name(&self) -> String {
-        "lmdb".into()
-    }
-    fn setup_note(&self) -> Option<String> {
-        Some(DESCRIPTION.into())
-    }
-    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
-        Some(self)
-    }
-    fn as_htap(&self) -> Option<&dyn HtapTarget> {
-        Some(self)
-    }
-}
+peer_target!(Lmdb, "lmdb", DESCRIPTION);
 
 impl YcsbTarget for Lmdb {
     fn reset(&self) -> Result<()> {

@@ -4,6 +4,29 @@
 //! The MongoDB-wire target (`crate::wire`) is built with the default feature
 //! `wire`.
 
+/// The `Target` of a peer: its name, its description (recorded in the
+/// notes) and its capabilities, YCSB and HTAP (the others measure duetdb's
+/// own snapshots).
+#[allow(unused_macros)] // unused when no peer is built in
+macro_rules! peer_target {
+    ($ty:ty, $name:expr, $note:expr) => {
+        impl crate::targets::Target for $ty {
+            fn name(&self) -> String {
+                $name.into()
+            }
+            fn setup_note(&self) -> Option<String> {
+                Some($note.into())
+            }
+            fn as_ycsb(&self) -> Option<&dyn crate::targets::YcsbTarget> {
+                Some(self)
+            }
+            fn as_htap(&self) -> Option<&dyn crate::targets::HtapTarget> {
+                Some(self)
+            }
+        }
+    };
+}
+
 #[cfg(feature = "lmdb")]
 pub mod lmdb;
 #[cfg(feature = "postgres")]

@@ -13,7 +13,7 @@ use anyhow::{anyhow, Context, Result};
 use postgres::{Client, NoTls};
 
 use crate::targets::{
-    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, Target, VPerm, YcsbSession,
+    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession,
     YcsbTarget,
 };
 
@@ -49,20 +49,7 @@ struct Session {
     c: Client,
 }
 
-impl Target for Postgres {
-    fn name(&self) -> String {
-        "postgres".into()
-    }
-    fn setup_note(&self) -> Option<String> {
-        Some(DESCRIPTION.into())
-    }
-    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
-        Some(self)
-    }
-    fn as_htap(&self) -> Option<&dyn HtapTarget> {
-        Some(self)
-    }
-}
+peer_target!(Postgres, "postgres", DESCRIPTION);
 
 impl YcsbTarget for Postgres {
     fn reset(&self) -> Result<()> {

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use rusqlite::{params, Connection};
 
 use crate::targets::{
-    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, Target, VPerm, YcsbSession,
+    checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession,
     YcsbTarget,
 };
 
@@ -66,20 +66,7 @@ struct Session {
     c: Connection,
 }
 
-impl Target for Sqlite {
-    fn name(&self) -> String {
-        "sqlite-wal".into()
-    }
-    fn setup_note(&self) -> Option<String> {
-        Some(DESCRIPTION.into())
-    }
-    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
-        Some(self)
-    }
-    fn as_htap(&self) -> Option<&dyn HtapTarget> {
-        Some(self)
-    }
-}
+peer_target!(Sqlite, "sqlite-wal", DESCRIPTION);
 
 impl YcsbTarget for Sqlite {
     fn reset(&self) -> Result<()> {

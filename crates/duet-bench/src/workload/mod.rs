@@ -1,6 +1,10 @@
-//! The named workloads and what they share: a run budget (duration or
-//! operation count) checked by every client thread, and a runner that starts
-//! client threads, shows progress and collects their results.
+//! The named workloads, each one body written against the capability it
+//! needs from a target (`crate::targets`), and what they share: a run budget
+//! (duration or operation count) checked by every client thread and a runner
+//! that starts client threads (`ycsb`); the timed cell of writers beside
+//! readers (`htap`, `ycsb-t`, `tpcch`); the pacing of an update stream; one
+//! join loop. `ycsb-t` and `tpcch` run on the embedded engine only: they
+//! drive its transactions directly.
 
 pub mod htap;
 pub mod snapshot;
