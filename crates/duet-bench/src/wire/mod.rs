@@ -14,6 +14,11 @@
 //! created (and connected, with a `ping`) when a run first needs them, so the
 //! timed phases that follow a load never pay for connection set-up.
 //!
+//! The wire target serves every workload capability (`crate::targets`):
+//! YCSB and HTAP on any MongoDB-wire server, `snapshot` and `space` only on
+//! duetdb, whose own commands they need (`as_snapshot`/`as_space` are `None`
+//! for another server, and the workload refuses it before it runs).
+//!
 //! `--uri self` starts a `duet serve` in this process for the run (see
 //! [`spawn`]); otherwise the URI names a running server. Whether the server is
 //! duetdb is read from `serverStatus` (a `duet` section): only then are the
