@@ -219,6 +219,50 @@ pub fn item_doc(i: u64, rng: &mut StdRng) -> Document {
     }
 }
 
+/// Where generated documents go: `(collection, batch)`.
+type Sink<'a> = dyn FnMut(&str, Vec<Document>) -> Result<()> + 'a;
+
+/// One collection's documents gathered into batches of at most `batch`.
+struct Batches {
+    name: &'static str,
+    buf: Vec<Document>,
+    batch: usize,
+}
+
+impl Batches {
+    fn new(name: &'static str, batch: usize) -> Batches {
+        Batches {
+            name,
+            buf: Vec::with_capacity(batch),
+            batch,
+        }
+    }
+
+    fn push(&mut self, sink: &mut Sink, d: Document) -> Result<()> {
+        self.buf.push(d);
+        if self.buf.len() >= self.batch {
+            sink(self.name, std::mem::take(&mut self.buf))?;
+        }
+        Ok(())
+    }
+
+    fn finish(self, sink: &mut Sink) -> Result<()> {
+        if !self.buf.is_empty() {
+            sink(self.name, self.buf)?;
+        }
+        Ok(())
+    }
+}
+
+/// The two random streams of a generation; each part draws from them in a
+/// fixed order, so the data set is a function of (seed, scale).
+struct Streams {
+    rng: StdRng,
+    /// The second stream: values of the fields and collections the
+    /// transactions added.
+    aux: StdRng,
+}
+
 /// Generate the whole data set, handing each collection's documents to `sink`
 /// in batches of at most `batch` (deterministic for a given seed and scale).
 pub fn generate(
@@ -227,98 +271,137 @@ pub fn generate(
     batch: usize,
     mut sink: impl FnMut(&str, Vec<Document>) -> Result<()>,
 ) -> Result<()> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    // The second stream: values of the fields and collections the transactions added.
-    let mut aux = StdRng::seed_from_u64(seed ^ 0x7dc_c0de);
-    let batch = batch.max(1);
-    let mut buf: Vec<Document> = Vec::with_capacity(batch);
-    type Sink<'a> = dyn FnMut(&str, Vec<Document>) -> Result<()> + 'a;
-    let flush = |sink: &mut Sink, name: &str, buf: &mut Vec<Document>, force: bool| -> Result<()> {
-        if !buf.is_empty() && (force || buf.len() >= batch) {
-            sink(name, std::mem::take(buf))?;
-        }
-        Ok(())
+    let mut st = Streams {
+        rng: StdRng::seed_from_u64(seed),
+        aux: StdRng::seed_from_u64(seed ^ 0x7dc_c0de),
     };
+    let batch = batch.max(1);
+    let prices = generate_items(scale, &mut st, batch, &mut sink)?;
+    generate_districts(scale, &mut st, batch, &mut sink)?;
+    generate_customers_and_stock(scale, &mut st, batch, &mut sink)?;
+    generate_orders(scale, &prices, &mut st, batch, &mut sink)
+}
 
-    // item: prices are looked up again by the order lines below.
+/// `item`; returns the prices, which the order lines look up again.
+fn generate_items(
+    scale: &Scale,
+    st: &mut Streams,
+    batch: usize,
+    sink: &mut Sink,
+) -> Result<Vec<i64>> {
+    let mut items = Batches::new(ITEM, batch);
     let mut prices = Vec::with_capacity(scale.items as usize);
     for i in 0..scale.items {
-        let d = item_doc(i, &mut rng);
+        let d = item_doc(i, &mut st.rng);
         prices.push(d.get_i64("i_price_cents").unwrap_or(100));
-        buf.push(d);
-        flush(&mut sink, ITEM, &mut buf, false)?;
+        items.push(sink, d)?;
     }
-    flush(&mut sink, ITEM, &mut buf, true)?;
+    items.finish(sink)?;
+    Ok(prices)
+}
 
+/// `warehouse` and `district`.
+fn generate_districts(
+    scale: &Scale,
+    st: &mut Streams,
+    batch: usize,
+    sink: &mut Sink,
+) -> Result<()> {
+    let mut warehouses = Batches::new(WAREHOUSE, batch);
     for w in 0..scale.warehouses {
-        buf.push(doc! {
+        let d = doc! {
             "_id": w as i64,
             "w_name": format!("wh-{w}"),
             "w_ytd_cents": W_YTD_START_CENTS,
-            "w_tax_pct": aux.gen_range(0..=20i64),
-        });
+            "w_tax_pct": st.aux.gen_range(0..=20i64),
+        };
+        warehouses.push(sink, d)?;
     }
-    flush(&mut sink, WAREHOUSE, &mut buf, true)?;
+    warehouses.finish(sink)?;
     // Condition 1 at load: 10 districts of D_YTD_START_CENTS make W_YTD_START_CENTS.
     debug_assert_eq!(
         scale.districts_per_warehouse as i64 * D_YTD_START_CENTS,
         W_YTD_START_CENTS
     );
+    let mut districts = Batches::new(DISTRICT, batch);
     for dk in 0..scale.districts() {
-        buf.push(doc! {
+        let d = doc! {
             "_id": dk as i64,
             "d_w_id": (dk / scale.districts_per_warehouse) as i64,
             "d_next_o_id": scale.orders_per_district as i64 + 1,
             "d_ytd_cents": D_YTD_START_CENTS,
-            "d_tax_pct": aux.gen_range(0..=20i64),
-        });
+            "d_tax_pct": st.aux.gen_range(0..=20i64),
+        };
+        districts.push(sink, d)?;
     }
-    flush(&mut sink, DISTRICT, &mut buf, true)?;
+    districts.finish(sink)
+}
+
+/// `customer` and `stock`.
+fn generate_customers_and_stock(
+    scale: &Scale,
+    st: &mut Streams,
+    batch: usize,
+    sink: &mut Sink,
+) -> Result<()> {
     let names = last_names_in_use(scale);
     let name_a = nurand_a(names, 255, 1000);
+    let mut customers = Batches::new(CUSTOMER, batch);
     for dk in 0..scale.districts() {
         for c in 0..scale.customers_per_district {
             let last = if c < names {
                 c
             } else {
-                nurand(&mut aux, name_a, 0, names - 1, 0)
+                nurand(&mut st.aux, name_a, 0, names - 1, 0)
             };
-            buf.push(doc! {
+            let d = doc! {
                 "_id": (dk * scale.customers_per_district + c) as i64,
                 "c_d_key": dk as i64,
                 "c_last": last_name(last),
                 "c_balance_cents": -1000i64,
                 "c_ytd_payment_cents": 1000i64,
                 "c_payment_cnt": 1i64,
-                "c_discount_pct": aux.gen_range(0..=50i64),
-                "c_data": format!("{:c>40}", rng.gen::<u32>()),
-            });
-            flush(&mut sink, CUSTOMER, &mut buf, false)?;
+                "c_discount_pct": st.aux.gen_range(0..=50i64),
+                "c_data": format!("{:c>40}", st.rng.gen::<u32>()),
+            };
+            customers.push(sink, d)?;
         }
     }
-    flush(&mut sink, CUSTOMER, &mut buf, true)?;
+    customers.finish(sink)?;
+    let mut stock = Batches::new(STOCK, batch);
     for w in 0..scale.warehouses {
         for i in 0..scale.items {
-            buf.push(doc! {
+            let d = doc! {
                 "_id": (w * scale.items + i) as i64,
                 "s_w_id": w as i64,
                 "s_i_id": i as i64,
-                "s_quantity": aux.gen_range(10..=100i64),
+                "s_quantity": st.aux.gen_range(10..=100i64),
                 "s_ytd": 0i64,
                 "s_order_cnt": 0i64,
                 "s_remote_cnt": 0i64,
-            });
-            flush(&mut sink, STOCK, &mut buf, false)?;
+            };
+            stock.push(sink, d)?;
         }
     }
-    flush(&mut sink, STOCK, &mut buf, true)?;
+    stock.finish(sink)
+}
 
-    // orders in entry-day order: o_key grows with time (as TPC-C order ids do
-    // per district), spread over 1992-01-01..1998-08-02.
+/// `orders`, `order_line` and `new_order`, in entry-day order: o_key grows
+/// with time (as TPC-C order ids do per district), spread over
+/// 1992-01-01..1998-08-02.
+fn generate_orders(
+    scale: &Scale,
+    prices: &[i64],
+    st: &mut Streams,
+    batch: usize,
+    sink: &mut Sink,
+) -> Result<()> {
     let orders = scale.orders();
-    let mut lines: Vec<Document> = Vec::with_capacity(batch);
-    let mut new_orders: Vec<Document> = Vec::with_capacity(batch);
+    let mut order_docs = Batches::new(ORDERS, batch);
+    let mut lines = Batches::new(ORDER_LINE, batch);
+    let mut new_orders = Batches::new(NEW_ORDER, batch);
     let first_undelivered = scale.orders_per_district - scale.undelivered_per_district() + 1;
+    let rng = &mut st.rng;
     for o in 0..orders {
         let entry_day = (o as i64 * LAST_ENTRY_DAY) / orders.max(1) as i64;
         let dk = o % scale.districts();
@@ -326,12 +409,10 @@ pub fn generate(
         debug_assert_eq!(scale.order_key(dk, o_id), o);
         let ol_cnt = rng.gen_range(5..=15i64);
         if o_id >= first_undelivered {
-            new_orders.push(doc! {"_id": o as i64, "no_d_key": dk as i64, "no_o_id": o_id as i64});
-            if new_orders.len() >= batch {
-                sink(NEW_ORDER, std::mem::take(&mut new_orders))?;
-            }
+            let d = doc! {"_id": o as i64, "no_d_key": dk as i64, "no_o_id": o_id as i64};
+            new_orders.push(sink, d)?;
         }
-        buf.push(doc! {
+        let d = doc! {
             "_id": o as i64,
             "o_id": o_id as i64,
             "o_d_key": dk as i64,
@@ -340,54 +421,51 @@ pub fn generate(
             "o_orderpriority": PRIORITIES[rng.gen_range(0..PRIORITIES.len())],
             "o_ol_cnt": ol_cnt,
             "o_comment": format!("{:o>20}", rng.gen::<u32>()),
-        });
-        flush(&mut sink, ORDERS, &mut buf, false)?;
+        };
+        order_docs.push(sink, d)?;
         for n in 1..=ol_cnt {
-            let i_id = rng.gen_range(0..scale.items);
-            let qty = rng.gen_range(1..=50i64);
-            let ship = entry_day + rng.gen_range(1..=121i64);
-            let commit = entry_day + rng.gen_range(30..=90i64);
-            let receipt = ship + rng.gen_range(1..=30i64);
-            let returnflag = if receipt <= CURRENT_DAY {
-                if rng.gen_bool(0.5) {
-                    "R"
-                } else {
-                    "A"
-                }
-            } else {
-                "N"
-            };
-            let linestatus = if ship > CURRENT_DAY { "O" } else { "F" };
-            let price = prices.get(i_id as usize).copied().unwrap_or(100);
-            lines.push(doc! {
-                "_id": o as i64 * LINES_PER_KEY + n,
-                "ol_o_key": o as i64,
-                "ol_number": n,
-                "ol_i_id": i_id as i64,
-                "ol_quantity": qty,
-                "ol_extendedprice_cents": qty * price,
-                "ol_discount_pct": rng.gen_range(0..=10i64),
-                "ol_tax_pct": rng.gen_range(0..=8i64),
-                "ol_returnflag": returnflag,
-                "ol_linestatus": linestatus,
-                "ol_shipdate_day": ship,
-                "ol_commitdate_day": commit,
-                "ol_receiptdate_day": receipt,
-                "ol_note": format!("{:n>24}", rng.gen::<u32>()),
-            });
-            if lines.len() >= batch {
-                sink(ORDER_LINE, std::mem::take(&mut lines))?;
-            }
+            lines.push(sink, order_line(o, n, entry_day, prices, rng))?;
         }
     }
-    flush(&mut sink, ORDERS, &mut buf, true)?;
-    if !lines.is_empty() {
-        sink(ORDER_LINE, lines)?;
+    order_docs.finish(sink)?;
+    lines.finish(sink)?;
+    new_orders.finish(sink)
+}
+
+/// Line `n` of order `o` (key `o * LINES_PER_KEY + n`).
+fn order_line(o: u64, n: i64, entry_day: i64, prices: &[i64], rng: &mut StdRng) -> Document {
+    let i_id = rng.gen_range(0..prices.len() as u64);
+    let qty = rng.gen_range(1..=50i64);
+    let ship = entry_day + rng.gen_range(1..=121i64);
+    let commit = entry_day + rng.gen_range(30..=90i64);
+    let receipt = ship + rng.gen_range(1..=30i64);
+    let returnflag = if receipt <= CURRENT_DAY {
+        if rng.gen_bool(0.5) {
+            "R"
+        } else {
+            "A"
+        }
+    } else {
+        "N"
+    };
+    let linestatus = if ship > CURRENT_DAY { "O" } else { "F" };
+    let price = prices.get(i_id as usize).copied().unwrap_or(100);
+    doc! {
+        "_id": o as i64 * LINES_PER_KEY + n,
+        "ol_o_key": o as i64,
+        "ol_number": n,
+        "ol_i_id": i_id as i64,
+        "ol_quantity": qty,
+        "ol_extendedprice_cents": qty * price,
+        "ol_discount_pct": rng.gen_range(0..=10i64),
+        "ol_tax_pct": rng.gen_range(0..=8i64),
+        "ol_returnflag": returnflag,
+        "ol_linestatus": linestatus,
+        "ol_shipdate_day": ship,
+        "ol_commitdate_day": commit,
+        "ol_receiptdate_day": receipt,
+        "ol_note": format!("{:n>24}", rng.gen::<u32>()),
     }
-    if !new_orders.is_empty() {
-        sink(NEW_ORDER, new_orders)?;
-    }
-    Ok(())
 }
 
 /// What was loaded.

@@ -3,15 +3,15 @@
 //! writes `<out>/<workload>[-tag].json` + `.md`; `report` turns a results
 //! directory into BENCHMARKS.md sections and PNG charts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
 use crate::gen::Distribution;
-use crate::peers::{self, TargetName};
-use crate::result::{BenchResult, Collector, Started};
-use crate::target::Strategy;
+use crate::peers::{self, Connect, TargetName};
+use crate::result::{BenchResult, Sink, Started};
+use crate::targets::{capable, Embedded, Strategy, Target};
 use crate::workload::{htap, snapshot, space, tpcch, ycsb, ycsbt};
 
 #[derive(Subcommand, Debug)]
@@ -49,13 +49,8 @@ pub struct Common {
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Snapshot strategies for analytic reads (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "cow")]
+    #[arg(long, value_delimiter = ',', default_value = "cow", value_parser = crate::targets::strategy_arg())]
     pub strategy: Vec<Strategy>,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    /// Directory for JSON and Markdown results.
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
     /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
@@ -74,6 +69,18 @@ pub struct Common {
     /// `self-durable` (the same on a temporary data directory, fsync durability).
     #[arg(long, default_value = "self")]
     pub uri: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Flags of every workload command: the seed, where results go, how loud.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Directory for JSON and Markdown results.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
     /// Suffix of the result file names (`<workload>-<tag>.json`).
     #[arg(long)]
     pub tag: Option<String>,
@@ -135,16 +142,11 @@ pub struct SnapshotArgs {
     /// Updates timed right after a snapshot and without one.
     #[arg(long, default_value_t = 2000)]
     pub first_writes: usize,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    #[arg(long)]
-    pub tag: Option<String>,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// duet (in process: db.snapshot(), fork, deep copy) and/or wire (named
     /// snapshots over the wire: createSnapshot/dropSnapshot, retained bytes).
     #[arg(long, value_delimiter = ',', default_value = "duet")]
@@ -195,16 +197,11 @@ pub struct SpaceArgs {
     /// Interval of the (O(size)) retained-cost walks of held snapshots.
     #[arg(long, default_value_t = 1000)]
     pub retained_every_ms: u64,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    #[arg(long)]
-    pub tag: Option<String>,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -245,7 +242,7 @@ pub struct TpcchArgs {
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub analytics: Vec<usize>,
     /// Snapshot strategies of the analytic queries.
-    #[arg(long, value_delimiter = ',', default_value = "olcp")]
+    #[arg(long, value_delimiter = ',', default_value = "olcp", value_parser = crate::targets::strategy_arg())]
     pub strategy: Vec<Strategy>,
     /// Isolation levels of the transactions: si, serializable.
     #[arg(long, value_delimiter = ',', default_value = "si")]
@@ -263,16 +260,11 @@ pub struct TpcchArgs {
     /// reference evaluation (materializes a copy of the data set).
     #[arg(long)]
     pub verify: bool,
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    #[arg(long, default_value = "bench-results")]
-    pub out: PathBuf,
+    /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
-    #[arg(long)]
-    pub tag: Option<String>,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -295,230 +287,296 @@ fn file_name(workload: &str, tag: &Option<String>) -> String {
     }
 }
 
-fn finish(result: BenchResult, out: &std::path::Path, tag: &Option<String>) -> Result<BenchResult> {
-    let path = result.write(out, &file_name(&result.workload, tag))?;
+/// Run one `duet bench` command; returns the result of a workload command.
+pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
+    match cmd {
+        BenchCommand::Ycsb(a) => ycsb(&a).map(Some),
+        BenchCommand::Htap(a) => htap(&a).map(Some),
+        BenchCommand::Snapshot(a) => snapshot(&a).map(Some),
+        BenchCommand::Space(a) => space(&a).map(Some),
+        BenchCommand::YcsbT(a) => ycsb_t(&a).map(Some),
+        BenchCommand::Tpcch(a) => tpcch(&a).map(Some),
+        BenchCommand::Report(a) => {
+            crate::report::regenerate(&a.results, &a.out, &a.charts)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Where a workload's result goes.
+struct Output<'a> {
+    out: &'a Path,
+    tag: &'a Option<String>,
+}
+
+/// The one runner of every workload command: capture the machine and the
+/// start, run `body` (which builds its targets, so their set-up counts in
+/// the wall time) into a fresh [`Sink`], assemble the result with the
+/// parameters, write `<out>/<workload>[-tag].json` and `.md`, and print the
+/// Markdown table.
+fn run_workload(
+    workload: &str,
+    params: serde_json::Value,
+    repeat: usize,
+    to: Output,
+    body: impl FnOnce(&mut Sink) -> Result<()>,
+) -> Result<BenchResult> {
+    let started = Started::now();
+    let mut sink = Sink::default();
+    body(&mut sink)?;
+    let Sink { col, notes, series } = sink;
+    let result = BenchResult::finish(workload, params, repeat, started, notes, col.figures())
+        .with_series(series);
+    let path = result.write(to.out, &file_name(workload, to.tag))?;
     println!("{}", crate::report::markdown_for(&result, None));
     eprintln!("wrote {}", path.display());
     Ok(result)
 }
 
-/// Run one `duet bench` command; returns the result of a workload command.
-pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
-    match cmd {
-        BenchCommand::Ycsb(a) => {
-            let started = Started::now();
-            let c = &a.common;
-            let p = ycsb::Params {
-                records: c.records,
-                field_count: a.field_count,
-                field_length: a.field_length,
-                threads: c.threads.max(1),
-                seconds: c.seconds,
-                operations: a.operations,
-                distribution: a.distribution,
-                workloads: a.workloads.clone(),
-                seed: c.seed,
-                repeat: c.repeat.max(1),
-            };
-            let targets = peers::ycsb_targets(c)?;
-            let mut col = Collector::default();
-            let mut notes = peers::notes(c);
-            notes.extend(targets.iter().filter_map(|t| t.setup_note()));
-            let mut params = serde_json::to_value(&p)?;
-            if a.thread_counts.is_empty() {
-                ycsb::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
-            } else {
-                params["threads"] = serde_json::to_value(&a.thread_counts)?;
-                ycsb::run_thread_counts(
-                    &targets,
-                    &p,
-                    &a.thread_counts,
-                    c.quiet,
-                    &mut col,
-                    &mut notes,
-                )?;
+/// Build the named targets and record how each was set up.
+fn targets(names: &[TargetName], at: &Connect, sink: &mut Sink) -> Result<Vec<Box<dyn Target>>> {
+    let built = peers::build(names, at)?;
+    sink.notes
+        .extend(built.iter().filter_map(|t| t.setup_note()));
+    Ok(built)
+}
+
+fn ycsb(a: &YcsbArgs) -> Result<BenchResult> {
+    let c = &a.common;
+    let p = ycsb::Params {
+        records: c.records,
+        field_count: a.field_count,
+        field_length: a.field_length,
+        threads: c.threads.max(1),
+        seconds: c.seconds,
+        operations: a.operations,
+        distribution: a.distribution,
+        workloads: a.workloads.clone(),
+        seed: c.run.seed,
+        repeat: c.repeat.max(1),
+    };
+    let mut params = serde_json::to_value(&p)?;
+    let counts = if a.thread_counts.is_empty() {
+        vec![p.threads]
+    } else {
+        params["threads"] = serde_json::to_value(&a.thread_counts)?;
+        a.thread_counts.clone()
+    };
+    run_workload("ycsb", params, p.repeat, c.run.output(), |sink| {
+        let built = targets(&c.targets, &c.connect(), sink)?;
+        let ts = capable(&built, "ycsb", |t| t.as_ycsb())?;
+        ycsb::run(
+            &ts,
+            &p,
+            &counts,
+            c.run.quiet,
+            &mut sink.col,
+            &mut sink.notes,
+        )
+    })
+}
+
+fn htap(a: &HtapArgs) -> Result<BenchResult> {
+    let c = &a.common;
+    let p = htap::Params {
+        records: c.records,
+        threads: c.threads.max(1),
+        seconds: c.seconds,
+        strategies: c.strategy.clone(),
+        analytics: a.analytics.clone(),
+        scans: a.scans.clone(),
+        update_rate: a.update_rate,
+        seed: c.run.seed,
+        repeat: c.repeat.max(1),
+    };
+    let mut remset_modes = Vec::new();
+    for mode in &a.remset {
+        remset_modes.push(match mode.as_str() {
+            "shared" => continue, // the default duet target
+            "per-scan" => duetdb::RemsetMode::PerScan,
+            "scan-end" => duetdb::RemsetMode::ReclaimAtScanEnd,
+            other => bail!("unknown remset mode '{other}': shared, per-scan or scan-end"),
+        });
+    }
+    run_workload(
+        "htap",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        c.run.output(),
+        |sink| {
+            let mut built = targets(&c.targets, &c.connect(), sink)?;
+            for mode in remset_modes {
+                let t = Embedded::with_remset(mode);
+                sink.notes.extend(t.setup_note());
+                built.push(Box::new(t));
             }
-            let r = BenchResult::finish("ycsb", params, p.repeat, started, notes, col.figures());
-            finish(r, &c.out, &c.tag).map(Some)
+            let ts = capable(&built, "htap", |t| t.as_htap())?;
+            htap::run(&ts, &p, c.run.quiet, &mut sink.col, &mut sink.notes)
+        },
+    )
+}
+
+/// Run `body` on each named target in turn, each built just before and
+/// dropped after its run. `snapshot` and `space` read this process's
+/// memory, which a spawned server or a loaded engine beside the measured
+/// target would inflate.
+fn one_at_a_time(
+    names: &[TargetName],
+    uri: &str,
+    sink: &mut Sink,
+    mut body: impl FnMut(&[Box<dyn Target>], &mut Sink) -> Result<()>,
+) -> Result<()> {
+    for name in names {
+        let built = targets(&[*name], &Connect { uri, pg: "" }, sink)?;
+        body(&built, sink)?;
+    }
+    Ok(())
+}
+
+/// The targets `snapshot` and `space` run on: duetdb's own mechanisms.
+const DUETDB_ONLY: [TargetName; 2] = [TargetName::Duet, TargetName::Wire];
+
+fn snapshot(a: &SnapshotArgs) -> Result<BenchResult> {
+    peers::only(
+        "snapshot",
+        &a.targets,
+        &DUETDB_ONLY,
+        "duet (in process) and wire (named snapshots of a duetdb server; it measures duetdb's own snapshots)",
+    )?;
+    let p = snapshot::Params {
+        sizes_mb: a.sizes_mb.clone(),
+        rewrite_pct: a.rewrite_pct.clone(),
+        first_writes: a.first_writes,
+        seed: a.run.seed,
+        repeat: a.repeat.max(1),
+    };
+    run_workload(
+        "snapshot",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        a.run.output(),
+        |sink| {
+            one_at_a_time(&a.targets, &a.uri, sink, |t, sink| {
+                let ts = capable(t, "snapshot", |t| t.as_snapshot())?;
+                snapshot::run(&ts, &p, a.run.quiet, sink)
+            })
+        },
+    )
+}
+
+fn space(a: &SpaceArgs) -> Result<BenchResult> {
+    peers::only(
+        "space",
+        &a.targets,
+        &DUETDB_ONLY,
+        "duet (in process) and wire (a duetdb server; it measures duetdb's own old versions)",
+    )?;
+    let p = space::Params {
+        records: a.records.max(1),
+        seconds: a.seconds,
+        update_threads: a.threads.max(1),
+        update_rate: a.update_rate,
+        dists: a.dist.clone(),
+        queries: a.queries.clone(),
+        systems: a.systems.clone(),
+        work_ns_per_doc: a.work_ns_per_doc,
+        sample_ms: a.sample_ms,
+        retained_every_ms: a.retained_every_ms,
+        seed: a.run.seed,
+        repeat: a.repeat.max(1),
+    };
+    let r = run_workload(
+        "space",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        a.run.output(),
+        |sink| {
+            one_at_a_time(&a.targets, &a.uri, sink, |t, sink| {
+                let ts = capable(t, "space", |t| t.as_space())?;
+                space::run(&ts, &p, a.run.quiet, sink)
+            })
+        },
+    )?;
+    // The chart beside the JSON (`report` redraws it into the charts directory).
+    let charts = crate::report::charts_for(&r, &a.run.out.join(file_name("space", &a.run.tag)))?;
+    for (_, p) in charts {
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(r)
+}
+
+fn ycsb_t(a: &YcsbTArgs) -> Result<BenchResult> {
+    let c = &a.common;
+    peers::only(
+        "ycsb-t",
+        &c.targets,
+        &[TargetName::Duet],
+        "the duet target only (embedded transactions)",
+    )?;
+    let p = ycsbt::Params {
+        records: c.records,
+        threads: c.threads.max(1),
+        seconds: c.seconds,
+        strategies: c.strategy.clone(),
+        analytics: a.analytics.clone(),
+        isolations: a.isolation.clone(),
+        distribution: a.distribution,
+        txn_size: a.txn_size,
+        max_attempts: a.max_attempts.max(1),
+        seed: c.run.seed,
+        repeat: c.repeat.max(1),
+    };
+    run_workload(
+        "ycsb-t",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        c.run.output(),
+        |sink| ycsbt::run(&p, c.run.quiet, &mut sink.col, &mut sink.notes),
+    )
+}
+
+fn tpcch(a: &TpcchArgs) -> Result<BenchResult> {
+    let mix: [u32; 3] =
+        a.mix.as_slice().try_into().map_err(|_| {
+            anyhow::anyhow!("--mix takes three weights: NewOrder,Payment,OrderStatus")
+        })?;
+    let p = tpcch::Params {
+        scale: a.scale,
+        threads: a.threads.max(1),
+        seconds: a.seconds,
+        strategies: a.strategy.clone(),
+        analytics: a.analytics.clone(),
+        isolations: a.isolation.clone(),
+        mix,
+        query_threads: a.query_threads.max(1),
+        max_attempts: a.max_attempts.max(1),
+        verify: a.verify,
+        seed: a.run.seed,
+        repeat: a.repeat.max(1),
+    };
+    run_workload(
+        "tpcch",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        a.run.output(),
+        |sink| tpcch::run(&p, a.run.quiet, &mut sink.col, &mut sink.notes),
+    )
+}
+
+impl RunArgs {
+    fn output(&self) -> Output<'_> {
+        Output {
+            out: &self.out,
+            tag: &self.tag,
         }
-        BenchCommand::Htap(a) => {
-            let started = Started::now();
-            let c = &a.common;
-            let p = htap::Params {
-                records: c.records,
-                threads: c.threads.max(1),
-                seconds: c.seconds,
-                strategies: c.strategy.clone(),
-                analytics: a.analytics.clone(),
-                scans: a.scans.clone(),
-                update_rate: a.update_rate,
-                seed: c.seed,
-                repeat: c.repeat.max(1),
-            };
-            let mut targets = peers::htap_targets(c)?;
-            for mode in &a.remset {
-                let mode = match mode.as_str() {
-                    "shared" => continue, // the default duet target
-                    "per-scan" => duetdb::RemsetMode::PerScan,
-                    "scan-end" => duetdb::RemsetMode::ReclaimAtScanEnd,
-                    other => {
-                        anyhow::bail!("unknown remset mode '{other}': shared, per-scan or scan-end")
-                    }
-                };
-                targets.push(Box::new(crate::target::Embedded::with_remset(mode)));
-            }
-            let mut col = Collector::default();
-            let mut notes = peers::notes(c);
-            notes.extend(targets.iter().filter_map(|t| t.setup_note()));
-            htap::run(&targets, &p, c.quiet, &mut col, &mut notes)?;
-            let r = BenchResult::finish(
-                "htap",
-                serde_json::to_value(&p)?,
-                p.repeat,
-                started,
-                notes,
-                col.figures(),
-            );
-            finish(r, &c.out, &c.tag).map(Some)
-        }
-        BenchCommand::Snapshot(a) => {
-            let started = Started::now();
-            let p = snapshot::Params {
-                sizes_mb: a.sizes_mb.clone(),
-                rewrite_pct: a.rewrite_pct.clone(),
-                first_writes: a.first_writes,
-                seed: a.seed,
-                repeat: a.repeat.max(1),
-            };
-            let mut col = Collector::default();
-            let mut notes = Vec::new();
-            let (embedded, wire) = peers::snapshot_targets(&a.targets)?;
-            if embedded {
-                snapshot::run(&p, a.quiet, &mut col, &mut notes)?;
-            }
-            if wire {
-                peers::run_wire_snapshot(&a.uri, &p, a.quiet, &mut col, &mut notes)?;
-            }
-            let r = BenchResult::finish(
-                "snapshot",
-                serde_json::to_value(&p)?,
-                p.repeat,
-                started,
-                notes,
-                col.figures(),
-            );
-            finish(r, &a.out, &a.tag).map(Some)
-        }
-        BenchCommand::Space(a) => {
-            let (embedded, wire) = peers::space_targets(&a.targets)?;
-            let started = Started::now();
-            let p = space::Params {
-                records: a.records.max(1),
-                seconds: a.seconds,
-                update_threads: a.threads.max(1),
-                update_rate: a.update_rate,
-                dists: a.dist.clone(),
-                queries: a.queries.clone(),
-                systems: a.systems.clone(),
-                work_ns_per_doc: a.work_ns_per_doc,
-                sample_ms: a.sample_ms,
-                retained_every_ms: a.retained_every_ms,
-                seed: a.seed,
-                repeat: a.repeat.max(1),
-            };
-            let mut col = Collector::default();
-            let mut series = Vec::new();
-            let mut notes = Vec::new();
-            if embedded {
-                space::run(&p, a.quiet, &mut col, &mut series, &mut notes)?;
-            }
-            if wire {
-                peers::run_wire_space(&a.uri, &p, a.quiet, &mut col, &mut series, &mut notes)?;
-            }
-            let r = BenchResult::finish(
-                "space",
-                serde_json::to_value(&p)?,
-                p.repeat,
-                started,
-                notes,
-                col.figures(),
-            )
-            .with_series(series);
-            let r = finish(r, &a.out, &a.tag)?;
-            // The chart beside the JSON (`report` redraws it into the charts directory).
-            let charts = crate::report::charts_for(&r, &a.out.join(file_name("space", &a.tag)))?;
-            for (_, p) in charts {
-                eprintln!("wrote {}", p.display());
-            }
-            Ok(Some(r))
-        }
-        BenchCommand::YcsbT(a) => {
-            let started = Started::now();
-            let c = &a.common;
-            if c.targets.iter().any(|t| *t != TargetName::Duet) {
-                anyhow::bail!("ycsb-t runs on the duet target only (embedded transactions)");
-            }
-            let p = ycsbt::Params {
-                records: c.records,
-                threads: c.threads.max(1),
-                seconds: c.seconds,
-                strategies: c.strategy.clone(),
-                analytics: a.analytics.clone(),
-                isolations: a.isolation.clone(),
-                distribution: a.distribution,
-                txn_size: a.txn_size,
-                max_attempts: a.max_attempts.max(1),
-                seed: c.seed,
-                repeat: c.repeat.max(1),
-            };
-            let mut col = Collector::default();
-            let mut notes = Vec::new();
-            ycsbt::run(&p, c.quiet, &mut col, &mut notes)?;
-            let r = BenchResult::finish(
-                "ycsb-t",
-                serde_json::to_value(&p)?,
-                p.repeat,
-                started,
-                notes,
-                col.figures(),
-            );
-            finish(r, &c.out, &c.tag).map(Some)
-        }
-        BenchCommand::Tpcch(a) => {
-            let started = Started::now();
-            let mix: [u32; 3] = a.mix.as_slice().try_into().map_err(|_| {
-                anyhow::anyhow!("--mix takes three weights: NewOrder,Payment,OrderStatus")
-            })?;
-            let p = tpcch::Params {
-                scale: a.scale,
-                threads: a.threads.max(1),
-                seconds: a.seconds,
-                strategies: a.strategy.clone(),
-                analytics: a.analytics.clone(),
-                isolations: a.isolation.clone(),
-                mix,
-                query_threads: a.query_threads.max(1),
-                max_attempts: a.max_attempts.max(1),
-                verify: a.verify,
-                seed: a.seed,
-                repeat: a.repeat.max(1),
-            };
-            let mut col = Collector::default();
-            let mut notes = Vec::new();
-            tpcch::run(&p, a.quiet, &mut col, &mut notes)?;
-            let r = BenchResult::finish(
-                "tpcch",
-                serde_json::to_value(&p)?,
-                p.repeat,
-                started,
-                notes,
-                col.figures(),
-            );
-            finish(r, &a.out, &a.tag).map(Some)
-        }
-        BenchCommand::Report(a) => {
-            crate::report::regenerate(&a.results, &a.out, &a.charts)?;
-            Ok(None)
+    }
+}
+
+impl Common {
+    fn connect(&self) -> Connect<'_> {
+        Connect {
+            uri: &self.uri,
+            pg: &self.pg,
         }
     }
 }

@@ -78,7 +78,7 @@ pub fn human(x: f64) -> String {
     }
 }
 
-/// Drive a bar while `work` threads run: polls `ops` every 100 ms until `done`
+/// Drive a bar while `work` threads run: polls `ops` until `done`
 /// is set (by the caller's threads) and returns when it is.
 pub fn watch(
     label: &str,
@@ -89,13 +89,42 @@ pub fn watch(
     quiet: bool,
     what: &str,
 ) {
+    drive(label, seconds, ops_limit, ops, quiet, what, || {
+        !done.load(Ordering::Acquire)
+    });
+}
+
+/// Drive a bar over a timed phase of `seconds` while `running()` holds
+/// (e.g. until the deadline, or until the last long query has ended).
+pub fn watch_while(
+    label: &str,
+    seconds: f64,
+    ops: &AtomicU64,
+    quiet: bool,
+    what: &str,
+    running: impl Fn() -> bool,
+) {
+    drive(label, seconds, None, ops, quiet, what, running);
+}
+
+fn drive(
+    label: &str,
+    seconds: f64,
+    ops_limit: Option<u64>,
+    ops: &AtomicU64,
+    quiet: bool,
+    what: &str,
+    running: impl Fn() -> bool,
+) {
     let total = match ops_limit {
         Some(n) => n,
         None => (seconds * 10.0).ceil() as u64,
     };
     let mut p = Progress::new(label, total, quiet);
-    while !done.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(100));
+    // A short poll: the caller joins its threads when this returns, and a
+    // timed phase's wall time is taken after that.
+    while running() {
+        std::thread::sleep(Duration::from_millis(25));
         let n = ops.load(Ordering::Relaxed);
         let pos = match ops_limit {
             Some(_) => n,

@@ -72,6 +72,14 @@ pub struct Collector {
     values: BTreeMap<(String, String, String), Vec<f64>>,
 }
 
+/// What a workload body produces: figures, notes and time series.
+#[derive(Default)]
+pub struct Sink {
+    pub col: Collector,
+    pub notes: Vec<String>,
+    pub series: Vec<Series>,
+}
+
 /// Build a case map from pairs.
 pub fn case(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

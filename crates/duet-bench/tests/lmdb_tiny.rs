@@ -4,38 +4,15 @@
 //! space figures. Nothing here asserts performance.
 #![cfg(feature = "lmdb")]
 
-use clap::Parser;
-use duet_bench::result::BenchResult;
-use duet_bench::BenchCommand;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
-
-fn run(args: &[&str]) -> BenchResult {
-    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
-        .expect("arguments parse");
-    duet_bench::run(cli.command)
-        .expect("benchmark runs")
-        .expect("a result")
-}
-
-fn metric(r: &BenchResult, target: &str, case: &[(&str, &str)], metric: &str) -> f64 {
-    r.find(target, case, metric)
-        .unwrap_or_else(|| panic!("missing {metric} of {target} for {case:?}"))
-        .median
-}
+mod common;
+use common::{metric, result, temp_dir};
 
 #[test]
 fn lmdb_runs_ycsb_and_htap_beside_duet() {
-    let dir = std::env::temp_dir().join(format!("duet-bench-lmdb-tiny-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = temp_dir("lmdb-tiny");
     let out = dir.to_str().expect("utf-8 temp dir");
 
-    let y = run(&[
+    let y = result(&[
         "ycsb",
         "--targets",
         "duet,lmdb",
@@ -68,7 +45,7 @@ fn lmdb_runs_ycsb_and_htap_beside_duet() {
         y.notes
     );
 
-    let h = run(&[
+    let h = result(&[
         "htap",
         "--targets",
         "duet,lmdb",

@@ -1,29 +1,16 @@
 //! A tiny `duet bench space` run (so the workload does not rot) and its chart
 //! through `report`. Nothing here asserts performance.
 
-use clap::Parser;
+mod common;
+use common::{report, result, temp_dir};
+
 use duet_bench::result::BenchResult;
-use duet_bench::BenchCommand;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
-
-fn run(args: &[&str]) -> Option<BenchResult> {
-    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
-        .expect("arguments parse");
-    duet_bench::run(cli.command).expect("benchmark runs")
-}
 
 #[test]
 fn space_runs_tiny_and_charts() {
-    let dir = std::env::temp_dir().join(format!("duet-bench-space-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = temp_dir("space");
     let out = dir.to_str().expect("utf-8 temp dir");
-    let r = run(&[
+    let r = result(&[
         "space",
         "--records",
         "3000",
@@ -42,8 +29,7 @@ fn space_runs_tiny_and_charts() {
         "--out",
         out,
         "--quiet",
-    ])
-    .expect("space result");
+    ]);
     for system in ["olcp", "vls", "cow-steam"] {
         for dist in ["uniform", "zipfian"] {
             let c = [("system", system), ("dist", dist), ("queries", "2")];
@@ -76,19 +62,7 @@ fn space_runs_tiny_and_charts() {
     assert_eq!(back.series.len(), r.series.len());
     let chart = dir.join("space").join("space-old-versions-uniform-q2.png");
     assert!(std::fs::metadata(&chart).map_or(0, |m| m.len()) > 1000);
-    let md = dir.join("BENCHMARKS.md");
-    let charts = dir.join("charts");
-    assert!(run(&[
-        "report",
-        "--results",
-        out,
-        "--out",
-        md.to_str().expect("utf-8"),
-        "--charts",
-        charts.to_str().expect("utf-8"),
-    ])
-    .is_none());
-    let text = std::fs::read_to_string(&md).expect("report");
+    let text = report(&dir);
     assert!(text.contains("<!-- BEGIN bench:space -->"));
     assert!(text.contains("space-old-versions-zipfian-q1.png"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,34 +1,10 @@
 //! A tiny run of every workload (and of `report`) so no benchmark rots: the
 //! outputs must be produced and sane. Nothing here asserts performance.
 
-use clap::Parser;
+mod common;
+use common::{metric, report, run, temp_dir};
+
 use duet_bench::result::BenchResult;
-use duet_bench::BenchCommand;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
-
-fn run(args: &[&str]) -> Option<BenchResult> {
-    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
-        .expect("arguments parse");
-    duet_bench::run(cli.command).expect("benchmark runs")
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("duet-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-fn metric(r: &BenchResult, target: &str, case: &[(&str, &str)], metric: &str) -> f64 {
-    r.find(target, case, metric)
-        .unwrap_or_else(|| panic!("missing {metric} for {case:?}"))
-        .median
-}
 
 #[test]
 fn every_workload_runs_tiny_and_report_renders() {
@@ -147,19 +123,7 @@ fn every_workload_runs_tiny_and_report_renders() {
     assert_eq!(back.figures.len(), h.figures.len());
     assert!(back.machine.cores >= 1);
 
-    let md = dir.join("BENCHMARKS.md");
-    let charts = dir.join("charts");
-    assert!(run(&[
-        "report",
-        "--results",
-        out,
-        "--out",
-        md.to_str().expect("utf-8"),
-        "--charts",
-        charts.to_str().expect("utf-8"),
-    ])
-    .is_none());
-    let text = std::fs::read_to_string(&md).expect("report written");
+    let text = report(&dir);
     assert!(text.contains("Engine micro-benchmarks (criterion)"));
     for section in ["ycsb", "htap", "snapshot"] {
         assert!(
@@ -174,21 +138,11 @@ fn every_workload_runs_tiny_and_report_renders() {
         "htap/htap-scan-kinds.png",
         "snapshot/snapshot-creation.png",
     ] {
-        let len = std::fs::metadata(charts.join(png)).map_or(0, |m| m.len());
+        let len = std::fs::metadata(dir.join("charts").join(png)).map_or(0, |m| m.len());
         assert!(len > 1000, "{png}: {len} bytes");
     }
     // Regenerating replaces the sections instead of appending them again.
-    assert!(run(&[
-        "report",
-        "--results",
-        out,
-        "--out",
-        md.to_str().expect("utf-8"),
-        "--charts",
-        charts.to_str().expect("utf-8"),
-    ])
-    .is_none());
-    let again = std::fs::read_to_string(&md).expect("report written");
+    let again = report(&dir);
     assert_eq!(again.matches("<!-- BEGIN bench:htap -->").count(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }

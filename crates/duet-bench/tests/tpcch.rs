@@ -5,23 +5,18 @@
 //! transactions, and `duet bench tpcch` runs tiny (checking all of that
 //! itself) with `report` rendering its section.
 
+mod common;
+use common::{report, result, temp_dir};
+
 use bson::{doc, Bson};
-use clap::Parser;
 use duet_bench::chbench::{
     self, NewOrderInput, OrderStatusInput, PaymentInput, Scale, TpccRand, TxnEnd, DISTRICT,
     NEW_ORDER, ORDERS, WAREHOUSE,
 };
 use duet_bench::tpch::{self, Query};
-use duet_bench::BenchCommand;
 use duetdb::{Database, Strategy, TxnOptions};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
 
 fn loaded(sf: f64) -> (Database, Scale) {
     let db = Database::in_memory();
@@ -162,11 +157,9 @@ fn queries_under_every_strategy_equal_the_reference_after_transactions() {
 
 #[test]
 fn tpcch_runs_tiny_and_report_renders() {
-    let dir = std::env::temp_dir().join(format!("duet-bench-tpcch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp_dir("tpcch");
     let out = dir.to_str().expect("utf-8 temp dir");
-    let args = [
-        "bench",
+    let r = result(&[
         "tpcch",
         "--scale",
         "0.01",
@@ -186,11 +179,7 @@ fn tpcch_runs_tiny_and_report_renders() {
         "--out",
         out,
         "--quiet",
-    ];
-    let cli = Cli::try_parse_from(args).expect("arguments parse");
-    let r = duet_bench::run(cli.command)
-        .expect("tpcch runs (consistency and query verification included)")
-        .expect("a result");
+    ]);
     let t = "duetdb-embedded";
     let base = [("isolation", "si"), ("strategy", "-"), ("analytics", "0")];
     assert!(r.find(t, &base, "tpmC").expect("tpmC").median > 0.0);
@@ -213,10 +202,9 @@ fn tpcch_runs_tiny_and_report_renders() {
         q.push(("query", "Q1"));
         assert!(r.find(t, &q, "queries_completed").expect("Q1 ran").median >= 1.0);
     }
-    let md = dir.join("BENCHMARKS.md");
-    duet_bench::report::regenerate(&dir, &md, &dir.join("charts")).expect("report");
-    let text = std::fs::read_to_string(&md).expect("markdown");
+    let text = report(&dir);
     assert!(text.contains("<!-- BEGIN bench:tpcch -->") && text.contains("tpmC"));
     assert!(dir.join("charts/tpcch/tpcch-tpmc.png").exists());
     assert!(dir.join("charts/tpcch/tpcch-query-latency.png").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,49 +4,19 @@
 //! refusal of `space` on targets that are not duetdb (`space --targets wire`
 //! is in `wire_space.rs`). Nothing here asserts performance.
 
+mod common;
+use common::{metric, parse, report, result, temp_dir};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use clap::Parser;
-use duet_bench::result::BenchResult;
-use duet_bench::target::{HtapTarget, Strategy};
+use duet_bench::targets::HtapTarget;
 use duet_bench::wire::{WireSpec, WireTarget};
-use duet_bench::BenchCommand;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
-
-fn parse(args: &[&str]) -> BenchCommand {
-    Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
-        .expect("arguments parse")
-        .command
-}
-
-fn run(args: &[&str]) -> BenchResult {
-    duet_bench::run(parse(args))
-        .expect("benchmark runs")
-        .expect("a result")
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("duet-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-fn metric(r: &BenchResult, target: &str, case: &[(&str, &str)], metric: &str) -> f64 {
-    r.find(target, case, metric)
-        .unwrap_or_else(|| panic!("missing {metric} of {target} for {case:?}"))
-        .median
-}
+use duetdb::Strategy;
 
 #[test]
 fn ycsb_runs_embedded_and_over_the_wire_at_several_thread_counts() {
     let dir = temp_dir("wire-ycsb");
-    let y = run(&[
+    let y = result(&[
         "ycsb",
         "--targets",
         "duet,wire",
@@ -96,21 +66,9 @@ fn ycsb_runs_embedded_and_over_the_wire_at_several_thread_counts() {
     assert!(wire_note.contains("in-memory"), "{wire_note}");
     assert_eq!(y.params["threads"], serde_json::json!([1, 3]));
     // The report draws one series per target and thread count.
-    let md = dir.join("BENCHMARKS.md");
-    let charts = dir.join("charts");
-    let cmd = parse(&[
-        "report",
-        "--results",
-        dir.to_str().expect("utf-8"),
-        "--out",
-        md.to_str().expect("utf-8"),
-        "--charts",
-        charts.to_str().expect("utf-8"),
-    ]);
-    assert!(duet_bench::run(cmd).expect("report").is_none());
-    let text = std::fs::read_to_string(&md).expect("report written");
+    let text = report(&dir);
     assert!(text.contains("| duetdb-wire | 3 | A |"), "{text}");
-    let png = charts.join("ycsb/ycsb-throughput.png");
+    let png = dir.join("charts").join("ycsb/ycsb-throughput.png");
     assert!(std::fs::metadata(&png).map_or(0, |m| m.len()) > 1000);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -118,7 +76,7 @@ fn ycsb_runs_embedded_and_over_the_wire_at_several_thread_counts() {
 #[test]
 fn htap_runs_over_the_wire_with_exact_counts_and_remset_peaks() {
     let dir = temp_dir("wire-htap");
-    let h = run(&[
+    let h = result(&[
         "htap",
         "--targets",
         "wire",
@@ -184,7 +142,7 @@ fn counts_over_the_wire_are_exact_while_updates_run() {
             let mut sess = t.session().expect("session");
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                sess.update((i * 7919) % records, &duet_bench::target::htap_payload(i))
+                sess.update((i * 7919) % records, &duet_bench::targets::htap_payload(i))
                     .expect("update");
                 updates.fetch_add(1, Ordering::Relaxed);
                 i += 1;
@@ -207,7 +165,7 @@ fn counts_over_the_wire_are_exact_while_updates_run() {
 fn snapshot_runs_over_the_wire_and_space_refuses_other_targets() {
     let dir = temp_dir("wire-snapshot");
     let out = dir.to_str().expect("utf-8");
-    let s = run(&[
+    let s = result(&[
         "snapshot",
         "--targets",
         "wire",

@@ -2,21 +2,12 @@
 //! side by side in one invocation, the same figure and series names under
 //! each label, and the chart drawing both. Nothing here asserts performance.
 
-use clap::Parser;
-use duet_bench::result::BenchResult;
-use duet_bench::BenchCommand;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
+mod common;
+use common::{result, temp_dir};
 
 #[test]
 fn space_runs_embedded_and_over_the_wire() {
-    let dir = std::env::temp_dir().join(format!("duet-bench-wire-space-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = temp_dir("wire-space");
     let out = dir.to_str().expect("utf-8 temp dir");
     let args = [
         "space",
@@ -42,10 +33,7 @@ fn space_runs_embedded_and_over_the_wire() {
         out,
         "--quiet",
     ];
-    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args)).expect("arguments parse");
-    let r: BenchResult = duet_bench::run(cli.command)
-        .expect("benchmark runs")
-        .expect("a result");
+    let r = result(&args);
     for target in ["duetdb-embedded", "duetdb-wire"] {
         for system in ["olcp", "vls", "cow-steam"] {
             let c = [("system", system), ("dist", "uniform"), ("queries", "2")];

@@ -3,35 +3,22 @@
 //! see part of a transaction, `report` renders the section, and the lost-update
 //! check does catch lost updates (a commit that skips validation).
 
+mod common;
+use common::{report, result, temp_dir};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use clap::Parser;
-use duet_bench::target::Strategy;
 use duet_bench::workload::ycsbt::{self, TxnStats};
-use duet_bench::BenchCommand;
+use duetdb::Strategy;
 use duetdb::{Database, TxnOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("duet-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
 
 #[test]
 fn ycsb_t_runs_tiny_and_report_renders() {
     let dir = temp_dir("ycsbt");
     let out = dir.to_str().expect("utf-8 temp dir");
-    let args = [
-        "bench",
+    let r = result(&[
         "ycsb-t",
         "--records",
         "400",
@@ -50,11 +37,7 @@ fn ycsb_t_runs_tiny_and_report_renders() {
         "--out",
         out,
         "--quiet",
-    ];
-    let cli = Cli::try_parse_from(args).expect("arguments parse");
-    let r = duet_bench::run(cli.command)
-        .expect("ycsb-t runs")
-        .expect("a result");
+    ]);
     assert_eq!(r.workload, "ycsb-t");
     let t = "duetdb-embedded";
     for iso in ["si", "serializable"] {
@@ -80,12 +63,11 @@ fn ycsb_t_runs_tiny_and_report_renders() {
             }
         }
     }
-    let md = dir.join("BENCHMARKS.md");
-    duet_bench::report::regenerate(&dir, &md, &dir.join("charts")).expect("report");
-    let text = std::fs::read_to_string(&md).expect("markdown");
+    let text = report(&dir);
     assert!(text.contains("<!-- BEGIN bench:ycsb-t -->"), "{text}");
     assert!(text.contains("commits_per_s") && text.contains("ycsbt-commits.png"));
     assert!(dir.join("charts/ycsb-t/ycsbt-commits.png").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Runs YCSB-T transactions on `records` records from 2 threads for about

@@ -29,7 +29,7 @@ use bson::{Document, RawDocument};
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions};
 
-use crate::target::{
+use crate::targets::{
     htap_doc, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession, YcsbTarget,
 };
 
@@ -164,10 +164,9 @@ fn fields_doc(fields: &[Field]) -> Result<Vec<u8>> {
     Ok(d.to_vec()?)
 }
 
+peer_target!(Lmdb, "lmdb", DESCRIPTION);
+
 impl YcsbTarget for Lmdb {
-    fn name(&self) -> String {
-        "lmdb".into()
-    }
     fn reset(&self) -> Result<()> {
         let mut wtxn = self.env.write_txn()?;
         self.usertable.clear(&mut wtxn)?;
@@ -255,9 +254,6 @@ fn doc_v(raw: &RawDocument) -> Result<u64> {
 }
 
 impl HtapTarget for Lmdb {
-    fn name(&self) -> String {
-        "lmdb".into()
-    }
     fn strategy_label(&self, _: Strategy) -> Result<String> {
         Ok(NATIVE.into())
     }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use anyhow::{anyhow, Context, Result};
 use postgres::{Client, NoTls};
 
-use crate::target::{
+use crate::targets::{
     checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession,
     YcsbTarget,
 };
@@ -49,10 +49,9 @@ struct Session {
     c: Client,
 }
 
+peer_target!(Postgres, "postgres", DESCRIPTION);
+
 impl YcsbTarget for Postgres {
-    fn name(&self) -> String {
-        "postgres".into()
-    }
     fn reset(&self) -> Result<()> {
         self.client()?
             .batch_execute("DROP TABLE IF EXISTS usertable")?;
@@ -139,9 +138,6 @@ impl YcsbSession for Session {
 }
 
 impl HtapTarget for Postgres {
-    fn name(&self) -> String {
-        "postgres".into()
-    }
     fn strategy_label(&self, _: Strategy) -> Result<String> {
         Ok("REPEATABLE READ transaction (MVCC snapshot)".into())
     }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context, Result};
 use rusqlite::{params, Connection};
 
-use crate::target::{
+use crate::targets::{
     checked_ident, htap_json, Field, HtapSession, HtapTarget, Strategy, VPerm, YcsbSession,
     YcsbTarget,
 };
@@ -66,10 +66,9 @@ struct Session {
     c: Connection,
 }
 
+peer_target!(Sqlite, "sqlite-wal", DESCRIPTION);
+
 impl YcsbTarget for Sqlite {
-    fn name(&self) -> String {
-        "sqlite-wal".into()
-    }
     fn reset(&self) -> Result<()> {
         self.open()?
             .execute_batch("DROP TABLE IF EXISTS usertable")?;
@@ -149,9 +148,6 @@ impl YcsbSession for Session {
 }
 
 impl HtapTarget for Sqlite {
-    fn name(&self) -> String {
-        "sqlite-wal".into()
-    }
     fn strategy_label(&self, _: Strategy) -> Result<String> {
         Ok("read transaction (WAL snapshot)".into())
     }

@@ -19,10 +19,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::IndexModel;
 
 use super::{count_of, Lane, LaneGuard, WireTarget};
-use crate::target::{htap_doc, HtapSession, HtapTarget, Strategy, VPerm, HTAP_TABLE};
-
-/// Documents per `insertMany` while loading (as the embedded target).
-const LOAD_BATCH: usize = 10_000;
+use crate::targets::{htap_batches, HtapSession, HtapTarget, Strategy, VPerm, HTAP_TABLE};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -60,12 +57,6 @@ impl WireTarget {
 }
 
 impl HtapTarget for WireTarget {
-    fn name(&self) -> String {
-        self.label()
-    }
-    fn setup_note(&self) -> Option<String> {
-        Some(self.description())
-    }
     fn strategy_label(&self, strategy: Strategy) -> Result<String> {
         if self.is_duet() {
             Ok(format!(
@@ -93,17 +84,10 @@ impl HtapTarget for WireTarget {
         let lane = self.lane()?;
         let coll = lane.collection(HTAP_TABLE);
         lane.block_on(coll.drop())?;
-        let perm = VPerm::new(records);
-        let mut batch = Vec::with_capacity(LOAD_BATCH);
-        for i in 0..records {
-            batch.push(htap_doc(i, &perm));
-            if batch.len() == LOAD_BATCH {
-                lane.block_on(coll.insert_many(std::mem::take(&mut batch)))?;
-            }
-        }
-        if !batch.is_empty() {
-            lane.block_on(coll.insert_many(batch))?;
-        }
+        htap_batches(0..records, &VPerm::new(records), |docs| {
+            lane.block_on(coll.insert_many(docs))?;
+            Ok(())
+        })?;
         let index = IndexModel::builder().keys(doc! {"v": 1}).build();
         lane.block_on(coll.create_index(index))?;
         Ok(())
@@ -131,15 +115,7 @@ impl HtapTarget for WireTarget {
         })
     }
     fn begin_cell(&self) {
-        // No command resets the peaks: for a server in this process the
-        // engine is reset directly (the only figure not taken over the wire).
-        if let Some(db) = self
-            .spawned()
-            .and_then(|s| s.engine())
-            .and_then(|e| e.database(super::WIRE_DB).ok())
-        {
-            db.reset_vls_peaks();
-        }
+        self.reset_peaks();
     }
     fn cell_figures(&self) -> Vec<(String, f64)> {
         if self.spawned().is_none() {

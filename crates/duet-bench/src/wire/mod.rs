@@ -14,6 +14,11 @@
 //! created (and connected, with a `ping`) when a run first needs them, so the
 //! timed phases that follow a load never pay for connection set-up.
 //!
+//! The wire target serves every workload capability (`crate::targets`):
+//! YCSB and HTAP on any MongoDB-wire server, `snapshot` and `space` only on
+//! duetdb, whose own commands they need (`as_snapshot`/`as_space` are `None`
+//! for another server, and the workload refuses it before it runs).
+//!
 //! `--uri self` starts a `duet serve` in this process for the run (see
 //! [`spawn`]); otherwise the URI names a running server. Whether the server is
 //! duetdb is read from `serverStatus` (a `duet` section): only then are the
@@ -25,8 +30,8 @@
 //! driver task outlives what it talks to.
 
 mod htap;
-pub mod snapshot;
-pub mod space;
+mod snapshot;
+mod space;
 mod spawn;
 mod ycsb;
 
@@ -40,6 +45,8 @@ use anyhow::{anyhow, Context, Result};
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::ClientOptions;
 use mongodb::Client;
+
+use crate::targets::{HtapTarget, SnapshotTarget, SpaceTarget, Target, YcsbTarget};
 
 /// The database the wire target works in.
 pub const WIRE_DB: &str = "duet_bench";
@@ -120,6 +127,49 @@ impl Lane {
 
     fn admin_command(&self, cmd: Document) -> Result<Document> {
         Ok(self.block_on(self.client.database("admin").run_command(cmd))?)
+    }
+
+    /// The named snapshots `listSnapshots` reports.
+    fn snapshots(&self) -> Result<Vec<Document>> {
+        let r = self.command(doc! {"listSnapshots": 1})?;
+        let list = r.get_array("snapshots").context("listSnapshots reply")?;
+        Ok(list
+            .iter()
+            .filter_map(|s| match s {
+                Bson::Document(d) => Some(d.clone()),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Drop every named snapshot whose name starts with `prefix`.
+    fn drop_snapshots(&self, prefix: &str) -> Result<()> {
+        for s in self.snapshots()? {
+            if let Ok(n) = s.get_str("name") {
+                if n.starts_with(prefix) {
+                    self.command(doc! {"dropSnapshot": n})?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `serverStatus.duet.databases[name = WIRE_DB].vls`, when the server
+    /// reports it (duetdb, once the database exists).
+    fn vls_status(&self) -> Result<Option<Document>> {
+        let status = self.admin_command(doc! {"serverStatus": 1})?;
+        let Ok(dbs) = status
+            .get_document("duet")
+            .and_then(|d| d.get_array("databases"))
+        else {
+            return Ok(None);
+        };
+        Ok(dbs.iter().find_map(|d| match d {
+            Bson::Document(d) if d.get_str("name").ok() == Some(WIRE_DB) => {
+                d.get_document("vls").ok().cloned()
+            }
+            _ => None,
+        }))
     }
 }
 
@@ -267,22 +317,45 @@ impl WireTarget {
         )
     }
 
-    /// `serverStatus.duet.databases[name = WIRE_DB].vls`, when the server
-    /// reports it (duetdb, once the database exists).
+    /// As [`Lane::vls_status`], on any lane.
     fn vls_status(&self) -> Result<Option<Document>> {
-        let status = self.lane()?.admin_command(doc! {"serverStatus": 1})?;
-        let Ok(dbs) = status
-            .get_document("duet")
-            .and_then(|d| d.get_array("databases"))
-        else {
-            return Ok(None);
-        };
-        Ok(dbs.iter().find_map(|d| match d {
-            Bson::Document(d) if d.get_str("name").ok() == Some(WIRE_DB) => {
-                d.get_document("vls").ok().cloned()
-            }
-            _ => None,
-        }))
+        self.lane()?.vls_status()
+    }
+
+    /// Restart the engine's peak counters (remset) for a measured cell. No
+    /// command does that, so it is done in process for a spawned server (the
+    /// only figure not taken over the wire) and not at all otherwise.
+    fn reset_peaks(&self) {
+        if let Some(db) = self
+            .spawned()
+            .and_then(|s| s.engine())
+            .and_then(|e| e.database(WIRE_DB).ok())
+        {
+            db.reset_vls_peaks();
+        }
+    }
+}
+
+impl Target for WireTarget {
+    fn name(&self) -> String {
+        self.label()
+    }
+    fn setup_note(&self) -> Option<String> {
+        Some(self.description())
+    }
+    fn as_ycsb(&self) -> Option<&dyn YcsbTarget> {
+        Some(self)
+    }
+    fn as_htap(&self) -> Option<&dyn HtapTarget> {
+        Some(self)
+    }
+    /// Named snapshots are duetdb's own commands.
+    fn as_snapshot(&self) -> Option<&dyn SnapshotTarget> {
+        self.is_duet().then_some(self as &dyn SnapshotTarget)
+    }
+    /// `$duet.workNsPerDoc`, named snapshots and `serverStatus.duet` are duetdb's own.
+    fn as_space(&self) -> Option<&dyn SpaceTarget> {
+        self.is_duet().then_some(self as &dyn SpaceTarget)
     }
 }
 

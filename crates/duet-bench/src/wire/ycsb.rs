@@ -8,28 +8,14 @@ use anyhow::Result;
 use mongodb::bson::{doc, Document};
 
 use super::{LaneGuard, WireTarget};
-use crate::target::{Field, YcsbSession, YcsbTarget, YCSB_TABLE};
+use crate::targets::{ycsb_doc, Field, YcsbSession, YcsbTarget, YCSB_TABLE};
 
 struct WireYcsb<'a> {
     t: LaneGuard<'a>,
     coll: mongodb::Collection<Document>,
 }
 
-fn ycsb_doc(key: &str, fields: &[Field]) -> Document {
-    let mut d = doc! {"_id": key};
-    for (k, v) in fields {
-        d.insert(k.clone(), v.clone());
-    }
-    d
-}
-
 impl YcsbTarget for WireTarget {
-    fn name(&self) -> String {
-        self.label()
-    }
-    fn setup_note(&self) -> Option<String> {
-        Some(self.description())
-    }
     fn reset(&self) -> Result<()> {
         // The driver treats "namespace not found" on drop as success.
         let lane = self.lane()?;

@@ -22,7 +22,8 @@ use crate::gen::ScrambledZipfian;
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, Latencies};
-use crate::target::{htap_payload, HtapTarget, Strategy};
+use crate::targets::{htap_payload, HtapTarget, Strategy};
+use crate::workload::{timed_cell, CellClock, Pacer};
 
 /// The analytic query of a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -63,6 +64,7 @@ pub struct Params {
     /// Update client threads.
     pub threads: usize,
     pub seconds: f64,
+    #[serde(serialize_with = "crate::targets::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     pub analytics: Vec<usize>,
     pub scans: Vec<ScanKind>,
@@ -91,166 +93,154 @@ fn run_cell(
     seed: u64,
     quiet: bool,
 ) -> Result<CellOut> {
-    let stop_updates = AtomicBool::new(false);
-    let stop_scans = AtomicBool::new(false);
-    let done = AtomicBool::new(false);
-    let watch_done = &AtomicBool::new(false);
-    let ops = std::sync::atomic::AtomicU64::new(0);
     target.begin_cell();
     let space_start = target.space()?;
     let space_peak = Mutex::new(space_start.clone());
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(p.seconds);
+    let done = AtomicBool::new(false);
     let threads = p.threads.max(1);
-    let per_thread_interval =
-        (p.update_rate > 0).then(|| Duration::from_secs_f64(threads as f64 / p.update_rate as f64));
-    let out = std::thread::scope(|s| -> Result<CellOut> {
-        let updaters: Vec<_> = (0..threads)
-            .map(|t| {
-                let (stop_updates, ops) = (&stop_updates, &ops);
-                s.spawn(move || -> Result<(u64, Latencies)> {
-                    let mut sess = target.session()?;
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
-                    let mut keys = ScrambledZipfian::new(0, p.records.max(1) - 1);
-                    let mut lat = Latencies::new();
-                    let mut n = 0u64;
-                    let mut next_at = Instant::now();
-                    while !stop_updates.load(Ordering::Relaxed) && Instant::now() < deadline {
-                        if let Some(iv) = per_thread_interval {
-                            let now = Instant::now();
-                            if next_at > now {
-                                std::thread::sleep(next_at - now);
-                            }
-                            next_at += iv;
-                        }
-                        let id = keys.next(&mut rng);
-                        let payload = htap_payload(rng.gen::<u32>() as u64);
-                        let t0 = Instant::now();
-                        sess.update(id, &payload)?;
-                        lat.record(t0.elapsed());
-                        n += 1;
-                        ops.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok((n, lat))
-                })
-            })
-            .collect();
-        let scanners: Vec<_> = (0..k)
-            .map(|t| {
-                let stop_scans = &stop_scans;
-                s.spawn(move || -> Result<(Vec<f64>, u64)> {
-                    let mut sess = target.session()?;
-                    let mut rng = StdRng::seed_from_u64(seed ^ 0x5ca9 ^ (t as u64) << 8);
-                    let mut durations = Vec::new();
-                    let mut wrong = 0;
-                    // At least one scan completes, even when it outlasts the window.
-                    while durations.is_empty() || !stop_scans.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        let (got, want) = match scan {
-                            ScanKind::Full => (sess.full_scan_count(strategy)?, p.records),
-                            _ => {
-                                let width = p.records * scan.percent() / 100;
-                                let lo = rng.gen_range(0..=p.records - width);
-                                (sess.range_count(lo, lo + width, strategy)?, width)
-                            }
-                        };
-                        durations.push(t0.elapsed().as_secs_f64() * 1000.0);
-                        if got != want {
-                            wrong += 1;
-                        }
-                    }
-                    Ok((durations, wrong))
-                })
-            })
-            .collect();
-        let sampler = s.spawn(|| -> Result<()> {
-            while !done.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(250));
-                let now = target.space()?;
-                let mut peak = space_peak
-                    .lock()
-                    .map_err(|_| anyhow!("space sampler poisoned"))?;
-                for (name, v) in now {
-                    match peak.iter_mut().find(|(n, _)| *n == name) {
-                        Some((_, pv)) => *pv = pv.max(v),
-                        None => peak.push((name, v)),
-                    }
-                }
-            }
-            Ok(())
-        });
-        let label = format!(
-            "{} {} K={k} {}",
-            target.name(),
-            strategy.name(),
-            scan.name()
+    let label = format!(
+        "{} {} K={k} {}",
+        target.name(),
+        strategy.name(),
+        scan.name()
+    );
+    let run = std::thread::scope(|s| {
+        let sampler = s.spawn(|| sample_space(target, &space_peak, &done));
+        let run = timed_cell(
+            (&label, p.seconds, quiet, "upd"),
+            (threads, |t, clock: &CellClock| {
+                update_stream(target, p, seed ^ (t as u64) << 8, threads, clock)
+            }),
+            (k, |t, clock: &CellClock| {
+                scan_loop(
+                    target,
+                    p,
+                    strategy,
+                    scan,
+                    seed ^ 0x5ca9 ^ (t as u64) << 8,
+                    clock,
+                )
+            }),
         );
-        s.spawn(move || {
-            while Instant::now() < deadline && !watch_done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            watch_done.store(true, Ordering::Release);
-        });
-        crate::progress::watch(&label, p.seconds, None, &ops, watch_done, quiet, "upd");
-        let mut update_ops = 0;
-        let mut update_lat = Latencies::new();
-        let mut first_err = None;
-        for h in updaters {
-            match h.join().map_err(|_| anyhow!("update thread panicked"))? {
-                Ok((n, l)) => {
-                    update_ops += n;
-                    update_lat.merge(&l);
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        let wall_s = started.elapsed().as_secs_f64();
-        stop_updates.store(true, Ordering::Relaxed);
-        stop_scans.store(true, Ordering::Relaxed);
-        let mut scan_ms = Vec::new();
-        let mut wrong_counts = 0;
-        for h in scanners {
-            match h.join().map_err(|_| anyhow!("scan thread panicked"))? {
-                Ok((d, w)) => {
-                    scan_ms.extend(d);
-                    wrong_counts += w;
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
         done.store(true, Ordering::Release);
-        sampler.join().map_err(|_| anyhow!("sampler panicked"))??;
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        let mut space_peak = space_peak
-            .lock()
-            .map_err(|_| anyhow!("space sampler poisoned"))?
-            .clone();
-        space_peak.extend(target.cell_figures());
-        Ok(CellOut {
-            update_ops,
-            update_lat,
-            wall_s,
-            scan_ms,
-            wrong_counts,
-            space_start,
-            space_peak,
-        })
+        let sampled = sampler.join().map_err(|_| anyhow!("sampler panicked"));
+        let run = run?;
+        sampled??;
+        Ok::<_, anyhow::Error>(run)
     })?;
-    Ok(out)
+    let mut update_lat = Latencies::new();
+    for (_, l) in &run.writers {
+        update_lat.merge(l);
+    }
+    let mut space_peak = space_peak
+        .into_inner()
+        .map_err(|_| anyhow!("space sampler poisoned"))?;
+    space_peak.extend(target.cell_figures());
+    Ok(CellOut {
+        update_ops: run.writers.iter().map(|(n, _)| n).sum(),
+        update_lat,
+        wall_s: run.wall_s,
+        scan_ms: run
+            .readers
+            .iter()
+            .flat_map(|(d, _)| d.iter().copied())
+            .collect(),
+        wrong_counts: run.readers.iter().map(|(_, w)| w).sum(),
+        space_start,
+        space_peak,
+    })
+}
+
+/// One update thread: zipfian keys until the deadline, paced to its share
+/// of `update_rate`; (updates, latencies).
+fn update_stream(
+    target: &dyn HtapTarget,
+    p: &Params,
+    seed: u64,
+    threads: usize,
+    clock: &CellClock,
+) -> Result<(u64, Latencies)> {
+    let mut sess = target.session()?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut keys = ScrambledZipfian::new(0, p.records.max(1) - 1);
+    let mut pacer = Pacer::new(p.update_rate, threads);
+    let mut lat = Latencies::new();
+    let mut n = 0u64;
+    while clock.writing() {
+        pacer.wait();
+        let id = keys.next(&mut rng);
+        let payload = htap_payload(rng.gen::<u32>() as u64);
+        let t0 = Instant::now();
+        sess.update(id, &payload)?;
+        lat.record(t0.elapsed());
+        n += 1;
+        clock.count();
+    }
+    Ok((n, lat))
+}
+
+/// One analytic thread: `scan` under `strategy` while the updates run;
+/// (durations in ms, counts that were not the known answer).
+fn scan_loop(
+    target: &dyn HtapTarget,
+    p: &Params,
+    strategy: Strategy,
+    scan: ScanKind,
+    seed: u64,
+    clock: &CellClock,
+) -> Result<(Vec<f64>, u64)> {
+    let mut sess = target.session()?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut durations = Vec::new();
+    let mut wrong = 0;
+    while clock.reading(durations.len()) {
+        let t0 = Instant::now();
+        let (got, want) = match scan {
+            ScanKind::Full => (sess.full_scan_count(strategy)?, p.records),
+            _ => {
+                let width = p.records * scan.percent() / 100;
+                let lo = rng.gen_range(0..=p.records - width);
+                (sess.range_count(lo, lo + width, strategy)?, width)
+            }
+        };
+        durations.push(t0.elapsed().as_secs_f64() * 1000.0);
+        if got != want {
+            wrong += 1;
+        }
+    }
+    Ok((durations, wrong))
+}
+
+/// Sample the target's space figures every 250 ms into `peak` until `done`.
+fn sample_space(
+    target: &dyn HtapTarget,
+    peak: &Mutex<Vec<(String, f64)>>,
+    done: &AtomicBool,
+) -> Result<()> {
+    while !done.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = target.space()?;
+        let mut peak = peak.lock().map_err(|_| anyhow!("space sampler poisoned"))?;
+        for (name, v) in now {
+            match peak.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, pv)) => *pv = pv.max(v),
+                None => peak.push((name, v)),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Run every cell (strategy × K × scan kind) on every target, `p.repeat` times.
 pub fn run(
-    targets: &[Box<dyn HtapTarget + '_>],
+    targets: &[&dyn HtapTarget],
     p: &Params,
     quiet: bool,
     col: &mut Collector,
     notes: &mut Vec<String>,
 ) -> Result<()> {
     for rep in 0..p.repeat.max(1) {
-        for target in targets {
+        for &target in targets {
             let name = target.name();
             note(
                 quiet,
@@ -271,11 +261,11 @@ pub fn run(
                 p.records as f64 / load_s.max(1e-9),
             );
             let mut cell_no: u64 = 0;
-            for (strategy, label) in plan_strategies(target.as_ref(), &p.strategies) {
+            for (strategy, label) in plan_strategies(target, &p.strategies) {
                 if rep == 0 {
                     notes.push(format!("{name}: strategy {label}"));
                 }
-                let sname = strategy_case(target.as_ref(), strategy);
+                let sname = strategy_case(target, strategy);
                 for &k in &p.analytics {
                     let kinds: Vec<ScanKind> = if k == 0 {
                         vec![ScanKind::Full]
@@ -288,7 +278,7 @@ pub fn run(
                         // the current value creates no version) and flatter later cells.
                         cell_no += 1;
                         let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24 ^ cell_no << 8;
-                        let cell = run_cell(target.as_ref(), p, strategy, k, scan, seed, quiet)?;
+                        let cell = run_cell(target, p, strategy, k, scan, seed, quiet)?;
                         let ks = k.to_string();
                         let scan_name = if k == 0 { "-" } else { scan.name() };
                         let c = case(&[

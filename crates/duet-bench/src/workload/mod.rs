@@ -1,6 +1,10 @@
-//! The named workloads and what they share: a run budget (duration or
-//! operation count) checked by every client thread, and a runner that starts
-//! client threads, shows progress and collects their results.
+//! The named workloads, each one body written against the capability it
+//! needs from a target (`crate::targets`), and what they share: a run budget
+//! (duration or operation count) checked by every client thread and a runner
+//! that starts client threads (`ycsb`); the timed cell of writers beside
+//! readers (`htap`, `ycsb-t`, `tpcch`); the pacing of an update stream; one
+//! join loop. `ycsb-t` and `tpcch` run on the embedded engine only: they
+//! drive its transactions directly.
 
 pub mod htap;
 pub mod snapshot;
@@ -57,6 +61,35 @@ impl Budget {
     }
 }
 
+/// Paces one thread's share of an attempted rate: `rate` operations per
+/// second over `threads` threads, 0 = as fast as possible. Late operations
+/// are not skipped: a thread that fell behind catches up at full speed.
+pub struct Pacer {
+    interval: Option<Duration>,
+    next_at: Instant,
+}
+
+impl Pacer {
+    pub fn new(rate: u64, threads: usize) -> Pacer {
+        Pacer {
+            interval: (rate > 0)
+                .then(|| Duration::from_secs_f64(threads.max(1) as f64 / rate as f64)),
+            next_at: Instant::now(),
+        }
+    }
+
+    /// Sleep until this thread's next operation is due.
+    pub fn wait(&mut self) {
+        if let Some(iv) = self.interval {
+            let now = Instant::now();
+            if self.next_at > now {
+                std::thread::sleep(self.next_at - now);
+            }
+            self.next_at += iv;
+        }
+    }
+}
+
 /// Run `threads` clients of `body(thread_index, budget)` with a progress bar;
 /// returns their results in thread order, or the first error.
 pub fn run_clients<T: Send>(
@@ -107,4 +140,100 @@ pub fn run_clients<T: Send>(
             .map(|h| h.join().map_err(|_| anyhow!("client thread panicked"))?)
             .collect()
     })
+}
+
+/// The clock of a timed cell (`htap`, `ycsb-t`, `tpcch`): writers work until
+/// the deadline; readers loop until the writers have stopped, each
+/// completing at least one read even when it outlasts the window.
+pub struct CellClock {
+    pub started: Instant,
+    pub deadline: Instant,
+    /// Writer operations so far (the bar's throughput).
+    pub ops: AtomicU64,
+    writers_done: AtomicBool,
+}
+
+impl CellClock {
+    /// May a writer start another operation?
+    pub fn writing(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+
+    /// May a reader that has completed `done` reads start another?
+    pub fn reading(&self, done: usize) -> bool {
+        done == 0 || !self.writers_done.load(Ordering::Relaxed)
+    }
+
+    /// One writer operation done.
+    pub fn count(&self) {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a timed cell's threads returned, in thread order, and the writers'
+/// wall time (from the start until the last writer stopped).
+pub struct CellRun<W, R> {
+    pub writers: Vec<W>,
+    pub readers: Vec<R>,
+    pub wall_s: f64,
+}
+
+/// Run a timed cell of `seconds`: `writers` threads of `write(t, clock)` and
+/// `readers` threads of `read(t, clock)`, with a bar of the writers'
+/// throughput. Every thread is joined before it returns; the first error any
+/// of them returned is the result.
+pub fn timed_cell<W: Send, R: Send>(
+    (label, seconds, quiet, what): (&str, f64, bool, &str),
+    (writers, write): (usize, impl Fn(usize, &CellClock) -> Result<W> + Sync),
+    (readers, read): (usize, impl Fn(usize, &CellClock) -> Result<R> + Sync),
+) -> Result<CellRun<W, R>> {
+    let started = Instant::now();
+    let clock = CellClock {
+        started,
+        deadline: started + Duration::from_secs_f64(seconds.max(0.0)),
+        ops: AtomicU64::new(0),
+        writers_done: AtomicBool::new(false),
+    };
+    std::thread::scope(|s| {
+        let (clock, write, read) = (&clock, &write, &read);
+        let w: Vec<_> = (0..writers)
+            .map(|t| s.spawn(move || write(t, clock)))
+            .collect();
+        let r: Vec<_> = (0..readers)
+            .map(|t| s.spawn(move || read(t, clock)))
+            .collect();
+        crate::progress::watch_while(label, seconds, &clock.ops, quiet, what, || clock.writing());
+        let mut first_err = None;
+        let writers = join_all(w, "writer", &mut first_err)?;
+        let wall_s = started.elapsed().as_secs_f64();
+        clock.writers_done.store(true, Ordering::Relaxed);
+        let readers = join_all(r, "reader", &mut first_err)?;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(CellRun {
+                writers,
+                readers,
+                wall_s,
+            }),
+        }
+    })
+}
+
+/// Join `handles` in order: the values of those that succeeded, the first
+/// error into `first_err`; a panicked thread is an error at once.
+pub fn join_all<T>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>,
+    what: &str,
+    first_err: &mut Option<anyhow::Error>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        match h.join().map_err(|_| anyhow!("{what} thread panicked"))? {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Ok(out)
 }

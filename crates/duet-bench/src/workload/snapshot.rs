@@ -1,28 +1,32 @@
-//! Snapshot costs, after AnKer's Table 1 and Fig. 4: the time to create a
-//! snapshot of the loaded data with duetdb's `db.snapshot()` (publishing an
-//! `Arc` root) vs `fork()` of this process (the HyPer way: the child exits at
-//! once without touching memory; we time the parent's `fork` call and the wait
-//! until the child is reaped) vs a physical deep copy of every document.
-//! Then the copy-on-write costs: the latency of an update right after a
-//! snapshot (its path is still shared and must be copied) vs with no snapshot,
-//! and the memory a held snapshot keeps after k % of the data was rewritten
-//! (process RSS from `/proc/self/statm`).
+//! Snapshot costs, after AnKer's Table 1 and Fig. 4, on every target that
+//! has duetdb's snapshots (the embedded engine; a duetdb server over the
+//! wire, with named snapshots). At each data size, loaded incrementally:
+//! - the cost of making a snapshot, by the target's own means
+//!   (`SnapshotSession::creation_figures`): in process `db.snapshot()` vs
+//!   `fork()` vs a deep copy; over the wire `createSnapshot`/`dropSnapshot`
+//!   round trips beside a `ping`;
+//! - copy-on-write: the latency of an update right after a snapshot is made
+//!   (its path is still shared and must be copied) vs with no snapshot held;
+//! - what a snapshot held while k % of the data is rewritten keeps: the
+//!   growth of this process's RSS where the engine runs in it (held, after
+//!   the drop, and a rewrite with no snapshot for comparison), and the
+//!   server's exact `retainedBytes/Docs` where it reports them.
 //!
-//! Embedded only: fork and RSS measure this process.
+//! Every rewrite writes a payload no earlier write used: a `$set` to the
+//! value a document already has makes no new version and would retain nothing.
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
-use duetdb::bson::doc;
-use duetdb::{Database, IndexOptions};
+use anyhow::Result;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::machine::rss_mb;
 use crate::progress::note;
-use crate::result::{case, Collector};
-use crate::stats::{median, Latencies};
-use crate::target::{htap_doc, htap_payload, VPerm, HTAP_TABLE};
+use crate::result::{case, Sink};
+use crate::stats::Latencies;
+use crate::targets::{
+    htap_batches, htap_doc_bytes, htap_payload, SnapshotSession, SnapshotTarget, VPerm,
+};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Params {
@@ -36,195 +40,190 @@ pub struct Params {
     pub repeat: usize,
 }
 
-/// Bytes of one loaded document (≈240).
-fn doc_bytes() -> u64 {
-    duetdb::raw::to_raw_document(&htap_doc(1, &VPerm::new(2)))
-        .map_or(240, |b| b.as_bytes().len() as u64)
+const MIB: f64 = 1024.0 * 1024.0;
+/// Documents per `update_range` command of a rewrite.
+const REWRITE_BATCH: u64 = 1000;
+
+/// What one size of one run is: figures go to `case(data_mb, what)`.
+struct Step<'a> {
+    target: &'a str,
+    mb: u64,
+    records: u64,
+    rep: usize,
 }
 
-/// Fork this process; the child `_exit`s at once. Returns (fork call ms, until reaped ms).
-fn fork_once() -> Result<(f64, f64)> {
-    let t0 = Instant::now();
-    // SAFETY: the child calls only `_exit`, which is async-signal-safe, so the
-    // multi-threaded parent's state (locks held by other threads) is never
-    // touched in the child.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        // SAFETY: see above; `_exit` skips atexit handlers and destructors.
-        unsafe { libc::_exit(0) };
+impl Step<'_> {
+    fn add(&self, out: &mut Sink, what: &str, metric: &str, value: f64) {
+        let size = self.mb.to_string();
+        let c = case(&[("data_mb", &size), ("what", what)]);
+        out.col.add(self.target, &c, metric, value);
     }
-    let fork_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    if pid < 0 {
-        bail!("fork failed: {}", std::io::Error::last_os_error());
-    }
-    let mut status = 0;
-    // SAFETY: waiting for our own child; `status` is a valid out-pointer.
-    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-    if r != pid {
-        bail!("waitpid failed: {}", std::io::Error::last_os_error());
-    }
-    Ok((fork_ms, t0.elapsed().as_secs_f64() * 1000.0))
 }
 
-pub fn run(p: &Params, quiet: bool, col: &mut Collector, notes: &mut Vec<String>) -> Result<()> {
-    let target = "duetdb-embedded";
-    let per_doc = doc_bytes();
+/// Run every size `p.repeat` times on every target.
+pub fn run(targets: &[&dyn SnapshotTarget], p: &Params, quiet: bool, out: &mut Sink) -> Result<()> {
     let mut sizes = p.sizes_mb.clone();
     sizes.sort_unstable();
+    let per_doc = htap_doc_bytes(1, &VPerm::new(2));
     let records_max = sizes.last().copied().unwrap_or(0) * 1024 * 1024 / per_doc;
     let perm = VPerm::new(records_max.max(2));
-    for rep in 0..p.repeat.max(1) {
-        let db = Database::in_memory();
-        let coll = db.collection(HTAP_TABLE);
-        coll.create_index(doc! {"v": 1}, IndexOptions::default())?;
-        let mut loaded = 0u64;
-        let mut rng = StdRng::seed_from_u64(p.seed ^ rep as u64);
-        for &mb in &sizes {
-            let records = mb * 1024 * 1024 / per_doc;
-            note(
-                quiet,
-                &format!(
-                    "[snapshot] loading to {mb} MiB ({records} documents, run {}/{})",
-                    rep + 1,
-                    p.repeat
-                ),
-            );
-            while loaded < records {
-                let end = (loaded + 10_000).min(records);
-                coll.insert_many((loaded..end).map(|i| htap_doc(i, &perm)), true)?;
-                loaded = end;
-            }
-            let size = mb.to_string();
-            let c = |what: &str| case(&[("data_mb", &size), ("what", what)]);
-            let stats = coll.stats()?;
-            col.add(
-                target,
-                &c("loaded"),
-                "data_mb",
-                stats.data_bytes as f64 / 1048576.0,
-            );
-            col.add(target, &c("loaded"), "rss_mb", rss_mb());
-
-            // Creation: O(1) snapshots, timed one by one.
-            let mut create = Latencies::new();
-            for _ in 0..1000 {
-                let t0 = Instant::now();
-                let s = db.snapshot();
-                create.record(t0.elapsed());
-                drop(s);
-            }
-            col.add(
-                target,
-                &c("create"),
-                "duet_snapshot_us_median",
-                create.quantile_us(0.5),
-            );
-            let mut forks = Vec::new();
-            let mut reaped = Vec::new();
-            for _ in 0..5 {
-                let (f, r) = fork_once()?;
-                forks.push(f);
-                reaped.push(r);
-            }
-            col.add(target, &c("create"), "fork_ms_median", median(&forks));
-            col.add(
-                target,
-                &c("create"),
-                "fork_reaped_ms_median",
-                median(&reaped),
-            );
-            let t0 = Instant::now();
-            let snap = db.snapshot();
-            let docs = snap.collection(HTAP_TABLE).find(doc! {}).raw()?;
-            let mut copy: Vec<Vec<u8>> = Vec::with_capacity(docs.len());
-            copy.extend(docs.iter().map(|d| d.as_bytes().to_vec()));
-            let deep_ms = t0.elapsed().as_secs_f64() * 1000.0;
-            let copied: u64 = copy.iter().map(|d| d.len() as u64).sum();
-            drop((copy, docs, snap));
-            col.add(target, &c("create"), "deep_copy_ms", deep_ms);
-            if copied != stats.data_bytes {
-                notes.push(format!(
-                    "deep copy copied {copied} bytes of {}",
-                    stats.data_bytes
-                ));
-            }
-            let ratio = median(&forks) * 1000.0 / create.quantile_us(0.5).max(1e-3);
-            col.add(target, &c("create"), "fork_over_duet_ratio", ratio);
-
-            // First write to a shared path vs an unshared one.
-            let mut with = Latencies::new();
-            let mut without = Latencies::new();
-            for i in 0..p.first_writes {
-                let id = rng.gen_range(0..records) as i64;
-                let payload = htap_payload(i as u64);
-                let s = db.snapshot();
-                let t0 = Instant::now();
-                coll.update_one(doc! {"_id": id}, doc! {"$set": {"f2": &payload}})?;
-                with.record(t0.elapsed());
-                drop(s);
-                let id = rng.gen_range(0..records) as i64;
-                let t0 = Instant::now();
-                coll.update_one(doc! {"_id": id}, doc! {"$set": {"f2": &payload}})?;
-                without.record(t0.elapsed());
-            }
-            for (what, l) in [
-                ("update_after_snapshot", &with),
-                ("update_no_snapshot", &without),
-            ] {
-                col.add(target, &c(what), "latency_us_p50", l.quantile_us(0.5));
-                col.add(target, &c(what), "latency_us_p99", l.quantile_us(0.99));
-            }
-
-            // Memory held by a snapshot while k % of the data is rewritten.
-            for &pct in &p.rewrite_pct {
-                let n = records * pct / 100;
-                let what = format!("rewrite_{pct}pct");
-                let rss0 = rss_mb();
-                let snap = db.snapshot();
-                rewrite(&coll, n, pct)?;
-                let held = rss_mb() - rss0;
-                drop(snap);
-                let after_drop = rss_mb() - rss0;
-                // Without a snapshot, measured from after the drop: what a
-                // rewrite adds when old versions are freed at once.
-                let rss1 = rss_mb();
-                rewrite(&coll, n, pct + 1000)?;
-                let no_snap = rss_mb() - rss1;
-                col.add(target, &c(&what), "rss_mb_growth_snapshot_held", held);
-                col.add(target, &c(&what), "rss_mb_growth_after_drop", after_drop);
-                col.add(target, &c(&what), "rss_mb_growth_no_snapshot", no_snap);
-                col.add(
-                    target,
-                    &c(&what),
-                    "rewritten_mb",
-                    n as f64 * per_doc as f64 / 1048576.0,
+    let mut memory_measured = false;
+    for &target in targets {
+        let name = target.name();
+        // One client does everything, as one user would.
+        let mut s = target.session()?;
+        for rep in 0..p.repeat.max(1) {
+            s.reset()?;
+            let mut loaded = 0u64;
+            let mut rng = StdRng::seed_from_u64(p.seed ^ rep as u64);
+            for &mb in &sizes {
+                let records = mb * 1024 * 1024 / per_doc;
+                note(
+                    quiet,
+                    &format!(
+                        "[snapshot] {name}: loading to {mb} MiB ({records} documents, run {}/{})",
+                        rep + 1,
+                        p.repeat
+                    ),
                 );
+                htap_batches(loaded..records.max(loaded), &perm, |docs| s.insert(docs))?;
+                loaded = loaded.max(records);
+                let step = Step {
+                    target: &name,
+                    mb,
+                    records,
+                    rep,
+                };
+                measure_size(s.as_mut(), &step, p, per_doc, &mut rng, quiet, out)?;
             }
-            note(
-                quiet,
-                &format!(
-                "[snapshot] {mb} MiB: db.snapshot() {:.2} µs, fork {:.2} ms, deep copy {:.0} ms",
-                create.quantile_us(0.5),
-                median(&forks),
-                deep_ms
-            ),
-            );
+            memory_measured |= s.memory_mb().is_some();
         }
+        s.finish()?;
     }
-    notes.push("RSS growth is what the allocator kept: freed memory may stay resident (glibc malloc), so 'after drop' can stay high; compare 'held' with the rewritten bytes".into());
+    if memory_measured {
+        out.notes.push("RSS growth is what the allocator kept: freed memory may stay resident (glibc malloc), so 'after drop' can stay high; compare 'held' with the rewritten bytes".into());
+    }
     Ok(())
 }
 
-/// Rewrite `f2` of the first `n` documents in commands of 1,000.
-fn rewrite(coll: &duetdb::Collection, n: u64, salt: u64) -> Result<()> {
+/// Every figure at one size.
+fn measure_size(
+    s: &mut dyn SnapshotSession,
+    step: &Step,
+    p: &Params,
+    per_doc: u64,
+    rng: &mut StdRng,
+    quiet: bool,
+    out: &mut Sink,
+) -> Result<()> {
+    step.add(out, "loaded", "data_mb", s.data_bytes()? as f64 / MIB);
+    if let Some(rss) = s.memory_mb() {
+        step.add(out, "loaded", "rss_mb", rss);
+    }
+    let created = s.creation_figures(&mut out.notes)?;
+    for (metric, v) in &created {
+        step.add(out, "create", metric, *v);
+    }
+    first_writes(s, step, p, rng, out)?;
+    for &pct in &p.rewrite_pct {
+        held_over_rewrite(s, step, pct, per_doc, out)?;
+    }
+    let figures: Vec<String> = created
+        .iter()
+        .map(|(m, v)| format!("{m} {}", crate::report::num(*v)))
+        .collect();
+    note(
+        quiet,
+        &format!(
+            "[snapshot] {} {} MiB: {}",
+            step.target,
+            step.mb,
+            figures.join(", ")
+        ),
+    );
+    Ok(())
+}
+
+/// An update right after a snapshot is made (its path still shared) vs one
+/// with no snapshot held.
+fn first_writes(
+    s: &mut dyn SnapshotSession,
+    step: &Step,
+    p: &Params,
+    rng: &mut StdRng,
+    out: &mut Sink,
+) -> Result<()> {
+    let (mut with, mut without) = (Latencies::new(), Latencies::new());
+    for i in 0..p.first_writes {
+        let payload = htap_payload(i as u64);
+        s.create_snapshot("bench-fw")?;
+        let id = rng.gen_range(0..step.records.max(1));
+        let t0 = Instant::now();
+        s.update(id, &payload)?;
+        with.record(t0.elapsed());
+        s.drop_snapshot("bench-fw")?;
+        let id = rng.gen_range(0..step.records.max(1));
+        let t0 = Instant::now();
+        s.update(id, &payload)?;
+        without.record(t0.elapsed());
+    }
+    for (what, l) in [
+        ("update_after_snapshot", &with),
+        ("update_no_snapshot", &without),
+    ] {
+        step.add(out, what, "latency_us_p50", l.quantile_us(0.5));
+        step.add(out, what, "latency_us_p99", l.quantile_us(0.99));
+    }
+    Ok(())
+}
+
+/// What a snapshot held while `pct` % of the documents are rewritten keeps.
+fn held_over_rewrite(
+    s: &mut dyn SnapshotSession,
+    step: &Step,
+    pct: u64,
+    per_doc: u64,
+    out: &mut Sink,
+) -> Result<()> {
+    let n = step.records * pct / 100;
+    let what = format!("rewrite_{pct}pct");
+    // Unique per (size, pct, run): see the module comment.
+    let salt = step.mb * 1_000_000 + pct * 1000 + step.rep as u64;
+    let rss0 = s.memory_mb();
+    s.create_snapshot("bench-held")?;
+    rewrite(s, n, &htap_payload(1_000_000_000 + salt))?;
+    let rss_held = s.memory_mb();
+    let retained = s.retained("bench-held")?;
+    s.drop_snapshot("bench-held")?;
+    if let (Some(rss0), Some(rss_held), Some(rss_dropped)) = (rss0, rss_held, s.memory_mb()) {
+        // Without a snapshot, measured from after the drop: what a rewrite
+        // adds when old versions are freed at once.
+        rewrite(s, n, &htap_payload(2_000_000_000 + salt))?;
+        let no_snap = s.memory_mb().map_or(0.0, |r| r - rss_dropped);
+        step.add(out, &what, "rss_mb_growth_snapshot_held", rss_held - rss0);
+        step.add(out, &what, "rss_mb_growth_after_drop", rss_dropped - rss0);
+        step.add(out, &what, "rss_mb_growth_no_snapshot", no_snap);
+    }
+    if let Some((bytes, docs)) = retained {
+        step.add(out, &what, "retained_mb", bytes / MIB);
+        step.add(out, &what, "retained_docs", docs);
+        if docs as u64 != n {
+            out.notes.push(format!(
+                "{} {} MiB, {pct} % rewritten: the held snapshot retains {docs} documents, {n} were rewritten",
+                step.target, step.mb
+            ));
+        }
+    }
+    step.add(out, &what, "rewritten_mb", n as f64 * per_doc as f64 / MIB);
+    Ok(())
+}
+
+/// Rewrite `f2` of the first `n` documents, [`REWRITE_BATCH`] per command.
+fn rewrite(s: &mut dyn SnapshotSession, n: u64, payload: &str) -> Result<()> {
     let mut lo = 0u64;
-    let payload = htap_payload(salt);
     while lo < n {
-        let hi = (lo + 1000).min(n);
-        coll.update_many(
-            doc! {"_id": {"$gte": lo as i64, "$lt": hi as i64}},
-            doc! {"$set": {"f2": &payload}},
-        )?;
+        let hi = (lo + REWRITE_BATCH).min(n);
+        s.update_range(lo, hi, payload)?;
         lo = hi;
     }
     Ok(())

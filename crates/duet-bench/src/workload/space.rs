@@ -1,50 +1,47 @@
 //! `space`: old versions kept over time under a 100 %-update stream while 1 or
 //! 3 long full-collection queries run — KVell+'s Fig. 4 / Table 1 and the VLS
-//! paper's Fig. 11, side by side in one run on the embedded engine.
+//! paper's Fig. 11, side by side in one run, on every target that has
+//! duetdb's old versions (the embedded engine; a duetdb server over the wire).
 //!
 //! Systems compared (each a cell per key distribution × concurrent queries):
-//! - `olcp`: `Database::olcp_query`; old versions = versions handed to running
-//!   queries and not yet mapped (`vls_stats().olcp_inflight`); bytes are that
-//!   count × the document size (the sink holds shared pointers to documents).
+//! - `olcp`: OLCP queries; old versions = versions handed to running queries
+//!   and not yet mapped (`olcp_inflight`); bytes are that count × the
+//!   document size (the sink holds shared pointers to documents).
 //! - `vls`: full scans under `Strategy::Vls`; old versions = remset entries,
 //!   bytes = the remset's own byte figure.
-//! - `cow-steam`: each query holds `db.snapshot()` and reads it. duetdb's
+//! - `cow-steam`: each query holds a snapshot and reads it. duetdb's
 //!   copy-on-write frees a superseded version as soon as no held root reaches
 //!   it, so each snapshot keeps at most one old version per document — the
 //!   Steam property (one version per active snapshot, not per update). Measured
-//!   with `Snapshot::retained(&latest)` (an O(size) walk, so sampled only every
+//!   as what the held snapshots retain (an O(size) walk, so sampled only every
 //!   `retained_every_ms`); with several queries the per-snapshot figures are
 //!   summed, which counts a version shared by two snapshots twice (upper bound).
 //! - `si-model`: conventional snapshot isolation with version chains and a
 //!   garbage-collection horizon keeps every version superseded since the oldest
 //!   running query started. It is not a second engine: it is counted from the
-//!   update stream of the `cow-steam` cell (updates committed since the oldest
-//!   running query began × document size), which is what such a system keeps
-//!   at best (lazy GC only adds to it).
+//!   update stream of the `cow-steam` cell (updates acknowledged since the
+//!   oldest running query began × document size), which is what such a system
+//!   keeps at best (lazy GC only adds to it).
 //!
 //! Queries are slowed by `work_ns_per_doc` of busy work per document so that
 //! they last several seconds, as in the paper. Each cell writes its old-version
-//! samples as a series (`BenchResult::series`) for the chart.
+//! samples as a series (`BenchResult::series`) for the chart. How a target
+//! runs the queries and reads its old versions is its own (`SpaceTarget`);
+//! every session of a cell is opened before the cell's clock starts.
 
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use bson::{doc, Document};
-use duetdb::{Database, OlcpOptions, Snapshot, Strategy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::gen::ScrambledZipfian;
 use crate::progress::note;
-use crate::result::{case, Collector, Series};
+use crate::result::{case, Series, Sink};
 use crate::stats::{median, Latencies};
-use crate::target::{htap_doc, htap_payload, VPerm};
-
-pub const SPACE_TABLE: &str = "space";
-const TARGET: &str = "duetdb-embedded";
+use crate::targets::{htap_payload, SpaceSession, SpaceTarget, VlsFigures};
+use crate::workload::{join_all, Pacer};
 
 /// Update key distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -100,442 +97,384 @@ pub struct Params {
     pub repeat: usize,
 }
 
-/// The query threads' view, shared with the sampler.
+/// What the threads of a cell share with each other and the sampler.
 struct Shared {
-    /// Updates committed so far (the SI model's clock).
+    /// Updates acknowledged so far (the SI model's clock).
     updates: AtomicU64,
     /// Updates that changed nothing (must stay 0: each makes no version).
     noops: AtomicU64,
     /// Per query thread: `updates` when its running query started, or u64::MAX.
     query_since: Vec<AtomicU64>,
-    /// Per query thread: the snapshot its running `cow` query holds.
-    held: Vec<Mutex<Option<Snapshot>>>,
+    /// Query threads still running (updates go on until the last has ended).
+    queries_running: AtomicU64,
+}
+
+impl Shared {
+    fn new(k: usize) -> Shared {
+        Shared {
+            updates: AtomicU64::new(0),
+            noops: AtomicU64::new(0),
+            query_since: (0..k).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            queries_running: AtomicU64::new(k as u64),
+        }
+    }
+
+    /// Versions the SI model keeps now: updates since the oldest running
+    /// query started.
+    fn si_model_versions(&self) -> f64 {
+        let now = self.updates.load(Ordering::Acquire);
+        let oldest = self
+            .query_since
+            .iter()
+            .map(|a| a.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX);
+        if oldest == u64::MAX {
+            0.0
+        } else {
+            now.saturating_sub(oldest) as f64
+        }
+    }
 }
 
 /// One sample: (seconds since the cell started, old versions, old MiB).
-pub(crate) type Sample = (f64, f64, f64);
+type Sample = (f64, f64, f64);
 
-/// What one cell measured (embedded or over the wire).
-pub(crate) struct CellOut {
-    pub(crate) update_ops: u64,
-    pub(crate) update_lat: Latencies,
-    pub(crate) wall_s: f64,
-    pub(crate) query_s: Vec<f64>,
-    pub(crate) query_docs: u64,
-    /// (system label, samples).
-    pub(crate) samples: Vec<(String, Vec<Sample>)>,
-    pub(crate) rss_mb_peak: f64,
-    /// Embedded: the engine's running olcp propagation total at the cell's end.
-    pub(crate) propagated: u64,
-    pub(crate) update_noops: u64,
-}
+/// A cell's samples per system label, and its peak RSS (0 when unknown).
+type Sampled = (Vec<(String, Vec<Sample>)>, f64);
 
-/// Busy work standing in for a real per-document computation.
-fn work(d: &bson::RawDocumentBuf, ns: u64) -> u64 {
-    let mut h = d.as_bytes().len() as u64;
-    if ns > 0 {
-        let t0 = Instant::now();
-        while t0.elapsed().as_nanos() < ns as u128 {
-            h = h.wrapping_mul(31).wrapping_add(7);
-        }
-    }
-    h
-}
-
-/// Load `records` HTAP documents (~240 bytes each); returns the document size.
-pub fn load(db: &Database, records: u64) -> Result<u64> {
-    db.drop_collection(SPACE_TABLE)?;
-    let coll = db.collection(SPACE_TABLE);
-    let perm = VPerm::new(records);
-    let mut batch = Vec::with_capacity(10_000);
-    for i in 0..records {
-        batch.push(htap_doc(i, &perm));
-        if batch.len() == 10_000 {
-            coll.insert_many(std::mem::take(&mut batch), true)?;
-        }
-    }
-    if !batch.is_empty() {
-        coll.insert_many(batch, true)?;
-    }
-    let bytes = duetdb::raw::to_raw_document(&htap_doc(records / 2, &perm))
-        .map_or(240, |b| b.as_bytes().len() as u64);
-    Ok(bytes)
-}
-
-/// One full-collection query; returns the documents it visited.
-fn run_query(db: &Database, system: System, ns: u64, shared: &Shared, t: usize) -> Result<u64> {
-    match system {
-        System::Olcp => {
-            let (acc, _) = db.olcp_query(
-                SPACE_TABLE,
-                &[],
-                &[],
-                || (0u64, 0u64),
-                |s, d, _| {
-                    s.0 += 1;
-                    s.1 = s.1.wrapping_add(work(d, ns));
-                    Ok(())
-                },
-                |a, b| (a.0 + b.0, a.1.wrapping_add(b.1)),
-                OlcpOptions { threads: 1 },
-            )?;
-            std::hint::black_box(acc.1);
-            Ok(acc.0)
-        }
-        System::Vls => {
-            let (mut n, mut h) = (0u64, 0u64);
-            db.collection(SPACE_TABLE)
-                .scan_with(Document::new(), Strategy::Vls, |d| {
-                    n += 1;
-                    h = h.wrapping_add(work(d, ns));
-                    ControlFlow::Continue(())
-                })?;
-            std::hint::black_box(h);
-            Ok(n)
-        }
-        System::CowSteam => {
-            let snap = db.snapshot();
-            let slot = shared
-                .held
-                .get(t)
-                .ok_or_else(|| anyhow!("no slot for query thread {t}"))?;
-            *slot.lock().map_err(|_| anyhow!("held poisoned"))? = Some(snap.clone());
-            let docs = snap.collection(SPACE_TABLE).find(doc! {}).raw();
-            let (mut n, mut h) = (0u64, 0u64);
-            let r = docs.map(|docs| {
-                for d in &docs {
-                    n += 1;
-                    h = h.wrapping_add(work(d, ns));
-                }
-            });
-            *slot.lock().map_err(|_| anyhow!("held poisoned"))? = None;
-            r?;
-            std::hint::black_box(h);
-            Ok(n)
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_cell(
-    db: &Database,
-    p: &Params,
+/// Which cell runs, and the clock it runs on.
+struct Cell {
     system: System,
     dist: KeyDist,
+    /// Concurrent queries.
     k: usize,
     doc_bytes: u64,
+    /// The same keys for every system of a (rep, dist, k).
     seed: u64,
+    /// Makes every payload of the run unique.
     cell_no: u64,
-    quiet: bool,
-) -> Result<CellOut> {
-    let shared = Shared {
-        updates: AtomicU64::new(0),
-        noops: AtomicU64::new(0),
-        query_since: (0..k).map(|_| AtomicU64::new(u64::MAX)).collect(),
-        held: (0..k).map(|_| Mutex::new(None)).collect(),
-    };
-    let queries_running = AtomicU64::new(k as u64);
-    let done = AtomicBool::new(false);
-    let watch_done = AtomicBool::new(false);
-    let coll = db.collection(SPACE_TABLE);
-    db.reset_vls_peaks();
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(p.seconds);
-    let threads = p.update_threads.max(1);
-    let interval =
-        (p.update_rate > 0).then(|| Duration::from_secs_f64(threads as f64 / p.update_rate as f64));
-    let mib = |b: f64| b / (1024.0 * 1024.0);
-    std::thread::scope(|s| -> Result<CellOut> {
-        let updaters: Vec<_> = (0..threads)
-            .map(|t| {
-                let (shared, queries_running, coll) = (&shared, &queries_running, &coll);
-                s.spawn(move || -> Result<(u64, Latencies)> {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
-                    let mut zipf = ScrambledZipfian::new(0, p.records.max(1) - 1);
-                    let mut lat = Latencies::new();
-                    let mut n = 0u64;
-                    let mut next_at = Instant::now();
-                    // Updates run until the deadline and every query has ended.
-                    while Instant::now() < deadline || queries_running.load(Ordering::Acquire) > 0 {
-                        if let Some(iv) = interval {
-                            let now = Instant::now();
-                            if next_at > now {
-                                std::thread::sleep(next_at - now);
-                            }
-                            next_at += iv;
-                        }
-                        let id = match dist {
-                            KeyDist::Uniform => rng.gen_range(0..p.records.max(1)),
-                            KeyDist::Zipfian => zipf.next(&mut rng),
-                        };
-                        // Unique per update of the whole run: a `$set` to the value a
-                        // document already has is a no-op (no new version), and cells
-                        // replaying an earlier cell's stream would otherwise keep fewer
-                        // versions.
-                        let payload = htap_payload(
-                            cell_no << 40 | (n * threads as u64 + t as u64) & ((1 << 40) - 1),
-                        );
-                        let t0 = Instant::now();
-                        let r = coll
-                            .update_one(doc! {"_id": id as i64}, doc! {"$set": {"f2": payload}})?;
-                        lat.record(t0.elapsed());
-                        anyhow::ensure!(r.matched == 1, "document {id} missing");
-                        if r.modified == 0 {
-                            shared.noops.fetch_add(1, Ordering::Relaxed);
-                        }
-                        n += 1;
-                        shared.updates.fetch_add(1, Ordering::AcqRel);
-                    }
-                    Ok((n, lat))
-                })
-            })
-            .collect();
-        let queriers: Vec<_> = (0..k)
-            .map(|t| {
-                let (shared, queries_running) = (&shared, &queries_running);
-                s.spawn(move || -> Result<(Vec<f64>, u64)> {
-                    let mut durations = Vec::new();
-                    let mut docs = 0;
-                    let r = (|| -> Result<()> {
-                        while durations.is_empty() || Instant::now() < deadline {
-                            shared.query_since[t]
-                                .store(shared.updates.load(Ordering::Acquire), Ordering::Release);
-                            let t0 = Instant::now();
-                            docs += run_query(db, system, p.work_ns_per_doc, shared, t)?;
-                            durations.push(t0.elapsed().as_secs_f64());
-                            shared.query_since[t].store(u64::MAX, Ordering::Release);
-                        }
-                        Ok(())
-                    })();
-                    queries_running.fetch_sub(1, Ordering::AcqRel);
-                    r.map(|_| (durations, docs))
-                })
-            })
-            .collect();
-        let sampler = s.spawn(|| -> Result<CellOut> {
-            let mut main: Vec<Sample> = Vec::new();
-            let mut si: Vec<Sample> = Vec::new();
-            let mut rss_peak = 0f64;
-            let mut last_walk: Option<Instant> = None;
-            while !done.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(p.sample_ms.max(10)));
-                let t = started.elapsed().as_secs_f64();
-                rss_peak = rss_peak.max(crate::machine::rss_mb());
-                match system {
-                    System::Olcp => {
-                        let n = db.vls_stats().olcp_inflight as f64;
-                        main.push((t, n, mib(n * doc_bytes as f64)));
-                    }
-                    System::Vls => {
-                        let r = db.vls_stats().remset;
-                        main.push((t, r.entries as f64, mib(r.bytes as f64)));
-                    }
-                    System::CowSteam => {
-                        let now = shared.updates.load(Ordering::Acquire);
-                        let oldest = shared
-                            .query_since
-                            .iter()
-                            .map(|a| a.load(Ordering::Acquire))
-                            .min()
-                            .unwrap_or(u64::MAX);
-                        let n = if oldest == u64::MAX {
-                            0.0
-                        } else {
-                            now.saturating_sub(oldest) as f64
-                        };
-                        si.push((t, n, mib(n * doc_bytes as f64)));
-                        let due = last_walk.is_none_or(|w| {
-                            w.elapsed() >= Duration::from_millis(p.retained_every_ms)
-                        });
-                        if due {
-                            last_walk = Some(Instant::now());
-                            let held: Vec<Snapshot> = shared
-                                .held
-                                .iter()
-                                .filter_map(|m| m.lock().ok().and_then(|g| g.clone()))
-                                .collect();
-                            let latest = db.snapshot();
-                            let (mut docs, mut bytes) = (0u64, 0u64);
-                            for h in &held {
-                                let c = h.retained(&latest);
-                                docs += c.docs;
-                                bytes += c.bytes;
-                            }
-                            main.push((t, docs as f64, mib(bytes as f64)));
-                        }
-                    }
-                }
-            }
-            let mut samples = vec![(system.name().to_string(), main)];
-            if system == System::CowSteam {
-                samples.push(("si-model".to_string(), si));
-            }
-            Ok(CellOut {
-                update_ops: 0,
-                update_lat: Latencies::new(),
-                wall_s: 0.0,
-                query_s: Vec::new(),
-                query_docs: 0,
-                samples,
-                rss_mb_peak: rss_peak,
-                propagated: 0,
-                update_noops: 0,
-            })
-        });
-        let label = format!("space {} {} Q={k}", system.name(), dist.name());
-        let ops_view = &shared.updates;
-        let (watch_done, queries_running) = (&watch_done, &queries_running);
-        s.spawn(move || {
-            while !(Instant::now() >= deadline && queries_running.load(Ordering::Acquire) == 0) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            watch_done.store(true, Ordering::Release);
-        });
-        crate::progress::watch(&label, p.seconds, None, ops_view, watch_done, quiet, "upd");
-        let (joined, first_err) = join_cell_threads(queriers, updaters)?;
-        let Joined {
-            query_s,
-            query_docs,
-            update_ops,
-            update_lat,
-        } = joined;
-        let wall_s = started.elapsed().as_secs_f64();
-        done.store(true, Ordering::Release);
-        let mut out = sampler.join().map_err(|_| anyhow!("sampler panicked"))??;
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        out.update_ops = update_ops;
-        out.update_lat = update_lat;
-        out.wall_s = wall_s;
-        out.query_s = query_s;
-        out.query_docs = query_docs;
-        out.propagated = db.vls_stats().olcp_propagated;
-        out.update_noops = shared.noops.load(Ordering::Relaxed);
-        Ok(out)
-    })
 }
 
-/// What the threads of one cell measured, once joined.
-pub(crate) struct Joined {
-    pub query_s: Vec<f64>,
-    pub query_docs: u64,
-    pub update_ops: u64,
-    pub update_lat: Latencies,
+/// What one cell measured.
+struct CellOut {
+    update_ops: u64,
+    update_lat: Latencies,
+    wall_s: f64,
+    query_s: Vec<f64>,
+    query_docs: u64,
+    /// (system label, samples).
+    samples: Vec<(String, Vec<Sample>)>,
+    rss_mb_peak: f64,
+    update_noops: u64,
 }
 
-type QueryOut = Result<(Vec<f64>, u64)>;
-type UpdateOut = Result<(u64, Latencies)>;
+const MIB: f64 = 1024.0 * 1024.0;
+/// How long after a cell the engine may take to end its scans and drain the remset.
+const DRAIN: Duration = Duration::from_secs(10);
 
-/// Join a cell's query and update threads (embedded and wire cells alike):
-/// their figures, and the first error any of them returned. A panicked
-/// thread is an error at once.
-pub(crate) fn join_cell_threads<'s>(
-    queriers: Vec<std::thread::ScopedJoinHandle<'s, QueryOut>>,
-    updaters: Vec<std::thread::ScopedJoinHandle<'s, UpdateOut>>,
-) -> Result<(Joined, Option<anyhow::Error>)> {
-    let mut first_err = None;
-    let mut out = Joined {
-        query_s: Vec::new(),
-        query_docs: 0,
-        update_ops: 0,
-        update_lat: Latencies::new(),
-    };
-    for h in queriers {
-        match h.join().map_err(|_| anyhow!("query thread panicked"))? {
-            Ok((d, n)) => {
-                out.query_s.extend(d);
-                out.query_docs += n;
-            }
-            Err(e) => first_err = first_err.or(Some(e)),
-        }
+/// Run every cell (distribution × queries × system) `p.repeat` times on
+/// every target.
+pub fn run(targets: &[&dyn SpaceTarget], p: &Params, quiet: bool, out: &mut Sink) -> Result<()> {
+    for &target in targets {
+        run_target(target, p, quiet, out)?;
     }
-    for h in updaters {
-        match h.join().map_err(|_| anyhow!("update thread panicked"))? {
-            Ok((n, l)) => {
-                out.update_ops += n;
-                out.update_lat.merge(&l);
-            }
-            Err(e) => first_err = first_err.or(Some(e)),
-        }
-    }
-    Ok((out, first_err))
+    Ok(())
 }
 
-/// Run every cell (distribution × queries × system), `p.repeat` times.
-pub fn run(
-    p: &Params,
-    quiet: bool,
-    col: &mut Collector,
-    series: &mut Vec<Series>,
-    notes: &mut Vec<String>,
-) -> Result<()> {
-    let db = Database::in_memory();
-    note(quiet, &format!("[space] loading {} documents", p.records));
+fn run_target(target: &dyn SpaceTarget, p: &Params, quiet: bool, out: &mut Sink) -> Result<()> {
+    let name = target.name();
+    note(
+        quiet,
+        &format!("[space] {name}: loading {} documents", p.records),
+    );
     let t0 = Instant::now();
-    let doc_bytes = load(&db, p.records)?;
-    col.add(
-        TARGET,
+    let doc_bytes = target.load(p.records)?;
+    out.col.add(
+        &name,
         &case(&[("phase", "load")]),
         "load_docs_per_s",
         p.records as f64 / t0.elapsed().as_secs_f64().max(1e-9),
     );
-    notes.push(format!(
-        "documents of {doc_bytes} bytes; queries do {} ns of busy work per document; \
-         olcp and si-model bytes = old versions × document size; cow-steam sums the \
-         retained cost of each held snapshot (sampled every {} ms; shared versions count \
-         once per snapshot); si-model is counted, not run (see the module doc of workload/space.rs)",
-        p.work_ns_per_doc, p.retained_every_ms
+    out.notes.push(format!(
+        "{name}: documents of {doc_bytes} bytes; olcp and si-model bytes = old versions × document size; \
+         si-model is counted from the acknowledged updates, not run (see the module doc of workload/space.rs)"
     ));
+    out.notes
+        .push(target.space_notes(p.work_ns_per_doc, p.sample_ms, p.retained_every_ms));
+    // Reads the engine's figures between cells.
+    let mut between = target.session()?;
     let mut cell_no = 0u64;
     for rep in 0..p.repeat.max(1) {
         for &dist in &p.dists {
             for &k in &p.queries {
                 for &system in &p.systems {
-                    let before = db.vls_stats().olcp_propagated;
-                    // The same keys for every system of a (rep, dist, k); payloads
-                    // are unique per cell.
-                    let seed = p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24;
+                    let before = between.vls()?.olcp_propagated;
                     cell_no += 1;
-                    let cell = run_cell(&db, p, system, dist, k, doc_bytes, seed, cell_no, quiet)?;
-                    // Let background resets finish and the remset drain.
-                    duetdb::testing::wait_for(
-                        || {
-                            let v = db.vls_stats();
-                            v.scans_active == 0 && v.remset.entries == 0
-                        },
-                        Duration::from_secs(10),
-                    );
-                    let propagated = cell.propagated.saturating_sub(before);
-                    record_cell(
-                        TARGET, rep, system, dist, k, &cell, propagated, quiet, col, series, notes,
-                    );
+                    let cell = Cell {
+                        system,
+                        dist,
+                        k,
+                        doc_bytes,
+                        seed: p.seed ^ (rep as u64) << 40 ^ (k as u64) << 24,
+                        cell_no,
+                    };
+                    let measured = run_cell(target, p, &cell, quiet)?;
+                    let after = drain(between.as_mut())?;
+                    let propagated = after.olcp_propagated.saturating_sub(before);
+                    record_cell(&name, rep, &cell, &measured, propagated, quiet, out);
                 }
             }
         }
     }
-    Ok(())
+    drop(between);
+    target.finish()
 }
 
-/// Record one cell's figures and series under `target` (shared by the
-/// embedded run and the wire run, so both produce the same names).
-/// `propagated` is the olcp propagations of this cell alone.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn record_cell(
+/// Let background resets finish and the remset drain (up to [`DRAIN`]);
+/// the engine's figures then.
+fn drain(s: &mut dyn SpaceSession) -> Result<VlsFigures> {
+    let until = Instant::now() + DRAIN;
+    loop {
+        let v = s.vls()?;
+        let idle = v.scans_active == 0.0 && v.remset_entries == 0.0;
+        if idle || Instant::now() >= until {
+            return Ok(v);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run_cell(target: &dyn SpaceTarget, p: &Params, cell: &Cell, quiet: bool) -> Result<CellOut> {
+    let threads = p.update_threads.max(1);
+    // Every session of the cell is open (connected) before the clock starts.
+    let mut updaters = (0..threads + cell.k + 1)
+        .map(|_| target.session())
+        .collect::<Result<Vec<_>>>()?;
+    let sampler = updaters
+        .pop()
+        .ok_or_else(|| anyhow!("no sampler session"))?;
+    let queriers = updaters.split_off(threads);
+    let shared = Shared::new(cell.k);
+    let done = AtomicBool::new(false);
+    target.begin_cell();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(p.seconds);
+    std::thread::scope(|s| -> Result<CellOut> {
+        let shared = &shared;
+        let updaters: Vec<_> = updaters
+            .into_iter()
+            .enumerate()
+            .map(|(t, sess)| s.spawn(move || update_loop(sess, t, p, cell, shared, deadline)))
+            .collect();
+        let queriers: Vec<_> = queriers
+            .into_iter()
+            .enumerate()
+            .map(|(t, sess)| s.spawn(move || query_loop(sess, t, p, cell.system, shared, deadline)))
+            .collect();
+        let done = &done;
+        let sampler = s.spawn(move || sample_loop(sampler, target, p, cell, shared, started, done));
+        let label = format!(
+            "space {} {} {} Q={}",
+            target.name(),
+            cell.system.name(),
+            cell.dist.name(),
+            cell.k
+        );
+        crate::progress::watch_while(&label, p.seconds, &shared.updates, quiet, "upd", || {
+            Instant::now() < deadline || shared.queries_running.load(Ordering::Acquire) > 0
+        });
+        let (joined, first_err) = join_cell_threads(queriers, updaters)?;
+        let wall_s = started.elapsed().as_secs_f64();
+        done.store(true, Ordering::Release);
+        let sampled = sampler.join().map_err(|_| anyhow!("sampler panicked"))?;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let (samples, rss_mb_peak) = sampled?;
+        Ok(CellOut {
+            update_ops: joined.update_ops,
+            update_lat: joined.update_lat,
+            wall_s,
+            query_s: joined.query_s,
+            query_docs: joined.query_docs,
+            samples,
+            rss_mb_peak,
+            update_noops: shared.noops.load(Ordering::Relaxed),
+        })
+    })
+}
+
+/// One update thread: until the deadline and the last query has ended.
+fn update_loop(
+    mut sess: Box<dyn SpaceSession + '_>,
+    t: usize,
+    p: &Params,
+    cell: &Cell,
+    shared: &Shared,
+    deadline: Instant,
+) -> Result<(u64, Latencies)> {
+    let threads = p.update_threads.max(1) as u64;
+    let mut pacer = Pacer::new(p.update_rate, p.update_threads);
+    let mut rng = StdRng::seed_from_u64(cell.seed ^ (t as u64) << 8);
+    let mut zipf = ScrambledZipfian::new(0, p.records.max(1) - 1);
+    let mut lat = Latencies::new();
+    let mut n = 0u64;
+    while Instant::now() < deadline || shared.queries_running.load(Ordering::Acquire) > 0 {
+        pacer.wait();
+        let id = match cell.dist {
+            KeyDist::Uniform => rng.gen_range(0..p.records.max(1)),
+            KeyDist::Zipfian => zipf.next(&mut rng),
+        };
+        // Unique per update of the whole run: a `$set` to the value a
+        // document already has is a no-op (no new version), and cells
+        // replaying an earlier cell's stream would otherwise keep fewer
+        // versions.
+        let payload = htap_payload(cell.cell_no << 40 | (n * threads + t as u64) & ((1 << 40) - 1));
+        let t0 = Instant::now();
+        let changed = sess.update(id, &payload)?;
+        lat.record(t0.elapsed());
+        if !changed {
+            shared.noops.fetch_add(1, Ordering::Relaxed);
+        }
+        n += 1;
+        shared.updates.fetch_add(1, Ordering::AcqRel);
+    }
+    Ok((n, lat))
+}
+
+/// One query thread: queries until the deadline (at least one).
+fn query_loop(
+    mut sess: Box<dyn SpaceSession + '_>,
+    t: usize,
+    p: &Params,
+    system: System,
+    shared: &Shared,
+    deadline: Instant,
+) -> Result<(Vec<f64>, u64)> {
+    let ns = p.work_ns_per_doc;
+    let mut durations = Vec::new();
+    let mut docs = 0;
+    let r = (|| -> Result<()> {
+        while durations.is_empty() || Instant::now() < deadline {
+            shared.query_since[t].store(shared.updates.load(Ordering::Acquire), Ordering::Release);
+            let t0 = Instant::now();
+            docs += match system {
+                System::Olcp => sess.olcp_query(ns)?,
+                System::Vls => sess.vls_query(ns)?,
+                System::CowSteam => sess.held_query(ns, t)?,
+            };
+            durations.push(t0.elapsed().as_secs_f64());
+            shared.query_since[t].store(u64::MAX, Ordering::Release);
+        }
+        Ok(())
+    })();
+    // Whatever happened, the update threads must not wait for this one.
+    shared.queries_running.fetch_sub(1, Ordering::AcqRel);
+    r.map(|_| (durations, docs))
+}
+
+/// The sampler: old versions every `sample_ms` until `done`; the samples per
+/// system label and the peak RSS (0 when the target cannot tell).
+fn sample_loop(
+    mut sess: Box<dyn SpaceSession + '_>,
+    target: &dyn SpaceTarget,
+    p: &Params,
+    cell: &Cell,
+    shared: &Shared,
+    started: Instant,
+    done: &AtomicBool,
+) -> Result<Sampled> {
+    let mib = |n: f64| n / MIB;
+    let per_doc = cell.doc_bytes as f64;
+    let (mut main, mut si) = (Vec::new(), Vec::new());
+    let mut rss_peak = 0f64;
+    let mut last_walk: Option<Instant> = None;
+    while !done.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(p.sample_ms.max(10)));
+        let t = started.elapsed().as_secs_f64();
+        if let Some(rss) = target.rss_mb() {
+            rss_peak = rss_peak.max(rss);
+        }
+        match cell.system {
+            System::Olcp => {
+                let n = sess.vls()?.olcp_inflight;
+                main.push((t, n, mib(n * per_doc)));
+            }
+            System::Vls => {
+                let v = sess.vls()?;
+                main.push((t, v.remset_entries, mib(v.remset_bytes)));
+            }
+            System::CowSteam => {
+                let n = shared.si_model_versions();
+                si.push((t, n, mib(n * per_doc)));
+                let due = last_walk
+                    .is_none_or(|w| w.elapsed() >= Duration::from_millis(p.retained_every_ms));
+                if due {
+                    last_walk = Some(Instant::now());
+                    let (docs, bytes) = sess.retained_by_queries()?;
+                    main.push((t, docs, mib(bytes)));
+                }
+            }
+        }
+    }
+    let mut samples = vec![(cell.system.name().to_string(), main)];
+    if cell.system == System::CowSteam {
+        samples.push(("si-model".to_string(), si));
+    }
+    Ok((samples, rss_peak))
+}
+
+/// What the threads of one cell measured, once joined.
+struct Joined {
+    query_s: Vec<f64>,
+    query_docs: u64,
+    update_ops: u64,
+    update_lat: Latencies,
+}
+
+type QueryOut = Result<(Vec<f64>, u64)>;
+type UpdateOut = Result<(u64, Latencies)>;
+
+/// Join a cell's query and update threads: their figures, and the first
+/// error any of them returned. A panicked thread is an error at once.
+fn join_cell_threads<'s>(
+    queriers: Vec<std::thread::ScopedJoinHandle<'s, QueryOut>>,
+    updaters: Vec<std::thread::ScopedJoinHandle<'s, UpdateOut>>,
+) -> Result<(Joined, Option<anyhow::Error>)> {
+    let mut first_err = None;
+    let queries = join_all(queriers, "query", &mut first_err)?;
+    let updates = join_all(updaters, "update", &mut first_err)?;
+    let mut update_lat = Latencies::new();
+    for (_, l) in &updates {
+        update_lat.merge(l);
+    }
+    let joined = Joined {
+        query_s: queries
+            .iter()
+            .flat_map(|(d, _)| d.iter().copied())
+            .collect(),
+        query_docs: queries.iter().map(|(_, n)| n).sum(),
+        update_ops: updates.iter().map(|(n, _)| n).sum(),
+        update_lat,
+    };
+    Ok((joined, first_err))
+}
+
+/// Record one cell's figures and series under `target` (the same names on
+/// every target). `propagated` is the olcp propagations of this cell alone.
+fn record_cell(
     target: &str,
     rep: usize,
-    system: System,
-    dist: KeyDist,
-    k: usize,
+    spec: &Cell,
     cell: &CellOut,
     propagated: u64,
     quiet: bool,
-    col: &mut Collector,
-    series: &mut Vec<Series>,
-    notes: &mut Vec<String>,
+    out: &mut Sink,
 ) {
+    let (system, dist, k) = (spec.system, spec.dist, spec.k);
     if cell.update_noops > 0 {
-        notes.push(format!(
+        out.notes.push(format!(
             "{target} {} {} Q={k}: {} updates changed nothing (no version made)",
             system.name(),
             dist.name(),
@@ -549,9 +488,9 @@ pub(crate) fn record_cell(
         let c = case(&[("system", label), ("dist", dist.name()), ("queries", &ks)]);
         let peak_n = pts.iter().map(|x| x.1).fold(0.0, f64::max);
         let peak_mb = pts.iter().map(|x| x.2).fold(0.0, f64::max);
-        col.add(target, &c, "old_versions_peak", peak_n);
-        col.add(target, &c, "old_mb_peak", peak_mb);
-        col.add(
+        out.col.add(target, &c, "old_versions_peak", peak_n);
+        out.col.add(target, &c, "old_mb_peak", peak_mb);
+        out.col.add(
             target,
             &c,
             "old_versions_mean",
@@ -560,33 +499,36 @@ pub(crate) fn record_cell(
         if label == "si-model" {
             continue;
         }
-        col.add(
+        out.col.add(
             target,
             &c,
             "query_docs_per_s",
             cell.query_docs as f64 / q_total_s.max(1e-9),
         );
-        col.add(target, &c, "queries_done", cell.query_s.len() as f64);
-        col.add(target, &c, "query_s_median", median(&cell.query_s));
-        col.add(target, &c, "update_ops_per_s", upd_s);
-        col.add(
+        out.col
+            .add(target, &c, "queries_done", cell.query_s.len() as f64);
+        out.col
+            .add(target, &c, "query_s_median", median(&cell.query_s));
+        out.col.add(target, &c, "update_ops_per_s", upd_s);
+        out.col.add(
             target,
             &c,
             "update_latency_us_p99",
             cell.update_lat.quantile_us(0.99),
         );
-        col.add(
+        out.col.add(
             target,
             &c,
             "update_latency_us_max",
             cell.update_lat.max_us(),
         );
-        col.add(target, &c, "rss_mb_peak", cell.rss_mb_peak);
+        out.col.add(target, &c, "rss_mb_peak", cell.rss_mb_peak);
         if system == System::Olcp {
-            col.add(target, &c, "olcp_propagated", propagated as f64);
+            out.col
+                .add(target, &c, "olcp_propagated", propagated as f64);
         }
         if rep == 0 {
-            series.push(Series {
+            out.series.push(Series {
                 target: target.into(),
                 case: c.clone(),
                 metric: "old_versions".into(),
@@ -596,7 +538,7 @@ pub(crate) fn record_cell(
     }
     if system == System::CowSteam && rep == 0 {
         if let Some((_, pts)) = cell.samples.iter().find(|(l, _)| l == "si-model") {
-            series.push(Series {
+            out.series.push(Series {
                 target: target.into(),
                 case: case(&[
                     ("system", "si-model"),

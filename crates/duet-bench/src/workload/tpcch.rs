@@ -19,10 +19,9 @@
 //! - with `verify`, each query under each strategy must then equal its
 //!   `reference_*` evaluation over a static copy (an error otherwise).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use duetdb::Database;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -33,11 +32,10 @@ use crate::chbench::{
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, spread};
-use crate::target::Strategy;
+use crate::targets::Strategy;
 use crate::tpch::{self, Answer, Q17Params, Query};
-use crate::workload::ycsbt::{
-    add_txn_figures, attempt_loop, engine_strategy, IsolationArg, TxnStats,
-};
+use crate::workload::ycsbt::{add_txn_figures, attempt_loop, txn_cells, IsolationArg, TxnStats};
+use crate::workload::{timed_cell, CellClock};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Params {
@@ -46,6 +44,7 @@ pub struct Params {
     /// Transaction threads (T).
     pub threads: usize,
     pub seconds: f64,
+    #[serde(serialize_with = "crate::targets::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     /// Numbers of concurrent analytic threads (K).
     pub analytics: Vec<usize>,
@@ -117,149 +116,99 @@ fn run_cell(
     seed: u64,
     quiet: bool,
 ) -> Result<CellOut> {
-    let stop_queries = AtomicBool::new(false);
-    let ops = AtomicU64::new(0);
-    let watch_done = AtomicBool::new(false);
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(p.seconds.max(0.0));
-    std::thread::scope(|s| -> Result<CellOut> {
-        let clients: Vec<_> = (0..p.threads.max(1))
-            .map(|t| {
-                let ops = &ops;
-                s.spawn(move || -> Result<ClientOut> {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
-                    let mut out = ClientOut::default();
-                    let opts = iso.options();
-                    while Instant::now() < deadline {
-                        let kind = choose(&p.mix, &mut rng);
-                        let t0 = Instant::now();
-                        let slot = KINDS.iter().position(|(k, _)| *k == kind).unwrap_or(0);
-                        let st = &mut out.by_kind[slot];
-                        let a = match kind {
-                            Kind::NewOrder => {
-                                let inp = NewOrderInput::random(&ctx.scale, &ctx.rand, &mut rng);
-                                attempt_loop(
-                                    ctx.db,
-                                    opts,
-                                    p.max_attempts,
-                                    &mut rng,
-                                    &mut st.commit_lat,
-                                    |tx| {
-                                        Ok(chbench::new_order(tx, &ctx.scale, &inp)?
-                                            == TxnEnd::Commit)
-                                    },
-                                )?
-                            }
-                            Kind::Payment => {
-                                let inp = PaymentInput::random(&ctx.scale, &ctx.rand, &mut rng);
-                                attempt_loop(
-                                    ctx.db,
-                                    opts,
-                                    p.max_attempts,
-                                    &mut rng,
-                                    &mut st.commit_lat,
-                                    |tx| Ok(chbench::payment(tx, &inp)? == TxnEnd::Commit),
-                                )?
-                            }
-                            Kind::OrderStatus => {
-                                let inp = OrderStatusInput::random(&ctx.scale, &ctx.rand, &mut rng);
-                                attempt_loop(
-                                    ctx.db,
-                                    opts,
-                                    p.max_attempts,
-                                    &mut rng,
-                                    &mut st.commit_lat,
-                                    |tx| chbench::order_status(tx, &inp).map(|_| true),
-                                )?
-                            }
-                        };
-                        st.record(a, t0);
-                        ops.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        let queriers: Vec<_> = (0..k)
-            .map(|t| {
-                let stop = &stop_queries;
-                s.spawn(move || -> Result<(Vec<(Query, f64)>, u64)> {
-                    let mut done: Vec<(Query, f64)> = Vec::new();
-                    let mut wrong = 0;
-                    let mut i = t;
-                    // At least one query completes, even when it outlasts the window.
-                    while done.is_empty() || !stop.load(Ordering::Relaxed) {
-                        let q = Query::ALL[i % Query::ALL.len()];
-                        i += 1;
-                        let t0 = Instant::now();
-                        let answer = tpch::run_query(
-                            ctx.db,
-                            q,
-                            engine_strategy(strategy),
-                            &ctx.q17,
-                            p.query_threads,
-                        )?;
-                        done.push((q, t0.elapsed().as_secs_f64() * 1000.0));
-                        if q == Query::Q4 && answer != ctx.q4_at_load {
-                            wrong += 1;
-                        }
-                    }
-                    Ok((done, wrong))
-                })
-            })
-            .collect();
-        let label = format!("tpcch {} {} K={k}", iso.name(), strategy.name());
-        let watch_done = &watch_done;
-        s.spawn(move || {
-            while Instant::now() < deadline && !watch_done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            watch_done.store(true, Ordering::Release);
-        });
-        crate::progress::watch(&label, p.seconds, None, &ops, watch_done, quiet, "txn");
-        let mut by_kind: [TxnStats; 3] = Default::default();
-        let mut first_err = None;
-        for h in clients {
-            match h
-                .join()
-                .map_err(|_| anyhow!("transaction thread panicked"))?
-            {
-                Ok(out) => {
-                    for (a, b) in by_kind.iter_mut().zip(&out.by_kind) {
-                        a.merge(b);
-                    }
+    let label = format!("tpcch {} {} K={k}", iso.name(), strategy.name());
+    let run = timed_cell(
+        (&label, p.seconds, quiet, "txn"),
+        (p.threads.max(1), |t, clock: &CellClock| {
+            transactions(ctx, p, iso, seed ^ (t as u64) << 8, clock)
+        }),
+        (k, |t, clock: &CellClock| {
+            let mut done: Vec<(Query, f64)> = Vec::new();
+            let mut wrong = 0;
+            let mut i = t;
+            while clock.reading(done.len()) {
+                let q = Query::ALL[i % Query::ALL.len()];
+                i += 1;
+                let t0 = Instant::now();
+                let answer = tpch::run_query(ctx.db, q, strategy, &ctx.q17, p.query_threads)?;
+                done.push((q, t0.elapsed().as_secs_f64() * 1000.0));
+                if q == Query::Q4 && answer != ctx.q4_at_load {
+                    wrong += 1;
                 }
-                Err(e) => first_err = first_err.or(Some(e)),
+            }
+            Ok((done, wrong))
+        }),
+    )?;
+    let mut by_kind: [TxnStats; 3] = Default::default();
+    for out in &run.writers {
+        for (a, b) in by_kind.iter_mut().zip(&out.by_kind) {
+            a.merge(b);
+        }
+    }
+    let mut query_ms: Vec<(&'static str, Vec<f64>)> =
+        Query::ALL.iter().map(|q| (q.name(), Vec::new())).collect();
+    let mut q4_wrong = 0;
+    for (done, wrong) in run.readers {
+        for (q, ms) in done {
+            if let Some((_, v)) = query_ms.iter_mut().find(|(n, _)| *n == q.name()) {
+                v.push(ms);
             }
         }
-        let wall_s = started.elapsed().as_secs_f64();
-        stop_queries.store(true, Ordering::Relaxed);
-        let mut query_ms: Vec<(&'static str, Vec<f64>)> =
-            Query::ALL.iter().map(|q| (q.name(), Vec::new())).collect();
-        let mut q4_wrong = 0;
-        for h in queriers {
-            match h.join().map_err(|_| anyhow!("query thread panicked"))? {
-                Ok((done, wrong)) => {
-                    for (q, ms) in done {
-                        if let Some((_, v)) = query_ms.iter_mut().find(|(n, _)| *n == q.name()) {
-                            v.push(ms);
-                        }
-                    }
-                    q4_wrong += wrong;
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        Ok(CellOut {
-            by_kind,
-            wall_s,
-            query_ms,
-            q4_wrong,
-        })
+        q4_wrong += wrong;
+    }
+    Ok(CellOut {
+        by_kind,
+        wall_s: run.wall_s,
+        query_ms,
+        q4_wrong,
     })
+}
+
+/// One TPC-C client: the mix until the deadline.
+fn transactions(
+    ctx: &Ctx,
+    p: &Params,
+    iso: IsolationArg,
+    seed: u64,
+    clock: &CellClock,
+) -> Result<ClientOut> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = ClientOut::default();
+    let opts = iso.options();
+    while clock.writing() {
+        let kind = choose(&p.mix, &mut rng);
+        let t0 = Instant::now();
+        let slot = KINDS.iter().position(|(k, _)| *k == kind).unwrap_or(0);
+        let st = &mut out.by_kind[slot];
+        let mut attempt =
+            |rng: &mut StdRng,
+             body: &mut dyn FnMut(&mut duetdb::Transaction) -> duetdb::Result<bool>| {
+                attempt_loop(ctx.db, opts, p.max_attempts, rng, &mut st.commit_lat, body)
+            };
+        let a = match kind {
+            Kind::NewOrder => {
+                let inp = NewOrderInput::random(&ctx.scale, &ctx.rand, &mut rng);
+                attempt(&mut rng, &mut |tx| {
+                    Ok(chbench::new_order(tx, &ctx.scale, &inp)? == TxnEnd::Commit)
+                })?
+            }
+            Kind::Payment => {
+                let inp = PaymentInput::random(&ctx.scale, &ctx.rand, &mut rng);
+                attempt(&mut rng, &mut |tx| {
+                    Ok(chbench::payment(tx, &inp)? == TxnEnd::Commit)
+                })?
+            }
+            Kind::OrderStatus => {
+                let inp = OrderStatusInput::random(&ctx.scale, &ctx.rand, &mut rng);
+                attempt(&mut rng, &mut |tx| {
+                    chbench::order_status(tx, &inp).map(|_| true)
+                })?
+            }
+        };
+        st.record(a, t0);
+        clock.count();
+    }
+    Ok(out)
 }
 
 /// The 95th percentile of a small list (nearest rank).
@@ -288,8 +237,7 @@ fn check_quiesced(ctx: &Ctx, p: &Params) -> Result<()> {
         for q in Query::ALL {
             let want = tpch::reference(q, &items, &orders, &lines, &ctx.q17);
             for s in [Strategy::None, Strategy::Vls, Strategy::Olcp, Strategy::Cow] {
-                let got =
-                    tpch::run_query(ctx.db, q, engine_strategy(s), &ctx.q17, p.query_threads)?;
+                let got = tpch::run_query(ctx.db, q, s, &ctx.q17, p.query_threads)?;
                 if got != want {
                     bail!(
                         "{} under {} differs from the reference on a quiesced database:\n got {got:?}\nwant {want:?}",
@@ -349,29 +297,20 @@ pub fn run(p: &Params, quiet: bool, col: &mut Collector, notes: &mut Vec<String>
                 loaded.order_lines, loaded.new_orders, ctx.q17.brand, ctx.q17.container
             ));
         }
-        let mut cell_no = 0u64;
-        for &iso in &p.isolations {
-            for &k in &p.analytics {
-                let strategies: Vec<Option<Strategy>> = if k == 0 {
-                    vec![None]
-                } else {
-                    p.strategies.iter().copied().map(Some).collect()
-                };
-                for strategy in strategies {
-                    cell_no += 1;
-                    let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
-                    let s = strategy.unwrap_or(Strategy::Cow);
-                    let cell = run_cell(&ctx, p, iso, s, k, seed, quiet)?;
-                    record_cell(col, target, iso, strategy, k, &cell);
-                    if cell.q4_wrong > 0 {
-                        notes.push(format!(
-                            "{target} {} {} K={k}: {} Q4 answers differed from the answer at load (Q4's inputs are never written)",
-                            iso.name(),
-                            s.name(),
-                            cell.q4_wrong
-                        ));
-                    }
-                }
+        for (cell_no, (iso, k, strategy)) in
+            (1u64..).zip(txn_cells(&p.isolations, &p.analytics, &p.strategies))
+        {
+            let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
+            let s = strategy.unwrap_or(Strategy::Cow);
+            let cell = run_cell(&ctx, p, iso, s, k, seed, quiet)?;
+            record_cell(col, target, iso, strategy, k, &cell);
+            if cell.q4_wrong > 0 {
+                notes.push(format!(
+                    "{target} {} {} K={k}: {} Q4 answers differed from the answer at load (Q4's inputs are never written)",
+                    iso.name(),
+                    s.name(),
+                    cell.q4_wrong
+                ));
             }
         }
         check_quiesced(&ctx, p)?;

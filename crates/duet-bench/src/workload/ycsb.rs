@@ -19,7 +19,7 @@ use crate::gen::{key_name, Distribution, KeyChooser, KeySequence};
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::Latencies;
-use crate::target::{Field, YcsbTarget};
+use crate::targets::{Field, YcsbTarget};
 use crate::workload::{run_clients, Budget};
 
 /// One core workload's operation mix.
@@ -287,24 +287,12 @@ fn run_mix(
     Ok((total.ops as f64 / wall.max(1e-9), total))
 }
 
-/// Run every workload of `p` on every target, `p.repeat` times, with
-/// `p.threads` client threads.
+/// Run every workload of `p` on every target, `p.repeat` times, at each of
+/// the client thread counts (`p.threads` is ignored). Each count starts from
+/// a freshly loaded table (D and E grow it), so the counts are independent.
+/// With more than one count every figure's case gets a `threads` key.
 pub fn run(
-    targets: &[Box<dyn YcsbTarget + '_>],
-    p: &Params,
-    quiet: bool,
-    col: &mut Collector,
-    notes: &mut Vec<String>,
-) -> Result<()> {
-    run_thread_counts(targets, p, &[p.threads], quiet, col, notes)
-}
-
-/// [`run`] at each of several client thread counts (`p.threads` is ignored).
-/// Each count starts from a freshly loaded table (D and E grow it), so the
-/// counts are independent. With more than one count every figure's case gets
-/// a `threads` key; with one, the cases are exactly those of [`run`].
-pub fn run_thread_counts(
-    targets: &[Box<dyn YcsbTarget + '_>],
+    targets: &[&dyn YcsbTarget],
     p: &Params,
     thread_counts: &[usize],
     quiet: bool,
@@ -318,7 +306,7 @@ pub fn run_thread_counts(
         .collect::<Result<_>>()?;
     let keyed = thread_counts.len() > 1;
     for rep in 0..p.repeat.max(1) {
-        for target in targets {
+        for &target in targets {
             for &threads in thread_counts {
                 let p = &Params {
                     threads: threads.max(1),
@@ -332,7 +320,7 @@ pub fn run_thread_counts(
                         case(&[("workload", w)])
                     }
                 };
-                run_one(target.as_ref(), p, &mixes, rep, &case_of, quiet, col, notes)?;
+                run_one(target, p, &mixes, rep, &case_of, quiet, col, notes)?;
             }
         }
     }

@@ -21,10 +21,9 @@
 //!   `olcp` and `cow` must not.
 
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use bson::{doc, Bson, Document};
 use duetdb::{Database, Isolation, TxnOptions};
 use rand::distributions::Alphanumeric;
@@ -35,7 +34,8 @@ use crate::gen::{Distribution, KeyChooser, KeySequence};
 use crate::progress::note;
 use crate::result::{case, Collector};
 use crate::stats::{median, Latencies};
-use crate::target::Strategy;
+use crate::targets::Strategy;
+use crate::workload::{timed_cell, CellClock};
 
 /// The collection YCSB-T runs on.
 pub const TABLE: &str = "ycsbt";
@@ -74,22 +74,13 @@ impl IsolationArg {
     }
 }
 
-/// The engine's strategy for a harness strategy.
-pub fn engine_strategy(s: Strategy) -> duetdb::Strategy {
-    match s {
-        Strategy::None => duetdb::Strategy::None,
-        Strategy::Vls => duetdb::Strategy::Vls,
-        Strategy::Olcp => duetdb::Strategy::Olcp,
-        Strategy::Cow => duetdb::Strategy::Cow,
-    }
-}
-
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Params {
     pub records: u64,
     /// Transaction client threads.
     pub threads: usize,
     pub seconds: f64,
+    #[serde(serialize_with = "crate::targets::serialize_strategies")]
     pub strategies: Vec<Strategy>,
     /// Numbers of concurrent analytic threads (K).
     pub analytics: Vec<usize>,
@@ -268,10 +259,8 @@ pub fn sum_n(db: &Database, strategy: Strategy) -> Result<i64> {
         other => {
             let mut sum = 0i64;
             let mut failed = None;
-            db.collection(TABLE).scan_with(
-                Document::new(),
-                engine_strategy(other),
-                |d| match field(d) {
+            db.collection(TABLE)
+                .scan_with(Document::new(), other, |d| match field(d) {
                     Ok(v) => {
                         sum += v;
                         ControlFlow::Continue(())
@@ -280,8 +269,7 @@ pub fn sum_n(db: &Database, strategy: Strategy) -> Result<i64> {
                         failed = Some(e);
                         ControlFlow::Break(())
                     }
-                },
-            )?;
+                })?;
             match failed {
                 Some(e) => Err(e.into()),
                 None => Ok(sum),
@@ -333,108 +321,87 @@ fn run_cell(
     seed: u64,
     quiet: bool,
 ) -> Result<CellOut> {
-    let stop_scans = AtomicBool::new(false);
-    let ops = AtomicU64::new(0);
-    let watch_done = AtomicBool::new(false);
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(p.seconds.max(0.0));
     let seq = KeySequence::new(p.records);
-    std::thread::scope(|s| -> Result<CellOut> {
-        let clients: Vec<_> = (0..p.threads.max(1))
-            .map(|t| {
-                let (ops, seq) = (&ops, &seq);
-                s.spawn(move || -> Result<TxnStats> {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
-                    let mut chooser = KeyChooser::new(p.distribution, p.records, 0);
-                    let mut st = TxnStats::default();
-                    let opts = iso.options();
-                    let mut n = 0u64;
-                    while !n.is_multiple_of(4) || Instant::now() < deadline {
-                        let keys: Vec<u64> = (0..p.txn_size)
-                            .map(|_| chooser.next(seq, &mut rng))
-                            .collect();
-                        let fields: Vec<(usize, String)> = (0..p.txn_size)
-                            .map(|_| (rng.gen_range(0..FIELD_COUNT), value(&mut rng)))
-                            .collect();
-                        let t0 = Instant::now();
-                        let a = attempt_loop(
-                            db,
-                            opts,
-                            p.max_attempts,
-                            &mut rng,
-                            &mut st.commit_lat,
-                            |tx| read_modify_write(tx, &keys, &fields),
-                        )?;
-                        st.record(a, t0);
-                        n += 1;
-                        ops.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(st)
-                })
-            })
-            .collect();
-        let scanners: Vec<_> = (0..k)
-            .map(|_| {
-                let stop_scans = &stop_scans;
-                s.spawn(move || -> Result<(Vec<f64>, u64)> {
-                    let mut durations = Vec::new();
-                    let mut torn = 0;
-                    // At least one scan completes, even when it outlasts the window.
-                    while durations.is_empty() || !stop_scans.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        let sum = sum_n(db, strategy)?;
-                        durations.push(t0.elapsed().as_secs_f64() * 1000.0);
-                        if sum % p.txn_size.max(1) as i64 != 0 {
-                            torn += 1;
-                        }
-                    }
-                    Ok((durations, torn))
-                })
-            })
-            .collect();
-        let label = format!("ycsb-t {} {} K={k}", iso.name(), strategy.name());
-        let watch_done = &watch_done;
-        s.spawn(move || {
-            while Instant::now() < deadline && !watch_done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
+    let label = format!("ycsb-t {} {} K={k}", iso.name(), strategy.name());
+    let run = timed_cell(
+        (&label, p.seconds, quiet, "txn"),
+        (p.threads.max(1), |t, clock: &CellClock| {
+            let mut rng = StdRng::seed_from_u64(seed ^ (t as u64) << 8);
+            let mut chooser = KeyChooser::new(p.distribution, p.records, 0);
+            let mut st = TxnStats::default();
+            let opts = iso.options();
+            let mut n = 0u64;
+            while !n.is_multiple_of(4) || clock.writing() {
+                let keys: Vec<u64> = (0..p.txn_size)
+                    .map(|_| chooser.next(&seq, &mut rng))
+                    .collect();
+                let fields: Vec<(usize, String)> = (0..p.txn_size)
+                    .map(|_| (rng.gen_range(0..FIELD_COUNT), value(&mut rng)))
+                    .collect();
+                let t0 = Instant::now();
+                let a = attempt_loop(
+                    db,
+                    opts,
+                    p.max_attempts,
+                    &mut rng,
+                    &mut st.commit_lat,
+                    |tx| read_modify_write(tx, &keys, &fields),
+                )?;
+                st.record(a, t0);
+                n += 1;
+                clock.count();
             }
-            watch_done.store(true, Ordering::Release);
-        });
-        crate::progress::watch(&label, p.seconds, None, &ops, watch_done, quiet, "txn");
-        let mut stats = TxnStats::default();
-        let mut first_err = None;
-        for h in clients {
-            match h
-                .join()
-                .map_err(|_| anyhow!("transaction thread panicked"))?
-            {
-                Ok(st) => stats.merge(&st),
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        let wall_s = started.elapsed().as_secs_f64();
-        stop_scans.store(true, Ordering::Relaxed);
-        let mut scan_ms = Vec::new();
-        let mut torn = 0;
-        for h in scanners {
-            match h.join().map_err(|_| anyhow!("scan thread panicked"))? {
-                Ok((d, t)) => {
-                    scan_ms.extend(d);
-                    torn += t;
+            Ok(st)
+        }),
+        (k, |_, clock: &CellClock| {
+            let mut durations = Vec::new();
+            let mut torn = 0;
+            while clock.reading(durations.len()) {
+                let t0 = Instant::now();
+                let sum = sum_n(db, strategy)?;
+                durations.push(t0.elapsed().as_secs_f64() * 1000.0);
+                if sum % p.txn_size.max(1) as i64 != 0 {
+                    torn += 1;
                 }
-                Err(e) => first_err = first_err.or(Some(e)),
+            }
+            Ok((durations, torn))
+        }),
+    )?;
+    let mut stats = TxnStats::default();
+    for st in &run.writers {
+        stats.merge(st);
+    }
+    Ok(CellOut {
+        stats,
+        wall_s: run.wall_s,
+        scan_ms: run
+            .readers
+            .iter()
+            .flat_map(|(d, _)| d.iter().copied())
+            .collect(),
+        torn: run.readers.iter().map(|(_, t)| t).sum(),
+    })
+}
+
+/// The cells of a transactional workload (ycsb-t, tpcch), in run order: per
+/// isolation level and K, one cell per strategy, and a single cell with no
+/// strategy (recorded as `-`) where no analytic thread runs.
+pub fn txn_cells(
+    isolations: &[IsolationArg],
+    analytics: &[usize],
+    strategies: &[Strategy],
+) -> Vec<(IsolationArg, usize, Option<Strategy>)> {
+    let mut out = Vec::new();
+    for &iso in isolations {
+        for &k in analytics {
+            if k == 0 {
+                out.push((iso, k, None));
+            } else {
+                out.extend(strategies.iter().map(|&s| (iso, k, Some(s))));
             }
         }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        Ok(CellOut {
-            stats,
-            wall_s,
-            scan_ms,
-            torn,
-        })
-    })
+    }
+    out
 }
 
 /// Record the transaction figures of one cell.
@@ -517,53 +484,44 @@ pub fn run(p: &Params, quiet: bool, col: &mut Collector, notes: &mut Vec<String>
             p.records as f64 / t0.elapsed().as_secs_f64().max(1e-9),
         );
         let mut commits_total = 0u64;
-        let mut cell_no = 0u64;
-        for &iso in &p.isolations {
-            for &k in &p.analytics {
-                let strategies: Vec<Option<Strategy>> = if k == 0 {
-                    vec![None]
-                } else {
-                    p.strategies.iter().copied().map(Some).collect()
-                };
-                for strategy in strategies {
-                    cell_no += 1;
-                    let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
-                    let s = strategy.unwrap_or(Strategy::Cow);
-                    let cell = run_cell(&db, p, iso, s, k, seed, quiet)?;
-                    commits_total += cell.stats.commits;
-                    let sname = strategy.map_or("-", Strategy::name);
-                    let ks = k.to_string();
-                    let c = case(&[
-                        ("isolation", iso.name()),
-                        ("strategy", sname),
-                        ("analytics", &ks),
-                    ]);
-                    add_txn_figures(col, target, &c, "", &cell.stats, cell.wall_s);
-                    if k > 0 {
-                        col.add(target, &c, "scans_completed", cell.scan_ms.len() as f64);
-                        col.add(target, &c, "scan_ms_median", median(&cell.scan_ms));
-                        col.add(target, &c, "torn_scans", cell.torn as f64);
-                        if cell.torn > 0 && s != Strategy::None {
-                            notes.push(format!(
-                                "{target} {} {sname} K={k}: {} scans saw part of a transaction (not a consistent snapshot)",
-                                iso.name(),
-                                cell.torn
-                            ));
-                        }
-                    }
-                    note(
-                        quiet,
-                        &format!(
-                            "[ycsb-t] {} {sname} K={k}: {:.0} txn/s, {:.0} conflicts/s, commit p99 {:.0} µs, scan median {:.1} ms",
-                            iso.name(),
-                            cell.stats.commits as f64 / cell.wall_s.max(1e-9),
-                            cell.stats.conflicts as f64 / cell.wall_s.max(1e-9),
-                            cell.stats.commit_lat.quantile_us(0.99),
-                            median(&cell.scan_ms)
-                        ),
-                    );
+        for (cell_no, (iso, k, strategy)) in
+            (1u64..).zip(txn_cells(&p.isolations, &p.analytics, &p.strategies))
+        {
+            let seed = p.seed ^ (rep as u64) << 40 ^ cell_no << 16;
+            let s = strategy.unwrap_or(Strategy::Cow);
+            let cell = run_cell(&db, p, iso, s, k, seed, quiet)?;
+            commits_total += cell.stats.commits;
+            let sname = strategy.map_or("-", Strategy::name);
+            let ks = k.to_string();
+            let c = case(&[
+                ("isolation", iso.name()),
+                ("strategy", sname),
+                ("analytics", &ks),
+            ]);
+            add_txn_figures(col, target, &c, "", &cell.stats, cell.wall_s);
+            if k > 0 {
+                col.add(target, &c, "scans_completed", cell.scan_ms.len() as f64);
+                col.add(target, &c, "scan_ms_median", median(&cell.scan_ms));
+                col.add(target, &c, "torn_scans", cell.torn as f64);
+                if cell.torn > 0 && s != Strategy::None {
+                    notes.push(format!(
+                        "{target} {} {sname} K={k}: {} scans saw part of a transaction (not a consistent snapshot)",
+                        iso.name(),
+                        cell.torn
+                    ));
                 }
             }
+            note(
+                quiet,
+                &format!(
+                    "[ycsb-t] {} {sname} K={k}: {:.0} txn/s, {:.0} conflicts/s, commit p99 {:.0} µs, scan median {:.1} ms",
+                    iso.name(),
+                    cell.stats.commits as f64 / cell.wall_s.max(1e-9),
+                    cell.stats.conflicts as f64 / cell.wall_s.max(1e-9),
+                    cell.stats.commit_lat.quantile_us(0.99),
+                    median(&cell.scan_ms)
+                ),
+            );
         }
         // No lost update: each commit added exactly txn_size to Σ n.
         let sum = sum_n(&db, Strategy::Cow)?;
