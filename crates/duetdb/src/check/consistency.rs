@@ -164,6 +164,8 @@ pub fn run(cfg: &CheckConfig, mut progress: impl FnMut(&CheckReport)) -> CheckRe
     report
 }
 
+/// One round: a fresh database, concurrent writers and scanners, then every
+/// scan compared with the model at its start csn.
 fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
     let options = DbOptions {
         vls: VlsOptions {
@@ -181,12 +183,27 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
             .push(format!("round {round_no}: loading failed: {e}"));
         return;
     }
-    let mut initial: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-    for i in 0..cfg.docs {
-        initial.insert(i, (i % K_RANGE, 0));
-    }
     let load_csn = db.csn();
+    let (log, records) = run_workload(cfg, round_no, &db, &coll, report);
+    verify(cfg, round_no, load_csn, &log, &records, report);
+    if let Err(e) = coll.check_invariants() {
+        report.violations += 1;
+        report.examples.push(format!(
+            "round {round_no}: collection invariants broken: {e}"
+        ));
+    }
+    check_settled(cfg, round_no, &db, report);
+}
 
+/// Run the writers until the scanners are done; returns the write log and
+/// the scan records, both sorted by csn (writes counted in `report`).
+fn run_workload(
+    cfg: &CheckConfig,
+    round_no: u64,
+    db: &Database,
+    coll: &Collection,
+    report: &mut CheckReport,
+) -> (Vec<(u64, Op)>, Vec<ScanRecord>) {
     let stop = Arc::new(AtomicBool::new(false));
     let next_id = Arc::new(AtomicU64::new(cfg.docs as u64));
     let log: Arc<Mutex<Vec<(u64, Op)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -201,75 +218,14 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
             writer(&coll, &stop, &next_id, &log, &mut rng, max_id)
         }));
     }
-    let mut scanners = Vec::new();
-    for s in 0..cfg.scans {
-        let (coll, scans) = (coll.clone(), scans.clone());
-        let mut rng = Rng(cfg.seed ^ (round_no << 32) ^ ((s as u64 + 1) << 8) ^ 0xABCD);
-        let (strategy, n, docs) = (cfg.strategy, cfg.scans_per_round, cfg.docs);
-        let db = db.clone();
-        scanners.push(std::thread::spawn(move || {
-            for _ in 0..n {
-                let q = match rng.below(4) {
-                    0 => Query::All,
-                    1 => Query::VGte(rng.below(3) as i64),
-                    2 => {
-                        let l = rng.below(K_RANGE as u64) as i64;
-                        Query::KRange(l, l + 1 + rng.below(300) as i64)
-                    }
-                    _ => {
-                        let l = rng.below(docs as u64) as i64;
-                        Query::IdRange(l, l + 1 + rng.below(docs as u64 / 2) as i64)
-                    }
-                };
-                let mut rows = Vec::new();
-                let mut seen = 0u64;
-                let outcome = coll.scan_with(q.filter(), strategy, |d| {
-                    let get = |f: &str| {
-                        d.get(f)
-                            .ok()
-                            .flatten()
-                            .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
-                    };
-                    rows.push((
-                        get("_id").unwrap_or(-1),
-                        get("k").unwrap_or(-1),
-                        get("v").unwrap_or(-1),
-                    ));
-                    seen += 1;
-                    // Let writers in mid-scan.
-                    if seen.is_multiple_of(64) {
-                        std::thread::yield_now();
-                    }
-                    ControlFlow::Continue(())
-                });
-                let end_csn = db.csn();
-                match outcome {
-                    Ok(o) => {
-                        let rec = ScanRecord {
-                            query: q,
-                            start_csn: o.start_csn,
-                            end_csn,
-                            rows,
-                            from_remset: o.from_remset,
-                        };
-                        scans.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
-                    }
-                    Err(e) => {
-                        // A failed scan is a violation too: record it with an impossible csn marker.
-                        let rec = ScanRecord {
-                            query: q,
-                            start_csn: u64::MAX,
-                            end_csn,
-                            rows: vec![(-1, -1, -1)],
-                            from_remset: 0,
-                        };
-                        tracing::error!("checker scan failed: {e}");
-                        scans.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
-                    }
-                }
-            }
-        }));
-    }
+    let scanners: Vec<_> = (0..cfg.scans)
+        .map(|s| {
+            let (coll, scans, db) = (coll.clone(), scans.clone(), db.clone());
+            let rng = Rng(cfg.seed ^ (round_no << 32) ^ ((s as u64 + 1) << 8) ^ 0xABCD);
+            let cfg = cfg.clone();
+            std::thread::spawn(move || scanner(&cfg, &db, &coll, rng, &scans))
+        })
+        .collect();
     for s in scanners {
         let _ = s.join();
     }
@@ -277,15 +233,104 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
     for h in handles {
         report.writes += h.join().unwrap_or(0);
     }
-
     let mut log = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
     log.sort_by_key(|(csn, _)| *csn);
     let mut records = std::mem::take(&mut *scans.lock().unwrap_or_else(|e| e.into_inner()));
     records.sort_by_key(|r| r.start_csn);
+    (log, records)
+}
 
-    let mut model = initial;
+/// One scanner thread: `cfg.scans_per_round` random queries under the
+/// strategy, each recorded with its start csn.
+fn scanner(
+    cfg: &CheckConfig,
+    db: &Database,
+    coll: &Collection,
+    mut rng: Rng,
+    scans: &Mutex<Vec<ScanRecord>>,
+) {
+    for _ in 0..cfg.scans_per_round {
+        let q = random_query(&mut rng, cfg.docs);
+        let rec = scan_once(db, coll, q, cfg.strategy);
+        scans.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+    }
+}
+
+fn random_query(rng: &mut Rng, docs: i64) -> Query {
+    match rng.below(4) {
+        0 => Query::All,
+        1 => Query::VGte(rng.below(3) as i64),
+        2 => {
+            let l = rng.below(K_RANGE as u64) as i64;
+            Query::KRange(l, l + 1 + rng.below(300) as i64)
+        }
+        _ => {
+            let l = rng.below(docs as u64) as i64;
+            Query::IdRange(l, l + 1 + rng.below(docs as u64 / 2) as i64)
+        }
+    }
+}
+
+/// Run `q` once, yielding now and then so writes land mid-scan. A failed
+/// scan is recorded with an impossible start csn (a violation).
+fn scan_once(db: &Database, coll: &Collection, q: Query, strategy: Strategy) -> ScanRecord {
+    let mut rows = Vec::new();
+    let mut seen = 0u64;
+    let outcome = coll.scan_with(q.filter(), strategy, |d| {
+        let get = |f: &str| {
+            d.get(f)
+                .ok()
+                .flatten()
+                .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+        };
+        rows.push((
+            get("_id").unwrap_or(-1),
+            get("k").unwrap_or(-1),
+            get("v").unwrap_or(-1),
+        ));
+        seen += 1;
+        // Let writers in mid-scan.
+        if seen.is_multiple_of(64) {
+            std::thread::yield_now();
+        }
+        ControlFlow::Continue(())
+    });
+    let end_csn = db.csn();
+    match outcome {
+        Ok(o) => ScanRecord {
+            query: q,
+            start_csn: o.start_csn,
+            end_csn,
+            rows,
+            from_remset: o.from_remset,
+        },
+        Err(e) => {
+            tracing::error!("checker scan failed: {e}");
+            ScanRecord {
+                query: q,
+                start_csn: u64::MAX,
+                end_csn,
+                rows: vec![(-1, -1, -1)],
+                from_remset: 0,
+            }
+        }
+    }
+}
+
+/// Replay the log in csn order into the model and compare every scan (sorted
+/// by start csn) with the model at its start.
+fn verify(
+    cfg: &CheckConfig,
+    round_no: u64,
+    load_csn: u64,
+    log: &[(u64, Op)],
+    records: &[ScanRecord],
+    report: &mut CheckReport,
+) {
+    let mut model: BTreeMap<i64, (i64, i64)> =
+        (0..cfg.docs).map(|i| (i, (i % K_RANGE, 0))).collect();
     let mut applied = 0usize;
-    for rec in &records {
+    for rec in records {
         while applied < log.len() && log[applied].0 <= rec.start_csn {
             apply(&mut model, log[applied].1);
             applied += 1;
@@ -321,30 +366,29 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
             }
         }
     }
-    if let Err(e) = coll.check_invariants() {
+}
+
+/// After all scans ended no slot is held and (VLS) no remset entry is left;
+/// background resets may still be finishing, so give them a moment.
+fn check_settled(cfg: &CheckConfig, round_no: u64, db: &Database, report: &mut CheckReport) {
+    let stats = db.vls_stats();
+    if stats.scans_active == 0 && (cfg.strategy != Strategy::Vls || stats.remset.entries == 0) {
+        return;
+    }
+    let settled = crate::snapshot::scan::wait_for(
+        || {
+            let s = db.vls_stats();
+            s.scans_active == 0 && s.remset.entries == 0
+        },
+        Duration::from_secs(5),
+    );
+    if !settled {
         report.violations += 1;
         report.examples.push(format!(
-            "round {round_no}: collection invariants broken: {e}"
+            "round {round_no}: after all scans ended {} scans still active, {} remset entries left",
+            db.vls_stats().scans_active,
+            db.vls_stats().remset.entries
         ));
-    }
-    let stats = db.vls_stats();
-    if stats.scans_active != 0 || (cfg.strategy == Strategy::Vls && stats.remset.entries != 0) {
-        // Background resets may still be finishing; give them a moment.
-        let settled = crate::snapshot::scan::wait_for(
-            || {
-                let s = db.vls_stats();
-                s.scans_active == 0 && s.remset.entries == 0
-            },
-            Duration::from_secs(5),
-        );
-        if !settled {
-            report.violations += 1;
-            report.examples.push(format!(
-                "round {round_no}: after all scans ended {} scans still active, {} remset entries left",
-                db.vls_stats().scans_active,
-                db.vls_stats().remset.entries
-            ));
-        }
     }
 }
 

@@ -18,16 +18,22 @@
 //!
 //! Invariant: recovery either returns the state after some commit prefix
 //! that contains every synced record, or an error; it never returns a state
-//! with part of a group, and never panics on file contents.
+//! with part of a group, and never panics on file contents. Debug builds
+//! assert the prefix property on the replay itself (each group starts right
+//! after the previous one, csns strictly increase, the recovered csn is the
+//! end of the last whole group or the checkpoint's csn); file contents reach
+//! those assertions only after they were validated.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::checkpoint;
-use super::effect;
-use super::io::Vfs;
-use super::manifest::{Manifest, MANIFEST_TMP};
-use super::wal::{self, decode_record, read_frame, valid_record_after, SEGMENT_MAGIC};
+use crate::durability::checkpoint;
+use crate::durability::effect;
+use crate::durability::io::Vfs;
+use crate::durability::manifest::{Manifest, MANIFEST_TMP};
+use crate::durability::wal::{
+    self, decode_record, read_frame, valid_record_after, Record, SEGMENT_MAGIC,
+};
 use crate::error::StorageError;
 use crate::store::DbState;
 
@@ -97,12 +103,40 @@ pub fn recover(
     let mut report = RecoveryReport::default();
     let manifest = Manifest::load(vfs, dir)?;
     report.manifest = manifest.clone();
-
     // 1. The base state.
-    let mut state = DbState {
-        db: std::sync::Arc::from(db),
-        ..Default::default()
+    let mut state = load_base(vfs, dir, db, &manifest, &mut report)?;
+    // 2. The WAL tail.
+    let mut replay = Replay {
+        vfs,
+        dir,
+        segs: segments(vfs, dir)?,
+        accept_damaged_tail,
+        expected: state.csn + 1,
+        base_csn: state.csn,
+        last_group_end: None,
     };
+    replay.run(&mut state, &mut report)?;
+    replay.assert_prefix(&state);
+    let tmp = dir.join(MANIFEST_TMP);
+    if vfs.exists(&tmp) {
+        let _ = vfs.remove(&tmp);
+    }
+    report.csn = state.csn;
+    report.elapsed = t0.elapsed();
+    tracing::info!(dir = %dir.display(), "recovered: {report}");
+    Ok((state, report))
+}
+
+/// The base state: the current checkpoint the manifest names, else the
+/// previous one (noted in `report.fell_back`), else — when the manifest
+/// names no previous checkpoint — the empty state.
+fn load_base(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    db: &str,
+    manifest: &Manifest,
+    report: &mut RecoveryReport,
+) -> Result<DbState, StorageError> {
     let mut failures: Vec<String> = Vec::new();
     for csn in [manifest.current, manifest.previous] {
         if csn == 0 {
@@ -119,9 +153,11 @@ pub fn recover(
         };
         match loaded {
             Ok(s) if s.csn == csn => {
-                state = s;
                 report.checkpoint = Some((csn, path));
-                break;
+                if !failures.is_empty() {
+                    report.fell_back = Some(failures.join("; "));
+                }
+                return Ok(s);
             }
             Ok(s) => failures.push(format!(
                 "{} holds csn {} instead of {csn}",
@@ -136,7 +172,7 @@ pub fn recover(
     }
     // With no previous checkpoint the WAL is kept back to csn 0 (manifest
     // invariant), so the empty state is the fallback base.
-    if report.checkpoint.is_none() && manifest.current != 0 && manifest.previous != 0 {
+    if manifest.current != 0 && manifest.previous != 0 {
         return Err(StorageError::Corrupt {
             path: dir.join(checkpoint::checkpoint_name(manifest.current)),
             offset: 0,
@@ -146,51 +182,93 @@ pub fn recover(
     if !failures.is_empty() {
         report.fell_back = Some(failures.join("; "));
     }
+    Ok(DbState {
+        db: std::sync::Arc::from(db),
+        ..Default::default()
+    })
+}
 
-    // 2. The WAL tail.
-    let segs = segments(vfs, dir)?;
-    let mut expected = state.csn + 1;
-    let start = segs
-        .iter()
-        .rposition(|(first, _)| *first <= expected)
-        .unwrap_or(0);
-    if let Some((first, _)) = segs.get(start) {
-        if *first > expected {
-            return Err(StorageError::Gap {
-                dir: dir.to_path_buf(),
-                expected,
-                found: *first,
-            });
+/// Replay of the WAL tail over the base state.
+struct Replay<'a> {
+    vfs: &'a dyn Vfs,
+    dir: &'a Path,
+    /// The segments, sorted by first csn.
+    segs: Vec<(u64, PathBuf)>,
+    accept_damaged_tail: bool,
+    /// The csn the next replayed record must start at (the state's csn + 1).
+    expected: u64,
+    /// The base state's csn, and the last csn of the last group replayed.
+    base_csn: u64,
+    last_group_end: Option<u64>,
+}
+
+impl Replay<'_> {
+    fn gap(&self, found: u64) -> StorageError {
+        StorageError::Gap {
+            dir: self.dir.to_path_buf(),
+            expected: self.expected,
+            found,
         }
     }
-    let mut i = start;
-    while i < segs.len() {
-        let (first, path) = &segs[i];
-        let last_segment = i + 1 == segs.len();
-        if i > start && *first != expected {
-            return Err(StorageError::Gap {
-                dir: dir.to_path_buf(),
-                expected,
-                found: *first,
-            });
+
+    /// Replay every segment from the one holding the expected csn on, until
+    /// the log ends or a torn tail is cut off.
+    fn run(
+        &mut self,
+        state: &mut DbState,
+        report: &mut RecoveryReport,
+    ) -> Result<(), StorageError> {
+        let start = self
+            .segs
+            .iter()
+            .rposition(|(first, _)| *first <= self.expected)
+            .unwrap_or(0);
+        if let Some((first, _)) = self.segs.get(start) {
+            if *first > self.expected {
+                return Err(self.gap(*first));
+            }
         }
-        let buf = vfs
-            .read(path)
-            .map_err(|e| StorageError::io("read", path, &e))?;
+        for i in start..self.segs.len() {
+            let first = self.segs[i].0;
+            if i > start && first != self.expected {
+                return Err(self.gap(first));
+            }
+            if !self.segment(i, state, report)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replay segment `i`; false when replay ends in it (a torn tail, or a
+    /// segment whose creation the crash interrupted, was cut off).
+    fn segment(
+        &mut self,
+        i: usize,
+        state: &mut DbState,
+        report: &mut RecoveryReport,
+    ) -> Result<bool, StorageError> {
+        let path = self.segs[i].1.clone();
+        let buf = self
+            .vfs
+            .read(&path)
+            .map_err(|e| StorageError::io("read", &path, &e))?;
         let headed =
             buf.len() >= SEGMENT_MAGIC.len() && &buf[..SEGMENT_MAGIC.len()] == SEGMENT_MAGIC;
         if !headed {
             // The header is synced before any record is written, so a bad
             // header over valid records is real damage; a bad header over
             // nothing valid is a segment whose creation the crash interrupted.
-            if last_segment && !valid_record_after(&buf, 0, expected) {
+            let last_segment = i + 1 == self.segs.len();
+            if last_segment && !valid_record_after(&buf, 0, self.expected) {
                 tracing::warn!(segment = %path.display(), "removing a WAL segment torn at creation (it holds no record)");
-                vfs.remove(path)
-                    .map_err(|e| StorageError::io("remove", path, &e))?;
-                break;
+                self.vfs
+                    .remove(&path)
+                    .map_err(|e| StorageError::io("remove", &path, &e))?;
+                return Ok(false);
             }
             return Err(StorageError::corrupt(
-                path,
+                &path,
                 0,
                 "not a WAL segment (bad header)",
             ));
@@ -198,31 +276,10 @@ pub fn recover(
         let mut pos = SEGMENT_MAGIC.len();
         loop {
             let bad = match read_frame(&buf, pos) {
-                Ok(None) => break,
+                Ok(None) => return Ok(true),
                 Ok(Some((payload, next))) => match decode_record(payload) {
                     Ok(rec) => {
-                        if rec.lsn >= expected {
-                            if rec.first != expected {
-                                return Err(StorageError::Gap {
-                                    dir: dir.to_path_buf(),
-                                    expected,
-                                    found: rec.first,
-                                });
-                            }
-                            report.effects_replayed += rec.effects.len() as u64;
-                            for e in rec.effects {
-                                effect::apply(&mut state, e).map_err(|why| {
-                                    StorageError::corrupt(
-                                        path,
-                                        pos as u64,
-                                        format!("record does not apply: {why}"),
-                                    )
-                                })?;
-                            }
-                            state.csn = rec.lsn;
-                            expected = rec.lsn + 1;
-                            report.records_replayed += 1;
-                        }
+                        self.record(rec, &path, pos, state, report)?;
                         pos = next;
                         continue;
                     }
@@ -230,46 +287,96 @@ pub fn recover(
                 },
                 Err(why) => why,
             };
-            // Damage at `pos`: a torn tail, or corruption in the middle?
-            let later_valid = valid_record_after(&buf, pos + 1, expected)
-                || segs[i + 1..]
-                    .iter()
-                    .any(|(_, p)| segment_has_record(vfs, p));
-            if later_valid && !accept_damaged_tail {
-                return Err(StorageError::corrupt(
-                    path,
-                    pos as u64,
-                    format!("{bad}, and valid records follow: the log is damaged in the middle"),
-                ));
-            }
-            if later_valid {
-                tracing::warn!(segment = %path.display(), offset = pos, "damage with valid records after it: cutting the log there as asked (accept_damaged_tail)");
-            }
-            let lost = (buf.len() - pos) as u64;
-            tracing::warn!(
-                segment = %path.display(), offset = pos, lost_bytes = lost, reason = %bad,
-                "WAL ends in a torn record: cutting it off (it was never acknowledged as durable)"
-            );
-            vfs.truncate(path, pos as u64)
-                .map_err(|e| StorageError::io("truncate", path, &e))?;
-            for (_, p) in &segs[i + 1..] {
-                vfs.remove(p)
-                    .map_err(|e| StorageError::io("remove", p, &e))?;
-            }
-            report.truncated = Some((path.clone(), pos as u64, lost));
-            i = segs.len();
-            break;
+            self.cut_tail(i, &buf, pos, &bad, report)?;
+            return Ok(false);
         }
-        i += 1;
     }
-    let tmp = dir.join(MANIFEST_TMP);
-    if vfs.exists(&tmp) {
-        let _ = vfs.remove(&tmp);
+
+    /// Apply record `rec` (at `pos` of `path`) if it lies after the state:
+    /// all its effects, then its csn — one whole group.
+    fn record(
+        &mut self,
+        rec: Record,
+        path: &Path,
+        pos: usize,
+        state: &mut DbState,
+        report: &mut RecoveryReport,
+    ) -> Result<(), StorageError> {
+        if rec.lsn < self.expected {
+            return Ok(()); // already in the base state
+        }
+        if rec.first != self.expected {
+            return Err(self.gap(rec.first));
+        }
+        // Prefix property: this group starts right after the state, and csns
+        // strictly increase (decode_record refuses a record with first > lsn).
+        debug_assert_eq!(self.expected, state.csn + 1, "replay lost its place");
+        debug_assert!(rec.lsn > state.csn, "csns must strictly increase");
+        report.effects_replayed += rec.effects.len() as u64;
+        for e in rec.effects {
+            effect::apply(state, e).map_err(|why| {
+                StorageError::corrupt(path, pos as u64, format!("record does not apply: {why}"))
+            })?;
+        }
+        state.csn = rec.lsn;
+        self.expected = rec.lsn + 1;
+        self.last_group_end = Some(rec.lsn);
+        report.records_replayed += 1;
+        Ok(())
     }
-    report.csn = state.csn;
-    report.elapsed = t0.elapsed();
-    tracing::info!(dir = %dir.display(), "recovered: {report}");
-    Ok((state, report))
+
+    /// Damage at `pos` of segment `i` (bytes `buf`): a torn tail is cut off
+    /// (with every later segment); damage with valid records after it is an
+    /// error unless the caller accepts losing them.
+    fn cut_tail(
+        &self,
+        i: usize,
+        buf: &[u8],
+        pos: usize,
+        bad: &str,
+        report: &mut RecoveryReport,
+    ) -> Result<(), StorageError> {
+        let path = &self.segs[i].1;
+        let later = &self.segs[i + 1..];
+        let later_valid = valid_record_after(buf, pos + 1, self.expected)
+            || later.iter().any(|(_, p)| segment_has_record(self.vfs, p));
+        if later_valid && !self.accept_damaged_tail {
+            return Err(StorageError::corrupt(
+                path,
+                pos as u64,
+                format!("{bad}, and valid records follow: the log is damaged in the middle"),
+            ));
+        }
+        if later_valid {
+            tracing::warn!(segment = %path.display(), offset = pos, "damage with valid records after it: cutting the log there as asked (accept_damaged_tail)");
+        }
+        let lost = (buf.len() - pos) as u64;
+        tracing::warn!(
+            segment = %path.display(), offset = pos, lost_bytes = lost, reason = %bad,
+            "WAL ends in a torn record: cutting it off (it was never acknowledged as durable)"
+        );
+        self.vfs
+            .truncate(path, pos as u64)
+            .map_err(|e| StorageError::io("truncate", path, &e))?;
+        for (_, p) in later {
+            self.vfs
+                .remove(p)
+                .map_err(|e| StorageError::io("remove", p, &e))?;
+        }
+        report.truncated = Some((path.clone(), pos as u64, lost));
+        Ok(())
+    }
+
+    /// The recovered state is the base plus whole groups: its csn is the end
+    /// of the last group replayed, or the base's when none was.
+    fn assert_prefix(&self, state: &DbState) {
+        debug_assert_eq!(
+            state.csn,
+            self.last_group_end.unwrap_or(self.base_csn),
+            "recovered csn is not the end of a whole group"
+        );
+        debug_assert_eq!(self.expected, state.csn + 1);
+    }
 }
 
 /// Whether segment `p` holds at least one valid record (unreadable: assume so,
@@ -278,5 +385,42 @@ fn segment_has_record(vfs: &dyn Vfs, p: &Path) -> bool {
     match vfs.read(p) {
         Ok(b) => b.len() > SEGMENT_MAGIC.len() && valid_record_after(&b, SEGMENT_MAGIC.len(), 1),
         Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bson::rawdoc;
+
+    use super::*;
+    use crate::durability::effect::Effect;
+    use crate::durability::io::SimFs;
+    use crate::durability::wal::{SyncMode, Wal};
+
+    fn put(id: i32) -> Effect {
+        Effect::Put {
+            coll: "c".into(),
+            doc: Arc::new(rawdoc! {"_id": id}),
+        }
+    }
+
+    /// Groups of several commits (csns 1..=3, then 4..=5) replay whole: the
+    /// recovered csn is the end of the last group, never inside one.
+    #[test]
+    fn multi_commit_groups_recover_to_their_end() {
+        let vfs = Arc::new(SimFs::new());
+        let dir = Path::new("/db");
+        vfs.create_dir_all(dir).expect("dir");
+        let wal = Wal::start(vfs.clone(), dir, 1, 1 << 20, true, true).expect("wal");
+        wal.append(1, 3, &[put(1), put(2), put(3)], SyncMode::Now)
+            .expect("group 1..=3");
+        wal.append(4, 5, &[put(4), put(5)], SyncMode::Now)
+            .expect("group 4..=5");
+        drop(wal);
+        let (state, report) = recover(&*vfs, dir, "db", false).expect("recover");
+        assert_eq!((state.csn, report.records_replayed), (5, 2));
+        assert_eq!(state.collection("c").map(|c| c.len()), Some(5));
     }
 }

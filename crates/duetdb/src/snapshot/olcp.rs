@@ -29,13 +29,13 @@ use bson::{doc, Bson, Document};
 
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
-use crate::query::planner::{self, Access};
+use crate::query::planner;
 use crate::query::Filter;
-use crate::snapshot::scan::{IndexRef, PAGE};
-use crate::snapshot::vls::{index_rids, register_scan};
+use crate::snapshot::scan::PAGE;
+use crate::snapshot::vls::{index_ref, index_rids, register_scan, ReadLog, Registered};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
-use crate::store::vls::OlcpSink;
+use crate::store::vls::{CollectionVls, OlcpSink};
 use crate::write::writer::Writer;
 
 /// A declared point range: documents of `coll` matching `filter` may be read
@@ -121,155 +121,273 @@ where
     M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
     R: Fn(S, S) -> S,
 {
-    let filter_doc = match scan_ranges {
-        [] => Document::new(),
-        [one] => one.clone(),
-        many => doc! {"$or": many.iter().cloned().map(Bson::Document).collect::<Vec<_>>()},
-    };
-    let filter = Filter::parse(&filter_doc)?;
+    let filter = Filter::parse(&scan_filter(scan_ranges))?;
     let point_filters: Vec<(String, Filter)> = point_ranges
         .iter()
         .map(|p| Ok((p.coll.clone(), Filter::parse(&p.filter)?)))
         .collect::<Result<_>>()?;
-
-    let published = writer.published();
-    let Some(c) = published.collection(coll) else {
-        return Ok((
-            init(),
-            OlcpReport {
-                start_csn: published.csn,
+    let mut query = match start(writer, coll, &filter, &point_filters)? {
+        Started::Absent { csn } => {
+            let report = OlcpReport {
+                start_csn: csn,
                 threads: 0,
                 ..Default::default()
-            },
-        ));
-    };
-    let plan = planner::plan(c, &filter, None, None)?;
-    let vls = c.vls.clone();
-    drop(published);
-    let index_ref = match &plan.access {
-        Access::CollScan { .. } => None,
-        Access::IdPoints { .. } | Access::IdRange { .. } => Some(IndexRef::Id),
-        Access::IndexScan { index, .. } => Some(IndexRef::Secondary(index.clone())),
-    };
-    let sink = Arc::new(OlcpSink::default());
-    let capture: Vec<String> = point_filters.iter().map(|(c, _)| c.clone()).collect();
-    let mut reg = register_scan(writer, coll, &vls, index_ref, Some(sink.clone()), capture)?;
-    let points = point_reader(std::mem::take(&mut reg.captured), &point_filters);
-
-    let work: Work = match reg.index.take() {
-        None => Work::Rids {
-            end: reg.start_next_rid,
-        },
-        Some(ix) => Work::List(index_rids(&ix, &plan)),
+            };
+            return Ok((init(), report));
+        }
+        Started::Running(q) => q,
     };
     let threads = options.threads.clamp(1, 64);
-    let from_table = AtomicU64::new(0);
-    let mapped_propagated = AtomicU64::new(0);
-    let first_error: Mutex<Option<Error>> = Mutex::new(None);
-    let slot = reg.slot;
-    let fail = |e: Error| {
-        if let Ok(mut g) = first_error.lock() {
-            g.get_or_insert(e);
-        }
+    let pass = MapPass {
+        writer,
+        coll,
+        vls: &query.vls,
+        slot: query.reg.slot,
+        sink: &query.sink,
+        filter: &filter,
+        points: &query.points,
+        map: &map,
+        from_table: AtomicU64::new(0),
+        mapped_propagated: AtomicU64::new(0),
+        first_error: Mutex::new(None),
     };
-    let states: Vec<S> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (work, filter, sink, vls, points) = (&work, &filter, &sink, &vls, &points);
-                let (map, init, from_table, mapped_propagated, fail) =
-                    (&map, &init, &from_table, &mapped_propagated, &fail);
-                scope.spawn(move || {
-                    let mut state = init();
-                    let apply = |d: &DocRef, state: &mut S, counter: &AtomicU64| {
-                        if filter.matches(d) {
-                            counter.fetch_add(1, Ordering::Relaxed);
-                            if let Err(e) = map(state, d, points) {
-                                fail(e);
-                            }
-                        }
-                    };
-                    let chunks = work.chunks(t, threads);
-                    for (lo, hi) in chunks {
-                        let mut i = lo;
-                        while i < hi {
-                            for (_, d) in sink.drain() {
-                                apply(&d, &mut state, mapped_propagated);
-                            }
-                            let end = (i + PAGE as u64).min(hi);
-                            let latest = writer.published();
-                            let view = vls.status_view();
-                            let Some(c) = latest.collection(coll) else {
-                                break;
-                            };
-                            if !Arc::ptr_eq(&c.vls, vls) {
-                                break;
-                            }
-                            match work {
-                                Work::Rids { .. } => {
-                                    for (rid, d) in c.heap.iter_from(i) {
-                                        if rid >= end {
-                                            break;
-                                        }
-                                        if vls.claim(&view, slot, rid) {
-                                            apply(d, &mut state, from_table);
-                                        }
-                                    }
-                                }
-                                Work::List(rids) => {
-                                    for &rid in &rids[i as usize..end as usize] {
-                                        if let Some(d) = c.heap.get(rid) {
-                                            if vls.claim(&view, slot, rid) {
-                                                apply(d, &mut state, from_table);
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                            i = end;
-                        }
-                    }
-                    state
-                })
-            })
-            .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
-    });
-    if states.len() != threads {
-        return Err(Error::Internal("an OLCP map thread panicked".into()));
-    }
-    let complete = matches!(work, Work::Rids { .. });
-    reg.guard.finish_table(complete)?;
+    let (states, mut read) = pass.run(&query.work, threads, &init, query.reg.start_next_rid)?;
+    let complete = matches!(query.work, Work::Rids { .. });
+    query.reg.guard.finish_table(complete)?;
     // Nothing is handed over after the end of the table pass: map the rest.
     let mut states = states.into_iter();
     let mut acc = states.next().unwrap_or_else(&init);
-    for (_, d) in sink.drain() {
+    for (rid, d) in query.sink.drain() {
+        read.read(rid, "sink");
         if filter.matches(&d) {
-            mapped_propagated.fetch_add(1, Ordering::Relaxed);
-            map(&mut acc, &d, &points)?;
+            pass.mapped_propagated.fetch_add(1, Ordering::Relaxed);
+            map(&mut acc, &d, &query.points)?;
         }
     }
+    debug_assert_eq!(
+        query.sink.inflight(),
+        0,
+        "versions handed to an OLCP query after its table pass"
+    );
     // OLCP slots never get remset entries; release just frees the slot.
-    reg.guard.release(!complete);
-    if vls.is_dropped() {
+    query.reg.guard.release(!complete);
+    if query.vls.is_dropped() {
         return Err(Error::QueryPlanKilled(format!(
             "collection {coll} was dropped or renamed during the query"
         )));
     }
-    if let Some(e) = first_error.lock().ok().and_then(|mut g| g.take()) {
+    if complete {
+        // Every start-state document was mapped from the table or handed over.
+        read.check_complete(query.reg.start_len);
+    }
+    if let Some(e) = pass.first_error.lock().ok().and_then(|mut g| g.take()) {
         return Err(e);
     }
     for s in states {
         acc = reduce(acc, s);
     }
     let report = OlcpReport {
-        start_csn: reg.start_csn,
-        from_table: from_table.load(Ordering::Relaxed),
-        propagated: sink.propagated(),
-        propagated_mapped: mapped_propagated.load(Ordering::Relaxed),
-        inflight_peak: sink.inflight_peak(),
+        start_csn: query.reg.start_csn,
+        from_table: pass.from_table.load(Ordering::Relaxed),
+        propagated: query.sink.propagated(),
+        propagated_mapped: pass.mapped_propagated.load(Ordering::Relaxed),
+        inflight_peak: query.sink.inflight_peak(),
         threads,
     };
     Ok((acc, report))
+}
+
+/// The scan ranges as one filter (several ranges are one `$or`, so a
+/// document in two overlapping ranges is still mapped once).
+fn scan_filter(scan_ranges: &[Document]) -> Document {
+    match scan_ranges {
+        [] => Document::new(),
+        [one] => one.clone(),
+        many => doc! {"$or": many.iter().cloned().map(Bson::Document).collect::<Vec<_>>()},
+    }
+}
+
+/// How an OLCP query started.
+enum Started<'a> {
+    /// The collection does not exist (at commit `csn`): nothing to map.
+    Absent {
+        csn: u64,
+    },
+    Running(Running<'a>),
+}
+
+/// A registered OLCP query: its slot, sink, point ranges and table work.
+struct Running<'a> {
+    reg: Registered<'a>,
+    vls: Arc<CollectionVls>,
+    sink: Arc<OlcpSink>,
+    points: PointReader,
+    work: Work,
+}
+
+/// Plan the query, register it at a commit boundary with a sink, capture the
+/// point-range collections, and list its table work.
+fn start<'a>(
+    writer: &'a Writer,
+    coll: &str,
+    filter: &Filter,
+    point_filters: &[(String, Filter)],
+) -> Result<Started<'a>> {
+    let published = writer.published();
+    let Some(c) = published.collection(coll) else {
+        return Ok(Started::Absent { csn: published.csn });
+    };
+    let plan = planner::plan(c, filter, None, None)?;
+    let vls = c.vls.clone();
+    drop(published);
+    let sink = Arc::new(OlcpSink::default());
+    let capture: Vec<String> = point_filters.iter().map(|(c, _)| c.clone()).collect();
+    let index_ref = index_ref(&plan.access);
+    let mut reg = register_scan(writer, coll, &vls, index_ref, Some(sink.clone()), capture)?;
+    let points = point_reader(std::mem::take(&mut reg.captured), point_filters);
+    let work = match reg.index.take() {
+        None => Work::Rids {
+            end: reg.start_next_rid,
+        },
+        Some(ix) => Work::List(index_rids(&ix, &plan)),
+    };
+    Ok(Started::Running(Running {
+        reg,
+        vls,
+        sink,
+        points,
+        work,
+    }))
+}
+
+/// The table pass of an OLCP query, shared by its map threads.
+struct MapPass<'q, M> {
+    writer: &'q Writer,
+    coll: &'q str,
+    vls: &'q Arc<CollectionVls>,
+    slot: usize,
+    sink: &'q OlcpSink,
+    filter: &'q Filter,
+    points: &'q PointReader,
+    map: &'q M,
+    /// Documents mapped from the table, and handed-over versions mapped.
+    from_table: AtomicU64,
+    mapped_propagated: AtomicU64,
+    /// The first error `map` returned (the threads go on; the query fails).
+    first_error: Mutex<Option<Error>>,
+}
+
+impl<M> MapPass<'_, M> {
+    /// Run the table pass on `threads` threads, each with its own state;
+    /// returns the states and what the threads read.
+    fn run<S, I>(
+        &self,
+        work: &Work,
+        threads: usize,
+        init: &I,
+        start_next_rid: RecordId,
+    ) -> Result<(Vec<S>, ReadLog)>
+    where
+        S: Send,
+        I: Fn() -> S + Sync,
+        M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
+    {
+        let done: Vec<(S, ReadLog)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| scope.spawn(move || self.thread(work, t, threads, init())))
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        if done.len() != threads {
+            return Err(Error::Internal("an OLCP map thread panicked".into()));
+        }
+        let mut read = ReadLog::new(start_next_rid);
+        let mut states = Vec::with_capacity(threads);
+        for (state, log) in done {
+            read.merge(log);
+            states.push(state);
+        }
+        Ok((states, read))
+    }
+
+    /// Thread `t` of `n`: its share of the work, page by page, draining the
+    /// sink before each page.
+    fn thread<S>(&self, work: &Work, t: usize, n: usize, mut state: S) -> (S, ReadLog)
+    where
+        M: Fn(&mut S, &DocRef, &PointReader) -> Result<()>,
+    {
+        let mut read = ReadLog::new(RecordId::MAX);
+        for (lo, hi) in work.chunks(t, n) {
+            let mut i = lo;
+            while i < hi {
+                for (rid, d) in self.sink.drain() {
+                    read.read(rid, "sink");
+                    self.apply(&mut state, &d, &self.mapped_propagated);
+                }
+                let end = (i + PAGE as u64).min(hi);
+                if !self.page(work, i, end, &mut state, &mut read) {
+                    break;
+                }
+                i = end;
+            }
+        }
+        (state, read)
+    }
+
+    /// Claim and map the positions `i..end` of `work` on the latest state;
+    /// false once the collection was dropped or renamed.
+    fn page<S>(&self, work: &Work, i: u64, end: u64, state: &mut S, read: &mut ReadLog) -> bool
+    where
+        M: Fn(&mut S, &DocRef, &PointReader) -> Result<()>,
+    {
+        let latest = self.writer.published();
+        let view = self.vls.status_view();
+        let Some(c) = latest.collection(self.coll) else {
+            return false;
+        };
+        if !Arc::ptr_eq(&c.vls, self.vls) {
+            return false;
+        }
+        let mut claim = |rid: RecordId, d: &DocRef| {
+            if self.vls.claim(&view, self.slot, rid) {
+                read.read(rid, "table");
+                self.apply(state, d, &self.from_table);
+            }
+        };
+        match work {
+            Work::Rids { .. } => {
+                for (rid, d) in c.heap.iter_from(i) {
+                    if rid >= end {
+                        break;
+                    }
+                    claim(rid, d);
+                }
+            }
+            Work::List(rids) => {
+                for &rid in &rids[i as usize..end as usize] {
+                    if let Some(d) = c.heap.get(rid) {
+                        claim(rid, d);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Map `d` if it lies in the scan ranges, counting it in `counter`.
+    fn apply<S>(&self, state: &mut S, d: &DocRef, counter: &AtomicU64)
+    where
+        M: Fn(&mut S, &DocRef, &PointReader) -> Result<()>,
+    {
+        if self.filter.matches(d) {
+            counter.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = (self.map)(state, d, self.points) {
+                if let Ok(mut g) = self.first_error.lock() {
+                    g.get_or_insert(e);
+                }
+            }
+        }
+    }
 }
 
 /// The point ranges over the collections captured at the start.
@@ -288,6 +406,7 @@ fn point_reader(
     }
     PointReader { colls }
 }
+
 /// The table work of a query, split among threads.
 enum Work {
     /// Record ids `0..end` (a full pass).

@@ -17,8 +17,11 @@
 //! Invariants (asserted in debug builds):
 //! - a scan reads each record of its start state at most once from the table
 //!   and, only if it did not, once from the remset (the claim CAS decides);
+//!   a scan that visited every record read exactly as many records as its
+//!   start state held ([`ReadLog`]);
 //! - a slot is attached to at most one scan, and is released only after the
-//!   writer stopped keeping versions for it (`finish_table` is a boundary step).
+//!   writer stopped keeping versions for it (`finish_table` is a boundary step;
+//!   the slot lifecycle itself is asserted in `store::vls`).
 
 use std::collections::HashSet;
 use std::ops::{Bound, ControlFlow};
@@ -34,7 +37,7 @@ use crate::snapshot::Strategy;
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
 use crate::store::index::{IndexKey, ValueKey};
-use crate::store::vls::{CollectionVls, OlcpSink};
+use crate::store::vls::{CollectionVls, OlcpSink, StatusView};
 use crate::store::DbState;
 use crate::write::writer::Writer;
 
@@ -49,6 +52,8 @@ pub(crate) struct Registered<'a> {
     pub slot: usize,
     pub start_csn: u64,
     pub start_next_rid: RecordId,
+    /// Records in the collection at the start.
+    pub start_len: usize,
     pub index: Option<IndexAtStart>,
 }
 
@@ -58,6 +63,7 @@ enum Registration {
         slot: usize,
         csn: u64,
         next_rid: RecordId,
+        len: usize,
         index: Option<IndexAtStart>,
         captured: Vec<(String, CollectionState)>,
     },
@@ -103,6 +109,7 @@ pub(crate) fn register_scan<'a>(
                 slot,
                 csn,
                 next_rid,
+                len,
                 index,
                 captured,
             }) => {
@@ -112,6 +119,7 @@ pub(crate) fn register_scan<'a>(
                     vls: vls.clone(),
                     slot,
                     table_done: false,
+                    table_ended: false,
                     released: false,
                 };
                 return Ok(Registered {
@@ -120,6 +128,7 @@ pub(crate) fn register_scan<'a>(
                     slot,
                     start_csn: csn,
                     start_next_rid: next_rid,
+                    start_len: len,
                     index,
                 });
             }
@@ -143,22 +152,37 @@ pub(crate) struct VlsGuard<'a> {
     writer: &'a Writer,
     vls: Arc<CollectionVls>,
     slot: usize,
+    /// The end of the table pass was asked of the writer…
     table_done: bool,
+    /// …and the writer did it (it refuses only once it writes nothing more).
+    table_ended: bool,
     released: bool,
 }
 
 impl VlsGuard<'_> {
     pub(crate) fn finish_table(&mut self, complete: bool) -> Result<()> {
+        debug_assert!(!self.table_done, "finish_table asked twice");
         self.table_done = true;
         let (vls, slot) = (self.vls.clone(), self.slot);
         self.writer.at_boundary(move |_, _| {
             vls.finish_table(slot, complete);
             Ok(())
-        })
+        })?;
+        self.table_ended = true;
+        Ok(())
     }
 
     /// Give back every remset entry this scan still holds, then the slot.
     pub(crate) fn release(&mut self, reset: bool) {
+        // finish_table before release: until the writer ended the table pass
+        // it may still add remset entries for this slot, which a reused slot
+        // would then read as its own.
+        debug_assert!(self.table_done, "VLS slot released before finish_table");
+        debug_assert!(
+            !self.table_ended || !self.vls.is_active(self.slot),
+            "VLS slot still active after finish_table"
+        );
+        debug_assert!(!self.released, "VLS slot released twice");
         for (id, entry) in self.vls.remset.pending_for(self.slot) {
             self.vls.remset.release(self.slot, id, &entry);
         }
@@ -186,6 +210,17 @@ impl Drop for VlsGuard<'_> {
     }
 }
 
+/// The index a plan walks, to capture at registration (`None`: a full scan).
+pub(crate) fn index_ref(access: &Access) -> Option<IndexRef> {
+    match access {
+        Access::CollScan { .. } => None,
+        Access::IdPoints { .. } | Access::IdRange { .. } => Some(IndexRef::Id),
+        Access::IndexScan { index, .. } => Some(IndexRef::Secondary(index.clone())),
+    }
+}
+
+/// A VLS scan (or, with `sink`, an OLCP scan): register, table pass, end of
+/// the table pass at a boundary, remset pass, release.
 pub(crate) fn vls_scan<F>(
     writer: &Writer,
     coll: &str,
@@ -198,129 +233,48 @@ pub(crate) fn vls_scan<F>(
 where
     F: FnMut(&DocRef) -> ControlFlow<()>,
 {
-    let index_ref = match &plan.access {
-        Access::CollScan { .. } => None,
-        Access::IdPoints { .. } | Access::IdRange { .. } => Some(IndexRef::Id),
-        Access::IndexScan { index, .. } => Some(IndexRef::Secondary(index.clone())),
-    };
+    let index_ref = index_ref(&plan.access);
     let Registered {
         mut guard,
         slot,
         start_csn,
         start_next_rid,
+        start_len,
         index,
         ..
     } = register_scan(writer, coll, &vls, index_ref, sink.clone(), Vec::new())?;
-
-    let mut record_set: Option<HashSet<RecordId>> = None;
-    let mut stopped = false;
-    let emit = |d: &DocRef, visit: &mut F, stopped: &mut bool| {
-        if !*stopped && filter.matches(d) && visit(d).is_break() {
-            *stopped = true;
-        }
+    let mut pass = ScanPass {
+        writer,
+        coll,
+        vls: &vls,
+        slot,
+        filter,
+        sink: sink.as_deref(),
+        visit,
+        stopped: false,
+        propagated: 0,
+        read: ReadLog::new(start_next_rid),
     };
-
-    // Versions the writer handed over (OLCP): processed as they arrive, so
-    // holding them costs only the writes made since the last drain.
-    let mut propagated = 0u64;
-    let mut drain = |visit: &mut F, stopped: &mut bool| {
-        if let Some(sink) = &sink {
-            for (_, d) in sink.drain() {
-                propagated += 1;
-                emit(&d, visit, stopped);
-            }
-        }
-    };
-
-    // Table pass.
-    match index {
+    let record_set = match index {
         None => {
-            // Full scan in record order over the live heap; ids at or above the
-            // start's next id were inserted after the start and are skipped.
-            let mut next: RecordId = 0;
-            'pages: while next < start_next_rid && !stopped {
-                drain(visit, &mut stopped);
-                let state = writer.published();
-                let view = vls.status_view();
-                let Some(c) = state.collection(coll) else {
-                    break;
-                };
-                if !Arc::ptr_eq(&c.vls, &vls) {
-                    break;
-                }
-                let mut n = 0;
-                for (rid, d) in c.heap.iter_from(next) {
-                    if rid >= start_next_rid {
-                        break 'pages;
-                    }
-                    next = rid + 1;
-                    if vls.claim(&view, slot, rid) {
-                        emit(d, visit, &mut stopped);
-                        if stopped {
-                            break 'pages;
-                        }
-                    }
-                    n += 1;
-                    if n == PAGE {
-                        continue 'pages;
-                    }
-                }
-                break;
-            }
+            pass.full_table(start_next_rid);
+            None
         }
-        Some(index) => {
-            let rids = index_rids(&index, &plan);
-            let mut set = HashSet::with_capacity(rids.len());
-            let mut i = 0;
-            while i < rids.len() && !stopped {
-                drain(visit, &mut stopped);
-                let state = writer.published();
-                let view = vls.status_view();
-                let Some(c) = state.collection(coll) else {
-                    break;
-                };
-                if !Arc::ptr_eq(&c.vls, &vls) {
-                    break;
-                }
-                let end = (i + PAGE).min(rids.len());
-                for &rid in &rids[i..end] {
-                    if !set.insert(rid) {
-                        continue; // multikey: already handled
-                    }
-                    if let Some(d) = c.heap.get(rid) {
-                        if vls.claim(&view, slot, rid) {
-                            emit(d, visit, &mut stopped);
-                            if stopped {
-                                break;
-                            }
-                        }
-                    }
-                }
-                i = end;
-            }
-            record_set = Some(set);
-        }
-    }
-    let complete = !stopped && record_set.is_none();
+        Some(index) => Some(pass.index_table(&index_rids(&index, &plan))),
+    };
+    let complete = !pass.stopped && record_set.is_none();
     guard.finish_table(complete)?;
     // After the end of the table pass the writer hands over nothing more.
-    drain(visit, &mut stopped);
-
-    // Remset pass: the start versions of records superseded before this scan read them.
-    let mut from_remset = 0;
-    for (id, entry) in vls.remset.pending_for(slot) {
-        let wanted = record_set.as_ref().is_none_or(|s| s.contains(&entry.rid));
-        if wanted && !stopped {
-            from_remset += 1;
-            emit(&entry.doc, visit, &mut stopped);
-        }
-        vls.remset.release(slot, id, &entry);
-    }
+    pass.drain();
+    let from_remset = pass.remset_pass(record_set.as_ref());
     guard.release(!complete);
     if vls.is_dropped() {
         return Err(Error::QueryPlanKilled(format!(
             "collection {coll} was dropped or renamed during the scan"
         )));
+    }
+    if complete {
+        pass.read.check_complete(start_len);
     }
     let (strategy, inflight_peak) = match &sink {
         Some(s) => (Strategy::Olcp, s.inflight_peak()),
@@ -332,9 +286,215 @@ where
         start_csn,
         plan,
         from_remset,
-        propagated,
+        propagated: pass.propagated,
         inflight_peak,
     })
+}
+
+/// Which records of its start state a scan read, from the table, the remset
+/// or its sink. Debug builds only (the checks are O(records) in memory):
+/// each record at most once, only records of the start state (ids below the
+/// start's next id), and — for a scan that visited every record — exactly as
+/// many as the start state held. In release builds it records nothing.
+pub(crate) struct ReadLog {
+    #[cfg(debug_assertions)]
+    start_next_rid: RecordId,
+    #[cfg(debug_assertions)]
+    seen: HashSet<RecordId>,
+}
+
+impl ReadLog {
+    pub(crate) fn new(start_next_rid: RecordId) -> ReadLog {
+        #[cfg(not(debug_assertions))]
+        let _ = start_next_rid;
+        ReadLog {
+            #[cfg(debug_assertions)]
+            start_next_rid,
+            #[cfg(debug_assertions)]
+            seen: HashSet::new(),
+        }
+    }
+
+    /// The scan read `rid` (its start version) from `source`.
+    pub(crate) fn read(&mut self, rid: RecordId, source: &str) {
+        #[cfg(debug_assertions)]
+        {
+            assert!(
+                rid < self.start_next_rid,
+                "record {rid} from the {source} was inserted after the scan started"
+            );
+            assert!(
+                self.seen.insert(rid),
+                "record {rid} read twice (the second time from the {source})"
+            );
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = (rid, source);
+    }
+
+    /// Merge what another thread of the same scan read.
+    pub(crate) fn merge(&mut self, other: ReadLog) {
+        #[cfg(debug_assertions)]
+        for rid in other.seen {
+            self.read(rid, "table (another thread)");
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = other;
+    }
+
+    /// A scan that visited every record read each record of its start state:
+    /// together with "at most once" this is "exactly once".
+    pub(crate) fn check_complete(&self, start_len: usize) {
+        #[cfg(debug_assertions)]
+        assert_eq!(
+            self.seen.len(),
+            start_len,
+            "a complete scan read {} records of a start state holding {start_len}",
+            self.seen.len()
+        );
+        #[cfg(not(debug_assertions))]
+        let _ = start_len;
+    }
+}
+
+/// The state of one VLS scan between registration and release.
+struct ScanPass<'s, F> {
+    writer: &'s Writer,
+    coll: &'s str,
+    vls: &'s Arc<CollectionVls>,
+    slot: usize,
+    filter: &'s Filter,
+    sink: Option<&'s OlcpSink>,
+    visit: &'s mut F,
+    /// `visit` asked to stop.
+    stopped: bool,
+    /// Versions taken from the sink (OLCP).
+    propagated: u64,
+    read: ReadLog,
+}
+
+impl<F> ScanPass<'_, F>
+where
+    F: FnMut(&DocRef) -> ControlFlow<()>,
+{
+    fn emit(&mut self, d: &DocRef) {
+        if !self.stopped && self.filter.matches(d) && (self.visit)(d).is_break() {
+            self.stopped = true;
+        }
+    }
+
+    /// Versions the writer handed over (OLCP): processed as they arrive, so
+    /// holding them costs only the writes made since the last drain.
+    fn drain(&mut self) {
+        let Some(sink) = self.sink else {
+            return;
+        };
+        for (rid, d) in sink.drain() {
+            self.read.read(rid, "sink");
+            self.propagated += 1;
+            self.emit(&d);
+        }
+    }
+
+    /// The latest published version of the scanned collection, with a fresh
+    /// status view; `None` once the collection was dropped or renamed.
+    fn latest(&self) -> Option<(Arc<DbState>, StatusView)> {
+        let state = self.writer.published();
+        let view = self.vls.status_view();
+        let c = state.collection(self.coll)?;
+        if !Arc::ptr_eq(&c.vls, self.vls) {
+            return None;
+        }
+        Some((state, view))
+    }
+
+    /// Claim `rid` (version `d`) and visit it if the claim wins.
+    fn claim_and_emit(&mut self, view: &StatusView, rid: RecordId, d: &DocRef) {
+        if self.vls.claim(view, self.slot, rid) {
+            self.read.read(rid, "table");
+            self.emit(d);
+        }
+    }
+
+    /// Full table pass in record order over the live heap, one page per
+    /// published state; ids at or above the start's next id were inserted
+    /// after the start and are skipped.
+    fn full_table(&mut self, start_next_rid: RecordId) {
+        let mut next: RecordId = 0;
+        while next < start_next_rid && !self.stopped {
+            self.drain();
+            let Some((state, view)) = self.latest() else {
+                return;
+            };
+            let Some(c) = state.collection(self.coll) else {
+                return;
+            };
+            let mut n = 0;
+            for (rid, d) in c.heap.iter_from(next) {
+                if rid >= start_next_rid {
+                    return;
+                }
+                next = rid + 1;
+                self.claim_and_emit(&view, rid, d);
+                if self.stopped {
+                    return;
+                }
+                n += 1;
+                if n == PAGE {
+                    break;
+                }
+            }
+            if n < PAGE {
+                return;
+            }
+        }
+    }
+
+    /// Index table pass over the record ids of the index as of the start, in
+    /// index order; returns the record set (filters the remset pass).
+    fn index_table(&mut self, rids: &[RecordId]) -> HashSet<RecordId> {
+        let mut set = HashSet::with_capacity(rids.len());
+        let mut i = 0;
+        while i < rids.len() && !self.stopped {
+            self.drain();
+            let Some((state, view)) = self.latest() else {
+                break;
+            };
+            let Some(c) = state.collection(self.coll) else {
+                break;
+            };
+            let end = (i + PAGE).min(rids.len());
+            for &rid in &rids[i..end] {
+                if !set.insert(rid) {
+                    continue; // multikey: already handled
+                }
+                if let Some(d) = c.heap.get(rid) {
+                    self.claim_and_emit(&view, rid, d);
+                    if self.stopped {
+                        break;
+                    }
+                }
+            }
+            i = end;
+        }
+        set
+    }
+
+    /// Remset pass: the start versions of records superseded before this
+    /// scan read them. Every entry the slot still needs is released.
+    fn remset_pass(&mut self, record_set: Option<&HashSet<RecordId>>) -> u64 {
+        let mut from_remset = 0;
+        for (id, entry) in self.vls.remset.pending_for(self.slot) {
+            self.read.read(entry.rid, "remset");
+            let wanted = record_set.is_none_or(|s| s.contains(&entry.rid));
+            if wanted && !self.stopped {
+                from_remset += 1;
+                self.emit(&entry.doc);
+            }
+            self.vls.remset.release(self.slot, id, &entry);
+        }
+        from_remset
+    }
 }
 
 type Interval = (Bound<(IndexKey, RecordId)>, Bound<(IndexKey, RecordId)>);
@@ -435,6 +595,7 @@ fn register(
                 slot,
                 csn: state.csn,
                 next_rid: c.next_rid,
+                len: c.len(),
                 index: captured,
                 captured: taken,
             }

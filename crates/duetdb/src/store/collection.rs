@@ -5,7 +5,9 @@
 //! shared with other versions. Only the writer mutates, and only its private
 //! working version; readers hold published versions, which never change.
 //!
-//! Invariants (checked by [`CollectionState::check_invariants`] in tests):
+//! Invariants (checked by [`CollectionState::check_invariants`] in tests, and
+//! in debug builds by the writer after the groups that change a collection —
+//! see `write::writer::CHECK_ALWAYS_MAX`):
 //! - every record in the heap has exactly one `_id` index entry and its keys in
 //!   every secondary index, and no index holds an entry for a missing record;
 //! - `_id` values are unique (by MongoDB equality: `1` and `1.0` collide);
@@ -29,6 +31,35 @@ use crate::store::vls::{CollectionVls, VlsOptions};
 pub const ID_INDEX_NAME: &str = "_id_";
 /// Most secondary indexes per collection (MongoDB allows 64 including `_id`).
 pub const MAX_INDEXES: usize = 63;
+
+/// A cheap summary of a collection version, O(indexes) to take: what a
+/// failed command must leave as it found it (see [`CollectionState::fingerprint`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The VLS bookkeeping's address: the collection's identity across versions.
+    pub vls: usize,
+    pub len: usize,
+    pub data_bytes: u64,
+    pub next_rid: RecordId,
+    pub id_entries: usize,
+    /// Name and entry count of each secondary index, in order.
+    pub indexes: Vec<(String, usize)>,
+}
+
+impl Fingerprint {
+    /// `self` (taken before a failed command) and `after` describe the same
+    /// contents. Record ids are never reused (a status mask belongs to one
+    /// record forever), so an undone insert leaves its id consumed:
+    /// `next_rid` may grow, everything else must be equal.
+    pub fn unchanged_by_failure(&self, after: &Fingerprint) -> bool {
+        after.next_rid >= self.next_rid
+            && after.vls == self.vls
+            && after.len == self.len
+            && after.data_bytes == self.data_bytes
+            && after.id_entries == self.id_entries
+            && after.indexes == self.indexes
+    }
+}
 
 /// A collection at one commit.
 #[derive(Debug, Clone)]
@@ -77,6 +108,42 @@ impl CollectionState {
 
     pub fn index(&self, name: &str) -> Option<&IndexState> {
         self.indexes.iter().find(|i| i.spec.name == name)
+    }
+
+    /// This version's [`Fingerprint`]; O(indexes), no walk over the records.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            vls: Arc::as_ptr(&self.vls) as usize,
+            len: self.len(),
+            data_bytes: self.data_bytes,
+            next_rid: self.next_rid,
+            id_entries: self.id_index.len(),
+            indexes: self
+                .indexes
+                .iter()
+                .map(|i| (i.spec.name.clone(), i.tree.len()))
+                .collect(),
+        }
+    }
+
+    /// True when `self` is certainly the same version as `other` (which must
+    /// still be alive): the same heap root, the same index specs and sizes.
+    /// O(indexes). May answer "changed" for equal contents, never "same" for
+    /// a version a command wrote: a write copies the root of a heap whose
+    /// root is shared with `other`, and index changes come with heap changes
+    /// except creating or dropping an index, which changes the list.
+    pub fn same_version(&self, other: &CollectionState) -> bool {
+        self.heap.same_root(&other.heap)
+            && Arc::ptr_eq(&self.vls, &other.vls)
+            && self.next_rid == other.next_rid
+            && self.data_bytes == other.data_bytes
+            && self.id_index.len() == other.id_index.len()
+            && self.indexes.len() == other.indexes.len()
+            && self
+                .indexes
+                .iter()
+                .zip(&other.indexes)
+                .all(|(a, b)| Arc::ptr_eq(&a.spec, &b.spec) && a.tree.len() == b.tree.len())
     }
 
     fn dup_id_error(&self, id: &RawBson) -> Error {
@@ -310,25 +377,23 @@ impl CollectionState {
         Ok(())
     }
 
-    /// Verify every invariant in the module doc; O(n log n). For tests and checks.
+    /// Verify every invariant in the module doc; O(n log n). For tests, and
+    /// for the writer's debug check after each group (so it computes each
+    /// record's keys once: key extraction dominates the cost).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut bytes = 0u64;
+        // Per index: (record, its keys), in record order (the heap's order).
+        let mut keys: Vec<Vec<(RecordId, Vec<IndexKey>)>> =
+            vec![Vec::with_capacity(self.len()); self.indexes.len()];
         for (rid, d) in self.heap.iter() {
             bytes += d.as_bytes().len() as u64;
             let id = doc::id_of(d).ok_or(format!("record {rid} has no _id"))?;
             if self.id_index.get(&ValueKey(id.into())) != Some(&rid) {
                 return Err(format!("record {rid}: _id index does not point at it"));
             }
-            for index in &self.indexes {
-                let (keys, _) = index.spec.keys_for(d).map_err(|e| e.to_string())?;
-                for k in keys {
-                    if index.tree.get(&(k, rid)).is_none() {
-                        return Err(format!(
-                            "record {rid} missing from index {}",
-                            index.spec.name
-                        ));
-                    }
-                }
+            for (index, per_record) in self.indexes.iter().zip(&mut keys) {
+                let (k, _) = index.spec.keys_for(d).map_err(|e| e.to_string())?;
+                per_record.push((rid, k));
             }
         }
         if bytes != self.data_bytes {
@@ -344,29 +409,37 @@ impl CollectionState {
                 self.heap.len()
             ));
         }
-        for index in &self.indexes {
-            let mut expected = 0;
-            for (_, d) in self.heap.iter() {
-                expected += index.spec.keys_for(d).map_err(|e| e.to_string())?.0.len();
-            }
-            if index.tree.len() != expected {
-                return Err(format!(
-                    "index {} has {} entries, expected {expected}",
-                    index.spec.name,
-                    index.tree.len()
-                ));
-            }
-            for ((_, rid), _) in index.tree.range(Bound::Unbounded, Bound::Unbounded) {
-                if self.heap.get(*rid).is_none() {
-                    return Err(format!(
-                        "index {} points at missing record {rid}",
-                        index.spec.name
-                    ));
-                }
-            }
+        for (index, per_record) in self.indexes.iter().zip(&keys) {
+            check_index(index, per_record)?;
         }
         Ok(())
     }
+}
+
+/// An index holds exactly the keys of the records: as many entries as keys,
+/// and every entry one of its record's keys. Since a record's keys are
+/// deduplicated and entries are unique, the two sets are then equal (a
+/// missing entry shows as a count mismatch). One ordered walk of the index.
+fn check_index(index: &IndexState, per_record: &[(RecordId, Vec<IndexKey>)]) -> Result<(), String> {
+    let name = &index.spec.name;
+    let expected: usize = per_record.iter().map(|(_, k)| k.len()).sum();
+    if index.tree.len() != expected {
+        return Err(format!(
+            "index {name} has {} entries, expected {expected}",
+            index.tree.len()
+        ));
+    }
+    for ((key, rid), _) in index.tree.range(Bound::Unbounded, Bound::Unbounded) {
+        let Ok(at) = per_record.binary_search_by_key(rid, |(r, _)| *r) else {
+            return Err(format!("index {name} points at missing record {rid}"));
+        };
+        if !per_record[at].1.contains(key) {
+            return Err(format!(
+                "index {name}: an entry of record {rid} is not one of its keys"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -395,6 +468,47 @@ mod tests {
         c.replace_where(0, Arc::new(rawdoc! {"_id": 1, "a": 5, "b": 2}), |_| true)
             .expect("replace");
         c.check_invariants().expect("invariants");
+    }
+
+    /// Planted index damage of each kind is reported (the check compares an
+    /// index with the records' keys as sets: count, then membership).
+    #[test]
+    fn check_invariants_reports_damaged_indexes() {
+        let key = |c: &CollectionState| {
+            let ((k, rid), _) = c.indexes[0].tree.first().expect("an entry");
+            (k.clone(), *rid)
+        };
+        let other_key = |c: &CollectionState| {
+            let d = rawdoc! {"_id": 1, "a": 99};
+            c.indexes[0].spec.keys_for(&d).expect("keys").0.remove(0)
+        };
+        let mut missing = coll();
+        let entry = key(&missing);
+        missing.indexes[0].tree.remove(&entry);
+        let e = missing.check_invariants().expect_err("missing entry");
+        assert!(e.contains("has 0 entries, expected 1"), "{e}");
+
+        let mut wrong = coll();
+        let entry = key(&wrong);
+        wrong.indexes[0].tree.remove(&entry);
+        let other = other_key(&wrong);
+        wrong.indexes[0].tree.insert((other, entry.1), ());
+        let e = wrong.check_invariants().expect_err("wrong key");
+        assert!(
+            e.contains("an entry of record 0 is not one of its keys"),
+            "{e}"
+        );
+
+        let mut dangling = coll();
+        let entry = key(&dangling);
+        dangling.indexes[0].tree.remove(&entry);
+        dangling.indexes[0].tree.insert((entry.0, 42), ());
+        let e = dangling.check_invariants().expect_err("dangling entry");
+        assert!(e.contains("points at missing record 42"), "{e}");
+
+        let mut bytes = coll();
+        bytes.data_bytes += 1;
+        assert!(bytes.check_invariants().is_err());
     }
 
     /// The debug check that guards `replace_where`'s contract can fail.

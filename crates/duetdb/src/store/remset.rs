@@ -71,6 +71,33 @@ struct Inner {
     next_id: u64,
     entries: HashMap<u64, Arc<Entry>>,
     stats: RemsetStats,
+    /// Debug builds: the live entries of each record, to check that no two of
+    /// them are needed by the same scan.
+    #[cfg(debug_assertions)]
+    by_rid: HashMap<RecordId, Vec<u64>>,
+}
+
+impl Inner {
+    /// At most one entry per (record, scan) with the scan's bit 0: the writer's
+    /// CAS marked the record "changed" for every scan it kept a version for, so
+    /// a later supersede keeps nothing more for them. A second entry would make
+    /// a scan read two versions of one record.
+    #[cfg(debug_assertions)]
+    fn check_unique(&self, rid: RecordId, mask: Mask, words: usize) {
+        for id in self.by_rid.get(&rid).into_iter().flatten() {
+            if let Some(e) = self.entries.get(id) {
+                let old = Mask::from_atomic(&e.mask);
+                for w in 0..words {
+                    let both = !old.0[w] & !mask.0[w];
+                    assert!(
+                        both == 0,
+                        "two remset entries of record {rid} needed by slot {}",
+                        w * 64 + both.trailing_zeros() as usize
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// The remset of one collection.
@@ -101,9 +128,13 @@ impl Remset {
         debug_assert!(needing > 0, "remset insert without a needing scan");
         let bytes = doc.as_bytes().len() as u64;
         let mut inner = self.inner.lock();
+        #[cfg(debug_assertions)]
+        inner.check_unique(rid, mask, self.words);
         let add = |inner: &mut Inner, m: Mask| {
             let id = inner.next_id;
             inner.next_id += 1;
+            #[cfg(debug_assertions)]
+            inner.by_rid.entry(rid).or_default().push(id);
             let entry = Entry {
                 rid,
                 doc: doc.clone(),
@@ -163,6 +194,13 @@ impl Remset {
     fn remove(&self, id: u64) {
         let mut inner = self.inner.lock();
         if let Some(e) = inner.entries.remove(&id) {
+            #[cfg(debug_assertions)]
+            if let Some(ids) = inner.by_rid.get_mut(&e.rid) {
+                ids.retain(|i| *i != id);
+                if ids.is_empty() {
+                    inner.by_rid.remove(&e.rid);
+                }
+            }
             inner.stats.entries -= 1;
             inner.stats.bytes -= e.doc.as_bytes().len() as u64;
             inner.stats.reclaimed += 1;
@@ -202,8 +240,41 @@ impl Remset {
         let mut inner = self.inner.lock();
         let n = inner.entries.len() as u64;
         inner.entries.clear();
+        #[cfg(debug_assertions)]
+        inner.by_rid.clear();
         inner.stats.reclaimed += n;
         inner.stats.entries = 0;
         inner.stats.bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    /// A planted protocol violation (the writer keeping a second version of a
+    /// record for a scan that still needs the first) is caught.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "two remset entries of record 7 needed by slot 3")]
+    fn a_second_entry_for_the_same_record_and_scan_is_caught() {
+        let r = Remset::new(1, RemsetMode::Shared);
+        let doc: DocRef = Arc::new(rawdoc! {"_id": 7});
+        r.insert(7, &doc, Mask::all_ones_except(3));
+        r.insert(7, &doc, Mask::all_ones_except(3));
+    }
+
+    #[test]
+    fn entries_of_one_record_for_different_scans_are_fine() {
+        let r = Remset::new(1, RemsetMode::Shared);
+        let doc: DocRef = Arc::new(rawdoc! {"_id": 7});
+        r.insert(7, &doc, Mask::all_ones_except(3));
+        for (id, e) in r.pending_for(3) {
+            r.release(3, id, &e);
+        }
+        r.insert(7, &doc, Mask::all_ones_except(3));
+        r.insert(7, &doc, Mask::all_ones_except(4));
+        assert_eq!(r.stats().entries, 2);
     }
 }

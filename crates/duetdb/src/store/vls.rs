@@ -385,7 +385,12 @@ impl CollectionVls {
         if !to_propagate.is_all_zeros(self.words) {
             let sinks = self.sinks.read();
             for slot in to_propagate.ones(self.words) {
-                if let Some(sink) = sinks.get(slot).and_then(Option::as_ref) {
+                let sink = sinks.get(slot).and_then(Option::as_ref);
+                // OLCP exactly-once: an OLCP bit without a sink would drop the
+                // start version the query still needs. Both change only in
+                // writer steps (sink set before the bit, bit cleared first).
+                debug_assert!(sink.is_some(), "OLCP slot {slot} has no sink");
+                if let Some(sink) = sink {
                     sink.push(rid, current);
                     self.propagated.fetch_add(1, Ordering::Relaxed);
                 }
@@ -428,7 +433,18 @@ impl CollectionVls {
         slots.free.0[slot / 64] &= !(1 << (slot % 64));
         slots.queue.pop_front();
         drop(slots);
-        self.local_active[slot / 64].fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+        let bit = 1u64 << (slot % 64);
+        let prev = self.local_active[slot / 64].fetch_and(!bit, Ordering::AcqRel);
+        // A slot is attached to at most one scan: a free slot is inactive (its
+        // previous scan ended its table pass) and carries no OLCP sink.
+        debug_assert!(
+            prev & bit != 0,
+            "VLS slot {slot} handed out while still active"
+        );
+        debug_assert!(
+            self.sinks.read().get(slot).is_none_or(Option::is_none),
+            "VLS slot {slot} handed out with an OLCP sink still attached"
+        );
         self.scans_started.fetch_add(1, Ordering::Relaxed);
         // Wake the next in line: it may find another free slot.
         self.slot_freed.notify_all();
@@ -480,16 +496,38 @@ impl CollectionVls {
     /// must be reset in the background before the slot is reused.
     pub fn finish_table(&self, slot: usize, complete: bool) {
         let bit = 1u64 << (slot % 64);
+        // Slot lifecycle: free -> registered (active) -> table pass ended
+        // (inactive, still taken) -> released (free). Ending the table pass
+        // twice, or of a slot nobody holds, would flip another scan's stable bit.
+        debug_assert!(
+            self.slots.lock().free.0[slot / 64] & bit == 0,
+            "finish_table on VLS slot {slot}, which is free"
+        );
         if complete {
             self.stable[slot / 64].fetch_xor(bit, Ordering::AcqRel);
         }
-        self.local_active[slot / 64].fetch_or(bit, Ordering::AcqRel);
+        let prev = self.local_active[slot / 64].fetch_or(bit, Ordering::AcqRel);
+        debug_assert!(
+            prev & bit == 0,
+            "finish_table on VLS slot {slot}, whose table pass already ended"
+        );
         self.detach_sink(slot);
+    }
+
+    /// Is `slot` in its table pass (the writer keeps versions for it)?
+    pub fn is_active(&self, slot: usize) -> bool {
+        self.local_active[slot / 64].load(Ordering::Acquire) & (1 << (slot % 64)) == 0
     }
 
     /// Release `slot` after the scan's remset pass. `reset`: set the slot's bit
     /// back to stable in every record first (in the background).
     pub fn release(self: &Arc<Self>, slot: usize, reset: bool) {
+        // Each remset entry is released once per slot, all of them before the
+        // slot itself: a reused slot must not inherit its previous scan's entries.
+        debug_assert!(
+            self.remset.pending_for(slot).is_empty(),
+            "VLS slot {slot} released with remset entries it never read"
+        );
         if self.remset.mode() == RemsetMode::ReclaimAtScanEnd {
             self.remset.sweep();
         }
@@ -535,6 +573,10 @@ impl CollectionVls {
 
     fn free_slot(&self, slot: usize) {
         let mut slots = self.slots.lock();
+        debug_assert!(
+            slots.free.0[slot / 64] & (1 << (slot % 64)) == 0,
+            "VLS slot {slot} released twice"
+        );
         slots.free.0[slot / 64] |= 1 << (slot % 64);
         drop(slots);
         self.slot_freed.notify_all();
@@ -556,6 +598,13 @@ impl CollectionVls {
         let Some(word) = view.word(rid, w) else {
             return false;
         };
+        // Claims happen only in the table pass: after finish_table the writer
+        // no longer marks the slot's bits, so a late claim could read a record
+        // twice (once here, once from the remset).
+        debug_assert!(
+            self.is_active(slot),
+            "claim by VLS slot {slot} after its table pass"
+        );
         let stable_bit = self.stable[w].load(Ordering::Acquire) & bit;
         let mut cur = word.load(Ordering::Acquire);
         loop {
@@ -630,6 +679,9 @@ pub struct OlcpSink {
     inflight: AtomicU64,
     inflight_peak: AtomicU64,
     propagated: AtomicU64,
+    /// Records handed over so far (debug builds: each at most once).
+    #[cfg(debug_assertions)]
+    handed: Mutex<std::collections::HashSet<RecordId>>,
 }
 
 impl OlcpSink {
@@ -637,6 +689,13 @@ impl OlcpSink {
         // Counters change under the same lock as the items, so a drain never
         // subtracts an item whose push has not been counted yet.
         let mut items = self.items.lock();
+        // OLCP exactly-once: the writer's CAS marked the record "changed" for
+        // this query, so a later supersede of it hands nothing over again.
+        #[cfg(debug_assertions)]
+        assert!(
+            self.handed.lock().insert(rid),
+            "record {rid} handed to an OLCP query twice"
+        );
         items.push((rid, doc.clone()));
         self.propagated.fetch_add(1, Ordering::Relaxed);
         let now = self.inflight.fetch_add(1, Ordering::AcqRel) + 1;
@@ -647,9 +706,19 @@ impl OlcpSink {
     pub fn drain(&self) -> Vec<(RecordId, DocRef)> {
         let mut guard = self.items.lock();
         let items = std::mem::take(&mut *guard);
-        self.inflight
+        let before = self
+            .inflight
             .fetch_sub(items.len() as u64, Ordering::AcqRel);
+        debug_assert!(
+            before >= items.len() as u64,
+            "OLCP inflight count underflow"
+        );
         items
+    }
+
+    /// Versions handed over and not drained yet.
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
     }
 
     /// Versions handed over in total.
@@ -660,5 +729,62 @@ impl OlcpSink {
     /// Most versions held at once (handed over, not yet drained).
     pub fn inflight_peak(&self) -> u64 {
         self.inflight_peak.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    fn registered() -> (Arc<CollectionVls>, usize) {
+        let vls = Arc::new(CollectionVls::new(VlsOptions::default()));
+        vls.on_insert(0);
+        let ticket = vls.take_ticket();
+        let slot = vls.try_register(ticket).expect("a free slot");
+        (vls, slot)
+    }
+
+    #[test]
+    fn the_slot_lifecycle_in_order_passes_the_checks() {
+        let (vls, slot) = registered();
+        let doc: DocRef = Arc::new(rawdoc! {"_id": 1});
+        vls.on_supersede(0, &doc);
+        for (id, e) in vls.remset.pending_for(slot) {
+            vls.remset.release(slot, id, &e);
+        }
+        vls.finish_table(slot, false);
+        vls.release(slot, false);
+        assert_eq!(vls.stats().scans_active, 0);
+    }
+
+    /// The planted violations below show the debug checks can fire.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "whose table pass already ended")]
+    fn ending_a_table_pass_twice_is_caught() {
+        let (vls, slot) = registered();
+        vls.finish_table(slot, true);
+        vls.finish_table(slot, true);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "after its table pass")]
+    fn a_claim_after_the_table_pass_is_caught() {
+        let (vls, slot) = registered();
+        vls.finish_table(slot, true);
+        let view = vls.status_view();
+        vls.claim(&view, slot, 0);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "released with remset entries it never read")]
+    fn releasing_a_slot_with_unread_remset_entries_is_caught() {
+        let (vls, slot) = registered();
+        vls.on_supersede(0, &(Arc::new(rawdoc! {"_id": 1}) as DocRef));
+        vls.finish_table(slot, false);
+        vls.release(slot, false);
     }
 }

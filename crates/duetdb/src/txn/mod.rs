@@ -37,6 +37,11 @@
 //! - unique indexes and `_id` uniqueness are checked at commit against the
 //!   latest state (DuplicateKey, nothing changed).
 //!
+//! Debug builds assert the outcome of every commit ([`apply_commit`]): after
+//! a successful one each written `_id` holds exactly its committed version
+//! (or is absent, for a delete); after a failed one each holds the version
+//! it held before and the written collections are as they were.
+//!
 //! Limits: lifetime (default 60 s, `None` = unlimited; checked at every
 //! operation and at commit: error 290, then the handle is dead: 251) and the
 //! write set (at most [`MAX_TXN_DOCS`] documents and [`MAX_TXN_BYTES`] bytes of
@@ -232,7 +237,81 @@ pub fn apply_commit(
             validate_reads(state, &commit)?;
         }
     }
-    apply_writes(state, fx, &commit.writes)
+    #[cfg(debug_assertions)]
+    let before = WrittenBefore::capture(state, &commit.writes);
+    let applied = apply_writes(state, fx, &commit.writes);
+    #[cfg(debug_assertions)]
+    match &applied {
+        Ok(_) => assert_committed(state, &commit.writes),
+        Err(_) => before.assert_restored(state),
+    }
+    applied
+}
+
+/// A commit that returned `Ok` left every written `_id` holding the version
+/// the transaction committed (the same allocation), or absent for a delete.
+#[cfg(debug_assertions)]
+fn assert_committed(state: &DbState, writes: &WriteSet) {
+    for (coll, w) in writes {
+        for (id, p) in w {
+            assert!(
+                same_version(latest_version(state, coll, id), p.new.as_ref()),
+                "after a commit {coll} _id {:?} does not hold the committed version",
+                id.0
+            );
+        }
+    }
+}
+
+/// What the written `_id`s and their collections held before a commit, to
+/// check that a failed commit put everything back. O(writes).
+#[cfg(debug_assertions)]
+struct WrittenBefore {
+    colls: Vec<(String, Option<crate::store::collection::Fingerprint>)>,
+    versions: Vec<(String, ValueKey, Option<DocRef>)>,
+}
+
+#[cfg(debug_assertions)]
+impl WrittenBefore {
+    fn capture(state: &DbState, writes: &WriteSet) -> WrittenBefore {
+        let mut colls = Vec::new();
+        let mut versions = Vec::new();
+        for (coll, w) in writes {
+            colls.push((
+                coll.clone(),
+                state.collection(coll).map(|c| c.fingerprint()),
+            ));
+            for id in w.keys() {
+                let v = latest_version(state, coll, id).cloned();
+                versions.push((coll.clone(), id.clone(), v));
+            }
+        }
+        WrittenBefore { colls, versions }
+    }
+
+    /// A failed commit restored the state: the same versions (undoing a
+    /// delete re-inserts the same allocation), the same collection summaries.
+    fn assert_restored(&self, state: &DbState) {
+        for (coll, id, v) in &self.versions {
+            assert!(
+                same_version(latest_version(state, coll, id), v.as_ref()),
+                "a failed commit left {coll} _id {:?} changed",
+                id.0
+            );
+        }
+        for (coll, f) in &self.colls {
+            let now = state.collection(coll).map(|c| c.fingerprint());
+            let restored = match (f, &now) {
+                (Some(a), Some(b)) => a.unchanged_by_failure(b),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(
+                restored,
+                "a failed commit changed collection {coll}: {f:?} -> {now:?}"
+            );
+        }
+    }
 }
 
 /// First committer wins: every written `_id` must still hold the version the

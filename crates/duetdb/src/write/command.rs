@@ -108,6 +108,25 @@ pub struct FindAndModifyCommand {
     pub hint: Option<Hint>,
 }
 
+impl Command {
+    /// The command's kind, for messages (cheap: never formats documents).
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::CreateCollection { .. } => "createCollection",
+            Command::DropCollection { .. } => "dropCollection",
+            Command::RenameCollection { .. } => "renameCollection",
+            Command::Insert { .. } => "insert",
+            Command::Update(_) => "update",
+            Command::Delete { .. } => "delete",
+            Command::FindAndModify(_) => "findAndModify",
+            Command::CreateIndex { .. } => "createIndex",
+            Command::DropIndex { .. } => "dropIndex",
+            Command::AtBoundary(_) => "boundary step",
+        }
+    }
+}
+
 /// The work of a [`Command::AtBoundary`]: runs once, on the writer thread.
 #[allow(clippy::type_complexity)]
 pub struct BoundaryStep(
