@@ -105,9 +105,9 @@ pub mod storage {
     }
 }
 
-/// Test hooks: planted bugs the checkers must catch, and waits for
-/// background work. Not part of the stable API.
-#[doc(hidden)]
+/// Test hooks (the `testing` feature): planted bugs the checkers must catch,
+/// and waits for background work. Not in builds users get.
+#[cfg(feature = "testing")]
 pub mod testing {
     pub use crate::snapshot::scan::wait_for;
     pub use crate::txn::PlantedBug;

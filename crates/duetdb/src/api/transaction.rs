@@ -511,7 +511,7 @@ impl Transaction {
             writes: std::mem::take(&mut self.writes),
             point_reads: std::mem::take(&mut self.point_reads),
             predicate_reads: std::mem::take(&mut self.predicate_reads),
-            planted_bug: self.options.planted_bug,
+            planted_bug: self.options.planted_bug(),
         };
         self.kill("it has ended");
         let outcome = self

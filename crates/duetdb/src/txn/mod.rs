@@ -106,6 +106,7 @@ pub struct TxnOptions {
     /// Attempts of [`Database::transaction_with`] on write conflicts (≥ 1).
     pub max_attempts: u32,
     #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub planted_bug: PlantedBug,
 }
 
@@ -115,8 +116,19 @@ impl Default for TxnOptions {
             isolation: Isolation::Snapshot,
             lifetime: Some(DEFAULT_LIFETIME),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            #[cfg(feature = "testing")]
             planted_bug: PlantedBug::None,
         }
+    }
+}
+
+impl TxnOptions {
+    /// The planted bug (always none without the `testing` feature).
+    pub(crate) fn planted_bug(&self) -> PlantedBug {
+        #[cfg(feature = "testing")]
+        return self.planted_bug;
+        #[cfg(not(feature = "testing"))]
+        PlantedBug::None
     }
 }
 
