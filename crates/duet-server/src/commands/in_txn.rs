@@ -14,7 +14,7 @@
 
 use bson::{doc, Bson, Document, RawDocumentBuf};
 use duetdb::lang::Pipeline;
-use duetdb::{FindOptions, Transaction, UpdateOptions};
+use duetdb::{Crud, FindOptions, Transaction, UpdateOptions};
 
 use super::read::{self, FindPlan};
 use super::write;
@@ -225,7 +225,12 @@ fn update(ctx: &Ctx<'_>, cmd: &Document, txn: &mut Transaction) -> CmdResult {
                 upsert: args::flag(stmt, "upsert")?,
                 hint: None,
             };
-            Ok(txn.update_with(coll, q, spec, args::flag(stmt, "multi")?, options)?)
+            Ok(txn.collection(coll).update_with_spec(
+                q,
+                spec,
+                args::flag(stmt, "multi")?,
+                options,
+            )?)
         };
         match statement(one)? {
             Ok(r) => {
@@ -333,7 +338,12 @@ fn find_and_modify(
         (Some(old), Some(spec)) => {
             let id = old.get("_id").cloned().unwrap_or(Bson::Null);
             let by_id = doc! {"_id": id.clone()};
-            txn.update_with(coll, by_id.clone(), spec, false, UpdateOptions::default())?;
+            txn.collection(coll).update_with_spec(
+                by_id.clone(),
+                spec,
+                false,
+                UpdateOptions::default(),
+            )?;
             let value = if return_new {
                 match txn.find_one(coll, by_id)? {
                     Some(d) => project(d)?,
@@ -349,7 +359,9 @@ fn find_and_modify(
                 upsert: true,
                 hint: None,
             };
-            let r = txn.update_with(coll, query, spec, false, options)?;
+            let r = txn
+                .collection(coll)
+                .update_with_spec(query, spec, false, options)?;
             let id = r.upserted_id.unwrap_or(Bson::Null);
             let value = if return_new {
                 match txn.find_one(coll, doc! {"_id": id.clone()})? {

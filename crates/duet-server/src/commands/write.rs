@@ -9,7 +9,7 @@
 
 use bson::{doc, Bson, Document};
 use duetdb::lang::UpdateSpec;
-use duetdb::{FindAndModifyOptions, ReturnDocument, UpdateOptions};
+use duetdb::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 
 use super::Ctx;
 use crate::args;
