@@ -392,3 +392,173 @@ pub(crate) fn page(
         .take(take)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    //! The same calls through `dyn Crud` on a live collection and on a
+    //! transaction's view of one give the same answers: one surface.
+
+    use bson::{doc, Document};
+
+    use super::*;
+    use crate::api::Database;
+    use crate::txn::TxnOptions;
+
+    fn seed() -> Vec<Document> {
+        (0..10)
+            .map(|i| doc! {"_id": i, "g": i % 3, "v": i})
+            .collect()
+    }
+
+    /// Every CRUD call once, each answer recorded.
+    fn exercise(c: &dyn Crud) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut note = |what: &str, v: String| out.push(format!("{what}: {v}"));
+        note("insert", format!("{:?}", c.insert_many(seed(), true)));
+        let dup = c.insert_many(
+            vec![doc! {"_id": 100}, doc! {"_id": 1}, doc! {"_id": 101}],
+            false,
+        );
+        match dup {
+            Err(Error::BulkWrite(f)) => note(
+                "unordered dup",
+                format!(
+                    "{} {:?}",
+                    f.inserted,
+                    f.errors
+                        .iter()
+                        .map(|(i, e)| (*i, e.code()))
+                        .collect::<Vec<_>>()
+                ),
+            ),
+            other => note("unordered dup", format!("unexpected {other:?}")),
+        }
+        let ordered = c.insert_many(
+            vec![doc! {"_id": 200}, doc! {"_id": 2}, doc! {"_id": 201}],
+            true,
+        );
+        note(
+            "ordered dup",
+            format!("{:?}", ordered.map_err(|e| e.code())),
+        );
+        note(
+            "insert one dup",
+            format!("{:?}", c.insert_one(doc! {"_id": 3}).map_err(|e| e.code())),
+        );
+        note(
+            "update",
+            format!(
+                "{:?}",
+                c.update_many(doc! {"g": 0}, doc! {"$inc": {"v": 100}})
+            ),
+        );
+        note(
+            "replace",
+            format!("{:?}", c.replace_one(doc! {"_id": 4}, doc! {"x": 1})),
+        );
+        let multi_replace = c.update_with_spec(
+            doc! {},
+            UpdateSpec::parse(&doc! {"x": 2}).unwrap_or_else(|e| panic!("{e}")),
+            true,
+            UpdateOptions::default(),
+        );
+        note(
+            "multi replace",
+            format!("{:?}", multi_replace.map_err(|e| e.code())),
+        );
+        let up = UpdateOptions {
+            upsert: true,
+            hint: None,
+        };
+        note(
+            "upsert",
+            format!(
+                "{:?}",
+                c.update_one_with(doc! {"_id": 50}, doc! {"$set": {"v": 5}}, up)
+            ),
+        );
+        let after = FindAndModifyOptions {
+            sort: Some(doc! {"v": -1}),
+            projection: Some(doc! {"v": 1}),
+            return_document: ReturnDocument::After,
+            ..Default::default()
+        };
+        note(
+            "fam update",
+            format!(
+                "{:?}",
+                c.find_one_and_update(doc! {"g": 1}, doc! {"$inc": {"v": 1}}, after)
+            ),
+        );
+        note(
+            "fam delete",
+            format!(
+                "{:?}",
+                c.find_one_and_delete(doc! {"_id": 5}, Default::default())
+            ),
+        );
+        let upsert_new = FindAndModifyOptions {
+            upsert: true,
+            return_document: ReturnDocument::After,
+            ..Default::default()
+        };
+        note(
+            "fam upsert",
+            format!(
+                "{:?}",
+                c.find_and_modify_with_spec(
+                    doc! {"_id": 60},
+                    Some(
+                        UpdateSpec::parse(&doc! {"$set": {"v": 6}})
+                            .unwrap_or_else(|e| panic!("{e}"))
+                    ),
+                    upsert_new
+                )
+                .map(|(d, o)| (d, o.update))
+            ),
+        );
+        note("delete", format!("{:?}", c.delete_many(doc! {"g": 2})));
+        let page = FindOptions {
+            sort: Some(doc! {"v": 1, "_id": 1}),
+            skip: 1,
+            limit: 3,
+            projection: Some(doc! {"_id": 1}),
+            hint: None,
+        };
+        note("find", format!("{:?}", c.find_with(doc! {}, page)));
+        note("find one", format!("{:?}", c.find_one(doc! {"_id": 50})));
+        note("count", format!("{:?}", c.count(doc! {"v": {"$gte": 5}})));
+        note("distinct", format!("{:?}", c.distinct("g", doc! {})));
+        let pipeline = vec![
+            doc! {"$match": {"v": {"$gte": 0}}},
+            doc! {"$group": {"_id": "$g", "n": {"$sum": 1}}},
+            doc! {"$sort": {"_id": 1}},
+        ];
+        note("aggregate", format!("{:?}", c.aggregate(pipeline)));
+        out
+    }
+
+    #[test]
+    fn live_and_transaction_handles_answer_alike() {
+        let live_db = Database::in_memory();
+        let live = exercise(&live_db.collection("c"));
+        let txn_db = Database::in_memory();
+        let mut tx = txn_db.begin(TxnOptions::default());
+        let in_txn = exercise(&tx.collection("c"));
+        for (l, t) in live.iter().zip(&in_txn) {
+            assert_eq!(l, t);
+        }
+        assert_eq!(live.len(), in_txn.len());
+        // Nothing reached the stored data before commit; then all of it did.
+        assert_eq!(txn_db.collection("c").count(doc! {}).unwrap_or(u64::MAX), 0);
+        tx.commit().unwrap_or_else(|e| panic!("{e}"));
+        let all = |db: &Database| {
+            db.collection("c")
+                .find(doc! {})
+                .sort(doc! {"_id": 1})
+                .run()
+                .unwrap_or_default()
+        };
+        assert_eq!(all(&live_db), all(&txn_db));
+    }
+}
