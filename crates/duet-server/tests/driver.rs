@@ -125,3 +125,58 @@ async fn snapshot_session_sees_one_state() {
     drop(session);
     s.shutdown().await;
 }
+
+/// The engine's count of live reads by the strategy that ran
+/// (`serverStatus.duet.reads`).
+async fn live_reads(c: &Client) -> Document {
+    let status = c
+        .database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await
+        .expect("serverStatus");
+    status
+        .get_document("duet")
+        .and_then(|d| d.get_document("reads"))
+        .expect("duet.reads")
+        .clone()
+}
+
+/// `$duet: {snapshot: <strategy>}` through the official driver: a `count`
+/// runs exactly the requested strategy (one live read, counted under it and
+/// nowhere else) and its explain reports it. A server that fell back to its
+/// held snapshot or to `auto` fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_runs_the_requested_strategy() {
+    const STRATEGIES: [&str; 4] = ["none", "vls", "cow", "olcp"];
+    let s = TestServer::start(|_| {}).await;
+    let c = client(&s).await;
+    let db = c.database("strategies");
+    let docs: Vec<Document> = (0..50).map(|i| doc! {"_id": i, "v": i}).collect();
+    db.collection::<Document>("c")
+        .insert_many(docs)
+        .await
+        .expect("insert");
+    for strategy in STRATEGIES {
+        let count =
+            doc! {"count": "c", "query": {"v": {"$gte": 10}}, "$duet": {"snapshot": strategy}};
+        let before = live_reads(&c).await;
+        let r = db.run_command(count.clone()).await.expect("count");
+        let after = live_reads(&c).await;
+        assert_eq!(r.get_i64("n").expect("n"), 40, "{strategy}");
+        for k in STRATEGIES {
+            let moved = after.get_i64(k).expect(k) - before.get_i64(k).expect(k);
+            assert_eq!(
+                moved,
+                i64::from(k == strategy),
+                "{strategy}: {k} moved {moved}"
+            );
+        }
+        let e = db
+            .run_command(doc! {"explain": count})
+            .await
+            .expect("explain");
+        assert_eq!(e.get_str("strategy").ok(), Some(strategy), "{e:?}");
+        assert_eq!(e.get_str("strategyReason").ok(), Some("requested"), "{e:?}");
+    }
+    s.shutdown().await;
+}

@@ -5,8 +5,10 @@
 //! `spawn_blocking`), so engine calls never stall the async runtime.
 //!
 //! Session fields route a command first (see `txn.rs`): `autocommit: false`
-//! runs it inside the session's transaction, `txnNumber` alone makes it a
-//! retryable write, `commitTransaction`/`abortTransaction` end a transaction.
+//! runs it inside the session's transaction (the same CRUD commands as
+//! outside, on the transaction's view of a collection: see `source.rs`),
+//! `txnNumber` alone makes it a retryable write,
+//! `commitTransaction`/`abortTransaction` end a transaction.
 //! Other generic fields drivers add (`$clusterTime`, `$readPreference`,
 //! `writeConcern`, `comment`, `apiVersion`, `apiStrict`,
 //! `apiDeprecationErrors`) are accepted and ignored: a single node
@@ -18,20 +20,21 @@
 pub mod admin;
 pub mod ddl;
 pub mod handshake;
-pub mod in_txn;
 pub mod named;
 pub mod read;
+pub mod source;
 pub mod txn;
 pub mod write;
 
 use std::sync::Arc;
 
 use bson::{doc, Bson, Document, Timestamp};
-use duetdb::{Database, Snapshot};
+use duetdb::Database;
 
 use crate::error::{CmdResult, CommandError};
 use crate::sessions::SessionArgs;
 use crate::state::{ConnInfo, OpCounters, ServerState};
+use source::Target;
 
 /// Everything a command handler may use.
 pub struct Ctx<'a> {
@@ -49,40 +52,14 @@ impl Ctx<'_> {
     pub fn ns(&self, coll: &str) -> String {
         format!("{}.{}", self.db, coll)
     }
-
-    /// The snapshot a read runs on, and the `atClusterTime` to report when the
-    /// client asked for read concern `snapshot`.
-    pub fn read_snapshot(&self, cmd: &Document) -> CmdResult<(Snapshot, Option<Timestamp>)> {
-        let db = self.database()?;
-        if let Some(name) =
-            crate::args::opt_doc(cmd, "$duet")?.and_then(|d| d.get_str("snapshotName").ok())
-        {
-            if !matches!(read_concern(cmd)?, ReadConcern::Default) {
-                return Err(CommandError::bad_value(
-                    "$duet.snapshotName cannot be combined with readConcern snapshot",
-                ));
-            }
-            let snap = db.named_snapshot(name)?;
-            let ts = crate::snapshots::csn_to_timestamp(snap.csn());
-            return Ok((snap, Some(ts)));
-        }
-        match read_concern(cmd)? {
-            ReadConcern::Snapshot(at) => {
-                let snap = self.state.snapshots.resolve(self.db, &db, at)?;
-                let ts = crate::snapshots::csn_to_timestamp(snap.csn());
-                Ok((snap, Some(ts)))
-            }
-            ReadConcern::Default => Ok((db.snapshot(), None)),
-        }
-    }
 }
 
-enum ReadConcern {
+pub(crate) enum ReadConcern {
     Default,
     Snapshot(Option<Timestamp>),
 }
 
-fn read_concern(cmd: &Document) -> CmdResult<ReadConcern> {
+pub(crate) fn read_concern(cmd: &Document) -> CmdResult<ReadConcern> {
     let Some(rc) = crate::args::opt_doc(cmd, "readConcern")? else {
         return Ok(ReadConcern::Default);
     };
@@ -322,6 +299,9 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
             format!("read concern level 'snapshot' is not supported by '{name}' (only find, aggregate, distinct)"),
         ));
     }
+    if let Some(reply) = crud(ctx, name, cmd, &mut Target::Live) {
+        return reply;
+    }
     match name {
         "hello" | "isMaster" | "ismaster" => Ok(handshake::hello(ctx, name, cmd)),
         "ping" => Ok(doc! {"ok": 1.0}),
@@ -347,19 +327,9 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "createIndexes" => ddl::create_indexes(ctx, cmd),
         "listIndexes" => ddl::list_indexes(ctx, cmd),
         "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, cmd),
-        "insert" => write::insert(ctx, cmd),
-        "update" => write::update(ctx, cmd),
-        "delete" => write::delete(ctx, cmd),
-        "findAndModify" | "findandmodify" => write::find_and_modify(ctx, cmd, name),
         "createSnapshot" => named::create(ctx, cmd),
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),
-        "find" => read::find(ctx, cmd),
-        "getMore" => read::get_more(ctx, cmd),
-        "killCursors" => read::kill_cursors(ctx, cmd),
-        "count" => read::count(ctx, cmd),
-        "distinct" => read::distinct(ctx, cmd),
-        "aggregate" => read::aggregate(ctx, cmd),
         "explain" => read::explain(ctx, cmd),
         "saslStart" | "saslContinue" | "authenticate" | "createUser" | "dropUser" => {
             Err(CommandError::not_supported(
@@ -372,4 +342,22 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
             format!("no such command: '{other}'"),
         )),
     }
+}
+
+/// The CRUD commands, on the live database or in the session's transaction
+/// (`target`): one implementation for both. `None` for other commands.
+fn crud(ctx: &Ctx<'_>, name: &str, cmd: &Document, target: &mut Target<'_>) -> Option<CmdResult> {
+    Some(match name {
+        "insert" => write::insert(ctx, cmd, target),
+        "update" => write::update(ctx, cmd, target),
+        "delete" => write::delete(ctx, cmd, target),
+        "findAndModify" | "findandmodify" => write::find_and_modify(ctx, cmd, name, target),
+        "find" => read::find(ctx, cmd, target),
+        "getMore" => read::get_more(ctx, cmd),
+        "killCursors" => read::kill_cursors(ctx, cmd),
+        "count" => read::count(ctx, cmd, target),
+        "distinct" => read::distinct(ctx, cmd, target),
+        "aggregate" => read::aggregate(ctx, cmd, target),
+        _ => return None,
+    })
 }

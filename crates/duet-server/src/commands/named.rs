@@ -1,6 +1,6 @@
 //! Named snapshots over the wire (Cassandra's snapshot API, extended):
 //! `createSnapshot`, `listSnapshots`, `dropSnapshot`; reads name one with
-//! `$duet: {snapshotName: "…"}` (see `read_snapshot`).
+//! `$duet: {snapshotName: "…"}` (see `source.rs`).
 //!
 //! A named snapshot is a pinned copy-on-write root of one database (see the
 //! engine's `snapshot.rs`); these commands only translate arguments and errors.

@@ -16,6 +16,14 @@
 //! - a command that fails inside a transaction (an error or a write error)
 //!   aborts it, as MongoDB does; commands a transaction cannot run get
 //!   OperationNotSupportedInTransaction (263) and abort it too;
+//! - the CRUD commands of a transaction are the ordinary ones (`read.rs`,
+//!   `write.rs`) run on the transaction's view of a collection: they read
+//!   its snapshot overlaid with its own writes, so results are materialized
+//!   (a cursor holds documents, not a snapshot) and `hint` is ignored; `$duet`
+//!   strategies and named snapshots, `explain` and database-level aggregates
+//!   are refused (263); an error that ends the transaction (write conflict,
+//!   112; aborted, 251; lifetime, 290; too large, 257) fails the command
+//!   rather than becoming a `writeErrors` entry, so its labels reach the driver;
 //! - `commitTransaction` of an already committed number answers ok again (a
 //!   driver's commit retry); a write conflict at commit is labelled
 //!   `TransientTransactionError`, an outcome we cannot vouch for (storage
@@ -34,12 +42,36 @@ use bson::{doc, Bson, Document};
 use duetdb::TxnOptions;
 use parking_lot::Mutex;
 
-use super::{in_txn, Ctx};
+use super::source::Target;
+use super::Ctx;
 use crate::error::{CmdResult, CommandError};
 use crate::sessions::{Session, SessionArgs, SessionId, TxnState};
 
 pub const TRANSIENT: &str = "TransientTransactionError";
 pub const UNKNOWN_COMMIT: &str = "UnknownTransactionCommitResult";
+
+/// Commands a transaction may run (others get 263).
+pub const IN_TRANSACTION: &[&str] = &[
+    "find",
+    "getMore",
+    "killCursors",
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "count",
+    "distinct",
+    "aggregate",
+];
+
+pub fn not_in_transaction(what: &str) -> CommandError {
+    CommandError::new(
+        263,
+        "OperationNotSupportedInTransaction",
+        format!("Cannot run {what} in a multi-document transaction."),
+    )
+}
 
 /// Commands a retryable write may be.
 pub const RETRYABLE_WRITES: &[&str] = &[
@@ -213,16 +245,22 @@ fn run_in_open(ctx: &Ctx<'_>, name: &str, cmd: &Document, s: &mut Session) -> Cm
     let TxnState::InProgress { txn, db, .. } = &mut s.state else {
         return Err(CommandError::internal("no open transaction to run in"));
     };
-    if !in_txn::ALLOWED.contains(&name) {
-        return Err(in_txn::not_in_transaction(&format!("'{name}'")));
+    if !IN_TRANSACTION.contains(&name) {
+        return Err(not_in_transaction(&format!("'{name}'")));
     }
     if db != ctx.db {
-        return Err(in_txn::not_in_transaction(&format!(
+        return Err(not_in_transaction(&format!(
             "'{name}' on database '{}' (this transaction is on '{db}'; a duetdb transaction spans one database)",
             ctx.db
         )));
     }
-    in_txn::run(ctx, name, cmd, txn)
+    if cmd.contains_key("$duet") {
+        return Err(not_in_transaction(
+            "a $duet snapshot strategy or named snapshot",
+        ));
+    }
+    super::crud(ctx, name, cmd, &mut Target::Txn(txn))
+        .unwrap_or_else(|| Err(not_in_transaction(&format!("'{name}'"))))
 }
 
 /// `commitTransaction` / `abortTransaction`.

@@ -1,22 +1,40 @@
-//! Write commands: insert, update, delete, findAndModify.
+//! Write commands: insert, update, delete, findAndModify — on the live
+//! database or inside the session's transaction: the same code runs on
+//! either handle through the engine's CRUD surface ([`Crud`]).
 //!
-//! Each statement is one engine command, so each is atomic (an update with
-//! `multi` changes all its matches or none). `ordered` batches stop at the
-//! first failing statement; unordered ones try every statement. Per-statement
-//! failures are reported in `writeErrors` (`index`, `code`, `codeName`,
-//! `errmsg`, and `keyPattern`/`keyValue` for duplicate keys) with `ok: 1`, as
-//! drivers expect; only a malformed command as a whole gets `ok: 0`.
+//! Live, each statement is one engine command, so each is atomic (an update
+//! with `multi` changes all its matches or none); in a transaction it is
+//! buffered until commit. `ordered` batches stop at the first failing
+//! statement; unordered ones try every statement. Per-statement failures are
+//! reported in `writeErrors` (`index`, `code`, `codeName`, `errmsg`, and
+//! `keyPattern`/`keyValue` for duplicate keys) with `ok: 1`, as drivers
+//! expect; a malformed command as a whole gets `ok: 0`, and so does an error
+//! that ends the transaction (a write conflict, an aborted or expired or
+//! too large transaction), so that its labels reach the driver.
+
+use std::sync::atomic::AtomicU64;
 
 use bson::{doc, Bson, Document};
 use duetdb::lang::UpdateSpec;
-use duetdb::{FindAndModifyOptions, ReturnDocument, UpdateOptions};
+use duetdb::{FindAndModifyOptions, ReturnDocument, UpdateOptions, UpdateResult};
 
+use super::source::Target;
 use super::Ctx;
 use crate::args;
 use crate::error::{CmdResult, CommandError};
 use crate::state::OpCounters;
 
-pub(crate) fn check_batch_len(n: usize) -> CmdResult<()> {
+/// A write command's collection, its items (`field`: documents or
+/// statements, 1 to 100 000 of them) and whether the batch is ordered
+/// (MongoDB's default).
+fn batch<'c>(
+    cmd: &'c Document,
+    name: &str,
+    field: &str,
+) -> CmdResult<(&'c str, Vec<&'c Document>, bool)> {
+    let coll = args::collection_name(cmd, name)?;
+    let items = args::doc_array(cmd, field)?;
+    let n = items.len();
     if n == 0 || n > super::handshake::MAX_WRITE_BATCH_SIZE as usize {
         return Err(CommandError::new(
             16,
@@ -24,17 +42,14 @@ pub(crate) fn check_batch_len(n: usize) -> CmdResult<()> {
             format!("Write batch sizes must be between 1 and 100000. Got {n} operations."),
         ));
     }
-    Ok(())
+    let ordered = match cmd.get("ordered") {
+        None => true,
+        Some(_) => args::flag(cmd, "ordered")?,
+    };
+    Ok((coll, items, ordered))
 }
 
-pub(crate) fn ordered(cmd: &Document) -> CmdResult<bool> {
-    match cmd.get("ordered") {
-        None => Ok(true),
-        Some(_) => args::flag(cmd, "ordered"),
-    }
-}
-
-pub(crate) fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Document {
+fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Document {
     let mut d = doc! {"n": n as i32};
     d.extend(extra);
     if !errors.is_empty() {
@@ -44,17 +59,83 @@ pub(crate) fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Documen
     d
 }
 
-pub fn insert(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let name = args::collection_name(cmd, "insert")?;
-    let docs = args::doc_array(cmd, "documents")?;
-    check_batch_len(docs.len())?;
-    let ordered = ordered(cmd)?;
+/// An error that ends the transaction it happened in rather than one
+/// statement (only transactions raise these).
+fn ends_transaction(e: &duetdb::Error) -> bool {
+    matches!(
+        e,
+        duetdb::Error::WriteConflict(_)
+            | duetdb::Error::NoSuchTransaction(_)
+            | duetdb::Error::TransactionExceededLifetimeLimitSeconds(_)
+            | duetdb::Error::TransactionTooLarge(_)
+    )
+}
+
+/// Why one statement failed: an engine error (which may end the
+/// transaction) or a malformed statement.
+enum StmtError {
+    Engine(duetdb::Error),
+    Command(CommandError),
+}
+
+impl From<duetdb::Error> for StmtError {
+    fn from(e: duetdb::Error) -> StmtError {
+        StmtError::Engine(e)
+    }
+}
+
+impl From<CommandError> for StmtError {
+    fn from(e: CommandError) -> StmtError {
+        StmtError::Command(e)
+    }
+}
+
+/// Run each statement of `field` ("updates", "deletes") in order, counted
+/// in `counter`: `run` gets the statement and its query `q`, `done` each
+/// result; returns the `writeErrors`. An ordered batch stops at the first
+/// failure; an error that ends the transaction fails the whole command.
+fn each_statement<T>(
+    stmts: &[&Document],
+    ordered: bool,
+    (field, counter): (&str, &AtomicU64),
+    mut run: impl FnMut(&Document, Document) -> Result<T, StmtError>,
+    mut done: impl FnMut(usize, T),
+) -> CmdResult<Vec<Bson>> {
+    let mut errors = Vec::new();
+    for (i, stmt) in stmts.iter().enumerate() {
+        OpCounters::bump(counter, 1);
+        let mut one = || -> Result<T, StmtError> {
+            refuse_unsupported(stmt, field)?;
+            let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
+            run(stmt, q)
+        };
+        let e = match one() {
+            Ok(v) => {
+                done(i, v);
+                continue;
+            }
+            Err(StmtError::Engine(e)) if ends_transaction(&e) => return Err(e.into()),
+            Err(StmtError::Engine(e)) => CommandError::from(e),
+            Err(StmtError::Command(e)) => e,
+        };
+        errors.push(Bson::Document(e.to_write_error(i)));
+        if ordered {
+            break;
+        }
+    }
+    Ok(errors)
+}
+
+pub fn insert(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
+    let (name, docs, ordered) = batch(cmd, "insert", "documents")?;
     OpCounters::bump(&ctx.state.ops.insert, docs.len() as u64);
-    let coll = ctx.database()?.collection(name);
-    let owned: Vec<Document> = docs.into_iter().cloned().collect();
-    match coll.insert_many(owned, ordered) {
+    let coll = target.collection(ctx, name)?;
+    match coll.insert_many(docs.into_iter().cloned().collect(), ordered) {
         Ok(ids) => Ok(write_reply(ids.len() as i64, Document::new(), vec![])),
         Err(duetdb::Error::BulkWrite(f)) => {
+            if let Some((_, e)) = f.errors.iter().find(|(_, e)| ends_transaction(e)) {
+                return Err(e.clone().into());
+            }
             let errors = f
                 .errors
                 .iter()
@@ -67,7 +148,7 @@ pub fn insert(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 }
 
 /// Parse an update statement's `u` (operators or a replacement).
-pub(crate) fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
+fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
     match u {
         Some(Bson::Document(d)) => Ok(UpdateSpec::parse(d)?),
         Some(Bson::Array(_)) => Err(CommandError::not_supported(
@@ -81,7 +162,7 @@ pub(crate) fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
     }
 }
 
-pub(crate) fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
+fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
     if stmt.contains_key("arrayFilters") {
         return Err(CommandError::not_supported(format!(
             "arrayFilters in {what} are not supported by duetdb yet"
@@ -97,44 +178,27 @@ pub(crate) fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
     Ok(())
 }
 
-pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let name = args::collection_name(cmd, "update")?;
-    let stmts = args::doc_array(cmd, "updates")?;
-    check_batch_len(stmts.len())?;
-    let ordered = ordered(cmd)?;
-    let coll = ctx.database()?.collection(name);
-    let (mut n, mut modified) = (0i64, 0i64);
-    let mut upserted = Vec::new();
-    let mut errors = Vec::new();
-    for (i, stmt) in stmts.iter().enumerate() {
-        OpCounters::bump(&ctx.state.ops.update, 1);
-        let one = || -> CmdResult<duetdb::UpdateResult> {
-            refuse_unsupported(stmt, "updates")?;
-            let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
-            let spec = update_spec(stmt.get("u"))?;
-            let options = UpdateOptions {
-                upsert: args::flag(stmt, "upsert")?,
-                hint: stmt.get("hint").cloned(),
-            };
-            Ok(coll.update_with_spec(q, spec, args::flag(stmt, "multi")?, options)?)
+pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
+    let (name, stmts, ordered) = batch(cmd, "update", "updates")?;
+    let coll = target.collection(ctx, name)?;
+    let one = |stmt: &Document, q| -> Result<UpdateResult, StmtError> {
+        let spec = update_spec(stmt.get("u"))?;
+        let options = UpdateOptions {
+            upsert: args::flag(stmt, "upsert")?,
+            hint: stmt.get("hint").cloned(),
         };
-        match one() {
-            Ok(r) => {
-                n += r.matched as i64;
-                modified += r.modified as i64;
-                if let Some(id) = r.upserted_id {
-                    n += 1;
-                    upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
-                }
-            }
-            Err(e) => {
-                errors.push(Bson::Document(e.to_write_error(i)));
-                if ordered {
-                    break;
-                }
-            }
+        Ok(coll.update_with_spec(q, spec, args::flag(stmt, "multi")?, options)?)
+    };
+    let (mut n, mut modified, mut upserted) = (0i64, 0i64, Vec::new());
+    let counted = ("updates", &ctx.state.ops.update);
+    let errors = each_statement(&stmts, ordered, counted, one, |i, r| {
+        n += r.matched as i64;
+        modified += r.modified as i64;
+        if let Some(id) = r.upserted_id {
+            n += 1;
+            upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
         }
-    }
+    })?;
     let mut extra = doc! {"nModified": modified as i32};
     if !upserted.is_empty() {
         extra.insert("upserted", upserted);
@@ -142,45 +206,29 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(write_reply(n, extra, errors))
 }
 
-pub fn delete(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let name = args::collection_name(cmd, "delete")?;
-    let stmts = args::doc_array(cmd, "deletes")?;
-    check_batch_len(stmts.len())?;
-    let ordered = ordered(cmd)?;
-    let coll = ctx.database()?.collection(name);
-    let mut n = 0i64;
-    let mut errors = Vec::new();
-    for (i, stmt) in stmts.iter().enumerate() {
-        OpCounters::bump(&ctx.state.ops.delete, 1);
-        let one = || -> CmdResult<u64> {
-            refuse_unsupported(stmt, "deletes")?;
-            let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
-            match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
-                0 => Ok(coll.delete_many(q)?),
-                1 => Ok(coll.delete_one(q)?),
-                other => Err(CommandError::new(
-                    9,
-                    "FailedToParse",
-                    format!("The limit field in delete objects must be 0 or 1. Got {other}"),
-                )),
-            }
-        };
-        match one() {
-            Ok(k) => n += k as i64,
-            Err(e) => {
-                errors.push(Bson::Document(e.to_write_error(i)));
-                if ordered {
-                    break;
-                }
-            }
+pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
+    let (name, stmts, ordered) = batch(cmd, "delete", "deletes")?;
+    let coll = target.collection(ctx, name)?;
+    let one = |stmt: &Document, q| -> Result<u64, StmtError> {
+        match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
+            0 => Ok(coll.delete_many(q)?),
+            1 => Ok(coll.delete_one(q)?),
+            other => Err(CommandError::new(
+                9,
+                "FailedToParse",
+                format!("The limit field in delete objects must be 0 or 1. Got {other}"),
+            )
+            .into()),
         }
-    }
+    };
+    let mut n = 0i64;
+    let counted = ("deletes", &ctx.state.ops.delete);
+    let errors = each_statement(&stmts, ordered, counted, one, |_, k| n += k as i64)?;
     Ok(write_reply(n, Document::new(), errors))
 }
 
-/// The arguments of a `findAndModify`, checked (shared by the plain and the
-/// in-transaction command); counts the operation.
-pub(crate) struct FindAndModifyArgs<'a> {
+/// The arguments of a `findAndModify`, checked; counts the operation.
+struct FindAndModifyArgs<'a> {
     pub coll: &'a str,
     pub query: Document,
     pub remove: bool,
@@ -190,7 +238,7 @@ pub(crate) struct FindAndModifyArgs<'a> {
     pub spec: Option<UpdateSpec>,
 }
 
-pub(crate) fn find_and_modify_args<'a>(
+fn find_and_modify_args<'a>(
     ctx: &Ctx<'_>,
     cmd: &'a Document,
     name_field: &str,
@@ -229,7 +277,12 @@ pub(crate) fn find_and_modify_args<'a>(
     })
 }
 
-pub fn find_and_modify(ctx: &Ctx<'_>, cmd: &Document, name_field: &str) -> CmdResult {
+pub fn find_and_modify(
+    ctx: &Ctx<'_>,
+    cmd: &Document,
+    name_field: &str,
+    target: &mut Target<'_>,
+) -> CmdResult {
     let FindAndModifyArgs {
         coll: name,
         query,
@@ -249,7 +302,7 @@ pub fn find_and_modify(ctx: &Ctx<'_>, cmd: &Document, name_field: &str) -> CmdRe
         },
         hint: cmd.get("hint").cloned(),
     };
-    let coll = ctx.database()?.collection(name);
+    let coll = target.collection(ctx, name)?;
     let (value, out) = coll.find_and_modify_with_spec(query, spec, options)?;
     let last_error = if remove {
         doc! {"n": i32::from(out.removed)}

@@ -1,23 +1,26 @@
-//! Live collection handles: CRUD, indexes, counts, distinct, scans. Writes
-//! are parsed and validated here, then applied by the single writer.
+//! Live collection handles: the CRUD surface ([`Crud`], whose primitives
+//! here are one writer command each, parsed and validated before the writer
+//! sees them), indexes, counts, distinct, scans, and how a read under a
+//! requested strategy would run (explain).
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bson::{Bson, Document};
 
+use crate::api::crud::{CheckedModify, CheckedUpdate, Crud, PreparedDoc};
 use crate::api::database::unexpected;
 use crate::api::find::Source;
 use crate::api::snapshot::stats_of;
 use crate::api::*;
-use crate::doc::{self, DocRef};
-use crate::error::BulkWriteFailure;
+use crate::doc::DocRef;
 use crate::error::{Error, Result};
+use crate::query::aggregate::prepare;
 use crate::query::distinct::Distinct;
 use crate::query::planner::{self, Hint};
-use crate::query::{Filter, Projection, SortSpec, UpdateSpec};
+use crate::query::{Filter, SortSpec};
 use crate::snapshot::scan::{self, ScanOutcome};
-use crate::snapshot::{Read, Strategy};
+use crate::snapshot::{choose, Choice, Read, Strategy};
 use crate::store::collection::ID_INDEX_NAME;
 use crate::store::index::IndexSpec;
 use crate::store::DbState;
@@ -25,31 +28,6 @@ use crate::write::command::{
     Command, FindAndModifyCommand, FindAndModifyOutcome, InsertOutcome, Reply, UpdateCommand,
     UpdateResult,
 };
-
-/// Options of an update.
-#[derive(Debug, Clone, Default)]
-pub struct UpdateOptions {
-    pub upsert: bool,
-    pub hint: Option<Bson>,
-}
-
-/// Which version a find-and-modify returns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ReturnDocument {
-    #[default]
-    Before,
-    After,
-}
-
-/// Options of the find-one-and-* operations.
-#[derive(Debug, Clone, Default)]
-pub struct FindAndModifyOptions {
-    pub sort: Option<Document>,
-    pub projection: Option<Document>,
-    pub upsert: bool,
-    pub return_document: ReturnDocument,
-    pub hint: Option<Bson>,
-}
 
 /// Options of index creation.
 #[derive(Debug, Clone, Default)]
@@ -65,6 +43,175 @@ pub struct Collection {
     pub(crate) name: String,
 }
 
+// The CRUD methods callers use most, inherent so that they need no trait in
+// scope; each is [`Crud`]'s (the rest of the surface: `use duetdb::Crud`).
+impl Collection {
+    /// Insert one document; returns its `_id` (generated when absent).
+    pub fn insert_one(&self, doc: Document) -> Result<Bson> {
+        Crud::insert_one(self, doc)
+    }
+
+    /// Insert many documents; see [`Crud::insert_many`].
+    pub fn insert_many(
+        &self,
+        docs: impl IntoIterator<Item = Document>,
+        ordered: bool,
+    ) -> Result<Vec<Bson>> {
+        Crud::insert_many(self, docs.into_iter().collect(), ordered)
+    }
+
+    pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
+        Crud::find_one(self, filter)
+    }
+
+    pub fn update_one(&self, filter: Document, update: Document) -> Result<UpdateResult> {
+        Crud::update_one(self, filter, update)
+    }
+
+    pub fn update_one_with(
+        &self,
+        filter: Document,
+        update: Document,
+        options: UpdateOptions,
+    ) -> Result<UpdateResult> {
+        Crud::update_one_with(self, filter, update, options)
+    }
+
+    pub fn update_many(&self, filter: Document, update: Document) -> Result<UpdateResult> {
+        Crud::update_many(self, filter, update)
+    }
+
+    pub fn replace_one(&self, filter: Document, replacement: Document) -> Result<UpdateResult> {
+        Crud::replace_one(self, filter, replacement)
+    }
+
+    pub fn delete_one(&self, filter: Document) -> Result<u64> {
+        Crud::delete_one(self, filter)
+    }
+
+    pub fn delete_many(&self, filter: Document) -> Result<u64> {
+        Crud::delete_many(self, filter)
+    }
+
+    pub fn find_one_and_update(
+        &self,
+        filter: Document,
+        update: Document,
+        options: FindAndModifyOptions,
+    ) -> Result<Option<Document>> {
+        Crud::find_one_and_update(self, filter, update, options)
+    }
+
+    pub fn find_one_and_replace(
+        &self,
+        filter: Document,
+        replacement: Document,
+        options: FindAndModifyOptions,
+    ) -> Result<Option<Document>> {
+        Crud::find_one_and_replace(self, filter, replacement, options)
+    }
+
+    pub fn find_one_and_delete(
+        &self,
+        filter: Document,
+        options: FindAndModifyOptions,
+    ) -> Result<Option<Document>> {
+        Crud::find_one_and_delete(self, filter, options)
+    }
+}
+
+/// Each primitive is one command for the single writer, so each write is
+/// atomic (a `multi` update changes all its matches or none); reads use the
+/// database's default strategy.
+impl Crud for Collection {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn insert_prepared(&self, docs: Vec<PreparedDoc>, ordered: bool) -> Result<InsertOutcome> {
+        if docs.is_empty() {
+            return Ok(InsertOutcome::default());
+        }
+        match self.db.submit(Command::Insert {
+            coll: self.name.clone(),
+            docs,
+            ordered,
+        }) {
+            Ok(Reply::Inserted(out)) => Ok(out),
+            Ok(other) => Err(unexpected(other)),
+            // The batch as a whole failed (the writer stopped): nothing is
+            // stored, reported at the batch's first document.
+            Err(e) => Ok(InsertOutcome {
+                inserted: vec![],
+                errors: vec![(0, e)],
+            }),
+        }
+    }
+
+    fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
+        let cmd = UpdateCommand {
+            coll: self.name.clone(),
+            filter: Filter::parse(&u.filter)?,
+            filter_doc: u.filter,
+            update: u.spec,
+            multi: u.multi,
+            upsert: u.options.upsert,
+            hint: u.options.hint.as_ref().map(Hint::from_bson).transpose()?,
+        };
+        match self.db.submit(Command::Update(cmd))? {
+            Reply::Updated(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
+        let filter = Filter::parse(&filter)?;
+        match self.db.submit(Command::Delete {
+            coll: self.name.clone(),
+            filter,
+            multi,
+            hint: None,
+        })? {
+            Reply::Deleted(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn modify_first(&self, m: CheckedModify) -> Result<FindAndModifyOutcome> {
+        let o = &m.options;
+        let cmd = FindAndModifyCommand {
+            coll: self.name.clone(),
+            filter: Filter::parse(&m.filter)?,
+            sort: o.sort.as_ref().map(SortSpec::parse).transpose()?,
+            upsert: o.upsert,
+            return_new: o.return_document == ReturnDocument::After,
+            hint: o.hint.as_ref().map(Hint::from_bson).transpose()?,
+            filter_doc: m.filter,
+            update: m.update,
+        };
+        match self.db.submit(Command::FindAndModify(cmd))? {
+            Reply::FoundAndModified(out) => Ok(out),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn find_raw(&self, filter: Document, options: FindOptions) -> Result<Vec<DocRef>> {
+        self.find(filter).options(options).raw()
+    }
+
+    fn count(&self, filter: Document) -> Result<u64> {
+        Collection::count(self, filter)
+    }
+
+    fn distinct(&self, path: &str, filter: Document) -> Result<Vec<Bson>> {
+        Collection::distinct(self, path, filter)
+    }
+
+    fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
+        Collection::aggregate(self, pipeline)
+    }
+}
+
 impl Collection {
     pub fn name(&self) -> &str {
         &self.name
@@ -78,89 +225,6 @@ impl Collection {
         self.db.writer().published()
     }
 
-    /// Insert one document; returns its `_id` (generated when absent).
-    pub fn insert_one(&self, doc: Document) -> Result<Bson> {
-        validate_collection_name(&self.name)?;
-        let prepared = doc::prepare_insert(&doc)?;
-        match self.db.submit(Command::Insert {
-            coll: self.name.clone(),
-            docs: vec![prepared],
-            ordered: true,
-        })? {
-            Reply::Inserted(out) => match (
-                out.inserted.into_iter().next(),
-                out.errors.into_iter().next(),
-            ) {
-                (Some((_, id)), _) => Ok(id),
-                (None, Some((_, e))) => Err(e),
-                (None, None) => Err(Error::Internal("insert reported nothing".into())),
-            },
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Insert many documents. `ordered` stops at the first error (MongoDB's
-    /// default); unordered tries every document. Any error returns
-    /// [`Error::BulkWrite`] listing each failed position; the rest are stored.
-    pub fn insert_many(
-        &self,
-        docs: impl IntoIterator<Item = Document>,
-        ordered: bool,
-    ) -> Result<Vec<Bson>> {
-        validate_collection_name(&self.name)?;
-        let mut prepared = Vec::new();
-        let mut errors: Vec<(usize, Error)> = Vec::new();
-        let mut positions = Vec::new();
-        for (i, d) in docs.into_iter().enumerate() {
-            match doc::prepare_insert(&d) {
-                Ok(p) => {
-                    prepared.push(p);
-                    positions.push(i);
-                }
-                Err(e) => {
-                    errors.push((i, e));
-                    if ordered {
-                        break;
-                    }
-                }
-            }
-        }
-        let mut ids = Vec::new();
-        if !prepared.is_empty() {
-            let out = match self.db.submit(Command::Insert {
-                coll: self.name.clone(),
-                docs: prepared,
-                ordered,
-            }) {
-                Ok(Reply::Inserted(out)) => out,
-                Ok(other) => return Err(unexpected(other)),
-                Err(e) => InsertOutcome {
-                    inserted: vec![],
-                    errors: vec![(0, e)],
-                },
-            };
-            ids = out.inserted.iter().map(|(_, id)| id.clone()).collect();
-            errors.extend(
-                out.errors
-                    .into_iter()
-                    .map(|(i, e)| (positions.get(i).copied().unwrap_or(i), e)),
-            );
-        }
-        errors.sort_by_key(|(i, _)| *i);
-        if ordered {
-            // Stop reporting at the first failure, as an ordered batch stops there.
-            errors.truncate(1);
-        }
-        if errors.is_empty() {
-            Ok(ids)
-        } else {
-            Err(Error::BulkWrite(Box::new(BulkWriteFailure {
-                inserted: ids.len(),
-                errors,
-            })))
-        }
-    }
-
     pub fn find(&self, filter: Document) -> Find {
         Find {
             source: Source::Latest(self.db.clone()),
@@ -169,10 +233,6 @@ impl Collection {
             options: Default::default(),
             strategy: None,
         }
-    }
-
-    pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
-        Ok(self.find(filter).limit(1).run()?.pop())
     }
 
     /// The stored document with `_id == id` at the latest commit: the point-read
@@ -268,202 +328,60 @@ impl Collection {
         Ok((d.finish()?, outcome))
     }
 
-    fn update_cmd(
-        &self,
-        filter: Document,
-        update: UpdateSpec,
-        multi: bool,
-        options: UpdateOptions,
-    ) -> Result<UpdateResult> {
-        validate_collection_name(&self.name)?;
-        let cmd = UpdateCommand {
-            coll: self.name.clone(),
-            filter: Filter::parse(&filter)?,
-            filter_doc: filter,
-            update,
-            multi,
-            upsert: options.upsert,
-            hint: options.hint.as_ref().map(Hint::from_bson).transpose()?,
+    /// How [`Collection::count_with`] would run: the plan of `filter` and the
+    /// strategy [`choose`] picks for a count (explain's `strategy`,
+    /// `strategyReason`), without running it.
+    pub fn explain_count(&self, filter: Document, strategy: Strategy) -> Result<Document> {
+        let read = Read::Count {
+            match_all: Filter::parse(&filter)?.is_match_all(),
         };
-        match self.db.submit(Command::Update(cmd))? {
-            Reply::Updated(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        let choice = self.choice(&filter, read, strategy)?;
+        let plan = self.find(filter).snapshot(strategy).explain()?;
+        Ok(with_choice(plan, strategy, choice))
     }
 
-    /// Parse an update that must use operators (`update_one`/`update_many`).
-    pub(crate) fn operators(update: &Document) -> Result<UpdateSpec> {
-        let spec = UpdateSpec::parse(update)?;
-        if spec.is_replacement() {
-            return Err(Error::bad_value(
-                "update document requires atomic operators",
-            ));
-        }
-        Ok(spec)
+    /// How [`Collection::distinct_with`] would run (see
+    /// [`Collection::explain_count`]).
+    pub fn explain_distinct(&self, filter: Document, strategy: Strategy) -> Result<Document> {
+        let read = Read::Count { match_all: false };
+        let choice = self.choice(&filter, read, strategy)?;
+        let plan = self.find(filter).snapshot(strategy).explain()?;
+        Ok(with_choice(plan, strategy, choice))
     }
 
-    /// Parse a replacement document (`replace_one`).
-    pub(crate) fn replacement(doc: &Document) -> Result<UpdateSpec> {
-        let spec = UpdateSpec::parse(doc)?;
-        if !spec.is_replacement() {
-            return Err(Error::bad_value(
-                "replacement document must not contain atomic operators",
-            ));
-        }
-        Ok(spec)
-    }
-
-    pub fn update_one(&self, filter: Document, update: Document) -> Result<UpdateResult> {
-        self.update_one_with(filter, update, UpdateOptions::default())
-    }
-
-    pub fn update_one_with(
+    /// How [`Collection::aggregate_with`] would run `pipeline` under
+    /// `strategy`: the split and plan of [`Collection::explain_aggregate`],
+    /// with the strategy [`choose`] picks for this request (an `olcp`
+    /// request on an order-dependent pipeline runs as `vls`, and says why).
+    pub fn explain_aggregate_with(
         &self,
-        filter: Document,
-        update: Document,
-        options: UpdateOptions,
-    ) -> Result<UpdateResult> {
-        self.update_cmd(filter, Self::operators(&update)?, false, options)
-    }
-
-    pub fn update_many(&self, filter: Document, update: Document) -> Result<UpdateResult> {
-        self.update_many_with(filter, update, UpdateOptions::default())
-    }
-
-    pub fn update_many_with(
-        &self,
-        filter: Document,
-        update: Document,
-        options: UpdateOptions,
-    ) -> Result<UpdateResult> {
-        self.update_cmd(filter, Self::operators(&update)?, true, options)
-    }
-
-    pub fn replace_one(&self, filter: Document, replacement: Document) -> Result<UpdateResult> {
-        self.replace_one_with(filter, replacement, UpdateOptions::default())
-    }
-
-    pub fn replace_one_with(
-        &self,
-        filter: Document,
-        replacement: Document,
-        options: UpdateOptions,
-    ) -> Result<UpdateResult> {
-        self.update_cmd(filter, Self::replacement(&replacement)?, false, options)
-    }
-
-    /// Update (or replace) with an already-parsed spec: the server's `update` command.
-    pub fn update_with_spec(
-        &self,
-        filter: Document,
-        update: UpdateSpec,
-        multi: bool,
-        options: UpdateOptions,
-    ) -> Result<UpdateResult> {
-        if multi && update.is_replacement() {
-            return Err(Error::bad_value(
-                "multi update is not supported for replacement-style update",
-            ));
-        }
-        self.update_cmd(filter, update, multi, options)
-    }
-
-    fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
-        let filter = Filter::parse(&filter)?;
-        match self.db.submit(Command::Delete {
-            coll: self.name.clone(),
-            filter,
-            multi,
-            hint: None,
-        })? {
-            Reply::Deleted(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    pub fn delete_one(&self, filter: Document) -> Result<u64> {
-        self.delete(filter, false)
-    }
-
-    pub fn delete_many(&self, filter: Document) -> Result<u64> {
-        self.delete(filter, true)
-    }
-
-    fn find_and_modify(
-        &self,
-        filter: Document,
-        update: Option<UpdateSpec>,
-        options: FindAndModifyOptions,
-    ) -> Result<(Option<Document>, FindAndModifyOutcome)> {
-        validate_collection_name(&self.name)?;
-        let projection = options
-            .projection
-            .as_ref()
-            .filter(|p| !p.is_empty())
-            .map(Projection::parse)
-            .transpose()?;
-        let cmd = FindAndModifyCommand {
-            coll: self.name.clone(),
-            filter: Filter::parse(&filter)?,
-            filter_doc: filter,
-            sort: options.sort.as_ref().map(SortSpec::parse).transpose()?,
-            update,
-            upsert: options.upsert,
-            return_new: options.return_document == ReturnDocument::After,
-            hint: options.hint.as_ref().map(Hint::from_bson).transpose()?,
+        pipeline: Vec<Document>,
+        strategy: Strategy,
+    ) -> Result<Document> {
+        let p = prepare(&pipeline)?;
+        // As `aggregate_with` classifies the read: arrival order cannot matter
+        // when the scan part is commutative and nothing stops it early.
+        let read = Read::Aggregate {
+            commutative: p.eligible && p.stop_after.is_none(),
         };
-        let out = match self.db.submit(Command::FindAndModify(cmd))? {
-            Reply::FoundAndModified(out) => out,
-            other => return Err(unexpected(other)),
-        };
-        let doc = match &out.doc {
-            Some(d) => Some(match &projection {
-                Some(p) => p.apply(d)?,
-                None => doc::to_document(d)?,
-            }),
+        let choice = self.choice(&p.filter, read, strategy)?;
+        Ok(with_choice(
+            self.explain_aggregate(pipeline)?,
+            strategy,
+            choice,
+        ))
+    }
+
+    /// The strategy a read of `filter` of kind `read` runs under when
+    /// `requested`: [`choose`] with the plan on the latest state.
+    fn choice(&self, filter: &Document, read: Read, requested: Strategy) -> Result<Choice> {
+        let filter = Filter::parse(filter)?;
+        let state = self.state();
+        let plan = match state.collection(&self.name) {
+            Some(c) => Some(planner::plan(c, &filter, None, None)?),
             None => None,
         };
-        Ok((doc, out))
-    }
-
-    pub fn find_one_and_update(
-        &self,
-        filter: Document,
-        update: Document,
-        options: FindAndModifyOptions,
-    ) -> Result<Option<Document>> {
-        Ok(self
-            .find_and_modify(filter, Some(Self::operators(&update)?), options)?
-            .0)
-    }
-
-    pub fn find_one_and_replace(
-        &self,
-        filter: Document,
-        replacement: Document,
-        options: FindAndModifyOptions,
-    ) -> Result<Option<Document>> {
-        Ok(self
-            .find_and_modify(filter, Some(Self::replacement(&replacement)?), options)?
-            .0)
-    }
-
-    pub fn find_one_and_delete(
-        &self,
-        filter: Document,
-        options: FindAndModifyOptions,
-    ) -> Result<Option<Document>> {
-        Ok(self.find_and_modify(filter, None, options)?.0)
-    }
-
-    /// The general findAndModify (the server's command): document plus outcome.
-    pub fn find_and_modify_with_spec(
-        &self,
-        filter: Document,
-        update: Option<UpdateSpec>,
-        options: FindAndModifyOptions,
-    ) -> Result<(Option<Document>, FindAndModifyOutcome)> {
-        self.find_and_modify(filter, update, options)
+        Ok(choose(requested, read, plan.as_ref()))
     }
 
     /// Create an index (built over existing documents); returns its name.
@@ -525,4 +443,12 @@ impl Collection {
             None => Ok(()),
         }
     }
+}
+
+/// An explain document reporting `choice` for a `requested` strategy.
+fn with_choice(mut explain: Document, requested: Strategy, choice: Choice) -> Document {
+    explain.insert("strategy", choice.strategy.name());
+    explain.insert("strategyReason", choice.reason);
+    explain.insert("requestedStrategy", requested.name());
+    explain
 }

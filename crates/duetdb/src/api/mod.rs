@@ -1,10 +1,13 @@
 //! The public API: `Database`, `Collection`, `Find`, `Snapshot`,
-//! `Transaction`, `Engine`. Every `impl` block of an API type lives here; the
-//! layers below know nothing of these types. Layer 8: may use every layer below.
+//! `Transaction`, `Engine`, and `Crud`, the one CRUD surface of a live
+//! collection and of a transaction's view of one. Every `impl` block of an
+//! API type lives here; the layers below know nothing of these types.
+//! Layer 8: may use every layer below.
 
 pub mod aggregate;
 pub mod analytics;
 pub mod collection;
+pub mod crud;
 pub mod database;
 pub mod engine;
 pub mod find;
@@ -15,11 +18,10 @@ pub mod transaction;
 
 pub use aggregate::AggregateExplain;
 pub use analytics::{AnalyticCollection, AnalyticSession};
-pub use collection::{
-    Collection, FindAndModifyOptions, IndexOptions, ReturnDocument, UpdateOptions,
-};
+pub use collection::{Collection, IndexOptions};
+pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
 pub use engine::Engine;
 pub use find::{Find, FindOptions, FindOutcome};
 pub use snapshot::{Snapshot, SnapshotCollection};
-pub use transaction::Transaction;
+pub use transaction::{Transaction, TxnCollection};

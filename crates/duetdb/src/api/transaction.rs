@@ -1,23 +1,32 @@
 //! The transaction handle ([`Transaction`]: snapshot, private write buffer,
-//! read records) and the retry loop ([`Database::transaction`]). The commit
-//! protocol and its invariants are in `crate::txn`; `commit` hands the buffer
-//! to the writer as one boundary step.
+//! read records), its per-collection view ([`TxnCollection`], which
+//! implements the CRUD surface [`Crud`] like a live collection does) and the
+//! retry loop ([`Database::transaction`]). The commit protocol and its
+//! invariants are in `crate::txn`; `commit` hands the buffer to the writer as
+//! one boundary step.
+//!
+//! Invariants: a transaction reads its snapshot overlaid with its own
+//! buffered writes (read-your-writes); nothing reaches stored data before
+//! `commit`; every operation first checks that the transaction is still
+//! active (not aborted, within its lifetime); a refused write (too large, a
+//! duplicate `_id`, a failing update) leaves the buffer as it was.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::raw::RawDocumentBuf;
 use bson::{Bson, DateTime, Document, RawBson};
 
-use crate::api::{validate_collection_name, Collection, Database, FindOptions, UpdateOptions};
+use crate::api::crud::{self, CheckedModify, CheckedUpdate, Crud, PreparedDoc};
+use crate::api::{Database, FindOptions, ReturnDocument};
 use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
+use crate::query::distinct::Distinct;
 use crate::query::planner;
 use crate::query::update::upsert_seed;
-use crate::query::{ApplyContext, Filter, Projection, SortSpec, UpdateSpec};
+use crate::query::{ApplyContext, Filter, Pipeline, SortSpec, UpdateSpec};
 use crate::store::collection::ID_INDEX_NAME;
 use crate::store::heap::RecordId;
 use crate::store::index::ValueKey;
@@ -26,7 +35,7 @@ use crate::txn::{
     apply_commit, CommitInfo, CommitOutcome, Isolation, Pending, PointRead, PredicateRead,
     TxnCommit, TxnOptions, WriteSet, MAX_TXN_BYTES, MAX_TXN_DOCS,
 };
-use crate::write::command::{updated_version, UpdateResult};
+use crate::write::command::{updated_version, FindAndModifyOutcome, InsertOutcome, UpdateResult};
 
 #[derive(Debug, Clone)]
 enum TxnState {
@@ -260,68 +269,82 @@ impl Transaction {
         Ok(self.read_point(coll, &ValueKey(id)))
     }
 
-    /// Matching documents (snapshot + own writes), unordered.
-    pub fn find(&mut self, coll: &str, filter: Document) -> Result<Vec<Document>> {
-        self.find_with(coll, filter, FindOptions::default())
+    /// This transaction's view of collection `coll`, with the whole CRUD
+    /// surface ([`Crud`]).
+    pub fn collection(&mut self, coll: &str) -> TxnCollection<'_> {
+        TxnCollection {
+            txn: RefCell::new(self),
+            name: coll.to_string(),
+        }
     }
 
-    /// Matching documents with sort, skip, limit and projection (`hint` is
-    /// ignored: a transaction's read is planned on its snapshot). Under
-    /// serializable the whole filter is validated at commit, not only the
-    /// documents a limit kept: conservative, never unsound.
+    // The common operations by collection name (each is [`Crud`]'s on
+    // [`Transaction::collection`]).
+
+    /// Matching documents (snapshot + own writes), unordered.
+    pub fn find(&mut self, coll: &str, filter: Document) -> Result<Vec<Document>> {
+        self.collection(coll)
+            .find_with(filter, FindOptions::default())
+    }
+
+    /// Matching documents with sort, skip, limit and projection (see
+    /// [`TxnCollection`] for `hint` and serializable reads).
     pub fn find_with(
         &mut self,
         coll: &str,
         filter: Document,
         options: FindOptions,
     ) -> Result<Vec<Document>> {
-        self.check_active()?;
-        let parsed = Filter::parse(&filter)?;
-        let sort = options
-            .sort
-            .as_ref()
-            .map(SortSpec::parse)
-            .transpose()?
-            .filter(|s| !s.is_empty());
-        let projection = options
-            .projection
-            .as_ref()
-            .filter(|p| !p.is_empty())
-            .map(Projection::parse)
-            .transpose()?;
-        let mut docs = self.matching(coll, &parsed)?;
-        if let Some(sort) = &sort {
-            let mut keyed: Vec<_> = docs.into_iter().map(|d| (sort.sort_key(&d), d)).collect();
-            keyed.sort_by(|(a, _), (b, _)| sort.compare_keys(a, b));
-            docs = keyed.into_iter().map(|(_, d)| d).collect();
-        }
-        let skip = usize::try_from(options.skip)
-            .unwrap_or(usize::MAX)
-            .min(docs.len());
-        docs.drain(..skip);
-        if options.limit > 0 {
-            docs.truncate(usize::try_from(options.limit).unwrap_or(usize::MAX));
-        }
-        docs.iter()
-            .map(|d| match &projection {
-                Some(p) => p.apply(d),
-                None => doc::to_document(d),
-            })
-            .collect()
+        self.collection(coll).find_with(filter, options)
     }
 
     pub fn find_one(&mut self, coll: &str, filter: Document) -> Result<Option<Document>> {
-        let options = FindOptions {
-            limit: 1,
-            ..Default::default()
-        };
-        Ok(self.find_with(coll, filter, options)?.pop())
+        self.collection(coll).find_one(filter)
     }
 
     pub fn count(&mut self, coll: &str, filter: Document) -> Result<u64> {
-        self.check_active()?;
-        let parsed = Filter::parse(&filter)?;
-        Ok(self.matching(coll, &parsed)?.len() as u64)
+        Crud::count(&self.collection(coll), filter)
+    }
+
+    /// Insert one document (`_id` generated when absent); returns its `_id`.
+    /// A `_id` this transaction already sees fails at once with DuplicateKey.
+    pub fn insert_one(&mut self, coll: &str, document: Document) -> Result<Bson> {
+        self.collection(coll).insert_one(document)
+    }
+
+    pub fn update_one(
+        &mut self,
+        coll: &str,
+        filter: Document,
+        update: Document,
+    ) -> Result<UpdateResult> {
+        self.collection(coll).update_one(filter, update)
+    }
+
+    pub fn update_many(
+        &mut self,
+        coll: &str,
+        filter: Document,
+        update: Document,
+    ) -> Result<UpdateResult> {
+        self.collection(coll).update_many(filter, update)
+    }
+
+    pub fn replace_one(
+        &mut self,
+        coll: &str,
+        filter: Document,
+        replacement: Document,
+    ) -> Result<UpdateResult> {
+        self.collection(coll).replace_one(filter, replacement)
+    }
+
+    pub fn delete_one(&mut self, coll: &str, filter: Document) -> Result<u64> {
+        self.collection(coll).delete_one(filter)
+    }
+
+    pub fn delete_many(&mut self, coll: &str, filter: Document) -> Result<u64> {
+        self.collection(coll).delete_many(filter)
     }
 
     /// Buffer `new` as the final version of `id` (`None` deletes). Checks the
@@ -352,105 +375,88 @@ impl Transaction {
         Ok(())
     }
 
-    /// Insert one document (`_id` generated when absent); returns its `_id`.
-    /// A `_id` this transaction already sees fails at once with DuplicateKey.
-    pub fn insert_one(&mut self, coll: &str, document: Document) -> Result<Bson> {
-        self.check_active()?;
-        validate_collection_name(coll)?;
-        let (raw, id) = doc::prepare_insert(&document)?;
-        self.insert_prepared(coll, raw, id)
-    }
-
-    fn insert_prepared(&mut self, coll: &str, raw: RawDocumentBuf, id: RawBson) -> Result<Bson> {
+    /// Buffer a new document whose `_id` is `id`; a `_id` this transaction
+    /// already sees fails with DuplicateKey.
+    fn insert_stored(&mut self, coll: &str, stored: DocRef, id: RawBson) -> Result<Bson> {
         let key = ValueKey(id.clone());
         let id_bson = Bson::try_from(id).unwrap_or(Bson::Null);
         if self.read_point(coll, &key).is_some() {
             return Err(dup_id_error(&self.snapshot, coll, &id_bson));
         }
-        self.buffer(coll, key, Some(Arc::new(raw)))?;
+        self.buffer(coll, key, Some(stored))?;
         Ok(id_bson)
     }
 
-    pub fn update_one(
+    /// Buffer the document an upsert of `filter` with `update` creates;
+    /// returns its `_id` and the buffered version.
+    fn upsert(
         &mut self,
         coll: &str,
-        filter: Document,
-        update: Document,
-    ) -> Result<UpdateResult> {
-        let spec = Collection::operators(&update)?;
-        self.update_with(coll, filter, spec, false, UpdateOptions::default())
+        filter: &Document,
+        update: &UpdateSpec,
+    ) -> Result<(Bson, DocRef)> {
+        let seed = upsert_seed(filter)?;
+        let context = ApplyContext {
+            is_upsert_insert: true,
+            now: DateTime::now(),
+        };
+        let (raw, id) = doc::prepare_insert(&update.apply(&seed, &context)?)?;
+        let stored = Arc::new(raw);
+        let id = self.insert_stored(coll, stored.clone(), id)?;
+        Ok((id, stored))
     }
 
-    pub fn update_many(
+    /// Matching documents with sort, skip and limit (unprojected).
+    fn find_in(
         &mut self,
         coll: &str,
-        filter: Document,
-        update: Document,
-    ) -> Result<UpdateResult> {
-        let spec = Collection::operators(&update)?;
-        self.update_with(coll, filter, spec, true, UpdateOptions::default())
+        filter: &Document,
+        options: &FindOptions,
+    ) -> Result<Vec<DocRef>> {
+        self.check_active()?;
+        let parsed = Filter::parse(filter)?;
+        let sort = options
+            .sort
+            .as_ref()
+            .map(SortSpec::parse)
+            .transpose()?
+            .filter(|s| !s.is_empty());
+        let docs = self.matching(coll, &parsed)?;
+        Ok(crud::page(docs, sort.as_ref(), options.skip, options.limit))
     }
 
-    pub fn replace_one(
+    /// Update (or replace, or upsert) with a checked spec. All new versions
+    /// are computed before any is buffered, so a failing update changes nothing.
+    fn update_in(
         &mut self,
         coll: &str,
         filter: Document,
-        replacement: Document,
-    ) -> Result<UpdateResult> {
-        let spec = Collection::replacement(&replacement)?;
-        self.update_with(coll, filter, spec, false, UpdateOptions::default())
-    }
-
-    /// Update (or replace, or upsert) with a parsed spec: what the server's
-    /// `update` command inside a session calls. All new versions are computed
-    /// before any is buffered, so a failing update changes nothing.
-    pub fn update_with(
-        &mut self,
-        coll: &str,
-        filter: Document,
-        update: UpdateSpec,
+        update: &UpdateSpec,
         multi: bool,
-        options: UpdateOptions,
+        upsert: bool,
     ) -> Result<UpdateResult> {
         self.check_active()?;
-        validate_collection_name(coll)?;
-        if multi && update.is_replacement() {
-            return Err(Error::bad_value(
-                "multi update is not supported for replacement-style update",
-            ));
-        }
         let parsed = Filter::parse(&filter)?;
         let mut found = self.matching(coll, &parsed)?;
         if !multi {
             found.truncate(1);
         }
-        let now = DateTime::now();
         if found.is_empty() {
-            if !options.upsert {
+            if !upsert {
                 return Ok(UpdateResult::default());
             }
-            let seed = upsert_seed(&filter)?;
-            let new_doc = update.apply(
-                &seed,
-                &ApplyContext {
-                    is_upsert_insert: true,
-                    now,
-                },
-            )?;
-            let (raw, id) = doc::prepare_insert(&new_doc)?;
-            let id = self.insert_prepared(coll, raw, id)?;
+            let (id, _) = self.upsert(coll, &filter, update)?;
             return Ok(UpdateResult {
                 matched: 0,
                 modified: 0,
                 upserted_id: Some(id),
             });
         }
+        let now = DateTime::now();
         let mut changes = Vec::new();
         for old in &found {
-            if let Some(new) = updated_version(old, &update, now)? {
-                let id = doc::id_of(old)
-                    .ok_or_else(|| Error::Internal("stored document without _id".into()))?;
-                changes.push((ValueKey(id.into()), Arc::new(new)));
+            if let Some(new) = updated_version(old, update, now)? {
+                changes.push((id_key(old)?, Arc::new(new)));
             }
         }
         let modified = changes.len() as u64;
@@ -464,15 +470,7 @@ impl Transaction {
         })
     }
 
-    pub fn delete_one(&mut self, coll: &str, filter: Document) -> Result<u64> {
-        self.delete(coll, filter, false)
-    }
-
-    pub fn delete_many(&mut self, coll: &str, filter: Document) -> Result<u64> {
-        self.delete(coll, filter, true)
-    }
-
-    fn delete(&mut self, coll: &str, filter: Document, multi: bool) -> Result<u64> {
+    fn delete_in(&mut self, coll: &str, filter: Document, multi: bool) -> Result<u64> {
         self.check_active()?;
         let parsed = Filter::parse(&filter)?;
         let mut found = self.matching(coll, &parsed)?;
@@ -480,11 +478,69 @@ impl Transaction {
             found.truncate(1);
         }
         for d in &found {
-            let id = doc::id_of(d)
-                .ok_or_else(|| Error::Internal("stored document without _id".into()))?;
-            self.buffer(coll, ValueKey(id.into()), None)?;
+            self.buffer(coll, id_key(d)?, None)?;
         }
         Ok(found.len() as u64)
+    }
+
+    /// findAndModify as the first match (in `options.sort` order) updated or
+    /// deleted in the buffer, or an upsert: as atomic as the rest of the
+    /// transaction. `hint` is ignored (the read is planned on the snapshot).
+    fn modify_first_in(&mut self, coll: &str, m: CheckedModify) -> Result<FindAndModifyOutcome> {
+        let CheckedModify {
+            filter,
+            update,
+            options,
+        } = m;
+        let first = FindOptions {
+            sort: options.sort.clone(),
+            limit: 1,
+            ..Default::default()
+        };
+        let after = options.return_document == ReturnDocument::After;
+        let Some(old) = self.find_in(coll, &filter, &first)?.pop() else {
+            let Some(update) = update.filter(|_| options.upsert) else {
+                return Ok(FindAndModifyOutcome::default());
+            };
+            let (id, stored) = self.upsert(coll, &filter, &update)?;
+            return Ok(FindAndModifyOutcome {
+                doc: after.then_some(stored),
+                update: UpdateResult {
+                    upserted_id: Some(id),
+                    ..Default::default()
+                },
+                removed: false,
+            });
+        };
+        let key = id_key(&old)?;
+        let Some(update) = update else {
+            self.buffer(coll, key, None)?;
+            return Ok(FindAndModifyOutcome {
+                doc: Some(old),
+                update: UpdateResult {
+                    matched: 1,
+                    ..Default::default()
+                },
+                removed: true,
+            });
+        };
+        let new = updated_version(&old, &update, DateTime::now())?.map(Arc::new);
+        if let Some(n) = &new {
+            self.buffer(coll, key, Some(n.clone()))?;
+        }
+        let modified = u64::from(new.is_some());
+        Ok(FindAndModifyOutcome {
+            doc: Some(match new {
+                Some(n) if after => n,
+                _ => old,
+            }),
+            update: UpdateResult {
+                matched: 1,
+                modified,
+                upserted_id: None,
+            },
+            removed: false,
+        })
     }
 
     /// Validate and apply every buffered write at one csn through the writer.
@@ -541,4 +597,113 @@ fn dup_id_error(state: &DbState, coll: &str, id: &Bson) -> Error {
         key: format!("{{ _id: {} }}", crate::error::render(id)),
         key_value,
     }))
+}
+
+/// The `_id` of a stored document as an index key.
+fn id_key(d: &DocRef) -> Result<ValueKey> {
+    let id = doc::id_of(d).ok_or_else(|| Error::Internal("stored document without _id".into()))?;
+    Ok(ValueKey(id.into()))
+}
+
+/// One collection as a transaction sees it (its snapshot overlaid with its
+/// own buffered writes), with the CRUD surface of a live collection
+/// ([`Crud`]): what `Transaction::collection` returns.
+///
+/// Differences from a live collection, all because the transaction reads one
+/// snapshot: `hint` is ignored (the read is planned on the snapshot); under
+/// serializable isolation a read records its whole filter for validation at
+/// commit, not only the documents a limit kept (conservative, never unsound);
+/// writes are buffered until commit, so a write error never changes stored
+/// data.
+pub struct TxnCollection<'t> {
+    // The trait's methods take `&self`, as a live collection's do; each
+    // primitive borrows the transaction for its own duration only and never
+    // calls another, so the borrow cannot fail in practice.
+    txn: RefCell<&'t mut Transaction>,
+    name: String,
+}
+
+impl std::fmt::Debug for TxnCollection<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnCollection")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'t> TxnCollection<'t> {
+    fn txn(&self) -> Result<RefMut<'_, &'t mut Transaction>> {
+        self.txn
+            .try_borrow_mut()
+            .map_err(|_| Error::Internal("transaction collection used re-entrantly".into()))
+    }
+}
+
+impl Crud for TxnCollection<'_> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn insert_prepared(&self, docs: Vec<PreparedDoc>, ordered: bool) -> Result<InsertOutcome> {
+        let mut txn = self.txn()?;
+        txn.check_active()?;
+        let mut out = InsertOutcome::default();
+        for (i, (raw, id)) in docs.into_iter().enumerate() {
+            match txn.insert_stored(&self.name, Arc::new(raw), id) {
+                Ok(id) => out.inserted.push((i, id)),
+                Err(e) => {
+                    out.errors.push((i, e));
+                    if ordered {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
+        let upsert = u.options.upsert;
+        self.txn()?
+            .update_in(&self.name, u.filter, &u.spec, u.multi, upsert)
+    }
+
+    fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
+        self.txn()?.delete_in(&self.name, filter, multi)
+    }
+
+    fn modify_first(&self, m: CheckedModify) -> Result<FindAndModifyOutcome> {
+        self.txn()?.modify_first_in(&self.name, m)
+    }
+
+    fn find_raw(&self, filter: Document, options: FindOptions) -> Result<Vec<DocRef>> {
+        self.txn()?.find_in(&self.name, &filter, &options)
+    }
+
+    fn count(&self, filter: Document) -> Result<u64> {
+        let mut txn = self.txn()?;
+        txn.check_active()?;
+        Ok(txn.matching(&self.name, &Filter::parse(&filter)?)?.len() as u64)
+    }
+
+    fn distinct(&self, path: &str, filter: Document) -> Result<Vec<Bson>> {
+        let mut d = Distinct::new(path)?;
+        for doc in self.find_raw(filter, FindOptions::default())? {
+            d.feed(&doc);
+        }
+        d.finish()
+    }
+
+    /// The pipeline's leading `$match` selects what the transaction reads;
+    /// the whole pipeline (that `$match` again included, harmlessly) then
+    /// runs on it.
+    fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
+        let scan = Pipeline::parse(&pipeline)?.split().scan_filter;
+        let input = self
+            .find_raw(scan.unwrap_or_default(), FindOptions::default())?
+            .iter()
+            .map(|d| doc::to_document(d))
+            .collect::<Result<Vec<_>>>()?;
+        Pipeline::parse(&pipeline)?.run_on(input)
+    }
 }

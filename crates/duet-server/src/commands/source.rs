@@ -1,0 +1,251 @@
+//! Where a CRUD command runs and reads: [`Target`] (the live database, or
+//! the session's open transaction) and [`ReadSource`], the one read path of
+//! find, count, distinct, aggregate and explain.
+//!
+//! [`read_source`] decides, in this order:
+//! 1. inside a transaction: the transaction (its snapshot overlaid with its
+//!    own writes; `txn.rs` has already refused any `$duet` option, 263);
+//! 2. `$duet: {snapshot: <none|vls|cow|olcp|auto>}`: the live collection
+//!    under that strategy, resolved by the engine's one chooser (`auto` by
+//!    plan; `olcp` on an order-dependent pipeline runs as `vls`). Refused
+//!    with `readConcern.atClusterTime`, which names a held state;
+//! 3. otherwise a held snapshot with its cluster time: the named one
+//!    (`$duet.snapshotName`), the one read concern `snapshot` resolves
+//!    (reported as `atClusterTime`), or the latest published root — the
+//!    default read, `cow` by construction.
+//!
+//! Invariants: a command reads exactly one source; live reads are counted
+//! by the engine under the strategy that ran (`serverStatus.duet.reads`),
+//! held reads are not; explain reports what the same command would run.
+
+use bson::{Bson, Document, Timestamp};
+use duetdb::raw::DocRef;
+use duetdb::{
+    Collection, Crud, Snapshot, SnapshotCollection, Strategy, Transaction, TxnCollection,
+};
+
+use super::read::FindPlan;
+use super::{duet_strategy, read_concern, Ctx, ReadConcern};
+use crate::error::{CmdResult, CommandError};
+
+/// Where a CRUD command's reads and writes go.
+pub enum Target<'t> {
+    /// The live database: each write is one atomic engine command.
+    Live,
+    /// The session's open transaction: writes are buffered until commit.
+    Txn(&'t mut Transaction),
+}
+
+impl Target<'_> {
+    pub fn in_transaction(&self) -> bool {
+        matches!(self, Target::Txn(_))
+    }
+
+    /// The handle a write command runs its statements on.
+    pub fn collection<'s>(
+        &'s mut self,
+        ctx: &Ctx<'_>,
+        name: &str,
+    ) -> CmdResult<Box<dyn Crud + 's>> {
+        Ok(match self {
+            Target::Live => Box::new(ctx.database()?.collection(name)),
+            Target::Txn(txn) => Box::new(txn.collection(name)),
+        })
+    }
+}
+
+/// What one read command reads (see the module documentation).
+pub enum ReadSource<'s> {
+    Live {
+        coll: Collection,
+        strategy: Strategy,
+    },
+    Held {
+        coll: SnapshotCollection,
+        snap: Snapshot,
+        /// Reported as `atClusterTime` (read concern snapshot, named snapshots).
+        at: Option<Timestamp>,
+    },
+    Txn(TxnCollection<'s>),
+}
+
+/// What an explain describes.
+pub enum Explained<'a> {
+    Find(&'a FindPlan),
+    Count(Document),
+    Distinct(Document),
+    Aggregate(Vec<Document>),
+}
+
+/// The source command `cmd` reads collection `coll` from.
+pub fn read_source<'s>(
+    ctx: &Ctx<'_>,
+    cmd: &Document,
+    coll: &str,
+    target: &'s mut Target<'_>,
+) -> CmdResult<ReadSource<'s>> {
+    if let Target::Txn(txn) = target {
+        return Ok(ReadSource::Txn(txn.collection(coll)));
+    }
+    let db = ctx.database()?;
+    if let Some(strategy) = duet_strategy(cmd)? {
+        if cmd
+            .get_document("readConcern")
+            .is_ok_and(|rc| rc.contains_key("atClusterTime"))
+        {
+            return Err(CommandError::bad_value(
+                "$duet.snapshot cannot be combined with readConcern.atClusterTime",
+            ));
+        }
+        return Ok(ReadSource::Live {
+            coll: db.collection(coll),
+            strategy,
+        });
+    }
+    let named = crate::args::opt_doc(cmd, "$duet")?.and_then(|d| d.get_str("snapshotName").ok());
+    let (snap, at) = match (named, read_concern(cmd)?) {
+        (Some(_), ReadConcern::Snapshot(_)) => {
+            return Err(CommandError::bad_value(
+                "$duet.snapshotName cannot be combined with readConcern snapshot",
+            ))
+        }
+        (Some(name), ReadConcern::Default) => {
+            let snap = db.named_snapshot(name)?;
+            let ts = crate::snapshots::csn_to_timestamp(snap.csn());
+            (snap, Some(ts))
+        }
+        (None, ReadConcern::Snapshot(at)) => {
+            let snap = ctx.state.snapshots.resolve(ctx.db, &db, at)?;
+            let ts = crate::snapshots::csn_to_timestamp(snap.csn());
+            (snap, Some(ts))
+        }
+        (None, ReadConcern::Default) => (db.snapshot(), None),
+    };
+    Ok(ReadSource::Held {
+        coll: snap.collection(coll),
+        snap,
+        at,
+    })
+}
+
+impl ReadSource<'_> {
+    /// The cluster time to report (`atClusterTime`), if the client asked for one.
+    pub fn at(&self) -> Option<Timestamp> {
+        match self {
+            ReadSource::Held { at, .. } => *at,
+            _ => None,
+        }
+    }
+
+    /// The snapshot a cursor over this source's documents keeps alive
+    /// (`None`: the documents are all the cursor needs).
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        match self {
+            ReadSource::Held { snap, .. } => Some(snap.clone()),
+            _ => None,
+        }
+    }
+
+    /// The matching stored documents, sorted, skipped and limited (unprojected).
+    pub fn find(&self, plan: &FindPlan) -> CmdResult<Vec<DocRef>> {
+        let (filter, options) = (plan.filter.clone(), plan.options.clone());
+        Ok(match self {
+            ReadSource::Live { coll, strategy } => coll
+                .find(filter)
+                .options(options)
+                .snapshot(*strategy)
+                .raw()?,
+            ReadSource::Held { coll, .. } => coll.find(filter).options(options).raw()?,
+            ReadSource::Txn(coll) => coll.find_raw(filter, options)?,
+        })
+    }
+
+    /// How many documents match `query`. `visit`: a per-document cost (the
+    /// `$duet.workNsPerDoc` knob) that makes the count visit every match.
+    /// `hint` is honoured on a held snapshot only (a live scan and a
+    /// transaction plan for themselves).
+    pub fn count(
+        &self,
+        query: Document,
+        hint: Option<&Bson>,
+        visit: Option<&dyn Fn(&DocRef)>,
+    ) -> CmdResult<u64> {
+        match (self, visit) {
+            (ReadSource::Live { coll, strategy }, None) => Ok(coll.count_with(query, *strategy)?),
+            (ReadSource::Live { coll, strategy }, Some(visit)) => {
+                // Visit every match (no O(1) size shortcut); under `olcp` the
+                // scan is handed superseded versions, so each document still
+                // counts exactly once.
+                let mut n = 0u64;
+                coll.scan_with(query, *strategy, |d| {
+                    n += 1;
+                    visit(d);
+                    std::ops::ControlFlow::Continue(())
+                })?;
+                Ok(n)
+            }
+            (ReadSource::Held { coll, .. }, None) if hint.is_none() => Ok(coll.count(query)?),
+            (ReadSource::Held { coll, .. }, visit) => {
+                let mut find = coll.find(query);
+                if let Some(h) = hint {
+                    find = find.hint(h.clone());
+                }
+                let docs = find.raw()?;
+                if let Some(visit) = visit {
+                    docs.iter().for_each(visit);
+                }
+                Ok(docs.len() as u64)
+            }
+            (ReadSource::Txn(coll), _) => Ok(Crud::count(coll, query)?),
+        }
+    }
+
+    /// The engine's distinct values of `key` among documents matching `query`.
+    pub fn distinct(&self, key: &str, query: Document) -> CmdResult<Vec<Bson>> {
+        Ok(match self {
+            ReadSource::Live { coll, strategy } => coll.distinct_with(key, query, *strategy)?.0,
+            ReadSource::Held { coll, .. } => coll.distinct(key, query)?,
+            ReadSource::Txn(coll) => Crud::distinct(coll, key, query)?,
+        })
+    }
+
+    /// Run a pipeline (its stages already checked); the result is materialized.
+    pub fn aggregate(&self, stages: Vec<Document>) -> CmdResult<Vec<Document>> {
+        Ok(match self {
+            ReadSource::Live { coll, strategy } => coll.aggregate_with(stages, *strategy)?.0,
+            ReadSource::Held { coll, .. } => coll.aggregate(stages)?,
+            ReadSource::Txn(coll) => Crud::aggregate(coll, stages)?,
+        })
+    }
+
+    /// The engine's explain document of `what` on this source: the plan, and
+    /// the strategy that would run with why (`strategy`, `strategyReason`).
+    pub fn explain(&self, what: Explained<'_>) -> CmdResult<Document> {
+        Ok(match (self, what) {
+            (ReadSource::Txn(_), _) => return Err(super::txn::not_in_transaction("'explain'")),
+            (ReadSource::Live { coll, strategy }, what) => {
+                let s = *strategy;
+                match what {
+                    Explained::Find(plan) => coll
+                        .find(plan.filter.clone())
+                        .options(plan.options.clone())
+                        .snapshot(s)
+                        .explain()?,
+                    Explained::Count(query) => coll.explain_count(query, s)?,
+                    Explained::Distinct(query) => coll.explain_distinct(query, s)?,
+                    Explained::Aggregate(stages) => coll.explain_aggregate_with(stages, s)?,
+                }
+            }
+            (ReadSource::Held { coll, .. }, what) => match what {
+                Explained::Find(plan) => coll
+                    .find(plan.filter.clone())
+                    .options(plan.options.clone())
+                    .explain()?,
+                Explained::Count(query) | Explained::Distinct(query) => {
+                    coll.find(query).explain()?
+                }
+                Explained::Aggregate(stages) => coll.explain_aggregate(stages)?,
+            },
+        })
+    }
+}
