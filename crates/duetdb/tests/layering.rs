@@ -167,7 +167,7 @@ fn a_planted_upward_import_is_caught() {
     let victim = tmp.path().join("store").join("heap.rs");
     let mut text = std::fs::read_to_string(&victim).expect("read");
     text.push_str(
-        "\nuse crate::{\n    doc::DocRef,\n    write::{writer::Writer, command::Command},\n};\nfn f() -> crate::Database { todo!() }\n",
+        "\nuse crate::{\n    doc::DocRef,\n    write::{writer::Writer, command::Command},\n};\nfn f() -> crate::Database { panic!() }\n",
     );
     std::fs::write(&victim, text).expect("write");
     let bad = violations(tmp.path());
