@@ -15,6 +15,10 @@
 //! skipped. Several scan ranges are one `$or` filter, so a document in two
 //! overlapping ranges is still mapped once. Documents outside the ranges are
 //! never mapped; superseded ones may be handed over and are then dropped at once.
+//! Debug builds check this on every query: each record read from the table
+//! or handed over at most once and only from the start state, a full pass
+//! reading exactly the start state's count (`ReadLog`), each record handed
+//! to the sink at most once, and nothing handed over after the table pass.
 //!
 //! Point ranges are read "as of the start" from a copy-on-write root of the
 //! named collections taken at registration (only those collections are held;
