@@ -18,6 +18,7 @@ use duetdb::check::killtest;
 use duetdb::{Collection, Database, Durability, DurabilityOptions, IndexOptions};
 
 mod durability_bench;
+mod hostile;
 
 // The engine allocates many small short-lived objects (copy-on-write nodes,
 // index keys); mimalloc handles that pattern far better than glibc malloc.
@@ -172,6 +173,31 @@ enum CheckCommand {
         /// Where to put the databases (default: the temp dir).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+    /// Hostile-client soak: random attacks (cursor theft and floods,
+    /// oversized results, huge sorts, half-sent messages, idle sockets,
+    /// garbage frames, reads of missing databases, test knobs) from many
+    /// connections against a `duet serve` process, while a reference
+    /// collection takes acknowledged writes. Passes when the server stayed
+    /// under the RSS ceiling, still answers, kept every acknowledged write,
+    /// created no database for a read, and restarts with the same data.
+    Hostile {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Concurrent attacking threads (each opens its own connections).
+        #[arg(long, default_value_t = 16)]
+        threads: usize,
+        /// Most resident memory the server may reach (MB).
+        #[arg(long, default_value_t = 2048)]
+        rss_ceiling_mb: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Working directory (default: a fresh one under the temp dir, removed on success).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Extra `duet serve` flags (repeat), e.g. `--server-arg=--max-connections=50`.
+        #[arg(long = "server-arg", allow_hyphen_values = true)]
+        server_args: Vec<String>,
     },
 }
 
@@ -489,6 +515,27 @@ fn run(cli: Cli) -> Result<()> {
                     dir,
                 },
         } => durability_bench::run(docs, seconds, threads, dir, &mut out),
+        Command::Check {
+            check:
+                CheckCommand::Hostile {
+                    seconds,
+                    threads,
+                    rss_ceiling_mb,
+                    seed,
+                    dir,
+                    server_args,
+                },
+        } => hostile::run(
+            hostile::Options {
+                seconds,
+                threads,
+                rss_ceiling_mb,
+                seed,
+                dir,
+                server_args,
+            },
+            &mut out,
+        ),
     }
 }
 
