@@ -45,6 +45,15 @@ pub struct Engine {
     lock: Option<Arc<dyn DirLock>>,
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("dir", &self.dir)
+            .field("databases", &self.dbs.read().len())
+            .finish()
+    }
+}
+
 impl Engine {
     pub fn in_memory() -> Engine {
         Engine {
