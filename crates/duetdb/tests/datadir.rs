@@ -57,8 +57,13 @@ fn datadir_database_exists_once_written_and_restart_agrees() {
         let engine = Engine::open(tmp.path()).expect("open");
         let (db, created) = engine.database_created("shop").expect("create");
         assert!(created);
-        db.collection("c").insert_one(doc! {"x": 1}).expect("insert");
-        assert!(!engine.discard_if_unused("shop"), "a written database stays");
+        db.collection("c")
+            .insert_one(doc! {"x": 1})
+            .expect("insert");
+        assert!(
+            !engine.discard_if_unused("shop"),
+            "a written database stays"
+        );
         drop(db);
         // Created, but nothing committed (a failed insert): forgotten again.
         let (db, created) = engine.database_created("empty").expect("create");
@@ -70,12 +75,23 @@ fn datadir_database_exists_once_written_and_restart_agrees() {
         drop(db);
         assert!(engine.discard_if_unused("empty"));
         assert!(engine.get("empty").expect("valid").is_none());
-        let names: Vec<String> = engine.list_databases().into_iter().map(|(n, _)| n).collect();
+        let names: Vec<String> = engine
+            .list_databases()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         assert_eq!(names, vec!["shop".to_string()]);
     }
-    assert_eq!(entries(tmp.path()), vec!["LOCK".to_string(), "shop".to_string()]);
+    assert_eq!(
+        entries(tmp.path()),
+        vec!["LOCK".to_string(), "shop".to_string()]
+    );
     let engine = Engine::open(tmp.path()).expect("reopen");
-    let names: Vec<String> = engine.list_databases().into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = engine
+        .list_databases()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     assert_eq!(names, vec!["shop".to_string()]);
     let shop = engine.get("shop").expect("valid").expect("exists");
     assert_eq!(shop.collection("c").count(doc! {}).expect("count"), 1);
@@ -105,7 +121,9 @@ fn datadir_background_threads_do_not_grow_per_database() {
 fn datadir_closed_database_leaves_the_background_service() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = Database::open(tmp.path().join("solo")).expect("open");
-    db.collection("c").insert_one(doc! {"x": 1}).expect("insert");
+    db.collection("c")
+        .insert_one(doc! {"x": 1})
+        .expect("insert");
     let path = db.path().expect("path").to_path_buf();
     drop(db);
     // Reopening at once finds nothing held by a background thread.
@@ -124,7 +142,10 @@ fn assert_locked(r: duetdb::Result<impl std::fmt::Debug>, dir: &Path) {
             assert!(msg.contains(&dir.display().to_string()), "{msg}");
             assert!(msg.contains("another process"), "{msg}");
         }
-        other => panic!("expected a lock error naming {}, got {other:?}", dir.display()),
+        other => panic!(
+            "expected a lock error naming {}, got {other:?}",
+            dir.display()
+        ),
     }
 }
 
@@ -137,7 +158,9 @@ fn datadir_is_locked_as_a_whole() {
     let engine = Engine::open(&dir).expect("open");
     assert_locked(Engine::open(&dir), &dir);
     let db = engine.database("test").expect("create");
-    db.collection("c").insert_one(doc! {"x": 1}).expect("insert");
+    db.collection("c")
+        .insert_one(doc! {"x": 1})
+        .expect("insert");
     // A database of a locked data directory cannot be opened on its own.
     assert_locked(Database::open(dir.join("test")), &dir);
     assert_locked(Database::open(dir.join("other")), &dir);
@@ -158,7 +181,9 @@ fn datadir_is_locked_as_a_whole() {
 fn datadir_single_database_layout_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = Database::open(tmp.path()).expect("open");
-    db.collection("c").insert_one(doc! {"x": 1}).expect("insert");
+    db.collection("c")
+        .insert_one(doc! {"x": 1})
+        .expect("insert");
     drop(db);
     match Engine::open(tmp.path()) {
         Err(Error::IllegalOperation(m)) => {

@@ -14,7 +14,9 @@ const LIMIT: u64 = 1024;
 const DATABASES: usize = 2000;
 
 fn open_descriptors() -> usize {
-    std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
 }
 
 #[test]

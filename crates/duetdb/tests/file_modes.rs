@@ -13,7 +13,11 @@ use duetdb::{Database, Durability, DurabilityOptions, Engine, SnapshotOptions};
 /// Every path under `root` (itself included) with its permission bits.
 fn walk(root: &Path, out: &mut Vec<(PathBuf, u32, bool)>) {
     let meta = std::fs::symlink_metadata(root).expect("stat");
-    out.push((root.to_path_buf(), meta.permissions().mode() & 0o7777, meta.is_dir()));
+    out.push((
+        root.to_path_buf(),
+        meta.permissions().mode() & 0o7777,
+        meta.is_dir(),
+    ));
     if meta.is_dir() {
         for e in std::fs::read_dir(root).expect("list") {
             walk(&e.expect("entry").path(), out);
@@ -56,7 +60,9 @@ fn file_modes_are_private_under_umask_zero() {
     let solo = tmp.path().join("solo");
     {
         let db = Database::open_with(&solo, options).expect("open");
-        db.collection("c").insert_one(doc! {"x": 1}).expect("insert");
+        db.collection("c")
+            .insert_one(doc! {"x": 1})
+            .expect("insert");
         db.checkpoint().expect("checkpoint");
     }
     let mut seen = Vec::new();
@@ -67,7 +73,10 @@ fn file_modes_are_private_under_umask_zero() {
         .filter_map(|(p, _, _)| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
     for wanted in ["LOCK", "MANIFEST", "shop"] {
-        assert!(names.iter().any(|n| n == wanted), "no {wanted} in {names:?}");
+        assert!(
+            names.iter().any(|n| n == wanted),
+            "no {wanted} in {names:?}"
+        );
     }
     for prefix in ["wal-", "ckpt-", "snap-pinned"] {
         assert!(

@@ -179,7 +179,10 @@ impl Transaction {
         if self.db.same_as(db) {
             return Ok(());
         }
-        if self.snapshot.csn != 0 || !self.snapshot.collections.is_empty() || db.name() != self.db.name() {
+        if self.snapshot.csn != 0
+            || !self.snapshot.collections.is_empty()
+            || db.name() != self.db.name()
+        {
             return Err(Error::WriteConflict(format!(
                 "database '{}' was dropped or recreated during the transaction",
                 db.name()
