@@ -2,10 +2,12 @@
 //!
 //! A durable database keeps, in its directory: `LOCK` (flock against a second
 //! opener, when opened on its own; the databases of a data directory share
-//! the data directory's `LOCK`, see [`Locking`]), `MANIFEST` (which checkpoints are installed), `ckpt-*.ckpt`
-//! (images of published states) and `wal-*.log` (one record per commit group
-//! since the older installed checkpoint). See docs/design.md §12 for byte
-//! layouts and the protocols.
+//! the data directory's `LOCK`, see [`Locking`]), `MANIFEST` (which
+//! checkpoints are installed), `ckpt-*.ckpt` (images of published states)
+//! and `wal-*.log` (one record per commit group since the older installed
+//! checkpoint). See docs/design.md §13 for byte layouts and the protocols.
+//! Every database of the process shares one flusher and one checkpointer
+//! thread ([`background`]); open descriptors are bounded ([`fdcache`]).
 //!
 //! Protocols and their invariants:
 //! - **commit**: the writer appends the group's effects as one WAL record and,
