@@ -47,10 +47,15 @@ pub struct ServeArgs {
     /// Port to listen on (0 = any free port; the chosen one is logged).
     #[arg(long, default_value_t = 27017)]
     pub port: u16,
-    /// Data directory: the write-ahead log and checkpoints live here, and the
-    /// data is recovered from it on start.
+    /// Data directory: one subdirectory per database (write-ahead log and
+    /// checkpoints), recovered on start; locked (`LOCK`) while the server runs.
     #[arg(long, default_value = "./duet-data")]
     pub data_dir: PathBuf,
+    /// Most descriptors kept open for data files (WAL segments) across all
+    /// databases; the least recently used are closed and reopened on demand.
+    /// 0: 256, or a quarter of the open-file limit when that is lower.
+    #[arg(long, default_value_t = 0)]
+    pub max_open_files: usize,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -106,6 +111,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         advertise: args.advertise,
         ..Config::default()
     };
+    duetdb::storage::set_max_open_files(args.max_open_files);
     let engine = match &config.data_dir {
         Some(dir) => duetdb::Engine::open(dir)?,
         None => duetdb::Engine::in_memory(),

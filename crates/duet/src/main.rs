@@ -1,10 +1,13 @@
 //! The `duet` command: a demo of the engine, import and queries over JSON data,
 //! checkpoints, and the durability checks.
 //!
-//! With `--data-dir` a command opens (recovers) the durable database kept
-//! there and everything it writes persists; without it the command works on
-//! an empty in-memory store (the query commands take `--load FILE` to load
-//! data first).
+//! A data directory holds databases, one subdirectory each — the layout
+//! `duet serve` uses. With `--data-dir` a command opens the data directory
+//! (taking its lock, so it fails clearly beside a live server) and works on
+//! database `--db` (default `test`, as the mongo shell); what it writes
+//! persists. Reads of a database that does not exist create nothing.
+//! Without `--data-dir` the command works on an empty in-memory store (the
+//! query commands take `--load FILE` to load data first).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -15,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use duetdb::bson::{doc, Bson, Document};
 use duetdb::check::killtest;
-use duetdb::{Collection, Database, Durability, DurabilityOptions, IndexOptions};
+use duetdb::{Collection, Database, Durability, DurabilityOptions, Engine, IndexOptions};
 
 mod durability_bench;
 mod hostile;
@@ -93,11 +96,15 @@ enum Command {
         #[command(subcommand)]
         command: duet_bench::BenchCommand,
     },
-    /// Write a checkpoint of a data directory now (and drop the WAL it covers).
+    /// Write a checkpoint of the databases of a data directory now (and drop
+    /// the WAL each covers).
     Checkpoint {
-        /// The data directory.
+        /// The data directory (one subdirectory per database).
         #[arg(long)]
         data_dir: PathBuf,
+        /// Only this database (default: every database).
+        #[arg(long)]
+        db: Option<String>,
     },
     /// The child of `duet check crash` (writes until killed).
     #[command(hide = true)]
@@ -203,10 +210,14 @@ enum CheckCommand {
 
 #[derive(Args)]
 struct Target {
-    /// Data directory: the durable database kept there is opened (recovered),
-    /// and what the command writes persists. Without it: in memory only.
+    /// Data directory (as `duet serve --data-dir`: one subdirectory per
+    /// database): it is locked and recovered, and what the command writes
+    /// persists. Without it: in memory only.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Database name.
+    #[arg(long, default_value = "test")]
+    db: String,
     /// Durability of writes with --data-dir: none, batch or fsync.
     #[arg(long, default_value = "fsync")]
     durability: Durability,
@@ -225,17 +236,28 @@ fn main() {
     }
 }
 
-fn open(target: &Target) -> Result<Collection> {
-    let db = match &target.data_dir {
-        Some(dir) => Database::open_with(
+/// Open the data directory (or an in-memory engine) and the target's
+/// database: created when `create` or when files are to be loaded into it;
+/// otherwise a database that does not exist reads as empty and nothing is
+/// created.
+fn open(target: &Target, create: bool) -> Result<Collection> {
+    let engine = match &target.data_dir {
+        Some(dir) => Engine::open_with(
             dir,
             DurabilityOptions {
                 mode: target.durability,
                 ..Default::default()
             },
         )
-        .with_context(|| format!("cannot open {}", dir.display()))?,
-        None => Database::in_memory(),
+        .with_context(|| format!("cannot open data directory {}", dir.display()))?,
+        None => Engine::in_memory(),
+    };
+    let db = if create || !target.load.is_empty() {
+        engine.database(&target.db)?
+    } else {
+        engine
+            .get(&target.db)?
+            .unwrap_or_else(|| Database::named(&target.db, None))
     };
     let c = db.collection(&target.collection);
     for f in &target.load {
@@ -339,7 +361,7 @@ fn run(cli: Cli) -> Result<()> {
             file,
             unordered,
         } => {
-            let c = open(&target)?;
+            let c = open(&target, true)?;
             let n = import(&c, &file, unordered)?;
             let whereto = match &target.data_dir {
                 Some(d) => format!("persisted in {}", d.display()),
@@ -347,7 +369,8 @@ fn run(cli: Cli) -> Result<()> {
             };
             writeln!(
                 out,
-                "imported {n} documents into '{}' ({whereto})",
+                "imported {n} documents into '{}.{}' ({whereto})",
+                target.db,
                 c.name()
             )?;
             Ok(())
@@ -361,7 +384,7 @@ fn run(cli: Cli) -> Result<()> {
             limit,
             explain,
         } => {
-            let c = open(&target)?;
+            let c = open(&target, false)?;
             let mut find = c
                 .find(parse_json_doc(&filter, "--filter")?)
                 .skip(skip)
@@ -381,7 +404,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Count { target, filter } => {
-            let c = open(&target)?;
+            let c = open(&target, false)?;
             writeln!(out, "{}", c.count(parse_json_doc(&filter, "--filter")?)?)?;
             Ok(())
         }
@@ -446,7 +469,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Stats { target } => {
-            let c = open(&target)?;
+            let c = open(&target, false)?;
             match c.stats() {
                 Ok(s) => {
                     writeln!(
@@ -465,29 +488,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Checkpoint { data_dir } => {
-            let db = Database::open(&data_dir)
-                .with_context(|| format!("cannot open {}", data_dir.display()))?;
-            if let Some(r) = db.recovery_report() {
-                writeln!(out, "recovered: {r}")?;
-            }
-            match db.checkpoint()? {
-                Some(info) => writeln!(
-                    out,
-                    "checkpoint at csn {}: {} documents, {} bytes in {}",
-                    info.csn,
-                    info.documents,
-                    info.bytes,
-                    info.path.display()
-                )?,
-                None => writeln!(
-                    out,
-                    "nothing new since the last checkpoint (csn {})",
-                    db.csn()
-                )?,
-            }
-            Ok(())
-        }
+        Command::Checkpoint { data_dir, db } => checkpoint(&data_dir, db.as_deref(), &mut out),
         Command::CrashChild {
             data_dir,
             run,
@@ -537,6 +538,43 @@ fn run(cli: Cli) -> Result<()> {
             &mut out,
         ),
     }
+}
+
+/// `duet checkpoint`: checkpoint database `only`, or every database.
+fn checkpoint(data_dir: &Path, only: Option<&str>, out: &mut impl Write) -> Result<()> {
+    let engine = Engine::open(data_dir)
+        .with_context(|| format!("cannot open data directory {}", data_dir.display()))?;
+    let dbs: Vec<(String, Database)> = match only {
+        Some(name) => match engine.get(name)? {
+            Some(db) => vec![(name.to_string(), db)],
+            None => bail!("no database '{name}' in {}", data_dir.display()),
+        },
+        None => engine.list_databases(),
+    };
+    if dbs.is_empty() {
+        writeln!(out, "no databases in {}", data_dir.display())?;
+    }
+    for (name, db) in dbs {
+        if let Some(r) = db.recovery_report() {
+            writeln!(out, "{name}: recovered: {r}")?;
+        }
+        match db.checkpoint()? {
+            Some(info) => writeln!(
+                out,
+                "{name}: checkpoint at csn {}: {} documents, {} bytes in {}",
+                info.csn,
+                info.documents,
+                info.bytes,
+                info.path.display()
+            )?,
+            None => writeln!(
+                out,
+                "{name}: nothing new since the last checkpoint (csn {})",
+                db.csn()
+            )?,
+        }
+    }
+    Ok(())
 }
 
 fn check_crash(

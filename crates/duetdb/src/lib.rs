@@ -93,12 +93,18 @@ pub mod structures {
 }
 
 /// The storage seam: the file-system trait with its real and simulated
-/// implementations (fault injection, crash images) and what crash tests read
-/// of the WAL.
+/// implementations (fault injection, crash images), the bound on open
+/// descriptors, the modes of created files, and what crash tests read of
+/// the WAL.
 pub mod storage {
+    pub use crate::durability::background::registered as background_registrations;
+    pub use crate::durability::fdcache::{
+        max_open_files, open_files, set_max_open_files, DEFAULT_MAX_OPEN_FILES,
+    };
     pub use crate::durability::io::{
         CrashKind, Fault, FaultKind, OpKind, RealFs, Rng, SimFs, SimState, VFile, Vfs,
     };
+    pub use crate::durability::io::{DIR_MODE, FILE_MODE};
     pub use crate::durability::is_no_space;
     /// WAL segment names and framing, for tests that damage segments.
     pub mod wal {

@@ -142,7 +142,7 @@ pub fn rename_collection(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             "renameCollection across databases is not supported by duetdb",
         ));
     }
-    let db = ctx.state.engine.database(from_db)?;
+    let db = ctx.database_named(from_db)?;
     db.rename_collection(from_coll, to_coll, drop_target)?;
     Ok(doc! {"ok": 1.0})
 }

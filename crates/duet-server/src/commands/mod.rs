@@ -16,6 +16,14 @@
 //! the caller. Things we cannot honor are refused, never silently ignored:
 //! the reserved `$duet` field with unknown options, read concern `snapshot`
 //! outside find/aggregate/distinct, `$duet.workNsPerDoc` outside `count`.
+//!
+//! Databases come into being by writes only ([`may_create`] is the one place
+//! that decides): a command that writes creates its database; every other
+//! command on a database that does not exist runs on an empty stand-in that
+//! is never registered, so reads, deletes, drops and stats leave nothing
+//! behind (no directory, file or thread). A transaction creates its database
+//! when it commits writes (`txn.rs`), and a command that created a database
+//! but committed nothing (a failed insert) forgets it again.
 
 pub mod admin;
 pub mod ddl;
@@ -26,10 +34,11 @@ pub mod source;
 pub mod txn;
 pub mod write;
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use bson::{doc, Bson, Document, Timestamp};
-use duetdb::Database;
+use duetdb::{Database, Transaction};
 
 use crate::error::{CmdResult, CommandError};
 use crate::sessions::SessionArgs;
@@ -42,11 +51,53 @@ pub struct Ctx<'a> {
     pub conn: &'a ConnInfo,
     /// The database the command was sent to (`$db`).
     pub db: &'a str,
+    /// The command may create its database ([`may_create`]).
+    pub create: bool,
+    /// [`Ctx::database`] created the database.
+    pub created: Cell<bool>,
 }
 
 impl Ctx<'_> {
+    /// The command's database: created when the command may create it,
+    /// else the existing one or an empty stand-in that is never registered.
     pub fn database(&self) -> CmdResult<Database> {
-        Ok(self.state.engine.database(self.db)?)
+        self.database_named(self.db)
+    }
+
+    /// [`Ctx::database`] for a database named in the command (renameCollection).
+    pub fn database_named(&self, name: &str) -> CmdResult<Database> {
+        if self.create {
+            let (db, created) = self.state.engine.database_created(name)?;
+            if created && name == self.db {
+                self.created.set(true);
+            }
+            return Ok(db);
+        }
+        Ok(self
+            .state
+            .engine
+            .get(name)?
+            .unwrap_or_else(|| Database::named(name, None)))
+    }
+
+    /// Make `txn`, a transaction on database `name` with writes to commit,
+    /// commit to the registered database: one that began on a stand-in (its
+    /// database did not exist) moves to the database, created now. It fails
+    /// with WriteConflict (112) when the database was dropped or recreated
+    /// meanwhile.
+    pub fn commit_target(&self, txn: &mut Transaction, name: &str) -> CmdResult<()> {
+        if let Some(db) = self.state.engine.get(name)? {
+            if txn.is_on(&db) {
+                return Ok(());
+            }
+        }
+        let (db, created) = self.state.engine.database_created(name)?;
+        let rebound = txn.rebind(&db);
+        drop(db);
+        if rebound.is_err() && created {
+            self.state.engine.discard_if_unused(name);
+        }
+        Ok(rebound?)
     }
 
     pub fn ns(&self, coll: &str) -> String {
@@ -268,21 +319,54 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
             "$duet.workNsPerDoc is honoured by count only, not by '{name}'"
         )));
     }
-    let ctx = Ctx { state, conn, db };
     let session = SessionArgs::parse(cmd)?;
+    let ctx = Ctx {
+        state,
+        conn,
+        db,
+        // A transaction's database is created by its commit (`txn.rs`).
+        create: !session.in_transaction() && may_create(name, cmd),
+        created: Cell::new(false),
+    };
+    let result = session_dispatch(&ctx, name, cmd, &session);
+    if ctx.created.get() {
+        // Created for a command that then committed nothing: forget it.
+        state.engine.discard_if_unused(db);
+    }
+    result
+}
+
+fn session_dispatch(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -> CmdResult {
     if matches!(name, "commitTransaction" | "abortTransaction") {
-        return txn::finish(&ctx, name, &session);
+        return txn::finish(ctx, name, session);
     }
     if session.in_transaction() {
-        return txn::in_transaction(&ctx, name, cmd, &session);
+        return txn::in_transaction(ctx, name, cmd, session);
     }
     if session.txn_number.is_some() {
-        return txn::retryable_write(&ctx, name, &session, || run(&ctx, name, cmd));
+        return txn::retryable_write(ctx, name, session, || run(ctx, name, cmd));
     }
     if let Some(id) = &session.lsid {
-        state.sessions.touch(id);
+        ctx.state.sessions.touch(id);
     }
-    run(&ctx, name, cmd)
+    run(ctx, name, cmd)
+}
+
+/// Whether command `name` may create its database: only commands that write
+/// something do (insert, create, createIndexes, createSnapshot, and update or
+/// findAndModify with an upsert). Reads, deletes, drops, stats and updates
+/// without upsert on a database that does not exist act on an empty one.
+pub fn may_create(name: &str, cmd: &Document) -> bool {
+    let truthy = |d: &Document, f: &str| crate::args::flag(d, f).unwrap_or(false);
+    match name {
+        "insert" | "create" | "createIndexes" | "createSnapshot" => true,
+        "update" => cmd.get_array("updates").is_ok_and(|u| {
+            u.iter()
+                .any(|s| matches!(s, Bson::Document(d) if truthy(d, "upsert")))
+        }),
+        "findAndModify" | "findandmodify" => truthy(cmd, "upsert"),
+        _ => false,
+    }
 }
 
 /// Run a command outside any transaction.

@@ -280,26 +280,26 @@ pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
         )));
     }
     if name == "commitTransaction" {
-        commit(&mut s, n)
+        commit(ctx, &mut s, n)
     } else {
         abort(&mut s, n)
     }
 }
 
-fn commit(s: &mut Session, n: i64) -> CmdResult {
+fn commit(ctx: &Ctx<'_>, s: &mut Session, n: i64) -> CmdResult {
     match std::mem::replace(&mut s.state, TxnState::None) {
-        TxnState::InProgress { txn, .. } => match txn.commit() {
-            Ok(_) => {
-                s.state = TxnState::Committed;
-                Ok(doc! {"ok": 1.0})
+        TxnState::InProgress { mut txn, db, .. } => {
+            // A transaction that began before its database existed creates it now.
+            if txn.write_count() > 0 {
+                if let Err(e) = ctx.commit_target(&mut txn, &db) {
+                    s.state = TxnState::Aborted {
+                        reason: format!("its commit failed: {}", e.message),
+                    };
+                    return Err(label_transient(e));
+                }
             }
-            Err(e) => {
-                s.state = TxnState::Aborted {
-                    reason: format!("its commit failed: {e}"),
-                };
-                Err(commit_error(e))
-            }
-        },
+            commit_now(s, *txn)
+        }
         TxnState::Committed => {
             s.state = TxnState::Committed;
             Ok(doc! {"ok": 1.0})
@@ -316,6 +316,21 @@ fn commit(s: &mut Session, n: i64) -> CmdResult {
             ));
             s.state = other;
             Err(e)
+        }
+    }
+}
+
+fn commit_now(s: &mut Session, txn: duetdb::Transaction) -> CmdResult {
+    match txn.commit() {
+        Ok(_) => {
+            s.state = TxnState::Committed;
+            Ok(doc! {"ok": 1.0})
+        }
+        Err(e) => {
+            s.state = TxnState::Aborted {
+                reason: format!("its commit failed: {e}"),
+            };
+            Err(commit_error(e))
         }
     }
 }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::api::*;
+use crate::durability::background::Registration;
 use crate::durability::{
-    Background, CheckpointInfo, Durability, DurabilityOptions, Durable, RecoveryReport,
+    CheckpointInfo, Durability, DurabilityOptions, Durable, Locking, RecoveryReport,
 };
 use crate::error::{Error, Result};
 use crate::snapshot::{ReadCounts, ReadStats, Strategy};
@@ -40,13 +41,15 @@ struct DbInner {
     /// Live reads by the strategy they ran under.
     reads: ReadCounts,
     durable: Option<Arc<Durable>>,
-    background: parking_lot::Mutex<Option<Background>>,
+    /// Its place in the shared flusher and checkpointer.
+    background: parking_lot::Mutex<Option<Registration>>,
 }
 
 impl Drop for DbInner {
     fn drop(&mut self) {
-        // Stop the flusher and checkpointer first, then sync what `batch`
-        // writes left unsynced; the directory lock goes with `durable`.
+        // Leave the flusher and checkpointer first (waiting for their work in
+        // flight on this database), then sync what `batch` writes left
+        // unsynced; the directory lock goes with `durable`.
         drop(self.background.lock().take());
         if let Some(d) = &self.durable {
             d.close();
@@ -168,6 +171,12 @@ impl Database {
 
     /// Open (or create) the durable database kept in directory `path`:
     /// recover it, lock the directory, and log every write (`fsync` mode).
+    ///
+    /// The directory is locked (`<path>/LOCK`); when `path` is a database of
+    /// a data directory (its parent has a `LOCK`), the data directory is
+    /// locked too, so this fails while a server (an [`crate::Engine`]) has it
+    /// open and keeps one from opening it meanwhile. A data directory's
+    /// databases are meant to be opened through [`crate::Engine`].
     pub fn open(path: impl AsRef<Path>) -> Result<Database> {
         Database::open_with(path, DurabilityOptions::default())
     }
@@ -178,10 +187,20 @@ impl Database {
         Database::open_named("default", path.as_ref(), options)
     }
 
-    /// Open the durable database `name` kept in `path`.
+    /// Open the durable database `name` kept in `path` (locked on its own).
     pub fn open_named(name: &str, path: &Path, options: DurabilityOptions) -> Result<Database> {
+        Database::open_locked(name, path, options, &Locking::Own)
+    }
+
+    /// Open the durable database `name` kept in `path`, locked as `locking` says.
+    pub(crate) fn open_locked(
+        name: &str,
+        path: &Path,
+        options: DurabilityOptions,
+        locking: &Locking,
+    ) -> Result<Database> {
         let mode = options.mode;
-        let (durable, state) = Durable::open(path, name, options)?;
+        let (durable, state) = Durable::open(path, name, options, locking)?;
         let durable = Arc::new(durable);
         let writer = Writer::with_wal(name, state, durable.wal().cloned(), mode);
         let inner = Arc::new(DbInner {
@@ -194,7 +213,7 @@ impl Database {
             background: parking_lot::Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
-        let bg = Background::start(&durable, move || {
+        let bg = Registration::register(&durable, move || {
             weak.upgrade().map(|i| i.writer.published())
         });
         *inner.background.lock() = Some(bg);
@@ -253,6 +272,28 @@ impl Database {
     #[allow(dead_code)] // used by engine modules as they land (named snapshots, VLS)
     pub(crate) fn writer(&self) -> &Writer {
         &self.inner.writer
+    }
+
+    /// Whether `other` is a handle on this same database.
+    pub fn same_as(&self, other: &Database) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Handles on this database alive now (this one included).
+    pub(crate) fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// No collection and no named snapshot.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inner.writer.published().collections.is_empty() && self.list_snapshots().is_empty()
+    }
+
+    /// Leave the background flusher and checkpointer now (a dropped
+    /// database: handles still held elsewhere must not checkpoint into a
+    /// directory that is being deleted or reused).
+    pub(crate) fn stop_background(&self) {
+        drop(self.inner.background.lock().take());
     }
 
     /// The durable side, for databases opened from a directory.

@@ -1,15 +1,36 @@
-//! A set of named databases (what a server hosts): create on first use, list, drop.
+//! A set of named databases (what a server hosts): a data directory holding
+//! one subdirectory per database; create on first write, look up without
+//! creating, list, drop.
 //!
-//! Each database has its own single writer; databases share nothing, so writes
-//! to different databases proceed in parallel.
+//! Each database has its own single writer; databases share nothing but the
+//! background flusher and checkpointer (`durability::background`) and the
+//! descriptor cache (`durability::fdcache`), so writes to different
+//! databases proceed in parallel and neither threads nor open files grow
+//! with the number of databases.
+//!
+//! Invariants:
+//! - one process at a time: the Engine holds `<data dir>/LOCK` (flock) for
+//!   its lifetime, and every database it opens keeps that lock alive, so the
+//!   directory stays locked while any of its databases is open; databases
+//!   opened through the Engine have no lock of their own;
+//! - only [`Engine::database`] creates a database (directory, WAL); the
+//!   lookup [`Engine::get`] never does, so reads of a database that does not
+//!   exist leave no trace;
+//! - a database is created, deleted and recreated only under the write lock
+//!   of the name map, so a directory is never deleted while a database of
+//!   the same name is being created in it;
+//! - no two databases' names differ only in case (DatabaseDifferCase, as
+//!   MongoDB: their directories would collide on case-insensitive disks).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
 use crate::api::Database;
-use crate::durability::DurabilityOptions;
+use crate::durability::io::{create_private_dir_all, DirLock};
+use crate::durability::{lock_dir, DurabilityOptions, Locking, LOCK_FILE};
 use crate::error::{Error, Result};
 
 /// Longest database name accepted (MongoDB: 64 bytes).
@@ -20,6 +41,17 @@ pub struct Engine {
     dir: Option<PathBuf>,
     options: DurabilityOptions,
     dbs: RwLock<BTreeMap<String, Database>>,
+    /// `<dir>/LOCK`, shared with every database opened from `dir`.
+    lock: Option<Arc<dyn DirLock>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("dir", &self.dir)
+            .field("databases", &self.dbs.read().len())
+            .finish()
+    }
 }
 
 impl Engine {
@@ -28,11 +60,14 @@ impl Engine {
             dir: None,
             options: DurabilityOptions::default(),
             dbs: RwLock::new(BTreeMap::new()),
+            lock: None,
         }
     }
 
-    /// An engine whose databases live under `dir` (created when missing), one
-    /// durable database per subdirectory; existing ones are opened (recovered) now.
+    /// An engine whose databases live under the data directory `dir`
+    /// (created 0700 when missing), one durable database per subdirectory;
+    /// existing ones are opened (recovered) now. Fails with `Locked` naming
+    /// `dir` when another process (or another Engine) holds it.
     pub fn open(dir: impl AsRef<Path>) -> Result<Engine> {
         Engine::open_with(dir, DurabilityOptions::default())
     }
@@ -40,20 +75,23 @@ impl Engine {
     /// [`Engine::open`] with the durability options every database uses.
     pub fn open_with(dir: impl AsRef<Path>, options: DurabilityOptions) -> Result<Engine> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| {
+        create_private_dir_all(dir).map_err(|e| {
             Error::Internal(format!(
                 "cannot create data directory {}: {e}",
                 dir.display()
             ))
         })?;
+        let lock = lock_dir(&*options.vfs, dir)?;
+        refuse_single_database_layout(dir)?;
         let mut dbs = BTreeMap::new();
         let entries = std::fs::read_dir(dir).map_err(|e| {
             Error::Internal(format!("cannot list data directory {}: {e}", dir.display()))
         })?;
+        let held = Locking::Held(lock.clone());
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if entry.path().is_dir() && validate_db_name(&name).is_ok() {
-                let db = Database::open_named(&name, &entry.path(), options.clone())?;
+                let db = Database::open_locked(&name, &entry.path(), options.clone(), &held)?;
                 dbs.insert(name, db);
             }
         }
@@ -61,6 +99,7 @@ impl Engine {
             dir: Some(dir.to_path_buf()),
             options,
             dbs: RwLock::new(dbs),
+            lock: Some(lock),
         })
     }
 
@@ -68,22 +107,46 @@ impl Engine {
         self.dir.as_deref()
     }
 
-    /// The database `name`, created empty when new.
+    /// The database `name`, created empty when new (a durable one gets its
+    /// directory and WAL now). A new name that differs only in case from an
+    /// existing database fails with DatabaseDifferCase (13297).
     pub fn database(&self, name: &str) -> Result<Database> {
+        self.database_created(name).map(|(db, _)| db)
+    }
+
+    /// [`Engine::database`], also saying whether this call created it.
+    pub fn database_created(&self, name: &str) -> Result<(Database, bool)> {
         validate_db_name(name)?;
         if let Some(db) = self.dbs.read().get(name) {
-            return Ok(db.clone());
+            return Ok((db.clone(), false));
         }
         let mut dbs = self.dbs.write();
         if let Some(db) = dbs.get(name) {
-            return Ok(db.clone());
+            return Ok((db.clone(), false));
         }
-        let db = match &self.dir {
-            Some(d) => Database::open_named(name, &d.join(name), self.options.clone())?,
-            None => Database::named(name, None),
+        if let Some(existing) = dbs.keys().find(|k| k.eq_ignore_ascii_case(name)) {
+            return Err(Error::DatabaseDifferCase(
+                existing.clone(),
+                name.to_string(),
+            ));
+        }
+        let db = match (&self.dir, &self.lock) {
+            (Some(d), Some(lock)) => Database::open_locked(
+                name,
+                &d.join(name),
+                self.options.clone(),
+                &Locking::Held(lock.clone()),
+            )?,
+            _ => Database::named(name, None),
         };
         dbs.insert(name.to_string(), db.clone());
-        Ok(db)
+        Ok((db, true))
+    }
+
+    /// The database `name` if it exists; never creates anything.
+    pub fn get(&self, name: &str) -> Result<Option<Database>> {
+        validate_db_name(name)?;
+        Ok(self.dbs.read().get(name).cloned())
     }
 
     /// Names of databases that hold at least one collection.
@@ -96,22 +159,76 @@ impl Engine {
             .collect()
     }
 
-    /// Drop a whole database; `false` when it did not exist. A durable
-    /// database's directory is deleted once this engine's handle is closed
-    /// (handles cloned out earlier keep working on unlinked files until dropped).
+    /// Drop a whole database; `false` when it did not exist. Its directory
+    /// is deleted now; handles cloned out earlier fail their next write to
+    /// disk (the files are gone) and no longer checkpoint in the background.
     pub fn drop_database(&self, name: &str) -> bool {
-        let Some(db) = self.dbs.write().remove(name) else {
+        let mut dbs = self.dbs.write();
+        let Some(db) = dbs.remove(name) else {
             return false;
         };
+        self.delete(db);
+        true
+    }
+
+    /// Forget `name` again if it never committed anything, holds no named
+    /// snapshot and nobody else holds it — what a command that created a
+    /// database and then failed leaves (a database exists once something was
+    /// written to it). Returns whether it was removed.
+    pub fn discard_if_unused(&self, name: &str) -> bool {
+        let mut dbs = self.dbs.write();
+        let unused = dbs
+            .get(name)
+            .is_some_and(|db| db.handle_count() == 1 && db.csn() == 0 && db.is_empty());
+        if !unused {
+            return false;
+        }
+        match dbs.remove(name) {
+            Some(db) => {
+                self.delete(db);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Close `db` and delete its directory. Requires: the name map's write
+    /// lock is held (so no database of that name is being created meanwhile).
+    fn delete(&self, db: Database) {
         let path = db.path().map(Path::to_path_buf);
+        db.stop_background();
         drop(db);
         if let Some(p) = path {
             if let Err(e) = std::fs::remove_dir_all(&p) {
                 tracing::warn!(path = %p.display(), error = %e, "could not delete dropped database");
             }
         }
-        true
     }
+}
+
+/// A data directory whose root holds a database's own files is the layout
+/// of a single database (what `duet import --data-dir` made before data
+/// directories held databases): refuse it rather than hide its data.
+fn refuse_single_database_layout(dir: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let database_file = name == crate::durability::manifest::MANIFEST
+            || crate::durability::wal::parse_segment_name(&name).is_some()
+            || crate::durability::checkpoint::parse_checkpoint_name(&name).is_some();
+        if database_file && name != LOCK_FILE {
+            return Err(Error::IllegalOperation(format!(
+                "{} holds the files of a single database ({name}) at its root, not databases in \
+                 subdirectories: move them into a subdirectory named after the database \
+                 (e.g. {}/test) to serve them",
+                dir.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// MongoDB's database-name rules.

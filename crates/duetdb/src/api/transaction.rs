@@ -162,6 +162,36 @@ impl Transaction {
         self.writes.values().map(|w| w.len()).sum()
     }
 
+    /// Whether this transaction commits to `db`.
+    pub fn is_on(&self, db: &Database) -> bool {
+        self.db.same_as(db)
+    }
+
+    /// Move a transaction that began on an empty database nobody else saw (a
+    /// server's stand-in for a database that did not exist yet) onto `db`,
+    /// the database of that name, to commit there. Its snapshot is the empty
+    /// state, an earlier state of every database, so commit validation
+    /// against `db`'s latest state is exactly as for a transaction begun on
+    /// `db` at its start. WriteConflict (112) when the snapshot is not empty
+    /// (the transaction began on a database that was dropped since) or the
+    /// names differ.
+    pub fn rebind(&mut self, db: &Database) -> Result<()> {
+        if self.db.same_as(db) {
+            return Ok(());
+        }
+        if self.snapshot.csn != 0
+            || !self.snapshot.collections.is_empty()
+            || db.name() != self.db.name()
+        {
+            return Err(Error::WriteConflict(format!(
+                "database '{}' was dropped or recreated during the transaction",
+                db.name()
+            )));
+        }
+        self.db = db.clone();
+        Ok(())
+    }
+
     /// Whether the handle is still usable.
     pub fn is_active(&self) -> bool {
         matches!(self.state, TxnState::Active)

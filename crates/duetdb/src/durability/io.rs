@@ -20,11 +20,13 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+use super::fdcache::CachedFile;
 
 /// An append-only open file.
 pub trait VFile: Send + Sync {
@@ -65,22 +67,75 @@ pub trait Vfs: Send + Sync {
 // ---------------------------------------------------------------- real files
 
 /// The real file system (`std::fs`, `fdatasync`, `flock`).
+///
+/// Everything it creates is private to the owner whatever the umask, as
+/// MongoDB does: directories 0700, files 0600 (set explicitly after
+/// creation, since the umask only ever removes bits). Appendable files go
+/// through the process-wide descriptor cache ([`super::fdcache`]), so the
+/// descriptors held open stay bounded however many databases are open.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RealFs;
 
-struct RealFile(File);
+/// Mode of every directory the engine creates.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file the engine creates.
+pub const FILE_MODE: u32 = 0o600;
 
-impl VFile for RealFile {
-    fn append(&self, buf: &[u8]) -> io::Result<()> {
-        (&self.0).write_all(buf)
+/// Create `dir` and its missing ancestors, each with mode [`DIR_MODE`].
+/// Directories that exist already are left as they are (an operator's
+/// choice, e.g. `/tmp`).
+pub fn create_private_dir_all(dir: &Path) -> io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
     }
-    fn sync(&self) -> io::Result<()> {
-        // fdatasync also persists a grown file size, which is all appends change.
-        self.0.sync_data()
+    if let Some(parent) = dir.parent() {
+        create_private_dir_all(parent)?;
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+    let mut b = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        b.mode(DIR_MODE);
     }
+    match b.create(dir) {
+        Ok(()) => set_mode(dir, DIR_MODE),
+        // Created meanwhile by someone else: theirs to decide.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(unix)]
+fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(not(unix))]
+fn set_mode(_path: &Path, _mode: u32) -> io::Result<()> {
+    Ok(())
+}
+
+/// `options` opening with mode [`FILE_MODE`] when they create the file.
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(FILE_MODE);
+    }
+    options
+}
+
+/// Give a file just created exactly [`FILE_MODE`] (the umask may have removed bits).
+fn fix_file_mode(f: &File) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    }
+    #[cfg(not(unix))]
+    let _ = f;
+    Ok(())
 }
 
 struct RealLock(#[allow(dead_code)] File); // the open descriptor holds the flock
@@ -89,7 +144,7 @@ impl DirLock for RealLock {}
 
 impl Vfs for RealFs {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)
+        create_private_dir_all(dir)
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let mut out = Vec::new();
@@ -104,15 +159,13 @@ impl Vfs for RealFs {
         Ok(out)
     }
     fn create(&self, path: &Path) -> io::Result<Arc<dyn VFile>> {
-        let f = OpenOptions::new()
-            .append(true)
-            .create_new(true)
-            .open(path)?;
-        Ok(Arc::new(RealFile(f)))
+        let f = private(OpenOptions::new().append(true).create_new(true)).open(path)?;
+        fix_file_mode(&f)?;
+        Ok(CachedFile::new(path, f))
     }
     fn open_append(&self, path: &Path) -> io::Result<Arc<dyn VFile>> {
         let f = OpenOptions::new().append(true).open(path)?;
-        Ok(Arc::new(RealFile(f)))
+        Ok(CachedFile::new(path, f))
     }
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         std::fs::read(path)
@@ -135,12 +188,18 @@ impl Vfs for RealFs {
         File::open(dir)?.sync_all()
     }
     fn lock(&self, path: &Path) -> io::Result<Box<dyn DirLock>> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let created = !path.exists();
+        let f = private(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
+        .open(path)?;
+        if created {
+            fix_file_mode(&f)?;
+        }
         flock_exclusive(&f)?;
         Ok(Box::new(RealLock(f)))
     }

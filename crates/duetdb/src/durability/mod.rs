@@ -1,10 +1,13 @@
 //! Durability: the write-ahead log, checkpoints from snapshots, recovery.
 //!
 //! A durable database keeps, in its directory: `LOCK` (flock against a second
-//! opener), `MANIFEST` (which checkpoints are installed), `ckpt-*.ckpt`
-//! (images of published states) and `wal-*.log` (one record per commit group
-//! since the older installed checkpoint). See docs/design.md §12 for byte
-//! layouts and the protocols.
+//! opener, when opened on its own; the databases of a data directory share
+//! the data directory's `LOCK`, see [`Locking`]), `MANIFEST` (which
+//! checkpoints are installed), `ckpt-*.ckpt` (images of published states)
+//! and `wal-*.log` (one record per commit group since the older installed
+//! checkpoint). See docs/design.md §13 for byte layouts and the protocols.
+//! Every database of the process shares one flusher and one checkpointer
+//! thread ([`background`]); open descriptors are bounded ([`fdcache`]).
 //!
 //! Protocols and their invariants:
 //! - **commit**: the writer appends the group's effects as one WAL record and,
@@ -29,8 +32,10 @@
 //!   uninstalling and deleting) are removed. Pins are loaded lazily, on the
 //!   first read by name ([`Durable::load_pin`]).
 
+pub mod background;
 pub mod checkpoint;
 pub mod effect;
+pub mod fdcache;
 pub mod fuzzing;
 pub mod io;
 pub mod manifest;
@@ -40,10 +45,9 @@ pub mod wal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 pub use crate::error::StorageError;
 pub use checkpoint::CheckpointInfo;
@@ -175,32 +179,67 @@ pub struct Durable {
     /// The installed manifest; its lock also serialises checkpoints.
     manifest: Mutex<Manifest>,
     report: RecoveryReport,
-    _lock: Box<dyn DirLock>,
+    /// The locks that keep a second opener out, held as long as this is open.
+    _locks: Vec<Arc<dyn DirLock>>,
 }
 
 pub const LOCK_FILE: &str = "LOCK";
 
+/// How a database directory is kept from a second opener.
+#[derive(Clone)]
+pub enum Locking {
+    /// A database opened on its own: lock `<dir>/LOCK`. When its parent is a
+    /// data directory (it has a `LOCK`), lock that as well, so that no server
+    /// opens the data directory meanwhile (its databases have no lock of
+    /// their own) — and this open fails while one does.
+    Own,
+    /// A database of a data directory whose lock its `Engine` holds; the
+    /// database keeps it alive, so the directory stays locked as long as any
+    /// of its databases is open, even after the `Engine` is dropped.
+    Held(Arc<dyn DirLock>),
+}
+
+impl Locking {
+    fn acquire(&self, vfs: &dyn Vfs, dir: &Path) -> Result<Vec<Arc<dyn DirLock>>, StorageError> {
+        match self {
+            Locking::Held(lock) => Ok(vec![lock.clone()]),
+            Locking::Own => {
+                let mut locks = vec![lock_dir(vfs, dir)?];
+                if let Some(parent) = dir.parent().filter(|p| vfs.exists(&p.join(LOCK_FILE))) {
+                    locks.push(lock_dir(vfs, parent)?);
+                }
+                Ok(locks)
+            }
+        }
+    }
+}
+
+/// Take `<dir>/LOCK` (created 0600 when missing); `Locked` naming `dir`
+/// when another process or another open in this process holds it.
+pub fn lock_dir(vfs: &dyn Vfs, dir: &Path) -> Result<Arc<dyn DirLock>, StorageError> {
+    let path = dir.join(LOCK_FILE);
+    match vfs.lock(&path) {
+        Ok(l) => Ok(Arc::from(l)),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(StorageError::Locked {
+            path: dir.to_path_buf(),
+        }),
+        Err(e) => Err(StorageError::io("lock", &path, &e)),
+    }
+}
+
 impl Durable {
-    /// Lock `dir`, recover its state, and start the WAL. Returns the state to
-    /// publish first.
+    /// Lock `dir` as `locking` says, recover its state, and start the WAL.
+    /// Returns the state to publish first.
     pub fn open(
         dir: &Path,
         db: &str,
         opts: DurabilityOptions,
+        locking: &Locking,
     ) -> Result<(Durable, DbState), StorageError> {
         let vfs = opts.vfs.clone();
         vfs.create_dir_all(dir)
             .map_err(|e| StorageError::io("create directory", dir, &e))?;
-        let lock_path = dir.join(LOCK_FILE);
-        let lock = vfs.lock(&lock_path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                StorageError::Locked {
-                    path: dir.to_path_buf(),
-                }
-            } else {
-                StorageError::io("lock", &lock_path, &e)
-            }
-        })?;
+        let locks = locking.acquire(&*vfs, dir)?;
         let (state, report) = recovery::recover(&*vfs, dir, db, opts.accept_damaged_tail)?;
         let wal = if opts.mode == Durability::None {
             None
@@ -231,7 +270,7 @@ impl Durable {
                 wal,
                 manifest: Mutex::new(manifest),
                 report,
-                _lock: lock,
+                _locks: locks,
             },
             state,
         ))
@@ -456,89 +495,6 @@ impl Durable {
         if let Some(w) = &self.wal {
             if let Err(e) = w.flush() {
                 tracing::error!(error = %e, "final WAL sync failed");
-            }
-        }
-    }
-}
-
-/// Background threads of a database: the `batch` flusher and the
-/// checkpointer. Dropping it stops and joins them.
-pub struct Background {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Background {
-    /// Start the threads. `source` yields the latest published state, or
-    /// `None` once the database is gone.
-    pub fn start(
-        durable: &Arc<Durable>,
-        source: impl Fn() -> Option<Arc<DbState>> + Send + 'static,
-    ) -> Background {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let mut threads = Vec::new();
-        if let Some(wal) = durable.wal.clone() {
-            let stop = stop.clone();
-            let every = durable.opts.flush_interval;
-            threads.push(spawn("duet-wal-flush", move || {
-                while !wait(&stop, every) {
-                    if let Err(e) = wal.flush() {
-                        tracing::error!(error = %e, "WAL flush failed");
-                    }
-                }
-            }));
-        }
-        if durable.opts.background_checkpoints {
-            let stop = stop.clone();
-            let durable = durable.clone();
-            threads.push(spawn("duet-checkpoint", move || {
-                let mut last = Instant::now();
-                while !wait(&stop, Duration::from_millis(200)) {
-                    let Some(state) = source() else { break };
-                    if durable.checkpoint_due(last, state.csn) {
-                        if let Err(e) = durable.checkpoint(&state) {
-                            tracing::error!(error = %e, "background checkpoint failed; will retry");
-                        }
-                        last = Instant::now();
-                    }
-                }
-            }));
-        }
-        Background { stop, threads }
-    }
-}
-
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
-    // Spawning fails only when the OS is out of threads; run without the
-    // helper then (writes stay correct; batch syncs and auto checkpoints stop).
-    match std::thread::Builder::new().name(name.into()).spawn(f) {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::error!(error = %e, thread = name, "could not start background thread");
-            std::thread::spawn(|| {})
-        }
-    }
-}
-
-/// Sleep up to `d`; true when asked to stop.
-fn wait(stop: &(Mutex<bool>, Condvar), d: Duration) -> bool {
-    let mut g = stop.0.lock();
-    if !*g {
-        stop.1.wait_for(&mut g, d);
-    }
-    *g
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        *self.stop.0.lock() = true;
-        self.stop.1.notify_all();
-        let me = std::thread::current().id();
-        for t in self.threads.drain(..) {
-            // The last database handle can be dropped on a background thread
-            // (the checkpointer briefly holds one); it must not join itself.
-            if t.thread().id() != me {
-                let _ = t.join();
             }
         }
     }

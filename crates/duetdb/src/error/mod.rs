@@ -60,6 +60,10 @@ pub enum Error {
     /// Invalid collection or database name. Code 73 (InvalidNamespace).
     #[error("invalid namespace: {0}")]
     InvalidNamespace(String),
+    /// A new database whose name differs only in case from an existing one
+    /// (`existing`, `requested`). Code 13297 (DatabaseDifferCase), as MongoDB.
+    #[error("db already exists with different case already have: [{0}] trying to create [{1}]")]
+    DatabaseDifferCase(String, String),
     /// No index of that name. Code 27 (IndexNotFound).
     #[error("index not found with name [{0}]")]
     IndexNotFound(String),
@@ -132,6 +136,7 @@ impl Error {
             Error::NamespaceNotFound(_) => 26,
             Error::NamespaceExists(_) => 48,
             Error::InvalidNamespace(_) => 73,
+            Error::DatabaseDifferCase(..) => 13297,
             Error::IndexNotFound(_) => 27,
             Error::IndexConflict(_) => 86,
             Error::CannotCreateIndex(_) => 67,
@@ -167,6 +172,7 @@ impl Error {
             Error::NamespaceNotFound(_) => "NamespaceNotFound",
             Error::NamespaceExists(_) => "NamespaceExists",
             Error::InvalidNamespace(_) => "InvalidNamespace",
+            Error::DatabaseDifferCase(..) => "DatabaseDifferCase",
             Error::IndexNotFound(_) => "IndexNotFound",
             Error::IndexConflict(_) => "IndexKeySpecsConflict",
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
