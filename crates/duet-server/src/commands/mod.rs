@@ -32,7 +32,7 @@ use bson::{doc, Bson, Document, Timestamp};
 use duetdb::Database;
 
 use crate::error::{CmdResult, CommandError};
-use crate::sessions::SessionArgs;
+use crate::sessions::{SessionArgs, SessionId};
 use crate::state::{ConnInfo, OpCounters, ServerState};
 use source::Target;
 
@@ -42,6 +42,9 @@ pub struct Ctx<'a> {
     pub conn: &'a ConnInfo,
     /// The database the command was sent to (`$db`).
     pub db: &'a str,
+    /// The command's logical session (`lsid.id`), if it has one: cursors it
+    /// opens belong to it (else to the connection).
+    pub lsid: Option<&'a SessionId>,
 }
 
 impl Ctx<'_> {
@@ -268,8 +271,13 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
             "$duet.workNsPerDoc is honoured by count only, not by '{name}'"
         )));
     }
-    let ctx = Ctx { state, conn, db };
     let session = SessionArgs::parse(cmd)?;
+    let ctx = Ctx {
+        state,
+        conn,
+        db,
+        lsid: session.lsid.as_ref(),
+    };
     if matches!(name, "commitTransaction" | "abortTransaction") {
         return txn::finish(&ctx, name, &session);
     }
