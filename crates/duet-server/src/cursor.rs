@@ -134,8 +134,9 @@ impl CursorSource for StoredDocs {
 }
 
 /// Documents a command computed (an aggregate's result). Parked, they are
-/// kept serialized: an owned `Document` takes 14–25× its encoded size in
-/// memory (measured: 1.2 KB for a 47-byte four-field document), raw BSON 1×.
+/// kept serialized: an owned `Document` takes up to 25× its encoded size in
+/// memory (measured: 1.2 KB for a 47-byte four-field document; 1.4× for
+/// string-heavy ones), raw BSON 1× (`tests/cursor_memory.rs`).
 pub struct OwnedDocs {
     state: Owned,
 }
