@@ -77,8 +77,12 @@ pub fn run(data: &[u8]) -> Outcome {
     let mut out = Outcome::default();
     let mut rest = data;
     while out.frames < MAX_FRAMES {
-        let frame =
-            RUNTIME.with(|rt| rt.block_on(wire::read_frame(&mut rest, Duration::from_secs(1))));
+        let timeouts = wire::Timeouts {
+            idle: Duration::from_secs(1),
+            message: Duration::from_secs(1),
+        };
+        let frame = RUNTIME
+            .with(|rt| rt.block_on(wire::read_frame(&mut rest, timeouts, &state.incomplete)));
         let frame = match frame {
             Ok(f) => f,
             Err(wire::FrameError::Closed) => break,
@@ -395,15 +399,20 @@ pub fn seeds() -> Vec<Seed> {
                 }),
             ]),
         ),
-        ok(
-            "find-getmore-killcursors",
-            chain(&[
+        // Cursor ids are random 63-bit values, so a fixed stream cannot name
+        // the cursor its find opened: its getMore gets CursorNotFound (43)
+        // and its killCursors reports the id not found (the path a guessing
+        // client takes).
+        Seed {
+            name: "find-getmore-killcursors",
+            bytes: chain(&[
                 insert_people(),
                 msg(doc! {"find": "people", "batchSize": 2, "$db": "t"}),
                 msg(doc! {"getMore": 1i64, "collection": "people", "batchSize": 2, "$db": "t"}),
                 msg(doc! {"killCursors": "people", "cursors": [1i64], "$db": "t"}),
             ]),
-        ),
+            all_ok: false,
+        },
         ok(
             "update-operators",
             chain(&[

@@ -77,8 +77,9 @@ class DuetServer:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
+    # --enable-test-knobs: test_space_knob.py uses `$duet.workNsPerDoc`.
     srv = DuetServer(tmp_path_factory.mktemp("duet"), "--message-timeout-secs", "1.5",
-                     "--cursor-timeout-secs", "3")
+                     "--cursor-timeout-secs", "3", "--enable-test-knobs")
     yield srv
     code = srv.stop()
     assert code == 0, f"duet serve exited with {code}:\n{srv.log_text()[-4000:]}"

@@ -8,7 +8,8 @@ from pymongo.errors import PyMongoError
 
 
 def test_connection_limit_refuses_clearly(make_server):
-    srv = make_server("--max-connections", "2")
+    # No administrator slots: a third loopback client must be refused.
+    srv = make_server("--max-connections", "2", "--admin-connections", "0")
     import time
     import wire
     time.sleep(0.3)  # let the start-up probe connection close

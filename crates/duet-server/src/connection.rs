@@ -12,7 +12,12 @@
 //!   MaxTimeMSExpired (50). The engine call itself cannot be interrupted and
 //!   finishes in the background (a read's result is discarded; a write that
 //!   was already submitted may still commit, as with MongoDB);
-//! - on shutdown the connection finishes the command in flight, then closes.
+//! - on shutdown the connection finishes the command in flight, then closes;
+//! - a connection with no message in flight for the idle timeout is closed;
+//! - when the connection ends, its session-less cursors are killed (a
+//!   session's cursors outlive it: drivers pool connections);
+//! - no reply is larger than one message: a reply document that would not
+//!   fit becomes BSONObjectTooLarge (10334).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,18 +43,26 @@ pub async fn serve(
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let mut next_reply_id: i32 = 1;
+    let timeouts = wire::Timeouts {
+        idle: state.config.idle_timeout,
+        message: state.config.message_timeout,
+    };
     loop {
         if *shutdown.borrow() {
             break;
         }
         let frame = tokio::select! {
-            r = wire::read_frame(&mut rd, state.config.message_timeout) => r,
+            r = wire::read_frame(&mut rd, timeouts, &state.incomplete) => r,
             _ = shutdown.changed() => break,
         };
         let frame = match frame {
             Ok(f) => f,
             Err(FrameError::Closed) => {
                 tracing::debug!(conn = conn.id, "client closed the connection");
+                break;
+            }
+            Err(e @ FrameError::Idle(_)) => {
+                tracing::info!(conn = conn.id, peer = %conn.peer, reason = %e, "closing idle connection");
                 break;
             }
             Err(e) => {
@@ -71,22 +84,50 @@ pub async fn serve(
         };
         let bytes = wire::frame_reply(next_reply_id, frame.header.request_id, op_code, &payload);
         next_reply_id = next_reply_id.wrapping_add(1);
+        drop(frame);
         if let Err(e) = wr.write_all(&bytes).await {
             tracing::debug!(conn = conn.id, error = %e, "write failed; closing");
             break;
         }
     }
+    // Session-less cursors belong to their connection: they end with it.
+    let killed = state.cursors.kill_connection(conn.id);
+    if killed > 0 {
+        tracing::debug!(
+            conn = conn.id,
+            cursors = killed,
+            "closed the connection's cursors"
+        );
+    }
 }
 
+/// Largest reply document: the reply must fit in one message with its
+/// OP_MSG / OP_REPLY framing (at most 36 bytes).
+const MAX_REPLY_DOC_BYTES: usize = wire::MAX_MESSAGE_BYTES - 64;
+
+/// The reply's bytes; a reply that could not be sent in one message becomes
+/// a BSONObjectTooLarge error (cursor batches are bounded as they are built,
+/// see `cursor.rs`; this guards every other reply).
 fn serialize(doc: &Document) -> Vec<u8> {
-    let mut out = Vec::new();
-    if doc.to_writer(&mut out).is_ok() {
-        return out;
-    }
+    let size = duetdb::raw::document_len(doc);
+    let err = if size > MAX_REPLY_DOC_BYTES {
+        CommandError::new(
+            10334,
+            "BSONObjectTooLarge",
+            format!(
+                "the reply would be {size} bytes, above the {}-byte message limit",
+                wire::MAX_MESSAGE_BYTES
+            ),
+        )
+    } else {
+        let mut out = Vec::with_capacity(size);
+        if doc.to_writer(&mut out).is_ok() {
+            return out;
+        }
+        CommandError::internal("reply could not be serialized")
+    };
     let mut fallback = Vec::new();
-    let _ = CommandError::internal("reply could not be serialized")
-        .to_reply()
-        .to_writer(&mut fallback);
+    let _ = err.to_reply().to_writer(&mut fallback);
     fallback
 }
 

@@ -62,12 +62,38 @@ pub struct ServeArgs {
     /// Most connections served at once; more are refused with an error.
     #[arg(long, default_value_t = 1000)]
     pub max_connections: usize,
+    /// Connection slots beyond --max-connections kept for loopback peers (the
+    /// administrator), taken only when the ordinary slots are full.
+    #[arg(long, default_value_t = state::DEFAULT_ADMIN_CONNECTIONS)]
+    pub admin_connections: usize,
     /// Seconds a started message may take to arrive completely.
     #[arg(long, default_value_t = 30.0)]
     pub message_timeout_secs: f64,
+    /// Seconds a connection may stay idle (no message in flight) before it is
+    /// closed; drivers reconnect transparently.
+    #[arg(long, default_value_t = state::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+    pub idle_timeout_secs: f64,
+    /// MiB held by incomplete messages across all connections (beyond each
+    /// message's first 64 KiB); a message that would pass it closes its
+    /// connection.
+    #[arg(long, default_value_t = state::DEFAULT_MAX_INCOMPLETE_MESSAGE_BYTES as f64 / MIB)]
+    pub max_incomplete_message_mb: f64,
     /// Seconds an idle cursor lives.
     #[arg(long, default_value_t = 600.0)]
     pub cursor_timeout_secs: f64,
+    /// Open cursors one connection may have opened.
+    #[arg(long, default_value_t = 1000)]
+    pub max_cursors_per_connection: usize,
+    /// Open cursors in the whole server; more are refused (146).
+    #[arg(long, default_value_t = state::DEFAULT_MAX_CURSORS)]
+    pub max_cursors: usize,
+    /// MiB all open cursors may hold; a cursor that would pass it is refused (146).
+    #[arg(long, default_value_t = state::DEFAULT_MAX_CURSOR_BYTES as f64 / MIB)]
+    pub max_cursor_memory_mb: f64,
+    /// Honour benchmark knobs (`$duet: {workNsPerDoc}` on count); without
+    /// it they are refused. For the benchmark harness, never for production.
+    #[arg(long)]
+    pub enable_test_knobs: bool,
     /// Seconds a multi-document transaction may stay open before it is
     /// aborted (MongoDB's transactionLifetimeLimitSeconds).
     #[arg(long, default_value_t = 60.0)]
@@ -89,8 +115,17 @@ pub struct ServeArgs {
     pub advertise: Option<String>,
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
 fn secs(s: f64, what: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(s).map_err(|e| format!("--{what}: {e}"))
+}
+
+fn mib(m: f64, what: &str) -> Result<usize, String> {
+    if !(m.is_finite() && m >= 0.0 && m * MIB <= usize::MAX as f64) {
+        return Err(format!("--{what}: {m} is not a size in MiB"));
+    }
+    Ok((m * MIB) as usize)
 }
 
 /// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
@@ -104,8 +139,18 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         port: args.port,
         data_dir: Some(args.data_dir),
         max_connections: args.max_connections,
+        admin_connections: args.admin_connections,
         message_timeout: secs(args.message_timeout_secs, "message-timeout-secs")?,
+        idle_timeout: secs(args.idle_timeout_secs, "idle-timeout-secs")?,
+        max_incomplete_message_bytes: mib(
+            args.max_incomplete_message_mb,
+            "max-incomplete-message-mb",
+        )?,
         cursor_idle_timeout: secs(args.cursor_timeout_secs, "cursor-timeout-secs")?,
+        cursors_per_connection: args.max_cursors_per_connection,
+        max_cursors: args.max_cursors,
+        max_cursor_bytes: mib(args.max_cursor_memory_mb, "max-cursor-memory-mb")?,
+        enable_test_knobs: args.enable_test_knobs,
         transaction_lifetime: secs(args.transaction_lifetime_secs, "transaction-lifetime-secs")?,
         replica_set: (!args.standalone).then_some(args.replica_set),
         advertise: args.advertise,

@@ -7,9 +7,14 @@
 //! an identifier cstring, and BSON documents filling the rest of the section.
 //!
 //! Invariants:
-//! - every document is fully validated (`duetdb::raw::validate_raw`: element
-//!   framing, UTF-8, depth, size; iterative) before it is parsed into a
-//!   `Document`, so hostile bytes cannot reach a recursive parser unchecked;
+//! - every document is fully validated (`duetdb::raw::validate_raw_depth`:
+//!   element framing, UTF-8, depth, size; iterative) before it is parsed into
+//!   a `Document`, so hostile bytes cannot reach a recursive parser unchecked;
+//! - one depth limit, [`MAX_MESSAGE_DEPTH`], for the merged command whichever
+//!   section a document came in: a kind-1 document is checked at the depth it
+//!   will have in the command (two levels down), so a document is accepted or
+//!   refused the same way in a body or a sequence (stored documents are held
+//!   to 100 levels by the engine when stored);
 //! - every offset is bounds-checked; a malformed message yields a
 //!   [`MsgError`], never a panic;
 //! - kind-1 sequences are merged into the command as arrays under their
@@ -17,7 +22,7 @@
 
 use bson::{Bson, Document, RawDocument};
 
-use crate::wire::{cstring, le_i32, Header, HEADER_LEN};
+use crate::wire::{cstring, le_i32, Header, HEADER_LEN, MAX_MESSAGE_DEPTH};
 
 pub const FLAG_CHECKSUM_PRESENT: u32 = 1;
 pub const FLAG_MORE_TO_COME: u32 = 1 << 1;
@@ -88,9 +93,18 @@ pub fn peek_flags(body: &[u8]) -> u32 {
     le_i32(body, 0).map(|f| f as u32).unwrap_or(0)
 }
 
-/// Validate one BSON document starting at `at` within `limit`; returns it
-/// and the offset after it.
-fn document_at(b: &[u8], at: usize, limit: usize) -> Result<(&RawDocument, usize), MsgError> {
+/// How much deeper a kind-1 document sits in the merged command than on its
+/// own: it becomes an element of an array under its identifier.
+const SEQUENCE_NESTING: usize = 2;
+
+/// Validate one BSON document starting at `at` within `limit`, nested at
+/// most `max_depth` levels; returns it and the offset after it.
+fn document_at(
+    b: &[u8],
+    at: usize,
+    limit: usize,
+    max_depth: usize,
+) -> Result<(&RawDocument, usize), MsgError> {
     let len = le_i32(b, at).ok_or_else(|| MsgError::invalid_bson("truncated document length"))?;
     if len < 5 {
         return Err(MsgError::invalid_bson(format!(
@@ -103,7 +117,7 @@ fn document_at(b: &[u8], at: usize, limit: usize) -> Result<(&RawDocument, usize
         .ok_or_else(|| MsgError::invalid_bson("document runs past the end of its section"))?;
     let raw =
         RawDocument::from_bytes(&b[at..end]).map_err(|e| MsgError::invalid_bson(e.to_string()))?;
-    duetdb::raw::validate_raw(raw)?;
+    duetdb::raw::validate_raw_depth(raw, max_depth)?;
     Ok((raw, end))
 }
 
@@ -148,7 +162,7 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
                 if command.is_some() {
                     return Err(MsgError::protocol("OP_MSG has more than one body section"));
                 }
-                let (raw, next) = document_at(body, at, end)?;
+                let (raw, next) = document_at(body, at, end, MAX_MESSAGE_DEPTH)?;
                 command = Some(to_doc(raw)?);
                 at = next;
             }
@@ -166,7 +180,8 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
                 })?;
                 let mut docs = Vec::new();
                 while p < sec_end {
-                    let (raw, next) = document_at(body, p, sec_end)?;
+                    let (raw, next) =
+                        document_at(body, p, sec_end, MAX_MESSAGE_DEPTH - SEQUENCE_NESTING)?;
                     docs.push(Bson::Document(to_doc(raw)?));
                     p = next;
                 }
@@ -290,6 +305,55 @@ mod tests {
             }
             let _ = decode(&header(m.len()), &m);
             let _ = crate::opquery::decode(&m);
+        }
+    }
+
+    /// `{a: {a: ... {a: 1}}}` with `levels` documents.
+    fn nested(levels: usize) -> Document {
+        let mut d = doc! {"a": 1};
+        for _ in 1..levels {
+            d = doc! {"a": d};
+        }
+        d
+    }
+
+    fn as_body(d: &Document) -> Vec<u8> {
+        let mut body = 0u32.to_le_bytes().to_vec();
+        body.push(0);
+        body.extend(bytes(
+            &doc! {"insert": "c", "$db": "t", "documents": [d.clone()]},
+        ));
+        body
+    }
+
+    fn as_sequence(d: &Document) -> Vec<u8> {
+        let mut body = 0u32.to_le_bytes().to_vec();
+        body.push(0);
+        body.extend(bytes(&doc! {"insert": "c", "$db": "t"}));
+        body.push(1);
+        let d = bytes(d);
+        body.extend(((4 + "documents".len() + 1 + d.len()) as i32).to_le_bytes());
+        body.extend(b"documents\0");
+        body.extend(&d);
+        body
+    }
+
+    /// One depth limit: a document is accepted or refused alike whether it
+    /// comes in the body or in a document sequence.
+    #[test]
+    fn one_depth_limit_for_every_section() {
+        let deepest = MAX_MESSAGE_DEPTH - SEQUENCE_NESTING;
+        for levels in [100, 101, deepest - 1, deepest, deepest + 1, deepest + 2] {
+            let d = nested(levels);
+            let a = as_body(&d);
+            let b = as_sequence(&d);
+            let ra = decode(&header(a.len()), &a).map(|_| ()).map_err(|e| e.code);
+            let rb = decode(&header(b.len()), &b).map(|_| ()).map_err(|e| e.code);
+            assert_eq!(ra, rb, "{levels} levels");
+            assert_eq!(ra.is_ok(), levels <= deepest, "{levels} levels");
+            if let Err(code) = ra {
+                assert_eq!(code, 15);
+            }
         }
     }
 

@@ -4,12 +4,13 @@
 //! Only command queries are served (collection name ending in `.$cmd`); a
 //! legacy query on a real collection gets a `QueryFailure` reply. A command may
 //! come wrapped as `{$query: {...}, $readPreference: ...}`; it is unwrapped.
-//! Every document is validated before it is parsed, as in `opmsg`.
+//! Every document is validated before it is parsed, as in `opmsg`, with the
+//! same depth limit ([`MAX_MESSAGE_DEPTH`]).
 
 use bson::{Document, RawDocument};
 
 use crate::opmsg::MsgError;
-use crate::wire::{cstring, le_i32};
+use crate::wire::{cstring, le_i32, MAX_MESSAGE_DEPTH};
 
 /// OP_REPLY `responseFlags` bit: the query failed, the one document is `{$err, code}`.
 pub const REPLY_QUERY_FAILURE: i32 = 1 << 1;
@@ -42,7 +43,7 @@ pub fn decode(body: &[u8]) -> Result<Query, MsgError> {
         .ok_or_else(|| MsgError::invalid_bson("OP_QUERY query document length is invalid"))?;
     let raw = RawDocument::from_bytes(&body[at..end])
         .map_err(|e| MsgError::invalid_bson(e.to_string()))?;
-    duetdb::raw::validate_raw(raw)?;
+    duetdb::raw::validate_raw_depth(raw, MAX_MESSAGE_DEPTH)?;
     let mut command = Document::try_from(raw).map_err(|e| MsgError::invalid_bson(e.to_string()))?;
     let wrapped = command
         .get("$query")

@@ -2,9 +2,12 @@
 //! enforce the connection limit, run the reaper, and shut down gracefully.
 //!
 //! Invariants:
-//! - at most `max_connections` connections are served at once; one more gets
-//!   a clear refusal (its first command is answered with an error naming the
-//!   limit, then it is closed), and at most [`MAX_REFUSALS_IN_FLIGHT`] such
+//! - at most `max_connections` connections are served at once, plus at most
+//!   `admin_connections` more from loopback peers (a reserve so the
+//!   administrator can get in when other clients hold every ordinary slot;
+//!   taken only when the ordinary slots are full); one more gets a clear
+//!   refusal (its first command is answered with an error naming the limit,
+//!   then it is closed), and at most [`MAX_REFUSALS_IN_FLIGHT`] such
 //!   refusals are in progress — beyond that a connection is closed at once;
 //! - a reaper closes idle cursors, aborts transactions past their lifetime
 //!   and forgets idle sessions;
@@ -56,6 +59,8 @@ impl Server {
         let state = self.state;
         let max = state.config.max_connections.max(1);
         let slots = Arc::new(Semaphore::new(max));
+        let admin_max = state.config.admin_connections;
+        let admin_slots = Arc::new(Semaphore::new(admin_max));
         let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
         let (stop_tx, stop_rx) = watch::channel(false);
         let reaper = tokio::spawn(reap(state.clone(), stop_rx.clone()));
@@ -74,16 +79,26 @@ impl Server {
                     }
                 },
             };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                state.connections_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(peer = %peer, limit = max, "connection refused: too many open connections");
-                if let Ok(p) = refusals.clone().try_acquire_owned() {
-                    tokio::spawn(async move {
-                        refuse(stream, max).await;
-                        drop(p);
-                    });
+            let permit = match slots.clone().try_acquire_owned() {
+                Ok(p) => p,
+                // Every ordinary slot is taken: a loopback peer may use the
+                // administrator's reserve.
+                Err(_) if peer.ip().is_loopback() => {
+                    match admin_slots.clone().try_acquire_owned() {
+                        Ok(p) => {
+                            tracing::info!(peer = %peer, "connection accepted on a reserved administrator slot");
+                            p
+                        }
+                        Err(_) => {
+                            refuse_over_limit(&state, &refusals, stream, peer, max);
+                            continue;
+                        }
+                    }
                 }
-                continue;
+                Err(_) => {
+                    refuse_over_limit(&state, &refusals, stream, peer, max);
+                    continue;
+                }
             };
             let local = stream
                 .local_addr()
@@ -111,7 +126,13 @@ impl Server {
         drop(self.listener);
         let _ = stop_tx.send(true);
         let all = u32::try_from(max).unwrap_or(u32::MAX);
-        match tokio::time::timeout(state.config.shutdown_grace, slots.acquire_many(all)).await {
+        let all_admin = u32::try_from(admin_max).unwrap_or(u32::MAX);
+        let drained = async {
+            let a = slots.acquire_many(all).await;
+            let b = admin_slots.acquire_many(all_admin).await;
+            (a, b)
+        };
+        match tokio::time::timeout(state.config.shutdown_grace, drained).await {
             Ok(_) => tracing::info!("all connections closed"),
             Err(_) => tracing::warn!(
                 grace = ?state.config.shutdown_grace,
@@ -123,8 +144,27 @@ impl Server {
     }
 }
 
+/// Count and log a refused connection, and answer it if few refusals are in flight.
+fn refuse_over_limit(
+    state: &Arc<ServerState>,
+    refusals: &Arc<Semaphore>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    max: usize,
+) {
+    state.connections_refused.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(peer = %peer, limit = max, "connection refused: too many open connections");
+    if let Ok(p) = refusals.clone().try_acquire_owned() {
+        let st = state.clone();
+        tokio::spawn(async move {
+            refuse(&st, stream, max).await;
+            drop(p);
+        });
+    }
+}
+
 /// Answer the first message of a connection over the limit with an error, then close.
-async fn refuse(mut stream: TcpStream, limit: usize) {
+async fn refuse(state: &ServerState, mut stream: TcpStream, limit: usize) {
     let msg =
         format!("connection refused: the server already serves its limit of {limit} connections");
     let reply = CommandError::new(20, "IllegalOperation", msg).to_reply();
@@ -132,9 +172,13 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
     if reply.to_writer(&mut body).is_err() {
         return;
     }
+    let quick = wire::Timeouts {
+        idle: Duration::from_secs(2),
+        message: Duration::from_secs(2),
+    };
     if let Ok(Ok(frame)) = tokio::time::timeout(
         Duration::from_secs(2),
-        wire::read_frame(&mut stream, Duration::from_secs(2)),
+        wire::read_frame(&mut stream, quick, &state.incomplete),
     )
     .await
     {

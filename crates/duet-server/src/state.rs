@@ -1,6 +1,7 @@
 //! What all connections of one server share: the engine, configuration,
-//! counters for `serverStatus`, open cursors, held snapshots and the session
-//! table (transactions and retryable writes).
+//! counters for `serverStatus`, open cursors, the budget of incomplete
+//! messages, held snapshots and the session table (transactions and
+//! retryable writes).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,12 +11,25 @@ use std::time::{Duration, Instant};
 
 use duetdb::Engine;
 
-use crate::cursor::CursorRegistry;
+use crate::cursor::{CursorLimits, CursorRegistry};
 use crate::sessions::SessionTable;
 use crate::snapshots::SnapshotRegistry;
+use crate::wire::MessageBudget;
 
 /// The replica-set name `hello` reports unless `--standalone` is given.
 pub const DEFAULT_REPLICA_SET: &str = "duet";
+/// Connection slots kept for loopback peers beyond `max_connections`.
+pub const DEFAULT_ADMIN_CONNECTIONS: usize = 10;
+/// Idle connections are closed after this (MongoDB has no such timeout; we
+/// close them so idle sockets cannot hold every slot; drivers reconnect
+/// transparently). As long as `logicalSessionTimeoutMinutes`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Bytes of incomplete messages held across all connections.
+pub const DEFAULT_MAX_INCOMPLETE_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// Open cursors in the whole server.
+pub const DEFAULT_MAX_CURSORS: usize = 10_000;
+/// Bytes all open cursors may hold.
+pub const DEFAULT_MAX_CURSOR_BYTES: usize = 1024 * 1024 * 1024;
 
 /// Server configuration (the `duet serve` flags).
 #[derive(Debug, Clone)]
@@ -26,12 +40,28 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// Connections served at once; more are refused with a clear error.
     pub max_connections: usize,
+    /// Extra connection slots beyond `max_connections`, for loopback peers
+    /// only: the administrator can still get in when remote or other clients
+    /// hold every ordinary slot.
+    pub admin_connections: usize,
     /// Once a message has started arriving, its remainder must arrive within this.
     pub message_timeout: Duration,
+    /// A connection with no message in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Bytes of messages still arriving, across all connections (beyond each
+    /// message's first [`crate::wire::UNCHARGED_MESSAGE_BYTES`]); a message
+    /// that would pass it closes its connection.
+    pub max_incomplete_message_bytes: usize,
     /// Cursors idle longer than this are closed (MongoDB's default: 10 minutes).
     pub cursor_idle_timeout: Duration,
     /// Open cursors one connection may hold.
     pub cursors_per_connection: usize,
+    /// Open cursors in the whole server.
+    pub max_cursors: usize,
+    /// Bytes all open cursors may hold together (see `cursor.rs`).
+    pub max_cursor_bytes: usize,
+    /// Honour benchmark knobs (`$duet.workNsPerDoc`); refused otherwise.
+    pub enable_test_knobs: bool,
     /// Snapshots kept for `atClusterTime`.
     pub snapshot_capacity: usize,
     /// How long shutdown waits for in-flight commands.
@@ -58,9 +88,15 @@ impl Default for Config {
             port: 27017,
             data_dir: Some(PathBuf::from("./duet-data")),
             max_connections: 1000,
+            admin_connections: DEFAULT_ADMIN_CONNECTIONS,
             message_timeout: Duration::from_secs(30),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_incomplete_message_bytes: DEFAULT_MAX_INCOMPLETE_MESSAGE_BYTES,
             cursor_idle_timeout: Duration::from_secs(600),
             cursors_per_connection: 1000,
+            max_cursors: DEFAULT_MAX_CURSORS,
+            max_cursor_bytes: DEFAULT_MAX_CURSOR_BYTES,
+            enable_test_knobs: false,
             snapshot_capacity: crate::snapshots::DEFAULT_CAPACITY,
             shutdown_grace: Duration::from_secs(10),
             replica_set: Some(DEFAULT_REPLICA_SET.to_string()),
@@ -97,6 +133,8 @@ pub struct ServerState {
     pub config: Config,
     pub started: Instant,
     pub cursors: CursorRegistry,
+    /// Bytes of messages still arriving, across connections.
+    pub incomplete: MessageBudget,
     pub snapshots: SnapshotRegistry,
     pub sessions: SessionTable,
     pub ops: OpCounters,
@@ -110,7 +148,15 @@ impl ServerState {
     pub fn new(engine: Engine, config: Config) -> Arc<ServerState> {
         Arc::new(ServerState {
             engine,
-            cursors: CursorRegistry::new(config.cursors_per_connection, config.cursor_idle_timeout),
+            cursors: CursorRegistry::new(
+                CursorLimits {
+                    per_connection: config.cursors_per_connection,
+                    max_cursors: config.max_cursors,
+                    max_bytes: config.max_cursor_bytes,
+                },
+                config.cursor_idle_timeout,
+            ),
+            incomplete: MessageBudget::new(config.max_incomplete_message_bytes),
             snapshots: SnapshotRegistry::new(config.snapshot_capacity),
             sessions: SessionTable::new(
                 config.max_sessions,

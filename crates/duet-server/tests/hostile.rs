@@ -121,7 +121,12 @@ async fn hostile_frames_close_or_error_and_never_hurt_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_limit_refuses_with_a_message() {
-    let s = TestServer::start(|c| c.max_connections = 1).await;
+    // No administrator slots: this loopback client must be refused.
+    let s = TestServer::start(|c| {
+        c.max_connections = 1;
+        c.admin_connections = 0;
+    })
+    .await;
     let mut a = TcpStream::connect(s.addr).await.expect("a");
     a.write_all(&op_msg(&doc! {"ping": 1, "$db": "admin"}))
         .await

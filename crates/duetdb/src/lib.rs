@@ -62,11 +62,12 @@ pub use write::writer::{last_commit_csn, WriterStats};
 /// convert what clients send.
 pub mod raw {
     pub use crate::doc::path::{validate as validate_path, values as path_values};
+    pub use crate::doc::size::{array_element_len, document_len, element_len, value_len};
     pub use crate::doc::types::type_name;
     pub use crate::doc::value::{compare, equal};
     pub use crate::doc::{
-        id_of, prepare_insert, to_document, to_raw_document, validate_raw, DocRef, MAX_DEPTH,
-        MAX_DOC_SIZE,
+        id_of, prepare_insert, to_document, to_raw_document, validate_raw, validate_raw_depth,
+        DocRef, MAX_DEPTH, MAX_DOC_SIZE,
     };
 }
 

@@ -10,7 +10,9 @@
 //!   (`olcpInflight`, `remsetEntries`/`remsetBytes`) and the sum of
 //!   `listSnapshots`' `retainedDocs`/`retainedBytes` of the query snapshots.
 //!
-//! Needs duetdb: `$duet.workNsPerDoc` and the named-snapshot commands are its own.
+//! Needs duetdb: `$duet.workNsPerDoc` and the named-snapshot commands are its own;
+//! the knob is honoured only by a server started with `--enable-test-knobs`
+//! (`--uri self` starts one so).
 //! Invariant: every snapshot a query creates is dropped before the query
 //! returns, whatever the count did (otherwise it would pin versions for the
 //! cells that follow); leftovers of an interrupted run are dropped at load.

@@ -62,6 +62,8 @@ impl SpawnedServer {
             bind: "127.0.0.1".into(),
             port: 0,
             data_dir: data_dir.clone(),
+            // The space benchmark's queries use `$duet.workNsPerDoc`.
+            enable_test_knobs: true,
             ..Config::default()
         };
         let state = ServerState::new(engine, config);

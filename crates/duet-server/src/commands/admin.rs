@@ -229,6 +229,8 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
                 "olcp": counter_of(reads.olcp),
             },
             "cursorsOpen": s.cursors.len() as i64,
+            "cursorsHeldBytes": s.cursors.held_bytes() as i64,
+            "incompleteMessageBytes": s.incomplete.used() as i64,
             "snapshotsHeld": s.snapshots.len() as i64,
         },
         "ok": 1.0,

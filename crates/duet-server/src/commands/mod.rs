@@ -41,7 +41,7 @@ use bson::{doc, Bson, Document, Timestamp};
 use duetdb::{Database, Transaction};
 
 use crate::error::{CmdResult, CommandError};
-use crate::sessions::SessionArgs;
+use crate::sessions::{SessionArgs, SessionId};
 use crate::state::{ConnInfo, OpCounters, ServerState};
 use source::Target;
 
@@ -55,6 +55,9 @@ pub struct Ctx<'a> {
     pub create: bool,
     /// [`Ctx::database`] created the database.
     pub created: Cell<bool>,
+    /// The command's logical session (`lsid.id`), if it has one: cursors it
+    /// opens belong to it (else to the connection).
+    pub lsid: Option<&'a SessionId>,
 }
 
 impl Ctx<'_> {
@@ -327,6 +330,7 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
         // A transaction's database is created by its commit (`txn.rs`).
         create: !session.in_transaction() && may_create(name, cmd),
         created: Cell::new(false),
+        lsid: session.lsid.as_ref(),
     };
     let result = session_dispatch(&ctx, name, cmd, &session);
     if ctx.created.get() {

@@ -9,10 +9,15 @@
 //! names, or the session's transaction. A cursor over a held snapshot keeps
 //! it for all its batches; other results are materialized.
 //!
-//! `count` alone honours the benchmark knob `$duet: {workNsPerDoc: N}`: it
-//! then visits every matching document (on the strategy's scan, or on the
-//! command's or named snapshot) and busy-waits N ns on each, so a query lasts
-//! seconds while updates stream; the count it returns is unchanged.
+//! `count` alone honours the benchmark knob `$duet: {workNsPerDoc: N}`, and
+//! only on a server started with `--enable-test-knobs` (IllegalOperation, 20,
+//! otherwise): it then visits every matching document (on the strategy's
+//! scan, or on the command's or named snapshot) and busy-waits N ns on each,
+//! so a query lasts seconds while updates stream; the count it returns is
+//! unchanged.
+//!
+//! Cursors belong to the session (else the connection) that opened them;
+//! `getMore` and `killCursors` check it (see `cursor.rs`).
 //!
 //! `aggregate` runs the engine's pipeline. Stage names are checked here
 //! first: stages MongoDB has but duetdb does not run are refused with
@@ -28,7 +33,7 @@ use duetdb::FindOptions;
 use super::source::{read_source, Explained, Target};
 use super::Ctx;
 use crate::args;
-use crate::cursor::{Cursor, DEFAULT_FIRST_BATCH};
+use crate::cursor::{Cursor, Killed, Owner, DEFAULT_FIRST_BATCH};
 use crate::error::{CmdResult, CommandError};
 use crate::state::OpCounters;
 
@@ -114,7 +119,8 @@ fn cursor_reply(
     let id = if single_batch || cursor.is_exhausted() {
         0
     } else {
-        ctx.state.cursors.open(cursor)?
+        let owner = Owner::of(ctx.lsid, ctx.conn.id);
+        ctx.state.cursors.open(cursor, owner)?
     };
     let mut c = doc! {"firstBatch": batch, "id": id, "ns": ns};
     if let Some(ts) = at {
@@ -156,55 +162,33 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let coll = args::req_str(cmd, "collection")?;
     OpCounters::bump(&ctx.state.ops.getmore, 1);
     let ns = ctx.ns(coll);
-    let mut cursor = ctx
-        .state
-        .cursors
-        .take(id)
-        .ok_or_else(|| CommandError::cursor_not_found(id))?;
-    if cursor.ns != ns {
-        let owner_ns = cursor.ns.clone();
-        ctx.state.cursors.put_back(id, cursor);
-        return Err(CommandError::new(
-            13,
-            "Unauthorized",
-            format!(
-                "Requested getMore on namespace '{ns}', but cursor {id} belongs to '{owner_ns}'"
-            ),
-        ));
-    }
     let size = match args::opt_count(cmd, "batchSize")? {
         None | Some(0) => usize::MAX,
         Some(n) => n.min(usize::MAX as u64) as usize,
     };
-    let batch = match cursor.next_batch(size) {
-        Ok(b) => b,
-        Err(e) => {
-            // The cursor is dropped: a projection error will recur.
-            return Err(e);
-        }
-    };
-    let out_id = if cursor.is_exhausted() {
-        0
-    } else {
-        ctx.state.cursors.put_back(id, cursor);
-        id
-    };
+    let who = Owner::of(ctx.lsid, ctx.conn.id);
+    let mut lease = ctx.state.cursors.lease(id, &who, &ns)?;
+    // An error drops the lease, which closes the cursor: it would recur.
+    let batch = lease.cursor()?.next_batch(size)?;
+    let out_id = lease.finish();
     Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0})
 }
 
+/// `killCursors`: a cursor the caller does not own (another session or
+/// connection, see `cursor.rs`) is reported in `cursorsNotFound`, exactly as
+/// an id that does not exist, and lives on.
 pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let coll = args::collection_name(cmd, "killCursors")?;
     let ns = ctx.ns(coll);
     let ids = args::opt_array(cmd, "cursors")?
         .ok_or_else(|| CommandError::bad_value("killCursors requires 'cursors'"))?;
+    let who = Owner::of(ctx.lsid, ctx.conn.id);
     let (mut killed, mut not_found) = (Vec::new(), Vec::new());
     for v in ids {
         let id = args::as_i64("cursors", v)?;
-        let same_ns = ctx.state.cursors.ns_of(id).is_some_and(|n| n == ns);
-        if same_ns && ctx.state.cursors.kill(id) {
-            killed.push(Bson::Int64(id));
-        } else {
-            not_found.push(Bson::Int64(id));
+        match ctx.state.cursors.kill(id, &who, &ns) {
+            Killed::Killed => killed.push(Bson::Int64(id)),
+            Killed::NotFound => not_found.push(Bson::Int64(id)),
         }
     }
     Ok(doc! {
@@ -222,7 +206,16 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResul
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     // A negative limit means the same as its absolute value for count.
     let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
-    let work_ns = super::duet_work_ns(cmd)?.filter(|ns| *ns > 0);
+    let work_ns = super::duet_work_ns(cmd)?;
+    if work_ns.is_some() && !ctx.state.config.enable_test_knobs {
+        return Err(CommandError::new(
+            20,
+            "IllegalOperation",
+            "$duet.workNsPerDoc is a benchmark knob, disabled on this server \
+             (start duet serve with --enable-test-knobs to allow it)",
+        ));
+    }
+    let work_ns = work_ns.filter(|ns| *ns > 0);
     let hint = cmd.get("hint").filter(|h| !matches!(h, Bson::Null));
     let busy = |ns: u64| {
         move |d: &DocRef| {

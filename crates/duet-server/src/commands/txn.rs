@@ -1,7 +1,7 @@
 //! Sessions over the wire: multi-document transactions (`startTransaction`,
 //! `autocommit: false`, `commitTransaction`, `abortTransaction`), retryable
 //! writes (`txnNumber` without `autocommit`), `endSessions` and
-//! `killSessions`. The per-session state lives in `sessions.rs`.
+//! `killSessions` (which also kill the sessions' cursors). The per-session state lives in `sessions.rs`.
 //!
 //! Rules, following MongoDB's server behaviour that drivers rely on:
 //! - a `txnNumber` below the session's newest is refused (TransactionTooOld,
@@ -445,6 +445,7 @@ fn session_ids(cmd: &Document, field: &str) -> CmdResult<Vec<SessionId>> {
 pub fn end_sessions(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let ids = session_ids(cmd, "endSessions")?;
     ctx.state.sessions.end(&ids);
+    ctx.state.cursors.kill_sessions(&ids);
     Ok(doc! {"ok": 1.0})
 }
 
@@ -458,8 +459,10 @@ pub fn kill_sessions(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
     };
     if ids.is_empty() {
         ctx.state.sessions.end_all();
+        ctx.state.cursors.kill_all_sessions();
     } else {
         ctx.state.sessions.end(&ids);
+        ctx.state.cursors.kill_sessions(&ids);
     }
     Ok(doc! {"ok": 1.0})
 }

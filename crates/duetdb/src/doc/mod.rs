@@ -11,6 +11,7 @@
 
 pub mod path;
 pub mod rawfield;
+pub mod size;
 pub mod types;
 pub mod value;
 
@@ -118,6 +119,15 @@ pub fn check_depth(doc: &Document) -> Result<()> {
 /// is valid, nesting within [`MAX_DEPTH`], size within [`MAX_DOC_SIZE`].
 /// Iterative, so a hostile message cannot overflow the stack.
 pub fn validate_raw(doc: &RawDocument) -> Result<()> {
+    validate_raw_depth(doc, MAX_DEPTH)
+}
+
+/// [`validate_raw`] with another depth limit: `max_depth` levels below `doc`
+/// (at most `max_depth` nested documents or arrays, as [`MAX_DEPTH`] counts
+/// them). A server validates whole messages with a larger limit than stored
+/// documents get (a command nests the documents it carries), and checks the
+/// stored-document limit where documents are stored.
+pub fn validate_raw_depth(doc: &RawDocument, max_depth: usize) -> Result<()> {
     let size = doc.as_bytes().len();
     if size > MAX_DOC_SIZE {
         return Err(Error::DocumentTooLarge {
@@ -127,8 +137,8 @@ pub fn validate_raw(doc: &RawDocument) -> Result<()> {
     }
     let mut stack: Vec<(RawBsonRef<'_>, usize)> = vec![(RawBsonRef::Document(doc), 0)];
     while let Some((v, depth)) = stack.pop() {
-        if depth > MAX_DEPTH {
-            return Err(Error::NestingTooDeep { limit: MAX_DEPTH });
+        if depth > max_depth {
+            return Err(Error::NestingTooDeep { limit: max_depth });
         }
         match v {
             RawBsonRef::Document(d) => {

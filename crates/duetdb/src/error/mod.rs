@@ -118,6 +118,16 @@ pub enum Error {
     /// The transaction's write set exceeds the limits. Code 257 (TransactionTooLarge).
     #[error("{0}")]
     TransactionTooLarge(String),
+    /// A value or document being built (by an expression, a stage, a
+    /// projection) would exceed the document size limit; building stopped at
+    /// `size` bytes, before the whole value existed. Code 10334
+    /// (BSONObjectTooLarge), as for a stored document.
+    #[error("{what} would exceed the {limit}-byte BSON size limit (at least {size} bytes)")]
+    ValueTooLarge {
+        what: String,
+        size: usize,
+        limit: usize,
+    },
 }
 
 impl Error {
@@ -154,6 +164,7 @@ impl Error {
             Error::NoSuchTransaction(_) => 251,
             Error::TransactionExceededLifetimeLimitSeconds(_) => 290,
             Error::TransactionTooLarge(_) => 257,
+            Error::ValueTooLarge { .. } => 10334,
         }
     }
 
@@ -192,6 +203,7 @@ impl Error {
                 "TransactionExceededLifetimeLimitSeconds"
             }
             Error::TransactionTooLarge(_) => "TransactionTooLarge",
+            Error::ValueTooLarge { .. } => "BSONObjectTooLarge",
         }
     }
 

@@ -14,7 +14,8 @@
 //!   keep the representative [`canonical_cmp`] picks, not the first to arrive.
 //! - Integer sums are exact (i128); the widest input type decides the result type.
 //! - The state's memory estimate only grows by what is retained, and a group
-//!   past its limit is an error (292), as is an array past 16 MiB (10334).
+//!   past its limit is an error (292), as is an array past 16 MiB (10334) and
+//!   an output document past 16 MiB (10334).
 
 use std::cmp::Ordering;
 use std::collections::btree_map::Entry;
@@ -22,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bson::{Bson, Document, RawBson};
 
+use crate::doc::size::check_document;
 use crate::doc::MAX_DOC_SIZE;
 use crate::error::{Error, Result};
 use crate::query::aggregate::GROUP_MEMORY_LIMIT;
@@ -349,6 +351,8 @@ impl Group {
             for ((name, _, _), acc) in self.fields.iter().zip(accs) {
                 d.insert(name.clone(), finish_acc(acc));
             }
+            // Each array is within 16 MiB, but several together may not be.
+            check_document("$group", &d)?;
             out.push(d);
         }
         Ok(out)

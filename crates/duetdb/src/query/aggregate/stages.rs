@@ -11,11 +11,15 @@
 //!
 //! Invariants: `$sort` is stable (ties keep their input order); a `$addFields`
 //! expression sees the input document, never a field the same stage adds;
-//! nothing here panics on user input.
+//! every document `$project`, `$addFields`/`$set` and `$unwind` output is
+//! within 16 MiB (else 10334 BSONObjectTooLarge), and `$addFields` stops
+//! evaluating once its new values alone pass that; nothing here panics on
+//! user input.
 
 use bson::raw::{RawDocument, RawDocumentBuf};
 use bson::{Bson, Document};
 
+use crate::doc::size::{check_document, value_len, SizeBudget};
 use crate::error::{Error, Result};
 use crate::query::aggregate::group::GroupState;
 use crate::query::aggregate::Stage;
@@ -71,12 +75,16 @@ pub(super) fn per_document(
                 }
                 cur
             }
-            Stage::Project(p) | Stage::Unset(p) => Cur::Owned(p.apply_to(&cur.root())?),
-            Stage::AddFields(fields) => Cur::Owned(add_fields(fields, cur)?),
+            // An exclusion (`$unset`) only shrinks its input.
+            Stage::Unset(p) => Cur::Owned(p.apply_to(&cur.root())?),
+            Stage::Project(p) => Cur::Owned(checked("$project", p.apply_to(&cur.root())?)?),
+            Stage::AddFields(fields) => {
+                Cur::Owned(checked(stage.name(), add_fields(fields, cur)?)?)
+            }
             Stage::Unwind(u) => {
                 let doc = cur.into_document()?;
                 for d in u.apply(doc)? {
-                    per_document(&stages[i + 1..], Cur::Owned(d), out)?;
+                    per_document(&stages[i + 1..], Cur::Owned(checked("$unwind", d)?), out)?;
                 }
                 return Ok(());
             }
@@ -89,6 +97,13 @@ pub(super) fn per_document(
         };
     }
     out(cur)
+}
+
+/// A stage's output document, refused (10334) past 16 MiB: no document larger
+/// than a stored one ever leaves a stage.
+fn checked(stage: &'static str, d: Document) -> Result<Document> {
+    check_document(stage, &d)?;
+    Ok(d)
 }
 
 pub(super) fn run_stage(stage: &Stage, docs: Vec<Document>) -> Result<Vec<Document>> {
@@ -151,10 +166,17 @@ pub(super) fn run_stage(stage: &Stage, docs: Vec<Document>) -> Result<Vec<Docume
 
 fn add_fields(fields: &[(Vec<String>, Expr)], cur: Cur<'_>) -> Result<Document> {
     // Every expression sees the input document, not fields added by this stage.
-    let values = fields
-        .iter()
-        .map(|(_, e)| e.eval(&cur.root()))
-        .collect::<Result<Vec<Value>>>()?;
+    // The new values all end up in the output (paths do not overlap), so
+    // together they must fit in a document: stop as soon as they do not.
+    let mut size = SizeBudget::new("$addFields");
+    let mut values = Vec::with_capacity(fields.len());
+    for (path, e) in fields {
+        let v: Value = e.eval(&cur.root())?;
+        if let Some(v) = &v {
+            size.add(path.iter().map(|p| p.len() + 7).sum::<usize>() + value_len(v))?;
+        }
+        values.push(v);
+    }
     let mut doc = cur.into_document()?;
     for ((path, _), v) in fields.iter().zip(values) {
         set_mapping_arrays(&mut doc, path, v);

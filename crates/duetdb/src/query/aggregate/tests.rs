@@ -79,3 +79,58 @@ fn split_shapes() {
     assert!(s.scan_filter.is_none() && s.commutative.is_none());
     assert!(!s.olcp_eligible());
 }
+
+/// Every stage output past 16 MiB is refused with 10334, and `$addFields` /
+/// `$project` stop evaluating once their new values alone pass the limit.
+#[test]
+fn stage_outputs_are_within_the_document_limit() {
+    let big = "x".repeat(6 << 20);
+    let input = || vec![doc! {"_id": 1, "s": big.clone()}];
+    let code = |p: Vec<Document>| run(p, input()).expect_err("too large").code();
+    // Three 6 MiB copies: each value fits, the document does not.
+    assert_eq!(
+        code(vec![doc! {"$addFields": {"a": "$s", "b": "$s", "c": "$s"}}]),
+        10334
+    );
+    assert_eq!(
+        code(vec![doc! {"$project": {"a": "$s", "b": "$s", "c": "$s"}}]),
+        10334
+    );
+    assert_eq!(
+        code(vec![
+            doc! {"$project": {"n": {"a": "$s", "b": "$s", "c": "$s"}}}
+        ]),
+        10334
+    );
+    // Input (6 MiB) plus two more copies: the output check catches it.
+    assert_eq!(
+        code(vec![doc! {"$addFields": {"a": "$s", "b": "$s"}}]),
+        10334
+    );
+    assert_eq!(
+        code(vec![doc! {"$group": {
+            "_id": null,
+            "a": {"$first": "$s"}, "b": {"$last": "$s"}, "c": {"$max": "$s"}
+        }}]),
+        10334
+    );
+    assert_eq!(
+        code(vec![
+            doc! {"$addFields": {"xs": [1, 2]}},
+            doc! {"$addFields": {"t": "$s"}},
+            doc! {"$unwind": "$xs"},
+            doc! {"$addFields": {"u": "$s"}},
+        ]),
+        10334
+    );
+    // Right below the limit everything passes.
+    let out = run(
+        vec![
+            doc! {"$addFields": {"a": "$s"}},
+            doc! {"$project": {"a": 1}},
+        ],
+        input(),
+    )
+    .expect("fits");
+    assert_eq!(out.len(), 1);
+}

@@ -4,33 +4,44 @@
 //! Invariants: case mapping is ASCII-only, as in MongoDB; `$substrBytes`
 //! counts bytes and refuses a range that would split a UTF-8 character (never
 //! slices inside one, so it cannot panic); `$concat` of a null or missing
-//! argument is null.
+//! argument is null, and a `$concat` result past 16 MiB is refused (10334)
+//! before it is built.
 
 use bson::Bson;
 
+use crate::doc::size::SizeBudget;
 use crate::error::{Error, Result};
 use crate::query::expr::eval::{arg, null};
-use crate::query::expr::{num_of, type_name, Num, Op, Value};
+use crate::query::expr::{num_of, type_name, Expr, Num, Op, Root, Value};
+
+/// `$concat`: its arguments evaluated one at a time and appended, so a result
+/// past the size limit is refused before it is built (and before the
+/// remaining arguments are evaluated); the first null or missing argument
+/// makes the result null.
+pub(super) fn concat(args: &[Expr], root: &Root<'_>) -> Result<Value> {
+    let mut out = String::new();
+    let mut size = SizeBudget::new("$concat");
+    for a in args {
+        match a.eval(root)? {
+            None | Some(Bson::Null) | Some(Bson::Undefined) => return null(),
+            Some(Bson::String(s)) => {
+                size.add(s.len())?;
+                out.push_str(&s);
+            }
+            other => {
+                return Err(Error::type_mismatch(format!(
+                    "$concat only supports strings, not {}",
+                    type_name(&other)
+                )))
+            }
+        }
+    }
+    Ok(Some(Bson::String(out)))
+}
 
 /// Apply a string operator to its evaluated arguments.
 pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
     match op {
-        Op::Concat => {
-            let mut out = String::new();
-            for v in vals {
-                match v {
-                    None | Some(Bson::Null) | Some(Bson::Undefined) => return null(),
-                    Some(Bson::String(s)) => out.push_str(s),
-                    other => {
-                        return Err(Error::type_mismatch(format!(
-                            "$concat only supports strings, not {}",
-                            type_name(other)
-                        )))
-                    }
-                }
-            }
-            Ok(Some(Bson::String(out)))
-        }
         Op::ToLower | Op::ToUpper => {
             let s = coerce_string(op, arg(op, vals, 0)?)?;
             // MongoDB's case mapping is ASCII-only.

@@ -172,3 +172,42 @@ fn parse_errors() {
         assert!(Expr::parse(&bad).is_err(), "{bad}");
     }
 }
+
+/// Values that grow are refused (10334) while they are built: the error's
+/// size shows building stopped just past 16 MiB, not at the full result.
+#[test]
+fn growing_values_stop_at_the_size_limit() {
+    let eight_mib = "x".repeat(8 << 20);
+    let d = doc! {"s": eight_mib};
+    let too_large = |spec: Bson| -> usize {
+        match ev(spec, &d) {
+            Err(Error::ValueTooLarge { size, limit, .. }) => {
+                assert_eq!(limit, crate::doc::MAX_DOC_SIZE);
+                size
+            }
+            other => panic!("expected ValueTooLarge, got {other:?}"),
+        }
+    };
+    let seven: Vec<Bson> = (0..7).map(|_| bson!("$s")).collect();
+    let size = too_large(bson!({"$concat": seven.clone()}));
+    assert!(size < 3 * (8 << 20), "stopped at {size} bytes");
+    let size = too_large(Bson::Array(seven.clone()));
+    assert!(size < 3 * (8 << 20), "stopped at {size} bytes");
+    let mut fields = Document::new();
+    for i in 0..7 {
+        fields.insert(format!("f{i}"), "$s");
+    }
+    let size = too_large(Bson::Document(fields));
+    assert!(size < 3 * (8 << 20), "stopped at {size} bytes");
+    // One value below the limit is fine; a null still wins over size.
+    assert!(ev(bson!({"$concat": ["$s", "$s"]}), &doc! {"s": "ab"}).is_ok());
+    let mut with_null = vec![bson!("$nope")];
+    with_null.extend(seven);
+    assert_eq!(ok(bson!({"$concat": with_null}), &d), Bson::Null);
+    assert_eq!(
+        ev(bson!({"$concat": ["$s", "$s", "$s"]}), &d)
+            .expect_err("too large")
+            .code(),
+        10334
+    );
+}

@@ -7,11 +7,15 @@
 //! everything not excluded; both recurse only along the tree, so depth is
 //! bounded by the tree and checked against [`MAX_DEPTH`] (arrays of arrays
 //! recurse without consuming a path component). Computed fields read the whole
-//! input document (`root`), never the sub-document they are placed in.
+//! input document (`root`), never the sub-document they are placed in; the
+//! computed values of one level are refused (10334) as soon as together they
+//! pass 16 MiB, so a projection never builds a far larger document (the
+//! pipeline checks each whole output document).
 
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
+use crate::doc::size::{document_len, SizeBudget};
 use crate::doc::MAX_DEPTH;
 use crate::error::{Error, Result};
 use crate::query::expr::Root;
@@ -143,11 +147,15 @@ fn add_computed(node: &Node, out: &mut Document, root: &Root<'_>) -> Result<()> 
     if !node.has_computed {
         return Ok(());
     }
+    // The computed values added at this level: stop as soon as they alone
+    // pass the document limit (projected fields are bounded by the input).
+    let mut size = SizeBudget::new("$project");
     for (k, child) in &node.children {
         match &child.leaf {
             Some(Leaf::Computed(e)) => {
                 // Missing (`$$REMOVE`, an absent field) leaves the field out.
                 if let Some(v) = e.eval(root)? {
+                    size.add_element(k, &v)?;
                     out.insert(k.clone(), v);
                 }
             }
@@ -155,7 +163,9 @@ fn add_computed(node: &Node, out: &mut Document, root: &Root<'_>) -> Result<()> 
                 // Projected from the input: its computed fields were added there.
                 Some(Bson::Document(_)) | Some(Bson::Array(_)) => {}
                 _ => {
-                    out.insert(k.clone(), computed_only(child, root)?);
+                    let d = computed_only(child, root)?;
+                    size.add(2 + k.len() + document_len(&d))?;
+                    out.insert(k.clone(), d);
                 }
             },
             _ => {}
