@@ -125,6 +125,67 @@ fn to_doc(raw: &RawDocument) -> Result<Document, MsgError> {
     Document::try_from(raw).map_err(|e| MsgError::invalid_bson(e.to_string()))
 }
 
+/// A `Document` keeps only the last of two equal keys, so a document to be
+/// stored whose raw form has two top-level `_id`s would lose one silently.
+/// Such a document gets the engine's mark instead, and the write refuses it
+/// (BadValue, per document, as MongoDB does). Documents to be stored: the
+/// `documents` of an insert, the replacement `u` of update statements, and
+/// findAndModify's `update`; `raw` is the command body or one document of a
+/// kind-1 section named `ident`.
+pub fn mark_duplicate_ids(raw: &RawDocument, ident: Option<&str>, doc: &mut Document) {
+    use duetdb::raw::{has_duplicate_id, DUPLICATE_ID_MARK};
+    let mark = |d: &mut Document| {
+        d.insert(DUPLICATE_ID_MARK, true);
+    };
+    let statement_u = |stmt: &RawDocument, out: &mut Document| {
+        if let (Ok(u), Ok(d)) = (stmt.get_document("u"), out.get_document_mut("u")) {
+            if has_duplicate_id(u) {
+                mark(d);
+            }
+        }
+    };
+    match ident {
+        Some("documents") => {
+            if has_duplicate_id(raw) {
+                mark(doc);
+            }
+        }
+        Some("updates") => statement_u(raw, doc),
+        Some(_) => {}
+        None => {
+            if let Ok(docs) = raw.get_array("documents") {
+                for (i, el) in docs.into_iter().enumerate() {
+                    if let (Ok(bson::RawBsonRef::Document(d)), Ok(out)) =
+                        (el, doc.get_array_mut("documents"))
+                    {
+                        if has_duplicate_id(d) {
+                            if let Some(Bson::Document(o)) = out.get_mut(i) {
+                                mark(o);
+                            }
+                        }
+                    }
+                }
+            }
+            if let Ok(stmts) = raw.get_array("updates") {
+                for (i, el) in stmts.into_iter().enumerate() {
+                    if let (Ok(bson::RawBsonRef::Document(stmt)), Ok(out)) =
+                        (el, doc.get_array_mut("updates"))
+                    {
+                        if let Some(Bson::Document(o)) = out.get_mut(i) {
+                            statement_u(stmt, o);
+                        }
+                    }
+                }
+            }
+            if let (Ok(u), Ok(out)) = (raw.get_document("update"), doc.get_document_mut("update")) {
+                if has_duplicate_id(u) {
+                    mark(out);
+                }
+            }
+        }
+    }
+}
+
 /// Decode an OP_MSG body (the bytes after the header).
 pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
     let flags =
@@ -163,7 +224,9 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
                     return Err(MsgError::protocol("OP_MSG has more than one body section"));
                 }
                 let (raw, next) = document_at(body, at, end, MAX_MESSAGE_DEPTH)?;
-                command = Some(to_doc(raw)?);
+                let mut doc = to_doc(raw)?;
+                mark_duplicate_ids(raw, None, &mut doc);
+                command = Some(doc);
                 at = next;
             }
             1 => {
@@ -182,7 +245,9 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
                 while p < sec_end {
                     let (raw, next) =
                         document_at(body, p, sec_end, MAX_MESSAGE_DEPTH - SEQUENCE_NESTING)?;
-                    docs.push(Bson::Document(to_doc(raw)?));
+                    let mut doc = to_doc(raw)?;
+                    mark_duplicate_ids(raw, Some(ident), &mut doc);
+                    docs.push(Bson::Document(doc));
                     p = next;
                 }
                 sequences.push((ident.to_string(), docs));

@@ -45,6 +45,7 @@ pub fn decode(body: &[u8]) -> Result<Query, MsgError> {
         .map_err(|e| MsgError::invalid_bson(e.to_string()))?;
     duetdb::raw::validate_raw_depth(raw, MAX_MESSAGE_DEPTH)?;
     let mut command = Document::try_from(raw).map_err(|e| MsgError::invalid_bson(e.to_string()))?;
+    crate::opmsg::mark_duplicate_ids(raw, None, &mut command);
     let wrapped = command
         .get("$query")
         .or_else(|| command.get("query"))

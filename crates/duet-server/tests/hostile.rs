@@ -143,3 +143,184 @@ async fn connection_limit_refuses_with_a_message() {
     drop(a);
     s.shutdown().await;
 }
+
+/// A BSON document of int32 fields, keys as given (duplicates allowed:
+/// `Document` cannot hold them).
+fn raw_doc(fields: &[(&str, i32)]) -> Vec<u8> {
+    let mut b = vec![0u8; 4];
+    for (k, v) in fields {
+        b.push(0x10);
+        b.extend_from_slice(k.as_bytes());
+        b.push(0);
+        b.extend(v.to_le_bytes());
+    }
+    b.push(0);
+    let len = b.len() as i32;
+    b[..4].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+/// An OP_MSG whose body is `body` plus one kind-1 section `ident` of raw documents.
+fn op_msg_with_sequence(body: &Document, ident: &str, docs: &[Vec<u8>]) -> Vec<u8> {
+    let mut p = 0u32.to_le_bytes().to_vec();
+    p.push(0);
+    body.to_writer(&mut p).expect("encode");
+    p.push(1);
+    let size = 4 + ident.len() + 1 + docs.iter().map(Vec::len).sum::<usize>();
+    p.extend((size as i32).to_le_bytes());
+    p.extend(ident.as_bytes());
+    p.push(0);
+    for d in docs {
+        p.extend(d);
+    }
+    frame(2013, &p)
+}
+
+/// A raw statement `{q: {}, u: <u>, upsert: true}`.
+fn raw_update_statement(u: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; 4];
+    b.extend([3, b'q', 0, 5, 0, 0, 0, 0]);
+    b.extend([3, b'u', 0]);
+    b.extend(u);
+    b.extend([8]);
+    b.extend(b"upsert\0");
+    b.push(1);
+    b.push(0);
+    let len = b.len() as i32;
+    b[..4].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+async fn count(s: &mut TcpStream, coll: &str) -> i64 {
+    s.write_all(&op_msg(&doc! {"count": coll, "$db": "dups"}))
+        .await
+        .expect("write");
+    let r = reply(s).await.expect("reply");
+    n(&r)
+}
+
+/// A reply's `n`, whichever integer type it has.
+fn n(r: &Document) -> i64 {
+    match r.get("n") {
+        Some(bson::Bson::Int32(v)) => i64::from(*v),
+        Some(bson::Bson::Int64(v)) => *v,
+        other => panic!("reply without an integer n: {other:?} in {r}"),
+    }
+}
+
+/// The OP_MSG body `body` with one more field `key` of BSON type `kind`
+/// holding the raw bytes `value` (for values a `Document` cannot hold).
+fn op_msg_with_raw_field(body: &Document, kind: u8, key: &str, value: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    body.to_writer(&mut b).expect("encode");
+    b.pop(); // the terminating 0
+    b.push(kind);
+    b.extend(key.as_bytes());
+    b.push(0);
+    b.extend(value);
+    b.push(0);
+    let len = b.len() as i32;
+    b[..4].copy_from_slice(&len.to_le_bytes());
+    let mut p = 0u32.to_le_bytes().to_vec();
+    p.push(0);
+    p.extend(&b);
+    frame(2013, &p)
+}
+
+fn first_write_error(r: &Document) -> (i32, i32, String) {
+    let e = r
+        .get_array("writeErrors")
+        .expect("writeErrors")
+        .first()
+        .and_then(|e| e.as_document())
+        .expect("a write error");
+    (
+        e.get_i32("index").expect("index"),
+        e.get_i32("code").expect("code"),
+        e.get_str("errmsg").expect("errmsg").to_string(),
+    )
+}
+
+/// MongoDB refuses a document with two top-level `_id`s (a `Document` would
+/// silently keep the last): in a kind-1 sequence, in the body's `documents`,
+/// as an update's replacement and as findAndModify's replacement. The other
+/// documents of an unordered insert are still written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_with_two_ids_are_refused() {
+    let s = TestServer::start(|_| {}).await;
+    let mut c = TcpStream::connect(s.addr).await.expect("connect");
+    let dup = raw_doc(&[("_id", 1), ("v", 1), ("_id", 2)]);
+    let good = raw_doc(&[("_id", 3), ("v", 3)]);
+
+    // Kind-1 `documents`, unordered: the good one is written.
+    c.write_all(&op_msg_with_sequence(
+        &doc! {"insert": "a", "ordered": false, "$db": "dups"},
+        "documents",
+        &[dup.clone(), good.clone()],
+    ))
+    .await
+    .expect("write");
+    let r = reply(&mut c).await.expect("reply");
+    assert_eq!(n(&r), 1, "{r}");
+    let (index, code, msg) = first_write_error(&r);
+    assert_eq!((index, code), (0, 2), "{r}");
+    assert!(msg.contains("multiple _id"), "{msg}");
+    assert_eq!(count(&mut c, "a").await, 1);
+
+    // The body's `documents` array (hand-built: a raw array holding the raw doc).
+    let mut arr = vec![0u8; 4];
+    arr.push(3);
+    arr.extend(b"0\0");
+    arr.extend(&dup);
+    arr.push(0);
+    let alen = arr.len() as i32;
+    arr[..4].copy_from_slice(&alen.to_le_bytes());
+    c.write_all(&op_msg_with_raw_field(
+        &doc! {"insert": "b", "$db": "dups"},
+        4,
+        "documents",
+        &arr,
+    ))
+    .await
+    .expect("write");
+    let r = reply(&mut c).await.expect("reply");
+    assert_eq!(first_write_error(&r).1, 2, "{r}");
+    assert_eq!(count(&mut c, "b").await, 0);
+
+    // An upserting replacement with two `_id`s.
+    c.write_all(&op_msg_with_sequence(
+        &doc! {"update": "c", "$db": "dups"},
+        "updates",
+        &[raw_update_statement(&dup)],
+    ))
+    .await
+    .expect("write");
+    let r = reply(&mut c).await.expect("reply");
+    assert_eq!(first_write_error(&r).1, 2, "{r}");
+    assert_eq!(count(&mut c, "c").await, 0);
+
+    // findAndModify's replacement, upserting.
+    c.write_all(&op_msg_with_raw_field(
+        &doc! {"findAndModify": "d", "query": {}, "upsert": true, "$db": "dups"},
+        3,
+        "update",
+        &dup,
+    ))
+    .await
+    .expect("write");
+    let r = reply(&mut c).await.expect("reply");
+    assert_eq!(r.get_i32("code").expect("code"), 2, "{r}");
+    assert_eq!(count(&mut c, "d").await, 0);
+
+    // A legitimate insert still works on the same connection.
+    c.write_all(&op_msg_with_sequence(
+        &doc! {"insert": "a", "$db": "dups"},
+        "documents",
+        &[raw_doc(&[("_id", 9)])],
+    ))
+    .await
+    .expect("write");
+    let r = reply(&mut c).await.expect("reply");
+    assert_eq!(n(&r), 1, "{r}");
+    s.shutdown().await;
+}

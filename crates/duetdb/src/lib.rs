@@ -66,8 +66,8 @@ pub mod raw {
     pub use crate::doc::types::type_name;
     pub use crate::doc::value::{compare, equal};
     pub use crate::doc::{
-        id_of, prepare_insert, to_document, to_raw_document, validate_raw, validate_raw_depth,
-        DocRef, MAX_DEPTH, MAX_DOC_SIZE,
+        has_duplicate_id, id_of, prepare_insert, to_document, to_raw_document, validate_raw,
+        validate_raw_depth, DocRef, DUPLICATE_ID_MARK, MAX_DEPTH, MAX_DOC_SIZE,
     };
 }
 

@@ -31,9 +31,35 @@ pub const MAX_DEPTH: usize = 100;
 /// A stored, immutable, reference-counted document.
 pub type DocRef = Arc<RawDocumentBuf>;
 
+/// The key a decoder adds to a document whose raw form had more than one
+/// top-level `_id` (a `Document` keeps only the last, silently). BSON keys
+/// cannot contain NUL, so no client can send it; a document carrying it is
+/// refused wherever it would be stored ([`check_single_id`]).
+pub const DUPLICATE_ID_MARK: &str = "\0duplicate _id";
+
+/// Whether a raw document has more than one top-level `_id`.
+pub fn has_duplicate_id(raw: &RawDocument) -> bool {
+    raw.iter()
+        .filter(|e| matches!(e, Ok((k, _)) if *k == "_id"))
+        .nth(1)
+        .is_some()
+}
+
+/// Refuse a document the decoder marked as having two `_id` fields
+/// (MongoDB: BadValue, "can't have multiple _id fields in one document").
+pub fn check_single_id(doc: &Document) -> Result<()> {
+    if doc.contains_key(DUPLICATE_ID_MARK) {
+        return Err(Error::bad_value(
+            "can't have multiple _id fields in one document",
+        ));
+    }
+    Ok(())
+}
+
 /// Turn a user document into its stored form: `_id` first (generated when absent),
 /// limits checked. Returns the raw document and its `_id`.
 pub fn prepare_insert(doc: &Document) -> Result<(RawDocumentBuf, RawBson)> {
+    check_single_id(doc)?;
     check_depth(doc)?;
     let id = match doc.get("_id") {
         Some(id) => {

@@ -29,6 +29,7 @@ use super::{ElemCond, FieldOp, Kind, Op, PushArgs, PushSort};
 pub(super) fn kind(spec: &Document) -> Result<Kind> {
     let dollar = spec.keys().filter(|k| k.starts_with('$')).count();
     if dollar == 0 {
+        crate::doc::check_single_id(spec)?;
         if too_deep_doc(spec, 1) {
             return Err(Error::NestingTooDeep { limit: MAX_DEPTH });
         }
