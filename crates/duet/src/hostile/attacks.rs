@@ -185,7 +185,7 @@ fn slow_aggregate(s: &Shared, rng: &mut StdRng) -> Outcome {
 fn huge_document(s: &Shared, rng: &mut StdRng) -> Outcome {
     // Literal pieces (the command stays under the 48 MB message limit);
     // their concatenation is 18–35 MB.
-    let piece = "x".repeat(rng.gen_range(5..8) << 20);
+    let piece = "x".repeat(rng.gen_range(6..8) << 20);
     let copies = rng.gen_range(3..6);
     let parts: Vec<Bson> = (0..copies).map(|_| Bson::String(piece.clone())).collect();
     match once(
@@ -283,9 +283,16 @@ fn deep_nesting(s: &Shared, rng: &mut StdRng) -> Outcome {
     for _ in 0..depth {
         d = doc! {"a": d};
     }
-    match once(s, "hostile_junk", doc! {"insert": "deep", "documents": [d]}) {
-        Outcome::Ok => Outcome::Violation(format!("a document {depth} levels deep was stored")),
-        other => other,
+    let Some(mut c) = connect(s.addr) else {
+        return Outcome::Closed;
+    };
+    match c.run("hostile_junk", doc! {"insert": "deep", "documents": [d]}) {
+        Ok(Reply::Ok(r)) if stored(&r) => {
+            Outcome::Violation(format!("a document {depth} levels deep was stored: {r}"))
+        }
+        Ok(Reply::Ok(r)) => Outcome::Refused(first_write_error(&r)),
+        Ok(r) => r.into(),
+        Err(_) => Outcome::Closed,
     }
 }
 
