@@ -43,7 +43,11 @@ pub use api::{
 };
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport};
-pub use error::{BulkWriteFailure, DuplicateKey, Error, Result, StorageError};
+pub use error::{
+    BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
+};
+pub use query::limits::{ReadLimits, DEFAULT_MEMORY_LIMIT};
+pub use query::spill::{spill_stats, SpillStats};
 pub use snapshot::named::{
     AnalyticsSnapshot, Clock, ManualClock, SnapshotInfo, SnapshotOptions, MAX_NAMED_SNAPSHOTS,
 };

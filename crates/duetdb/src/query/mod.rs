@@ -5,14 +5,18 @@ pub mod aggregate;
 pub mod distinct;
 pub mod expr;
 pub mod filter;
+pub mod limits;
 pub mod planner;
 pub mod projection;
 pub mod sort;
+pub mod sorter;
+pub mod spill;
 pub mod update;
 
 pub use aggregate::{CommutativePart, PartialState, Pipeline, Split};
 
 pub use filter::{Filter, Sarg};
+pub use limits::ReadLimits;
 pub use projection::Projection;
 pub use sort::SortSpec;
 pub use update::{ApplyContext, UpdateSpec};
