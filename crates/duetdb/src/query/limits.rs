@@ -11,6 +11,11 @@ use std::path::PathBuf;
 
 use crate::error::CancelToken;
 
+/// Documents (or index entries) examined between two cancellation checks:
+/// small enough that a cancelled read stops within milliseconds, large enough
+/// that the check costs nothing per document.
+pub const PAGE_DOCS: usize = 256;
+
 /// Bytes one blocking stage (an in-memory sort, a `$group`) may hold:
 /// MongoDB's 100 MB.
 pub const DEFAULT_MEMORY_LIMIT: usize = 100 * 1024 * 1024;

@@ -12,11 +12,11 @@ pub mod sort;
 pub mod sorter;
 pub mod spill;
 pub mod update;
+pub mod walk;
 
 pub use aggregate::{CommutativePart, PartialState, Pipeline, Split};
 
 pub use filter::{Filter, Sarg};
-pub use limits::ReadLimits;
 pub use projection::Projection;
 pub use sort::SortSpec;
 pub use update::{ApplyContext, UpdateSpec};

@@ -7,10 +7,11 @@
 //! ordered output: an in-memory vector or a k-way merge of runs).
 //!
 //! Invariants:
-//! - the output is stable: documents with equal keys come out in the order
-//!   they were pushed (in memory by a sequence number; across runs because
-//!   runs are written in arrival order, merged with ties going to the older
-//!   run, and compaction only ever merges the oldest runs into one);
+//! - equal keys come out by their tie-breaker: the arrival order for
+//!   [`Sorter::push`] (a stable sort), the given value for
+//!   [`Sorter::push_tied`] (a find's record id, so every plan gives the same
+//!   order); runs store the tie, so a spilled sort orders ties exactly as an
+//!   in-memory one;
 //! - the buffer holds at most `memory_limit_bytes` of documents and keys
 //!   (accounted as document bytes + key bytes + item overhead) after every
 //!   [`Sorter::push`]; over it the buffer is spilled, or the push fails with
@@ -40,7 +41,8 @@ const CHECK_EVERY: usize = 256;
 /// One buffered document with its key.
 struct Item {
     key: SortKey,
-    seq: u64,
+    /// Tie-breaker: arrival order or the caller's value.
+    tie: u64,
     doc: DocRef,
     /// What it counts against the memory limit.
     bytes: usize,
@@ -151,11 +153,18 @@ impl Sorter {
 
     fn cmp(spec: &SortSpec, a: &Item, b: &Item) -> Ordering {
         spec.compare_keys(&a.key, &b.key)
-            .then_with(|| a.seq.cmp(&b.seq))
+            .then_with(|| a.tie.cmp(&b.tie))
     }
 
-    /// Add one document.
+    /// Add one document; equal keys keep their arrival order.
     pub fn push(&mut self, doc: DocRef) -> Result<()> {
+        let tie = self.seq;
+        self.seq += 1;
+        self.push_tied(doc, tie)
+    }
+
+    /// Add one document; equal keys are ordered by `tie`.
+    pub fn push_tied(&mut self, doc: DocRef, tie: u64) -> Result<()> {
         if self.keep == Some(0) {
             return Ok(());
         }
@@ -163,11 +172,10 @@ impl Sorter {
         let bytes = doc.as_bytes().len() + key_bytes(&key) + std::mem::size_of::<Item>();
         let item = Item {
             key,
-            seq: self.seq,
+            tie,
             doc,
             bytes,
         };
-        self.seq += 1;
         match self.keep {
             Some(k) => {
                 let spec = &self.spec;
@@ -210,7 +218,7 @@ impl Sorter {
         self.buf.sort_by(|a, b| Sorter::cmp(spec, a, b));
         let mut w = RunWriter::create(&self.spill_dir)?;
         for item in self.buf.drain(..) {
-            w.push(&item.doc)?;
+            w.push(item.tie, &item.doc)?;
         }
         self.buf_bytes = 0;
         self.runs.push(w.finish()?);
@@ -230,8 +238,8 @@ impl Sorter {
         )?;
         let mut w = RunWriter::create(&self.spill_dir)?;
         let mut n = 0usize;
-        while let Some(doc) = merge.next_doc()? {
-            w.push(&doc)?;
+        while let Some((tie, doc)) = merge.next_doc()? {
+            w.push(tie, &doc)?;
             n += 1;
             if n % CHECK_EVERY == 0 {
                 self.cancel.check()?;
@@ -242,18 +250,15 @@ impl Sorter {
         Ok(())
     }
 
-    /// Runs written to disk so far.
-    pub fn spilled_runs(&self) -> u64 {
-        self.spilled_runs
-    }
-
     /// The most bytes the buffer held.
-    pub fn peak_bytes(&self) -> usize {
+    #[cfg(test)]
+    fn peak_bytes(&self) -> usize {
         self.peak_bytes
     }
 
     /// Documents currently buffered in memory.
-    pub fn buffered(&self) -> usize {
+    #[cfg(test)]
+    fn buffered(&self) -> usize {
         self.buf.len()
     }
 
@@ -292,19 +297,22 @@ enum Source {
 }
 
 impl Source {
-    fn next_doc(&mut self) -> Result<Option<DocRef>> {
+    fn next_doc(&mut self) -> Result<Option<(u64, DocRef)>> {
         match self {
             Source::Run(r) => r.next_doc(),
-            Source::Mem(it) => Ok(it.next().map(|i| i.doc)),
+            Source::Mem(it) => Ok(it.next().map(|i| (i.tie, i.doc))),
         }
     }
 }
 
-/// A k-way merge of sorted sources; ties go to the earlier source.
+/// A head of a merge source: key, tie-breaker, document.
+type Head = (SortKey, u64, DocRef);
+
+/// A k-way merge of sorted sources by (key, tie).
 struct Merger {
     spec: SortSpec,
     sources: Vec<Source>,
-    heads: Vec<Option<(SortKey, DocRef)>>,
+    heads: Vec<Option<Head>>,
     /// Indices of sources with a head, a min-heap by (head key, index).
     heap: Vec<usize>,
 }
@@ -313,7 +321,7 @@ impl Merger {
     fn new(spec: SortSpec, mut sources: Vec<Source>) -> Result<Merger> {
         let mut heads = Vec::with_capacity(sources.len());
         for s in &mut sources {
-            heads.push(s.next_doc()?.map(|d| (spec.sort_key(&d), d)));
+            heads.push(s.next_doc()?.map(|(t, d)| (spec.sort_key(&d), t, d)));
         }
         let mut m = Merger {
             spec,
@@ -334,24 +342,24 @@ impl Merger {
         Ok(m)
     }
 
-    fn before(spec: &SortSpec, heads: &[Option<(SortKey, DocRef)>], a: usize, b: usize) -> bool {
+    fn before(spec: &SortSpec, heads: &[Option<Head>], a: usize, b: usize) -> bool {
         match (&heads[a], &heads[b]) {
-            (Some((ka, _)), Some((kb, _))) => {
-                spec.compare_keys(ka, kb).then(a.cmp(&b)) == Ordering::Less
+            (Some((ka, ta, _)), Some((kb, tb, _))) => {
+                spec.compare_keys(ka, kb).then(ta.cmp(tb)).then(a.cmp(&b)) == Ordering::Less
             }
             (Some(_), None) => true,
             _ => false,
         }
     }
 
-    fn next_doc(&mut self) -> Result<Option<DocRef>> {
+    fn next_doc(&mut self) -> Result<Option<(u64, DocRef)>> {
         let Some(&top) = self.heap.first() else {
             return Ok(None);
         };
         let next = self.sources[top].next_doc()?;
         let out = std::mem::replace(
             &mut self.heads[top],
-            next.map(|d| (self.spec.sort_key(&d), d)),
+            next.map(|(t, d)| (self.spec.sort_key(&d), t, d)),
         );
         if self.heads[top].is_none() {
             let last = self.heap.len() - 1;
@@ -362,7 +370,7 @@ impl Merger {
         sift_down(&mut self.heap, 0, &|a, b| {
             Merger::before(spec, heads, *a, *b)
         });
-        Ok(out.map(|(_, d)| d))
+        Ok(out.map(|(_, t, d)| (t, d)))
     }
 
     /// Bytes held in memory by the merge (heads, in-memory source, read buffers).
@@ -371,7 +379,7 @@ impl Merger {
             .heads
             .iter()
             .flatten()
-            .map(|(k, d)| d.as_bytes().len() + key_bytes(k))
+            .map(|(k, _, d)| d.as_bytes().len() + key_bytes(k))
             .sum();
         let mem: usize = self
             .sources
@@ -446,7 +454,7 @@ impl SortedStream {
                 self.held = self.held.saturating_sub(i.bytes);
                 i.doc
             }),
-            Inner::Merge(m) => m.next_doc()?,
+            Inner::Merge(m) => m.next_doc()?.map(|(_, d)| d),
         };
         if doc.is_some() {
             if let Some(n) = &mut self.left {
@@ -509,6 +517,10 @@ mod tests {
             if let Some(k) = keep {
                 assert!(s.buffered() <= k, "top-k holds more than k");
             }
+            assert!(
+                s.peak_bytes() <= bytes.saturating_add(200),
+                "over the memory limit"
+            );
         }
         let out = s.finish().unwrap();
         let runs = out.spilled_runs();

@@ -5,9 +5,11 @@
 //! ([`clear_dir`]), run files (mode 0600, [`RunWriter`] / [`RunReader`]), and
 //! the process-wide spill figures ([`spill_stats`]).
 //!
-//! A run file is the concatenation of the run's BSON documents (each starts
-//! with its own little-endian `i32` length); nothing else — it lives for one
-//! query only, is never synced, and no format version is kept.
+//! A run file is a sequence of `tie u64 LE | BSON document` records (the
+//! document starts with its own little-endian `i32` length; the tie is the
+//! sorter's tie-breaker, kept so a merge orders equal keys as memory would);
+//! nothing else — it lives for one query only, is never synced, and no format
+//! version is kept.
 //!
 //! Invariants:
 //! - the directory is created 0700 and every file 0600 (`create_new`), whatever
@@ -136,10 +138,12 @@ impl RunWriter {
         })
     }
 
-    pub fn push(&mut self, doc: &RawDocument) -> Result<()> {
+    /// Append `doc` with its tie-breaker.
+    pub fn push(&mut self, tie: u64, doc: &RawDocument) -> Result<()> {
         let bytes = doc.as_bytes();
         self.out
-            .write_all(bytes)
+            .write_all(&tie.to_le_bytes())
+            .and_then(|()| self.out.write_all(bytes))
             .map_err(|e| io_error("write spill file", &self.path, &e))?;
         self.docs += 1;
         self.bytes += bytes.len() as u64;
@@ -198,14 +202,16 @@ pub struct RunReader {
 }
 
 impl RunReader {
-    /// The next document, `None` at the end of the run.
-    pub fn next_doc(&mut self) -> Result<Option<DocRef>> {
+    /// The next document with its tie-breaker, `None` at the end of the run.
+    pub fn next_doc(&mut self) -> Result<Option<(u64, DocRef)>> {
         if self.left == 0 {
             return Ok(None);
         }
+        let mut tie = [0u8; 8];
         let mut len = [0u8; 4];
         self.input
-            .read_exact(&mut len)
+            .read_exact(&mut tie)
+            .and_then(|()| self.input.read_exact(&mut len))
             .map_err(|e| io_error("read spill file", &self.path, &e))?;
         let n = i32::from_le_bytes(len);
         let size = usize::try_from(n).ok().filter(|n| *n >= 5).ok_or_else(|| {
@@ -228,8 +234,8 @@ impl RunReader {
             ))
         })?;
         self.left -= 1;
-        self.offset += size as u64;
-        Ok(Some(Arc::new(doc)))
+        self.offset += 8 + size as u64;
+        Ok(Some((u64::from_le_bytes(tie), Arc::new(doc))))
     }
 }
 
@@ -265,12 +271,13 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        for d in &docs {
-            w.push(d).unwrap();
+        for (i, d) in docs.iter().enumerate() {
+            w.push(i as u64 * 3, d).unwrap();
         }
         let mut r = w.finish().unwrap();
-        for d in &docs {
-            assert_eq!(r.next_doc().unwrap().unwrap().as_bytes(), d.as_bytes());
+        for (i, d) in docs.iter().enumerate() {
+            let (tie, got) = r.next_doc().unwrap().unwrap();
+            assert_eq!((tie, got.as_bytes()), (i as u64 * 3, d.as_bytes()));
         }
         assert!(r.next_doc().unwrap().is_none());
         drop(r);
@@ -310,7 +317,7 @@ mod tests {
     fn a_damaged_run_is_an_error_not_a_panic() {
         let dir = tmp("damaged");
         let mut w = RunWriter::create(&dir).unwrap();
-        w.push(&RawDocumentBuf::try_from(&doc! {"a": 1}).unwrap())
+        w.push(7, &RawDocumentBuf::try_from(&doc! {"a": 1}).unwrap())
             .unwrap();
         let mut r = w.finish().unwrap();
         // Lie about the count: the reader finds the end of the file.
