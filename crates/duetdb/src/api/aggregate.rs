@@ -94,7 +94,8 @@ impl Collection {
         strategy: Strategy,
         limits: &ReadLimits,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
-        let p = prepare(&pipeline)?;
+        let mut p = prepare(&pipeline)?;
+        p.limit_memory(limits.memory_limit_bytes);
         let choice = self.choose_for(&p, strategy)?;
         let spill_dir = limits.spill_dir_or(self.database().spill_dir());
         if choice.strategy == Strategy::Olcp {

@@ -281,6 +281,15 @@ pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
 }
 
 impl Prepared {
+    /// Lower the memory limit of the commutative part's `$group` to `bytes`
+    /// (what an OLCP run feeds and merges directly; [`Exec`] applies the
+    /// read's limit to the stages it runs itself).
+    pub fn limit_memory(&mut self, bytes: usize) {
+        if let Some(g) = &mut self.part.group {
+            g.memory_limit = g.memory_limit.min(bytes);
+        }
+    }
+
     /// Push-based execution of everything after the scan filter (the
     /// commutative part, then the rest) under `limits`.
     pub fn exec(&self, limits: &ReadLimits, spill_dir: PathBuf) -> Exec<'_> {
