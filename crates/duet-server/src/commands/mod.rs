@@ -13,7 +13,8 @@
 //! `writeConcern`, `comment`, `apiVersion`, `apiStrict`,
 //! `apiDeprecationErrors`) are accepted and ignored: a single node
 //! acknowledges every write once it is visible. `maxTimeMS` is enforced by
-//! the caller. Things we cannot honor are refused, never silently ignored:
+//! the caller, through the command's cancellation token (`Ctx::cancel`),
+//! which every read checks once per page of work. Things we cannot honor are refused, never silently ignored:
 //! the reserved `$duet` field with unknown options, read concern `snapshot`
 //! outside find/aggregate/distinct, `$duet.workNsPerDoc` outside `count`.
 
@@ -42,6 +43,9 @@ pub struct Ctx<'a> {
     pub conn: &'a ConnInfo,
     /// The database the command was sent to (`$db`).
     pub db: &'a str,
+    /// Cancelled by `maxTimeMS`, `killOp`, the client closing its
+    /// connection, or shutdown; reads check it once per page of work.
+    pub cancel: &'a duetdb::CancelToken,
 }
 
 impl Ctx<'_> {
@@ -99,6 +103,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("connectionStatus", "authentication state (no auth yet)"),
     ("listCommands", "this list"),
     ("serverStatus", "counters and engine figures"),
+    ("currentOp", "operations in flight (admin)"),
+    ("killOp", "cancel an operation by opid (admin)"),
     ("listDatabases", "databases holding collections"),
     ("listCollections", "collections of a database"),
     ("create", "create a collection"),
@@ -152,10 +158,17 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("killAllSessions", "kill every session"),
 ];
 
-/// Execute one command; always returns a reply document (`ok: 1` or an error).
-pub fn execute(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> Document {
+/// Execute one command under `cancel`; always returns a reply document
+/// (`ok: 1` or an error).
+pub fn execute(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    cancel: &duetdb::CancelToken,
+) -> Document {
     OpCounters::bump(&state.ops.command, 1);
-    match dispatch(state, conn, db, cmd) {
+    match dispatch(state, conn, db, cmd, cancel) {
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");
@@ -259,7 +272,13 @@ pub fn duet_work_ns(cmd: &Document) -> CmdResult<Option<u64>> {
     opts.get("workNsPerDoc").map(work_ns).transpose()
 }
 
-fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
+fn dispatch(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    cancel: &duetdb::CancelToken,
+) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
     duet_strategy(cmd)?;
@@ -268,7 +287,12 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
             "$duet.workNsPerDoc is honoured by count only, not by '{name}'"
         )));
     }
-    let ctx = Ctx { state, conn, db };
+    let ctx = Ctx {
+        state,
+        conn,
+        db,
+        cancel,
+    };
     let session = SessionArgs::parse(cmd)?;
     if matches!(name, "commitTransaction" | "abortTransaction") {
         return txn::finish(&ctx, name, &session);
@@ -307,13 +331,15 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "ping" => Ok(doc! {"ok": 1.0}),
         "buildInfo" | "buildinfo" => Ok(admin::build_info()),
         "hostInfo" => Ok(admin::host_info()),
-        "getParameter" => admin::get_parameter(cmd),
+        "getParameter" => admin::get_parameter(ctx, cmd),
         "getCmdLineOpts" => Ok(admin::cmd_line_opts()),
         "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => Ok(admin::connection_status()),
         "listCommands" => Ok(admin::list_commands()),
         "serverStatus" => Ok(admin::server_status(ctx)),
+        "currentOp" => admin::current_op(ctx, cmd),
+        "killOp" => admin::kill_op(ctx, cmd),
         "listDatabases" => admin::list_databases(ctx, cmd),
         "endSessions" => txn::end_sessions(ctx, cmd),
         "killSessions" | "killAllSessions" => txn::kill_sessions(ctx, name, cmd),

@@ -24,7 +24,9 @@
 //! [`Pipeline::run_on`] of the same stages on the same input in the same
 //! order (tested); stored documents that no stage rewrote stay shared
 //! (`DocRef`s) through per-document stages and the sort; the cancellation
-//! token is checked every [`PAGE_DOCS`] documents pushed and emitted.
+//! token is checked every [`PAGE_DOCS`] rows handed to any node (an
+//! `$unwind` that turns one document into thousands is checked per row, not
+//! per scanned document).
 //!
 //! [`Pipeline::run_on`]: crate::query::aggregate::Pipeline::run_on
 
@@ -78,12 +80,27 @@ enum Node<'p> {
     Count { field: &'p str, n: u64 },
 }
 
+/// Counts rows handed between nodes and checks the token every page.
+struct Ticker {
+    cancel: CancelToken,
+    rows: usize,
+}
+
+impl Ticker {
+    fn tick(&mut self) -> Result<()> {
+        self.rows += 1;
+        if self.rows % PAGE_DOCS == 0 {
+            self.cancel.check()?;
+        }
+        Ok(())
+    }
+}
+
 /// A pipeline being executed; see the module documentation.
 pub struct Exec<'p> {
     nodes: Vec<Node<'p>>,
     out: Vec<Document>,
-    cancel: CancelToken,
-    pushed: usize,
+    ticker: Ticker,
     /// A `$limit` was reached: nothing pushed from now on can matter.
     stopped: bool,
 }
@@ -145,18 +162,12 @@ impl<'p> Exec<'p> {
         Exec {
             nodes,
             out: Vec::new(),
-            cancel: limits.cancel.clone(),
-            pushed: 0,
+            ticker: Ticker {
+                cancel: limits.cancel.clone(),
+                rows: 0,
+            },
             stopped: false,
         }
-    }
-
-    fn tick(&mut self) -> Result<()> {
-        self.pushed += 1;
-        if self.pushed % PAGE_DOCS == 0 {
-            self.cancel.check()?;
-        }
-        Ok(())
     }
 
     /// Push a stored document; `Break`: nothing more can change the answer.
@@ -173,8 +184,7 @@ impl<'p> Exec<'p> {
         if self.stopped {
             return Ok(ControlFlow::Break(()));
         }
-        self.tick()?;
-        let flow = push_at(&mut self.nodes, &mut self.out, row)?;
+        let flow = push_at(&mut self.nodes, &mut self.out, &mut self.ticker, row)?;
         if flow.is_break() {
             self.stopped = true;
         }
@@ -183,17 +193,15 @@ impl<'p> Exec<'p> {
 
     /// Flush the blocking stages in order; the pipeline's output.
     pub fn finish(mut self) -> Result<Vec<Document>> {
+        self.ticker.cancel.check()?;
         for i in 0..self.nodes.len() {
             let (head, rest) = self.nodes.split_at_mut(i + 1);
-            let out = &mut self.out;
+            let (out, ticker) = (&mut self.out, &mut self.ticker);
             match &mut head[i] {
                 Node::Group { group, state } => {
                     let docs = group.finish(std::mem::take(state))?;
-                    for (n, d) in docs.into_iter().enumerate() {
-                        if n % PAGE_DOCS == PAGE_DOCS - 1 {
-                            self.cancel.check()?;
-                        }
-                        if push_at(rest, out, Row::Owned(d))?.is_break() {
+                    for d in docs {
+                        if push_at(rest, out, ticker, Row::Owned(d))?.is_break() {
                             break;
                         }
                     }
@@ -202,9 +210,8 @@ impl<'p> Exec<'p> {
                     let Some(sorter) = sorter.take() else {
                         continue;
                     };
-                    // The stream checks the token itself.
                     for d in sorter.finish()? {
-                        if push_at(rest, out, Row::Shared(d?))?.is_break() {
+                        if push_at(rest, out, ticker, Row::Shared(d?))?.is_break() {
                             break;
                         }
                     }
@@ -214,7 +221,7 @@ impl<'p> Exec<'p> {
                         let v = i32::try_from(*n)
                             .map(Bson::Int32)
                             .unwrap_or(Bson::Int64(*n as i64));
-                        let _ = push_at(rest, out, Row::Owned(bson::doc! {*field: v}))?;
+                        let _ = push_at(rest, out, ticker, Row::Owned(bson::doc! {*field: v}))?;
                     }
                 }
                 Node::PerDoc(_) | Node::Skip(_) | Node::Limit(_) => {}
@@ -249,7 +256,13 @@ fn top_k(after: &[StageRef<'_>]) -> Option<usize> {
 }
 
 /// Push `row` into the first of `nodes` (or the output when none is left).
-fn push_at(nodes: &mut [Node<'_>], out: &mut Vec<Document>, row: Row) -> Result<ControlFlow<()>> {
+fn push_at(
+    nodes: &mut [Node<'_>],
+    out: &mut Vec<Document>,
+    ticker: &mut Ticker,
+    row: Row,
+) -> Result<ControlFlow<()>> {
+    ticker.tick()?;
     let Some((node, rest)) = nodes.split_first_mut() else {
         out.push(row.into_document()?);
         return Ok(ControlFlow::Continue(()));
@@ -267,7 +280,7 @@ fn push_at(nodes: &mut [Node<'_>], out: &mut Vec<Document>, row: Row) -> Result<
                     (Cur::Raw(_), Some(d)) => Row::Shared(d.clone()),
                     (cur, _) => Row::Owned(cur.into_document()?),
                 };
-                flow = push_at(rest, out, next)?;
+                flow = push_at(rest, out, ticker, next)?;
                 Ok(())
             };
             match row {
@@ -297,14 +310,14 @@ fn push_at(nodes: &mut [Node<'_>], out: &mut Vec<Document>, row: Row) -> Result<
                 *left -= 1;
                 return Ok(ControlFlow::Continue(()));
             }
-            push_at(rest, out, row)
+            push_at(rest, out, ticker, row)
         }
         Node::Limit(left) => {
             if *left == 0 {
                 return Ok(ControlFlow::Break(()));
             }
             *left -= 1;
-            let flow = push_at(rest, out, row)?;
+            let flow = push_at(rest, out, ticker, row)?;
             if *left == 0 {
                 return Ok(ControlFlow::Break(()));
             }
