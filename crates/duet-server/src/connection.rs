@@ -208,7 +208,7 @@ async fn run_command(
         tokio::task::spawn_blocking(move || {
             // Listed until the engine call has returned.
             let _op = op;
-            commands::execute(&state, &conn, &db, &cmd, &token)
+            commands::execute_with(&state, &conn, &db, &cmd, &token)
         })
     };
     let joined = match max_time {

@@ -158,9 +158,16 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("killAllSessions", "kill every session"),
 ];
 
-/// Execute one command under `cancel`; always returns a reply document
-/// (`ok: 1` or an error).
-pub fn execute(
+/// Execute one command that nothing can cancel; always returns a reply
+/// document (`ok: 1` or an error).
+pub fn execute(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> Document {
+    execute_with(state, conn, db, cmd, &duetdb::CancelToken::never())
+}
+
+/// Execute one command under `cancel` (the connection's path: `maxTimeMS`,
+/// `killOp`, a closed connection and shutdown cancel it); always returns a
+/// reply document.
+pub fn execute_with(
     state: &Arc<ServerState>,
     conn: &ConnInfo,
     db: &str,

@@ -263,7 +263,7 @@ fn busy_work(d: &DocRef, ns: u64, cancel: &duetdb::CancelToken) -> u64 {
     while t0.elapsed().as_nanos() < u128::from(ns) {
         h = h.wrapping_mul(31).wrapping_add(7);
         spins = spins.wrapping_add(1);
-        if spins % 64 == 0 && cancel.is_cancelled() {
+        if spins.is_multiple_of(64) && cancel.is_cancelled() {
             break;
         }
     }

@@ -218,14 +218,14 @@ mod tests {
         assert!(t.check().is_ok());
         assert!(c.cancel(CancelReason::Killed));
         assert!(!t.cancel(CancelReason::Shutdown));
-        let e = t.check().unwrap_err();
+        let e = t.check().expect_err("must fail");
         assert_eq!((e.code(), e.code_name()), (11601, "Interrupted"));
     }
 
     #[test]
     fn a_passed_deadline_is_max_time_expired() {
         let t = CancelToken::with_deadline(Instant::now() - Duration::from_millis(1));
-        let e = t.check().unwrap_err();
+        let e = t.check().expect_err("must fail");
         assert_eq!((e.code(), e.code_name()), (50, "MaxTimeMSExpired"));
         // The deadline fixed the reason: a later kill changes nothing.
         assert!(!t.cancel(CancelReason::Killed));

@@ -543,7 +543,7 @@ where
     let mut examined = 0usize;
     let mut tick = || -> Result<()> {
         examined += 1;
-        if examined % PAGE_DOCS == 0 {
+        if examined.is_multiple_of(PAGE_DOCS) {
             cancel.check()?;
         }
         Ok(())

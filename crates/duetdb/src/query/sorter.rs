@@ -241,7 +241,7 @@ impl Sorter {
         while let Some((tie, doc)) = merge.next_doc()? {
             w.push(tie, &doc)?;
             n += 1;
-            if n % CHECK_EVERY == 0 {
+            if n.is_multiple_of(CHECK_EVERY) {
                 self.cancel.check()?;
             }
         }
@@ -446,7 +446,7 @@ impl SortedStream {
             return Ok(None);
         }
         self.yielded += 1;
-        if self.yielded % CHECK_EVERY == 0 {
+        if self.yielded.is_multiple_of(CHECK_EVERY) {
             self.cancel.check()?;
         }
         let doc = match &mut self.inner {
@@ -498,7 +498,7 @@ mod tests {
     }
 
     fn d(doc: Document) -> DocRef {
-        Arc::new(RawDocumentBuf::try_from(&doc).unwrap())
+        Arc::new(RawDocumentBuf::try_from(&doc).expect("test setup"))
     }
 
     fn limits(bytes: usize, disk: bool) -> ReadLimits {
@@ -510,10 +510,10 @@ mod tests {
     }
 
     fn run(docs: &[(i32, i32)], bytes: usize, keep: Option<usize>) -> (Vec<(i32, i32)>, u64) {
-        let spec = SortSpec::parse(&doc! {"k": 1}).unwrap();
+        let spec = SortSpec::parse(&doc! {"k": 1}).expect("test setup");
         let mut s = Sorter::new(spec, &limits(bytes, true), dir(), keep);
         for (k, i) in docs {
-            s.push(d(doc! {"k": k, "i": i})).unwrap();
+            s.push(d(doc! {"k": k, "i": i})).expect("test setup");
             if let Some(k) = keep {
                 assert!(s.buffered() <= k, "top-k holds more than k");
             }
@@ -522,12 +522,15 @@ mod tests {
                 "over the memory limit"
             );
         }
-        let out = s.finish().unwrap();
+        let out = s.finish().expect("test setup");
         let runs = out.spilled_runs();
         let got = out
             .map(|r| {
-                let r = r.unwrap();
-                (r.get_i32("k").unwrap(), r.get_i32("i").unwrap())
+                let r = r.expect("test setup");
+                (
+                    r.get_i32("k").expect("test setup"),
+                    r.get_i32("i").expect("test setup"),
+                )
             })
             .collect();
         (got, runs)
@@ -544,7 +547,7 @@ mod tests {
 
     #[test]
     fn over_the_limit_without_disk_use_is_292() {
-        let spec = SortSpec::parse(&doc! {"k": 1}).unwrap();
+        let spec = SortSpec::parse(&doc! {"k": 1}).expect("test setup");
         let mut s = Sorter::new(spec, &limits(2_000, false), dir(), None);
         let mut err = None;
         for i in 0..100 {
@@ -584,7 +587,7 @@ mod tests {
 
     #[test]
     fn a_cancelled_merge_stops_with_the_cancel_error() {
-        let spec = SortSpec::parse(&doc! {"k": 1}).unwrap();
+        let spec = SortSpec::parse(&doc! {"k": 1}).expect("test setup");
         let token = CancelToken::new();
         let l = ReadLimits {
             cancel: token.clone(),
@@ -592,10 +595,10 @@ mod tests {
         };
         let mut s = Sorter::new(spec, &l, dir(), None);
         for i in 0..2000 {
-            s.push(d(doc! {"k": i})).unwrap();
+            s.push(d(doc! {"k": i})).expect("test setup");
         }
-        let mut out = s.finish().unwrap();
-        assert!(out.next().unwrap().is_ok());
+        let mut out = s.finish().expect("test setup");
+        assert!(out.next().expect("test setup").is_ok());
         token.cancel(crate::error::CancelReason::Killed);
         let errs: Vec<_> = out.by_ref().filter_map(|r| r.err()).collect();
         assert_eq!(errs.len(), 1);

@@ -264,26 +264,26 @@ mod tests {
     #[test]
     fn a_run_reads_back_what_was_written_and_leaves_no_file() {
         let dir = tmp("roundtrip");
-        let mut w = RunWriter::create(&dir).unwrap();
+        let mut w = RunWriter::create(&dir).expect("test setup");
         let docs: Vec<RawDocumentBuf> = (0..1000i32)
             .map(|i| {
                 RawDocumentBuf::try_from(&doc! {"i": i, "s": "x".repeat((i % 50) as usize)})
-                    .unwrap()
+                    .expect("test setup")
             })
             .collect();
         for (i, d) in docs.iter().enumerate() {
-            w.push(i as u64 * 3, d).unwrap();
+            w.push(i as u64 * 3, d).expect("test setup");
         }
-        let mut r = w.finish().unwrap();
+        let mut r = w.finish().expect("test setup");
         for (i, d) in docs.iter().enumerate() {
-            let (tie, got) = r.next_doc().unwrap().unwrap();
+            let (tie, got) = r.next_doc().expect("test setup").expect("test setup");
             assert_eq!((tie, got.as_bytes()), (i as u64 * 3, d.as_bytes()));
         }
-        assert!(r.next_doc().unwrap().is_none());
+        assert!(r.next_doc().expect("test setup").is_none());
         drop(r);
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        let left: Vec<_> = std::fs::read_dir(&dir).expect("test setup").collect();
         assert!(left.is_empty(), "run files left behind: {left:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).expect("test setup");
     }
 
     #[cfg(unix)]
@@ -291,39 +291,46 @@ mod tests {
     fn directory_is_0700_and_files_0600_whatever_the_existing_mode() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tmp("modes");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let w = RunWriter::create(&dir).unwrap();
-        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        std::fs::create_dir_all(&dir).expect("test setup");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("test setup");
+        let w = RunWriter::create(&dir).expect("test setup");
+        let mode = std::fs::metadata(&dir)
+            .expect("test setup")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(mode, 0o700);
         assert_eq!(w.mode(), 0o600);
         drop(w);
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).expect("test setup");
     }
 
     #[test]
     fn clear_dir_removes_leftover_runs_only() {
         let dir = tmp("clear");
-        create_dir(&dir).unwrap();
-        std::fs::write(dir.join("run-1-2"), b"junk").unwrap();
-        std::fs::write(dir.join("keep.txt"), b"other").unwrap();
-        assert_eq!(clear_dir(&dir).unwrap(), 1);
+        create_dir(&dir).expect("test setup");
+        std::fs::write(dir.join("run-1-2"), b"junk").expect("test setup");
+        std::fs::write(dir.join("keep.txt"), b"other").expect("test setup");
+        assert_eq!(clear_dir(&dir).expect("test setup"), 1);
         assert!(dir.join("keep.txt").exists());
-        assert_eq!(clear_dir(&dir.join("missing")).unwrap(), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(clear_dir(&dir.join("missing")).expect("test setup"), 0);
+        std::fs::remove_dir_all(&dir).expect("test setup");
     }
 
     #[test]
     fn a_damaged_run_is_an_error_not_a_panic() {
         let dir = tmp("damaged");
-        let mut w = RunWriter::create(&dir).unwrap();
-        w.push(7, &RawDocumentBuf::try_from(&doc! {"a": 1}).unwrap())
-            .unwrap();
-        let mut r = w.finish().unwrap();
+        let mut w = RunWriter::create(&dir).expect("test setup");
+        w.push(
+            7,
+            &RawDocumentBuf::try_from(&doc! {"a": 1}).expect("test setup"),
+        )
+        .expect("test setup");
+        let mut r = w.finish().expect("test setup");
         // Lie about the count: the reader finds the end of the file.
         r.left = 2;
-        assert!(r.next_doc().unwrap().is_some());
+        assert!(r.next_doc().expect("test setup").is_some());
         assert!(r.next_doc().is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).expect("test setup");
     }
 }

@@ -317,28 +317,28 @@ mod tests {
 
     fn coll(n: i32) -> CollectionState {
         let mut c = CollectionState::new("t", VlsOptions::default());
-        c.create_index(IndexSpec::new(&doc! {"a": 1}, None, false).unwrap())
-            .unwrap();
-        c.create_index(IndexSpec::new(&doc! {"tags": 1}, None, false).unwrap())
-            .unwrap();
+        c.create_index(IndexSpec::new(&doc! {"a": 1}, None, false).expect("test setup"))
+            .expect("test setup");
+        c.create_index(IndexSpec::new(&doc! {"tags": 1}, None, false).expect("test setup"))
+            .expect("test setup");
         for i in 0..n {
             let d = doc! {"_id": i, "a": (i * 37) % 101, "tags": [i % 3, i % 5]};
-            let raw = Arc::new(bson::RawDocumentBuf::try_from(&d).unwrap());
-            c.insert(raw, bson::RawBson::Int32(i)).unwrap();
+            let raw = Arc::new(bson::RawDocumentBuf::try_from(&d).expect("test setup"));
+            c.insert(raw, bson::RawBson::Int32(i)).expect("test setup");
         }
         c
     }
 
     fn both(c: &CollectionState, filter: Document, sort: Option<Document>, hint: Option<Hint>) {
-        let f = Filter::parse(&filter).unwrap();
-        let s = sort.map(|s| SortSpec::parse(&s).unwrap());
-        let plan = planner::plan(c, &f, s.as_ref(), hint.as_ref()).unwrap();
+        let f = Filter::parse(&filter).expect("test setup");
+        let s = sort.map(|s| SortSpec::parse(&s).expect("test setup"));
+        let plan = planner::plan(c, &f, s.as_ref(), hint.as_ref()).expect("test setup");
         let mut want = Vec::new();
         planner::execute(c, &plan, &f, |rid, _| {
             want.push(rid);
             ControlFlow::Continue(())
         })
-        .unwrap();
+        .expect("test setup");
         let mut got = Vec::new();
         let mut w = Walk::new(c, &plan);
         let mut pages = 0;
@@ -347,7 +347,7 @@ mod tests {
                 got.push(rid);
                 ControlFlow::Continue(())
             })
-            .unwrap();
+            .expect("test setup");
             pages += 1;
             assert!(pages < 10_000, "walk does not end");
         }
@@ -383,10 +383,11 @@ mod tests {
     #[test]
     fn a_page_examines_at_most_one_page_even_when_nothing_matches() {
         let c = coll(2000);
-        let f = Filter::parse(&doc! {"nothing": 1}).unwrap();
-        let plan = planner::plan(&c, &f, None, None).unwrap();
+        let f = Filter::parse(&doc! {"nothing": 1}).expect("test setup");
+        let plan = planner::plan(&c, &f, None, None).expect("test setup");
         let mut w = Walk::new(&c, &plan);
-        w.page(&c, &f, |_, _| ControlFlow::Continue(())).unwrap();
+        w.page(&c, &f, |_, _| ControlFlow::Continue(()))
+            .expect("test setup");
         assert!(!w.is_done());
         match &w.pos {
             Pos::Rids { next } => assert_eq!(*next, PAGE_DOCS as RecordId),

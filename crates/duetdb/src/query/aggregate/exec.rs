@@ -89,7 +89,7 @@ struct Ticker {
 impl Ticker {
     fn tick(&mut self) -> Result<()> {
         self.rows += 1;
-        if self.rows % PAGE_DOCS == 0 {
+        if self.rows.is_multiple_of(PAGE_DOCS) {
             self.cancel.check()?;
         }
         Ok(())
