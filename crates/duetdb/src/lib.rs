@@ -38,8 +38,8 @@ pub use api::engine::validate_db_name;
 pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
-    DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, IndexOptions,
-    ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
+    DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
+    IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
 };
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport};

@@ -564,6 +564,12 @@ fn a_find_stream_reads_its_snapshot_page_by_page() {
         .expect("vls");
     assert!(!vls.is_streaming());
     assert_eq!(live.count(), vls.count());
+    // A materialized result can be handed on as a stream too.
+    let docs = snap.find(doc! {"k": 3}).raw().expect("raw");
+    let from: Vec<_> = duetdb::FindStream::from_docs(docs.clone())
+        .map(|d| d.expect("doc"))
+        .collect();
+    assert_eq!(from, docs);
     // A stream runs each batch under the token it is given.
     let mut s = snap.find(doc! {}).stream().expect("stream");
     assert!(s.next().is_some());

@@ -195,8 +195,25 @@ impl ReadSource<'_> {
         l
     }
 
-    /// The matching stored documents, sorted, skipped and limited (unprojected).
+    /// The matching stored documents, sorted, skipped and limited
+    /// (unprojected), materialized.
     pub fn find(&self, plan: &FindPlan, limits: &ReadLimits) -> CmdResult<Vec<DocRef>> {
+        Ok(self
+            .find_stream(plan, limits)?
+            .collect::<duetdb::Result<Vec<_>>>()?)
+    }
+
+    /// The same documents as a stream: lazy on a held snapshot (the default
+    /// read) and under `$duet: {snapshot: "cow"}` when the plan yields the
+    /// order; a sort's output otherwise (spilled runs merged on demand);
+    /// materialized for live `vls`/`olcp`/`none` reads and in a transaction.
+    /// What a server cursor can keep between `getMore`s (see
+    /// `duetdb::FindStream`).
+    pub fn find_stream(
+        &self,
+        plan: &FindPlan,
+        limits: &ReadLimits,
+    ) -> CmdResult<duetdb::FindStream> {
         let (filter, options) = (plan.filter.clone(), plan.options.clone());
         let limits = self.limits_for(limits);
         Ok(match self {
@@ -205,11 +222,11 @@ impl ReadSource<'_> {
                 .options(options)
                 .snapshot(*strategy)
                 .limits(limits)
-                .raw()?,
+                .stream()?,
             ReadSource::Held { coll, .. } => {
-                coll.find(filter).options(options).limits(limits).raw()?
+                coll.find(filter).options(options).limits(limits).stream()?
             }
-            ReadSource::Txn(coll) => coll.find_raw(filter, options)?,
+            ReadSource::Txn(coll) => duetdb::FindStream::from_docs(coll.find_raw(filter, options)?),
         })
     }
 

@@ -546,6 +546,28 @@ impl FindStream {
         }
     }
 
+    /// A stream over documents already materialized (a transaction's view,
+    /// a result computed elsewhere), so every read can be handed on as a
+    /// stream. Its [`FindStream::scan`] says `cow`, "materialized", csn 0.
+    pub fn from_docs(docs: Vec<DocRef>) -> FindStream {
+        let scan = ScanOutcome {
+            strategy: Strategy::Cow,
+            reason: "materialized",
+            start_csn: 0,
+            plan: empty_plan(),
+            from_remset: 0,
+            propagated: 0,
+            inflight_peak: 0,
+        };
+        FindStream::new(
+            Kind::Docs(docs.into_iter()),
+            0,
+            0,
+            CancelToken::never(),
+            scan,
+        )
+    }
+
     /// How the read runs: strategy (and why), the snapshot's csn, the plan.
     pub fn scan(&self) -> &ScanOutcome {
         &self.scan
