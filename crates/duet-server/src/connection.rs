@@ -8,11 +8,21 @@
 //!   connection, with the reason logged;
 //! - commands run on blocking threads (`spawn_blocking`); a panic there (a
 //!   bug) becomes an InternalError reply, never a crashed server;
-//! - `maxTimeMS` bounds how long the client waits: past it the client gets
-//!   MaxTimeMSExpired (50). The engine call itself cannot be interrupted and
-//!   finishes in the background (a read's result is discarded; a write that
-//!   was already submitted may still commit, as with MongoDB);
-//! - on shutdown the connection finishes the command in flight, then closes;
+//! - every command runs under a cancellation token, listed in the server's
+//!   operation registry (`currentOp`) until its blocking thread returns. The
+//!   token carries the `maxTimeMS` deadline (the engine's reads check it once
+//!   per page and fail with MaxTimeMSExpired, 50); `killOp` cancels it
+//!   (Interrupted, 11601), and so does the client closing its connection
+//!   while the command runs (ClientDisconnect, 279: nobody reads that reply)
+//!   and shutdown (InterruptedAtShutdown, 11600). Work never outlives its
+//!   request: a cancelled read stops within a page; a write already
+//!   submitted to the writer may still commit, as with MongoDB;
+//! - past `maxTimeMS` the client gets 50 even if the command ignored its
+//!   token (a write waiting for the writer): the token is cancelled and the
+//!   reply waits at most [`CANCEL_GRACE`] for the command to end, so a reply
+//!   normally comes after its work stopped;
+//! - on shutdown the connection finishes the command in flight (cancelled),
+//!   then closes;
 //! - a connection with no message in flight for the idle timeout is closed;
 //! - when the connection ends, its session-less cursors are killed (a
 //!   session's cursors outlive it: drivers pool connections);
@@ -20,10 +30,12 @@
 //!   fit becomes BSONObjectTooLarge (10334).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
+use duetdb::{CancelReason, CancelToken};
 use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -70,12 +82,26 @@ pub async fn serve(
                 break;
             }
         };
-        let reply = match frame.header.op_code {
-            OP_MSG => handle_msg(&state, &conn, &frame).await,
-            OP_QUERY => handle_query(&state, &conn, &frame).await,
-            other => {
-                tracing::warn!(conn = conn.id, peer = %conn.peer, op_code = other,
-                    "closing connection: unsupported opcode (OP_COMPRESSED is not offered; legacy opcodes other than OP_QUERY are not served)");
+        let op_code = frame.header.op_code;
+        if op_code != OP_MSG && op_code != OP_QUERY {
+            tracing::warn!(conn = conn.id, peer = %conn.peer, op_code,
+                "closing connection: unsupported opcode (OP_COMPRESSED is not offered; legacy opcodes other than OP_QUERY are not served)");
+            break;
+        }
+        let handled = async {
+            if op_code == OP_MSG {
+                handle_msg(&state, &conn, &frame).await
+            } else {
+                handle_query(&state, &conn, &frame).await
+            }
+        };
+        // A client that closes its connection while its command runs gets
+        // the command cancelled: nobody will read the reply.
+        let reply = tokio::select! {
+            r = handled => r,
+            _ = peer_closed(&mut rd) => {
+                let n = state.operations.kill_connection(conn.id, CancelReason::ClientDisconnected);
+                tracing::debug!(conn = conn.id, cancelled = n, "client closed the connection during a command");
                 break;
             }
         };
@@ -179,7 +205,22 @@ async fn handle_query(
     Some((OP_REPLY, opquery::encode_reply(flags, &serialize(&reply))))
 }
 
-/// Run a command off the async threads, within its `maxTimeMS`.
+/// Resolves once the peer has closed the connection (or it broke); pends
+/// forever once the peer has sent more bytes (pipelined messages: they are
+/// read after the command in flight).
+async fn peer_closed(rd: &mut OwnedReadHalf) {
+    let mut b = [0u8; 1];
+    match rd.peek(&mut b).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending::<()>().await,
+    }
+}
+
+/// How long a reply past `maxTimeMS` waits for its cancelled command to end.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
+
+/// Run a command off the async threads under its cancellation token (see
+/// the module documentation).
 async fn run_command(
     state: &Arc<ServerState>,
     conn: &ConnInfo,
@@ -196,17 +237,32 @@ async fn run_command(
     };
     let name = commands::command_name(&cmd).unwrap_or("").to_string();
     tracing::trace!(conn = conn.id, db = %db, command = %name, "command");
-    let task = {
+    let token = match max_time.and_then(|d| Instant::now().checked_add(d)) {
+        Some(deadline) => CancelToken::with_deadline(deadline),
+        None => CancelToken::new(),
+    };
+    let op = state.operations.register(conn, &db, &cmd, token.clone());
+    let mut task = {
         let state = state.clone();
         let conn = conn.clone();
-        tokio::task::spawn_blocking(move || commands::execute(&state, &conn, &db, &cmd))
+        let token = token.clone();
+        tokio::task::spawn_blocking(move || {
+            // Listed until the engine call has returned.
+            let _op = op;
+            commands::execute_with(&state, &conn, &db, &cmd, &token)
+        })
     };
     let joined = match max_time {
-        None => task.await,
-        Some(limit) => match tokio::time::timeout(limit, task).await {
+        None => (&mut task).await,
+        Some(limit) => match tokio::time::timeout(limit, &mut task).await {
             Ok(j) => j,
             Err(_) => {
                 tracing::debug!(conn = conn.id, command = %name, "maxTimeMS expired");
+                token.cancel(CancelReason::MaxTimeExpired);
+                if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                    tracing::warn!(conn = conn.id, command = %name, grace = ?CANCEL_GRACE,
+                        "command still running after its maxTimeMS cancellation (a write waiting for the writer?)");
+                }
                 let mut e = CommandError::max_time_expired();
                 if name == "commitTransaction" {
                     // The commit goes on in the background: its outcome is unknown.

@@ -90,6 +90,47 @@ pub trait CursorSource: Send {
     fn park(&mut self) -> CmdResult<()> {
         Ok(())
     }
+    /// Run the next batch under this token (each `getMore` is its own
+    /// command, with its own `maxTimeMS` and op id); default: nothing to cancel.
+    fn set_cancel(&mut self, _token: duetdb::CancelToken) {}
+}
+
+/// A find's result as the engine streams it (`duetdb::FindStream`): a lazy
+/// walk over the held collection version (the default read, or `cow` when
+/// the plan gives the order), a sorter's output merged from spilled runs on
+/// demand, or a materialized result. It holds what the stream holds — a
+/// position, not a result list, when it walks — so the cursor needs no
+/// snapshot of its own; projection is applied per document.
+pub struct FindSource {
+    stream: duetdb::FindStream,
+    projection: Option<Projection>,
+}
+
+impl FindSource {
+    pub fn new(stream: duetdb::FindStream, projection: Option<Projection>) -> FindSource {
+        FindSource { stream, projection }
+    }
+}
+
+impl CursorSource for FindSource {
+    fn next_doc(&mut self) -> CmdResult<Option<Document>> {
+        match self.stream.next() {
+            None => Ok(None),
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(raw)) => Ok(Some(match &self.projection {
+                Some(p) => p.apply(&raw)?,
+                None => duetdb::raw::to_document(&raw)?,
+            })),
+        }
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.stream.held_bytes()
+    }
+
+    fn set_cancel(&mut self, token: duetdb::CancelToken) {
+        self.stream.set_cancel(token);
+    }
 }
 
 /// A find's matching stored documents (shared with the snapshot it read),
@@ -309,6 +350,11 @@ impl Cursor {
     /// Documents the command computed.
     pub fn from_owned(ns: String, conn: u64, docs: Vec<Document>) -> Cursor {
         Cursor::new(ns, conn, None, Box::new(OwnedDocs::new(docs)))
+    }
+
+    /// The token the next batch runs under (its `getMore`'s).
+    pub fn set_cancel(&mut self, token: duetdb::CancelToken) {
+        self.source.set_cancel(token);
     }
 
     pub fn is_exhausted(&self) -> bool {

@@ -8,7 +8,8 @@
 //!   error shapes;
 //! - `cursor`: server-side cursors; `snapshots`: read concern `snapshot` and
 //!   `atClusterTime`; `sessions`: the session table (transactions, retryable
-//!   writes); `state`: what connections share.
+//!   writes); `ops`: operations in flight (`currentOp`, `killOp`, cancellation);
+//!   `state`: what connections share.
 //!
 //! Topology: by default `hello` describes the primary of a one-member replica
 //! set (`--replica-set`, default `duet`), because drivers send retryable
@@ -26,6 +27,7 @@ pub mod cursor;
 pub mod error;
 pub mod opmsg;
 pub mod opquery;
+pub mod ops;
 pub mod server;
 pub mod sessions;
 pub mod snapshots;
@@ -113,6 +115,15 @@ pub struct ServeArgs {
     /// `directConnection=true`.
     #[arg(long)]
     pub advertise: Option<String>,
+    /// Bytes one blocking sort or `$group` of a read may hold (MongoDB's
+    /// `internalQueryMaxBlockingSortMemoryUsageBytes`); over it a sort
+    /// spills to `<data dir>/<db>/spill` or fails with 292, a `$group` fails with 292.
+    #[arg(long, default_value_t = duetdb::DEFAULT_MEMORY_LIMIT)]
+    pub query_memory_limit_bytes: usize,
+    /// Whether reads that do not say `allowDiskUse` may spill sorts to disk
+    /// (MongoDB 6.0+'s `allowDiskUseByDefault`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_disk_use_by_default: bool,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -154,6 +165,8 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         transaction_lifetime: secs(args.transaction_lifetime_secs, "transaction-lifetime-secs")?,
         replica_set: (!args.standalone).then_some(args.replica_set),
         advertise: args.advertise,
+        query_memory_limit_bytes: args.query_memory_limit_bytes,
+        allow_disk_use_by_default: args.allow_disk_use_by_default,
         ..Config::default()
     };
     duetdb::storage::set_max_open_files(args.max_open_files);

@@ -11,8 +11,10 @@
 //!   refusals are in progress — beyond that a connection is closed at once;
 //! - a reaper closes idle cursors, aborts transactions past their lifetime
 //!   and forgets idle sessions;
-//! - shutdown stops accepting, lets each connection finish its command in
-//!   flight, waits at most `shutdown_grace`, and returns.
+//! - shutdown stops accepting, cancels the commands in flight (reads stop
+//!   within a page with InterruptedAtShutdown, submitted writes commit),
+//!   lets each connection finish its command, waits at most
+//!   `shutdown_grace`, and returns.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -122,9 +124,18 @@ impl Server {
                 drop(permit);
             });
         }
-        tracing::info!("shutting down: no new connections; finishing commands in flight");
+        tracing::info!("shutting down: no new connections; cancelling commands in flight");
         drop(self.listener);
         let _ = stop_tx.send(true);
+        // Reads in flight stop at their next page; writes already submitted
+        // to the writer still commit.
+        let cancelled = state.operations.kill_all(duetdb::CancelReason::Shutdown);
+        if cancelled > 0 {
+            tracing::info!(
+                cancelled,
+                "cancelled commands in flight (InterruptedAtShutdown)"
+            );
+        }
         let all = u32::try_from(max).unwrap_or(u32::MAX);
         let all_admin = u32::try_from(admin_max).unwrap_or(u32::MAX);
         let drained = async {

@@ -1,7 +1,7 @@
 //! What all connections of one server share: the engine, configuration,
 //! counters for `serverStatus`, open cursors, the budget of incomplete
-//! messages, held snapshots and the session table (transactions and
-//! retryable writes).
+//! messages, held snapshots, the session table (transactions and retryable
+//! writes) and the operations in flight.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use duetdb::Engine;
 
 use crate::cursor::{CursorLimits, CursorRegistry};
+use crate::ops::OpRegistry;
 use crate::sessions::SessionTable;
 use crate::snapshots::SnapshotRegistry;
 use crate::wire::MessageBudget;
@@ -79,6 +80,12 @@ pub struct Config {
     pub session_idle_timeout: Duration,
     /// Sessions with server-side state at most.
     pub max_sessions: usize,
+    /// Bytes one blocking sort or `$group` of a read may hold
+    /// (`internalQueryMaxBlockingSortMemoryUsageBytes`, 100 MiB).
+    pub query_memory_limit_bytes: usize,
+    /// Reads that do not say `allowDiskUse` may spill sorts to disk
+    /// (MongoDB 6.0+'s `allowDiskUseByDefault`, true).
+    pub allow_disk_use_by_default: bool,
 }
 
 impl Default for Config {
@@ -106,6 +113,8 @@ impl Default for Config {
                 60 * crate::commands::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES as u64,
             ),
             max_sessions: crate::sessions::DEFAULT_MAX_SESSIONS,
+            query_memory_limit_bytes: duetdb::DEFAULT_MEMORY_LIMIT,
+            allow_disk_use_by_default: true,
         }
     }
 }
@@ -137,6 +146,8 @@ pub struct ServerState {
     pub incomplete: MessageBudget,
     pub snapshots: SnapshotRegistry,
     pub sessions: SessionTable,
+    /// Commands in flight, with their cancellation tokens (`currentOp`, `killOp`).
+    pub operations: Arc<OpRegistry>,
     pub ops: OpCounters,
     pub connections_current: AtomicU64,
     pub connections_total: AtomicU64,
@@ -164,6 +175,7 @@ impl ServerState {
                 config.session_idle_timeout,
             ),
             config,
+            operations: Arc::new(OpRegistry::default()),
             started: Instant::now(),
             ops: OpCounters::default(),
             connections_current: AtomicU64::new(0),

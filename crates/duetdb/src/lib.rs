@@ -38,12 +38,16 @@ pub use api::engine::validate_db_name;
 pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
-    DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, IndexOptions,
-    ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
+    DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
+    IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
 };
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport};
-pub use error::{BulkWriteFailure, DuplicateKey, Error, Result, StorageError};
+pub use error::{
+    BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
+};
+pub use query::limits::{ReadLimits, DEFAULT_MEMORY_LIMIT};
+pub use query::spill::{spill_stats, SpillStats};
 pub use snapshot::named::{
     AnalyticsSnapshot, Clock, ManualClock, SnapshotInfo, SnapshotOptions, MAX_NAMED_SNAPSHOTS,
 };

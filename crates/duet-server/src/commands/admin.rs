@@ -1,5 +1,16 @@
 //! Server-level commands: buildInfo, hostInfo, getParameter, getCmdLineOpts,
-//! connectionStatus, listCommands, serverStatus, listDatabases.
+//! connectionStatus, listCommands, serverStatus, listDatabases, currentOp,
+//! killOp.
+//!
+//! `currentOp` lists the commands in flight (the registry in `ops.rs`) with
+//! MongoDB's fields (`opid`, `secs_running`, `microsecs_running`, `ns`,
+//! `command`, `client`, `connectionId`, `killPending`, ...), filtered by the
+//! other fields of the command as a query on those documents (`$ownOps`:
+//! this connection's only; `$all` is accepted: there are no idle or system
+//! operations to add). `killOp: 1, op: <opid>` cancels one; as in MongoDB it
+//! answers `{info: "attempting to kill op", ok: 1}` whether or not the op
+//! still runs (the op notices at its next page check). Both run on `admin`
+//! only (13 Unauthorized elsewhere).
 //!
 //! `serverStatus` reports what the engine exposes (per database: csn,
 //! collections, objects, data bytes, VLS, writer and WAL figures; summed over
@@ -56,8 +67,12 @@ pub fn cmd_line_opts() -> Document {
     doc! {"argv": argv, "parsed": {}, "ok": 1.0}
 }
 
-fn parameters() -> Document {
+fn parameters(ctx: &Ctx<'_>) -> Document {
+    let config = &ctx.state.config;
     doc! {
+        "allowDiskUseByDefault": config.allow_disk_use_by_default,
+        "internalQueryMaxBlockingSortMemoryUsageBytes": config.query_memory_limit_bytes.min(i64::MAX as usize) as i64,
+        "internalDocumentSourceGroupMaxMemoryBytes": config.query_memory_limit_bytes.min(i64::MAX as usize) as i64,
         "featureCompatibilityVersion": {"version": "7.0"},
         "authenticationMechanisms": [],
         "maxBsonObjectSize": super::handshake::MAX_BSON_OBJECT_SIZE,
@@ -69,8 +84,8 @@ fn parameters() -> Document {
 }
 
 /// `{getParameter: 1, name: 1, ...}` or `{getParameter: "*"}`.
-pub fn get_parameter(cmd: &Document) -> CmdResult {
-    let all = parameters();
+pub fn get_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let all = parameters(ctx);
     let mut out = Document::new();
     if matches!(cmd.get("getParameter"), Some(Bson::String(s)) if s == "*") {
         out = all;
@@ -232,6 +247,15 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
             "cursorsHeldBytes": s.cursors.held_bytes() as i64,
             "incompleteMessageBytes": s.incomplete.used() as i64,
             "snapshotsHeld": s.snapshots.len() as i64,
+            // Commands in flight and cancellations (`currentOp`, `killOp`,
+            // `maxTimeMS`, closed connections, shutdown).
+            "operations": s.operations.status(),
+            // Sorted runs spilled to disk since start (reads over the
+            // memory limit with disk use allowed).
+            "spill": {
+                "runs": counter_of(duetdb::spill_stats().runs),
+                "bytes": counter_of(duetdb::spill_stats().bytes),
+            },
         },
         "ok": 1.0,
     }
@@ -268,4 +292,80 @@ pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     }
     reply.insert("ok", 1.0);
     Ok(reply)
+}
+
+/// `currentOp` and `killOp` run on `admin` only, as in MongoDB.
+fn admin_only(ctx: &Ctx<'_>, name: &str) -> CmdResult<()> {
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            format!("{name} may only be run against the admin database."),
+        ));
+    }
+    Ok(())
+}
+
+/// `{currentOp: 1, $ownOps?, $all?, <filter on the inprog fields>}`.
+pub fn current_op(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    admin_only(ctx, "currentOp")?;
+    let own = args::flag(cmd, "$ownOps")?;
+    let mut filter = Document::new();
+    for (k, v) in cmd.iter().skip(1) {
+        let generic = matches!(
+            k.as_str(),
+            "$ownOps"
+                | "$all"
+                | "$db"
+                | "lsid"
+                | "comment"
+                | "$clusterTime"
+                | "$readPreference"
+                | "apiVersion"
+                | "apiStrict"
+                | "apiDeprecationErrors"
+                | "maxTimeMS"
+        );
+        if !generic {
+            filter.insert(k.clone(), v.clone());
+        }
+    }
+    let filter = duetdb::lang::Filter::parse(&filter)?;
+    let host = ctx.conn.local.to_string();
+    let mut inprog = Vec::new();
+    for op in ctx.state.operations.current(&host) {
+        if own && op.get_i64("connectionId").ok() != Some(ctx.conn.id as i64) {
+            continue;
+        }
+        if filter.matches(&duetdb::raw::to_raw_document(&op)?) {
+            inprog.push(Bson::Document(op));
+        }
+    }
+    Ok(doc! {"inprog": inprog, "ok": 1.0})
+}
+
+/// `{killOp: 1, op: <opid>}`.
+pub fn kill_op(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    admin_only(ctx, "killOp")?;
+    let opid = match cmd.get("op") {
+        None => {
+            return Err(CommandError::bad_value(
+                "Did not provide \"op\" field (the operation id to kill)",
+            ))
+        }
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(d)) if d.fract() == 0.0 && d.abs() < 9.0e15 => *d as i64,
+        Some(other) => {
+            return Err(CommandError::type_mismatch(format!(
+                "killOp 'op' must be a number, not {:?}",
+                other.element_type()
+            )))
+        }
+    };
+    let found = u64::try_from(opid)
+        .ok()
+        .is_some_and(|id| ctx.state.operations.kill(id));
+    tracing::info!(conn = ctx.conn.id, opid, found, "killOp");
+    Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
 }

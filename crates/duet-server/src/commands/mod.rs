@@ -13,7 +13,8 @@
 //! `writeConcern`, `comment`, `apiVersion`, `apiStrict`,
 //! `apiDeprecationErrors`) are accepted and ignored: a single node
 //! acknowledges every write once it is visible. `maxTimeMS` is enforced by
-//! the caller. Things we cannot honor are refused, never silently ignored:
+//! the caller, through the command's cancellation token (`Ctx::cancel`),
+//! which every read checks once per page of work. Things we cannot honor are refused, never silently ignored:
 //! the reserved `$duet` field with unknown options, read concern `snapshot`
 //! outside find/aggregate/distinct, `$duet.workNsPerDoc` outside `count`.
 //!
@@ -58,6 +59,9 @@ pub struct Ctx<'a> {
     /// The command's logical session (`lsid.id`), if it has one: cursors it
     /// opens belong to it (else to the connection).
     pub lsid: Option<&'a SessionId>,
+    /// Cancelled by `maxTimeMS`, `killOp`, the client closing its
+    /// connection, or shutdown; reads check it once per page of work.
+    pub cancel: &'a duetdb::CancelToken,
 }
 
 impl Ctx<'_> {
@@ -153,6 +157,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("connectionStatus", "authentication state (no auth yet)"),
     ("listCommands", "this list"),
     ("serverStatus", "counters and engine figures"),
+    ("currentOp", "operations in flight (admin)"),
+    ("killOp", "cancel an operation by opid (admin)"),
     ("listDatabases", "databases holding collections"),
     ("listCollections", "collections of a database"),
     ("create", "create a collection"),
@@ -206,10 +212,24 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("killAllSessions", "kill every session"),
 ];
 
-/// Execute one command; always returns a reply document (`ok: 1` or an error).
+/// Execute one command that nothing can cancel; always returns a reply
+/// document (`ok: 1` or an error).
 pub fn execute(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> Document {
+    execute_with(state, conn, db, cmd, &duetdb::CancelToken::never())
+}
+
+/// Execute one command under `cancel` (the connection's path: `maxTimeMS`,
+/// `killOp`, a closed connection and shutdown cancel it); always returns a
+/// reply document.
+pub fn execute_with(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    cancel: &duetdb::CancelToken,
+) -> Document {
     OpCounters::bump(&state.ops.command, 1);
-    match dispatch(state, conn, db, cmd) {
+    match dispatch(state, conn, db, cmd, cancel) {
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");
@@ -313,7 +333,13 @@ pub fn duet_work_ns(cmd: &Document) -> CmdResult<Option<u64>> {
     opts.get("workNsPerDoc").map(work_ns).transpose()
 }
 
-fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
+fn dispatch(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    cancel: &duetdb::CancelToken,
+) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
     duet_strategy(cmd)?;
@@ -331,6 +357,7 @@ fn dispatch(state: &Arc<ServerState>, conn: &ConnInfo, db: &str, cmd: &Document)
         create: !session.in_transaction() && may_create(name, cmd),
         created: Cell::new(false),
         lsid: session.lsid.as_ref(),
+        cancel,
     };
     let result = session_dispatch(&ctx, name, cmd, &session);
     if ctx.created.get() {
@@ -395,13 +422,15 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "ping" => Ok(doc! {"ok": 1.0}),
         "buildInfo" | "buildinfo" => Ok(admin::build_info()),
         "hostInfo" => Ok(admin::host_info()),
-        "getParameter" => admin::get_parameter(cmd),
+        "getParameter" => admin::get_parameter(ctx, cmd),
         "getCmdLineOpts" => Ok(admin::cmd_line_opts()),
         "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => Ok(admin::connection_status()),
         "listCommands" => Ok(admin::list_commands()),
         "serverStatus" => Ok(admin::server_status(ctx)),
+        "currentOp" => admin::current_op(ctx, cmd),
+        "killOp" => admin::kill_op(ctx, cmd),
         "listDatabases" => admin::list_databases(ctx, cmd),
         "endSessions" => txn::end_sessions(ctx, cmd),
         "killSessions" | "killAllSessions" => txn::kill_sessions(ctx, name, cmd),

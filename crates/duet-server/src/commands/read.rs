@@ -14,7 +14,12 @@
 //! otherwise): it then visits every matching document (on the strategy's
 //! scan, or on the command's or named snapshot) and busy-waits N ns on each,
 //! so a query lasts seconds while updates stream; the count it returns is
-//! unchanged.
+//! unchanged. The busy wait stops as soon as the command is cancelled (then
+//! the scan stops at its next page).
+//!
+//! find, count, distinct and aggregate run under the command's limits
+//! (`source::read_limits`: cancellation, the sort/`$group` memory limit,
+//! `allowDiskUse` of find and aggregate).
 //!
 //! Cursors belong to the session (else the connection) that opened them;
 //! `getMore` and `killCursors` check it (see `cursor.rs`).
@@ -30,10 +35,10 @@ use duetdb::lang::Projection;
 use duetdb::raw::DocRef;
 use duetdb::FindOptions;
 
-use super::source::{read_source, Explained, Target};
+use super::source::{read_limits, read_source, Explained, Target};
 use super::Ctx;
 use crate::args;
-use crate::cursor::{Cursor, Killed, Owner, DEFAULT_FIRST_BATCH};
+use crate::cursor::{Cursor, FindSource, Killed, Owner, DEFAULT_FIRST_BATCH};
 use crate::error::{CmdResult, CommandError};
 use crate::state::OpCounters;
 
@@ -136,14 +141,16 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     let projection = plan.parsed_projection()?;
     let first = first_batch_size(cmd)?;
     let single_batch = args::flag(cmd, "singleBatch")?;
+    let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
-    let docs = source.find(&plan)?;
-    let cursor = Cursor::from_docs(
+    let stream = source.find_stream(&plan, &limits)?;
+    // The stream holds the collection version it reads; keeping the whole
+    // snapshot as well would pin every other collection.
+    let cursor = Cursor::new(
         ctx.ns(coll),
         ctx.conn.id,
-        source.snapshot(),
-        docs,
-        projection,
+        None,
+        Box::new(FindSource::new(stream, projection)),
     );
     cursor_reply(ctx, cursor, first, single_batch, source.at())
 }
@@ -169,7 +176,9 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let who = Owner::of(ctx.lsid, ctx.conn.id);
     let mut lease = ctx.state.cursors.lease(id, &who, &ns)?;
     // An error drops the lease, which closes the cursor: it would recur.
-    let batch = lease.cursor()?.next_batch(size)?;
+    let cursor = lease.cursor()?;
+    cursor.set_cancel(ctx.cancel.clone());
+    let batch = cursor.next_batch(size)?;
     let out_id = lease.finish();
     Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0})
 }
@@ -217,14 +226,21 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResul
     }
     let work_ns = work_ns.filter(|ns| *ns > 0);
     let hint = cmd.get("hint").filter(|h| !matches!(h, Bson::Null));
+    let limits = read_limits(ctx, cmd)?;
     let busy = |ns: u64| {
+        let cancel = limits.cancel.clone();
         move |d: &DocRef| {
-            std::hint::black_box(busy_work(d, ns));
+            std::hint::black_box(busy_work(d, ns, &cancel));
         }
     };
     let visit = work_ns.map(busy);
     let source = read_source(ctx, cmd, coll, target)?;
-    let n = source.count(query, hint, visit.as_ref().map(|v| v as &dyn Fn(&DocRef)))?;
+    let n = source.count(
+        query,
+        hint,
+        visit.as_ref().map(|v| v as &dyn Fn(&DocRef)),
+        &limits,
+    )?;
     let mut n = n.saturating_sub(skip);
     if limit > 0 {
         n = n.min(limit);
@@ -234,12 +250,17 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResul
 
 /// `$duet.workNsPerDoc`'s busy wait: `ns` nanoseconds spent on document `d`
 /// (a stand-in for real per-document computation; the hash keeps the loop
-/// from being optimised away).
-fn busy_work(d: &DocRef, ns: u64) -> u64 {
+/// from being optimised away). Returns at once when `cancel` is cancelled.
+fn busy_work(d: &DocRef, ns: u64, cancel: &duetdb::CancelToken) -> u64 {
     let mut h = d.as_bytes().len() as u64;
     let t0 = std::time::Instant::now();
+    let mut spins = 0u32;
     while t0.elapsed().as_nanos() < u128::from(ns) {
         h = h.wrapping_mul(31).wrapping_add(7);
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) && cancel.is_cancelled() {
+            break;
+        }
     }
     h
 }
@@ -248,8 +269,9 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdRe
     let coll = args::collection_name(cmd, "distinct")?;
     let key = args::req_str(cmd, "key")?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
+    let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
-    let values = source.distinct(key, query)?;
+    let values = source.distinct(key, query, &limits)?;
     let mut reply = doc! {"values": values};
     if let Some(ts) = source.at() {
         reply.insert("atClusterTime", ts);
@@ -372,8 +394,9 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         )
     })?;
     let first = first_batch_size(cursor_opts)?;
+    let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
-    let docs = source.aggregate(stages)?;
+    let docs = source.aggregate(stages, &limits)?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
     cursor_reply(ctx, cursor, first, false, source.at())
 }

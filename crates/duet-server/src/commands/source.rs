@@ -14,14 +14,26 @@
 //!    (reported as `atClusterTime`), or the latest published root — the
 //!    default read, `cow` by construction.
 //!
+//! Every read runs under the command's [`ReadLimits`] ([`read_limits`]): its
+//! cancellation token (`maxTimeMS`, `killOp`, a closed connection,
+//! shutdown), the server's memory limit for a blocking sort or `$group`
+//! (`--query-memory-limit-bytes`, 100 MiB), and `allowDiskUse` (default
+//! `--allow-disk-use-by-default`, true) — a sort over the limit spills to the
+//! database's `spill` directory or fails with 292. Reads inside a
+//! transaction run on the transaction's materialized view and take no
+//! limits (a gap: they are bounded only by the `maxTimeMS` reply).
+//!
 //! Invariants: a command reads exactly one source; live reads are counted
 //! by the engine under the strategy that ran (`serverStatus.duet.reads`),
 //! held reads are not; explain reports what the same command would run.
 
+use std::path::PathBuf;
+
 use bson::{Bson, Document, Timestamp};
 use duetdb::raw::DocRef;
 use duetdb::{
-    Collection, Crud, Snapshot, SnapshotCollection, Strategy, Transaction, TxnCollection,
+    Collection, Crud, ReadLimits, Snapshot, SnapshotCollection, Strategy, Transaction,
+    TxnCollection,
 };
 
 use super::read::FindPlan;
@@ -65,6 +77,8 @@ pub enum ReadSource<'s> {
         snap: Snapshot,
         /// Reported as `atClusterTime` (read concern snapshot, named snapshots).
         at: Option<Timestamp>,
+        /// Where a sort of this read spills (the database's directory).
+        spill_dir: Option<PathBuf>,
     },
     Txn(TxnCollection<'s>),
 }
@@ -125,6 +139,30 @@ pub fn read_source<'s>(
         coll: snap.collection(coll),
         snap,
         at,
+        spill_dir: db.spill_dir(),
+    })
+}
+
+/// The limits a read command runs under: the command's cancellation token,
+/// the server's memory limit, and `allowDiskUse` (a boolean; absent or null:
+/// the server's default).
+pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
+    let config = &ctx.state.config;
+    let allow_disk_use = match cmd.get("allowDiskUse") {
+        None | Some(Bson::Null) => config.allow_disk_use_by_default,
+        Some(Bson::Boolean(b)) => *b,
+        Some(other) => {
+            return Err(CommandError::type_mismatch(format!(
+                "BSON field 'allowDiskUse' is the wrong type '{:?}', expected type 'bool'",
+                other.element_type()
+            )))
+        }
+    };
+    Ok(ReadLimits {
+        cancel: ctx.cancel.clone(),
+        memory_limit_bytes: config.query_memory_limit_bytes,
+        allow_disk_use,
+        spill_dir: None,
     })
 }
 
@@ -146,17 +184,49 @@ impl ReadSource<'_> {
         }
     }
 
-    /// The matching stored documents, sorted, skipped and limited (unprojected).
-    pub fn find(&self, plan: &FindPlan) -> CmdResult<Vec<DocRef>> {
+    /// `limits` with this source's spill directory filled in.
+    fn limits_for(&self, limits: &ReadLimits) -> ReadLimits {
+        let mut l = limits.clone();
+        if let ReadSource::Held { spill_dir, .. } = self {
+            if l.spill_dir.is_none() {
+                l.spill_dir = spill_dir.clone();
+            }
+        }
+        l
+    }
+
+    /// The matching stored documents, sorted, skipped and limited
+    /// (unprojected), materialized.
+    pub fn find(&self, plan: &FindPlan, limits: &ReadLimits) -> CmdResult<Vec<DocRef>> {
+        Ok(self
+            .find_stream(plan, limits)?
+            .collect::<duetdb::Result<Vec<_>>>()?)
+    }
+
+    /// The same documents as a stream: lazy on a held snapshot (the default
+    /// read) and under `$duet: {snapshot: "cow"}` when the plan yields the
+    /// order; a sort's output otherwise (spilled runs merged on demand);
+    /// materialized for live `vls`/`olcp`/`none` reads and in a transaction.
+    /// What a server cursor can keep between `getMore`s (see
+    /// `duetdb::FindStream`).
+    pub fn find_stream(
+        &self,
+        plan: &FindPlan,
+        limits: &ReadLimits,
+    ) -> CmdResult<duetdb::FindStream> {
         let (filter, options) = (plan.filter.clone(), plan.options.clone());
+        let limits = self.limits_for(limits);
         Ok(match self {
             ReadSource::Live { coll, strategy } => coll
                 .find(filter)
                 .options(options)
                 .snapshot(*strategy)
-                .raw()?,
-            ReadSource::Held { coll, .. } => coll.find(filter).options(options).raw()?,
-            ReadSource::Txn(coll) => coll.find_raw(filter, options)?,
+                .limits(limits)
+                .stream()?,
+            ReadSource::Held { coll, .. } => {
+                coll.find(filter).options(options).limits(limits).stream()?
+            }
+            ReadSource::Txn(coll) => duetdb::FindStream::from_docs(coll.find_raw(filter, options)?),
         })
     }
 
@@ -169,51 +239,83 @@ impl ReadSource<'_> {
         query: Document,
         hint: Option<&Bson>,
         visit: Option<&dyn Fn(&DocRef)>,
+        limits: &ReadLimits,
     ) -> CmdResult<u64> {
+        let limits = self.limits_for(limits);
         match (self, visit) {
-            (ReadSource::Live { coll, strategy }, None) => Ok(coll.count_with(query, *strategy)?),
+            (ReadSource::Live { coll, strategy }, None) => {
+                Ok(coll.count_limited(query, *strategy, &limits)?.0)
+            }
             (ReadSource::Live { coll, strategy }, Some(visit)) => {
                 // Visit every match (no O(1) size shortcut); under `olcp` the
                 // scan is handed superseded versions, so each document still
                 // counts exactly once.
                 let mut n = 0u64;
-                coll.scan_with(query, *strategy, |d| {
+                coll.scan_limited(query, *strategy, &limits, |d| {
                     n += 1;
                     visit(d);
                     std::ops::ControlFlow::Continue(())
                 })?;
                 Ok(n)
             }
-            (ReadSource::Held { coll, .. }, None) if hint.is_none() => Ok(coll.count(query)?),
+            (ReadSource::Held { coll, .. }, None) if hint.is_none() && query.is_empty() => {
+                Ok(coll.count(query)?)
+            }
             (ReadSource::Held { coll, .. }, visit) => {
-                let mut find = coll.find(query);
+                // Streamed from the snapshot: nothing is materialized.
+                let mut find = coll.find(query).limits(limits);
                 if let Some(h) = hint {
                     find = find.hint(h.clone());
                 }
-                let docs = find.raw()?;
-                if let Some(visit) = visit {
-                    docs.iter().for_each(visit);
+                let mut n = 0u64;
+                for d in find.stream()? {
+                    let d = d?;
+                    if let Some(visit) = visit {
+                        visit(&d);
+                    }
+                    n += 1;
                 }
-                Ok(docs.len() as u64)
+                Ok(n)
             }
             (ReadSource::Txn(coll), _) => Ok(Crud::count(coll, query)?),
         }
     }
 
     /// The engine's distinct values of `key` among documents matching `query`.
-    pub fn distinct(&self, key: &str, query: Document) -> CmdResult<Vec<Bson>> {
+    pub fn distinct(
+        &self,
+        key: &str,
+        query: Document,
+        limits: &ReadLimits,
+    ) -> CmdResult<Vec<Bson>> {
+        let limits = self.limits_for(limits);
         Ok(match self {
-            ReadSource::Live { coll, strategy } => coll.distinct_with(key, query, *strategy)?.0,
-            ReadSource::Held { coll, .. } => coll.distinct(key, query)?,
+            ReadSource::Live { coll, strategy } => {
+                coll.distinct_limited(key, query, *strategy, &limits)?.0
+            }
+            ReadSource::Held { coll, .. } => {
+                let mut d = duetdb::lang::Distinct::new(key)?;
+                for doc in coll.find(query).limits(limits).stream()? {
+                    d.feed(&doc?);
+                }
+                d.finish()?
+            }
             ReadSource::Txn(coll) => Crud::distinct(coll, key, query)?,
         })
     }
 
     /// Run a pipeline (its stages already checked); the result is materialized.
-    pub fn aggregate(&self, stages: Vec<Document>) -> CmdResult<Vec<Document>> {
+    pub fn aggregate(
+        &self,
+        stages: Vec<Document>,
+        limits: &ReadLimits,
+    ) -> CmdResult<Vec<Document>> {
+        let limits = self.limits_for(limits);
         Ok(match self {
-            ReadSource::Live { coll, strategy } => coll.aggregate_with(stages, *strategy)?.0,
-            ReadSource::Held { coll, .. } => coll.aggregate(stages)?,
+            ReadSource::Live { coll, strategy } => {
+                coll.aggregate_limited(stages, *strategy, &limits)?.0
+            }
+            ReadSource::Held { coll, .. } => coll.aggregate_limited(stages, &limits)?,
             ReadSource::Txn(coll) => Crud::aggregate(coll, stages)?,
         })
     }

@@ -1,17 +1,28 @@
 //! Aggregation on live collections and held snapshots: the pipeline is
 //! prepared in `query::aggregate` (parse, commutative split), its strategy
-//! chosen by [`choose`], then its scan part fed by one scan (or one OLCP pass)
-//! and the rest run on the output.
+//! chosen by [`choose`], then the scanned documents are pushed through the
+//! pipeline's executor ([`crate::query::aggregate::Exec`]) one at a time — or,
+//! under OLCP, the commutative part runs on the map threads and its output is
+//! pushed through the rest.
+//!
+//! Every aggregation runs under [`ReadLimits`]: the scan, the OLCP threads and
+//! the executor check its cancellation token once per page, a `$sort` is
+//! bounded by its memory limit (spilled or 292), a `$group` too (292). Under
+//! OLCP without a `$group`, each map thread hands its output to the shared
+//! executor every page, so nothing is materialized before the rest's `$sort`.
 
 use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Mutex;
 
 use bson::Document;
 
 use crate::api::{Collection, SnapshotCollection};
 use crate::error::{Error, Result};
-use crate::query::aggregate::{prepare, PartialState, Prepared};
+use crate::query::aggregate::{prepare, Exec, PartialState, Prepared};
+use crate::query::limits::{ReadLimits, PAGE_DOCS};
 use crate::query::{planner, Filter};
-use crate::snapshot::olcp::OlcpOptions;
+use crate::snapshot::olcp::{self, OlcpOptions};
 use crate::snapshot::{choose, Choice, Read, Strategy};
 
 /// How an aggregation ran (or would run).
@@ -72,30 +83,49 @@ impl Collection {
         pipeline: Vec<Document>,
         strategy: Strategy,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
-        let p = prepare(&pipeline)?;
+        self.aggregate_limited(pipeline, strategy, &ReadLimits::default())
+    }
+
+    /// [`Collection::aggregate_with`] under `limits`: cancellable, `$sort`
+    /// and `$group` bounded by `limits.memory_limit_bytes`.
+    pub fn aggregate_limited(
+        &self,
+        pipeline: Vec<Document>,
+        strategy: Strategy,
+        limits: &ReadLimits,
+    ) -> Result<(Vec<Document>, AggregateExplain)> {
+        let mut p = prepare(&pipeline)?;
+        p.limit_memory(limits.memory_limit_bytes);
         let choice = self.choose_for(&p, strategy)?;
+        let spill_dir = limits.spill_dir_or(self.database().spill_dir());
         if choice.strategy == Strategy::Olcp {
-            return self.aggregate_olcp(p, choice.reason);
+            return self.aggregate_olcp(p, choice.reason, limits, spill_dir);
         }
-        let mut state = p.part.new_state();
+        let mut exec = p.exec(limits, spill_dir);
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
         let read = read_of(&p);
-        let outcome = self.scan_read(p.filter.clone(), choice.strategy, read, |d| {
-            if let Err(e) = p.part.feed(&mut state, d) {
-                failed = Some(e);
-                return ControlFlow::Break(());
-            }
-            if p.stop_after.is_some_and(|n| state.len() >= n) {
-                stopped_early = true;
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        })?;
+        let outcome = self.scan_read(
+            p.filter.clone(),
+            choice.strategy,
+            read,
+            &limits.cancel,
+            |d| match exec.push_doc(d) {
+                Ok(ControlFlow::Continue(())) => ControlFlow::Continue(()),
+                Ok(ControlFlow::Break(())) => {
+                    stopped_early = true;
+                    ControlFlow::Break(())
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
         if let Some(e) = failed {
             return Err(e);
         }
-        let docs = p.rest.run_on(p.part.finish(state)?)?;
+        let docs = exec.finish()?;
         let (commutative_stages, rest_stages) = p.names();
         Ok((
             docs,
@@ -115,11 +145,15 @@ impl Collection {
     }
 
     /// The commutative part as an OLCP query: one pass, map = feed on one state
-    /// per thread, reduce = merge; superseded versions are handed over, not kept.
+    /// per thread, reduce = merge; superseded versions are handed over, not
+    /// kept. Without a `$group`, each thread hands its documents to the shared
+    /// executor of the rest every page (so a `$sort` there bounds them).
     fn aggregate_olcp(
         &self,
         p: Prepared,
         reason: &'static str,
+        limits: &ReadLimits,
+        spill_dir: PathBuf,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -130,14 +164,39 @@ impl Collection {
             vec![p.filter.clone()]
         };
         let part = &p.part;
-        let (state, report) = self.database().olcp_query(
+        let rest = Mutex::new(p.rest_exec(limits, spill_dir));
+        let hand_over = |st: &mut PartialState| -> Result<()> {
+            if let Some(docs) = st.take_docs() {
+                let mut exec = rest
+                    .lock()
+                    .map_err(|_| Error::Internal("an OLCP map thread panicked".into()))?;
+                for d in docs {
+                    // The rest of an OLCP-eligible pipeline cannot stop early
+                    // while documents arrive (order cannot matter to it).
+                    if exec.push_document(d)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.database().note_read(Strategy::Olcp);
+        let (state, report) = olcp::olcp_query_with(
+            self.database().writer(),
             self.name(),
             &ranges,
             &[],
             || Ok(part.new_state()),
             |s: &mut Result<PartialState>, d, _| {
                 if let Ok(st) = s {
-                    if let Err(e) = part.feed(st, d) {
+                    let fed = part.feed(st, d).and_then(|()| {
+                        if st.len() >= PAGE_DOCS {
+                            hand_over(st)
+                        } else {
+                            Ok(())
+                        }
+                    });
+                    if let Err(e) = fed {
                         *s = Err(e);
                     }
                 }
@@ -148,8 +207,17 @@ impl Collection {
                 (Err(e), _) | (_, Err(e)) => Err(e),
             },
             OlcpOptions { threads },
+            &limits.cancel,
         )?;
-        let docs = p.rest.run_on(part.finish(state?)?)?;
+        let mut exec = rest
+            .into_inner()
+            .map_err(|_| Error::Internal("an OLCP map thread panicked".into()))?;
+        for d in part.finish(state?)? {
+            if exec.push_document(d)?.is_break() {
+                break;
+            }
+        }
+        let docs = exec.finish()?;
         let (commutative_stages, rest_stages) = p.names();
         let plan = bson::doc! {
             "stage": "OLCP",
@@ -210,16 +278,30 @@ impl SnapshotCollection {
     /// Run an aggregation pipeline on this snapshot (always `cow`: the snapshot
     /// is held anyway).
     pub fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
+        self.aggregate_limited(pipeline, &ReadLimits::default())
+    }
+
+    /// [`SnapshotCollection::aggregate`] under `limits`; the snapshot's
+    /// documents are walked lazily and pushed through the pipeline. A
+    /// snapshot does not know its database's directory: a spilling `$sort`
+    /// goes to `limits.spill_dir`, else the OS temporary directory.
+    pub fn aggregate_limited(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+    ) -> Result<Vec<Document>> {
         let p = prepare(&pipeline)?;
-        let docs = self.find(p.filter.clone()).raw()?;
-        let mut state = p.part.new_state();
-        for d in &docs {
-            p.part.feed(&mut state, d)?;
-            if p.stop_after.is_some_and(|n| state.len() >= n) {
+        let mut exec: Exec<'_> = p.exec(limits, limits.spill_dir_or(None));
+        for d in self
+            .find(p.filter.clone())
+            .limits(limits.clone())
+            .stream()?
+        {
+            if exec.push_doc(&d?)?.is_break() {
                 break;
             }
         }
-        p.rest.run_on(p.part.finish(state)?)
+        exec.finish()
     }
 
     /// How [`SnapshotCollection::aggregate`] would run `pipeline`.

@@ -14,9 +14,10 @@ use crate::api::find::Source;
 use crate::api::snapshot::stats_of;
 use crate::api::*;
 use crate::doc::DocRef;
-use crate::error::{Error, Result};
+use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::prepare;
 use crate::query::distinct::Distinct;
+use crate::query::limits::ReadLimits;
 use crate::query::planner::{self, Hint};
 use crate::query::{Filter, SortSpec};
 use crate::snapshot::scan::{self, ScanOutcome};
@@ -226,13 +227,7 @@ impl Collection {
     }
 
     pub fn find(&self, filter: Document) -> Find {
-        Find {
-            source: Source::Latest(self.db.clone()),
-            coll: self.name.clone(),
-            filter,
-            options: Default::default(),
-            strategy: None,
-        }
+        Find::new(Source::Latest(self.db.clone()), &self.name, filter)
     }
 
     /// The stored document with `_id == id` at the latest commit: the point-read
@@ -255,7 +250,20 @@ impl Collection {
         strategy: Strategy,
         visit: impl FnMut(&DocRef) -> ControlFlow<()>,
     ) -> Result<ScanOutcome> {
-        self.scan_read(filter, strategy, Read::Count { match_all: false }, visit)
+        self.scan_limited(filter, strategy, &ReadLimits::default(), visit)
+    }
+
+    /// [`Collection::scan_with`] under `limits` (it stops with
+    /// `Error::Interrupted` once `limits.cancel` is cancelled).
+    pub fn scan_limited(
+        &self,
+        filter: Document,
+        strategy: Strategy,
+        limits: &ReadLimits,
+        visit: impl FnMut(&DocRef) -> ControlFlow<()>,
+    ) -> Result<ScanOutcome> {
+        let read = Read::Count { match_all: false };
+        self.scan_read(filter, strategy, read, &limits.cancel, visit)
     }
 
     /// [`Collection::scan_with`] for a given kind of read (the choice of
@@ -265,6 +273,7 @@ impl Collection {
         filter: Document,
         strategy: Strategy,
         read: Read,
+        cancel: &CancelToken,
         mut visit: impl FnMut(&DocRef) -> ControlFlow<()>,
     ) -> Result<ScanOutcome> {
         let parsed = Filter::parse(&filter)?;
@@ -275,6 +284,7 @@ impl Collection {
             |c| planner::plan(c, &parsed, None, None),
             strategy,
             read,
+            cancel,
             |d| visit(d),
         )?;
         self.db.note_read(outcome.strategy);
@@ -299,8 +309,24 @@ impl Collection {
         filter: Document,
         strategy: Strategy,
     ) -> Result<(u64, ScanOutcome)> {
+        self.count_limited(filter, strategy, &ReadLimits::default())
+    }
+
+    /// [`Collection::count_detailed`] under `limits` (cancellable).
+    pub fn count_limited(
+        &self,
+        filter: Document,
+        strategy: Strategy,
+        limits: &ReadLimits,
+    ) -> Result<(u64, ScanOutcome)> {
         let parsed = Filter::parse(&filter)?;
-        let (n, outcome) = scan::count(self.db.writer(), &self.name, &parsed, strategy)?;
+        let (n, outcome) = scan::count(
+            self.db.writer(),
+            &self.name,
+            &parsed,
+            strategy,
+            &limits.cancel,
+        )?;
         self.db.note_read(outcome.strategy);
         Ok((n, outcome))
     }
@@ -320,8 +346,19 @@ impl Collection {
         filter: Document,
         strategy: Strategy,
     ) -> Result<(Vec<Bson>, ScanOutcome)> {
+        self.distinct_limited(path, filter, strategy, &ReadLimits::default())
+    }
+
+    /// [`Collection::distinct_with`] under `limits` (cancellable).
+    pub fn distinct_limited(
+        &self,
+        path: &str,
+        filter: Document,
+        strategy: Strategy,
+        limits: &ReadLimits,
+    ) -> Result<(Vec<Bson>, ScanOutcome)> {
         let mut d = Distinct::new(path)?;
-        let outcome = self.scan_with(filter, strategy, |doc| {
+        let outcome = self.scan_limited(filter, strategy, limits, |doc| {
             d.feed(doc);
             ControlFlow::Continue(())
         })?;

@@ -201,6 +201,11 @@ impl Database {
     ) -> Result<Database> {
         let mode = options.mode;
         let (durable, state) = Durable::open(path, name, options, locking)?;
+        // Spill files a crashed process left (the directory lock is ours now).
+        let spill = path.join(crate::api::find::SPILL_DIR);
+        if let Err(e) = crate::query::spill::clear_dir(&spill) {
+            tracing::warn!(dir = %spill.display(), error = %e, "could not clear the spill directory");
+        }
         let durable = Arc::new(durable);
         let writer = Writer::with_wal(name, state, durable.wal().cloned(), mode);
         let inner = Arc::new(DbInner {

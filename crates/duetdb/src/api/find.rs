@@ -1,19 +1,49 @@
 //! Finds: a query being built ([`Find`]) and its execution on the latest
-//! state under the strategy [`choose`] picks, or on a held snapshot.
+//! state under the strategy [`choose`] picks, or on a held snapshot; the
+//! streaming form of its result ([`FindStream`]).
+//!
+//! Every find runs under [`ReadLimits`]: its cancellation token is checked
+//! once per page of documents examined, and a sort the plan does not provide
+//! goes through a [`Sorter`] bounded by the memory limit (spilling to the
+//! database's spill directory, or failing with 292 when disk use is not
+//! allowed). A sort with a limit keeps only `skip + limit` documents.
+//!
+//! Streaming: [`Find::stream`] on a held snapshot, or on the latest state
+//! when the read runs as `cow`, holds the collection version it reads (a
+//! root: its nodes and documents stay shared, nothing is copied) and a
+//! position ([`Walk`]), and produces documents page by page on demand — when
+//! the plan provides the order (no sort, or an index/`_id` order). A sort the
+//! plan does not provide is materialized in the sorter (spilled runs are
+//! merged on demand). Live `vls`, `olcp` and `none` reads stay materialized:
+//! a VLS/OLCP scan holds a slot (and makes the writer keep versions for it)
+//! until its pass ends, so it must not wait for a client's next `getMore`,
+//! and `none` has no state to resume from.
+//!
+//! Invariants: a stream yields exactly what [`Find::raw`] returns, in the same
+//! order (`raw` is the stream collected); after an error it yields nothing.
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bson::{Bson, Document};
 
 use crate::api::*;
 use crate::doc::{self, DocRef};
-use crate::error::{Error, Result};
+use crate::error::{CancelToken, Error, Result};
+use crate::query::limits::ReadLimits;
 use crate::query::planner::{self, FindSpec, Hint, Plan};
+use crate::query::sorter::{SortedStream, Sorter};
+use crate::query::walk::Walk;
 use crate::query::{Filter, Projection, SortSpec};
 use crate::snapshot::scan::{self, ScanOutcome};
-use crate::snapshot::{choose, Read, Strategy};
+use crate::snapshot::{choose, Choice, Read, Strategy};
+use crate::store::collection::CollectionState;
 use crate::store::DbState;
+
+/// Name of a database's spill directory, inside its data directory.
+pub const SPILL_DIR: &str = "spill";
 
 /// How a read of a held snapshot ran: it is `cow` by construction.
 fn held_outcome(csn: u64, plan: Plan) -> ScanOutcome {
@@ -28,15 +58,19 @@ fn held_outcome(csn: u64, plan: Plan) -> ScanOutcome {
     }
 }
 
-fn empty_outcome(csn: u64) -> ScanOutcome {
+fn empty_plan() -> Plan {
+    Plan {
+        access: planner::Access::CollScan { reverse: false },
+        provides_sort: true,
+    }
+}
+
+fn outcome_of(choice: Choice, csn: u64, plan: Plan) -> ScanOutcome {
     ScanOutcome {
-        strategy: Strategy::Cow,
-        reason: "held snapshot",
+        strategy: choice.strategy,
+        reason: choice.reason,
         start_csn: csn,
-        plan: Plan {
-            access: planner::Access::CollScan { reverse: false },
-            provides_sort: true,
-        },
+        plan,
         from_remset: 0,
         propagated: 0,
         inflight_peak: 0,
@@ -56,6 +90,23 @@ impl Source {
             Source::Latest(db) => db.writer().published(),
             Source::Fixed(s) => s.clone(),
         }
+    }
+
+    /// The spill directory of the database, when the source knows it.
+    fn spill_dir(&self) -> Option<PathBuf> {
+        match self {
+            Source::Latest(db) => db.spill_dir(),
+            Source::Fixed(_) => None,
+        }
+    }
+}
+
+impl Database {
+    /// Where sorts over this database spill: `<data dir>/spill` for a
+    /// database opened from a directory, `None` for an in-memory one (its
+    /// reads spill to the OS temporary directory; see [`ReadLimits`]).
+    pub fn spill_dir(&self) -> Option<PathBuf> {
+        self.path().map(|p| p.join(SPILL_DIR))
     }
 }
 
@@ -77,6 +128,7 @@ pub struct Find {
     pub(crate) filter: Document,
     pub(crate) options: FindOptions,
     pub(crate) strategy: Option<Strategy>,
+    pub(crate) limits: ReadLimits,
 }
 
 /// A find's result with how it was produced.
@@ -87,6 +139,17 @@ pub struct FindOutcome {
 }
 
 impl Find {
+    pub(crate) fn new(source: Source, coll: &str, filter: Document) -> Find {
+        Find {
+            source,
+            coll: coll.to_string(),
+            filter,
+            options: FindOptions::default(),
+            strategy: None,
+            limits: ReadLimits::default(),
+        }
+    }
+
     pub fn sort(mut self, sort: Document) -> Find {
         self.options.sort = Some(sort);
         self
@@ -119,6 +182,21 @@ impl Find {
         self.strategy = Some(strategy);
         self
     }
+    /// Run under these limits (cancellation, sort memory, disk use).
+    pub fn limits(mut self, limits: ReadLimits) -> Find {
+        self.limits = limits;
+        self
+    }
+    /// Stop (with `Error::Interrupted`) once `token` is cancelled.
+    pub fn cancel(mut self, token: CancelToken) -> Find {
+        self.limits.cancel = token;
+        self
+    }
+    /// May a sort over the memory limit spill to disk (MongoDB's `allowDiskUse`)?
+    pub fn allow_disk_use(mut self, allow: bool) -> Find {
+        self.limits.allow_disk_use = allow;
+        self
+    }
 
     /// Execute and report how: the matching stored documents (sorted, skipped,
     /// limited; unprojected), the strategy, the snapshot's csn and the plan.
@@ -128,37 +206,147 @@ impl Find {
     }
 
     fn execute(&self, spec: &FindSpec) -> Result<FindOutcome> {
+        let stream = self.open(spec)?;
+        let scan = stream.scan.clone();
+        let docs = stream.collect::<Result<Vec<_>>>()?;
+        Ok(FindOutcome { docs, scan })
+    }
+
+    /// The matching stored documents as a stream (see the module doc for
+    /// when it is lazy); unprojected.
+    pub fn stream(self) -> Result<FindStream> {
+        let (spec, _) = self.spec()?;
+        self.open(&spec)
+    }
+
+    fn open(&self, spec: &FindSpec) -> Result<FindStream> {
+        let filter = spec
+            .filter
+            .clone()
+            .unwrap_or_else(|| planner::match_all().clone());
+        let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
+        let read = Read::Find {
+            top_k: sort.is_some() && spec.limit > 0,
+        };
         let db = match &self.source {
             Source::Fixed(state) => {
                 let Some(c) = state.collection(&self.coll) else {
-                    return Ok(FindOutcome {
-                        docs: Vec::new(),
-                        scan: empty_outcome(state.csn),
-                    });
+                    return Ok(self.done_stream(held_outcome(state.csn, empty_plan())));
                 };
-                let (found, plan) = planner::run_find(c, spec)?;
-                return Ok(FindOutcome {
-                    docs: found.into_iter().map(|(_, d)| d).collect(),
-                    scan: held_outcome(state.csn, plan),
-                });
+                let plan = planner::plan(c, &filter, sort, spec.hint.as_ref())?;
+                let outcome = held_outcome(state.csn, plan);
+                return self.walk_or_sort(c, filter, sort, spec, outcome);
             }
             Source::Latest(db) => db,
         };
         let requested = self.strategy.unwrap_or_else(|| db.default_strategy());
-        let filter = spec.filter.as_ref().unwrap_or_else(|| planner::match_all());
-        let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
+        let state = db.writer().published();
+        let Some(c) = state.collection(&self.coll) else {
+            db.note_read(choose(requested, read, None).strategy);
+            let choice = choose(requested, read, None);
+            return Ok(self.done_stream(outcome_of(choice, state.csn, empty_plan())));
+        };
+        let plan = planner::plan(c, &filter, sort, spec.hint.as_ref())?;
+        let choice = choose(requested, read, Some(&plan));
+        if choice.strategy == Strategy::Cow {
+            db.note_read(Strategy::Cow);
+            let outcome = outcome_of(choice, state.csn, plan);
+            return self.walk_or_sort(c, filter, sort, spec, outcome);
+        }
+        drop(state);
+        self.scan_live(db, &filter, sort, spec, requested, read)
+    }
+
+    fn done_stream(&self, scan: ScanOutcome) -> FindStream {
+        FindStream::new(Kind::Done, 0, 0, self.limits.cancel.clone(), scan)
+    }
+
+    /// The number of documents a sort must keep: `skip + limit`, or all.
+    fn keep(spec: &FindSpec) -> Option<usize> {
+        (spec.limit > 0)
+            .then(|| usize::try_from(spec.skip.saturating_add(spec.limit)).unwrap_or(usize::MAX))
+    }
+
+    fn sorter(&self, sort: &SortSpec, spec: &FindSpec) -> Sorter {
+        let dir = self.limits.spill_dir_or(self.source.spill_dir());
+        Sorter::new(sort.clone(), &self.limits, dir, Find::keep(spec))
+    }
+
+    /// A read of one held collection version: a lazy walk when the plan
+    /// yields the order, else the matches through the sorter.
+    fn walk_or_sort(
+        &self,
+        c: &CollectionState,
+        filter: Filter,
+        sort: Option<&SortSpec>,
+        spec: &FindSpec,
+        outcome: ScanOutcome,
+    ) -> Result<FindStream> {
+        let cancel = self.limits.cancel.clone();
+        match sort {
+            Some(sort) if !outcome.plan.provides_sort => {
+                let mut sorter = self.sorter(sort, spec);
+                let mut failed = None;
+                // Ties in record order: every plan gives the same answer.
+                planner::execute_with(c, &outcome.plan, &filter, &cancel, |rid, d| {
+                    match sorter.push_tied(d.clone(), rid) {
+                        Ok(()) => ControlFlow::Continue(()),
+                        Err(e) => {
+                            failed = Some(e);
+                            ControlFlow::Break(())
+                        }
+                    }
+                })?;
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                let sorted = sorter.finish()?;
+                Ok(FindStream::new(
+                    Kind::Sorted(sorted),
+                    spec.skip,
+                    spec.limit,
+                    cancel,
+                    outcome,
+                ))
+            }
+            _ => {
+                let walk = Walk::new(c, &outcome.plan);
+                let kind = Kind::Walk {
+                    coll: Box::new(c.clone()),
+                    filter: Box::new(filter),
+                    walk,
+                    buffer: VecDeque::new(),
+                };
+                Ok(FindStream::new(
+                    kind, spec.skip, spec.limit, cancel, outcome,
+                ))
+            }
+        }
+    }
+
+    /// A live `vls`/`olcp`/`none` read: the scan runs to its end now (see
+    /// the module doc), into a vector or the sorter.
+    fn scan_live(
+        &self,
+        db: &Database,
+        filter: &Filter,
+        sort: Option<&SortSpec>,
+        spec: &FindSpec,
+        requested: Strategy,
+        read: Read,
+    ) -> Result<FindStream> {
         let wanted = if spec.limit > 0 {
             spec.skip.saturating_add(spec.limit)
         } else {
             u64::MAX
         };
-        let read = Read::Find {
-            top_k: sort.is_some() && spec.limit > 0,
-        };
         // Set by the planning closure: the scan yields documents in sort order
         // (a `cow` walk of a plan that provides the sort), so it may stop at `wanted`.
         let in_order = std::cell::Cell::new(false);
         let mut docs: Vec<DocRef> = Vec::new();
+        let mut sorter = sort.map(|s| self.sorter(s, spec));
+        let mut failed = None;
+        let cancel = self.limits.cancel.clone();
         let outcome = scan::scan(
             db.writer(),
             &self.coll,
@@ -173,37 +361,40 @@ impl Find {
             },
             requested,
             read,
-            |d| {
-                docs.push(d.clone());
-                // Without a sort, or in sort order, the first `wanted` matches
-                // are the answer; stop early.
-                if (sort.is_none() || in_order.get()) && docs.len() as u64 >= wanted {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
+            &cancel,
+            |d: &DocRef| {
+                match sorter.as_mut().filter(|_| !in_order.get()) {
+                    Some(s) => {
+                        if let Err(e) = s.push(d.clone()) {
+                            failed = Some(e);
+                            return ControlFlow::Break(());
+                        }
+                        ControlFlow::Continue(())
+                    }
+                    None => {
+                        docs.push(d.clone());
+                        // Without a sort, or in sort order, the first `wanted`
+                        // matches are the answer; stop early.
+                        if docs.len() as u64 >= wanted {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    }
                 }
             },
         )?;
         db.note_read(outcome.strategy);
-        if let Some(sort) = sort {
-            if !(outcome.strategy == Strategy::Cow && outcome.plan.provides_sort) {
-                let mut keyed: Vec<_> = docs.into_iter().map(|d| (sort.sort_key(&d), d)).collect();
-                // Stable: ties keep scan order.
-                keyed.sort_by(|(a, _), (b, _)| sort.compare_keys(a, b));
-                docs = keyed.into_iter().map(|(_, d)| d).collect();
-            }
+        if let Some(e) = failed {
+            return Err(e);
         }
-        let skip = usize::try_from(spec.skip)
-            .unwrap_or(usize::MAX)
-            .min(docs.len());
-        docs.drain(..skip);
-        if spec.limit > 0 {
-            docs.truncate(usize::try_from(spec.limit).unwrap_or(usize::MAX));
-        }
-        Ok(FindOutcome {
-            docs,
-            scan: outcome,
-        })
+        let kind = match sorter.filter(|_| !in_order.get()) {
+            Some(s) => Kind::Sorted(s.finish()?),
+            None => Kind::Docs(docs.into_iter()),
+        };
+        Ok(FindStream::new(
+            kind, spec.skip, spec.limit, cancel, outcome,
+        ))
     }
 
     fn spec(&self) -> Result<(FindSpec, Option<Projection>)> {
@@ -295,3 +486,204 @@ impl Find {
         })
     }
 }
+
+/// Where a stream's documents come from.
+enum Kind {
+    /// A lazy walk over a held collection version, refilled page by page.
+    Walk {
+        /// The version read: held for as long as the stream lives (its nodes
+        /// and documents are shared with every other holder, never copied).
+        coll: Box<CollectionState>,
+        filter: Box<Filter>,
+        walk: Walk,
+        buffer: VecDeque<DocRef>,
+    },
+    /// A sort's output (in memory, or merged from spilled runs on demand).
+    Sorted(SortedStream),
+    /// A materialized result (live `vls`/`olcp`/`none` reads).
+    Docs(std::vec::IntoIter<DocRef>),
+    Done,
+}
+
+/// The documents of a find, produced on demand, with skip and limit applied:
+/// `Iterator<Item = Result<DocRef>> + Send + 'static`, so a server cursor can
+/// keep it between `getMore`s. See the module doc for what it holds.
+pub struct FindStream {
+    kind: Kind,
+    /// Matches still to drop (`skip`).
+    skip: u64,
+    /// Documents still to yield (`None`: no limit).
+    left: Option<u64>,
+    cancel: CancelToken,
+    scan: ScanOutcome,
+    failed: bool,
+}
+
+impl std::fmt::Debug for FindStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FindStream")
+            .field("held_bytes", &self.held_bytes())
+            .field("strategy", &self.scan.strategy)
+            .finish()
+    }
+}
+
+impl FindStream {
+    fn new(
+        kind: Kind,
+        skip: u64,
+        limit: u64,
+        cancel: CancelToken,
+        scan: ScanOutcome,
+    ) -> FindStream {
+        FindStream {
+            kind,
+            skip,
+            left: (limit > 0).then_some(limit),
+            cancel,
+            scan,
+            failed: false,
+        }
+    }
+
+    /// A stream over documents already materialized (a transaction's view,
+    /// a result computed elsewhere), so every read can be handed on as a
+    /// stream. Its [`FindStream::scan`] says `cow`, "materialized", csn 0.
+    pub fn from_docs(docs: Vec<DocRef>) -> FindStream {
+        let scan = ScanOutcome {
+            strategy: Strategy::Cow,
+            reason: "materialized",
+            start_csn: 0,
+            plan: empty_plan(),
+            from_remset: 0,
+            propagated: 0,
+            inflight_peak: 0,
+        };
+        FindStream::new(
+            Kind::Docs(docs.into_iter()),
+            0,
+            0,
+            CancelToken::never(),
+            scan,
+        )
+    }
+
+    /// How the read runs: strategy (and why), the snapshot's csn, the plan.
+    pub fn scan(&self) -> &ScanOutcome {
+        &self.scan
+    }
+
+    /// Sorted runs the read spilled to disk (0 when the sort fit in memory).
+    pub fn spilled_runs(&self) -> u64 {
+        match &self.kind {
+            Kind::Sorted(s) => s.spilled_runs(),
+            _ => 0,
+        }
+    }
+
+    /// Is it a lazy walk over a held version (as opposed to a sorted or
+    /// materialized result)?
+    pub fn is_streaming(&self) -> bool {
+        matches!(self.kind, Kind::Walk { .. })
+    }
+
+    /// Bytes this stream holds itself: buffered or materialized documents,
+    /// the sort's in-memory part, the walk's position. Not the version a
+    /// walk holds, whose nodes and documents are shared with the database.
+    pub fn held_bytes(&self) -> usize {
+        let docs = |it: &mut dyn Iterator<Item = &DocRef>| -> usize {
+            it.map(|d| d.as_bytes().len() + std::mem::size_of::<DocRef>())
+                .sum()
+        };
+        match &self.kind {
+            Kind::Walk { walk, buffer, .. } => walk.held_bytes() + docs(&mut buffer.iter()),
+            Kind::Sorted(s) => s.held_bytes(),
+            Kind::Docs(it) => docs(&mut it.as_slice().iter()),
+            Kind::Done => 0,
+        }
+    }
+
+    /// Check `token` from now on (each `getMore` of a cursor runs under its
+    /// own command's token).
+    pub fn set_cancel(&mut self, token: CancelToken) {
+        if let Kind::Sorted(s) = &mut self.kind {
+            s.set_cancel(token.clone());
+        }
+        self.cancel = token;
+    }
+
+    /// The next match before skip/limit.
+    fn next_match(&mut self) -> Result<Option<DocRef>> {
+        match &mut self.kind {
+            Kind::Walk {
+                coll,
+                filter,
+                walk,
+                buffer,
+            } => loop {
+                if let Some(d) = buffer.pop_front() {
+                    return Ok(Some(d));
+                }
+                if walk.is_done() {
+                    return Ok(None);
+                }
+                self.cancel.check()?;
+                walk.page(coll, filter, |_, d| {
+                    buffer.push_back(d.clone());
+                    ControlFlow::Continue(())
+                })?;
+            },
+            Kind::Sorted(s) => s.next().transpose(),
+            Kind::Docs(it) => Ok(it.next()),
+            Kind::Done => Ok(None),
+        }
+    }
+
+    fn step(&mut self) -> Result<Option<DocRef>> {
+        if self.left == Some(0) {
+            return Ok(None);
+        }
+        while self.skip > 0 {
+            if self.next_match()?.is_none() {
+                return Ok(None);
+            }
+            self.skip -= 1;
+        }
+        let d = self.next_match()?;
+        if d.is_some() {
+            if let Some(n) = &mut self.left {
+                *n -= 1;
+            }
+        }
+        Ok(d)
+    }
+}
+
+impl Iterator for FindStream {
+    type Item = Result<DocRef>;
+
+    fn next(&mut self) -> Option<Result<DocRef>> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(d) => {
+                if d.is_none() {
+                    self.kind = Kind::Done;
+                }
+                d.map(Ok)
+            }
+            Err(e) => {
+                self.failed = true;
+                self.kind = Kind::Done;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+// A server cursor keeps a stream across commands, on any thread.
+const _: fn() = || {
+    fn assert_send_static<T: Send + 'static>() {}
+    assert_send_static::<FindStream>();
+};

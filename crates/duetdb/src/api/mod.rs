@@ -22,6 +22,6 @@ pub use collection::{Collection, IndexOptions};
 pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
 pub use engine::Engine;
-pub use find::{Find, FindOptions, FindOutcome};
+pub use find::{Find, FindOptions, FindOutcome, FindStream};
 pub use snapshot::{Snapshot, SnapshotCollection};
 pub use transaction::{Transaction, TxnCollection};

@@ -5,7 +5,7 @@ use bson::Document;
 
 use crate::api::Database;
 use crate::doc::DocRef;
-use crate::error::Result;
+use crate::error::{CancelToken, Result};
 use crate::snapshot::olcp::{self, OlcpOptions, OlcpReport, PointRange, PointReader};
 use crate::snapshot::Strategy;
 
@@ -43,6 +43,42 @@ impl Database {
             map,
             reduce,
             options,
+        )
+    }
+
+    /// [`Database::olcp_query`] that stops once `cancel` is cancelled: the
+    /// map threads check it every page; the query then releases its slot
+    /// (the status bits are reset in the background) and returns
+    /// `Error::Interrupted` without reducing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn olcp_query_with<S, I, M, R>(
+        &self,
+        coll: &str,
+        scan_ranges: &[Document],
+        point_ranges: &[PointRange],
+        init: I,
+        map: M,
+        reduce: R,
+        options: OlcpOptions,
+        cancel: &CancelToken,
+    ) -> Result<(S, OlcpReport)>
+    where
+        S: Send,
+        I: Fn() -> S + Sync,
+        M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
+        R: Fn(S, S) -> S,
+    {
+        self.note_read(Strategy::Olcp);
+        olcp::olcp_query_with(
+            self.writer(),
+            coll,
+            scan_ranges,
+            point_ranges,
+            init,
+            map,
+            reduce,
+            options,
+            cancel,
         )
     }
 }

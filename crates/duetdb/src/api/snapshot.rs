@@ -84,13 +84,7 @@ pub struct SnapshotCollection {
 
 impl SnapshotCollection {
     pub fn find(&self, filter: Document) -> Find {
-        Find {
-            source: Source::Fixed(self.state.clone()),
-            coll: self.name.clone(),
-            filter,
-            options: Default::default(),
-            strategy: None,
-        }
+        Find::new(Source::Fixed(self.state.clone()), &self.name, filter)
     }
     pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
         Ok(self.find(filter).limit(1).run()?.pop())

@@ -5,10 +5,12 @@
 //! [`Error::code_name`], so the wire server can answer exactly as drivers expect.
 //! Errors from outside input never leave stored data changed.
 
+mod cancel;
 mod storage;
 
 use bson::Bson;
 
+pub use cancel::{CancelReason, CancelToken};
 pub use storage::StorageError;
 
 /// Engine result.
@@ -100,10 +102,14 @@ pub enum Error {
     /// stopped after an fsync failure). Code 14031 for a full disk, else 1.
     #[error("storage: {0}")]
     Storage(Box<StorageError>),
-    /// A blocking aggregation stage (`$group`) exceeded its memory limit. Code 292
-    /// (QueryExceededMemoryLimitNoDiskUseAllowed): there is no spilling to disk.
+    /// A blocking stage (a sort that may not spill, `$group`) exceeded its
+    /// memory limit. Code 292 (QueryExceededMemoryLimitNoDiskUseAllowed).
     #[error("{0}")]
     ExceededMemoryLimit(String),
+    /// The read was cancelled ([`CancelToken`]): code 50, 11601, 279 or 11600
+    /// by [`CancelReason`].
+    #[error("{}", .0.message())]
+    Interrupted(CancelReason),
     /// A transaction wrote (or, under `serializable`, read) a document or range
     /// that a commit after its snapshot changed; it changed nothing and may be
     /// retried. Code 112, labelled `TransientTransactionError`.
@@ -160,6 +166,7 @@ impl Error {
             Error::Storage(e) if e.is_no_space() => 14031,
             Error::Storage(_) => 1,
             Error::ExceededMemoryLimit(_) => 292,
+            Error::Interrupted(r) => r.code(),
             Error::WriteConflict(_) => 112,
             Error::NoSuchTransaction(_) => 251,
             Error::TransactionExceededLifetimeLimitSeconds(_) => 290,
@@ -197,6 +204,7 @@ impl Error {
             Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
             Error::Storage(_) => "InternalError",
             Error::ExceededMemoryLimit(_) => "QueryExceededMemoryLimitNoDiskUseAllowed",
+            Error::Interrupted(r) => r.code_name(),
             Error::WriteConflict(_) => "WriteConflict",
             Error::NoSuchTransaction(_) => "NoSuchTransaction",
             Error::TransactionExceededLifetimeLimitSeconds(_) => {

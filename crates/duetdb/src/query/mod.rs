@@ -5,10 +5,14 @@ pub mod aggregate;
 pub mod distinct;
 pub mod expr;
 pub mod filter;
+pub mod limits;
 pub mod planner;
 pub mod projection;
 pub mod sort;
+pub mod sorter;
+pub mod spill;
 pub mod update;
+pub mod walk;
 
 pub use aggregate::{CommutativePart, PartialState, Pipeline, Split};
 

@@ -23,7 +23,8 @@ use bson::{doc, Bson, Document, RawBson};
 
 use crate::doc::value;
 use crate::doc::DocRef;
-use crate::error::{Error, Result};
+use crate::error::{CancelToken, Error, Result};
+use crate::query::limits::PAGE_DOCS;
 use crate::query::{Filter, Sarg, SortSpec};
 use crate::store::collection::{CollectionState, ID_INDEX_NAME};
 use crate::store::heap::RecordId;
@@ -520,10 +521,33 @@ pub fn plan(
 
 /// Visit every document of `coll` that the plan reaches and `filter` matches, in
 /// the plan's order, until `visit` breaks.
-pub fn execute<F>(coll: &CollectionState, plan: &Plan, filter: &Filter, mut visit: F) -> Result<()>
+pub fn execute<F>(coll: &CollectionState, plan: &Plan, filter: &Filter, visit: F) -> Result<()>
 where
     F: FnMut(RecordId, &DocRef) -> ControlFlow<()>,
 {
+    execute_with(coll, plan, filter, &CancelToken::never(), visit)
+}
+
+/// [`execute`], checking `cancel` every [`PAGE_DOCS`] entries examined
+/// (matching or not), so a cancelled walk stops within one page.
+pub fn execute_with<F>(
+    coll: &CollectionState,
+    plan: &Plan,
+    filter: &Filter,
+    cancel: &CancelToken,
+    mut visit: F,
+) -> Result<()>
+where
+    F: FnMut(RecordId, &DocRef) -> ControlFlow<()>,
+{
+    let mut examined = 0usize;
+    let mut tick = || -> Result<()> {
+        examined += 1;
+        if examined.is_multiple_of(PAGE_DOCS) {
+            cancel.check()?;
+        }
+        Ok(())
+    };
     let match_all = filter.is_match_all();
     let mut emit = |rid: RecordId, doc: &DocRef| -> ControlFlow<()> {
         if match_all || filter.matches(doc) {
@@ -535,6 +559,7 @@ where
     match &plan.access {
         Access::CollScan { reverse: false } => {
             for (rid, doc) in coll.heap.iter() {
+                tick()?;
                 if emit(rid, doc).is_break() {
                     break;
                 }
@@ -543,6 +568,7 @@ where
         Access::CollScan { reverse: true } => {
             let all: Vec<(RecordId, &DocRef)> = coll.heap.iter().collect();
             for (rid, doc) in all.into_iter().rev() {
+                tick()?;
                 if emit(rid, doc).is_break() {
                     break;
                 }
@@ -550,6 +576,7 @@ where
         }
         Access::IdPoints { ids } => {
             for id in ids {
+                tick()?;
                 if let Some(rid) = coll.rid_of_id(id) {
                     if let Some(doc) = coll.heap.get(rid) {
                         if emit(rid, doc).is_break() {
@@ -571,6 +598,7 @@ where
                 Box::new(range)
             };
             for (_, rid) in rids {
+                tick()?;
                 if let Some(doc) = coll.heap.get(*rid) {
                     if emit(*rid, doc).is_break() {
                         break;
@@ -605,6 +633,7 @@ where
                     Box::new(range)
                 };
                 for ((_, rid), _) in entries {
+                    tick()?;
                     if *dedup && !seen.insert(*rid) {
                         continue;
                     }

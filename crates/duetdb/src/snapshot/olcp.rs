@@ -23,6 +23,13 @@
 //! Point ranges are read "as of the start" from a copy-on-write root of the
 //! named collections taken at registration (only those collections are held;
 //! documents outside the declared ranges cannot be read).
+//!
+//! Cancellation: every map thread checks the query's `CancelToken` once per
+//! page; a cancelled query ends its table pass incomplete (the slot's bits
+//! are reset in the background, as for a VLS scan that stopped early), drains
+//! and drops what the writer handed over without mapping it, releases its
+//! slot, and only then returns `Error::Interrupted`. "Exactly once" is then
+//! void by design: the query has no result.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -32,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use bson::{doc, Bson, Document};
 
 use crate::doc::DocRef;
-use crate::error::{Error, Result};
+use crate::error::{CancelToken, Error, Result};
 use crate::query::planner;
 use crate::query::Filter;
 use crate::snapshot::scan::PAGE;
@@ -125,12 +132,44 @@ where
     M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
     R: Fn(S, S) -> S,
 {
+    olcp_query_with(
+        writer,
+        coll,
+        scan_ranges,
+        point_ranges,
+        init,
+        map,
+        reduce,
+        options,
+        &CancelToken::never(),
+    )
+}
+
+/// [`olcp_query`] that stops when `cancel` is cancelled (see the module doc).
+#[allow(clippy::too_many_arguments)]
+pub fn olcp_query_with<S, I, M, R>(
+    writer: &Writer,
+    coll: &str,
+    scan_ranges: &[Document],
+    point_ranges: &[PointRange],
+    init: I,
+    map: M,
+    reduce: R,
+    options: OlcpOptions,
+    cancel: &CancelToken,
+) -> Result<(S, OlcpReport)>
+where
+    S: Send,
+    I: Fn() -> S + Sync,
+    M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
+    R: Fn(S, S) -> S,
+{
     let filter = Filter::parse(&scan_filter(scan_ranges))?;
     let point_filters: Vec<(String, Filter)> = point_ranges
         .iter()
         .map(|p| Ok((p.coll.clone(), Filter::parse(&p.filter)?)))
         .collect::<Result<_>>()?;
-    let mut query = match start(writer, coll, &filter, &point_filters)? {
+    let mut query = match start(writer, coll, &filter, &point_filters, cancel)? {
         Started::Absent { csn } => {
             let report = OlcpReport {
                 start_csn: csn,
@@ -151,19 +190,22 @@ where
         filter: &filter,
         points: &query.points,
         map: &map,
+        cancel,
         from_table: AtomicU64::new(0),
         mapped_propagated: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
     let (states, mut read) = pass.run(&query.work, threads, &init, query.reg.start_next_rid)?;
-    let complete = matches!(query.work, Work::Rids { .. });
+    let cancelled = cancel.check().err();
+    let complete = matches!(query.work, Work::Rids { .. }) && cancelled.is_none();
     query.reg.guard.finish_table(complete)?;
-    // Nothing is handed over after the end of the table pass: map the rest.
+    // Nothing is handed over after the end of the table pass: map the rest
+    // (a cancelled query only drops it).
     let mut states = states.into_iter();
     let mut acc = states.next().unwrap_or_else(&init);
     for (rid, d) in query.sink.drain() {
         read.read(rid, "sink");
-        if filter.matches(&d) {
+        if cancelled.is_none() && filter.matches(&d) {
             pass.mapped_propagated.fetch_add(1, Ordering::Relaxed);
             map(&mut acc, &d, &query.points)?;
         }
@@ -175,6 +217,9 @@ where
     );
     // OLCP slots never get remset entries; release just frees the slot.
     query.reg.guard.release(!complete);
+    if let Some(e) = cancelled {
+        return Err(e);
+    }
     if query.vls.is_dropped() {
         return Err(Error::QueryPlanKilled(format!(
             "collection {coll} was dropped or renamed during the query"
@@ -236,6 +281,7 @@ fn start<'a>(
     coll: &str,
     filter: &Filter,
     point_filters: &[(String, Filter)],
+    cancel: &CancelToken,
 ) -> Result<Started<'a>> {
     let published = writer.published();
     let Some(c) = published.collection(coll) else {
@@ -247,7 +293,15 @@ fn start<'a>(
     let sink = Arc::new(OlcpSink::default());
     let capture: Vec<String> = point_filters.iter().map(|(c, _)| c.clone()).collect();
     let index_ref = index_ref(&plan.access);
-    let mut reg = register_scan(writer, coll, &vls, index_ref, Some(sink.clone()), capture)?;
+    let mut reg = register_scan(
+        writer,
+        coll,
+        &vls,
+        index_ref,
+        Some(sink.clone()),
+        capture,
+        cancel,
+    )?;
     let points = point_reader(std::mem::take(&mut reg.captured), point_filters);
     let work = match reg.index.take() {
         None => Work::Rids {
@@ -274,6 +328,7 @@ struct MapPass<'q, M> {
     filter: &'q Filter,
     points: &'q PointReader,
     map: &'q M,
+    cancel: &'q CancelToken,
     /// Documents mapped from the table, and handed-over versions mapped.
     from_table: AtomicU64,
     mapped_propagated: AtomicU64,
@@ -324,6 +379,9 @@ impl<M> MapPass<'_, M> {
         for (lo, hi) in work.chunks(t, n) {
             let mut i = lo;
             while i < hi {
+                if self.cancel.is_cancelled() {
+                    break;
+                }
                 for (rid, d) in self.sink.drain() {
                     read.read(rid, "sink");
                     self.apply(&mut state, &d, &self.mapped_propagated);

@@ -2,13 +2,19 @@
 //! (chosen by [`crate::snapshot::choose`]). `cow` walks one held root, `none`
 //! reloads the latest root page by page, `vls` and `olcp` are in
 //! [`crate::snapshot::vls`].
+//!
+//! Every strategy checks the read's [`CancelToken`] once per page of records
+//! examined ([`PAGE`]), matching or not: a cancelled scan returns
+//! `Error::Interrupted` within one page, after releasing what it holds (a
+//! VLS/OLCP slot goes through its ordinary end-of-scan path, so the status
+//! masks and the remset stay consistent).
 
 use std::ops::{Bound, ControlFlow};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::doc::DocRef;
-use crate::error::Result;
+use crate::error::{CancelToken, Result};
 use crate::query::planner::{self, Access, Plan};
 use crate::query::Filter;
 use crate::snapshot::vls::vls_scan;
@@ -70,8 +76,10 @@ pub enum IndexRef {
 
 /// Visit every document matching `filter` in collection `coll`, under the
 /// strategy [`choose`] picks for `requested` and `read` once the plan is
-/// known, until `visit` breaks. Documents come in plan order for `cow`; for
-/// `vls` the remset's documents come last; `none` gives no order guarantee.
+/// known, until `visit` breaks or `cancel` is cancelled (then
+/// `Err(Interrupted)`). Documents come in plan order for `cow`; for `vls` the
+/// remset's documents come last; `none` gives no order guarantee.
+#[allow(clippy::too_many_arguments)]
 pub fn scan<F>(
     writer: &Writer,
     coll: &str,
@@ -79,6 +87,7 @@ pub fn scan<F>(
     plan_for: impl Fn(&CollectionState) -> Result<Plan>,
     requested: Strategy,
     read: Read,
+    cancel: &CancelToken,
     mut visit: F,
 ) -> Result<ScanOutcome>
 where
@@ -114,20 +123,20 @@ where
     };
     match choice.strategy {
         Strategy::Cow | Strategy::Auto => {
-            planner::execute(c, &plan, filter, |_, d| visit(d))?;
+            planner::execute_with(c, &plan, filter, cancel, |_, d| visit(d))?;
             Ok(done(state.csn, plan))
         }
         Strategy::None => {
             let start_csn = state.csn;
             drop(state);
-            none_scan(writer, coll, filter, &plan, &mut visit)?;
+            none_scan(writer, coll, filter, &plan, cancel, &mut visit)?;
             Ok(done(start_csn, plan))
         }
         Strategy::Vls | Strategy::Olcp => {
             let vls = c.vls.clone();
             drop(state);
             let sink = (choice.strategy == Strategy::Olcp).then(|| Arc::new(OlcpSink::default()));
-            let mut outcome = vls_scan(writer, coll, vls, filter, plan, sink, &mut visit)?;
+            let mut outcome = vls_scan(writer, coll, vls, filter, plan, sink, cancel, &mut visit)?;
             outcome.reason = choice.reason;
             Ok(outcome)
         }
@@ -141,6 +150,7 @@ pub fn count(
     coll: &str,
     filter: &Filter,
     requested: Strategy,
+    cancel: &CancelToken,
 ) -> Result<(u64, ScanOutcome)> {
     let match_all = filter.is_match_all();
     let read = Read::Count { match_all };
@@ -174,6 +184,7 @@ pub fn count(
         |c| planner::plan(c, filter, None, None),
         requested,
         read,
+        cancel,
         |_| {
             n += 1;
             ControlFlow::Continue(())
@@ -188,6 +199,7 @@ fn none_scan<F>(
     coll: &str,
     filter: &Filter,
     plan: &Plan,
+    cancel: &CancelToken,
     visit: &mut F,
 ) -> Result<()>
 where
@@ -210,6 +222,7 @@ where
             for (lo, hi) in intervals {
                 let mut lower: Bound<(IndexKey, RecordId)> = lo.clone();
                 loop {
+                    cancel.check()?;
                     let state = writer.published();
                     let Some(c) = state.collection(coll) else {
                         return Ok(());
@@ -242,6 +255,7 @@ where
         Access::CollScan { reverse: false } => {
             let mut next: RecordId = 0;
             loop {
+                cancel.check()?;
                 let state = writer.published();
                 let Some(c) = state.collection(coll) else {
                     return Ok(());
@@ -266,7 +280,7 @@ where
         _ => {
             let state = writer.published();
             if let Some(c) = state.collection(coll) {
-                planner::execute(c, plan, filter, |_, d| visit(d))?;
+                planner::execute_with(c, plan, filter, cancel, |_, d| visit(d))?;
             }
             Ok(())
         }

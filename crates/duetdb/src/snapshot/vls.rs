@@ -21,7 +21,11 @@
 //!   start state held ([`ReadLog`]);
 //! - a slot is attached to at most one scan, and is released only after the
 //!   writer stopped keeping versions for it (`finish_table` is a boundary step;
-//!   the slot lifecycle itself is asserted in `store::vls`).
+//!   the slot lifecycle itself is asserted in `store::vls`);
+//! - a cancelled scan (its `CancelToken`, checked while waiting for a slot and
+//!   once per page of the table pass) stops like one whose `visit` broke: an
+//!   incomplete table pass, its remset entries released, its bits reset in
+//!   the background; only then does it return `Error::Interrupted`.
 
 use std::collections::HashSet;
 use std::ops::{Bound, ControlFlow};
@@ -29,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::doc::DocRef;
-use crate::error::{Error, Result};
+use crate::error::{CancelToken, Error, Result};
 use crate::query::planner::{Access, Plan};
 use crate::query::Filter;
 use crate::snapshot::scan::{IndexAtStart, IndexRef, ScanOutcome, PAGE};
@@ -82,6 +86,7 @@ pub(crate) fn register_scan<'a>(
     index_ref: Option<IndexRef>,
     sink: Option<Arc<OlcpSink>>,
     capture: Vec<String>,
+    cancel: &CancelToken,
 ) -> Result<Registered<'a>> {
     let ticket = vls.take_ticket();
     let waited_from = Instant::now();
@@ -132,7 +137,13 @@ pub(crate) fn register_scan<'a>(
                     index,
                 });
             }
-            Ok(Registration::NoSlot) => vls.wait_turn(ticket, SLOT_POLL),
+            Ok(Registration::NoSlot) => {
+                if let Err(e) = cancel.check() {
+                    vls.abandon_ticket(ticket);
+                    return Err(e);
+                }
+                vls.wait_turn(ticket, SLOT_POLL)
+            }
             Ok(Registration::Gone) => {
                 vls.abandon_ticket(ticket);
                 return Err(Error::QueryPlanKilled(format!(
@@ -221,6 +232,7 @@ pub(crate) fn index_ref(access: &Access) -> Option<IndexRef> {
 
 /// A VLS scan (or, with `sink`, an OLCP scan): register, table pass, end of
 /// the table pass at a boundary, remset pass, release.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn vls_scan<F>(
     writer: &Writer,
     coll: &str,
@@ -228,6 +240,7 @@ pub(crate) fn vls_scan<F>(
     filter: &Filter,
     plan: Plan,
     sink: Option<Arc<OlcpSink>>,
+    cancel: &CancelToken,
     visit: &mut F,
 ) -> Result<ScanOutcome>
 where
@@ -242,7 +255,15 @@ where
         start_len,
         index,
         ..
-    } = register_scan(writer, coll, &vls, index_ref, sink.clone(), Vec::new())?;
+    } = register_scan(
+        writer,
+        coll,
+        &vls,
+        index_ref,
+        sink.clone(),
+        Vec::new(),
+        cancel,
+    )?;
     let mut pass = ScanPass {
         writer,
         coll,
@@ -252,6 +273,8 @@ where
         sink: sink.as_deref(),
         visit,
         stopped: false,
+        cancel,
+        cancelled: None,
         propagated: 0,
         read: ReadLog::new(start_next_rid),
     };
@@ -268,6 +291,9 @@ where
     pass.drain();
     let from_remset = pass.remset_pass(record_set.as_ref());
     guard.release(!complete);
+    if let Some(e) = pass.cancelled.take() {
+        return Err(e);
+    }
     if vls.is_dropped() {
         return Err(Error::QueryPlanKilled(format!(
             "collection {coll} was dropped or renamed during the scan"
@@ -366,8 +392,11 @@ struct ScanPass<'s, F> {
     filter: &'s Filter,
     sink: Option<&'s OlcpSink>,
     visit: &'s mut F,
-    /// `visit` asked to stop.
+    /// `visit` asked to stop, or the scan was cancelled.
     stopped: bool,
+    cancel: &'s CancelToken,
+    /// Why the scan was cancelled (returned once it has cleaned up).
+    cancelled: Option<Error>,
     /// Versions taken from the sink (OLCP).
     propagated: u64,
     read: ReadLog,
@@ -381,6 +410,16 @@ where
         if !self.stopped && self.filter.matches(d) && (self.visit)(d).is_break() {
             self.stopped = true;
         }
+    }
+
+    /// Check the cancellation token (once per page); a cancelled scan stops
+    /// as if `visit` had broken. False once stopped.
+    fn go_on(&mut self) -> bool {
+        if let Err(e) = self.cancel.check() {
+            self.cancelled.get_or_insert(e);
+            self.stopped = true;
+        }
+        !self.stopped
     }
 
     /// Versions the writer handed over (OLCP): processed as they arrive, so
@@ -421,7 +460,7 @@ where
     /// after the start and are skipped.
     fn full_table(&mut self, start_next_rid: RecordId) {
         let mut next: RecordId = 0;
-        while next < start_next_rid && !self.stopped {
+        while next < start_next_rid && self.go_on() {
             self.drain();
             let Some((state, view)) = self.latest() else {
                 return;
@@ -455,7 +494,7 @@ where
     fn index_table(&mut self, rids: &[RecordId]) -> HashSet<RecordId> {
         let mut set = HashSet::with_capacity(rids.len());
         let mut i = 0;
-        while i < rids.len() && !self.stopped {
+        while i < rids.len() && self.go_on() {
             self.drain();
             let Some((state, view)) = self.latest() else {
                 break;

@@ -308,7 +308,7 @@ impl Group {
     fn check_memory(&self, bytes: usize) -> Result<()> {
         if bytes > self.memory_limit {
             return Err(Error::ExceededMemoryLimit(format!(
-                "Exceeded memory limit for $group, but didn't allow external spilling ({} bytes of group state, the limit is {} bytes)",
+                "Exceeded memory limit for $group ({} bytes of group state, the limit is {} bytes); $group does not spill to disk in duetdb, whatever allowDiskUse says",
                 bytes, self.memory_limit
             )));
         }

@@ -8,7 +8,8 @@
 //! [`PartialState`], [`prepare`]). `$project` and `$unset` are projections of
 //! `query::projection` (the one implementation find uses too, in its `$project`
 //! dialect). Executing a pipeline on a collection (choosing a scan, OLCP)
-//! belongs to `api::aggregate`.
+//! belongs to `api::aggregate`, which pushes the scanned documents through
+//! [`Exec`] (`exec.rs`: push-based execution under the read's limits).
 //!
 //! Why the split: an OLCP scan (and any parallel scan) hands documents to the
 //! query in an arbitrary order, possibly on several threads. A prefix of
@@ -31,10 +32,13 @@
 //!   by arrival order, so it too is independent of the merge shape.
 //! - `feed` assumes the document already passed the split's `scan_filter` (the
 //!   scan applies it); it never re-checks it.
-//! - Memory: a `$group`'s state is bounded ([`GROUP_MEMORY_LIMIT`], error 292);
-//!   a `$push`/`$addToSet` array by the 16 MiB document size (error 10334).
+//! - Memory: a `$group`'s state is bounded ([`GROUP_MEMORY_LIMIT`], or the
+//!   read's lower limit; error 292, never spilled); a `$push`/`$addToSet`
+//!   array by the 16 MiB document size (error 10334); a `$sort` run by
+//!   [`Exec`] by the read's memory limit (spilled, or 292).
 //! - Nothing here panics on user input.
 
+mod exec;
 mod group;
 mod split;
 mod stages;
@@ -52,6 +56,7 @@ use crate::query::sort::SortSpec;
 use group::Group;
 use stages::{run_stage, Unwind};
 
+pub use exec::Exec;
 pub use group::canonical_cmp;
 pub use split::{prepare, CommutativePart, PartialState, Prepared, Split};
 

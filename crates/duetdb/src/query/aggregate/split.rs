@@ -14,10 +14,14 @@
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
+use std::path::PathBuf;
+
 use crate::error::{Error, Result};
+use crate::query::aggregate::exec::Exec;
 use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::stages::{per_document, Cur};
 use crate::query::aggregate::{Pipeline, Stage};
+use crate::query::limits::ReadLimits;
 
 impl Pipeline {
     /// Split into the scan filter (leading `$match` stages), the commutative part
@@ -125,8 +129,8 @@ impl Split {
 /// The commutative scan-side part of a pipeline.
 #[derive(Debug, Clone)]
 pub struct CommutativePart {
-    stages: Vec<Stage>,
-    group: Option<Group>,
+    pub(super) stages: Vec<Stage>,
+    pub(super) group: Option<Group>,
 }
 
 /// Per-thread (or per-range) state of a [`CommutativePart`]; `Send`, mergeable.
@@ -151,6 +155,15 @@ impl PartialState {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Take the documents collected so far (a part without `$group`), leaving
+    /// the state empty; `None` for a `$group` state.
+    pub fn take_docs(&mut self) -> Option<Vec<Document>> {
+        match &mut self.0 {
+            StateInner::Docs(d) => Some(std::mem::take(d)),
+            StateInner::Groups(_) => None,
+        }
     }
 }
 
@@ -268,6 +281,33 @@ pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
 }
 
 impl Prepared {
+    /// Lower the memory limit of the commutative part's `$group` to `bytes`
+    /// (what an OLCP run feeds and merges directly; [`Exec`] applies the
+    /// read's limit to the stages it runs itself).
+    pub fn limit_memory(&mut self, bytes: usize) {
+        if let Some(g) = &mut self.part.group {
+            g.memory_limit = g.memory_limit.min(bytes);
+        }
+    }
+
+    /// Push-based execution of everything after the scan filter (the
+    /// commutative part, then the rest) under `limits`.
+    pub fn exec(&self, limits: &ReadLimits, spill_dir: PathBuf) -> Exec<'_> {
+        Exec::new(
+            &self.part.stages,
+            self.part.group.as_ref(),
+            &self.rest.stages,
+            limits,
+            spill_dir,
+        )
+    }
+
+    /// Push-based execution of the rest only (after a commutative part run
+    /// elsewhere, e.g. by OLCP threads).
+    pub fn rest_exec(&self, limits: &ReadLimits, spill_dir: PathBuf) -> Exec<'_> {
+        Exec::new(&[], None, &self.rest.stages, limits, spill_dir)
+    }
+
     /// The stage names of the commutative part and of the rest.
     pub fn names(&self) -> (Vec<String>, Vec<String>) {
         (

@@ -1,0 +1,242 @@
+//! Operations in flight: every command gets an op id and a cancellation token
+//! for as long as it runs, so `currentOp` can list it and `killOp`, a closed
+//! connection, its `maxTimeMS` and shutdown can cancel it.
+//!
+//! Owns: [`OpRegistry`] (op id → connection, command, start, token) and
+//! [`OpGuard`], which removes an operation when its command's blocking thread
+//! finishes — not when the client stops waiting — so `currentOp` shows work
+//! for exactly as long as it runs.
+//!
+//! Invariants:
+//! - op ids are unique for the life of the server (a counter from 1);
+//! - an operation is listed from before its command starts until after its
+//!   engine call has returned (the guard lives on the blocking thread);
+//! - cancelling only sets the token: reads stop at their next page check,
+//!   writes already submitted to the writer may still commit (as MongoDB).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bson::{doc, Bson, DateTime, Document};
+use duetdb::{CancelReason, CancelToken};
+use parking_lot::Mutex;
+
+use crate::state::ConnInfo;
+
+/// The command document as `currentOp` shows it: at most this many bytes of
+/// it (longer ones are summarized), so listing is cheap.
+const MAX_SHOWN_COMMAND_BYTES: usize = 4 * 1024;
+
+struct Op {
+    conn: u64,
+    client: String,
+    ns: String,
+    command: Document,
+    started: Instant,
+    started_at: SystemTime,
+    token: CancelToken,
+}
+
+/// Operations in flight, by op id.
+#[derive(Default)]
+pub struct OpRegistry {
+    next: AtomicU64,
+    ops: Mutex<HashMap<u64, Op>>,
+    killed: AtomicU64,
+    finished_after_cancel: AtomicU64,
+}
+
+/// Keeps one operation listed; dropping it removes the operation.
+pub struct OpGuard {
+    registry: Arc<OpRegistry>,
+    opid: u64,
+}
+
+impl OpGuard {
+    pub fn opid(&self) -> u64 {
+        self.opid
+    }
+}
+
+impl Drop for OpGuard {
+    fn drop(&mut self) {
+        if let Some(op) = self.registry.ops.lock().remove(&self.opid) {
+            if op.token.is_cancelled() {
+                self.registry
+                    .finished_after_cancel
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Does `v` fit in `budget` (approximate bytes)? Walks at most `budget`
+/// elements, so a 48 MB insert costs no more to check than a small one.
+fn fits(v: &Bson, budget: &mut isize) -> bool {
+    *budget -= 16;
+    match v {
+        Bson::String(s) => *budget -= s.len() as isize,
+        Bson::Binary(b) => *budget -= b.bytes.len() as isize,
+        Bson::Document(d) => {
+            for (k, v) in d {
+                *budget -= k.len() as isize;
+                if *budget < 0 || !fits(v, budget) {
+                    return false;
+                }
+            }
+        }
+        Bson::Array(a) => {
+            for v in a {
+                if *budget < 0 || !fits(v, budget) {
+                    return false;
+                }
+            }
+        }
+        _ => {}
+    }
+    *budget >= 0
+}
+
+/// The command as `currentOp` shows it: fields in order while they fit in
+/// [`MAX_SHOWN_COMMAND_BYTES`], then `$truncated: true`.
+fn shown(cmd: &Document) -> Document {
+    let mut out = Document::new();
+    let mut budget = MAX_SHOWN_COMMAND_BYTES as isize;
+    for (k, v) in cmd {
+        if !fits(v, &mut budget) {
+            out.insert("$truncated", true);
+            break;
+        }
+        out.insert(k.clone(), v.clone());
+    }
+    out
+}
+
+impl OpRegistry {
+    /// List a command run by `conn` on `db` under `token` until the guard drops.
+    pub fn register(
+        self: &Arc<Self>,
+        conn: &ConnInfo,
+        db: &str,
+        cmd: &Document,
+        token: CancelToken,
+    ) -> OpGuard {
+        let opid = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let coll = cmd.iter().next().and_then(|(_, v)| match v {
+            Bson::String(s) => Some(s.as_str()),
+            _ => None,
+        });
+        let ns = match coll {
+            Some(c) => format!("{db}.{c}"),
+            None => format!("{db}.$cmd"),
+        };
+        let op = Op {
+            conn: conn.id,
+            client: conn.peer.to_string(),
+            ns,
+            command: shown(cmd),
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+            token,
+        };
+        self.ops.lock().insert(opid, op);
+        OpGuard {
+            registry: self.clone(),
+            opid,
+        }
+    }
+
+    /// Cancel operation `opid` (`killOp`); false when no such operation runs.
+    pub fn kill(&self, opid: u64) -> bool {
+        let ops = self.ops.lock();
+        match ops.get(&opid) {
+            Some(op) => {
+                if op.token.cancel(CancelReason::Killed) {
+                    self.killed.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cancel every operation of connection `conn` (it closed).
+    pub fn kill_connection(&self, conn: u64, reason: CancelReason) -> usize {
+        let ops = self.ops.lock();
+        let mut n = 0;
+        for op in ops.values().filter(|o| o.conn == conn) {
+            if op.token.cancel(reason) {
+                self.killed.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Cancel every operation (shutdown).
+    pub fn kill_all(&self, reason: CancelReason) -> usize {
+        let ops = self.ops.lock();
+        let mut n = 0;
+        for op in ops.values() {
+            if op.token.cancel(reason) {
+                self.killed.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Operations in flight now.
+    pub fn len(&self) -> usize {
+        self.ops.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `currentOp`'s `inprog` entries, MongoDB's field names, op id order.
+    pub fn current(&self, host: &str) -> Vec<Document> {
+        let ops = self.ops.lock();
+        let mut ids: Vec<&u64> = ops.keys().collect();
+        ids.sort();
+        ids.into_iter()
+            .filter_map(|id| ops.get(id).map(|op| (*id, op)))
+            .map(|(opid, op)| {
+                let micros = op.started.elapsed().as_micros().min(i64::MAX as u128) as i64;
+                let cancelled = op.token.is_cancelled();
+                doc! {
+                    "type": "op",
+                    "host": host,
+                    "desc": format!("conn{}", op.conn),
+                    "connectionId": op.conn as i64,
+                    "client": op.client.clone(),
+                    "active": true,
+                    "currentOpTime": DateTime::from_system_time(SystemTime::now()),
+                    "opid": opid as i64,
+                    "secs_running": micros / 1_000_000,
+                    "microsecs_running": micros,
+                    "op": "command",
+                    "ns": op.ns.clone(),
+                    "command": op.command.clone(),
+                    "startedAt": DateTime::from_system_time(op.started_at),
+                    "killPending": cancelled,
+                    "numYields": 0,
+                    "waitingForLock": false,
+                    "locks": {},
+                }
+            })
+            .collect()
+    }
+
+    /// `serverStatus.duet.operations`.
+    pub fn status(&self) -> Document {
+        doc! {
+            "inFlight": self.len() as i64,
+            "killed": self.killed.load(Ordering::Relaxed) as i64,
+            "finishedAfterCancel": self.finished_after_cancel.load(Ordering::Relaxed) as i64,
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! What one read may use and when it must stop: [`ReadLimits`], passed from
+//! the API (and the server) down to the scans, sorts and pipeline stages.
+//!
+//! Defaults are MongoDB's: a blocking stage holds at most 100 MiB
+//! (`internalQueryMaxBlockingSortMemoryUsageBytes`), and a sort over that
+//! spills to disk unless the read says `allowDiskUse: false` (MongoDB 6.0+'s
+//! `allowDiskUseByDefault: true`). `$group` never spills: over the limit it
+//! fails with 292 whatever `allowDiskUse` says (see `query::aggregate`).
+
+use std::path::PathBuf;
+
+use crate::error::CancelToken;
+
+/// Documents (or index entries) examined between two cancellation checks:
+/// small enough that a cancelled read stops within milliseconds, large enough
+/// that the check costs nothing per document.
+pub const PAGE_DOCS: usize = 256;
+
+/// Bytes one blocking stage (an in-memory sort, a `$group`) may hold:
+/// MongoDB's 100 MB.
+pub const DEFAULT_MEMORY_LIMIT: usize = 100 * 1024 * 1024;
+
+/// The resource limits and the cancellation token of one read.
+#[derive(Debug, Clone)]
+pub struct ReadLimits {
+    /// Checked every page of work; see [`CancelToken`].
+    pub cancel: CancelToken,
+    /// Bytes one blocking stage may hold ([`DEFAULT_MEMORY_LIMIT`]); over it a
+    /// sort spills (when allowed) or fails with 292, a `$group` fails with 292.
+    pub memory_limit_bytes: usize,
+    /// May a sort over the memory limit spill sorted runs to disk? Default
+    /// true (MongoDB 6.0+'s `allowDiskUseByDefault`).
+    pub allow_disk_use: bool,
+    /// Where spilled runs go. `None`: the database's spill directory (under
+    /// its data directory), or the OS temporary directory for an in-memory
+    /// database or a snapshot that does not know its database.
+    pub spill_dir: Option<PathBuf>,
+}
+
+impl Default for ReadLimits {
+    fn default() -> ReadLimits {
+        ReadLimits {
+            cancel: CancelToken::never(),
+            memory_limit_bytes: DEFAULT_MEMORY_LIMIT,
+            allow_disk_use: true,
+            spill_dir: None,
+        }
+    }
+}
+
+impl ReadLimits {
+    /// Default limits with this cancellation token.
+    pub fn with_cancel(cancel: CancelToken) -> ReadLimits {
+        ReadLimits {
+            cancel,
+            ..ReadLimits::default()
+        }
+    }
+
+    /// The spill directory to use: the configured one, else `fallback`, else
+    /// a per-process directory under the OS temporary directory.
+    pub(crate) fn spill_dir_or(&self, fallback: Option<PathBuf>) -> PathBuf {
+        self.spill_dir
+            .clone()
+            .or(fallback)
+            .unwrap_or_else(default_temp_spill_dir)
+    }
+}
+
+/// Where in-memory databases spill: `<OS temp dir>/duetdb-spill-<pid>` (a
+/// crash leaves nothing there on unix: run files are unlinked at creation).
+pub fn default_temp_spill_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("duetdb-spill-{}", std::process::id()))
+}
