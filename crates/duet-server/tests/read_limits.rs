@@ -91,7 +91,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_time_ms_answers_50_after_the_work_stopped() {
-    let s = TestServer::start(|_| {}).await;
+    let s = TestServer::start(|c| c.enable_test_knobs = true).await;
     let c = client(&s).await;
     let db = c.database("lim");
     let admin = c.database("admin");
@@ -145,7 +145,7 @@ async fn max_time_ms_answers_50_after_the_work_stopped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_op_interrupts_a_running_command() {
-    let s = TestServer::start(|_| {}).await;
+    let s = TestServer::start(|c| c.enable_test_knobs = true).await;
     let c = client(&s).await;
     let db = c.database("lim");
     let admin = c.database("admin");
@@ -212,7 +212,7 @@ fn op_msg(d: &Document) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_connection_cancels_its_command() {
-    let s = TestServer::start(|_| {}).await;
+    let s = TestServer::start(|c| c.enable_test_knobs = true).await;
     let c = client(&s).await;
     let db = c.database("lim");
     let admin = c.database("admin");
@@ -237,7 +237,11 @@ async fn a_closed_connection_cancels_its_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_interrupts_commands_in_flight() {
-    let s = TestServer::start(|c| c.shutdown_grace = Duration::from_secs(30)).await;
+    let s = TestServer::start(|c| {
+        c.shutdown_grace = Duration::from_secs(30);
+        c.enable_test_knobs = true;
+    })
+    .await;
     let c = client(&s).await;
     let db = c.database("lim");
     let admin = c.database("admin");
