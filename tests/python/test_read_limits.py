@@ -25,7 +25,7 @@ def in_flight(client):
 
 
 def test_max_time_ms_stops_the_work(make_server):
-    srv = make_server()
+    srv = make_server("--enable-test-knobs")
     c = srv.client()
     db = c.limits
     load(db.c, 20_000)
@@ -39,7 +39,7 @@ def test_max_time_ms_stops_the_work(make_server):
 
 
 def test_kill_op_interrupts_a_running_count(make_server):
-    srv = make_server()
+    srv = make_server("--enable-test-knobs")
     c = srv.client()
     db = c.limits
     load(db.c, 20_000)

@@ -40,7 +40,20 @@ const REF_DOCS: i64 = 2_000;
 const BIG_DOCS: i64 = 50_000;
 
 /// Server flags of the soak: small limits so the attacks reach them quickly.
-pub const SERVER_LIMITS: &[&str] = &["--max-connections", "96"];
+pub const SERVER_LIMITS: &[&str] = &[
+    "--max-connections",
+    "96",
+    "--max-cursors",
+    "2000",
+    "--max-cursor-memory-mb",
+    "64",
+    "--idle-timeout-secs",
+    "3",
+    "--max-incomplete-message-mb",
+    "32",
+    "--query-memory-limit-bytes",
+    "4000000",
+];
 
 /// `duet check hostile` options.
 pub struct Options {
