@@ -1,20 +1,46 @@
 //! Recovery: rebuild the committed state of a data directory — the newest
-//! valid checkpoint the manifest names, then the WAL records after it.
+//! valid checkpoint the manifest names, then the WAL records after it — or
+//! refuse with an error naming the file that is missing or damaged.
 //!
 //! Decisions, in order:
 //! 1. the manifest names the current and previous checkpoint; the current one
 //!    is loaded, and if it is missing or corrupt the previous one (the WAL is
 //!    kept back to it for exactly this); if neither loads, a clear error names
-//!    both files;
-//! 2. WAL records after the checkpoint's csn are replayed in order; each must
-//!    start at the csn after the previous one (a gap is an error, never a
-//!    silently shorter history);
-//! 3. a record that fails its checksum or structure ends replay *only if
-//!    nothing valid follows it* (a torn tail: the crash interrupted the last
-//!    append). The segment is cut there and the loss logged. If a valid
-//!    record follows — in the same segment or a later one — the damage is in
-//!    the middle of the log and recovery fails with a corruption error: data
-//!    acknowledged after the damage would otherwise silently vanish.
+//!    both files. After such a fallback the log must still reach the current
+//!    checkpoint's csn, or recovery refuses (naming it) instead of returning
+//!    an older state;
+//! 2. which segments make up the log: a v3 manifest names them. A named
+//!    segment that is missing is an error naming it. A segment on disk the
+//!    manifest does not name is left over from a crash inside a protocol
+//!    step: if it holds no record (a roll whose manifest install never
+//!    happened) or only records older than every named segment (a cleanup
+//!    that un-named it but had not deleted it yet) it is removed (logged);
+//!    if it holds records the log may need, recovery refuses, naming it.
+//!    Without a v3 manifest (v1/v2, or none) every segment on disk counts;
+//! 3. WAL records after the checkpoint's csn are replayed in order; each must
+//!    start at the csn after the previous one, and each named segment must
+//!    end exactly where the next named one starts — otherwise an error names
+//!    the segment that ends early (truncated or damaged), never a silently
+//!    shorter history;
+//! 4. a record that fails its checksum or structure ends replay *only if
+//!    nothing says it was durable*: no valid record follows it (in this
+//!    segment or a later one), no later segment is named, and the manifest's
+//!    `synced_lsn` (raised at checkpoints, rotations and every clean close)
+//!    lies before it. Then it is treated as a write torn by a crash: cut off
+//!    and reported with its file, offset and first csn. A torn write and
+//!    damage to the last record written since the manifest was last
+//!    installed look the same on disk; the warning says so, and that if the
+//!    group was acknowledged it is lost. Otherwise recovery fails with an
+//!    error naming the file and offset;
+//! 5. the recovered log must reach every csn something durable vouches for:
+//!    the manifest's `synced_lsn`, the current checkpoint after a fallback,
+//!    and — when `MANIFEST` itself is missing — every checkpoint file on disk
+//!    (a missing manifest with pinned images, or a log that does not start at
+//!    csn 1, is refused outright: only the manifest can say what is current).
+//!
+//! `accept_damaged_tail` (an operator's explicit choice) turns the refusals
+//! of 3–5 into warnings: the log is cut at the first damage or missing
+//! segment, and the prefix before it is recovered.
 //!
 //! Invariant: recovery either returns the state after some commit prefix
 //! that contains every synced record, or an error; it never returns a state
@@ -22,7 +48,9 @@
 //! assert the prefix property on the replay itself (each group starts right
 //! after the previous one, csns strictly increase, the recovered csn is the
 //! end of the last whole group or the checkpoint's csn); file contents reach
-//! those assertions only after they were validated.
+//! those assertions only after they were validated. What recovery replayed is
+//! synced before it returns (the last segment is fsynced), so a later open
+//! may rely on it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,12 +58,24 @@ use std::time::{Duration, Instant};
 use crate::durability::checkpoint;
 use crate::durability::effect;
 use crate::durability::io::Vfs;
-use crate::durability::manifest::{Manifest, MANIFEST_TMP};
+use crate::durability::manifest::{Manifest, MANIFEST, MANIFEST_TMP};
 use crate::durability::wal::{
     self, decode_record, read_frame, valid_record_after, Record, SEGMENT_MAGIC,
 };
 use crate::error::StorageError;
 use crate::store::DbState;
+
+/// A damaged or incomplete record at the end of the log that recovery cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Truncation {
+    pub segment: PathBuf,
+    /// Where the cut record started.
+    pub offset: u64,
+    /// Bytes dropped.
+    pub bytes: u64,
+    /// The first csn the cut record would have held.
+    pub first_csn: u64,
+}
 
 /// What recovery found and did (logged, and kept on the database).
 #[derive(Debug, Clone, Default)]
@@ -46,11 +86,14 @@ pub struct RecoveryReport {
     pub fell_back: Option<String>,
     pub records_replayed: u64,
     pub effects_replayed: u64,
-    /// A torn tail cut off: (segment, offset, bytes dropped).
-    pub truncated: Option<(PathBuf, u64, u64)>,
+    /// A torn or damaged last record cut off.
+    pub truncated: Option<Truncation>,
+    /// Segment files removed because no manifest named them (crash leftovers).
+    pub removed: Vec<PathBuf>,
     /// csn of the recovered state.
     pub csn: u64,
     pub elapsed: Duration,
+    /// The manifest as found (the default when there was none).
     pub manifest: Manifest,
 }
 
@@ -68,15 +111,33 @@ impl std::fmt::Display for RecoveryReport {
         if let Some(why) = &self.fell_back {
             write!(f, "; fell back to the previous checkpoint: {why}")?;
         }
-        if let Some((p, off, n)) = &self.truncated {
+        if let Some(t) = &self.truncated {
             write!(
                 f,
-                "; torn tail cut: {n} bytes at {} byte {off}",
-                p.display()
+                "; damaged or torn last record cut: {} bytes at {} byte {} (commits from {} on)",
+                t.bytes,
+                t.segment.display(),
+                t.offset,
+                t.first_csn
             )?;
+        }
+        for p in &self.removed {
+            write!(f, "; removed unnamed segment {}", p.display())?;
         }
         Ok(())
     }
+}
+
+/// The outcome of [`recover`]: the state and what the next manifest must say.
+#[derive(Debug)]
+pub struct Recovered {
+    pub state: DbState,
+    pub report: RecoveryReport,
+    /// First csns of the segments that make up the recovered log, ascending.
+    pub segments: Vec<u64>,
+    /// The last of them and its length after recovery (a segment holding
+    /// only its header, starting at `state.csn + 1`, is continued at open).
+    pub tail: Option<(u64, u64)>,
 }
 
 /// The segments of `dir`, sorted by first csn.
@@ -92,31 +153,165 @@ pub fn segments(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<(u64, PathBuf)>, Storag
     Ok(segs)
 }
 
+/// A csn the recovered log must reach, with the file to name if it does not.
+#[derive(Debug, Clone)]
+struct Requirement {
+    csn: u64,
+    path: PathBuf,
+    why: String,
+}
+
+impl Requirement {
+    fn error(&self, ends_at: u64, at: &Path) -> StorageError {
+        StorageError::corrupt(
+            &self.path,
+            0,
+            format!(
+                "the log ends at commit {ends_at} (in {}), but {} (commits through {}): \
+                 acknowledged writes would be lost",
+                at.display(),
+                self.why,
+                self.csn
+            ),
+        )
+    }
+}
+
 /// Recover the state of database `db` kept in `dir`.
 pub fn recover(
     vfs: &dyn Vfs,
     dir: &Path,
     db: &str,
     accept_damaged_tail: bool,
-) -> Result<(DbState, RecoveryReport), StorageError> {
+) -> Result<Recovered, StorageError> {
     let t0 = Instant::now();
     let mut report = RecoveryReport::default();
-    let manifest = Manifest::load(vfs, dir)?;
+    let found = Manifest::load(vfs, dir)?;
+    let manifest = found.clone().unwrap_or_default();
     report.manifest = manifest.clone();
+    let on_disk = segments(vfs, dir)?;
+    let names = vfs
+        .list(dir)
+        .map_err(|e| StorageError::io("list", dir, &e))?;
+    if found.is_none() {
+        refuse_without_manifest(dir, &names, &on_disk)?;
+    }
     // 1. The base state.
     let mut state = load_base(vfs, dir, db, &manifest, &mut report)?;
-    // 2. The WAL tail.
-    let mut replay = Replay {
+    // 2. The segments of the log.
+    let segs = plan_segments(
         vfs,
         dir,
-        segs: segments(vfs, dir)?,
+        &manifest,
+        on_disk,
         accept_damaged_tail,
+        &mut report,
+    )?;
+    // What the log must reach.
+    let mut required = Vec::new();
+    if manifest.synced_lsn > 0 {
+        let at = segs.last().map_or(dir.join(MANIFEST), |s| s.1.clone());
+        required.push(Requirement {
+            csn: manifest.synced_lsn,
+            path: at,
+            why: "MANIFEST records them as synced".into(),
+        });
+    }
+    if manifest.segments.is_some() {
+        if let [.., (_, prev), (last, next)] = segs.as_slice() {
+            required.push(Requirement {
+                csn: last - 1,
+                path: prev.clone(),
+                why: format!("the next segment {} starts after them", file_name(next)),
+            });
+        }
+    }
+    if let Some(why) = &report.fell_back {
+        required.push(Requirement {
+            csn: manifest.current,
+            path: dir.join(checkpoint::checkpoint_name(manifest.current)),
+            why: format!("the current checkpoint holds them and could not be used ({why})"),
+        });
+    }
+    if found.is_none() {
+        if let Some(csn) = names
+            .iter()
+            .filter_map(|n| checkpoint::parse_checkpoint_name(n))
+            .max()
+        {
+            required.push(Requirement {
+                csn,
+                path: dir.join(MANIFEST),
+                why: format!(
+                    "MANIFEST is missing and {} holds them",
+                    checkpoint::checkpoint_name(csn)
+                ),
+            });
+        }
+    }
+    let required = required.into_iter().max_by_key(|r| r.csn);
+    // 3–4. Replay the WAL tail.
+    let mut replay = Replay {
+        vfs,
+        segs,
+        tracked: manifest.segments.is_some(),
+        accept_damaged_tail,
+        required: required.clone(),
         expected: state.csn + 1,
         base_csn: state.csn,
         last_group_end: None,
+        fell_back: report.fell_back.clone(),
     };
-    replay.run(&mut state, &mut report)?;
+    let replayed = replay.run(&mut state, &mut report);
+    let replayed = match (replayed, found.is_none()) {
+        (Err(e), true) => Err(StorageError::Missing {
+            path: dir.join(MANIFEST),
+            what: format!("the log alone cannot be recovered without it: {e}"),
+        }),
+        (r, _) => r,
+    };
+    replayed?;
     replay.assert_prefix(&state);
+    // 5. The log must reach what durable files vouch for.
+    if let Some(req) = &required {
+        if state.csn < req.csn {
+            let at = replay.end_segment().unwrap_or_else(|| dir.join(MANIFEST));
+            let err = if found.is_none() {
+                StorageError::Missing {
+                    path: dir.join(MANIFEST),
+                    what: format!(
+                        "the log ends at commit {} (in {}), but {} (commits through {})",
+                        state.csn,
+                        at.display(),
+                        req.why,
+                        req.csn
+                    ),
+                }
+            } else {
+                req.error(state.csn, &at)
+            };
+            if !accept_damaged_tail {
+                return Err(err);
+            }
+            tracing::warn!(error = %err, "recovering the shorter log as asked (accept_damaged_tail)");
+        }
+    }
+    // What was replayed must be durable before anything builds on it (a
+    // `batch` writer's records may still sit unsynced in the page cache).
+    let tail = match replay.segs.last() {
+        Some((first, path)) => {
+            let f = vfs
+                .open_append(path)
+                .map_err(|e| StorageError::io("open", path, &e))?;
+            f.sync().map_err(|e| StorageError::io("fsync", path, &e))?;
+            let len = vfs
+                .read(path)
+                .map_err(|e| StorageError::io("read", path, &e))?
+                .len() as u64;
+            Some((*first, len))
+        }
+        None => None,
+    };
     let tmp = dir.join(MANIFEST_TMP);
     if vfs.exists(&tmp) {
         let _ = vfs.remove(&tmp);
@@ -124,7 +319,123 @@ pub fn recover(
     report.csn = state.csn;
     report.elapsed = t0.elapsed();
     tracing::info!(dir = %dir.display(), "recovered: {report}");
-    Ok((state, report))
+    Ok(Recovered {
+        state,
+        report,
+        segments: replay.segs.iter().map(|s| s.0).collect(),
+        tail,
+    })
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(
+        || p.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// With no `MANIFEST`, refuse what only a manifest could explain: pinned
+/// images, or a log that does not start at csn 1 (its beginning is in a
+/// checkpoint the manifest named). A missing manifest is otherwise the state
+/// of a database written by a build before v3 that never checkpointed, or
+/// one whose manifest install a crash interrupted; then the whole log is
+/// replayed, and it must reach every checkpoint file on disk (see `recover`).
+fn refuse_without_manifest(
+    dir: &Path,
+    names: &[String],
+    on_disk: &[(u64, PathBuf)],
+) -> Result<(), StorageError> {
+    let path = dir.join(MANIFEST);
+    if let Some(pin) = names
+        .iter()
+        .find(|n| n.starts_with("snap-") && n.ends_with(".ckpt"))
+    {
+        return Err(StorageError::Missing {
+            path,
+            what: format!(
+                "the directory holds the durable snapshot image {pin}, which only MANIFEST can name"
+            ),
+        });
+    }
+    if let Some((first, p)) = on_disk.first() {
+        if *first > 1 {
+            return Err(StorageError::Missing {
+                path,
+                what: format!(
+                    "the log starts at commit {first} ({}): the commits before it are in a checkpoint only MANIFEST can name",
+                    file_name(p)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The segments that make up the log, sorted by first csn. With a v3
+/// manifest: the named ones (each must exist), after removing unnamed crash
+/// leftovers; otherwise every segment on disk.
+fn plan_segments(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    manifest: &Manifest,
+    on_disk: Vec<(u64, PathBuf)>,
+    accept_damaged_tail: bool,
+    report: &mut RecoveryReport,
+) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+    let Some(named) = &manifest.segments else {
+        return Ok(on_disk);
+    };
+    let mut segs = Vec::with_capacity(named.len());
+    for (i, first) in named.iter().enumerate() {
+        let path = dir.join(wal::segment_name(*first));
+        if on_disk.iter().any(|(f, _)| f == first) {
+            segs.push((*first, path));
+            continue;
+        }
+        let err = StorageError::Missing {
+            path: path.clone(),
+            what: "a WAL segment MANIFEST names (it may hold acknowledged writes)".into(),
+        };
+        if !accept_damaged_tail {
+            return Err(err);
+        }
+        tracing::warn!(error = %err, "ending the log before the missing segment as asked (accept_damaged_tail)");
+        // Later named segments cannot continue a log with a hole: drop them.
+        for later in &named[i + 1..] {
+            let p = dir.join(wal::segment_name(*later));
+            if vfs.exists(&p) {
+                vfs.remove(&p)
+                    .map_err(|e| StorageError::io("remove", &p, &e))?;
+                report.removed.push(p);
+            }
+        }
+        break;
+    }
+    let oldest_named = named.first().copied();
+    for (first, path) in on_disk {
+        if named.contains(&first) {
+            continue;
+        }
+        let bytes = vfs
+            .read(&path)
+            .map_err(|e| StorageError::io("read", &path, &e))?;
+        let holds_record = valid_record_after(&bytes, 0, 1);
+        let obsolete = oldest_named.is_some_and(|o| first < o);
+        if holds_record && !obsolete {
+            return Err(StorageError::corrupt(
+                &path,
+                0,
+                "this WAL segment holds records but MANIFEST does not name it \
+                 (a segment is named before anything is written to it): move it away \
+                 if it does not belong to this database",
+            ));
+        }
+        tracing::info!(segment = %path.display(), holds_record, "removing a WAL segment no manifest names (left by a crash during a segment roll or a cleanup)");
+        vfs.remove(&path)
+            .map_err(|e| StorageError::io("remove", &path, &e))?;
+        report.removed.push(path);
+    }
+    Ok(segs)
 }
 
 /// The base state: the current checkpoint the manifest names, else the
@@ -156,6 +467,11 @@ fn load_base(
                 report.checkpoint = Some((csn, path));
                 if !failures.is_empty() {
                     report.fell_back = Some(failures.join("; "));
+                } else if manifest.previous != 0 {
+                    let prev = dir.join(checkpoint::checkpoint_name(manifest.previous));
+                    if !vfs.exists(&prev) {
+                        tracing::warn!(checkpoint = %prev.display(), "the previous checkpoint MANIFEST names is missing: the current one has no fallback until the next checkpoint");
+                    }
                 }
                 return Ok(s);
             }
@@ -191,23 +507,33 @@ fn load_base(
 /// Replay of the WAL tail over the base state.
 struct Replay<'a> {
     vfs: &'a dyn Vfs,
-    dir: &'a Path,
-    /// The segments, sorted by first csn.
+    /// The segments of the log, sorted by first csn.
     segs: Vec<(u64, PathBuf)>,
+    /// The manifest names the segments (v3): each exists and ends where the
+    /// next begins, and a bad header is damage, not an interrupted creation.
+    tracked: bool,
     accept_damaged_tail: bool,
+    /// The csn the log must reach, if anything vouches for one.
+    required: Option<Requirement>,
     /// The csn the next replayed record must start at (the state's csn + 1).
     expected: u64,
     /// The base state's csn, and the last csn of the last group replayed.
     base_csn: u64,
     last_group_end: Option<u64>,
+    /// Why recovery fell back to the previous checkpoint, for error messages.
+    fell_back: Option<String>,
 }
 
 impl Replay<'_> {
-    fn gap(&self, found: u64) -> StorageError {
-        StorageError::Gap {
-            dir: self.dir.to_path_buf(),
-            expected: self.expected,
-            found,
+    /// The segment replay ended in (the last one), if any.
+    fn end_segment(&self) -> Option<PathBuf> {
+        self.segs.last().map(|s| s.1.clone())
+    }
+
+    fn context(&self) -> String {
+        match &self.fell_back {
+            Some(why) => format!(" (recovery fell back to the previous checkpoint: {why})"),
+            None => String::new(),
         }
     }
 
@@ -223,19 +549,55 @@ impl Replay<'_> {
             .iter()
             .rposition(|(first, _)| *first <= self.expected)
             .unwrap_or(0);
-        if let Some((first, _)) = self.segs.get(start) {
+        if let Some((first, path)) = self.segs.get(start) {
             if *first > self.expected {
-                return Err(self.gap(*first));
+                return Err(StorageError::corrupt(
+                    path,
+                    0,
+                    format!(
+                        "the log starts at commit {first} in this segment, but the state it \
+                         continues ends at commit {}: the segment with the commits between \
+                         is missing{}",
+                        self.expected - 1,
+                        self.context()
+                    ),
+                ));
             }
         }
-        for i in start..self.segs.len() {
+        let mut i = start;
+        while i < self.segs.len() {
             let first = self.segs[i].0;
             if i > start && first != self.expected {
-                return Err(self.gap(first));
+                let (prev, this) = (&self.segs[i - 1].1, &self.segs[i].1);
+                return Err(if first > self.expected {
+                    StorageError::corrupt(
+                        prev,
+                        0,
+                        format!(
+                            "this WAL segment ends at commit {}, but the next segment {} starts \
+                             at commit {first}: it is truncated or damaged, or a segment between \
+                             them is missing",
+                            self.expected - 1,
+                            file_name(this)
+                        ),
+                    )
+                } else {
+                    StorageError::corrupt(
+                        this,
+                        0,
+                        format!(
+                            "this WAL segment starts at commit {first}, inside the previous \
+                             segment {} (which ends at commit {})",
+                            file_name(prev),
+                            self.expected - 1
+                        ),
+                    )
+                });
             }
             if !self.segment(i, state, report)? {
                 break;
             }
+            i += 1;
         }
         Ok(())
     }
@@ -256,22 +618,7 @@ impl Replay<'_> {
         let headed =
             buf.len() >= SEGMENT_MAGIC.len() && &buf[..SEGMENT_MAGIC.len()] == SEGMENT_MAGIC;
         if !headed {
-            // The header is synced before any record is written, so a bad
-            // header over valid records is real damage; a bad header over
-            // nothing valid is a segment whose creation the crash interrupted.
-            let last_segment = i + 1 == self.segs.len();
-            if last_segment && !valid_record_after(&buf, 0, self.expected) {
-                tracing::warn!(segment = %path.display(), "removing a WAL segment torn at creation (it holds no record)");
-                self.vfs
-                    .remove(&path)
-                    .map_err(|e| StorageError::io("remove", &path, &e))?;
-                return Ok(false);
-            }
-            return Err(StorageError::corrupt(
-                &path,
-                0,
-                "not a WAL segment (bad header)",
-            ));
+            return self.bad_header(i, &buf, report);
         }
         let mut pos = SEGMENT_MAGIC.len();
         loop {
@@ -292,6 +639,52 @@ impl Replay<'_> {
         }
     }
 
+    /// Segment `i` does not start with the segment magic.
+    fn bad_header(
+        &mut self,
+        i: usize,
+        buf: &[u8],
+        report: &mut RecoveryReport,
+    ) -> Result<bool, StorageError> {
+        let path = self.segs[i].1.clone();
+        let last_segment = i + 1 == self.segs.len();
+        if !self.tracked {
+            // Before v3 a segment was used without being named: a bad header
+            // over nothing valid, in the last segment, is a creation the
+            // crash interrupted. Over valid records it is damage.
+            if last_segment && !valid_record_after(buf, 0, self.expected) {
+                tracing::warn!(segment = %path.display(), "removing a WAL segment torn at creation (it holds no record)");
+                self.vfs
+                    .remove(&path)
+                    .map_err(|e| StorageError::io("remove", &path, &e))?;
+                self.segs.truncate(i);
+                report.removed.push(path);
+                return Ok(false);
+            }
+            return Err(StorageError::corrupt(
+                &path,
+                0,
+                "not a WAL segment (bad header)",
+            ));
+        }
+        let err = StorageError::corrupt(
+            &path,
+            0,
+            "not a WAL segment (bad header), yet MANIFEST names it (a segment is named only after its header was synced): the file is damaged",
+        );
+        if !self.accept_damaged_tail {
+            return Err(err);
+        }
+        tracing::warn!(error = %err, "ending the log before the damaged segment as asked (accept_damaged_tail)");
+        for (_, p) in self.segs.drain(i..) {
+            self.vfs
+                .remove(&p)
+                .map_err(|e| StorageError::io("remove", &p, &e))?;
+            report.removed.push(p);
+        }
+        Ok(false)
+    }
+
     /// Apply record `rec` (at `pos` of `path`) if it lies after the state:
     /// all its effects, then its csn — one whole group.
     fn record(
@@ -306,7 +699,17 @@ impl Replay<'_> {
             return Ok(()); // already in the base state
         }
         if rec.first != self.expected {
-            return Err(self.gap(rec.first));
+            return Err(StorageError::corrupt(
+                path,
+                pos as u64,
+                format!(
+                    "the record here holds commits {}..={}, but the log must continue at commit {}{}",
+                    rec.first,
+                    rec.lsn,
+                    self.expected,
+                    self.context()
+                ),
+            ));
         }
         // Prefix property: this group starts right after the state, and csns
         // strictly increase (decode_record refuses a record with first > lsn).
@@ -325,45 +728,68 @@ impl Replay<'_> {
         Ok(())
     }
 
-    /// Damage at `pos` of segment `i` (bytes `buf`): a torn tail is cut off
-    /// (with every later segment); damage with valid records after it is an
-    /// error unless the caller accepts losing them.
+    /// Damage at `pos` of segment `i` (bytes `buf`). When nothing vouches for
+    /// the record there it is cut off as a torn write (with every later
+    /// segment); otherwise it is an error unless the caller accepts the loss.
     fn cut_tail(
-        &self,
+        &mut self,
         i: usize,
         buf: &[u8],
         pos: usize,
         bad: &str,
         report: &mut RecoveryReport,
     ) -> Result<(), StorageError> {
-        let path = &self.segs[i].1;
+        let path = self.segs[i].1.clone();
         let later = &self.segs[i + 1..];
         let later_valid = valid_record_after(buf, pos + 1, self.expected)
             || later.iter().any(|(_, p)| segment_has_record(self.vfs, p));
-        if later_valid && !self.accept_damaged_tail {
-            return Err(StorageError::corrupt(
-                path,
+        let vouched = self
+            .required
+            .as_ref()
+            .filter(|r| r.csn >= self.expected)
+            .map(|r| format!("{} (commits through {})", r.why, r.csn));
+        let refusal = if later_valid {
+            Some("valid records follow: the log is damaged in the middle".to_string())
+        } else {
+            vouched.map(|v| format!("this is damage, not a torn write: {v}"))
+        };
+        if let Some(why) = refusal {
+            let err = StorageError::corrupt(
+                &path,
                 pos as u64,
-                format!("{bad}, and valid records follow: the log is damaged in the middle"),
-            ));
-        }
-        if later_valid {
-            tracing::warn!(segment = %path.display(), offset = pos, "damage with valid records after it: cutting the log there as asked (accept_damaged_tail)");
+                format!(
+                    "damaged WAL record ({bad}) holding commits from {} on; {why}",
+                    self.expected
+                ),
+            );
+            if !self.accept_damaged_tail {
+                return Err(err);
+            }
+            tracing::warn!(error = %err, "cutting the log at the damage as asked (accept_damaged_tail)");
         }
         let lost = (buf.len() - pos) as u64;
         tracing::warn!(
-            segment = %path.display(), offset = pos, lost_bytes = lost, reason = %bad,
-            "WAL ends in a torn record: cutting it off (it was never acknowledged as durable)"
+            segment = %path.display(), offset = pos, first_csn = self.expected,
+            lost_bytes = lost, reason = %bad,
+            "the WAL ends in a damaged or incomplete record: discarding it. A write torn by a \
+             crash and damage to the file look the same here; if this group was acknowledged \
+             as durable, it is lost"
         );
         self.vfs
-            .truncate(path, pos as u64)
-            .map_err(|e| StorageError::io("truncate", path, &e))?;
-        for (_, p) in later {
+            .truncate(&path, pos as u64)
+            .map_err(|e| StorageError::io("truncate", &path, &e))?;
+        for (_, p) in self.segs.drain(i + 1..) {
             self.vfs
-                .remove(p)
-                .map_err(|e| StorageError::io("remove", p, &e))?;
+                .remove(&p)
+                .map_err(|e| StorageError::io("remove", &p, &e))?;
+            report.removed.push(p);
         }
-        report.truncated = Some((path.clone(), pos as u64, lost));
+        report.truncated = Some(Truncation {
+            segment: path,
+            offset: pos as u64,
+            bytes: lost,
+            first_csn: self.expected,
+        });
         Ok(())
     }
 
@@ -397,7 +823,8 @@ mod tests {
     use super::*;
     use crate::durability::effect::Effect;
     use crate::durability::io::SimFs;
-    use crate::durability::wal::{SyncMode, Wal};
+    use crate::durability::manifest::ManifestStore;
+    use crate::durability::wal::{SyncMode, Wal, WalOptions};
 
     fn put(id: i32) -> Effect {
         Effect::Put {
@@ -413,14 +840,29 @@ mod tests {
         let vfs = Arc::new(SimFs::new());
         let dir = Path::new("/db");
         vfs.create_dir_all(dir).expect("dir");
-        let wal = Wal::start(vfs.clone(), dir, 1, 1 << 20, true, true).expect("wal");
+        let opts = WalOptions {
+            segment_bytes: 1 << 20,
+            skip_fsync: true,
+            skip_dir_fsync: true,
+        };
+        let store = Arc::new(ManifestStore::new(
+            vfs.clone(),
+            dir,
+            true,
+            Manifest::default(),
+        ));
+        let wal = Wal::start(vfs.clone(), dir, 1, opts, store.clone()).expect("wal");
+        store
+            .update(|m| m.segments = Some(vec![1]))
+            .expect("name the segment");
         wal.append(1, 3, &[put(1), put(2), put(3)], SyncMode::Now)
             .expect("group 1..=3");
         wal.append(4, 5, &[put(4), put(5)], SyncMode::Now)
             .expect("group 4..=5");
         drop(wal);
-        let (state, report) = recover(&*vfs, dir, "db", false).expect("recover");
-        assert_eq!((state.csn, report.records_replayed), (5, 2));
-        assert_eq!(state.collection("c").map(|c| c.len()), Some(5));
+        let r = recover(&*vfs, dir, "db", false).expect("recover");
+        assert_eq!((r.state.csn, r.report.records_replayed), (5, 2));
+        assert_eq!(r.state.collection("c").map(|c| c.len()), Some(5));
+        assert_eq!(r.segments, vec![1]);
     }
 }
