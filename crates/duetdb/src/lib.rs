@@ -42,7 +42,7 @@ pub use api::{
     ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
 };
 pub use durability::wal::WalStats;
-pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport};
+pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};
 pub use error::{BulkWriteFailure, DuplicateKey, Error, Result, StorageError};
 pub use snapshot::named::{
     AnalyticsSnapshot, Clock, ManualClock, SnapshotInfo, SnapshotOptions, MAX_NAMED_SNAPSHOTS,
