@@ -97,7 +97,7 @@ pub mod structures {
 /// of the WAL.
 pub mod storage {
     pub use crate::durability::io::{
-        CrashKind, Fault, FaultKind, OpKind, RealFs, Rng, SimFs, SimState, VFile, Vfs,
+        CrashKind, DirLock, Fault, FaultKind, OpKind, RealFs, Rng, SimFs, SimState, VFile, Vfs,
     };
     pub use crate::durability::is_no_space;
     /// WAL segment names and framing, for tests that damage segments.
