@@ -1,10 +1,11 @@
 //! Durability: the write-ahead log, checkpoints from snapshots, recovery.
 //!
 //! A durable database keeps, in its directory: `LOCK` (flock against a second
-//! opener), `MANIFEST` (which checkpoints are installed), `ckpt-*.ckpt`
-//! (images of published states) and `wal-*.log` (one record per commit group
-//! since the older installed checkpoint). See docs/design.md §12 for byte
-//! layouts and the protocols.
+//! opener), `MANIFEST` (which checkpoints are installed, which WAL segments
+//! make up the log, how far it was synced, which snapshots are pinned),
+//! `ckpt-*.ckpt` (images of published states) and `wal-*.log` (one record
+//! per commit group since the older installed checkpoint). See
+//! docs/design.md §13 for byte layouts and the protocols.
 //!
 //! Protocols and their invariants:
 //! - **commit**: the writer appends the group's effects as one WAL record and,
@@ -12,10 +13,20 @@
 //!   publishes the group or replies to anyone (so a reader never sees data a
 //!   crash can take back, in `fsync` mode). A failed append fails the whole
 //!   group and publishes nothing; a failed fsync also stops all later writes.
+//! - **segment roll** (at open and when a segment is full, [`wal`]): create
+//!   the segment, sync its header and the directory, install a manifest
+//!   naming it, and only then append to it. A fresh database gets its
+//!   manifest and first segment at open, before its first record.
 //! - **checkpoint**: take the published state (an O(1) `cow` snapshot; the
 //!   writer keeps going), write it to a new file, fsync, rename, install a new
-//!   manifest (tmp + fsync + rename + dir fsync), then delete WAL segments and
-//!   checkpoints older than the *previous* checkpoint, which stays as fallback.
+//!   manifest (tmp + fsync + rename + dir fsync) that no longer names the WAL
+//!   segments older than the *previous* checkpoint (which stays as fallback),
+//!   then delete those segments and older checkpoints. A segment is thus
+//!   un-named before it is deleted, and named before it is written: a named
+//!   segment that is missing is damage, never a protocol window.
+//! - **clean close**: sync the log, then record its synced end in the
+//!   manifest (`synced_lsn`), so damage to the last records is told apart
+//!   from a write torn by a crash at the next open.
 //! - **recovery**: see [`recovery`].
 //! - **durable named snapshots** ([`Durable::pin`]): the snapshot's held
 //!   state is written with the checkpoint writer to its own file
