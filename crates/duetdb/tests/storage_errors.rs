@@ -166,7 +166,9 @@ fn opening_an_unwritable_directory_is_illegal_operation_naming_the_path() {
         inner: Arc::new(SimFs::new()),
         errno: Arc::new(AtomicI32::new(libc::EACCES)),
     });
-    let e = Database::open_with(dir(), opts(fs)).err().expect("refused");
+    let Err(e) = Database::open_with(dir(), opts(fs)) else {
+        panic!("refused: it opened");
+    };
     let (code, name, msg) = storage(&e);
     assert_eq!((code, name), (20, "IllegalOperation"), "{msg}");
     assert!(
@@ -180,14 +182,18 @@ fn opening_an_unwritable_directory_is_illegal_operation_naming_the_path() {
 fn damage_and_lock_errors_have_their_codes() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = Database::open(tmp.path()).expect("open");
-    let e = Database::open(tmp.path()).err().expect("locked");
+    let Err(e) = Database::open(tmp.path()) else {
+        panic!("locked: it opened");
+    };
     assert_eq!((e.code(), e.code_name()), (98, "DBPathInUse"), "{e}");
     db.collection("c")
         .insert_one(doc! {"_id": 1})
         .expect("insert");
     drop(db);
     std::fs::write(tmp.path().join("MANIFEST"), b"not a manifest").expect("damage");
-    let e = Database::open(tmp.path()).err().expect("damaged");
+    let Err(e) = Database::open(tmp.path()) else {
+        panic!("damaged: it opened");
+    };
     assert_eq!(
         (e.code(), e.code_name()),
         (301, "DataCorruptionDetected"),
@@ -221,7 +227,9 @@ fn a_read_only_directory_on_real_files() {
         eprintln!("chmod does not bind this user: real-permission check skipped");
         return;
     }
-    let e = Database::open(&path).err().expect("refused");
+    let Err(e) = Database::open(&path) else {
+        panic!("refused: it opened");
+    };
     set(0o700);
     let (code, _, msg) = storage(&e);
     assert_eq!(code, 20, "{msg}");
