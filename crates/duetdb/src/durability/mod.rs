@@ -13,10 +13,12 @@
 //!   publishes the group or replies to anyone (so a reader never sees data a
 //!   crash can take back, in `fsync` mode). A failed append fails the whole
 //!   group and publishes nothing; a failed fsync also stops all later writes.
-//! - **segment roll** (at open and when a segment is full, [`wal`]): create
-//!   the segment, sync its header and the directory, install a manifest
-//!   naming it, and only then append to it. A fresh database gets its
-//!   manifest and first segment at open, before its first record.
+//! - **segment roll** (when a segment is full, [`wal`]): create the
+//!   segment, sync its header and the directory, install a manifest naming
+//!   it, and only then append to it. A fresh database gets its manifest and
+//!   first segment the same way at open, before its first record; a reopened
+//!   one continues its last segment (recovery replayed it, cut any torn tail
+//!   and synced it).
 //! - **checkpoint**: take the published state (an O(1) `cow` snapshot; the
 //!   writer keeps going), write it to a new file, fsync, rename, install a new
 //!   manifest (tmp + fsync + rename + dir fsync) that no longer names the WAL
@@ -547,9 +549,11 @@ impl Drop for Background {
 }
 
 /// Start the log after recovery and install the manifest that names its
-/// segments (the v3 upgrade of an older manifest happens here too). The new
-/// segment is created before, and written to only after, that install; a
-/// segment holding only its header at the recovered end is continued instead.
+/// segments (the v3 upgrade of an older manifest happens here too; nothing
+/// is written when the manifest is already right). The log continues at the
+/// end of the last segment, which recovery replayed, cut and synced; with no
+/// segment a first one is rolled: created before, and written to only after,
+/// the install that names it.
 fn start_log(
     dir: &Path,
     opts: &DurabilityOptions,
@@ -565,7 +569,7 @@ fn start_log(
     let csn = rec.state.csn;
     let name = |m: &mut Manifest, segments: Vec<u64>| {
         m.segments = Some(segments);
-        // Only lower when the operator accepted a shorter log.
+        // Only lowers when the operator accepted a shorter log.
         m.synced_lsn = m.synced_lsn.min(csn);
     };
     let walopts = WalOptions {
@@ -573,16 +577,17 @@ fn start_log(
         skip_fsync: opts.skip_wal_fsync(),
         skip_dir_fsync: opts.skip_dir_fsync(),
     };
-    let header = wal::SEGMENT_MAGIC.len() as u64;
     if opts.mode == Durability::None {
         store.update(|m| name(m, rec.segments.clone()))?;
         return Ok((None, store));
     }
-    if rec.tail == Some((csn + 1, header)) {
+    if let Some(tail) = rec.tail {
         store.update(|m| name(m, rec.segments.clone()))?;
-        let wal = Wal::resume(vfs, dir, csn + 1, walopts, store.clone())?;
+        let wal = Wal::resume(vfs, dir, csn + 1, tail, walopts, store.clone())?;
         return Ok((Some(Arc::new(wal)), store));
     }
+    // No segment to continue (none yet, or the last one's records end
+    // before a checkpoint taken without a log): roll one at `csn + 1`.
     let wal = Wal::start(vfs.clone(), dir, csn + 1, walopts, store.clone())?;
     let mut segments = rec.segments.clone();
     segments.push(csn + 1);

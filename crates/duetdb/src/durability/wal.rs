@@ -14,7 +14,8 @@
 //!   record after a partial one would read back as corruption in the middle;
 //! - segment roll: the new segment is created, its header synced and its
 //!   directory entry synced, then a manifest naming it is installed — all
-//!   before any record is appended to it; the old segment is synced whole
+//!   before any record is appended to it (at open the log continues the last
+//!   segment recovery replayed, cut and synced, or rolls a first one); the old segment is synced whole
 //!   before the new one is created. So every segment the manifest names
 //!   exists, and every named segment but the last runs exactly up to the
 //!   next one's first csn. If the install fails cleanly the new (empty,
@@ -239,32 +240,38 @@ impl Wal {
         Ok(Wal::with_active(vfs, dir, next_csn, opts, manifest, active))
     }
 
-    /// Continue a log whose next record is `next_csn` in the existing segment
-    /// that starts there. Requires: that segment is named by the installed
-    /// manifest and holds exactly its synced header (no record).
+    /// Continue a log whose next record is `next_csn` at the end of the
+    /// existing segment that starts at `first` and holds `len` bytes.
+    /// Requires: that segment is named by the installed manifest, its header
+    /// is valid, its records end at `next_csn - 1`, and all `len` bytes are
+    /// synced (recovery replayed it, cut any torn tail and synced it).
     pub fn resume(
         vfs: Arc<dyn Vfs>,
         dir: &Path,
         next_csn: u64,
+        (first, len): (u64, u64),
         opts: WalOptions,
         manifest: Arc<ManifestStore>,
     ) -> Result<Wal, StorageError> {
-        let path = dir.join(segment_name(next_csn));
+        let path = dir.join(segment_name(first));
+        debug_assert!(first <= next_csn && len >= SEGMENT_MAGIC.len() as u64);
         debug_assert!(manifest
             .get()
             .segments
-            .is_some_and(|s| s.last() == Some(&next_csn)));
+            .is_some_and(|s| s.last() == Some(&first)));
         let file = vfs
             .open_append(&path)
             .map_err(|e| StorageError::io("open", &path, &e))?;
         let active = Active {
             file,
             path,
-            len: SEGMENT_MAGIC.len() as u64,
+            len,
             dirty: false,
             buffered: Vec::new(),
         };
-        Ok(Wal::with_active(vfs, dir, next_csn, opts, manifest, active))
+        let wal = Wal::with_active(vfs, dir, next_csn, opts, manifest, active);
+        wal.segments_created.store(0, Ordering::Relaxed);
+        Ok(wal)
     }
 
     fn with_active(

@@ -137,8 +137,10 @@ pub struct Recovered {
     pub report: RecoveryReport,
     /// First csns of the segments that make up the recovered log, ascending.
     pub segments: Vec<u64>,
-    /// The last of them and its length after recovery (a segment holding
-    /// only its header, starting at `state.csn + 1`, is continued at open).
+    /// The last of them, `(first csn, length)`, when the log can continue at
+    /// its end: replay read it (and cut any torn tail), its records end
+    /// exactly at the recovered csn (or it holds none and starts right
+    /// after), and it is synced.
     pub tail: Option<(u64, u64)>,
 }
 
@@ -291,14 +293,13 @@ pub fn recover(
                 .open_append(path)
                 .map_err(|e| StorageError::io("open", path, &e))?;
             f.sync().map_err(|e| StorageError::io("fsync", path, &e))?;
-            let len = match replay.len_of(*first) {
-                Some(len) => len,
-                None => vfs
-                    .read(path)
-                    .map_err(|e| StorageError::io("read", path, &e))?
-                    .len() as u64,
-            };
-            Some((*first, len))
+            replay
+                .end_of(*first)
+                .filter(|(_, last)| match last {
+                    Some(lsn) => *lsn == state.csn,
+                    None => *first == state.csn + 1,
+                })
+                .map(|(len, _)| (*first, len))
         }
         None => None,
     };

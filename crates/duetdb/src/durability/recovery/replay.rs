@@ -32,8 +32,9 @@ pub(super) struct Replay<'a> {
     last_group_end: Option<u64>,
     /// Why recovery fell back to the previous checkpoint, for error messages.
     fell_back: Option<String>,
-    /// Length of each segment read, after any cut: (first csn, bytes).
-    lens: Vec<(u64, u64)>,
+    /// Each segment read: (first csn, bytes after any cut, lsn of its last
+    /// whole record).
+    lens: Vec<(u64, u64, Option<u64>)>,
 }
 
 impl<'a> Replay<'a> {
@@ -66,9 +67,14 @@ impl<'a> Replay<'a> {
         &self.segs
     }
 
-    /// The bytes segment `first` holds after replay, if replay read it.
-    pub(super) fn len_of(&self, first: u64) -> Option<u64> {
-        self.lens.iter().rev().find(|l| l.0 == first).map(|l| l.1)
+    /// The bytes segment `first` holds after replay and the lsn of its last
+    /// record, if replay read it.
+    pub(super) fn end_of(&self, first: u64) -> Option<(u64, Option<u64>)> {
+        self.lens
+            .iter()
+            .rev()
+            .find(|l| l.0 == first)
+            .map(|l| (l.1, l.2))
     }
 
     /// The segment replay ended in (the last one), if any.
@@ -167,14 +173,16 @@ impl<'a> Replay<'a> {
             return self.bad_header(i, &buf, report);
         }
         let mut pos = SEGMENT_MAGIC.len();
+        let mut last = None;
         loop {
             let bad = match read_frame(&buf, pos) {
                 Ok(None) => {
-                    self.lens.push((self.segs[i].0, buf.len() as u64));
+                    self.lens.push((self.segs[i].0, buf.len() as u64, last));
                     return Ok(true);
                 }
                 Ok(Some((payload, next))) => match decode_record(payload) {
                     Ok(rec) => {
+                        last = Some(rec.lsn);
                         self.record(rec, &path, pos, state, report)?;
                         pos = next;
                         continue;
@@ -184,6 +192,7 @@ impl<'a> Replay<'a> {
                 Err(why) => why,
             };
             self.cut_tail(i, &buf, pos, &bad, report)?;
+            self.lens.push((self.segs[i].0, pos as u64, last));
             return Ok(false);
         }
     }
@@ -333,7 +342,6 @@ impl<'a> Replay<'a> {
                 .map_err(|e| StorageError::io("remove", &p, &e))?;
             report.removed.push(p);
         }
-        self.lens.push((self.segs[i].0, pos as u64));
         report.truncated = Some(Truncation {
             segment: path,
             offset: pos as u64,
