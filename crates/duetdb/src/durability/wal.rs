@@ -215,7 +215,8 @@ pub struct WalStats {
     pub records: u64,
     pub bytes: u64,
     pub fsyncs: u64,
-    /// Segments started, including the one created at open.
+    /// Segments started since open (including one rolled at open when there
+    /// was no segment to continue).
     pub segments_created: u64,
     pub bytes_since_checkpoint: u64,
     pub last_lsn: u64,
