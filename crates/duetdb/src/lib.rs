@@ -42,7 +42,7 @@ pub use api::{
     IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
 };
 pub use durability::wal::WalStats;
-pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport};
+pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};
 pub use error::{
     BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
 };
@@ -107,7 +107,7 @@ pub mod storage {
         max_open_files, open_files, set_max_open_files, DEFAULT_MAX_OPEN_FILES,
     };
     pub use crate::durability::io::{
-        CrashKind, Fault, FaultKind, OpKind, RealFs, Rng, SimFs, SimState, VFile, Vfs,
+        CrashKind, DirLock, Fault, FaultKind, OpKind, RealFs, Rng, SimFs, SimState, VFile, Vfs,
     };
     pub use crate::durability::io::{DIR_MODE, FILE_MODE};
     pub use crate::durability::is_no_space;

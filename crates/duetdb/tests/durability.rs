@@ -440,12 +440,22 @@ fn build_small(fs: &SimFs, checkpoint_after: Option<usize>) -> (Vec<u64>, Databa
     (digests, db)
 }
 
-#[test]
-fn durability_checksum_sweep_wal() {
+/// Flip every byte of the only WAL segment of a small database, one at a
+/// time, and recover. `closed`: the database was closed cleanly (its manifest
+/// records the synced end of the log); otherwise the image is the disk of a
+/// process that died with the database open. Returns (cut as a torn tail,
+/// refused) counts.
+fn checksum_sweep_wal(closed: bool) -> (usize, usize) {
     let fs = SimFs::new();
     let (digests, db) = build_small(&fs, None);
-    drop(db);
-    let state = fs.state();
+    let state = if closed {
+        drop(db);
+        fs.state()
+    } else {
+        let s = fs.state();
+        drop(db);
+        s
+    };
     let seg = dir().join(wal::segment_name(1));
     let len = state.file_len(&seg).expect("segment");
     // Record boundaries, to know which record each byte belongs to.
@@ -467,8 +477,13 @@ fn durability_checksum_sweep_wal() {
         let record = starts.iter().rposition(|s| *s <= off);
         match recover_digest(img, &sim_opts(&fs)) {
             Ok(d) => {
-                // Only damage in the last record may be cut off, and then the
+                // Only damage in the last record may be cut off, only when
+                // nothing vouches for it (no clean close), and then the
                 // state is exactly the one before it.
+                assert!(
+                    !closed,
+                    "byte {off}: damage after a clean close was cut off silently"
+                );
                 assert_eq!(
                     record,
                     Some(n - 1),
@@ -479,15 +494,58 @@ fn durability_checksum_sweep_wal() {
             }
             Err(e) => {
                 assert!(
-                    record != Some(n - 1),
+                    closed || record != Some(n - 1),
                     "byte {off}: a torn tail should be cut, got {e}"
                 );
-                assert!(e.contains("corrupt"), "byte {off}: unclear error {e}");
+                assert!(
+                    e.contains("corrupt") && e.contains("wal-00000000000000000001.log"),
+                    "byte {off}: unclear error {e}"
+                );
                 errors += 1;
             }
         }
     }
-    eprintln!("WAL sweep: {len} bytes, {truncated} cut as torn tail, {errors} corruption errors");
+    eprintln!(
+        "WAL sweep (closed={closed}): {len} bytes, {truncated} cut as torn tail, {errors} corruption errors"
+    );
+    (truncated, errors)
+}
+
+/// After a clean close the manifest vouches for every record: any damaged
+/// byte of the log, the last record's included, is refused with an error
+/// naming the segment — never cut off as a torn write.
+#[test]
+fn durability_checksum_sweep_wal_after_clean_close_refuses_every_flip() {
+    let (truncated, errors) = checksum_sweep_wal(true);
+    assert_eq!(truncated, 0);
+    assert!(errors > 0);
+}
+
+/// After a crash a damaged last record cannot be told from a torn write: it
+/// is cut (and only it), and the report names the file, offset and commit.
+#[test]
+fn durability_checksum_sweep_wal_after_crash_cuts_only_the_last_record() {
+    let (truncated, _) = checksum_sweep_wal(false);
+    assert!(truncated > 0, "no damaged last record was cut");
+    // What the report says about one such cut.
+    let fs = SimFs::new();
+    let (_, db) = build_small(&fs, None);
+    let mut img = fs.state();
+    drop(db);
+    let seg = dir().join(wal::segment_name(1));
+    let len = img.file_len(&seg).expect("segment");
+    assert!(img.poke(&seg, len - 3, 0xEE));
+    let opts = DurabilityOptions {
+        vfs: Arc::new(SimFs::from_state(img)),
+        ..sim_opts(&fs)
+    };
+    let db = Database::open_with(dir(), opts).expect("a torn-looking tail is cut");
+    let t = db
+        .recovery_report()
+        .and_then(|r| r.truncated.clone())
+        .expect("the cut is reported");
+    assert_eq!((t.segment, t.first_csn), (seg, 6));
+    assert!(t.offset > 0 && t.bytes > 0);
 }
 
 #[test]
@@ -726,8 +784,8 @@ fn durability_full_disk_fails_writes_and_resumes() {
 
 // -------------------------------------------------------------- fixture
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/durability-v1")
+fn fixture_dir(version: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/durability-{version}"))
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -757,10 +815,15 @@ fn fill_fixture(db: &Database) {
         .expect("insert");
 }
 
-#[test]
-fn durability_format_fixture_still_loads() {
-    let fixture = fixture_dir();
-    if std::env::var_os("DUET_WRITE_FIXTURE").is_some() {
+/// The format this build writes: only its fixture may be rewritten.
+const CURRENT_FORMAT: &str = "v3";
+
+/// Open a copy of the fixture written by format `version` (rewritten when it
+/// is the current format and `DUET_WRITE_FIXTURE` is set) and compare it
+/// with its content built in memory.
+fn fixture_still_loads(version: &str) {
+    let fixture = fixture_dir(version);
+    if version == CURRENT_FORMAT && std::env::var_os("DUET_WRITE_FIXTURE").is_some() {
         let _ = std::fs::remove_dir_all(&fixture);
         let db = Database::open(&fixture).expect("create fixture");
         fill_fixture(&db);
@@ -769,12 +832,26 @@ fn durability_format_fixture_still_loads() {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     copy_dir(&fixture, tmp.path());
-    let db = Database::open(tmp.path()).expect("the v1 fixture must load");
+    let db = Database::open(tmp.path())
+        .unwrap_or_else(|e| panic!("the {version} fixture must load: {e}"));
     let expected = Database::in_memory();
     fill_fixture(&expected);
     assert_eq!(digest(&db), digest(&expected), "fixture content changed");
     let r = db.recovery_report().expect("report");
     assert!(r.checkpoint.is_some() && r.records_replayed >= 3, "{r}");
+}
+
+/// Format v1: manifest v1, no segment list.
+#[test]
+fn durability_format_fixture_still_loads() {
+    fixture_still_loads("v1");
+}
+
+/// Format v3: manifest v3 naming the segments and the synced end of the log
+/// (`DUET_WRITE_FIXTURE=1` rewrites it).
+#[test]
+fn durability_format_fixture_v3_still_loads() {
+    fixture_still_loads("v3");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Checkpoints: a complete image of one published state, written from a held
 //! `cow` snapshot so writers never pause, and loaded at recovery.
 //!
-//! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §12): a sequence
+//! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §13.4): a sequence
 //! of WAL-style frames `[len u32][crc32c u32][payload]`:
 //! - `H`: magic `DUETCKP\x01`, format version u32, csn u64, collection count u32;
 //! - per collection `C`: name, document count u64, index spec count u32, specs

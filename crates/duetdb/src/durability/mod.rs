@@ -3,11 +3,13 @@
 //! A durable database keeps, in its directory: `LOCK` (flock against a second
 //! opener, when opened on its own; the databases of a data directory share
 //! the data directory's `LOCK`, see [`Locking`]), `MANIFEST` (which
-//! checkpoints are installed), `ckpt-*.ckpt` (images of published states)
-//! and `wal-*.log` (one record per commit group since the older installed
-//! checkpoint). See docs/design.md §13 for byte layouts and the protocols.
-//! Every database of the process shares one flusher and one checkpointer
-//! thread ([`background`]); open descriptors are bounded ([`fdcache`]).
+//! checkpoints are installed, which WAL segments make up the log, how far it
+//! was synced, which snapshots are pinned), `ckpt-*.ckpt` (images of
+//! published states) and `wal-*.log` (one record per commit group since the
+//! older installed checkpoint). See docs/design.md §13 for byte layouts and
+//! the protocols. Every database of the process shares one flusher and one
+//! checkpointer thread ([`background`]); open descriptors are bounded
+//! ([`fdcache`]).
 //!
 //! Protocols and their invariants:
 //! - **commit**: the writer appends the group's effects as one WAL record and,
@@ -15,10 +17,22 @@
 //!   publishes the group or replies to anyone (so a reader never sees data a
 //!   crash can take back, in `fsync` mode). A failed append fails the whole
 //!   group and publishes nothing; a failed fsync also stops all later writes.
+//! - **segment roll** (when a segment is full, [`wal`]): create the
+//!   segment, sync its header and the directory, install a manifest naming
+//!   it, and only then append to it. A fresh database gets its manifest and
+//!   first segment the same way at open, before its first record; a reopened
+//!   one continues its last segment (recovery replayed it, cut any torn tail
+//!   and synced it).
 //! - **checkpoint**: take the published state (an O(1) `cow` snapshot; the
 //!   writer keeps going), write it to a new file, fsync, rename, install a new
-//!   manifest (tmp + fsync + rename + dir fsync), then delete WAL segments and
-//!   checkpoints older than the *previous* checkpoint, which stays as fallback.
+//!   manifest (tmp + fsync + rename + dir fsync) that no longer names the WAL
+//!   segments older than the *previous* checkpoint (which stays as fallback),
+//!   then delete those segments and older checkpoints. A segment is thus
+//!   un-named before it is deleted, and named before it is written: a named
+//!   segment that is missing is damage, never a protocol window.
+//! - **clean close**: sync the log, then record its synced end in the
+//!   manifest (`synced_lsn`), so damage to the last records is told apart
+//!   from a write torn by a crash at the next open.
 //! - **recovery**: see [`recovery`].
 //! - **durable named snapshots** ([`Durable::pin`]): the snapshot's held
 //!   state is written with the checkpoint writer to its own file
@@ -53,11 +67,12 @@ pub use crate::error::StorageError;
 pub use checkpoint::CheckpointInfo;
 pub use io::{RealFs, Vfs};
 pub use manifest::Pin;
-pub use recovery::RecoveryReport;
+pub use recovery::{RecoveryReport, Truncation};
 
 use io::DirLock;
-use manifest::Manifest;
-use wal::Wal;
+use manifest::{maybe_installed, Manifest, ManifestStore};
+use recovery::Recovered;
+use wal::{Wal, WalOptions};
 
 use crate::store::DbState;
 
@@ -176,8 +191,12 @@ pub struct Durable {
     dir: PathBuf,
     opts: DurabilityOptions,
     wal: Option<Arc<Wal>>,
-    /// The installed manifest; its lock also serialises checkpoints.
-    manifest: Mutex<Manifest>,
+    /// The installed manifest; every change to it goes through the store.
+    manifest: Arc<ManifestStore>,
+    /// Held for a whole checkpoint, so two never interleave (the manifest's
+    /// own lock is held only while installing, so rotations never wait for
+    /// a checkpoint being written).
+    checkpointing: Mutex<()>,
     report: RecoveryReport,
     /// The locks that keep a second opener out, held as long as this is open.
     _locks: Vec<Arc<dyn DirLock>>,
@@ -240,35 +259,17 @@ impl Durable {
         vfs.create_dir_all(dir)
             .map_err(|e| StorageError::io("create directory", dir, &e))?;
         let locks = locking.acquire(&*vfs, dir)?;
-        let (state, report) = recovery::recover(&*vfs, dir, db, opts.accept_damaged_tail)?;
-        let wal = if opts.mode == Durability::None {
-            None
-        } else {
-            // A fresh segment per open: the previous tail may have been cut,
-            // and a new file keeps "append only" literally true. An existing
-            // segment of that name can only be one holding no record.
-            let name = dir.join(wal::segment_name(state.csn + 1));
-            if vfs.exists(&name) {
-                vfs.remove(&name)
-                    .map_err(|e| StorageError::io("remove", &name, &e))?;
-            }
-            Some(Arc::new(Wal::start(
-                vfs.clone(),
-                dir,
-                state.csn + 1,
-                opts.segment_bytes,
-                opts.skip_wal_fsync(),
-                opts.skip_dir_fsync(),
-            )?))
-        };
-        let manifest = report.manifest.clone();
-        remove_orphan_pins(&*vfs, dir, &manifest);
+        let recovered = recovery::recover(&*vfs, dir, db, opts.accept_damaged_tail)?;
+        let (wal, manifest) = start_log(dir, &opts, &recovered)?;
+        let Recovered { state, report, .. } = recovered;
+        remove_orphan_pins(&*vfs, dir, &manifest.get());
         Ok((
             Durable {
                 dir: dir.to_path_buf(),
                 opts,
                 wal,
-                manifest: Mutex::new(manifest),
+                manifest,
+                checkpointing: Mutex::new(()),
                 report,
                 _locks: locks,
             },
@@ -285,32 +286,39 @@ impl Durable {
     }
 
     /// Write a checkpoint of `state` and install it; then drop WAL segments
-    /// and checkpoints that neither installed checkpoint needs. Returns `None`
-    /// when `state` is already the current checkpoint.
+    /// and checkpoints that neither installed checkpoint needs (un-named in
+    /// the installed manifest first, deleted after). Returns `None` when
+    /// `state` is already the current checkpoint.
     pub fn checkpoint(&self, state: &DbState) -> Result<Option<CheckpointInfo>, StorageError> {
         let vfs = &*self.opts.vfs;
-        let mut m = self.manifest.lock();
-        if state.csn == m.current || state.csn == 0 {
+        let _one = self.checkpointing.lock();
+        let current = self.manifest.get().current;
+        if state.csn == current || state.csn == 0 {
             return Ok(None);
         }
+        debug_assert!(state.csn > current, "checkpoints follow published states");
         let t0 = Instant::now();
         let info = checkpoint::write(vfs, &self.dir, state)?;
-        let next = Manifest {
-            current: state.csn,
-            previous: m.current,
-            pins: m.pins.clone(),
+        let synced = self.wal.as_ref().map_or(0, |w| w.synced_lsn());
+        let installed = self.manifest.update(|m| {
+            m.previous = m.current;
+            m.current = state.csn;
+            m.synced_lsn = m.synced_lsn.max(synced);
+            drop_obsolete_segments(m)
+        });
+        let obsolete = match installed {
+            Ok(o) => o,
+            Err(e) => {
+                // The old manifest may or may not be the one on disk; both name
+                // complete checkpoints and nothing has been deleted, so either is fine.
+                tracing::warn!(error = %e, "checkpoint not installed");
+                return Err(e);
+            }
         };
-        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync()) {
-            // The old manifest may or may not be the one on disk; both name
-            // complete checkpoints and nothing has been deleted, so either is fine.
-            tracing::warn!(error = %e, "checkpoint not installed");
-            return Err(e);
-        }
-        *m = next.clone();
         if let Some(w) = &self.wal {
             w.bytes_since_checkpoint.store(0, Ordering::Relaxed);
         }
-        self.remove_obsolete(&next);
+        self.remove_obsolete(&obsolete, &self.manifest.get());
         tracing::info!(
             csn = info.csn, bytes = info.bytes, documents = info.documents,
             elapsed = ?t0.elapsed(), "checkpoint installed"
@@ -320,7 +328,7 @@ impl Durable {
 
     /// The durable named snapshots the manifest records.
     pub fn pins(&self) -> Vec<Pin> {
-        self.manifest.lock().pins.clone()
+        self.manifest.get().pins
     }
 
     /// Make a named snapshot durable: write `state` (the snapshot's held
@@ -361,21 +369,18 @@ impl Durable {
             ttl_ms,
             collections,
         };
-        let mut m = self.manifest.lock();
-        debug_assert!(m.pins.iter().all(|p| p.name != name), "pinned twice");
-        let mut next = m.clone();
-        next.pins.retain(|p| p.name != name);
-        next.pins.push(pin.clone());
-        if let Err(e) = next.install(vfs, &self.dir, self.opts.skip_dir_fsync()) {
+        let installed = self.manifest.update(|m| {
+            debug_assert!(m.pins.iter().all(|p| p.name != name), "pinned twice");
+            m.pins.retain(|p| p.name != name);
+            m.pins.push(pin.clone());
+        });
+        if let Err(e) = installed {
             tracing::warn!(snapshot = name, error = %e, "durable snapshot not installed");
-            let maybe_installed =
-                matches!(&e, StorageError::Io { op, .. } if *op == "fsync directory");
-            if !maybe_installed {
+            if !maybe_installed(&e) {
                 let _ = vfs.remove(&info.path);
             }
             return Err(e);
         }
-        *m = next;
         tracing::info!(
             snapshot = name, csn = info.csn, bytes = info.bytes, documents = info.documents,
             elapsed = ?t0.elapsed(), "durable snapshot pinned"
@@ -389,15 +394,14 @@ impl Durable {
     /// (any more).
     pub fn unpin(&self, name: &str, file: &str) -> Result<bool, StorageError> {
         let vfs = &*self.opts.vfs;
-        let mut m = self.manifest.lock();
-        if !m.pins.iter().any(|p| p.name == name && p.file == file) {
+        let pinned = self.manifest.update(|m| {
+            let before = m.pins.len();
+            m.pins.retain(|p| !(p.name == name && p.file == file));
+            m.pins.len() != before
+        })?;
+        if !pinned {
             return Ok(false);
         }
-        let mut next = m.clone();
-        next.pins.retain(|p| !(p.name == name && p.file == file));
-        next.install(vfs, &self.dir, self.opts.skip_dir_fsync())?;
-        *m = next;
-        drop(m);
         let path = self.dir.join(file);
         if let Err(e) = vfs.remove(&path) {
             tracing::warn!(path = %path.display(), error = %e, "could not remove a dropped snapshot's image; it is removed at the next open");
@@ -442,24 +446,15 @@ impl Durable {
         Ok(state)
     }
 
-    /// Delete what neither installed checkpoint needs (best effort: a file
-    /// left behind is ignored and retried at the next checkpoint).
-    fn remove_obsolete(&self, m: &Manifest) {
+    /// Delete the segments `obsolete` (no longer named by the installed
+    /// manifest `m`) and checkpoints `m` does not name (best effort: a file
+    /// left behind is removed at the next checkpoint or open).
+    fn remove_obsolete(&self, obsolete: &[u64], m: &Manifest) {
         let vfs = &*self.opts.vfs;
-        // Recovery may fall back to `previous`; with none, to the empty state.
-        let base = m.previous;
-        if base > 0 {
-            if let Ok(segs) = recovery::segments(vfs, &self.dir) {
-                let active = self.wal.as_ref().map_or(u64::MAX, |w| w.active_first());
-                for pair in segs.windows(2) {
-                    let ((first, path), (next_first, _)) = (&pair[0], &pair[1]);
-                    // Every record of this segment is <= next_first - 1 <= base.
-                    if *next_first <= base + 1 && *first < active {
-                        if let Err(e) = vfs.remove(path) {
-                            tracing::warn!(path = %path.display(), error = %e, "could not remove WAL segment");
-                        }
-                    }
-                }
+        for first in obsolete {
+            let path = self.dir.join(wal::segment_name(*first));
+            if let Err(e) = vfs.remove(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove WAL segment");
             }
         }
         if let Ok(names) = vfs.list(&self.dir) {
@@ -477,7 +472,7 @@ impl Durable {
 
     /// Whether the size or time trigger says a checkpoint is due.
     fn checkpoint_due(&self, last: Instant, csn: u64) -> bool {
-        if csn == self.manifest.lock().current {
+        if csn == self.manifest.get().current {
             return false;
         }
         let by_size = self.wal.as_ref().is_some_and(|w| {
@@ -490,14 +485,97 @@ impl Durable {
         by_size || by_time
     }
 
-    /// Sync the WAL at close (batch-mode writes since the last flush).
+    /// Sync the WAL at close (batch-mode writes since the last flush), then
+    /// record in the manifest how far the log is synced: after a clean close
+    /// any damage to the log's last records is detected at the next open, not
+    /// mistaken for a write torn by a crash.
     pub fn close(&self) {
         if let Some(w) = &self.wal {
             if let Err(e) = w.flush() {
                 tracing::error!(error = %e, "final WAL sync failed");
             }
+            let synced = w.synced_lsn();
+            if let Err(e) = self
+                .manifest
+                .update(|m| m.synced_lsn = m.synced_lsn.max(synced))
+            {
+                tracing::warn!(error = %e, "could not record the synced end of the log at close");
+            }
         }
     }
+}
+
+/// Start the log after recovery and install the manifest that names its
+/// segments (the v3 upgrade of an older manifest happens here too; nothing
+/// is written when the manifest is already right). The log continues at the
+/// end of the last segment, which recovery replayed, cut and synced; with no
+/// segment a first one is rolled: created before, and written to only after,
+/// the install that names it.
+fn start_log(
+    dir: &Path,
+    opts: &DurabilityOptions,
+    rec: &Recovered,
+) -> Result<(Option<Arc<Wal>>, Arc<ManifestStore>), StorageError> {
+    let vfs = opts.vfs.clone();
+    let store = Arc::new(ManifestStore::new(
+        vfs.clone(),
+        dir,
+        opts.skip_dir_fsync(),
+        rec.report.manifest.clone(),
+    ));
+    let csn = rec.state.csn;
+    let name = |m: &mut Manifest, segments: Vec<u64>| {
+        m.segments = Some(segments);
+        // Only lowers when the operator accepted a shorter log.
+        m.synced_lsn = m.synced_lsn.min(csn);
+    };
+    let walopts = WalOptions {
+        segment_bytes: opts.segment_bytes,
+        skip_fsync: opts.skip_wal_fsync(),
+        skip_dir_fsync: opts.skip_dir_fsync(),
+    };
+    if opts.mode == Durability::None {
+        store.update(|m| name(m, rec.segments.clone()))?;
+        return Ok((None, store));
+    }
+    if let Some(tail) = rec.tail {
+        store.update(|m| name(m, rec.segments.clone()))?;
+        let wal = Wal::resume(vfs, dir, csn + 1, tail, walopts, store.clone())?;
+        return Ok((Some(Arc::new(wal)), store));
+    }
+    // No segment to continue (none yet, or the last one's records end
+    // before a checkpoint taken without a log): roll one at `csn + 1`.
+    let wal = Wal::start(vfs.clone(), dir, csn + 1, walopts, store.clone())?;
+    let mut segments = rec.segments.clone();
+    segments.push(csn + 1);
+    if let Err(e) = store.update(|m| name(m, segments)) {
+        if !maybe_installed(&e) {
+            // Unnamed and empty: removing it loses nothing.
+            let _ = vfs.remove(&dir.join(wal::segment_name(csn + 1)));
+        }
+        return Err(e);
+    }
+    Ok((Some(Arc::new(wal)), store))
+}
+
+/// Un-name the segments of `m` that neither installed checkpoint needs and
+/// return them (their files are deleted after `m` is installed). Segment `i`
+/// holds commits `first_i ..= first_{i+1} - 1`; recovery may fall back to
+/// `previous` (with none, to the empty state, so nothing goes); the last
+/// segment, the one being written, always stays.
+fn drop_obsolete_segments(m: &mut Manifest) -> Vec<u64> {
+    let base = m.previous;
+    let Some(segments) = m.segments.as_mut() else {
+        return Vec::new();
+    };
+    if base == 0 || segments.len() < 2 {
+        return Vec::new();
+    }
+    let keep_from = segments
+        .windows(2)
+        .position(|w| w[1] > base + 1)
+        .unwrap_or(segments.len() - 1);
+    segments.drain(..keep_from).collect()
 }
 
 /// A process-unique id for pinned-snapshot file names (time-seeded, so ids

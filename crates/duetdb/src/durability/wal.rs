@@ -1,7 +1,7 @@
 //! The write-ahead log: segment files of checksummed records, one record per
 //! writer group (group commit), LSN = the group's last `csn`.
 //!
-//! Layout (see docs/design.md §12): a segment `wal-<first csn, 20 digits>.log`
+//! Layout (see docs/design.md §13.3): a segment `wal-<first csn, 20 digits>.log`
 //! starts with the 8-byte magic `DUETWAL\x01`, then frames
 //! `[len u32][crc32c(payload) u32][payload]`, little-endian, where a record's
 //! payload is `[lsn u64][first csn u64][effect count u32][effects…]`.
@@ -12,11 +12,20 @@
 //! - an append either leaves a whole record or, when it fails, is cut back off
 //!   the file (`set_len`); if even that fails writes stop, because a later
 //!   record after a partial one would read back as corruption in the middle;
-//! - a new segment is created, synced and its directory entry synced before
-//!   any record in it can be acknowledged;
+//! - segment roll: the new segment is created, its header synced and its
+//!   directory entry synced, then a manifest naming it is installed — all
+//!   before any record is appended to it (at open the log continues the last
+//!   segment recovery replayed, cut and synced, or rolls a first one); the old segment is synced whole
+//!   before the new one is created. So every segment the manifest names
+//!   exists, and every named segment but the last runs exactly up to the
+//!   next one's first csn. If the install fails cleanly the new (empty,
+//!   unnamed) segment is removed and the group fails; if only its directory
+//!   fsync failed, the manifest on disk may or may not name the segment, and
+//!   writes stop (as after a failed fsync);
 //! - after any failed fsync the log accepts no more writes (PostgreSQL's
 //!   fsyncgate: the kernel may have dropped the dirty pages, so a retried fsync
 //!   that succeeds proves nothing);
+//! - `synced_lsn` only grows, and only after an fsync that covered it;
 //! - records of `batch` groups may wait in an in-memory buffer (as MongoDB's
 //!   journal does for `j: false`) until the flusher, a group that needs a
 //!   sync, a rotation, or the buffer limit writes them — always before any
@@ -31,6 +40,7 @@ use parking_lot::Mutex;
 
 use super::effect::{self, DecodeError, Effect, Reader};
 use super::io::{VFile, Vfs};
+use super::manifest::{maybe_installed, ManifestStore};
 use crate::error::StorageError;
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"DUETWAL\x01";
@@ -149,7 +159,6 @@ pub enum SyncMode {
 
 struct Active {
     file: Arc<dyn VFile>,
-    first: u64,
     path: PathBuf,
     /// Bytes in the segment (header included).
     len: u64,
@@ -159,6 +168,17 @@ struct Active {
     buffered: Vec<u8>,
 }
 
+/// How a log writes its segments.
+#[derive(Debug, Clone, Copy)]
+pub struct WalOptions {
+    /// A segment is closed and a new one started beyond this size.
+    pub segment_bytes: u64,
+    /// Planted bug (tests): never fsync a segment.
+    pub skip_fsync: bool,
+    /// Planted bug (tests): never fsync the directory after creating a segment.
+    pub skip_dir_fsync: bool,
+}
+
 /// The log of one database (present unless the database runs with durability `none`).
 pub struct Wal {
     vfs: Arc<dyn Vfs>,
@@ -166,6 +186,8 @@ pub struct Wal {
     segment_bytes: u64,
     skip_fsync: bool,
     skip_dir_fsync: bool,
+    /// Where a rotation names its new segment before writing to it.
+    manifest: Arc<ManifestStore>,
     active: Mutex<Active>,
     /// Held for every fsync of a segment. Lock order: `active`, then this.
     /// The flusher syncs holding only this, so `batch` appends (which need
@@ -178,6 +200,8 @@ pub struct Wal {
     pub bytes_since_checkpoint: AtomicU64,
     /// csn of the last record appended.
     last_lsn: AtomicU64,
+    /// Every record up to this csn was covered by a successful fsync.
+    synced_lsn: AtomicU64,
     /// Monotonic counters for `serverStatus` (relaxed: figures, not protocol).
     records: AtomicU64,
     bytes: AtomicU64,
@@ -191,7 +215,8 @@ pub struct WalStats {
     pub records: u64,
     pub bytes: u64,
     pub fsyncs: u64,
-    /// Segments started, including the one created at open.
+    /// Segments started since open (including one rolled at open when there
+    /// was no segment to continue).
     pub segments_created: u64,
     pub bytes_since_checkpoint: u64,
     pub last_lsn: u64,
@@ -199,34 +224,85 @@ pub struct WalStats {
 }
 
 impl Wal {
-    /// Start a log whose next record is `next_csn`, in a fresh segment.
-    /// Requires: no segment in `dir` holds a record at or after `next_csn`.
+    /// Start a log whose next record is `next_csn`, in a fresh segment
+    /// (created, header and directory entry synced).
+    /// Requires: no segment in `dir` holds a record at or after `next_csn`,
+    /// and the caller installs a manifest naming the new segment before the
+    /// first append (`Durable::open` does, in the install that also records
+    /// what recovery found).
     pub fn start(
         vfs: Arc<dyn Vfs>,
         dir: &Path,
         next_csn: u64,
-        segment_bytes: u64,
-        skip_fsync: bool,
-        skip_dir_fsync: bool,
+        opts: WalOptions,
+        manifest: Arc<ManifestStore>,
     ) -> Result<Wal, StorageError> {
-        let active = create_segment(&*vfs, dir, next_csn, skip_fsync, skip_dir_fsync)?;
-        Ok(Wal {
+        let active = create_segment(&*vfs, dir, next_csn, opts.skip_fsync, opts.skip_dir_fsync)?;
+        Ok(Wal::with_active(vfs, dir, next_csn, opts, manifest, active))
+    }
+
+    /// Continue a log whose next record is `next_csn` at the end of the
+    /// existing segment that starts at `first` and holds `len` bytes.
+    /// Requires: that segment is named by the installed manifest, its header
+    /// is valid, its records end at `next_csn - 1`, and all `len` bytes are
+    /// synced (recovery replayed it, cut any torn tail and synced it).
+    pub fn resume(
+        vfs: Arc<dyn Vfs>,
+        dir: &Path,
+        next_csn: u64,
+        (first, len): (u64, u64),
+        opts: WalOptions,
+        manifest: Arc<ManifestStore>,
+    ) -> Result<Wal, StorageError> {
+        let path = dir.join(segment_name(first));
+        debug_assert!(first <= next_csn && len >= SEGMENT_MAGIC.len() as u64);
+        debug_assert!(manifest
+            .get()
+            .segments
+            .is_some_and(|s| s.last() == Some(&first)));
+        let file = vfs
+            .open_append(&path)
+            .map_err(|e| StorageError::io("open", &path, &e))?;
+        let active = Active {
+            file,
+            path,
+            len,
+            dirty: false,
+            buffered: Vec::new(),
+        };
+        let wal = Wal::with_active(vfs, dir, next_csn, opts, manifest, active);
+        wal.segments_created.store(0, Ordering::Relaxed);
+        Ok(wal)
+    }
+
+    fn with_active(
+        vfs: Arc<dyn Vfs>,
+        dir: &Path,
+        next_csn: u64,
+        opts: WalOptions,
+        manifest: Arc<ManifestStore>,
+        active: Active,
+    ) -> Wal {
+        Wal {
             vfs,
             dir: dir.to_path_buf(),
-            segment_bytes: segment_bytes.max(SEGMENT_MAGIC.len() as u64 + 1),
-            skip_fsync,
-            skip_dir_fsync,
+            segment_bytes: opts.segment_bytes.max(SEGMENT_MAGIC.len() as u64 + 1),
+            skip_fsync: opts.skip_fsync,
+            skip_dir_fsync: opts.skip_dir_fsync,
+            manifest,
             active: Mutex::new(active),
             sync_lock: Mutex::new(()),
             stopped: AtomicBool::new(false),
             stop_reason: Mutex::new(None),
             bytes_since_checkpoint: AtomicU64::new(0),
             last_lsn: AtomicU64::new(next_csn.saturating_sub(1)),
+            // Recovery synced what it replayed (see `recovery`).
+            synced_lsn: AtomicU64::new(next_csn.saturating_sub(1)),
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             segments_created: AtomicU64::new(1),
-        })
+        }
     }
 
     /// Refuse writes once stopped (cheap: one atomic load on the happy path).
@@ -349,6 +425,10 @@ impl Wal {
             return Err(err);
         }
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        // Every record up to `last_lsn` is in the file (the buffer was drained).
+        debug_assert!(a.buffered.is_empty());
+        self.synced_lsn
+            .fetch_max(self.last_lsn.load(Ordering::Acquire), Ordering::AcqRel);
         a.dirty = false;
         Ok(())
     }
@@ -358,7 +438,7 @@ impl Wal {
         if self.stopped.load(Ordering::Acquire) {
             return Ok(());
         }
-        let (file, path, _sync) = {
+        let (file, path, upto, _sync) = {
             let mut a = self.active.lock();
             self.drain(&mut a)?;
             if !a.dirty {
@@ -366,7 +446,9 @@ impl Wal {
             }
             let sync = self.sync_lock.lock();
             a.dirty = false;
-            (a.file.clone(), a.path.clone(), sync)
+            // Drained: the file holds every record up to `last_lsn`.
+            let upto = self.last_lsn.load(Ordering::Acquire);
+            (a.file.clone(), a.path.clone(), upto, sync)
         };
         if self.skip_fsync {
             return Ok(());
@@ -377,10 +459,13 @@ impl Wal {
             return Err(err);
         }
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.synced_lsn.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }
 
-    /// Close the full segment (synced) and start a new one at `first`.
+    /// Close the full segment (synced) and start a new one at `first`: create
+    /// it, then name it in the manifest, then use it (the roll protocol of
+    /// the module doc).
     fn rotate(&self, a: &mut Active, first: u64) -> Result<(), StorageError> {
         self.drain(a)?;
         if a.dirty {
@@ -390,6 +475,15 @@ impl Wal {
             // segment must not become durable before this one's.
             drop(self.sync_lock.lock());
         }
+        let path = self.dir.join(segment_name(first));
+        if self.vfs.exists(&path) {
+            // Only the empty, unnamed segment of an earlier rotation whose
+            // manifest install failed cleanly and whose removal failed too
+            // (a maybe-installed one stopped writes).
+            self.vfs
+                .remove(&path)
+                .map_err(|e| StorageError::io("remove", &path, &e))?;
+        }
         let next = create_segment(
             &*self.vfs,
             &self.dir,
@@ -397,6 +491,25 @@ impl Wal {
             self.skip_fsync,
             self.skip_dir_fsync,
         )?;
+        let synced = self.synced_lsn();
+        let named = self.manifest.update(|m| {
+            let segments = m.segments.get_or_insert_with(Vec::new);
+            debug_assert!(segments.last().is_none_or(|l| *l < first));
+            segments.push(first);
+            m.synced_lsn = m.synced_lsn.max(synced);
+        });
+        if let Err(e) = named {
+            if maybe_installed(&e) {
+                self.stop(format!(
+                    "the manifest naming the new WAL segment {} may or may not be on disk: {e}",
+                    next.path.display()
+                ));
+            } else if let Err(e2) = self.vfs.remove(&next.path) {
+                // Unnamed and empty: harmless; recovery removes it.
+                tracing::warn!(segment = %next.path.display(), error = %e2, "could not remove an unused WAL segment");
+            }
+            return Err(e);
+        }
         *a = next;
         self.segments_created.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -418,9 +531,9 @@ impl Wal {
         self.last_lsn.load(Ordering::Acquire)
     }
 
-    /// First csn of the segment being written (never deleted).
-    pub fn active_first(&self) -> u64 {
-        self.active.lock().first
+    /// Every record up to this csn is durable (a successful fsync covered it).
+    pub fn synced_lsn(&self) -> u64 {
+        self.synced_lsn.load(Ordering::Acquire)
     }
 }
 
@@ -459,7 +572,6 @@ fn create_segment(
     }
     Ok(Active {
         file,
-        first,
         path,
         len: SEGMENT_MAGIC.len() as u64,
         dirty: false,

@@ -99,7 +99,11 @@ pub enum Error {
     #[error("bulk write failed: {} error(s)", .0.errors.len())]
     BulkWrite(Box<BulkWriteFailure>),
     /// A storage failure (I/O error, full disk, corrupt or missing file, writes
-    /// stopped after an fsync failure). Code 14031 for a full disk, else 1.
+    /// stopped after an fsync failure). Its code says which
+    /// ([`StorageError::code`]: 14031 full disk, 20 permission denied or
+    /// read-only, 264 too many open files, 8 other OS errors, 301 damaged
+    /// or missing files, 98 locked, 42 writes stopped, 257 record too large);
+    /// the message names the path and the OS error.
     #[error("storage: {0}")]
     Storage(Box<StorageError>),
     /// A blocking stage (a sort that may not spill, `$group`) exceeded its
@@ -163,8 +167,7 @@ impl Error {
             Error::BulkWrite(_) => 65,
             Error::SnapshotExists(_) => 48,
             Error::SnapshotNotFound(_) => 246,
-            Error::Storage(e) if e.is_no_space() => 14031,
-            Error::Storage(_) => 1,
+            Error::Storage(e) => e.code(),
             Error::ExceededMemoryLimit(_) => 292,
             Error::Interrupted(r) => r.code(),
             Error::WriteConflict(_) => 112,
@@ -201,8 +204,7 @@ impl Error {
             Error::BulkWrite(_) => "MultipleErrorsOccurred",
             Error::SnapshotExists(_) => "NamespaceExists",
             Error::SnapshotNotFound(_) => "SnapshotUnavailable",
-            Error::Storage(e) if e.is_no_space() => "OutOfDiskSpace",
-            Error::Storage(_) => "InternalError",
+            Error::Storage(e) => e.code_name(),
             Error::ExceededMemoryLimit(_) => "QueryExceededMemoryLimitNoDiskUseAllowed",
             Error::Interrupted(r) => r.code_name(),
             Error::WriteConflict(_) => "WriteConflict",

@@ -1,5 +1,14 @@
 //! Errors of the durability layer. Every variant names the file involved, so
 //! an operator can act on the message alone; none is ever a panic.
+//!
+//! Each maps to a MongoDB error code ([`StorageError::code`]), never to
+//! InternalError: what MongoDB itself reports where it has a counterpart
+//! (14031 OutOfDiskSpace for a full disk, 264 TooManyFilesOpen as its
+//! WiredTiger layer maps EMFILE, 20 IllegalOperation as `mongod` reports an
+//! unwritable data directory, 98 DBPathInUse for a held lock, 8 UnknownError
+//! for other OS errors as its WiredTiger layer does), and a documented
+//! choice otherwise (301 DataCorruptionDetected, 42 LogWriteFailed,
+//! 257 TransactionTooLarge). docs/design.md §10 lists them.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,8 +24,8 @@ pub enum StorageError {
         op: &'static str,
         path: PathBuf,
         kind: io::ErrorKind,
-        /// The OS error was ENOSPC (disk full).
-        no_space: bool,
+        /// The OS error number, when the error came from the OS.
+        errno: Option<i32>,
         msg: String,
     },
     /// A file whose content fails its checksum or structure.
@@ -29,13 +38,6 @@ pub enum StorageError {
     /// A file the data directory needs is missing.
     #[error("missing file {}: {what}", .path.display())]
     Missing { path: PathBuf, what: String },
-    /// The WAL does not continue where the state it is replayed on ends.
-    #[error("write-ahead log gap in {}: expected commit {expected}, found {found}", .dir.display())]
-    Gap {
-        dir: PathBuf,
-        expected: u64,
-        found: u64,
-    },
     /// Another process (or another open in this process) holds the directory.
     #[error("data directory {} is locked: another process (or another open Database) is using it", .path.display())]
     Locked { path: PathBuf },
@@ -60,7 +62,7 @@ impl StorageError {
             op,
             path: path.to_path_buf(),
             kind: e.kind(),
-            no_space: e.raw_os_error() == Some(28),
+            errno: e.raw_os_error(),
             msg: e.to_string(),
         }
     }
@@ -73,13 +75,56 @@ impl StorageError {
         }
     }
 
-    /// Whether this is a full disk.
+    /// Whether this is a full disk (or an exhausted quota).
     pub fn is_no_space(&self) -> bool {
+        self.code() == NO_SPACE.0
+    }
+
+    /// MongoDB's code and code name for this error (see the module doc).
+    pub fn code_and_name(&self) -> (i32, &'static str) {
         match self {
-            StorageError::Io { no_space, .. } => *no_space,
-            StorageError::SnapshotUnreadable { cause, .. } => cause.is_no_space(),
-            _ => false,
+            StorageError::Io { kind, errno, .. } => io_code(*kind, *errno),
+            StorageError::Corrupt { .. } | StorageError::Missing { .. } => {
+                (301, "DataCorruptionDetected")
+            }
+            StorageError::Locked { .. } => (98, "DBPathInUse"),
+            StorageError::WritesStopped { .. } => (42, "LogWriteFailed"),
+            StorageError::SnapshotUnreadable { cause, .. } => cause.code_and_name(),
+            StorageError::RecordTooLarge { .. } => (257, "TransactionTooLarge"),
         }
+    }
+
+    pub fn code(&self) -> i32 {
+        self.code_and_name().0
+    }
+
+    pub fn code_name(&self) -> &'static str {
+        self.code_and_name().1
+    }
+}
+
+const NO_SPACE: (i32, &str) = (14031, "OutOfDiskSpace");
+const NOT_PERMITTED: (i32, &str) = (20, "IllegalOperation");
+const TOO_MANY_FILES: (i32, &str) = (264, "TooManyFilesOpen");
+const OTHER_IO: (i32, &str) = (8, "UnknownError");
+
+/// The code of an OS error: by its number where there is one, else by kind.
+fn io_code(kind: io::ErrorKind, errno: Option<i32>) -> (i32, &'static str) {
+    #[cfg(unix)]
+    if let Some(n) = errno {
+        return match n {
+            libc::ENOSPC | libc::EDQUOT => NO_SPACE,
+            libc::EACCES | libc::EPERM | libc::EROFS => NOT_PERMITTED,
+            libc::EMFILE | libc::ENFILE => TOO_MANY_FILES,
+            _ => OTHER_IO,
+        };
+    }
+    #[cfg(not(unix))]
+    let _ = errno;
+    match kind {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => NO_SPACE,
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => NOT_PERMITTED,
+        _ => OTHER_IO,
     }
 }
 
