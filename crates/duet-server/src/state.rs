@@ -86,6 +86,9 @@ pub struct Config {
     /// Reads that do not say `allowDiskUse` may spill sorts to disk
     /// (MongoDB 6.0+'s `allowDiskUseByDefault`, true).
     pub allow_disk_use_by_default: bool,
+    /// `--auth`: commands other than the handshake and authentication ones
+    /// need an authenticated connection (see `auth`).
+    pub auth: bool,
 }
 
 impl Default for Config {
@@ -115,6 +118,7 @@ impl Default for Config {
             max_sessions: crate::sessions::DEFAULT_MAX_SESSIONS,
             query_memory_limit_bytes: duetdb::DEFAULT_MEMORY_LIMIT,
             allow_disk_use_by_default: true,
+            auth: false,
         }
     }
 }
@@ -193,4 +197,17 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The server address this connection arrived on.
     pub local: SocketAddr,
+    /// Who the connection authenticated as (shared by every copy).
+    pub auth: Arc<crate::auth::ConnAuth>,
+}
+
+impl ConnInfo {
+    pub fn new(id: u64, peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+        ConnInfo {
+            id,
+            peer,
+            local,
+            auth: crate::auth::ConnAuth::new(),
+        }
+    }
 }
