@@ -2,7 +2,9 @@
 and SCRAM-SHA-1 through pymongo, the localhost exception, user management,
 users surviving a restart, and the non-loopback bind refusal."""
 
+import signal
 import subprocess
+import time
 
 import pytest
 from pymongo import MongoClient
@@ -209,3 +211,26 @@ def test_mechanism_negotiation_and_hello_fields(make_server):
                     serverSelectionTimeoutMS=5000)
     assert n.admin.command("listDatabases")["ok"] == 1
     n.close()
+
+
+def test_unauthenticated_remote_override_warns(tmp_path):
+    port = str(free_port())
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        p = subprocess.Popen(
+            [str(DUET), "serve", "--bind", "0.0.0.0", "--port", port,
+             "--data-dir", str(tmp_path / "data"), "--allow-unauthenticated-remote"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.time() + 20
+            while "listening on" not in log.read_text(errors="replace"):
+                assert p.poll() is None, log.read_text(errors="replace")
+                assert time.time() < deadline, "did not start"
+                time.sleep(0.05)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=15)
+    text = log.read_text(errors="replace")
+    assert "WITHOUT authentication" in text
+    assert p.returncode == 0

@@ -169,6 +169,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         tracing::warn!(bind = %args.bind, "--allow-unauthenticated-remote: listening on a non-loopback address WITHOUT authentication; anyone who can reach the port can read, write and drop everything");
     }
     let auth = args.auth;
+    let unauthenticated_remote = !auth && !is_loopback(&args.bind);
     let config = Config {
         auth,
         bind: args.bind,
@@ -213,6 +214,16 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         }
         // The test harness and scripts wait for this line.
         println!("duet serve listening on {addr}");
+        if unauthenticated_remote {
+            tokio::spawn(async {
+                let mut every = tokio::time::interval(Duration::from_secs(3600));
+                every.tick().await;
+                loop {
+                    every.tick().await;
+                    tracing::warn!("still listening on a non-loopback address WITHOUT authentication (--allow-unauthenticated-remote)");
+                }
+            });
+        }
         server.run(shutdown_signal()).await?;
         tracing::info!("duet serve stopped");
         Ok(())

@@ -157,6 +157,9 @@ pub struct ServerState {
     pub connections_total: AtomicU64,
     pub connections_refused: AtomicU64,
     pub local_addr: parking_lot::Mutex<Option<SocketAddr>>,
+    /// Held by `createUser` from its check to its insert, so two connections
+    /// cannot both use the localhost exception.
+    pub users_lock: parking_lot::Mutex<()>,
 }
 
 impl ServerState {
@@ -186,6 +189,7 @@ impl ServerState {
             connections_total: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             local_addr: parking_lot::Mutex::new(None),
+            users_lock: parking_lot::Mutex::new(()),
         })
     }
 }

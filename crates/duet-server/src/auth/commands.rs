@@ -78,6 +78,15 @@ pub fn create_user(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     };
     let roles = roles_arg(ctx, cmd, true)?.unwrap_or_default();
     let creds = users::make_credentials(user, pwd, &mechanisms(cmd)?)?;
+    let _serial = ctx.state.users_lock.lock();
+    if ctx.state.config.auth && !ctx.conn.auth.is_authenticated() && users::any_user(ctx.state)? {
+        // The localhost exception was used by another connection meanwhile.
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            "command createUser requires authentication",
+        ));
+    }
     users::insert(ctx.state, ctx.db, user, roles, creds)?;
     tracing::info!(user, db = ctx.db, peer = %ctx.conn.peer, "user created");
     Ok(doc! {"ok": 1.0})
