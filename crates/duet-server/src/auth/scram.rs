@@ -482,6 +482,53 @@ mod tests {
         }
     }
 
+    /// Mutated and random client messages never panic, and a mutated final
+    /// message never authenticates.
+    #[test]
+    fn mutated_messages_do_not_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let first = b"n,,n=user,r=fyko+d2lbbFgONRv9qkxdawL".to_vec();
+        let fin =
+            b"c=biws,r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,p=v0X8v3Bz2T0CJGbJQyF0X+HI4Ts="
+                .to_vec();
+        let salt = B64.decode("QSXCR+Q6sek8bf92").unwrap_or_default();
+        let creds = Credentials::derive(Mechanism::Sha1, b"pencil", &salt, 4096);
+        let cf = parse_client_first(&first).unwrap_or_else(|e| panic!("{e}"));
+        let (conv, _) = Conversation::start(cf, creds, "3rfcNHYJY1ZVvWVs7j");
+        let alphabet = b",=nrcpvsi2C3Dxy\xff\x00aZ+/";
+        for _ in 0..5000 {
+            for base in [&first, &fin] {
+                let mut m = base.clone();
+                for _ in 0..rng.gen_range(1..4) {
+                    let i = rng.gen_range(0..m.len());
+                    match rng.gen_range(0..3) {
+                        0 => m[i] = alphabet[rng.gen_range(0..alphabet.len())],
+                        1 => {
+                            m.remove(i);
+                        }
+                        _ => m.insert(i, alphabet[rng.gen_range(0..alphabet.len())]),
+                    }
+                    if m.is_empty() {
+                        break;
+                    }
+                }
+                let _ = parse_client_first(&m);
+                if m != fin {
+                    assert!(
+                        conv.finish(&m).is_err(),
+                        "{:?}",
+                        String::from_utf8_lossy(&m)
+                    );
+                }
+            }
+            let random: Vec<u8> = (0..rng.gen_range(0..64)).map(|_| rng.gen()).collect();
+            let _ = parse_client_first(&random);
+            assert!(conv.finish(&random).is_err());
+        }
+        assert!(conv.finish(&fin).is_ok());
+    }
+
     #[test]
     fn malformed_messages_are_errors() {
         for bad in [
