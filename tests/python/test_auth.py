@@ -228,9 +228,30 @@ def test_unauthenticated_remote_override_warns(tmp_path):
                 assert p.poll() is None, log.read_text(errors="replace")
                 assert time.time() < deadline, "did not start"
                 time.sleep(0.05)
+            # Serving (so the signal handlers are installed): then stop it.
+            c = MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                            serverSelectionTimeoutMS=5000)
+            assert c.admin.command("ping")["ok"] == 1
+            c.close()
         finally:
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=15)
     text = log.read_text(errors="replace")
     assert "WITHOUT authentication" in text
     assert p.returncode == 0
+
+
+def test_dropped_user_is_logged_out(make_server):
+    srv = make_server("--auth")
+    create_first_user(srv)
+    admin = authed(srv, "root", "s3cret", "SCRAM-SHA-256")
+    admin.admin.command("createUser", "eve", pwd="pw", roles=["root"])
+    eve = authed(srv, "eve", "pw", "SCRAM-SHA-256", maxPoolSize=1)
+    assert eve.admin.command("listDatabases")["ok"] == 1
+    admin.admin.command("dropUser", "eve")
+    with pytest.raises(OperationFailure) as e:
+        eve.admin.command("listDatabases")
+    assert e.value.code == 13
+    assert admin.admin.command("listDatabases")["ok"] == 1
+    eve.close()
+    admin.close()

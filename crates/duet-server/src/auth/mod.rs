@@ -20,6 +20,7 @@ pub mod commands;
 pub mod scram;
 pub mod users;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -57,6 +58,8 @@ pub struct ConnAuth {
 struct AuthInner {
     /// `(user, db)` once authenticated.
     user: Option<(String, String)>,
+    /// `ServerState::users_dropped` when `user` was last known to exist.
+    drops_seen: u64,
     conversation: Option<Pending>,
     next_conversation: i32,
 }
@@ -108,7 +111,7 @@ fn scram_error(e: ScramError) -> CommandError {
 /// The gate in front of every command: `Err` (code 13) when `--auth` is on,
 /// the connection has not authenticated, and `name` needs authentication.
 pub fn check(state: &ServerState, conn: &ConnInfo, db: &str, name: &str) -> CmdResult<()> {
-    if !state.config.auth || UNAUTHENTICATED.contains(&name) || conn.auth.is_authenticated() {
+    if !state.config.auth || UNAUTHENTICATED.contains(&name) || still_authenticated(state, conn)? {
         return Ok(());
     }
     if name == "createUser"
@@ -123,6 +126,29 @@ pub fn check(state: &ServerState, conn: &ConnInfo, db: &str, name: &str) -> CmdR
         "Unauthorized",
         format!("command {name} requires authentication"),
     ))
+}
+
+/// Whether the connection is authenticated as a user that still exists: a
+/// connection whose user was dropped is logged out (as MongoDB does).
+fn still_authenticated(state: &ServerState, conn: &ConnInfo) -> CmdResult<bool> {
+    let drops = state.users_dropped.load(Ordering::Relaxed);
+    let (user, db) = {
+        let inner = conn.auth.inner.lock();
+        match &inner.user {
+            None => return Ok(false),
+            Some(_) if inner.drops_seen == drops => return Ok(true),
+            Some((u, d)) => (u.clone(), d.clone()),
+        }
+    };
+    let exists = users::find(state, &db, &user)?.is_some();
+    let mut inner = conn.auth.inner.lock();
+    if exists {
+        inner.drops_seen = drops;
+    } else {
+        tracing::info!(user = %user, db = %db, peer = %conn.peer, "user dropped: connection logged out");
+        inner.user = None;
+    }
+    Ok(exists)
 }
 
 fn payload(cmd: &Document) -> CmdResult<Vec<u8>> {
@@ -177,7 +203,7 @@ pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document
 
 /// `saslContinue`: the client's proof, then (without `skipEmptyExchange`)
 /// an empty closing message.
-pub fn sasl_continue(conn: &ConnInfo, cmd: &Document) -> CmdResult {
+pub fn sasl_continue(state: &ServerState, conn: &ConnInfo, cmd: &Document) -> CmdResult {
     let id = match cmd.get("conversationId") {
         Some(v) => crate::args::as_i64("conversationId", v)?,
         None => return Err(CommandError::bad_value("missing conversationId")),
@@ -208,6 +234,7 @@ pub fn sasl_continue(conn: &ConnInfo, cmd: &Document) -> CmdResult {
         Ok(server_final) => {
             tracing::info!(user = %conv.user, db = %pending.db, mechanism = conv.mechanism.name(), peer = %conn.peer, "authentication succeeded");
             inner.user = Some((conv.user.clone(), pending.db.clone()));
+            inner.drops_seen = state.users_dropped.load(Ordering::Relaxed);
             // Drivers ask to skip the empty closing exchange; older ones
             // send it, and we answer it.
             let done = pending.skip_empty;

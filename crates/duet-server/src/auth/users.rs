@@ -8,6 +8,8 @@
 //! unique, so a user exists at most once per database; role names are
 //! validated against the built-in roles (they are stored, not yet enforced).
 
+use std::sync::atomic::Ordering;
+
 use bson::{doc, Bson, Document};
 use duetdb::Collection;
 
@@ -212,15 +214,18 @@ pub fn remove(state: &ServerState, db: &str, user: &str) -> CmdResult<()> {
     if n == 0 {
         return Err(not_found(db, user));
     }
+    state.users_dropped.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
 /// Remove every user of `db`; how many.
 pub fn remove_all(state: &ServerState, db: &str) -> CmdResult<u64> {
-    match read_coll(state)? {
-        Some(c) => Ok(c.delete_many(doc! {"db": db})?),
-        None => Ok(0),
-    }
+    let n = match read_coll(state)? {
+        Some(c) => c.delete_many(doc! {"db": db})?,
+        None => 0,
+    };
+    state.users_dropped.fetch_add(1, Ordering::Relaxed);
+    Ok(n)
 }
 
 /// Users of `db` (or of every database), sorted by `_id`.

@@ -451,7 +451,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "connectionStatus" => auth::commands::connection_status(ctx),
         "logout" => auth::commands::logout(ctx),
         "saslStart" => auth::sasl_start(ctx.state, ctx.conn, ctx.db, cmd),
-        "saslContinue" => auth::sasl_continue(ctx.conn, cmd),
+        "saslContinue" => auth::sasl_continue(ctx.state, ctx.conn, cmd),
         "authenticate" => Err(CommandError::new(
             334,
             "MechanismUnavailable",
