@@ -137,6 +137,12 @@ impl Mechanism {
     }
 }
 
+/// Most iterations a stored credential may ask for: a login costs two
+/// PBKDF2 runs of this length on the client and none on the server, but a
+/// damaged or planted value must not make every client spin for minutes.
+/// MongoDB's defaults are 10,000 and 15,000.
+pub const MAX_ITERATIONS: u32 = 10_000_000;
+
 /// MongoDB's password digest for SCRAM-SHA-1: `hex(md5("<user>:mongo:<password>"))`.
 pub fn mongo_password_digest(user: &str, password: &str) -> String {
     let d = md5::Md5::digest(format!("{user}:mongo:{password}").as_bytes());
@@ -207,6 +213,7 @@ impl Credentials {
             server_key: b("serverKey")?,
         };
         (iterations > 0
+            && iterations <= MAX_ITERATIONS
             && c.stored_key.len() == mechanism.hash_len()
             && c.server_key.len() == mechanism.hash_len())
         .then_some(c)
@@ -478,7 +485,15 @@ mod tests {
     fn stored_credentials_round_trip() {
         for m in Mechanism::ALL {
             let c = Credentials::new(m, "ann", "secret").unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(Credentials::from_document(m, &c.to_document()), Some(c));
+            assert_eq!(
+                Credentials::from_document(m, &c.to_document()),
+                Some(c.clone())
+            );
+            let mut d = c.to_document();
+            d.insert("iterationCount", i64::from(MAX_ITERATIONS) + 1);
+            assert_eq!(Credentials::from_document(m, &d), None);
+            d.insert("storedKey", "AAAA");
+            assert_eq!(Credentials::from_document(m, &d), None);
         }
     }
 
