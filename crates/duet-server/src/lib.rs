@@ -275,3 +275,32 @@ async fn shutdown_signal() {
         _ = term => tracing::info!("SIGTERM received"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn loopback_binds() {
+        for b in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "[::1]",
+            "localhost",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback(b), "{b}");
+        }
+        for b in [
+            "0.0.0.0",
+            "::",
+            "10.0.0.1",
+            "192.168.1.5",
+            "example.com",
+            "",
+        ] {
+            assert!(!is_loopback(b), "{b}");
+        }
+    }
+}
