@@ -255,3 +255,15 @@ def test_dropped_user_is_logged_out(make_server):
     assert admin.admin.command("listDatabases")["ok"] == 1
     eve.close()
     admin.close()
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1"])
+def test_non_ascii_password(make_server, mech):
+    srv = make_server("--auth")
+    c = srv.client()
+    c.admin.command("createUser", "uni", pwd="pässwörd\u00a0✓", roles=["root"])
+    c.close()
+    from urllib.parse import quote_plus
+    ok = authed(srv, "uni", quote_plus("pässwörd\u00a0✓"), mech)
+    assert ok.admin.command("listDatabases")["ok"] == 1
+    ok.close()

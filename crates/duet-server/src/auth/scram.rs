@@ -7,9 +7,8 @@
 //!   and never stored.
 //! - SCRAM-SHA-1 derives from MongoDB's password digest
 //!   `hex(md5("<user>:mongo:<password>"))` (the drivers' authentication
-//!   specification), SCRAM-SHA-256 from the SASLprep'd password; we support
-//!   printable ASCII passwords only for SCRAM-SHA-256 (SASLprep maps them to
-//!   themselves) and refuse others clearly instead of preparing them wrongly.
+//!   specification), SCRAM-SHA-256 from the SASLprep'd password (RFC 4013,
+//!   the `stringprep` crate); passwords SASLprep prohibits are refused.
 //! - The client proof is checked in constant time (`subtle`); a failed proof
 //!   says nothing about which part was wrong.
 //! - No panic on client input: every malformed message is a [`ScramError`].
@@ -126,12 +125,17 @@ impl Mechanism {
                 if password.is_empty() {
                     return Err(ScramError::Unsupported("the password must not be empty"));
                 }
-                if !password.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                let prepared = stringprep::saslprep(password).map_err(|_| {
+                    ScramError::Unsupported(
+                        "the password contains characters SASLprep (RFC 4013) prohibits",
+                    )
+                })?;
+                if prepared.is_empty() {
                     return Err(ScramError::Unsupported(
-                        "SCRAM-SHA-256 passwords must be printable ASCII here (SASLprep of other characters is not implemented)",
+                        "the password is empty after SASLprep",
                     ));
                 }
-                Ok(password.as_bytes().to_vec())
+                Ok(prepared.as_bytes().to_vec())
             }
         }
     }
@@ -564,6 +568,11 @@ mod tests {
         ));
         let cf = parse_client_first(b"n,,n=a=2Cb=3Dc,r=abc").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(cf.user, "a,b=c");
-        assert!(Mechanism::Sha256.prepare_password("u", "pässword").is_err());
+        let prep = |p: &str| Mechanism::Sha256.prepare_password("u", p);
+        assert_eq!(prep("I\u{AD}X"), Ok(b"IX".to_vec()));
+        assert_eq!(prep("p\u{A0}w"), Ok(b"p w".to_vec()));
+        assert_eq!(prep("pässword"), Ok("pässword".as_bytes().to_vec()));
+        assert!(prep("a\u{7}b").is_err());
+        assert!(prep("\u{AD}").is_err());
     }
 }
