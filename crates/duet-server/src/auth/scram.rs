@@ -35,7 +35,7 @@ pub enum ScramError {
     #[error("invalid SCRAM message: {0}")]
     Malformed(&'static str),
     /// Something we deliberately do not support (channel binding, authzid,
-    /// non-ASCII SCRAM-SHA-256 passwords).
+    /// passwords SASLprep prohibits).
     #[error("{0}")]
     Unsupported(&'static str),
     /// Wrong proof, or nonce/channel binding not echoed: authentication failed.
