@@ -69,11 +69,11 @@ fn fresh_state() -> Arc<ServerState> {
 /// Run one input as a client's byte stream; panics on a violated invariant.
 pub fn run(data: &[u8]) -> Outcome {
     let state = fresh_state();
-    let conn = ConnInfo {
-        id: 1,
-        peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
-        local: SocketAddr::from(([127, 0, 0, 1], 27017)),
-    };
+    let conn = ConnInfo::new(
+        1,
+        SocketAddr::from(([127, 0, 0, 1], 40000)),
+        SocketAddr::from(([127, 0, 0, 1], 27017)),
+    );
     let mut out = Outcome::default();
     let mut rest = data;
     while out.frames < MAX_FRAMES {

@@ -4,6 +4,7 @@
 //! - `wire`: message framing and limits; `opmsg`: OP_MSG; `opquery`: legacy
 //!   OP_QUERY/OP_REPLY handshake;
 //! - `connection`: one client; `server`: listener, connection limit, shutdown;
+//! - `auth`: SCRAM authentication, users, the `--auth` gate;
 //! - `commands/*`: the commands; `args`: typed field access; `error`: MongoDB
 //!   error shapes;
 //! - `cursor`: server-side cursors; `snapshots`: read concern `snapshot` and
@@ -16,11 +17,12 @@
 //! writes only to replica-set members; `--standalone` describes a standalone
 //! server instead. Both accept transactions.
 //!
-//! Not built: authentication and TLS (loopback use only), OP_COMPRESSED (not
+//! Not built: roles enforced per command, TLS, OP_COMPRESSED (not
 //! advertised), transactions spanning several databases, `$clusterTime`
 //! gossip (one node: causal consistency holds without it).
 
 pub mod args;
+pub mod auth;
 pub mod commands;
 pub mod connection;
 pub mod cursor;
@@ -124,6 +126,15 @@ pub struct ServeArgs {
     /// (MongoDB 6.0+'s `allowDiskUseByDefault`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_disk_use_by_default: bool,
+    /// Require authentication (SCRAM-SHA-256 / SCRAM-SHA-1) for every command
+    /// but the handshake ones. With no user yet, a loopback client may create
+    /// the first one in `admin` (the localhost exception).
+    #[arg(long)]
+    pub auth: bool,
+    /// Allow binding to a non-loopback address without --auth (anyone who can
+    /// reach the port can then read, write and drop everything).
+    #[arg(long)]
+    pub allow_unauthenticated_remote: bool,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -145,7 +156,22 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
     if !args.standalone && args.replica_set.trim().is_empty() {
         return Err("--replica-set must not be empty (use --standalone for no replica set)".into());
     }
+    if !args.auth && !is_loopback(&args.bind) {
+        if !args.allow_unauthenticated_remote {
+            return Err(format!(
+                "refusing to listen on non-loopback address {} without authentication: \
+                 add --auth (and create the first user from localhost), or pass \
+                 --allow-unauthenticated-remote to expose the server without authentication deliberately",
+                args.bind
+            )
+            .into());
+        }
+        tracing::warn!(bind = %args.bind, "--allow-unauthenticated-remote: listening on a non-loopback address WITHOUT authentication; anyone who can reach the port can read, write and drop everything");
+    }
+    let auth = args.auth;
+    let unauthenticated_remote = !auth && !is_loopback(&args.bind);
     let config = Config {
+        auth,
         bind: args.bind,
         port: args.port,
         data_dir: Some(args.data_dir),
@@ -181,13 +207,37 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         let state = ServerState::new(engine, config);
         let server = Server::bind(state).await?;
         let addr = server.local_addr()?;
-        tracing::info!(%addr, "duet serve listening (no auth, no TLS: keep it on loopback)");
+        if auth {
+            tracing::info!(%addr, "duet serve listening (authentication required, no TLS)");
+        } else {
+            tracing::info!(%addr, "duet serve listening (no auth, no TLS: keep it on loopback)");
+        }
         // The test harness and scripts wait for this line.
         println!("duet serve listening on {addr}");
+        if unauthenticated_remote {
+            tokio::spawn(async {
+                let mut every = tokio::time::interval(Duration::from_secs(3600));
+                every.tick().await;
+                loop {
+                    every.tick().await;
+                    tracing::warn!("still listening on a non-loopback address WITHOUT authentication (--allow-unauthenticated-remote)");
+                }
+            });
+        }
         server.run(shutdown_signal()).await?;
         tracing::info!("duet serve stopped");
         Ok(())
     })
+}
+
+/// Whether `--bind` names a loopback address (`localhost`, 127.0.0.0/8, ::1).
+fn is_loopback(bind: &str) -> bool {
+    bind.eq_ignore_ascii_case("localhost")
+        || bind
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn init_logging(level: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -223,5 +273,34 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn loopback_binds() {
+        for b in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "[::1]",
+            "localhost",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback(b), "{b}");
+        }
+        for b in [
+            "0.0.0.0",
+            "::",
+            "10.0.0.1",
+            "192.168.1.5",
+            "example.com",
+            "",
+        ] {
+            assert!(!is_loopback(b), "{b}");
+        }
     }
 }

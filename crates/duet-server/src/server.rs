@@ -107,11 +107,7 @@ impl Server {
                 .ok()
                 .or(*state.local_addr.lock())
                 .unwrap_or(peer);
-            let conn = ConnInfo {
-                id: next_id,
-                peer,
-                local,
-            };
+            let conn = ConnInfo::new(next_id, peer, local);
             next_id += 1;
             state.connections_total.fetch_add(1, Ordering::Relaxed);
             state.connections_current.fetch_add(1, Ordering::Relaxed);

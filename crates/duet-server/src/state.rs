@@ -86,6 +86,9 @@ pub struct Config {
     /// Reads that do not say `allowDiskUse` may spill sorts to disk
     /// (MongoDB 6.0+'s `allowDiskUseByDefault`, true).
     pub allow_disk_use_by_default: bool,
+    /// `--auth`: commands other than the handshake and authentication ones
+    /// need an authenticated connection (see `auth`).
+    pub auth: bool,
 }
 
 impl Default for Config {
@@ -115,6 +118,7 @@ impl Default for Config {
             max_sessions: crate::sessions::DEFAULT_MAX_SESSIONS,
             query_memory_limit_bytes: duetdb::DEFAULT_MEMORY_LIMIT,
             allow_disk_use_by_default: true,
+            auth: false,
         }
     }
 }
@@ -153,6 +157,12 @@ pub struct ServerState {
     pub connections_total: AtomicU64,
     pub connections_refused: AtomicU64,
     pub local_addr: parking_lot::Mutex<Option<SocketAddr>>,
+    /// Held by `createUser` from its check to its insert, so two connections
+    /// cannot both use the localhost exception.
+    pub users_lock: parking_lot::Mutex<()>,
+    /// Bumped whenever users are dropped: a connection authenticated before
+    /// checks that its user still exists (else it is logged out).
+    pub users_dropped: AtomicU64,
 }
 
 impl ServerState {
@@ -182,6 +192,8 @@ impl ServerState {
             connections_total: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             local_addr: parking_lot::Mutex::new(None),
+            users_lock: parking_lot::Mutex::new(()),
+            users_dropped: AtomicU64::new(0),
         })
     }
 }
@@ -193,4 +205,17 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The server address this connection arrived on.
     pub local: SocketAddr,
+    /// Who the connection authenticated as (shared by every copy).
+    pub auth: Arc<crate::auth::ConnAuth>,
+}
+
+impl ConnInfo {
+    pub fn new(id: u64, peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+        ConnInfo {
+            id,
+            peer,
+            local,
+            auth: crate::auth::ConnAuth::new(),
+        }
+    }
 }

@@ -74,7 +74,7 @@ fn parameters(ctx: &Ctx<'_>) -> Document {
         "internalQueryMaxBlockingSortMemoryUsageBytes": config.query_memory_limit_bytes.min(i64::MAX as usize) as i64,
         "internalDocumentSourceGroupMaxMemoryBytes": config.query_memory_limit_bytes.min(i64::MAX as usize) as i64,
         "featureCompatibilityVersion": {"version": "7.0"},
-        "authenticationMechanisms": [],
+        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
         "maxBsonObjectSize": super::handshake::MAX_BSON_OBJECT_SIZE,
         "maxMessageSizeBytes": super::handshake::MAX_MESSAGE_SIZE_BYTES,
         "maxWriteBatchSize": super::handshake::MAX_WRITE_BATCH_SIZE,
@@ -117,13 +117,6 @@ pub fn get_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     }
     out.insert("ok", 1.0);
     Ok(out)
-}
-
-pub fn connection_status() -> Document {
-    doc! {
-        "authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []},
-        "ok": 1.0,
-    }
 }
 
 pub fn list_commands() -> Document {

@@ -14,7 +14,7 @@
 //!
 //! Left out on purpose: `topologyVersion` (so drivers poll instead of using
 //! the streaming protocol), `compression` (OP_COMPRESSED is declined by not
-//! offering it), `saslSupportedMechs` (no authentication yet), and
+//! offering it), and
 //! `$clusterTime`/`operationTime` (without them drivers send no
 //! `afterClusterTime`; one node sees its own writes anyway, so causal
 //! consistency holds trivially).
@@ -44,7 +44,7 @@ pub fn member_address(ctx: &Ctx<'_>) -> String {
     }
 }
 
-pub fn hello(ctx: &Ctx<'_>, name: &str, _cmd: &Document) -> Document {
+pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Document {
     let mut d = Document::new();
     if name == "hello" {
         d.insert("isWritablePrimary", true);
@@ -74,7 +74,8 @@ pub fn hello(ctx: &Ctx<'_>, name: &str, _cmd: &Document) -> Document {
         "minWireVersion": MIN_WIRE_VERSION,
         "maxWireVersion": MAX_WIRE_VERSION,
         "readOnly": false,
-        "ok": 1.0,
     });
+    crate::auth::hello_fields(ctx, cmd, &mut d);
+    d.insert("ok", 1.0);
     d
 }

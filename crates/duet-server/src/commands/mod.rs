@@ -41,6 +41,7 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document, Timestamp};
 use duetdb::{Database, Transaction};
 
+use crate::auth;
 use crate::error::{CmdResult, CommandError};
 use crate::sessions::{SessionArgs, SessionId};
 use crate::state::{ConnInfo, OpCounters, ServerState};
@@ -154,7 +155,27 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("getCmdLineOpts", "the server's command line"),
     ("getLog", "recent log lines (always empty)"),
     ("whatsmyuri", "the client's address"),
-    ("connectionStatus", "authentication state (no auth yet)"),
+    ("connectionStatus", "the authenticated user and its roles"),
+    ("logout", "forget the connection's authentication"),
+    (
+        "saslStart",
+        "begin SCRAM-SHA-256 / SCRAM-SHA-1 authentication",
+    ),
+    ("saslContinue", "continue a SASL conversation"),
+    ("authenticate", "refused: only SCRAM via saslStart"),
+    ("createUser", "create a user of this database"),
+    ("updateUser", "change a user's password or roles"),
+    ("dropUser", "remove a user"),
+    (
+        "dropAllUsersFromDatabase",
+        "remove every user of this database",
+    ),
+    ("usersInfo", "describe users (never their credentials)"),
+    (
+        "grantRolesToUser",
+        "add roles to a user (stored, not enforced yet)",
+    ),
+    ("revokeRolesFromUser", "remove roles from a user"),
     ("listCommands", "this list"),
     ("serverStatus", "counters and engine figures"),
     ("currentOp", "operations in flight (admin)"),
@@ -342,6 +363,7 @@ fn dispatch(
 ) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
+    crate::auth::check(state, conn, db, name)?;
     duet_strategy(cmd)?;
     if name != "count" && duet_work_ns(cmd)?.is_some() {
         return Err(CommandError::bad_value(format!(
@@ -426,7 +448,22 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "getCmdLineOpts" => Ok(admin::cmd_line_opts()),
         "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
-        "connectionStatus" => Ok(admin::connection_status()),
+        "connectionStatus" => auth::commands::connection_status(ctx),
+        "logout" => auth::commands::logout(ctx),
+        "saslStart" => auth::sasl_start(ctx.state, ctx.conn, ctx.db, cmd),
+        "saslContinue" => auth::sasl_continue(ctx.state, ctx.conn, cmd),
+        "authenticate" => Err(CommandError::new(
+            334,
+            "MechanismUnavailable",
+            "the authenticate command (MONGODB-CR, MONGODB-X509) is not supported: use SCRAM-SHA-256 or SCRAM-SHA-1",
+        )),
+        "createUser" => auth::commands::create_user(ctx, cmd),
+        "updateUser" => auth::commands::update_user(ctx, cmd),
+        "dropUser" => auth::commands::drop_user(ctx, cmd),
+        "dropAllUsersFromDatabase" => auth::commands::drop_all_users(ctx),
+        "usersInfo" => auth::commands::users_info(ctx, cmd),
+        "grantRolesToUser" => auth::commands::change_roles(ctx, cmd, true),
+        "revokeRolesFromUser" => auth::commands::change_roles(ctx, cmd, false),
         "listCommands" => Ok(admin::list_commands()),
         "serverStatus" => Ok(admin::server_status(ctx)),
         "currentOp" => admin::current_op(ctx, cmd),
@@ -448,11 +485,6 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),
         "explain" => read::explain(ctx, cmd),
-        "saslStart" | "saslContinue" | "authenticate" | "createUser" | "dropUser" => {
-            Err(CommandError::not_supported(
-                "authentication is not built yet: duet serve accepts loopback connections without auth",
-            ))
-        }
         other => Err(CommandError::new(
             59,
             "CommandNotFound",
