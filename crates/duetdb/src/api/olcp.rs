@@ -33,9 +33,7 @@ impl Database {
         M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
         R: Fn(S, S) -> S,
     {
-        self.note_read(Strategy::Olcp);
-        olcp::olcp_query(
-            self.writer(),
+        self.olcp_query_with(
             coll,
             scan_ranges,
             point_ranges,
@@ -43,6 +41,7 @@ impl Database {
             map,
             reduce,
             options,
+            &CancelToken::never(),
         )
     }
 

@@ -150,6 +150,22 @@ impl Plan {
     }
 }
 
+/// The `_id` index entries between `lower` and `upper`, in index order or
+/// reversed (one place for `execute` and the resumable `walk`).
+pub(crate) fn id_range<'c>(
+    coll: &'c CollectionState,
+    lower: Bound<&ValueKey>,
+    upper: Bound<&ValueKey>,
+    reverse: bool,
+) -> Box<dyn Iterator<Item = (&'c ValueKey, &'c RecordId)> + 'c> {
+    let range = coll.id_index.range(lower, upper);
+    if reverse {
+        Box::new(range.rev())
+    } else {
+        Box::new(range)
+    }
+}
+
 /// The lowest value of each canonical rank that has one (see [`value::canonical_rank`]).
 fn rank_floor(rank: u8) -> Option<RawBson> {
     Some(match rank {
@@ -591,13 +607,7 @@ where
             upper,
             reverse,
         } => {
-            let range = coll.id_index.range(lower.as_ref(), upper.as_ref());
-            let rids: Box<dyn Iterator<Item = (&ValueKey, &RecordId)>> = if *reverse {
-                Box::new(range.rev())
-            } else {
-                Box::new(range)
-            };
-            for (_, rid) in rids {
+            for (_, rid) in id_range(coll, lower.as_ref(), upper.as_ref(), *reverse) {
                 tick()?;
                 if let Some(doc) = coll.heap.get(*rid) {
                     if emit(*rid, doc).is_break() {

@@ -209,12 +209,8 @@ impl Walk {
                 upper,
                 reverse,
             } => {
-                let range = coll.id_index.range(lower.as_ref(), upper.as_ref());
-                let entries: Box<dyn Iterator<Item = (&ValueKey, &RecordId)>> = if *reverse {
-                    Box::new(range.rev())
-                } else {
-                    Box::new(range)
-                };
+                let entries =
+                    crate::query::planner::id_range(coll, lower.as_ref(), upper.as_ref(), *reverse);
                 let mut n = 0;
                 let mut last: Option<ValueKey> = None;
                 for (k, rid) in entries {

@@ -114,38 +114,7 @@ impl PointReader {
 /// `coll` that matches one of `scan_ranges` (an empty list means the whole
 /// collection; a range is a filter, typically a range on `_id` or an indexed
 /// field), with `point_ranges` readable as of the start, then `reduce` the
-/// per-thread states.
-#[allow(clippy::too_many_arguments)]
-pub fn olcp_query<S, I, M, R>(
-    writer: &Writer,
-    coll: &str,
-    scan_ranges: &[Document],
-    point_ranges: &[PointRange],
-    init: I,
-    map: M,
-    reduce: R,
-    options: OlcpOptions,
-) -> Result<(S, OlcpReport)>
-where
-    S: Send,
-    I: Fn() -> S + Sync,
-    M: Fn(&mut S, &DocRef, &PointReader) -> Result<()> + Sync,
-    R: Fn(S, S) -> S,
-{
-    olcp_query_with(
-        writer,
-        coll,
-        scan_ranges,
-        point_ranges,
-        init,
-        map,
-        reduce,
-        options,
-        &CancelToken::never(),
-    )
-}
-
-/// [`olcp_query`] that stops when `cancel` is cancelled (see the module doc).
+/// per-thread states; stop when `cancel` is cancelled (see the module doc).
 #[allow(clippy::too_many_arguments)]
 pub fn olcp_query_with<S, I, M, R>(
     writer: &Writer,
