@@ -4,16 +4,16 @@
 //!
 //! Modes, as MongoDB's `net.tls.mode`:
 //! - `disabled`: plain TCP only; nothing is peeked;
-//! - `allow` / `prefer`: one port takes both: the first byte a client sends
-//!   decides (0x16, a TLS handshake record, starts TLS; anything else is
-//!   served as plain TCP). The two differ in MongoDB only for connections
+//! - `allow` / `prefer`: one port takes both: the first bytes a client sends
+//!   decide (a TLS handshake record header — 0x16, 0x03, 0x01..=0x04 —
+//!   starts TLS; anything else is served as plain TCP). The two differ in MongoDB only for connections
 //!   the server opens itself, which duet never does;
-//! - `require`: a client whose first byte is not a TLS handshake is closed
+//! - `require`: a client whose first bytes are not a TLS handshake is closed
 //!   at once, with a log line (it gets no reply: it would not be able to read
 //!   a TLS one, and a plain one would defeat the mode).
 //!
 //! Invariants:
-//! - waiting for the first byte and the whole handshake are bounded by
+//! - waiting for the first bytes and the whole handshake are bounded by
 //!   `Config::tls_handshake_timeout`: a silent or slow client is closed with
 //!   a log line, never held;
 //! - with a client CA (`--tls-ca-file`) a client must present a certificate
@@ -46,6 +46,30 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The first byte of a TLS record carrying a handshake message (ClientHello).
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Whether the client's first bytes are a TLS record header: content type
+/// handshake (0x16), version 3.1–3.4 (TLS 1.0–1.3 record layers). A MongoDB
+/// message starts with its little-endian length instead; one whose first
+/// three bytes read so would be `0x16 + 0x03 << 8 + (1..=4) << 16` bytes
+/// long (over 64 KiB), never a driver's opening `hello`.
+fn is_tls_record_header(b: [u8; 3]) -> bool {
+    b[0] == TLS_HANDSHAKE_RECORD && b[1] == 0x03 && (0x01..=0x04).contains(&b[2])
+}
+
+/// Peek the client's first three bytes (without consuming them) and tell
+/// whether they start TLS. Bytes arriving one by one are waited for in 5 ms
+/// steps (rare: they normally come in one segment); the caller bounds it.
+async fn starts_tls(tcp: &TcpStream) -> Result<bool, AcceptError> {
+    let mut b = [0u8; 3];
+    loop {
+        match tcp.peek(&mut b).await {
+            Ok(0) | Err(_) => return Err(AcceptError::Closed),
+            Ok(n) if n >= b.len() => return Ok(is_tls_record_header(b)),
+            Ok(_) if b[0] != TLS_HANDSHAKE_RECORD => return Ok(false),
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
 
 /// `--tls-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -389,7 +413,7 @@ pub enum AcceptError {
 }
 
 /// Turn an accepted TCP connection into the stream to serve: plain when TLS
-/// is off (nothing is awaited), else after peeking the first byte and, for
+/// is off (nothing is awaited), else after peeking the first bytes and, for
 /// TLS, the handshake — both within `timeout`.
 pub async fn accept(
     tcp: TcpStream,
@@ -400,12 +424,7 @@ pub async fn accept(
         return Ok(Stream::Plain(tcp));
     };
     let work = async {
-        let mut first = [0u8; 1];
-        match tcp.peek(&mut first).await {
-            Ok(0) | Err(_) => return Err(AcceptError::Closed),
-            Ok(_) => {}
-        }
-        if first[0] != TLS_HANDSHAKE_RECORD {
+        if !starts_tls(&tcp).await? {
             return match tls.mode {
                 TlsMode::Require => Err(AcceptError::PlainOnTlsPort),
                 _ => Ok(Stream::Plain(tcp)),
@@ -443,6 +462,25 @@ pub async fn accept_logged(
         Err(e) => {
             tracing::warn!(peer = %peer, reason = %e, "closing connection");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_tls_record_header;
+
+    #[test]
+    fn tls_record_headers_and_mongodb_lengths_are_told_apart() {
+        for v in 1..=4u8 {
+            assert!(is_tls_record_header([0x16, 0x03, v]));
+        }
+        assert!(!is_tls_record_header([0x16, 0x03, 0x00]));
+        assert!(!is_tls_record_header([0x16, 0x02, 0x01]));
+        // Every MongoDB message under 64 KiB, whatever its length.
+        for len in 16u32..65536 {
+            let b = len.to_le_bytes();
+            assert!(!is_tls_record_header([b[0], b[1], b[2]]), "{len}");
         }
     }
 }
