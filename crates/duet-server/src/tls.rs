@@ -366,7 +366,15 @@ impl AsyncRead for Stream {
                         return Poll::Ready(Ok(()));
                     }
                 }
-                Pin::new(inner.as_mut()).poll_read(cx, buf)
+                // Drivers close without TLS close_notify; MongoDB messages
+                // carry their length, so a truncated one is still caught by
+                // the framing: read the missing close_notify as a plain EOF.
+                match Pin::new(inner.as_mut()).poll_read(cx, buf) {
+                    Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        Poll::Ready(Ok(()))
+                    }
+                    other => other,
+                }
             }
         }
     }
