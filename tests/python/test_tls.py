@@ -302,3 +302,30 @@ def test_failed_logins_are_rate_limited_per_address(make_server):
     assert "address blocked" in log and "rate_limited" in log
     assert "wrong_password" in log and "duet::auth" in log
     assert "s3cret" not in log and "Bad9pw" not in log
+
+
+def test_one_login_counts_once_even_with_speculative_authentication(make_server):
+    """pymongo tries SCRAM inside `hello` first (speculativeAuthenticate), then
+    with saslStart: a failed login with an unknown user counts once."""
+    srv = make_server("--auth", "--auth-failure-limit", "3", "--auth-failure-window-secs", "60")
+    c = srv.client()
+    c.admin.command("createUser", "root", pwd="s3cret", roles=["root"])
+    c.close()
+
+    def login(user, pwd):
+        cl = MongoClient(f"mongodb://{user}:{pwd}@127.0.0.1:{srv.port}/?directConnection=true"
+                         "&authSource=admin&authMechanism=SCRAM-SHA-256",
+                         serverSelectionTimeoutMS=3000)
+        try:
+            return cl.admin.command("ping")["ok"]
+        except OperationFailure as e:
+            return e.code
+        finally:
+            cl.close()
+
+    assert login("nobody", "x") == 18
+    assert login("nobody", "x") == 18
+    # Two failures so far, under the limit of three.
+    assert login("root", "s3cret") == 1
+    assert srv.log_text().count("reason=\"unknown_user\"") + srv.log_text().count(
+        "reason=unknown_user") == 2

@@ -372,3 +372,136 @@ fn startup_errors_name_the_file_and_the_problem() {
     let cfg = tls(TlsMode::Require, &good, None, false);
     assert!(!format!("{cfg:?}").contains("PRIVATE"));
 }
+
+// ---- Raw TLS clients: the connection limits hold on TLS as on plain TCP.
+
+fn op_msg(d: &Document) -> Vec<u8> {
+    let mut payload = 0u32.to_le_bytes().to_vec();
+    payload.push(0);
+    d.to_writer(&mut payload).expect("encode");
+    let mut v = Vec::new();
+    v.extend(((16 + payload.len()) as i32).to_le_bytes());
+    v.extend(1i32.to_le_bytes());
+    v.extend(0i32.to_le_bytes());
+    v.extend(2013i32.to_le_bytes());
+    v.extend(payload);
+    v
+}
+
+async fn reply<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<Document> {
+    let mut h = [0u8; 16];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut h))
+        .await
+        .ok()?
+        .ok()?;
+    let len = i32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    let mut body = vec![0u8; len - 16];
+    s.read_exact(&mut body).await.ok()?;
+    Document::from_reader(&body[5..]).ok()
+}
+
+/// Whether the server closed the stream (EOF or error) within 5 s.
+async fn closed<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("CA file") {
+        roots.add(cert.expect("CA cert")).expect("add CA");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::try_from("127.0.0.1").expect("name");
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_messages_over_tls_are_all_answered() {
+    let pki = Pki::new("pipeline");
+    let cfg = tls(
+        TlsMode::Require,
+        &pki.leaf("s.pem", true, false),
+        None,
+        false,
+    );
+    let s = TestServer::start(|c| c.tls = Some(cfg)).await;
+    let mut c = tls_connect(s.addr, &pki.ca_file()).await;
+    // Three messages in one write: while the first runs, the server's
+    // peer-closed check reads ahead into the second; nothing may be lost.
+    let mut bytes = op_msg(&doc! {"insert": "t", "documents": [{"_id": 1}], "$db": "p"});
+    bytes.extend(op_msg(&doc! {"ping": 1, "$db": "admin"}));
+    bytes.extend(op_msg(&doc! {"count": "t", "$db": "p"}));
+    c.write_all(&bytes).await.expect("write");
+    c.flush().await.expect("flush");
+    let first = reply(&mut c).await.expect("insert reply");
+    assert_eq!(first.get_i32("n").expect("n"), 1, "{first}");
+    let second = reply(&mut c).await.expect("ping reply");
+    assert_eq!(second.get_f64("ok").expect("ok"), 1.0);
+    let third = reply(&mut c).await.expect("count reply");
+    let n = third
+        .get_i64("n")
+        .or_else(|_| third.get_i32("n").map(i64::from));
+    assert_eq!(n.expect("n"), 1, "{third}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_and_timeouts_hold_over_tls() {
+    let pki = Pki::new("limits");
+    let cfg = tls(
+        TlsMode::Require,
+        &pki.leaf("s.pem", true, false),
+        None,
+        false,
+    );
+    let s = TestServer::start(|c| {
+        c.tls = Some(cfg);
+        c.max_connections = 1;
+        c.admin_connections = 0;
+        c.idle_timeout = Duration::from_millis(400);
+    })
+    .await;
+    // The one slot, then a refusal read over TLS.
+    let mut a = tls_connect(s.addr, &pki.ca_file()).await;
+    a.write_all(&op_msg(&doc! {"ping": 1, "$db": "admin"}))
+        .await
+        .expect("write");
+    assert!(reply(&mut a).await.is_some());
+    let mut b = tls_connect(s.addr, &pki.ca_file()).await;
+    b.write_all(&op_msg(&doc! {"hello": 1, "$db": "admin"}))
+        .await
+        .expect("write");
+    let r = reply(&mut b).await.expect("refusal over TLS");
+    assert_eq!(r.get_i32("code").expect("code"), 20);
+    assert!(r.get_str("errmsg").expect("msg").contains("limit of 1"));
+    assert!(closed(&mut b).await);
+    // The idle timeout closes the TLS connection holding the slot ...
+    assert!(closed(&mut a).await, "idle TLS connection closed");
+    drop(a);
+    // ... and the message timeout a half-sent message (800 ms in TestServer).
+    let mut c = tls_connect(s.addr, &pki.ca_file()).await;
+    let msg = op_msg(&doc! {"ping": 1, "$db": "admin"});
+    c.write_all(&msg[..20]).await.expect("write part");
+    c.flush().await.expect("flush");
+    assert!(closed(&mut c).await, "half-sent message closed");
+    s.shutdown().await;
+}

@@ -177,6 +177,19 @@ fn bin(s: &str) -> Bson {
 
 /// `saslStart` on database `db` (the user's authSource).
 pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
+    start_conversation(state, conn, db, cmd, false)
+}
+
+/// `saslStart`, or (`speculative`) the one inside `hello`: a speculative
+/// start that fails is neither logged as a failure nor counted, because the
+/// driver then sends a real `saslStart` for the same login.
+fn start_conversation(
+    state: &ServerState,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    speculative: bool,
+) -> CmdResult {
     let mech_name = crate::args::req_str(cmd, "mechanism")?;
     let Some(mechanism) = Mechanism::parse(mech_name) else {
         return Err(CommandError::new(
@@ -193,7 +206,9 @@ pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document
             Ok(None) => ratelimit::Reason::UnknownUser,
             _ => ratelimit::Reason::NoCredentialsForMechanism,
         };
-        ratelimit::failed(state, conn, &user, db, mechanism.name(), reason);
+        if !speculative {
+            ratelimit::failed(state, conn, &user, db, mechanism.name(), reason);
+        }
         return Err(auth_failed());
     };
     let (conv, server_first) = scram::Conversation::start(first, creds, &scram::server_nonce());
@@ -290,7 +305,7 @@ pub fn hello_fields(ctx: &Ctx<'_>, cmd: &Document, reply: &mut Document) {
     if let Ok(spec) = cmd.get_document("speculativeAuthenticate") {
         let db = spec.get_str("db").unwrap_or("admin");
         if spec.contains_key("saslStart") {
-            if let Ok(mut r) = sasl_start(ctx.state, ctx.conn, db, spec) {
+            if let Ok(mut r) = start_conversation(ctx.state, ctx.conn, db, spec, true) {
                 r.remove("ok");
                 reply.insert("speculativeAuthenticate", r);
             }
