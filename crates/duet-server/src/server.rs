@@ -10,8 +10,8 @@
 //!   then it is closed), and at most [`MAX_REFUSALS_IN_FLIGHT`] such
 //!   refusals are in progress — beyond that a connection is closed at once;
 //! - a connection's TLS detection and handshake (`tls`) run in its own task,
-//!   after it took its slot and within `tls_handshake_timeout`: the accept
-//!   loop never waits on a client;
+//!   after it took its slot and within `tls_handshake_timeout` (abandoned at
+//!   shutdown): the accept loop never waits on a client;
 //! - a reaper closes idle cursors, aborts transactions past their lifetime
 //!   and forgets idle sessions;
 //! - shutdown stops accepting, cancels the commands in flight (reads stop
@@ -118,13 +118,18 @@ impl Server {
             state.connections_current.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(conn = conn.id, peer = %peer, "connection accepted");
             let st = state.clone();
-            let rx = stop_rx.clone();
+            let mut rx = stop_rx.clone();
             tokio::spawn(async move {
                 // The handshake runs here, not in the accept loop: a slow
-                // client holds its own slot for at most the handshake timeout.
+                // client holds its own slot for at most the handshake
+                // timeout, and shutdown does not wait for it.
                 let tls = st.config.tls.as_deref();
                 let timeout = st.config.tls_handshake_timeout;
-                if let Some(stream) = tls::accept_logged(stream, tls, timeout, peer).await {
+                let stream = tokio::select! {
+                    s = tls::accept_logged(stream, tls, timeout, peer) => s,
+                    _ = rx.changed() => None,
+                };
+                if let Some(stream) = stream {
                     crate::connection::serve(st.clone(), stream, conn, rx).await;
                 }
                 st.connections_current.fetch_sub(1, Ordering::Relaxed);

@@ -505,3 +505,32 @@ async fn connection_limit_and_timeouts_hold_over_tls() {
     assert!(closed(&mut c).await, "half-sent message closed");
     s.shutdown().await;
 }
+
+/// Shutdown does not wait for a client that never starts its handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_a_pending_handshake() {
+    let pki = Pki::new("shutdown");
+    let cfg = tls(
+        TlsMode::Require,
+        &pki.leaf("s.pem", true, false),
+        None,
+        false,
+    );
+    let s = TestServer::start(|c| {
+        c.tls = Some(cfg);
+        c.tls_handshake_timeout = Duration::from_secs(120);
+        c.shutdown_grace = Duration::from_secs(120);
+    })
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(s.addr)
+        .await
+        .expect("connect");
+    // Let the server accept it and start waiting for the first bytes.
+    ping(&tls_uri(&s, "", &pki.ca_file(), ""))
+        .await
+        .expect("a TLS client meanwhile");
+    tokio::time::timeout(Duration::from_secs(30), s.shutdown())
+        .await
+        .expect("shutdown within 30 s, not after the 120 s handshake timeout");
+    assert!(closed(&mut silent).await);
+}
