@@ -90,7 +90,7 @@ def pki(tmp_path):
 def tls_client(srv, ca, user=None, pwd=None, mech=None, **kw):
     creds = f"{user}:{pwd}@" if user else ""
     query = f"&authSource=admin&authMechanism={mech}" if mech else ""
-    kw.setdefault("serverSelectionTimeoutMS", 3000)
+    kw.setdefault("serverSelectionTimeoutMS", 10000)
     return MongoClient(
         f"mongodb://{creds}127.0.0.1:{srv.port}/?directConnection=true{query}",
         tls=True, tlsCAFile=str(ca), **kw)
@@ -279,7 +279,7 @@ def test_failed_logins_are_rate_limited_per_address(make_server):
     def login(pwd):
         cl = MongoClient(f"mongodb://root:{pwd}@127.0.0.1:{srv.port}/?directConnection=true"
                          "&authSource=admin&authMechanism=SCRAM-SHA-256",
-                         serverSelectionTimeoutMS=3000)
+                         serverSelectionTimeoutMS=10000)
         try:
             return cl.admin.command("ping")["ok"]
         except OperationFailure as e:
@@ -315,7 +315,7 @@ def test_one_login_counts_once_even_with_speculative_authentication(make_server)
     def login(user, pwd):
         cl = MongoClient(f"mongodb://{user}:{pwd}@127.0.0.1:{srv.port}/?directConnection=true"
                          "&authSource=admin&authMechanism=SCRAM-SHA-256",
-                         serverSelectionTimeoutMS=3000)
+                         serverSelectionTimeoutMS=10000)
         try:
             return cl.admin.command("ping")["ok"]
         except OperationFailure as e:
