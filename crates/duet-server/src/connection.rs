@@ -35,25 +35,22 @@ use std::time::{Duration, Instant};
 use bson::{doc, Bson, Document};
 use duetdb::{CancelReason, CancelToken};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::commands;
 use crate::error::CommandError;
 use crate::state::{ConnInfo, ServerState};
+use crate::tls::Stream;
 use crate::wire::{self, Frame, FrameError, OP_MSG, OP_QUERY, OP_REPLY};
 use crate::{opmsg, opquery};
 
-/// Serve one connection to completion.
+/// Serve one connection (plain or TLS, after its handshake) to completion.
 pub async fn serve(
     state: Arc<ServerState>,
-    stream: TcpStream,
+    mut stream: Stream,
     conn: ConnInfo,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
     let mut next_reply_id: i32 = 1;
     let timeouts = wire::Timeouts {
         idle: state.config.idle_timeout,
@@ -64,7 +61,7 @@ pub async fn serve(
             break;
         }
         let frame = tokio::select! {
-            r = wire::read_frame(&mut rd, timeouts, &state.incomplete) => r,
+            r = wire::read_frame(&mut stream, timeouts, &state.incomplete) => r,
             _ = shutdown.changed() => break,
         };
         let frame = match frame {
@@ -99,7 +96,7 @@ pub async fn serve(
         // the command cancelled: nobody will read the reply.
         let reply = tokio::select! {
             r = handled => r,
-            _ = peer_closed(&mut rd) => {
+            _ = stream.peer_closed() => {
                 let n = state.operations.kill_connection(conn.id, CancelReason::ClientDisconnected);
                 tracing::debug!(conn = conn.id, cancelled = n, "client closed the connection during a command");
                 break;
@@ -111,7 +108,12 @@ pub async fn serve(
         let bytes = wire::frame_reply(next_reply_id, frame.header.request_id, op_code, &payload);
         next_reply_id = next_reply_id.wrapping_add(1);
         drop(frame);
-        if let Err(e) = wr.write_all(&bytes).await {
+        // TLS buffers records: the flush sends them (a no-op on plain TCP).
+        let written = async {
+            stream.write_all(&bytes).await?;
+            stream.flush().await
+        };
+        if let Err(e) = written.await {
             tracing::debug!(conn = conn.id, error = %e, "write failed; closing");
             break;
         }
@@ -203,17 +205,6 @@ async fn handle_query(
         }
     };
     Some((OP_REPLY, opquery::encode_reply(flags, &serialize(&reply))))
-}
-
-/// Resolves once the peer has closed the connection (or it broke); pends
-/// forever once the peer has sent more bytes (pipelined messages: they are
-/// read after the command in flight).
-async fn peer_closed(rd: &mut OwnedReadHalf) {
-    let mut b = [0u8; 1];
-    match rd.peek(&mut b).await {
-        Ok(0) | Err(_) => {}
-        Ok(_) => std::future::pending::<()>().await,
-    }
 }
 
 /// How long a reply past `maxTimeMS` waits for its cancelled command to end.

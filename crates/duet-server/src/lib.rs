@@ -4,7 +4,9 @@
 //! - `wire`: message framing and limits; `opmsg`: OP_MSG; `opquery`: legacy
 //!   OP_QUERY/OP_REPLY handshake;
 //! - `connection`: one client; `server`: listener, connection limit, shutdown;
-//! - `auth`: SCRAM authentication, users, the `--auth` gate;
+//!   `tls`: `--tls-mode`, certificates, the plain-or-TLS stream;
+//! - `auth`: SCRAM authentication, users, the `--auth` gate, failed
+//!   authentications rate-limited per source address;
 //! - `commands/*`: the commands; `args`: typed field access; `error`: MongoDB
 //!   error shapes;
 //! - `cursor`: server-side cursors; `snapshots`: read concern `snapshot` and
@@ -17,7 +19,7 @@
 //! writes only to replica-set members; `--standalone` describes a standalone
 //! server instead. Both accept transactions.
 //!
-//! Not built: roles enforced per command, TLS, OP_COMPRESSED (not
+//! Not built: roles enforced per command, MONGODB-X509, OP_COMPRESSED (not
 //! advertised), transactions spanning several databases, `$clusterTime`
 //! gossip (one node: causal consistency holds without it).
 
@@ -34,6 +36,7 @@ pub mod server;
 pub mod sessions;
 pub mod snapshots;
 pub mod state;
+pub mod tls;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -135,6 +138,42 @@ pub struct ServeArgs {
     /// reach the port can then read, write and drop everything).
     #[arg(long)]
     pub allow_unauthenticated_remote: bool,
+    // --- TLS and failed-authentication limits (issue #15 items 5, 6) ---
+    /// TLS: disabled (plain TCP), allow / prefer (plain and TLS on the same
+    /// port, told apart by the client's first byte), require (plain clients
+    /// are closed).
+    #[arg(long, value_enum, default_value = "disabled")]
+    pub tls_mode: tls::TlsMode,
+    /// PEM file with the server's certificate chain and its private key
+    /// (mongod's certificateKeyFile).
+    #[arg(long, conflicts_with_all = ["tls_cert_file", "tls_key_file"])]
+    pub tls_cert_key_file: Option<PathBuf>,
+    /// PEM file with the server's certificate chain (with --tls-key-file).
+    #[arg(long, requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM file with the server's private key (with --tls-cert-file).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM file of CA certificates: TLS clients must present a certificate
+    /// signed by one of them.
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// With --tls-ca-file: accept TLS clients without a certificate too (a
+    /// certificate presented must still verify).
+    #[arg(long, requires = "tls_ca_file")]
+    pub tls_allow_connections_without_certificates: bool,
+    /// Seconds a new connection may take to send its first byte and complete
+    /// its TLS handshake (TLS modes only).
+    #[arg(long, default_value_t = tls::DEFAULT_HANDSHAKE_TIMEOUT.as_secs_f64())]
+    pub tls_handshake_timeout_secs: f64,
+    /// Failed authentications from one address within
+    /// --auth-failure-window-secs after which the address is refused (code
+    /// 18) for the window, doubled at each repeat up to an hour. 0: no limit.
+    #[arg(long, default_value_t = auth::ratelimit::DEFAULT_FAILURE_LIMIT)]
+    pub auth_failure_limit: u32,
+    /// The window of --auth-failure-limit, and the first block's length.
+    #[arg(long, default_value_t = auth::ratelimit::DEFAULT_WINDOW.as_secs_f64())]
+    pub auth_failure_window_secs: f64,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -170,6 +209,17 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
     }
     let auth = args.auth;
     let unauthenticated_remote = !auth && !is_loopback(&args.bind);
+    let tls = tls::TlsConfig::load(
+        args.tls_mode,
+        tls::TlsFiles {
+            cert_key_file: args.tls_cert_key_file,
+            cert_file: args.tls_cert_file,
+            key_file: args.tls_key_file,
+            ca_file: args.tls_ca_file,
+            allow_without_certificates: args.tls_allow_connections_without_certificates,
+        },
+    )?;
+    let tls_mode = args.tls_mode;
     let config = Config {
         auth,
         bind: args.bind,
@@ -193,6 +243,13 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         advertise: args.advertise,
         query_memory_limit_bytes: args.query_memory_limit_bytes,
         allow_disk_use_by_default: args.allow_disk_use_by_default,
+        tls,
+        tls_handshake_timeout: secs(
+            args.tls_handshake_timeout_secs,
+            "tls-handshake-timeout-secs",
+        )?,
+        auth_failure_limit: args.auth_failure_limit,
+        auth_failure_window: secs(args.auth_failure_window_secs, "auth-failure-window-secs")?,
         ..Config::default()
     };
     duetdb::storage::set_max_open_files(args.max_open_files);
@@ -207,10 +264,15 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         let state = ServerState::new(engine, config);
         let server = Server::bind(state).await?;
         let addr = server.local_addr()?;
+        let tls = match tls_mode {
+            tls::TlsMode::Disabled => "no TLS",
+            tls::TlsMode::Allow | tls::TlsMode::Prefer => "TLS and plain TCP",
+            tls::TlsMode::Require => "TLS required",
+        };
         if auth {
-            tracing::info!(%addr, "duet serve listening (authentication required, no TLS)");
+            tracing::info!(%addr, "duet serve listening (authentication required, {tls})");
         } else {
-            tracing::info!(%addr, "duet serve listening (no auth, no TLS: keep it on loopback)");
+            tracing::info!(%addr, "duet serve listening (no auth, {tls}: keep it on loopback)");
         }
         // The test harness and scripts wait for this line.
         println!("duet serve listening on {addr}");

@@ -9,6 +9,9 @@
 //!   refusal (its first command is answered with an error naming the limit,
 //!   then it is closed), and at most [`MAX_REFUSALS_IN_FLIGHT`] such
 //!   refusals are in progress — beyond that a connection is closed at once;
+//! - a connection's TLS detection and handshake (`tls`) run in its own task,
+//!   after it took its slot and within `tls_handshake_timeout` (abandoned at
+//!   shutdown): the accept loop never waits on a client;
 //! - a reaper closes idle cursors, aborts transactions past their lifetime
 //!   and forgets idle sessions;
 //! - shutdown stops accepting, cancels the commands in flight (reads stop
@@ -28,6 +31,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::error::CommandError;
 use crate::state::{ConnInfo, ServerState};
+use crate::tls::{self, Stream};
 use crate::{opmsg, opquery, wire};
 
 /// Refusals (over the connection limit) being answered at once.
@@ -107,15 +111,27 @@ impl Server {
                 .ok()
                 .or(*state.local_addr.lock())
                 .unwrap_or(peer);
+            let _ = stream.set_nodelay(true);
             let conn = ConnInfo::new(next_id, peer, local);
             next_id += 1;
             state.connections_total.fetch_add(1, Ordering::Relaxed);
             state.connections_current.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(conn = conn.id, peer = %peer, "connection accepted");
             let st = state.clone();
-            let rx = stop_rx.clone();
+            let mut rx = stop_rx.clone();
             tokio::spawn(async move {
-                crate::connection::serve(st.clone(), stream, conn, rx).await;
+                // The handshake runs here, not in the accept loop: a slow
+                // client holds its own slot for at most the handshake
+                // timeout, and shutdown does not wait for it.
+                let tls = st.config.tls.as_deref();
+                let timeout = st.config.tls_handshake_timeout;
+                let stream = tokio::select! {
+                    s = tls::accept_logged(stream, tls, timeout, peer) => s,
+                    _ = rx.changed() => None,
+                };
+                if let Some(stream) = stream {
+                    crate::connection::serve(st.clone(), stream, conn, rx).await;
+                }
                 st.connections_current.fetch_sub(1, Ordering::Relaxed);
                 drop(permit);
             });
@@ -164,14 +180,18 @@ fn refuse_over_limit(
     if let Ok(p) = refusals.clone().try_acquire_owned() {
         let st = state.clone();
         tokio::spawn(async move {
-            refuse(&st, stream, max).await;
+            let tls = st.config.tls.as_deref();
+            let timeout = st.config.tls_handshake_timeout;
+            if let Some(stream) = tls::accept_logged(stream, tls, timeout, peer).await {
+                refuse(&st, stream, max).await;
+            }
             drop(p);
         });
     }
 }
 
 /// Answer the first message of a connection over the limit with an error, then close.
-async fn refuse(state: &ServerState, mut stream: TcpStream, limit: usize) {
+async fn refuse(state: &ServerState, mut stream: Stream, limit: usize) {
     let msg =
         format!("connection refused: the server already serves its limit of {limit} connections");
     let reply = CommandError::new(20, "IllegalOperation", msg).to_reply();
@@ -198,6 +218,7 @@ async fn refuse(state: &ServerState, mut stream: TcpStream, limit: usize) {
         };
         let bytes = wire::frame_reply(1, frame.header.request_id, op, &payload);
         let _ = stream.write_all(&bytes).await;
+        let _ = stream.flush().await;
     }
     let _ = stream.shutdown().await;
 }

@@ -89,6 +89,14 @@ pub struct Config {
     /// `--auth`: commands other than the handshake and authentication ones
     /// need an authenticated connection (see `auth`).
     pub auth: bool,
+    /// `--tls-mode` and its certificate (`None`: disabled; see `tls`).
+    pub tls: Option<std::sync::Arc<crate::tls::TlsConfig>>,
+    /// A new connection's first byte and TLS handshake must arrive within this.
+    pub tls_handshake_timeout: Duration,
+    /// Failed authentications from one source address within
+    /// `auth_failure_window` that block it (0: no limit; see `auth::ratelimit`).
+    pub auth_failure_limit: u32,
+    pub auth_failure_window: Duration,
 }
 
 impl Default for Config {
@@ -119,6 +127,10 @@ impl Default for Config {
             query_memory_limit_bytes: duetdb::DEFAULT_MEMORY_LIMIT,
             allow_disk_use_by_default: true,
             auth: false,
+            tls: None,
+            tls_handshake_timeout: crate::tls::DEFAULT_HANDSHAKE_TIMEOUT,
+            auth_failure_limit: crate::auth::ratelimit::DEFAULT_FAILURE_LIMIT,
+            auth_failure_window: crate::auth::ratelimit::DEFAULT_WINDOW,
         }
     }
 }
@@ -163,6 +175,8 @@ pub struct ServerState {
     /// Bumped whenever users are dropped: a connection authenticated before
     /// checks that its user still exists (else it is logged out).
     pub users_dropped: AtomicU64,
+    /// Failed authentications per source address (`auth::ratelimit`).
+    pub auth_limiter: crate::auth::ratelimit::RateLimiter,
 }
 
 impl ServerState {
@@ -183,6 +197,13 @@ impl ServerState {
                 config.max_sessions,
                 config.transaction_lifetime,
                 config.session_idle_timeout,
+            ),
+            auth_limiter: crate::auth::ratelimit::RateLimiter::new(
+                crate::auth::ratelimit::Limits {
+                    failures: config.auth_failure_limit,
+                    window: config.auth_failure_window,
+                    ..Default::default()
+                },
             ),
             config,
             operations: Arc::new(OpRegistry::default()),

@@ -5,7 +5,9 @@
 //!
 //! - `scram`: the SCRAM mechanisms (RFC 5802 / 7677) and stored credentials;
 //! - `users`: the durable user store in the `admin` database;
-//! - `commands`: user management, `connectionStatus`, `logout`.
+//! - `commands`: user management, `connectionStatus`, `logout`;
+//! - `ratelimit`: failed authentications limited per source address, and
+//!   the `duet::auth` log line of every outcome.
 //!
 //! Invariants: with `--auth` a connection runs only [`UNAUTHENTICATED`]
 //! commands until a SASL conversation succeeded, except that a loopback peer
@@ -17,6 +19,7 @@
 //! once authenticated, a connection may run every command.
 
 pub mod commands;
+pub mod ratelimit;
 pub mod scram;
 pub mod users;
 
@@ -174,6 +177,19 @@ fn bin(s: &str) -> Bson {
 
 /// `saslStart` on database `db` (the user's authSource).
 pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
+    start_conversation(state, conn, db, cmd, false)
+}
+
+/// `saslStart`, or (`speculative`) the one inside `hello`: a speculative
+/// start that fails is neither logged as a failure nor counted, because the
+/// driver then sends a real `saslStart` for the same login.
+fn start_conversation(
+    state: &ServerState,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    speculative: bool,
+) -> CmdResult {
     let mech_name = crate::args::req_str(cmd, "mechanism")?;
     let Some(mechanism) = Mechanism::parse(mech_name) else {
         return Err(CommandError::new(
@@ -184,8 +200,15 @@ pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document
     };
     let first = scram::parse_client_first(&payload(cmd)?).map_err(scram_error)?;
     let user = first.user.clone();
+    ratelimit::refuse_if_blocked(state, conn, &user, db, mechanism.name())?;
     let Some(creds) = users::credentials(state, db, &user, mechanism)? else {
-        tracing::info!(user = %user, db, mechanism = mechanism.name(), peer = %conn.peer, "authentication failed");
+        let reason = match users::find(state, db, &user) {
+            Ok(None) => ratelimit::Reason::UnknownUser,
+            _ => ratelimit::Reason::NoCredentialsForMechanism,
+        };
+        if !speculative {
+            ratelimit::failed(state, conn, &user, db, mechanism.name(), reason);
+        }
         return Err(auth_failed());
     };
     let (conv, server_first) = scram::Conversation::start(first, creds, &scram::server_nonce());
@@ -230,9 +253,11 @@ pub fn sasl_continue(state: &ServerState, conn: &ConnInfo, cmd: &Document) -> Cm
             doc! {"conversationId": pending.id, "done": true, "payload": bin(""), "ok": 1.0},
         );
     };
+    // A source blocked since its conversation started gets no proof checked.
+    ratelimit::refuse_if_blocked(state, conn, &conv.user, &pending.db, conv.mechanism.name())?;
     match conv.finish(&data) {
         Ok(server_final) => {
-            tracing::info!(user = %conv.user, db = %pending.db, mechanism = conv.mechanism.name(), peer = %conn.peer, "authentication succeeded");
+            ratelimit::succeeded(state, conn, &conv.user, &pending.db, conv.mechanism.name());
             inner.user = Some((conv.user.clone(), pending.db.clone()));
             inner.drops_seen = state.users_dropped.load(Ordering::Relaxed);
             // Drivers ask to skip the empty closing exchange; older ones
@@ -251,7 +276,17 @@ pub fn sasl_continue(state: &ServerState, conn: &ConnInfo, cmd: &Document) -> Cm
             )
         }
         Err(e) => {
-            tracing::info!(user = %conv.user, db = %pending.db, mechanism = conv.mechanism.name(), peer = %conn.peer, "authentication failed");
+            if matches!(e, ScramError::Failed) {
+                let reason = ratelimit::Reason::WrongProof;
+                ratelimit::failed(
+                    state,
+                    conn,
+                    &conv.user,
+                    &pending.db,
+                    conv.mechanism.name(),
+                    reason,
+                );
+            }
             Err(scram_error(e))
         }
     }
@@ -270,7 +305,7 @@ pub fn hello_fields(ctx: &Ctx<'_>, cmd: &Document, reply: &mut Document) {
     if let Ok(spec) = cmd.get_document("speculativeAuthenticate") {
         let db = spec.get_str("db").unwrap_or("admin");
         if spec.contains_key("saslStart") {
-            if let Ok(mut r) = sasl_start(ctx.state, ctx.conn, db, spec) {
+            if let Ok(mut r) = start_conversation(ctx.state, ctx.conn, db, spec, true) {
                 r.remove("ok");
                 reply.insert("speculativeAuthenticate", r);
             }

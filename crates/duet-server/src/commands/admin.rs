@@ -62,9 +62,15 @@ pub fn host_info() -> Document {
     }
 }
 
-pub fn cmd_line_opts() -> Document {
+/// `getCmdLineOpts`: the arguments, and under `parsed` what MongoDB names
+/// `net.tls` (mode and file paths, never key material).
+pub fn cmd_line_opts(config: &crate::state::Config) -> Document {
     let argv: Vec<Bson> = std::env::args().map(Bson::String).collect();
-    doc! {"argv": argv, "parsed": {}, "ok": 1.0}
+    let tls = match &config.tls {
+        Some(t) => t.summary(),
+        None => doc! {"mode": "disabled"},
+    };
+    doc! {"argv": argv, "parsed": {"net": {"bindIp": config.bind.clone(), "port": i32::from(config.port), "tls": tls}}, "ok": 1.0}
 }
 
 fn parameters(ctx: &Ctx<'_>) -> Document {

@@ -445,7 +445,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "buildInfo" | "buildinfo" => Ok(admin::build_info()),
         "hostInfo" => Ok(admin::host_info()),
         "getParameter" => admin::get_parameter(ctx, cmd),
-        "getCmdLineOpts" => Ok(admin::cmd_line_opts()),
+        "getCmdLineOpts" => Ok(admin::cmd_line_opts(&ctx.state.config)),
         "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => auth::commands::connection_status(ctx),
