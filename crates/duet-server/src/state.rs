@@ -160,9 +160,6 @@ pub struct ServerState {
     /// Held by `createUser` from its check to its insert, so two connections
     /// cannot both use the localhost exception.
     pub users_lock: parking_lot::Mutex<()>,
-    /// Bumped whenever users are dropped: a connection authenticated before
-    /// checks that its user still exists (else it is logged out).
-    pub users_dropped: AtomicU64,
 }
 
 impl ServerState {
@@ -193,7 +190,6 @@ impl ServerState {
             connections_refused: AtomicU64::new(0),
             local_addr: parking_lot::Mutex::new(None),
             users_lock: parking_lot::Mutex::new(()),
-            users_dropped: AtomicU64::new(0),
         })
     }
 }

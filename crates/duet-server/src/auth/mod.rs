@@ -1,26 +1,36 @@
-//! Authentication: who a connection is, the SASL commands that establish it
-//! (`saslStart`, `saslContinue`, `speculativeAuthenticate` inside `hello`),
-//! the user-management commands, and the gate `--auth` puts in front of
-//! every other command.
+//! Authentication and authorization: who a connection is, the SASL commands
+//! that establish it (`saslStart`, `saslContinue`, `speculativeAuthenticate`
+//! inside `hello`), the user-management commands, and the gate `--auth` puts
+//! in front of every command.
 //!
 //! - `scram`: the SCRAM mechanisms (RFC 5802 / 7677) and stored credentials;
 //! - `users`: the durable user store in the `admin` database;
-//! - `commands`: user management, `connectionStatus`, `logout`.
+//! - `commands`: user management, `connectionStatus`, `logout`;
+//! - `roles`: the built-in roles as privileges;
+//! - `table`: what each command needs.
 //!
-//! Invariants: with `--auth` a connection runs only [`UNAUTHENTICATED`]
-//! commands until a SASL conversation succeeded, except that a loopback peer
-//! may create the first user in `admin` while no user exists (MongoDB's
-//! localhost exception). Every failed authentication answers code 18
-//! AuthenticationFailed with the same message, whether the user, the
-//! mechanism's credentials or the proof was wrong. Roles are stored and
-//! reported but not enforced per command (a later piece of issue #15):
-//! once authenticated, a connection may run every command.
+//! Invariants: with `--auth` a command runs only if [`check`] let it: the
+//! command has an entry in `table` (else refused: fail closed), and either
+//! the entry needs nothing (handshake, login), or the connection is
+//! authenticated as a user that still exists whose roles grant every
+//! privilege the entry asks for — except that a loopback peer may create
+//! the first user in `admin` while no user exists (MongoDB's localhost
+//! exception). The user is looked up at every command, so a dropped user,
+//! a dropped `admin` database or users collection, or a change of roles
+//! takes effect at the connection's next command. Every failed
+//! authentication answers code 18 AuthenticationFailed with the same
+//! message, whether the user, the mechanism's credentials or the proof was
+//! wrong. A connection authenticates as one user at most (MongoDB 6+:
+//! another user needs `logout` first).
 
 pub mod commands;
+pub mod roles;
 pub mod scram;
+pub mod table;
+#[cfg(test)]
+mod tests;
 pub mod users;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -29,23 +39,9 @@ use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use crate::commands::Ctx;
 use crate::error::{CmdResult, CommandError};
 use crate::state::{ConnInfo, ServerState};
+use roles::{Action, Privileges, Resource};
 use scram::{Conversation, Mechanism, ScramError};
-
-/// Commands a connection may run before it authenticated (MongoDB's
-/// `requiresAuth() == false` set we implement).
-pub const UNAUTHENTICATED: &[&str] = &[
-    "hello",
-    "isMaster",
-    "ismaster",
-    "ping",
-    "buildInfo",
-    "buildinfo",
-    "saslStart",
-    "saslContinue",
-    "authenticate",
-    "logout",
-    "connectionStatus",
-];
+use table::{Req, Request, Rule};
 
 /// A connection's authentication state, shared by the copies of its
 /// [`ConnInfo`].
@@ -58,8 +54,6 @@ pub struct ConnAuth {
 struct AuthInner {
     /// `(user, db)` once authenticated.
     user: Option<(String, String)>,
-    /// `ServerState::users_dropped` when `user` was last known to exist.
-    drops_seen: u64,
     conversation: Option<Pending>,
     next_conversation: i32,
 }
@@ -94,6 +88,12 @@ impl ConnAuth {
     pub fn user(&self) -> Option<(String, String)> {
         self.inner.lock().user.clone()
     }
+
+    /// Authenticated as `user@db` without a conversation (unit tests).
+    #[cfg(test)]
+    pub(crate) fn login_for_test(&self, user: &str, db: &str) {
+        self.inner.lock().user = Some((user.to_string(), db.to_string()));
+    }
 }
 
 fn auth_failed() -> CommandError {
@@ -108,47 +108,186 @@ fn scram_error(e: ScramError) -> CommandError {
     }
 }
 
-/// The gate in front of every command: `Err` (code 13) when `--auth` is on,
-/// the connection has not authenticated, and `name` needs authentication.
-pub fn check(state: &ServerState, conn: &ConnInfo, db: &str, name: &str) -> CmdResult<()> {
-    if !state.config.auth || UNAUTHENTICATED.contains(&name) || still_authenticated(state, conn)? {
-        return Ok(());
+/// An authenticated user that still exists, with its stored roles.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub user: String,
+    pub db: String,
+    /// `[{role, db}]` as stored.
+    pub roles: Vec<Bson>,
+}
+
+impl Principal {
+    pub fn privileges(&self) -> Privileges {
+        Privileges::of_roles(&self.roles)
     }
-    if name == "createUser"
-        && db == users::USERS_DB
-        && conn.peer.ip().is_loopback()
-        && !users::any_user(state)?
-    {
-        return Ok(());
+
+    fn is(&self, user: &str, db: &str) -> bool {
+        self.user == user && self.db == db
     }
-    Err(CommandError::new(
+}
+
+/// The connection's user, looked up now: `None` when it has not
+/// authenticated, or its user no longer exists — then it is logged out, as
+/// MongoDB does (a dropped user, or a dropped `admin` database or users
+/// collection).
+pub fn current_user(state: &ServerState, conn: &ConnInfo) -> CmdResult<Option<Principal>> {
+    let Some((user, db)) = conn.auth.user() else {
+        return Ok(None);
+    };
+    match users::find(state, &db, &user)? {
+        Some(u) => Ok(Some(Principal {
+            roles: u.get_array("roles").cloned().unwrap_or_default(),
+            user,
+            db,
+        })),
+        None => {
+            tracing::info!(user = %user, db = %db, peer = %conn.peer, "user no longer exists: connection logged out");
+            conn.auth.logout();
+            Ok(None)
+        }
+    }
+}
+
+/// Whether `who` with privileges `p` may do everything `reqs` asks.
+pub fn authorized(p: &Privileges, who: &Principal, reqs: &[Req]) -> bool {
+    reqs.iter().all(|r| match r {
+        Req::Priv(resource, action) => p.allows(resource, *action),
+        Req::ViewUser(user, db) => {
+            who.is(user, db) || p.allows(&Resource::database(db), Action::ViewUser)
+        }
+    })
+}
+
+/// MongoDB's Unauthorized for an authenticated user lacking a privilege:
+/// "not authorized on <db> to execute command { <name>: <value>, ... }"
+/// (the first field only: the rest may be large, and is the client's own).
+pub fn not_authorized(db: &str, name: &str, cmd: &Document) -> CommandError {
+    let mut value = cmd.get(name).map(ToString::to_string).unwrap_or_default();
+    const SHOWN: usize = 200;
+    if value.len() > SHOWN {
+        let cut = (0..=SHOWN)
+            .rev()
+            .find(|i| value.is_char_boundary(*i))
+            .unwrap_or(0);
+        value.truncate(cut);
+        value.push('…');
+    }
+    CommandError::new(
+        13,
+        "Unauthorized",
+        format!("not authorized on {db} to execute command {{ {name}: {value}, ... }}"),
+    )
+}
+
+fn requires_authentication(name: &str) -> CommandError {
+    CommandError::new(
         13,
         "Unauthorized",
         format!("command {name} requires authentication"),
-    ))
+    )
 }
 
-/// Whether the connection is authenticated as a user that still exists: a
-/// connection whose user was dropped is logged out (as MongoDB does).
-fn still_authenticated(state: &ServerState, conn: &ConnInfo) -> CmdResult<bool> {
-    let drops = state.users_dropped.load(Ordering::Relaxed);
-    let (user, db) = {
-        let inner = conn.auth.inner.lock();
-        match &inner.user {
-            None => return Ok(false),
-            Some(_) if inner.drops_seen == drops => return Ok(true),
-            Some((u, d)) => (u.clone(), d.clone()),
-        }
-    };
-    let exists = users::find(state, &db, &user)?.is_some();
-    let mut inner = conn.auth.inner.lock();
-    if exists {
-        inner.drops_seen = drops;
-    } else {
-        tracing::info!(user = %user, db = %db, peer = %conn.peer, "user dropped: connection logged out");
-        inner.user = None;
+/// The gate in front of every command (`name` as sent, `canonical` its
+/// entry in `commands::COMMANDS`). Without `--auth` it lets everything
+/// through. With it: a command the table does not know is refused (fail
+/// closed); open commands run; others need an authenticated user (code 13
+/// "requires authentication", except the localhost exception) whose roles
+/// grant what the table asks (code 13 "not authorized on ...").
+pub fn check(
+    state: &ServerState,
+    conn: &ConnInfo,
+    db: &str,
+    name: &str,
+    canonical: &str,
+    cmd: &Document,
+) -> CmdResult<()> {
+    if !state.config.auth {
+        return Ok(());
     }
-    Ok(exists)
+    let Some(rule) = table::rule(canonical) else {
+        tracing::warn!(
+            command = name,
+            "command missing from the authorization table: refused"
+        );
+        return Err(not_authorized(db, name, cmd));
+    };
+    if matches!(rule, Rule::Open) {
+        return Ok(());
+    }
+    let Some(who) = current_user(state, conn)? else {
+        if canonical == "createUser"
+            && db == users::USERS_DB
+            && conn.peer.ip().is_loopback()
+            && !users::any_user(state)?
+        {
+            return Ok(());
+        }
+        return Err(requires_authentication(name));
+    };
+    let reqs = table::requirements(rule, &Request { name, db, cmd })?;
+    if authorized(&who.privileges(), &who, &reqs) {
+        Ok(())
+    } else {
+        tracing::debug!(user = %who.user, db = %who.db, command = name, "not authorized");
+        Err(not_authorized(db, name, cmd))
+    }
+}
+
+/// `listDatabases`: the databases the caller may see, `None` for all. Under
+/// `--auth`, a user without listDatabases on the cluster, or one asking
+/// `authorizedDatabases: true`, sees only the databases it has privileges on
+/// (MongoDB 4.0.5+); `check` already refused `authorizedDatabases: false`
+/// without listDatabases.
+pub fn database_filter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<Option<Privileges>> {
+    if !ctx.state.config.auth {
+        return Ok(None);
+    }
+    let Some(who) = current_user(ctx.state, ctx.conn)? else {
+        return Ok(None);
+    };
+    let p = who.privileges();
+    let all = match table::authorized_databases(cmd)? {
+        Some(true) => false,
+        _ => p.allows(&Resource::Cluster, Action::ListDatabases),
+    };
+    Ok((!all).then_some(p))
+}
+
+/// `saslStart`, refused when the connection is already authenticated as
+/// another user (MongoDB 6+: one user per connection; `logout` first).
+/// MongoDB checks at the end of the conversation; checking the user the
+/// client names at its start refuses the same logins and reveals less.
+/// The codes and messages are MongoDB's (5626701 when the databases differ,
+/// 5626702 for another user of the same database).
+pub fn sasl_start_once(
+    state: &ServerState,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+) -> CmdResult {
+    if let Some((user, udb)) = conn.auth.user() {
+        let first = payload(cmd)
+            .ok()
+            .and_then(|p| scram::parse_client_first(&p).ok());
+        if let Some(first) = first {
+            if udb != db {
+                return Err(CommandError::new(
+                    5626701,
+                    "Location5626701",
+                    format!("Each client connection may only be authenticated once. Previously authenticated as: {user}@{udb}"),
+                ));
+            }
+            if first.user != user {
+                return Err(CommandError::new(
+                    5626702,
+                    "Location5626702",
+                    format!("Client has attempted to authenticate on multiple databases.Already authenticated as: {user}@{udb}"),
+                ));
+            }
+        }
+    }
+    sasl_start(state, conn, db, cmd)
 }
 
 fn payload(cmd: &Document) -> CmdResult<Vec<u8>> {
@@ -203,7 +342,7 @@ pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document
 
 /// `saslContinue`: the client's proof, then (without `skipEmptyExchange`)
 /// an empty closing message.
-pub fn sasl_continue(state: &ServerState, conn: &ConnInfo, cmd: &Document) -> CmdResult {
+pub fn sasl_continue(_state: &ServerState, conn: &ConnInfo, cmd: &Document) -> CmdResult {
     let id = match cmd.get("conversationId") {
         Some(v) => crate::args::as_i64("conversationId", v)?,
         None => return Err(CommandError::bad_value("missing conversationId")),
@@ -234,7 +373,6 @@ pub fn sasl_continue(state: &ServerState, conn: &ConnInfo, cmd: &Document) -> Cm
         Ok(server_final) => {
             tracing::info!(user = %conv.user, db = %pending.db, mechanism = conv.mechanism.name(), peer = %conn.peer, "authentication succeeded");
             inner.user = Some((conv.user.clone(), pending.db.clone()));
-            inner.drops_seen = state.users_dropped.load(Ordering::Relaxed);
             // Drivers ask to skip the empty closing exchange; older ones
             // send it, and we answer it.
             let done = pending.skip_empty;
@@ -270,7 +408,7 @@ pub fn hello_fields(ctx: &Ctx<'_>, cmd: &Document, reply: &mut Document) {
     if let Ok(spec) = cmd.get_document("speculativeAuthenticate") {
         let db = spec.get_str("db").unwrap_or("admin");
         if spec.contains_key("saslStart") {
-            if let Ok(mut r) = sasl_start(ctx.state, ctx.conn, db, spec) {
+            if let Ok(mut r) = sasl_start_once(ctx.state, ctx.conn, db, spec) {
                 r.remove("ok");
                 reply.insert("speculativeAuthenticate", r);
             }

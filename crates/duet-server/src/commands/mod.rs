@@ -111,6 +111,22 @@ impl Ctx<'_> {
     pub fn ns(&self, coll: &str) -> String {
         format!("{}.{}", self.db, coll)
     }
+
+    /// The owner of cursors this command opens or uses: its session (else
+    /// its connection) and, under `--auth`, its user — only that user may
+    /// use them, as in MongoDB.
+    pub fn cursor_owner(&self) -> crate::cursor::Owner {
+        let owner = crate::cursor::Owner::of(self.lsid, self.conn.id);
+        if !self.state.config.auth {
+            return owner;
+        }
+        owner.with_user(
+            self.conn
+                .auth
+                .user()
+                .map(|(user, db)| crate::auth::users::user_id(&db, &user)),
+        )
+    }
 }
 
 pub(crate) enum ReadConcern {
@@ -144,7 +160,10 @@ pub(crate) fn read_concern(cmd: &Document) -> CmdResult<ReadConcern> {
     }
 }
 
-/// The commands we answer (for `listCommands` and dispatch), with one-line help.
+/// The commands we answer, with one-line help: `listCommands` reports them,
+/// dispatch refuses any other name (59 CommandNotFound) before a handler
+/// could see it, and the authorization table (`auth/table.rs`) has an entry
+/// for each (tests check all three agree).
 pub const COMMANDS: &[(&str, &str)] = &[
     ("hello", "handshake: server description"),
     ("isMaster", "legacy handshake (alias ismaster)"),
@@ -171,10 +190,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "remove every user of this database",
     ),
     ("usersInfo", "describe users (never their credentials)"),
-    (
-        "grantRolesToUser",
-        "add roles to a user (stored, not enforced yet)",
-    ),
+    ("grantRolesToUser", "add roles to a user"),
     ("revokeRolesFromUser", "remove roles from a user"),
     ("listCommands", "this list"),
     ("serverStatus", "counters and engine figures"),
@@ -232,6 +248,23 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("killSessions", "kill sessions ([]: all sessions)"),
     ("killAllSessions", "kill every session"),
 ];
+
+/// Other spellings MongoDB accepts for some commands: `(alias, command)`.
+pub const ALIASES: &[(&str, &str)] = &[
+    ("ismaster", "isMaster"),
+    ("buildinfo", "buildInfo"),
+    ("findandmodify", "findAndModify"),
+    ("deleteIndexes", "dropIndexes"),
+];
+
+/// The [`COMMANDS`] entry command `name` (or an alias of it) dispatches to.
+pub fn canonical_name(name: &str) -> Option<&'static str> {
+    COMMANDS
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n == name)
+        .or_else(|| ALIASES.iter().find(|(a, _)| *a == name).map(|(_, n)| *n))
+}
 
 /// Execute one command that nothing can cancel; always returns a reply
 /// document (`ok: 1` or an error).
@@ -363,7 +396,14 @@ fn dispatch(
 ) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
-    crate::auth::check(state, conn, db, name)?;
+    let Some(canonical) = canonical_name(name) else {
+        return Err(CommandError::new(
+            59,
+            "CommandNotFound",
+            format!("no such command: '{name}'"),
+        ));
+    };
+    crate::auth::check(state, conn, db, name, canonical, cmd)?;
     duet_strategy(cmd)?;
     if name != "count" && duet_work_ns(cmd)?.is_some() {
         return Err(CommandError::bad_value(format!(
@@ -448,9 +488,9 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "getCmdLineOpts" => Ok(admin::cmd_line_opts()),
         "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
-        "connectionStatus" => auth::commands::connection_status(ctx),
+        "connectionStatus" => auth::commands::connection_status(ctx, cmd),
         "logout" => auth::commands::logout(ctx),
-        "saslStart" => auth::sasl_start(ctx.state, ctx.conn, ctx.db, cmd),
+        "saslStart" => auth::sasl_start_once(ctx.state, ctx.conn, ctx.db, cmd),
         "saslContinue" => auth::sasl_continue(ctx.state, ctx.conn, cmd),
         "authenticate" => Err(CommandError::new(
             334,
@@ -480,7 +520,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "dbStats" => ddl::db_stats(ctx),
         "createIndexes" => ddl::create_indexes(ctx, cmd),
         "listIndexes" => ddl::list_indexes(ctx, cmd),
-        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, cmd),
+        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, name, cmd),
         "createSnapshot" => named::create(ctx, cmd),
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),
