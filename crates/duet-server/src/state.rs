@@ -160,6 +160,10 @@ pub struct ServerState {
     /// Held by `createUser` from its check to its insert, so two connections
     /// cannot both use the localhost exception.
     pub users_lock: parking_lot::Mutex<()>,
+    /// Bumped around every drop of the `admin` database: with admin's csn
+    /// it tells a connection whether the user it cached may have changed
+    /// (`auth::current_user`).
+    pub admin_epoch: AtomicU64,
 }
 
 impl ServerState {
@@ -190,6 +194,7 @@ impl ServerState {
             connections_refused: AtomicU64::new(0),
             local_addr: parking_lot::Mutex::new(None),
             users_lock: parking_lot::Mutex::new(()),
+            admin_epoch: AtomicU64::new(0),
         })
     }
 }

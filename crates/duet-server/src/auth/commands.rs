@@ -274,7 +274,7 @@ pub fn connection_status(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         None => doc! {"authenticatedUsers": [], "authenticatedUserRoles": []},
     };
     if show {
-        let privileges = who.map(|w| w.privileges().to_bson()).unwrap_or_default();
+        let privileges = who.map(|w| w.privileges.to_bson()).unwrap_or_default();
         info.insert("authenticatedUserPrivileges", privileges);
     }
     Ok(doc! {"authInfo": info, "ok": 1.0})

@@ -15,9 +15,10 @@
 //! authenticated as a user that still exists whose roles grant every
 //! privilege the entry asks for — except that a loopback peer may create
 //! the first user in `admin` while no user exists (MongoDB's localhost
-//! exception). The user is looked up at every command, so a dropped user,
-//! a dropped `admin` database or users collection, or a change of roles
-//! takes effect at the connection's next command. Every failed
+//! exception). A connection keeps its user and privileges only while
+//! `admin` is unchanged (its csn, and an epoch moved by drops of `admin`),
+//! so a dropped user, a dropped `admin` database or users collection, or a
+//! change of roles takes effect at the connection's next command. Every failed
 //! authentication answers code 18 AuthenticationFailed with the same
 //! message, whether the user, the mechanism's credentials or the proof was
 //! wrong. A connection authenticates as one user at most (MongoDB 6+:
@@ -54,6 +55,8 @@ pub struct ConnAuth {
 struct AuthInner {
     /// `(user, db)` once authenticated.
     user: Option<(String, String)>,
+    /// `user` as last read from the store, and the state of the users then.
+    cached: Option<(UsersVersion, Arc<Principal>)>,
     conversation: Option<Pending>,
     next_conversation: i32,
 }
@@ -81,6 +84,7 @@ impl ConnAuth {
     pub fn logout(&self) {
         let mut inner = self.inner.lock();
         inner.user = None;
+        inner.cached = None;
         inner.conversation = None;
     }
 
@@ -108,18 +112,26 @@ fn scram_error(e: ScramError) -> CommandError {
     }
 }
 
-/// An authenticated user that still exists, with its stored roles.
+/// An authenticated user that still exists, with its stored roles and the
+/// privileges they grant.
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub user: String,
     pub db: String,
     /// `[{role, db}]` as stored.
     pub roles: Vec<Bson>,
+    pub privileges: Privileges,
 }
 
 impl Principal {
-    pub fn privileges(&self) -> Privileges {
-        Privileges::of_roles(&self.roles)
+    pub fn new(user: String, db: String, roles: Vec<Bson>) -> Principal {
+        let privileges = Privileges::of_roles(&roles);
+        Principal {
+            user,
+            db,
+            roles,
+            privileges,
+        }
     }
 
     fn is(&self, user: &str, db: &str) -> bool {
@@ -127,20 +139,61 @@ impl Principal {
     }
 }
 
-/// The connection's user, looked up now: `None` when it has not
+/// The state of the stored users: every write to `admin` moves its csn, and
+/// a drop of `admin` moves `admin_epoch` (a recreated `admin` starts its csn
+/// again). Equal versions mean equal users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UsersVersion {
+    epoch: u64,
+    csn: Option<u64>,
+}
+
+fn users_version(state: &ServerState) -> CmdResult<UsersVersion> {
+    Ok(UsersVersion {
+        epoch: state.admin_epoch.load(std::sync::atomic::Ordering::Acquire),
+        csn: state.engine.get(users::USERS_DB)?.map(|db| db.csn()),
+    })
+}
+
+/// Call around a drop of the `admin` database (before and after): users
+/// cached by connections are read again.
+pub fn admin_dropping(state: &ServerState) {
+    state
+        .admin_epoch
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}
+
+/// The connection's user as the store has it now: `None` when it has not
 /// authenticated, or its user no longer exists — then it is logged out, as
 /// MongoDB does (a dropped user, or a dropped `admin` database or users
-/// collection).
-pub fn current_user(state: &ServerState, conn: &ConnInfo) -> CmdResult<Option<Principal>> {
+/// collection). The user is read again whenever `admin` changed since it
+/// was last read (its csn, or a drop), so role changes apply at the next
+/// command; otherwise the cached copy answers without a lookup.
+pub fn current_user(state: &ServerState, conn: &ConnInfo) -> CmdResult<Option<Arc<Principal>>> {
     let Some((user, db)) = conn.auth.user() else {
         return Ok(None);
     };
+    // The version is read before the user: a write in between only makes
+    // the cached copy look older than it is.
+    let version = users_version(state)?;
+    {
+        let inner = conn.auth.inner.lock();
+        if let Some((v, p)) = &inner.cached {
+            if *v == version && p.is(&user, &db) {
+                return Ok(Some(Arc::clone(p)));
+            }
+        }
+    }
     match users::find(state, &db, &user)? {
-        Some(u) => Ok(Some(Principal {
-            roles: u.get_array("roles").cloned().unwrap_or_default(),
-            user,
-            db,
-        })),
+        Some(u) => {
+            let roles = u.get_array("roles").cloned().unwrap_or_default();
+            let p = Arc::new(Principal::new(user, db, roles));
+            let mut inner = conn.auth.inner.lock();
+            if inner.user.as_ref().is_some_and(|(u, d)| p.is(u, d)) {
+                inner.cached = Some((version, Arc::clone(&p)));
+            }
+            Ok(Some(p))
+        }
         None => {
             tracing::info!(user = %user, db = %db, peer = %conn.peer, "user no longer exists: connection logged out");
             conn.auth.logout();
@@ -149,8 +202,9 @@ pub fn current_user(state: &ServerState, conn: &ConnInfo) -> CmdResult<Option<Pr
     }
 }
 
-/// Whether `who` with privileges `p` may do everything `reqs` asks.
-pub fn authorized(p: &Privileges, who: &Principal, reqs: &[Req]) -> bool {
+/// Whether `who` may do everything `reqs` asks.
+pub fn authorized(who: &Principal, reqs: &[Req]) -> bool {
+    let p = &who.privileges;
     reqs.iter().all(|r| match r {
         Req::Priv(resource, action) => p.allows(resource, *action),
         Req::ViewUser(user, db) => {
@@ -226,7 +280,7 @@ pub fn check(
         return Err(requires_authentication(name));
     };
     let reqs = table::requirements(rule, &Request { name, db, cmd })?;
-    if authorized(&who.privileges(), &who, &reqs) {
+    if authorized(&who, &reqs) {
         Ok(())
     } else {
         tracing::debug!(user = %who.user, db = %who.db, command = name, "not authorized");
@@ -246,7 +300,7 @@ pub fn database_filter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<Option<Privil
     let Some(who) = current_user(ctx.state, ctx.conn)? else {
         return Ok(None);
     };
-    let p = who.privileges();
+    let p = who.privileges.clone();
     let all = match table::authorized_databases(cmd)? {
         Some(true) => false,
         _ => p.allows(&Resource::Cluster, Action::ListDatabases),

@@ -119,10 +119,19 @@ pub fn get_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(out)
 }
 
+/// `listCommands`: every command with its help and, as MongoDB's,
+/// `requiresAuth` (from the authorization table).
 pub fn list_commands() -> Document {
     let mut cmds = Document::new();
     for (name, help) in COMMANDS {
-        cmds.insert(*name, doc! {"help": *help, "adminOnly": false});
+        let requires_auth = !matches!(
+            crate::auth::table::rule(name),
+            Some(crate::auth::table::Rule::Open)
+        );
+        cmds.insert(
+            *name,
+            doc! {"help": *help, "requiresAuth": requires_auth, "adminOnly": false},
+        );
     }
     doc! {"commands": cmds, "ok": 1.0}
 }

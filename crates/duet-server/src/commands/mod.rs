@@ -421,7 +421,16 @@ fn dispatch(
         lsid: session.lsid.as_ref(),
         cancel,
     };
+    // Users cached by connections are keyed by admin's csn, which a
+    // recreated admin starts again: a drop of admin moves the epoch too.
+    let drops_admin = canonical == "dropDatabase" && db == auth::users::USERS_DB;
+    if drops_admin {
+        auth::admin_dropping(state);
+    }
     let result = session_dispatch(&ctx, name, cmd, &session);
+    if drops_admin {
+        auth::admin_dropping(state);
+    }
     if ctx.created.get() {
         // Created for a command that then committed nothing: forget it.
         state.engine.discard_if_unused(db);
