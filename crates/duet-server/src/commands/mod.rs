@@ -4,6 +4,10 @@
 //! Runs on a blocking thread (the connection task calls it through
 //! `spawn_blocking`), so engine calls never stall the async runtime.
 //!
+//! Before anything else a command's name must be one of [`COMMANDS`] (or an
+//! alias, [`ALIASES`]), else 59; then `auth::check` decides, under `--auth`,
+//! whether the connection's user may run it (the table in `auth/table.rs`).
+//!
 //! Session fields route a command first (see `txn.rs`): `autocommit: false`
 //! runs it inside the session's transaction (the same CRUD commands as
 //! outside, on the transaction's view of a collection: see `source.rs`),
