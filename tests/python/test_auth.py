@@ -137,10 +137,14 @@ def test_user_management_and_restart(make_server):
     admin.close()
     assert srv.stop() == 0
 
-    # Users survive a restart (same data directory).
+    # Users and their roles survive a restart (same data directory): ann is
+    # dbAdmin of app now, which reads statistics, not documents.
     srv2 = make_server("--auth")
     ann = authed(srv2, "ann", "pw2", "SCRAM-SHA-1", source="app")
-    assert ann.app.t.count_documents({}) == 1
+    assert ann.app.command("dbStats")["objects"] == 1
+    with pytest.raises(OperationFailure) as e:
+        ann.app.t.count_documents({})
+    assert e.value.code == 13
     ann.close()
     admin = authed(srv2, "root", "s3cret", "SCRAM-SHA-256")
     admin.app.command("dropUser", "tmp")

@@ -14,9 +14,10 @@
 //! - ids are random positive 63-bit values (never 0, which means "no cursor"),
 //!   unique among open cursors, so an id cannot be guessed from another;
 //! - a cursor belongs to its owner: the logical session (`lsid`) of the
-//!   command that opened it, or — without one — the connection. Only the
-//!   owner may `getMore` or kill it; other sessions get MongoDB's 50736 /
-//!   50737 / 50738, other connections Unauthorized (13), and an ownership
+//!   command that opened it, or — without one — the connection, and under
+//!   `--auth` the user that opened it. Only the owner may `getMore` or kill
+//!   it; another user gets Unauthorized (13), other sessions MongoDB's
+//!   50736 / 50737 / 50738, other connections Unauthorized (13), and an ownership
 //!   check comes before anything that would reveal the cursor's namespace;
 //!   `killCursors` of a cursor the caller does not own reports it in
 //!   `cursorsNotFound`, as for an id that does not exist;
@@ -435,22 +436,49 @@ impl Cursor {
     }
 }
 
-/// Who a cursor belongs to.
+/// What holds a cursor: a session or a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owner {
+pub enum Holder {
     /// The logical session (`lsid.id`) of the command that opened it.
     Session(SessionId),
     /// The connection that opened it (no `lsid`).
     Connection(u64),
 }
 
+/// Who a cursor belongs to: its holder and, under `--auth`, the user that
+/// opened it (`"<db>.<user>"`); another user may not use it, as in MongoDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub holder: Holder,
+    pub user: Option<String>,
+}
+
 impl Owner {
-    /// The owner a command opens cursors for: its session, else its connection.
+    /// The owner a command opens cursors for: its session, else its
+    /// connection (no user: see `Ctx::cursor_owner`).
     pub fn of(lsid: Option<&SessionId>, conn: u64) -> Owner {
         match lsid {
-            Some(id) => Owner::Session(id.clone()),
-            None => Owner::Connection(conn),
+            Some(id) => Owner::session(id.clone()),
+            None => Owner::connection(conn),
         }
+    }
+
+    pub fn session(id: SessionId) -> Owner {
+        Owner {
+            holder: Holder::Session(id),
+            user: None,
+        }
+    }
+
+    pub fn connection(conn: u64) -> Owner {
+        Owner {
+            holder: Holder::Connection(conn),
+            user: None,
+        }
+    }
+
+    pub fn with_user(self, user: Option<String>) -> Owner {
+        Owner { user, ..self }
     }
 }
 
@@ -471,13 +499,21 @@ fn show_session(id: &[u8]) -> String {
     }
 }
 
-/// May `who` use (getMore, kill) a cursor owned by `owner`? The error is
-/// MongoDB's for the session cases; a session-less cursor of another
+/// May `who` use (getMore, kill) a cursor owned by `owner`? Another user's
+/// cursor is Unauthorized (checked first, as MongoDB); then the error is
+/// MongoDB's for the session cases, and a session-less cursor of another
 /// connection is Unauthorized.
 fn check_owner(id: i64, owner: &Owner, who: &Owner) -> CmdResult<()> {
-    match (owner, who) {
-        (Owner::Session(s), Owner::Session(t)) if s == t => Ok(()),
-        (Owner::Session(s), Owner::Session(t)) => Err(CommandError::new(
+    if owner.user != who.user {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            format!("cursor id {id} was not created by the authenticated user"),
+        ));
+    }
+    match (&owner.holder, &who.holder) {
+        (Holder::Session(s), Holder::Session(t)) if s == t => Ok(()),
+        (Holder::Session(s), Holder::Session(t)) => Err(CommandError::new(
             50738,
             "Location50738",
             format!(
@@ -486,7 +522,7 @@ fn check_owner(id: i64, owner: &Owner, who: &Owner) -> CmdResult<()> {
                 show_session(t)
             ),
         )),
-        (Owner::Session(s), Owner::Connection(_)) => Err(CommandError::new(
+        (Holder::Session(s), Holder::Connection(_)) => Err(CommandError::new(
             50737,
             "Location50737",
             format!(
@@ -494,7 +530,7 @@ fn check_owner(id: i64, owner: &Owner, who: &Owner) -> CmdResult<()> {
                 show_session(s)
             ),
         )),
-        (Owner::Connection(_), Owner::Session(t)) => Err(CommandError::new(
+        (Holder::Connection(_), Holder::Session(t)) => Err(CommandError::new(
             50736,
             "Location50736",
             format!(
@@ -502,8 +538,8 @@ fn check_owner(id: i64, owner: &Owner, who: &Owner) -> CmdResult<()> {
                 show_session(t)
             ),
         )),
-        (Owner::Connection(c), Owner::Connection(d)) if c == d => Ok(()),
-        (Owner::Connection(_), Owner::Connection(_)) => Err(CommandError::new(
+        (Holder::Connection(c), Holder::Connection(d)) if c == d => Ok(()),
+        (Holder::Connection(_), Holder::Connection(_)) => Err(CommandError::new(
             13,
             "Unauthorized",
             format!(
@@ -786,17 +822,17 @@ impl CursorRegistry {
 
     /// The connection closed: kill its session-less cursors.
     pub fn kill_connection(&self, conn: u64) -> usize {
-        self.kill_where(|o| *o == Owner::Connection(conn))
+        self.kill_where(|o| o.holder == Holder::Connection(conn))
     }
 
     /// Sessions ended: kill their cursors.
     pub fn kill_sessions(&self, ids: &[SessionId]) -> usize {
-        self.kill_where(|o| matches!(o, Owner::Session(s) if ids.contains(s)))
+        self.kill_where(|o| matches!(&o.holder, Holder::Session(s) if ids.contains(s)))
     }
 
     /// Every session ended (`killAllSessions`, `killSessions: []`).
     pub fn kill_all_sessions(&self) -> usize {
-        self.kill_where(|o| matches!(o, Owner::Session(_)))
+        self.kill_where(|o| matches!(o.holder, Holder::Session(_)))
     }
 
     pub fn len(&self) -> usize {
@@ -853,7 +889,7 @@ mod tests {
     #[test]
     fn batches_limits_and_idle_reaping() {
         let reg = CursorRegistry::new(limits(2), Duration::from_millis(0));
-        let me = Owner::Connection(1);
+        let me = Owner::connection(1);
         let mut c = owned(5);
         assert_eq!(c.next_batch(2).expect("batch").len(), 2);
         let id = reg.open(c, me.clone()).expect("open");
@@ -908,10 +944,10 @@ mod tests {
     #[test]
     fn owners_and_ids() {
         let reg = CursorRegistry::new(limits(100), Duration::from_secs(60));
-        let a = Owner::Session(vec![1; 16]);
-        let b = Owner::Session(vec![2; 16]);
-        let c1 = Owner::Connection(1);
-        let c2 = Owner::Connection(2);
+        let a = Owner::session(vec![1; 16]);
+        let b = Owner::session(vec![2; 16]);
+        let c1 = Owner::connection(1);
+        let c2 = Owner::connection(2);
         let open = |o: &Owner| {
             let mut c = owned(3);
             c.next_batch(1).expect("first");
@@ -951,9 +987,39 @@ mod tests {
     }
 
     #[test]
+    fn another_users_cursor_is_unauthorized() {
+        let reg = CursorRegistry::new(limits(100), Duration::from_secs(60));
+        let ann = Owner::session(vec![1; 16]).with_user(Some("app.ann".into()));
+        let mut c = owned(3);
+        c.next_batch(1).expect("first");
+        let id = reg.open(c, ann.clone()).expect("open");
+        // Same session id, another user (or none): refused before the
+        // session check, and killCursors treats it as unknown.
+        for who in [
+            Owner::session(vec![1; 16]).with_user(Some("app.bob".into())),
+            Owner::session(vec![1; 16]),
+        ] {
+            let err = reg
+                .lease(id, &who, "t.c")
+                .err()
+                .map(|e| (e.code, e.message));
+            assert_eq!(
+                err,
+                Some((
+                    13,
+                    format!("cursor id {id} was not created by the authenticated user")
+                ))
+            );
+            assert_eq!(reg.kill(id, &who, "t.c"), Killed::NotFound);
+        }
+        let lease = reg.lease(id, &ann, "t.c").expect("the owner");
+        assert_eq!(lease.finish(), id);
+    }
+
+    #[test]
     fn a_kill_during_a_lease_closes_it_after() {
         let reg = CursorRegistry::new(limits(100), Duration::from_secs(60));
-        let me = Owner::Connection(7);
+        let me = Owner::connection(7);
         let mut c = owned(10);
         c.next_batch(1).expect("first");
         let id = reg.open(c, me.clone()).expect("open");
@@ -976,7 +1042,7 @@ mod tests {
             },
             Duration::from_secs(60),
         );
-        let me = Owner::Connection(1);
+        let me = Owner::connection(1);
         // Parked owned documents are held serialized: ~24 + 14 bytes each.
         let mut c = owned(1000);
         c.next_batch(1).expect("first");

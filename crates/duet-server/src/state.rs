@@ -172,9 +172,10 @@ pub struct ServerState {
     /// Held by `createUser` from its check to its insert, so two connections
     /// cannot both use the localhost exception.
     pub users_lock: parking_lot::Mutex<()>,
-    /// Bumped whenever users are dropped: a connection authenticated before
-    /// checks that its user still exists (else it is logged out).
-    pub users_dropped: AtomicU64,
+    /// Bumped around every drop of the `admin` database: with admin's csn
+    /// it tells a connection whether the user it cached may have changed
+    /// (`auth::current_user`).
+    pub admin_epoch: AtomicU64,
     /// Failed authentications per source address (`auth::ratelimit`).
     pub auth_limiter: crate::auth::ratelimit::RateLimiter,
 }
@@ -214,7 +215,7 @@ impl ServerState {
             connections_refused: AtomicU64::new(0),
             local_addr: parking_lot::Mutex::new(None),
             users_lock: parking_lot::Mutex::new(()),
-            users_dropped: AtomicU64::new(0),
+            admin_epoch: AtomicU64::new(0),
         })
     }
 }

@@ -95,7 +95,7 @@ fn held_bytes_track_the_allocator() {
         );
         let mut c = Cursor::from_owned("t.c".into(), 1, docs);
         c.next_batch(1).expect("first batch");
-        reg.open(c, Owner::Connection(1)).expect("open");
+        reg.open(c, Owner::connection(1)).expect("open");
         let held = reg.held_bytes();
         assert!(held < measured, "{name}: parked {held} vs {measured} owned");
         let before = LIVE.load(Ordering::SeqCst);

@@ -166,7 +166,7 @@ pub fn change_roles(ctx: &Ctx<'_>, cmd: &Document, grant: bool) -> CmdResult {
     Ok(doc! {"ok": 1.0})
 }
 
-fn describe(u: &Document) -> Document {
+fn describe(u: &Document, show_privileges: bool) -> Document {
     let mut d = doc! {
         "_id": u.get("_id").cloned().unwrap_or(Bson::Null),
         "user": u.get("user").cloned().unwrap_or(Bson::Null),
@@ -174,12 +174,48 @@ fn describe(u: &Document) -> Document {
         "roles": u.get("roles").cloned().unwrap_or(Bson::Array(Vec::new())),
     };
     d.insert("mechanisms", users::mechanisms(u));
+    if show_privileges {
+        let roles = u.get_array("roles").cloned().unwrap_or_default();
+        let mut inherited: Vec<Bson> = Vec::new();
+        for r in &roles {
+            let Bson::Document(r) = r else { continue };
+            let (Ok(name), Ok(db)) = (r.get_str("role"), r.get_str("db")) else {
+                continue;
+            };
+            let mut names = vec![name];
+            // Roles a role includes, transitively (each listed once).
+            let mut i = 0;
+            while i < names.len() {
+                if let Some(role) = super::roles::role(names[i]) {
+                    for inc in role.includes {
+                        if !names.contains(inc) {
+                            names.push(inc);
+                        }
+                    }
+                }
+                i += 1;
+            }
+            for n in names {
+                let entry = Bson::Document(doc! {"role": n, "db": db});
+                if !inherited.contains(&entry) {
+                    inherited.push(entry);
+                }
+            }
+        }
+        d.insert("inheritedRoles", inherited);
+        d.insert(
+            "inheritedPrivileges",
+            super::roles::Privileges::of_roles(&roles).to_bson(),
+        );
+    }
     d
 }
 
 /// `usersInfo`: `1` (every user of the database), a name, `{user, db}`, an
-/// array of those, or `{forAllDBs: true}`.
+/// array of those, or `{forAllDBs: true}`; `showPrivileges: true` adds
+/// `inheritedRoles` and `inheritedPrivileges`.
 pub fn users_info(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let show = args::flag(cmd, "showPrivileges")?;
     let spec = cmd.get("usersInfo").cloned().unwrap_or(Bson::Null);
     let mut wanted: Vec<(String, String)> = Vec::new();
     let found: Vec<Document> = match &spec {
@@ -198,7 +234,7 @@ pub fn users_info(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             find_all(ctx, &wanted)?
         }
     };
-    let users: Vec<Document> = found.iter().map(describe).collect();
+    let users: Vec<Document> = found.iter().map(|u| describe(u, show)).collect();
     Ok(doc! {"users": users, "ok": 1.0})
 }
 
@@ -225,20 +261,23 @@ fn user_ref(ctx: &Ctx<'_>, v: &Bson) -> CmdResult<(String, String)> {
     }
 }
 
-pub fn connection_status(ctx: &Ctx<'_>) -> CmdResult {
-    let (users, roles) = match ctx.conn.auth.user() {
-        Some((user, db)) => {
-            let roles: Vec<Bson> = users::find(ctx.state, &db, &user)?
-                .and_then(|u| u.get_array("roles").ok().cloned())
-                .unwrap_or_default();
-            (vec![Bson::Document(doc! {"user": user, "db": db})], roles)
-        }
-        None => (Vec::new(), Vec::new()),
+/// `connectionStatus`: the authenticated user and its roles; with
+/// `showPrivileges: true` also its privileges (`[{resource, actions}]`).
+pub fn connection_status(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let show = args::flag(cmd, "showPrivileges")?;
+    let who = super::current_user(ctx.state, ctx.conn)?;
+    let mut info = match &who {
+        Some(w) => doc! {
+            "authenticatedUsers": [{"user": &w.user, "db": &w.db}],
+            "authenticatedUserRoles": w.roles.clone(),
+        },
+        None => doc! {"authenticatedUsers": [], "authenticatedUserRoles": []},
     };
-    Ok(doc! {
-        "authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": roles},
-        "ok": 1.0,
-    })
+    if show {
+        let privileges = who.map(|w| w.privileges.to_bson()).unwrap_or_default();
+        info.insert("authenticatedUserPrivileges", privileges);
+    }
+    Ok(doc! {"authInfo": info, "ok": 1.0})
 }
 
 pub fn logout(ctx: &Ctx<'_>) -> CmdResult {

@@ -1,29 +1,40 @@
-//! Authentication: who a connection is, the SASL commands that establish it
-//! (`saslStart`, `saslContinue`, `speculativeAuthenticate` inside `hello`),
-//! the user-management commands, and the gate `--auth` puts in front of
-//! every other command.
+//! Authentication and authorization: who a connection is, the SASL commands
+//! that establish it (`saslStart`, `saslContinue`, `speculativeAuthenticate`
+//! inside `hello`), the user-management commands, and the gate `--auth` puts
+//! in front of every command.
 //!
 //! - `scram`: the SCRAM mechanisms (RFC 5802 / 7677) and stored credentials;
 //! - `users`: the durable user store in the `admin` database;
 //! - `commands`: user management, `connectionStatus`, `logout`;
 //! - `ratelimit`: failed authentications limited per source address, and
 //!   the `duet::auth` log line of every outcome.
+//! - `roles`: the built-in roles as privileges;
+//! - `table`: what each command needs.
 //!
-//! Invariants: with `--auth` a connection runs only [`UNAUTHENTICATED`]
-//! commands until a SASL conversation succeeded, except that a loopback peer
-//! may create the first user in `admin` while no user exists (MongoDB's
-//! localhost exception). Every failed authentication answers code 18
-//! AuthenticationFailed with the same message, whether the user, the
-//! mechanism's credentials or the proof was wrong. Roles are stored and
-//! reported but not enforced per command (a later piece of issue #15):
-//! once authenticated, a connection may run every command.
+//! Invariants: with `--auth` a command runs only if [`check`] let it: the
+//! command has an entry in `table` (else refused: fail closed), and either
+//! the entry needs nothing (handshake, login), or the connection is
+//! authenticated as a user that still exists whose roles grant every
+//! privilege the entry asks for — except that a loopback peer may create
+//! the first user in `admin` while no user exists (MongoDB's localhost
+//! exception). A connection keeps its user and privileges only while
+//! `admin` is unchanged (its csn, and an epoch moved by drops of `admin`),
+//! so a dropped user, a dropped `admin` database or users collection, or a
+//! change of roles takes effect at the connection's next command. Every failed
+//! authentication answers code 18 AuthenticationFailed with the same
+//! message, whether the user, the mechanism's credentials or the proof was
+//! wrong. A connection authenticates as one user at most (MongoDB 6+:
+//! another user needs `logout` first).
 
 pub mod commands;
 pub mod ratelimit;
+pub mod roles;
 pub mod scram;
+pub mod table;
+#[cfg(test)]
+mod tests;
 pub mod users;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -32,23 +43,9 @@ use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use crate::commands::Ctx;
 use crate::error::{CmdResult, CommandError};
 use crate::state::{ConnInfo, ServerState};
+use roles::{Action, Privileges, Resource};
 use scram::{Conversation, Mechanism, ScramError};
-
-/// Commands a connection may run before it authenticated (MongoDB's
-/// `requiresAuth() == false` set we implement).
-pub const UNAUTHENTICATED: &[&str] = &[
-    "hello",
-    "isMaster",
-    "ismaster",
-    "ping",
-    "buildInfo",
-    "buildinfo",
-    "saslStart",
-    "saslContinue",
-    "authenticate",
-    "logout",
-    "connectionStatus",
-];
+use table::{Req, Request, Rule};
 
 /// A connection's authentication state, shared by the copies of its
 /// [`ConnInfo`].
@@ -61,8 +58,8 @@ pub struct ConnAuth {
 struct AuthInner {
     /// `(user, db)` once authenticated.
     user: Option<(String, String)>,
-    /// `ServerState::users_dropped` when `user` was last known to exist.
-    drops_seen: u64,
+    /// `user` as last read from the store, and the state of the users then.
+    cached: Option<(UsersVersion, Arc<Principal>)>,
     conversation: Option<Pending>,
     next_conversation: i32,
 }
@@ -90,12 +87,19 @@ impl ConnAuth {
     pub fn logout(&self) {
         let mut inner = self.inner.lock();
         inner.user = None;
+        inner.cached = None;
         inner.conversation = None;
     }
 
     /// `(user, db)` of the authenticated user.
     pub fn user(&self) -> Option<(String, String)> {
         self.inner.lock().user.clone()
+    }
+
+    /// Authenticated as `user@db` without a conversation (unit tests).
+    #[cfg(test)]
+    pub(crate) fn login_for_test(&self, user: &str, db: &str) {
+        self.inner.lock().user = Some((user.to_string(), db.to_string()));
     }
 }
 
@@ -111,47 +115,238 @@ fn scram_error(e: ScramError) -> CommandError {
     }
 }
 
-/// The gate in front of every command: `Err` (code 13) when `--auth` is on,
-/// the connection has not authenticated, and `name` needs authentication.
-pub fn check(state: &ServerState, conn: &ConnInfo, db: &str, name: &str) -> CmdResult<()> {
-    if !state.config.auth || UNAUTHENTICATED.contains(&name) || still_authenticated(state, conn)? {
-        return Ok(());
+/// An authenticated user that still exists, with its stored roles and the
+/// privileges they grant.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub user: String,
+    pub db: String,
+    /// `[{role, db}]` as stored.
+    pub roles: Vec<Bson>,
+    pub privileges: Privileges,
+}
+
+impl Principal {
+    pub fn new(user: String, db: String, roles: Vec<Bson>) -> Principal {
+        let privileges = Privileges::of_roles(&roles);
+        Principal {
+            user,
+            db,
+            roles,
+            privileges,
+        }
     }
-    if name == "createUser"
-        && db == users::USERS_DB
-        && conn.peer.ip().is_loopback()
-        && !users::any_user(state)?
+
+    fn is(&self, user: &str, db: &str) -> bool {
+        self.user == user && self.db == db
+    }
+}
+
+/// The state of the stored users: every write to `admin` moves its csn, and
+/// a drop of `admin` moves `admin_epoch` (a recreated `admin` starts its csn
+/// again). Equal versions mean equal users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UsersVersion {
+    epoch: u64,
+    csn: Option<u64>,
+}
+
+fn users_version(state: &ServerState) -> CmdResult<UsersVersion> {
+    Ok(UsersVersion {
+        epoch: state.admin_epoch.load(std::sync::atomic::Ordering::Acquire),
+        csn: state.engine.get(users::USERS_DB)?.map(|db| db.csn()),
+    })
+}
+
+/// Call around a drop of the `admin` database (before and after): users
+/// cached by connections are read again.
+pub fn admin_dropping(state: &ServerState) {
+    state
+        .admin_epoch
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}
+
+/// The connection's user as the store has it now: `None` when it has not
+/// authenticated, or its user no longer exists — then it is logged out, as
+/// MongoDB does (a dropped user, or a dropped `admin` database or users
+/// collection). The user is read again whenever `admin` changed since it
+/// was last read (its csn, or a drop), so role changes apply at the next
+/// command; otherwise the cached copy answers without a lookup.
+pub fn current_user(state: &ServerState, conn: &ConnInfo) -> CmdResult<Option<Arc<Principal>>> {
+    let Some((user, db)) = conn.auth.user() else {
+        return Ok(None);
+    };
+    // The version is read before the user: a write in between only makes
+    // the cached copy look older than it is.
+    let version = users_version(state)?;
     {
-        return Ok(());
+        let inner = conn.auth.inner.lock();
+        if let Some((v, p)) = &inner.cached {
+            if *v == version && p.is(&user, &db) {
+                return Ok(Some(Arc::clone(p)));
+            }
+        }
     }
-    Err(CommandError::new(
+    match users::find(state, &db, &user)? {
+        Some(u) => {
+            let roles = u.get_array("roles").cloned().unwrap_or_default();
+            let p = Arc::new(Principal::new(user, db, roles));
+            let mut inner = conn.auth.inner.lock();
+            if inner.user.as_ref().is_some_and(|(u, d)| p.is(u, d)) {
+                inner.cached = Some((version, Arc::clone(&p)));
+            }
+            Ok(Some(p))
+        }
+        None => {
+            tracing::info!(user = %user, db = %db, peer = %conn.peer, "user no longer exists: connection logged out");
+            conn.auth.logout();
+            Ok(None)
+        }
+    }
+}
+
+/// Whether `who` may do everything `reqs` asks.
+pub fn authorized(who: &Principal, reqs: &[Req]) -> bool {
+    let p = &who.privileges;
+    reqs.iter().all(|r| match r {
+        Req::Priv(resource, action) => p.allows(resource, *action),
+        Req::ViewUser(user, db) => {
+            who.is(user, db) || p.allows(&Resource::database(db), Action::ViewUser)
+        }
+    })
+}
+
+/// MongoDB's Unauthorized for an authenticated user lacking a privilege:
+/// "not authorized on <db> to execute command { <name>: <value>, ... }"
+/// (the first field only: the rest may be large, and is the client's own).
+pub fn not_authorized(db: &str, name: &str, cmd: &Document) -> CommandError {
+    let mut value = cmd.get(name).map(ToString::to_string).unwrap_or_default();
+    const SHOWN: usize = 200;
+    if value.len() > SHOWN {
+        let cut = (0..=SHOWN)
+            .rev()
+            .find(|i| value.is_char_boundary(*i))
+            .unwrap_or(0);
+        value.truncate(cut);
+        value.push('…');
+    }
+    CommandError::new(
+        13,
+        "Unauthorized",
+        format!("not authorized on {db} to execute command {{ {name}: {value}, ... }}"),
+    )
+}
+
+fn requires_authentication(name: &str) -> CommandError {
+    CommandError::new(
         13,
         "Unauthorized",
         format!("command {name} requires authentication"),
-    ))
+    )
 }
 
-/// Whether the connection is authenticated as a user that still exists: a
-/// connection whose user was dropped is logged out (as MongoDB does).
-fn still_authenticated(state: &ServerState, conn: &ConnInfo) -> CmdResult<bool> {
-    let drops = state.users_dropped.load(Ordering::Relaxed);
-    let (user, db) = {
-        let inner = conn.auth.inner.lock();
-        match &inner.user {
-            None => return Ok(false),
-            Some(_) if inner.drops_seen == drops => return Ok(true),
-            Some((u, d)) => (u.clone(), d.clone()),
-        }
-    };
-    let exists = users::find(state, &db, &user)?.is_some();
-    let mut inner = conn.auth.inner.lock();
-    if exists {
-        inner.drops_seen = drops;
-    } else {
-        tracing::info!(user = %user, db = %db, peer = %conn.peer, "user dropped: connection logged out");
-        inner.user = None;
+/// The gate in front of every command (`name` as sent, `canonical` its
+/// entry in `commands::COMMANDS`). Without `--auth` it lets everything
+/// through. With it: a command the table does not know is refused (fail
+/// closed); open commands run; others need an authenticated user (code 13
+/// "requires authentication", except the localhost exception) whose roles
+/// grant what the table asks (code 13 "not authorized on ...").
+pub fn check(
+    state: &ServerState,
+    conn: &ConnInfo,
+    db: &str,
+    name: &str,
+    canonical: &str,
+    cmd: &Document,
+) -> CmdResult<()> {
+    if !state.config.auth {
+        return Ok(());
     }
-    Ok(exists)
+    let Some(rule) = table::rule(canonical) else {
+        tracing::warn!(
+            command = name,
+            "command missing from the authorization table: refused"
+        );
+        return Err(not_authorized(db, name, cmd));
+    };
+    if matches!(rule, Rule::Open) {
+        return Ok(());
+    }
+    let Some(who) = current_user(state, conn)? else {
+        if canonical == "createUser"
+            && db == users::USERS_DB
+            && conn.peer.ip().is_loopback()
+            && !users::any_user(state)?
+        {
+            return Ok(());
+        }
+        return Err(requires_authentication(name));
+    };
+    let reqs = table::requirements(rule, &Request { name, db, cmd })?;
+    if authorized(&who, &reqs) {
+        Ok(())
+    } else {
+        tracing::debug!(user = %who.user, db = %who.db, command = name, "not authorized");
+        Err(not_authorized(db, name, cmd))
+    }
+}
+
+/// `listDatabases`: the databases the caller may see, `None` for all. Under
+/// `--auth`, a user without listDatabases on the cluster, or one asking
+/// `authorizedDatabases: true`, sees only the databases it has privileges on
+/// (MongoDB 4.0.5+); `check` already refused `authorizedDatabases: false`
+/// without listDatabases.
+pub fn database_filter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<Option<Privileges>> {
+    if !ctx.state.config.auth {
+        return Ok(None);
+    }
+    let Some(who) = current_user(ctx.state, ctx.conn)? else {
+        return Ok(None);
+    };
+    let p = who.privileges.clone();
+    let all = match table::authorized_databases(cmd)? {
+        Some(true) => false,
+        _ => p.allows(&Resource::Cluster, Action::ListDatabases),
+    };
+    Ok((!all).then_some(p))
+}
+
+/// `saslStart`, refused when the connection is already authenticated as
+/// another user (MongoDB 6+: one user per connection; `logout` first).
+/// MongoDB checks at the end of the conversation; checking the user the
+/// client names at its start refuses the same logins and reveals less.
+/// The codes and messages are MongoDB's (5626701 when the databases differ,
+/// 5626702 for another user of the same database). `speculative`: the
+/// start inside `hello` (see [`start_conversation`]).
+pub fn sasl_start_once(
+    state: &ServerState,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    speculative: bool,
+) -> CmdResult {
+    if let Some((user, udb)) = conn.auth.user() {
+        let first = payload(cmd)
+            .ok()
+            .and_then(|p| scram::parse_client_first(&p).ok());
+        if let Some(first) = first {
+            if udb != db {
+                return Err(CommandError::new(
+                    5626701,
+                    "Location5626701",
+                    format!("Each client connection may only be authenticated once. Previously authenticated as: {user}@{udb}"),
+                ));
+            }
+            if first.user != user {
+                return Err(CommandError::new(
+                    5626702,
+                    "Location5626702",
+                    format!("Client has attempted to authenticate on multiple databases.Already authenticated as: {user}@{udb}"),
+                ));
+            }
+        }
+    }
+    start_conversation(state, conn, db, cmd, speculative)
 }
 
 fn payload(cmd: &Document) -> CmdResult<Vec<u8>> {
@@ -173,11 +368,6 @@ fn bin(s: &str) -> Bson {
         subtype: BinarySubtype::Generic,
         bytes: s.as_bytes().to_vec(),
     })
-}
-
-/// `saslStart` on database `db` (the user's authSource).
-pub fn sasl_start(state: &ServerState, conn: &ConnInfo, db: &str, cmd: &Document) -> CmdResult {
-    start_conversation(state, conn, db, cmd, false)
 }
 
 /// `saslStart`, or (`speculative`) the one inside `hello`: a speculative
@@ -259,7 +449,6 @@ pub fn sasl_continue(state: &ServerState, conn: &ConnInfo, cmd: &Document) -> Cm
         Ok(server_final) => {
             ratelimit::succeeded(state, conn, &conv.user, &pending.db, conv.mechanism.name());
             inner.user = Some((conv.user.clone(), pending.db.clone()));
-            inner.drops_seen = state.users_dropped.load(Ordering::Relaxed);
             // Drivers ask to skip the empty closing exchange; older ones
             // send it, and we answer it.
             let done = pending.skip_empty;
@@ -305,7 +494,7 @@ pub fn hello_fields(ctx: &Ctx<'_>, cmd: &Document, reply: &mut Document) {
     if let Ok(spec) = cmd.get_document("speculativeAuthenticate") {
         let db = spec.get_str("db").unwrap_or("admin");
         if spec.contains_key("saslStart") {
-            if let Ok(mut r) = start_conversation(ctx.state, ctx.conn, db, spec, true) {
+            if let Ok(mut r) = sasl_start_once(ctx.state, ctx.conn, db, spec, true) {
                 r.remove("ok");
                 reply.insert("speculativeAuthenticate", r);
             }

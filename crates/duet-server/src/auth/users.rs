@@ -6,9 +6,9 @@
 //! {"SCRAM-SHA-1": {...}, "SCRAM-SHA-256": {...}}}`. Invariants: only
 //! salted, iterated credentials are stored (never a password); `_id` is
 //! unique, so a user exists at most once per database; role names are
-//! validated against the built-in roles (they are stored, not yet enforced).
-
-use std::sync::atomic::Ordering;
+//! validated against the built-in roles (`roles.rs`), admin-only ones on
+//! `admin` only. Writes here are the user commands'; ordinary CRUD reaches
+//! this collection only with privileges on it (`roles::Scope::Users`).
 
 use bson::{doc, Bson, Document};
 use duetdb::Collection;
@@ -22,37 +22,6 @@ use crate::state::ServerState;
 pub const USERS_COLLECTION: &str = "duet.users";
 /// The database holding [`USERS_COLLECTION`].
 pub const USERS_DB: &str = "admin";
-
-/// MongoDB's built-in roles (issue #15).
-pub const BUILTIN_ROLES: &[&str] = &[
-    "read",
-    "readWrite",
-    "dbAdmin",
-    "userAdmin",
-    "dbOwner",
-    "clusterMonitor",
-    "clusterAdmin",
-    "backup",
-    "restore",
-    "readAnyDatabase",
-    "readWriteAnyDatabase",
-    "userAdminAnyDatabase",
-    "dbAdminAnyDatabase",
-    "root",
-];
-
-/// Roles that exist only in the `admin` database.
-const ADMIN_ONLY_ROLES: &[&str] = &[
-    "clusterMonitor",
-    "clusterAdmin",
-    "backup",
-    "restore",
-    "readAnyDatabase",
-    "readWriteAnyDatabase",
-    "userAdminAnyDatabase",
-    "dbAdminAnyDatabase",
-    "root",
-];
 
 pub fn user_id(db: &str, user: &str) -> String {
     format!("{db}.{user}")
@@ -134,7 +103,8 @@ pub fn parse_roles(db: &str, roles: &[Bson]) -> CmdResult<Vec<Document>> {
                 )))
             }
         };
-        if !BUILTIN_ROLES.contains(&role) || (ADMIN_ONLY_ROLES.contains(&role) && rdb != "admin") {
+        let known = super::roles::role(role).is_some_and(|r| !r.admin_only || rdb == USERS_DB);
+        if !known {
             return Err(CommandError::new(
                 31,
                 "RoleNotFound",
@@ -214,7 +184,6 @@ pub fn remove(state: &ServerState, db: &str, user: &str) -> CmdResult<()> {
     if n == 0 {
         return Err(not_found(db, user));
     }
-    state.users_dropped.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
@@ -224,7 +193,6 @@ pub fn remove_all(state: &ServerState, db: &str) -> CmdResult<u64> {
         Some(c) => c.delete_many(doc! {"db": db})?,
         None => 0,
     };
-    state.users_dropped.fetch_add(1, Ordering::Relaxed);
     Ok(n)
 }
 

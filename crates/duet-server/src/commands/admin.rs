@@ -125,10 +125,19 @@ pub fn get_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(out)
 }
 
+/// `listCommands`: every command with its help and, as MongoDB's,
+/// `requiresAuth` (from the authorization table).
 pub fn list_commands() -> Document {
     let mut cmds = Document::new();
     for (name, help) in COMMANDS {
-        cmds.insert(*name, doc! {"help": *help, "adminOnly": false});
+        let requires_auth = !matches!(
+            crate::auth::table::rule(name),
+            Some(crate::auth::table::Rule::Open)
+        );
+        cmds.insert(
+            *name,
+            doc! {"help": *help, "requiresAuth": requires_auth, "adminOnly": false},
+        );
     }
     doc! {"commands": cmds, "ok": 1.0}
 }
@@ -260,14 +269,21 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
     }
 }
 
+/// `listDatabases` (`nameOnly`, `filter`, `authorizedDatabases`): under
+/// `--auth` a user sees every database only with the listDatabases action
+/// (see `auth::database_filter`).
 pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name_only = args::flag(cmd, "nameOnly")?;
+    let visible = crate::auth::database_filter(ctx, cmd)?;
     let filter = args::opt_doc(cmd, "filter")?
         .map(duetdb::lang::Filter::parse)
         .transpose()?;
     let mut out = Vec::new();
     let mut total: i64 = 0;
     for (name, db) in ctx.state.engine.list_databases() {
+        if visible.as_ref().is_some_and(|p| !p.sees_database(&name)) {
+            continue;
+        }
         let st = db.stats();
         let size = st.data_bytes.min(i64::MAX as u64) as i64;
         let entry = if name_only {

@@ -242,8 +242,10 @@ pub fn list_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     ))
 }
 
-pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let name = args::collection_name(cmd, "dropIndexes")?;
+/// `dropIndexes` (or its alias `deleteIndexes`, `command`): the collection
+/// is the value of the command's own first field.
+pub fn drop_indexes(ctx: &Ctx<'_>, command: &str, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, command)?;
     let coll = ctx.database()?.collection(name);
     let existing = coll
         .list_indexes()

@@ -4,6 +4,10 @@
 //! Runs on a blocking thread (the connection task calls it through
 //! `spawn_blocking`), so engine calls never stall the async runtime.
 //!
+//! Before anything else a command's name must be one of [`COMMANDS`] (or an
+//! alias, [`ALIASES`]), else 59; then `auth::check` decides, under `--auth`,
+//! whether the connection's user may run it (the table in `auth/table.rs`).
+//!
 //! Session fields route a command first (see `txn.rs`): `autocommit: false`
 //! runs it inside the session's transaction (the same CRUD commands as
 //! outside, on the transaction's view of a collection: see `source.rs`),
@@ -111,6 +115,22 @@ impl Ctx<'_> {
     pub fn ns(&self, coll: &str) -> String {
         format!("{}.{}", self.db, coll)
     }
+
+    /// The owner of cursors this command opens or uses: its session (else
+    /// its connection) and, under `--auth`, its user — only that user may
+    /// use them, as in MongoDB.
+    pub fn cursor_owner(&self) -> crate::cursor::Owner {
+        let owner = crate::cursor::Owner::of(self.lsid, self.conn.id);
+        if !self.state.config.auth {
+            return owner;
+        }
+        owner.with_user(
+            self.conn
+                .auth
+                .user()
+                .map(|(user, db)| crate::auth::users::user_id(&db, &user)),
+        )
+    }
 }
 
 pub(crate) enum ReadConcern {
@@ -144,7 +164,10 @@ pub(crate) fn read_concern(cmd: &Document) -> CmdResult<ReadConcern> {
     }
 }
 
-/// The commands we answer (for `listCommands` and dispatch), with one-line help.
+/// The commands we answer, with one-line help: `listCommands` reports them,
+/// dispatch refuses any other name (59 CommandNotFound) before a handler
+/// could see it, and the authorization table (`auth/table.rs`) has an entry
+/// for each (tests check all three agree).
 pub const COMMANDS: &[(&str, &str)] = &[
     ("hello", "handshake: server description"),
     ("isMaster", "legacy handshake (alias ismaster)"),
@@ -171,10 +194,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "remove every user of this database",
     ),
     ("usersInfo", "describe users (never their credentials)"),
-    (
-        "grantRolesToUser",
-        "add roles to a user (stored, not enforced yet)",
-    ),
+    ("grantRolesToUser", "add roles to a user"),
     ("revokeRolesFromUser", "remove roles from a user"),
     ("listCommands", "this list"),
     ("serverStatus", "counters and engine figures"),
@@ -232,6 +252,23 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("killSessions", "kill sessions ([]: all sessions)"),
     ("killAllSessions", "kill every session"),
 ];
+
+/// Other spellings MongoDB accepts for some commands: `(alias, command)`.
+pub const ALIASES: &[(&str, &str)] = &[
+    ("ismaster", "isMaster"),
+    ("buildinfo", "buildInfo"),
+    ("findandmodify", "findAndModify"),
+    ("deleteIndexes", "dropIndexes"),
+];
+
+/// The [`COMMANDS`] entry command `name` (or an alias of it) dispatches to.
+pub fn canonical_name(name: &str) -> Option<&'static str> {
+    COMMANDS
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n == name)
+        .or_else(|| ALIASES.iter().find(|(a, _)| *a == name).map(|(_, n)| *n))
+}
 
 /// Execute one command that nothing can cancel; always returns a reply
 /// document (`ok: 1` or an error).
@@ -363,7 +400,14 @@ fn dispatch(
 ) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
-    crate::auth::check(state, conn, db, name)?;
+    let Some(canonical) = canonical_name(name) else {
+        return Err(CommandError::new(
+            59,
+            "CommandNotFound",
+            format!("no such command: '{name}'"),
+        ));
+    };
+    crate::auth::check(state, conn, db, name, canonical, cmd)?;
     duet_strategy(cmd)?;
     if name != "count" && duet_work_ns(cmd)?.is_some() {
         return Err(CommandError::bad_value(format!(
@@ -381,7 +425,16 @@ fn dispatch(
         lsid: session.lsid.as_ref(),
         cancel,
     };
+    // Users cached by connections are keyed by admin's csn, which a
+    // recreated admin starts again: a drop of admin moves the epoch too.
+    let drops_admin = canonical == "dropDatabase" && db == auth::users::USERS_DB;
+    if drops_admin {
+        auth::admin_dropping(state);
+    }
     let result = session_dispatch(&ctx, name, cmd, &session);
+    if drops_admin {
+        auth::admin_dropping(state);
+    }
     if ctx.created.get() {
         // Created for a command that then committed nothing: forget it.
         state.engine.discard_if_unused(db);
@@ -448,9 +501,9 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "getCmdLineOpts" => Ok(admin::cmd_line_opts(&ctx.state.config)),
         "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
-        "connectionStatus" => auth::commands::connection_status(ctx),
+        "connectionStatus" => auth::commands::connection_status(ctx, cmd),
         "logout" => auth::commands::logout(ctx),
-        "saslStart" => auth::sasl_start(ctx.state, ctx.conn, ctx.db, cmd),
+        "saslStart" => auth::sasl_start_once(ctx.state, ctx.conn, ctx.db, cmd, false),
         "saslContinue" => auth::sasl_continue(ctx.state, ctx.conn, cmd),
         "authenticate" => Err(CommandError::new(
             334,
@@ -480,7 +533,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "dbStats" => ddl::db_stats(ctx),
         "createIndexes" => ddl::create_indexes(ctx, cmd),
         "listIndexes" => ddl::list_indexes(ctx, cmd),
-        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, cmd),
+        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, name, cmd),
         "createSnapshot" => named::create(ctx, cmd),
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),

@@ -38,7 +38,7 @@ use duetdb::FindOptions;
 use super::source::{read_limits, read_source, Explained, Target};
 use super::Ctx;
 use crate::args;
-use crate::cursor::{Cursor, FindSource, Killed, Owner, DEFAULT_FIRST_BATCH};
+use crate::cursor::{Cursor, FindSource, Killed, DEFAULT_FIRST_BATCH};
 use crate::error::{CmdResult, CommandError};
 use crate::state::OpCounters;
 
@@ -124,7 +124,7 @@ fn cursor_reply(
     let id = if single_batch || cursor.is_exhausted() {
         0
     } else {
-        let owner = Owner::of(ctx.lsid, ctx.conn.id);
+        let owner = ctx.cursor_owner();
         ctx.state.cursors.open(cursor, owner)?
     };
     let mut c = doc! {"firstBatch": batch, "id": id, "ns": ns};
@@ -173,7 +173,7 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         None | Some(0) => usize::MAX,
         Some(n) => n.min(usize::MAX as u64) as usize,
     };
-    let who = Owner::of(ctx.lsid, ctx.conn.id);
+    let who = ctx.cursor_owner();
     let mut lease = ctx.state.cursors.lease(id, &who, &ns)?;
     // An error drops the lease, which closes the cursor: it would recur.
     let cursor = lease.cursor()?;
@@ -191,7 +191,7 @@ pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let ns = ctx.ns(coll);
     let ids = args::opt_array(cmd, "cursors")?
         .ok_or_else(|| CommandError::bad_value("killCursors requires 'cursors'"))?;
-    let who = Owner::of(ctx.lsid, ctx.conn.id);
+    let who = ctx.cursor_owner();
     let (mut killed, mut not_found) = (Vec::new(), Vec::new());
     for v in ids {
         let id = args::as_i64("cursors", v)?;
