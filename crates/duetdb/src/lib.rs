@@ -41,6 +41,7 @@ pub use api::{
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
     IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
 };
+pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};
 pub use error::{

@@ -47,6 +47,7 @@
 //!   first read by name ([`Durable::load_pin`]).
 
 pub mod background;
+pub mod changes;
 pub mod checkpoint;
 pub mod effect;
 pub mod fdcache;
@@ -198,6 +199,9 @@ pub struct Durable {
     /// a checkpoint being written).
     checkpointing: Mutex<()>,
     report: RecoveryReport,
+    /// First cluster time of each WAL segment read for change history
+    /// (segments never change once full; the active one is not cached).
+    first_times: Mutex<std::collections::HashMap<u64, Option<u64>>>,
     /// The locks that keep a second opener out, held as long as this is open.
     _locks: Vec<Arc<dyn DirLock>>,
 }
@@ -271,6 +275,7 @@ impl Durable {
                 manifest,
                 checkpointing: Mutex::new(()),
                 report,
+                first_times: Mutex::new(Default::default()),
                 _locks: locks,
             },
             state,
@@ -324,6 +329,89 @@ impl Durable {
             elapsed = ?t0.elapsed(), "checkpoint installed"
         );
         Ok(Some(info))
+    }
+
+    /// Every WAL segment still on disk for change history, oldest first.
+    fn log_segments(&self) -> Vec<u64> {
+        self.manifest.get().segments.unwrap_or_default()
+    }
+
+    /// The first cluster time in segment `first` (`None`: no version-2 record).
+    fn segment_first_time(&self, first: u64, active: bool) -> Result<Option<u64>, StorageError> {
+        if let Some(t) = self.first_times.lock().get(&first) {
+            return Ok(*t);
+        }
+        let bytes = changes::history::read_segment(&*self.opts.vfs, &self.dir, first)?;
+        let t = changes::history::first_time(&bytes);
+        if !active || t.is_some() {
+            self.first_times.lock().insert(first, t);
+        }
+        Ok(t)
+    }
+
+    /// Every record of this database with a cluster time above the returned
+    /// one is still in the log (`Ok(0)`: the whole history). Conservative by
+    /// at most one time step: the record before the oldest retained one had
+    /// a time at most 2 below it (times are even and strictly increasing).
+    pub fn history_floor(&self) -> Result<u64, StorageError> {
+        let segments = self.log_segments();
+        let Some(&oldest) = segments.first() else {
+            return Ok(0);
+        };
+        if oldest <= 1 {
+            return Ok(0);
+        }
+        let active = segments.len() == 1;
+        Ok(match self.segment_first_time(oldest, active)? {
+            Some(t) => t.saturating_sub(2),
+            // Version-1 records only (or none): nothing older had a time.
+            None => 0,
+        })
+    }
+
+    /// The change records of this database (named `db`) with a time in
+    /// `(after, upto]` read back from the log, oldest first, at most `max`;
+    /// the flag says more remain `<= upto`.
+    pub fn read_changes(
+        &self,
+        db: &Arc<str>,
+        after: u64,
+        upto: u64,
+        max: usize,
+    ) -> Result<(Vec<changes::ChangeRecord>, bool), StorageError> {
+        let segments = self.log_segments();
+        let n = segments.len();
+        let mut start = 0;
+        for i in (0..n).rev() {
+            match self.segment_first_time(segments[i], i + 1 == n)? {
+                Some(t) if t <= after => {
+                    start = i;
+                    break;
+                }
+                None if i + 1 < n => {
+                    start = i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for (i, first) in segments.iter().enumerate().skip(start) {
+            if i + 1 == n {
+                // `batch` records may still wait in memory: write them out.
+                if let Some(w) = &self.wal {
+                    w.flush()?;
+                }
+            }
+            let bytes = changes::history::read_segment(&*self.opts.vfs, &self.dir, *first)?;
+            let (recs, more) =
+                changes::history::records_in(&bytes, db, after, upto, max - out.len());
+            out.extend(recs);
+            if more || out.len() >= max {
+                return Ok((out, true));
+            }
+        }
+        Ok((out, false))
     }
 
     /// The durable named snapshots the manifest records.
