@@ -75,6 +75,7 @@ impl ChangePosition {
 
 /// What a change did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum ChangeKind {
     Insert {
         coll: String,
