@@ -216,3 +216,65 @@ def test_resume_across_restart_without_loss_or_duplicate(make_server, sig):
         quiet(r, 0.3)
     assert [e["documentKey"]["_id"] for e in rest] == list(range(4, 25))
     c2.close()
+
+
+def test_snapshot_then_stream_has_no_gap_and_no_duplicate(client, db):
+    """Item 7: a snapshot read's atClusterTime, given to startAtOperationTime,
+    delivers exactly the changes after the snapshot, while writes run. Checked
+    against a model: snapshot + events replayed == the final state."""
+    import random
+    import threading
+
+    coll = db.c
+    coll.insert_many([{"_id": i, "v": 0} for i in range(50)])
+    stop = threading.Event()
+
+    def writer():
+        w = client[db.name].c
+        rng = random.Random(7)
+        n = 1000
+        while not stop.is_set():
+            op = rng.random()
+            if op < 0.4:
+                w.insert_one({"_id": n, "v": 0})
+                n += 1
+            elif op < 0.8:
+                w.update_one({"_id": rng.randrange(n)}, {"$inc": {"v": 1}})
+            else:
+                w.delete_one({"_id": rng.randrange(n)})
+
+    for _round in range(3):
+        t = threading.Thread(target=writer)
+        t.start()
+        time.sleep(0.2)
+        with client.start_session(snapshot=True) as sess:
+            model = {d["_id"]: d for d in coll.find({}, session=sess)}
+            at = sess._snapshot_time
+        assert isinstance(at, Timestamp)
+        with coll.watch(start_at_operation_time=at, full_document="updateLookup",
+                        max_await_time_ms=200) as s:
+            time.sleep(0.2)
+            stop.set()
+            t.join()
+            stop.clear()
+            coll.insert_one({"_id": "marker", "round": _round})
+            while True:
+                e = s.try_next()
+                if e is None:
+                    continue
+                key = e["documentKey"]["_id"]
+                if key == "marker":
+                    break
+                op = e["operationType"]
+                if op == "insert":
+                    assert key not in model, f"duplicate insert of {key}"
+                    model[key] = e["fullDocument"]
+                elif op in ("update", "replace"):
+                    assert key in model, f"update of {key} the snapshot lacks (gap)"
+                    model[key] = e["fullDocument"]
+                elif op == "delete":
+                    assert key in model, f"delete of {key} the snapshot lacks (gap)"
+                    del model[key]
+        final = {d["_id"]: d for d in coll.find({"_id": {"$ne": "marker"}})}
+        assert model == final
+        coll.delete_one({"_id": "marker"})

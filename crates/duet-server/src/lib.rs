@@ -135,6 +135,14 @@ pub struct ServeArgs {
     /// reach the port can then read, write and drop everything).
     #[arg(long)]
     pub allow_unauthenticated_remote: bool,
+    /// Keep WAL segments no checkpoint needs for this many hours as change
+    /// history (change streams resuming from older tokens; older: 286
+    /// ChangeStreamHistoryLost).
+    #[arg(long, default_value_t = 24.0)]
+    pub change_retention_hours: f64,
+    /// At most this many MiB of such segments per database (oldest dropped first).
+    #[arg(long, default_value_t = (duetdb::DEFAULT_CHANGE_RETENTION_BYTES >> 20) as f64)]
+    pub change_retention_mb: f64,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -196,8 +204,16 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         ..Config::default()
     };
     duetdb::storage::set_max_open_files(args.max_open_files);
+    let durability = duetdb::DurabilityOptions {
+        change_retention: secs(
+            args.change_retention_hours * 3600.0,
+            "change-retention-hours",
+        )?,
+        change_retention_bytes: mib(args.change_retention_mb, "change-retention-mb")? as u64,
+        ..Default::default()
+    };
     let engine = match &config.data_dir {
-        Some(dir) => duetdb::Engine::open(dir)?,
+        Some(dir) => duetdb::Engine::open_with(dir, durability)?,
         None => duetdb::Engine::in_memory(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -201,3 +201,58 @@ fn drop_database_is_an_event() {
         ["z:insert c", "z:dropDatabase"]
     );
 }
+
+fn small_segments(retention_bytes: u64) -> duetdb::DurabilityOptions {
+    duetdb::DurabilityOptions {
+        segment_bytes: 4096,
+        background_checkpoints: false,
+        change_retention_bytes: retention_bytes,
+        ..Default::default()
+    }
+}
+
+fn fill(engine: &Engine, from: i32, n: i32) {
+    let c = engine.database("d").expect("d").collection("c");
+    for i in from..from + n {
+        c.insert_one(doc! {"_id": i, "pad": "x".repeat(200)})
+            .expect("insert");
+    }
+}
+
+/// Checkpoints keep the segments they no longer need as change history
+/// (retention), across restarts; past the retention the history is lost
+/// and reading from before it fails with 286, never skips.
+#[test]
+fn retention_keeps_history_past_checkpoints_and_reports_loss() {
+    let dir = tempfile::tempdir().expect("tmp");
+    {
+        let engine = Engine::open_with(dir.path(), small_segments(1 << 30)).expect("open");
+        for round in 0..3 {
+            fill(&engine, round * 50, 50);
+            engine.database("d").expect("d").checkpoint().expect("ckpt");
+        }
+    }
+    {
+        let engine = Engine::open_with(dir.path(), small_segments(1 << 30)).expect("reopen");
+        let all = kinds(&engine, &ChangeScope::Cluster, ChangePosition::default());
+        assert_eq!(all.len(), 150, "every insert is still in the retained log");
+    }
+    // Now keep no history: the next checkpoints drop every unneeded segment.
+    let engine = Engine::open_with(dir.path(), small_segments(0)).expect("reopen");
+    fill(&engine, 1000, 50);
+    engine.database("d").expect("d").checkpoint().expect("ckpt");
+    fill(&engine, 2000, 50);
+    engine.database("d").expect("d").checkpoint().expect("ckpt");
+    drop(engine);
+    let engine = Engine::open_with(dir.path(), small_segments(0)).expect("reopen");
+    let e = engine
+        .read_changes(&ChangeScope::Cluster, ChangePosition::default(), 10)
+        .expect_err("history lost");
+    assert_eq!(e.code(), 286, "{e}");
+    assert!(engine
+        .check_change_history(
+            &ChangeScope::Cluster,
+            ChangePosition::after_time(engine.cluster_time())
+        )
+        .is_ok());
+}

@@ -107,6 +107,12 @@ impl std::str::FromStr for Durability {
     }
 }
 
+/// How long WAL segments are kept as change history by default (24 h).
+pub const DEFAULT_CHANGE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How many bytes of WAL segments are kept as change history by default
+/// (1 GiB; MongoDB sizes its oplog at 5% of the disk, capped at 50 GB).
+pub const DEFAULT_CHANGE_RETENTION_BYTES: u64 = 1 << 30;
+
 /// Options of a durable database.
 #[derive(Clone)]
 pub struct DurabilityOptions {
@@ -130,6 +136,12 @@ pub struct DurabilityOptions {
     /// With `batch` writes a crash can leave a hole among unsynced records
     /// (writeback out of order); this switch recovers the prefix before it.
     pub accept_damaged_tail: bool,
+    /// WAL segments no checkpoint needs any more are kept this long as
+    /// change history (for change streams resuming from older positions)…
+    pub change_retention: Duration,
+    /// …and while they total at most this many bytes (counted as whole
+    /// segments of `segment_bytes`); the oldest go first.
+    pub change_retention_bytes: u64,
     /// Test-only planted bug: never fsync the WAL.
     #[cfg(feature = "testing")]
     pub skip_wal_fsync: bool,
@@ -168,6 +180,8 @@ impl Default for DurabilityOptions {
             flush_interval: Duration::from_millis(100),
             vfs: Arc::new(RealFs),
             accept_damaged_tail: false,
+            change_retention: DEFAULT_CHANGE_RETENTION,
+            change_retention_bytes: DEFAULT_CHANGE_RETENTION_BYTES,
             #[cfg(feature = "testing")]
             skip_wal_fsync: false,
             #[cfg(feature = "testing")]
@@ -305,11 +319,17 @@ impl Durable {
         let t0 = Instant::now();
         let info = checkpoint::write(vfs, &self.dir, state)?;
         let synced = self.wal.as_ref().map_or(0, |w| w.synced_lsn());
+        // Ages of the segments that may expire, read before taking the
+        // manifest's lock (a segment's newest change is older than the next
+        // segment's first).
+        let ends = self.segment_ends();
         let installed = self.manifest.update(|m| {
             m.previous = m.current;
             m.current = state.csn;
             m.synced_lsn = m.synced_lsn.max(synced);
-            drop_obsolete_segments(m)
+            let unneeded = drop_obsolete_segments(m);
+            m.history.extend(unneeded);
+            self.expire_history(m, &ends)
         });
         let obsolete = match installed {
             Ok(o) => o,
@@ -333,7 +353,49 @@ impl Durable {
 
     /// Every WAL segment still on disk for change history, oldest first.
     fn log_segments(&self) -> Vec<u64> {
-        self.manifest.get().segments.unwrap_or_default()
+        let m = self.manifest.get();
+        let mut all = m.history;
+        all.extend(m.segments.unwrap_or_default());
+        all
+    }
+
+    /// For each segment but the last: the time of the next segment's first
+    /// record (every change in the segment is older), when known.
+    fn segment_ends(&self) -> Vec<(u64, Option<u64>)> {
+        let all = self.log_segments();
+        let n = all.len();
+        all.windows(2)
+            .enumerate()
+            .map(|(i, w)| {
+                let next = self.segment_first_time(w[1], i + 2 == n).ok().flatten();
+                (w[0], next)
+            })
+            .collect()
+    }
+
+    /// Drop history segments past the retention window or byte budget from
+    /// `m` (oldest first); returns them (deleted once `m` is installed).
+    fn expire_history(&self, m: &mut Manifest, ends: &[(u64, Option<u64>)]) -> Vec<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let horizon = now.saturating_sub(self.opts.change_retention.as_secs());
+        let budget = (self.opts.change_retention_bytes / self.opts.segment_bytes.max(1)) as usize;
+        let mut expired = Vec::new();
+        while let Some(&oldest) = m.history.first() {
+            let end = ends
+                .iter()
+                .find(|(f, _)| *f == oldest)
+                .and_then(|(_, t)| *t);
+            let too_old = end.is_some_and(|t| (t >> 32) < horizon);
+            if m.history.len() > budget || too_old {
+                expired.push(m.history.remove(0));
+            } else {
+                break;
+            }
+        }
+        expired
     }
 
     /// The first cluster time in segment `first` (`None`: no version-2 record).
