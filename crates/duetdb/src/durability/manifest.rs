@@ -385,15 +385,16 @@ mod tests {
             ],
             segments: Some(vec![3, 6, 10]),
             synced_lsn: 11,
+            history: vec![1, 2],
         }
     }
 
     #[test]
-    fn v3_round_trips_and_every_flip_is_detected() {
+    fn v4_round_trips_and_every_flip_is_detected() {
         let p = Path::new("MANIFEST");
         let m = sample();
         let b = m.encode();
-        assert_eq!(Manifest::decode(p, &b).expect("v3"), m);
+        assert_eq!(Manifest::decode(p, &b).expect("v4"), m);
         for i in 0..b.len() {
             let mut c = b.clone();
             c[i] ^= 0x40;
@@ -408,9 +409,18 @@ mod tests {
         // A version-2 manifest, as the previous build wrote it: v3 without
         // the synced lsn and the segment list.
         let m = sample();
-        let v3 = m.encode();
-        let tail = 8 + 4 + 4 + 8 * m.segments.as_ref().map_or(0, Vec::len);
-        let mut v2 = v3[..v3.len() - tail].to_vec();
+        let v4 = m.encode();
+        // A version-3 manifest: v4 without the history list.
+        let hist = 4 + 8 * m.history.len();
+        let mut v3 = v4[..v4.len() - 4 - hist].to_vec();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32c::crc32c(&v3);
+        v3.extend_from_slice(&crc.to_le_bytes());
+        let old = Manifest::decode(p, &v3).expect("v3");
+        assert_eq!(old.segments, m.segments);
+        assert!(old.history.is_empty());
+        let tail = 8 + 4 + 4 + 8 * m.segments.as_ref().map_or(0, Vec::len) + hist;
+        let mut v2 = v4[..v4.len() - tail].to_vec();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         let crc = crc32c::crc32c(&v2);
         v2.extend_from_slice(&crc.to_le_bytes());
