@@ -228,11 +228,12 @@ def test_snapshot_then_stream_has_no_gap_and_no_duplicate(client, db):
     coll = db.c
     coll.insert_many([{"_id": i, "v": 0} for i in range(50)])
     stop = threading.Event()
+    next_id = [1000]
 
     def writer():
         w = client[db.name].c
-        rng = random.Random(7)
-        n = 1000
+        rng = random.Random(next_id[0])
+        n = next_id[0]
         while not stop.is_set():
             op = rng.random()
             if op < 0.4:
@@ -242,6 +243,7 @@ def test_snapshot_then_stream_has_no_gap_and_no_duplicate(client, db):
                 w.update_one({"_id": rng.randrange(n)}, {"$inc": {"v": 1}})
             else:
                 w.delete_one({"_id": rng.randrange(n)})
+        next_id[0] = n
 
     for _round in range(3):
         t = threading.Thread(target=writer)
