@@ -62,7 +62,9 @@ def test_at_cluster_time_round_trip(db):
 def test_unknown_or_future_cluster_time_is_refused(db):
     db.c.insert_one({})
     with pytest.raises(OperationFailure) as e:
-        db.command({"find": "c", "readConcern": {"level": "snapshot", "atClusterTime": Timestamp(1, 999999)}})
+        # A time after everything the database has reached (atClusterTime is a
+        # cluster time: just after a state's last commit).
+        db.command({"find": "c", "readConcern": {"level": "snapshot", "atClusterTime": Timestamp(4294967295, 1)}})
     assert e.value.code == 2
     with pytest.raises(OperationFailure) as e:
         db.command({"find": "c", "readConcern": {"level": "snapshot", "atClusterTime": Timestamp(0, 1)}})

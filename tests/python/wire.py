@@ -54,10 +54,15 @@ def msg_reply_doc(body):
 
 
 def command(s, doc, **kw):
+    """The reply, without the cluster-time gossip every reply carries
+    (`operationTime`, `$clusterTime`), so tests can compare replies whole."""
     s.sendall(op_msg(doc, **kw))
     op, body = read_reply(s)
     assert op == OP_MSG
-    return bson.decode(msg_reply_doc(body))
+    reply = bson.decode(msg_reply_doc(body))
+    reply.pop("operationTime", None)
+    reply.pop("$clusterTime", None)
+    return reply
 
 
 def is_closed(s, timeout=5.0):

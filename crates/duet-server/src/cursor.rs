@@ -5,7 +5,9 @@
 //! A [`Cursor`] takes its documents from a [`CursorSource`]: the plug-in point
 //! for where results come from. Two sources exist: [`StoredDocs`] (a find's
 //! matching stored documents, shared `Arc`s, projected per batch) and
-//! [`OwnedDocs`] (documents a command computed, e.g. an aggregate's result). A
+//! [`OwnedDocs`] (documents a command computed, e.g. an aggregate's result),
+//! and change streams (`commands::changes::ChangeStream`, tailable: they
+//! build their own batches and wait for new events in `getMore`). A
 //! streaming source (a snapshot root and a position, reading as batches are
 //! asked for) plugs in the same way: implement the trait, build the cursor
 //! with [`Cursor::new`], and report what it holds in `held_bytes`.
@@ -94,6 +96,11 @@ pub trait CursorSource: Send {
     /// Run the next batch under this token (each `getMore` is its own
     /// command, with its own `maxTimeMS` and op id); default: nothing to cancel.
     fn set_cancel(&mut self, _token: duetdb::CancelToken) {}
+    /// A change stream (tailable: never exhausted by running dry, batches
+    /// built by `commands::changes`); default: not one.
+    fn as_change_stream(&mut self) -> Option<&mut crate::commands::changes::ChangeStream> {
+        None
+    }
 }
 
 /// A find's result as the engine streams it (`duetdb::FindStream`): a lazy
@@ -351,6 +358,18 @@ impl Cursor {
     /// Documents the command computed.
     pub fn from_owned(ns: String, conn: u64, docs: Vec<Document>) -> Cursor {
         Cursor::new(ns, conn, None, Box::new(OwnedDocs::new(docs)))
+    }
+
+    /// The source, for sources that build their own batches (change streams).
+    pub fn source_mut(&mut self) -> &mut dyn CursorSource {
+        &mut *self.source
+    }
+
+    /// Close the cursor after this batch (a change stream that was invalidated).
+    pub fn mark_exhausted(&mut self) {
+        self.ahead = None;
+        self.ahead_error = None;
+        self.done = true;
     }
 
     /// The token the next batch runs under (its `getMore`'s).

@@ -174,6 +174,15 @@ pub struct ServeArgs {
     /// The window of --auth-failure-limit, and the first block's length.
     #[arg(long, default_value_t = auth::ratelimit::DEFAULT_WINDOW.as_secs_f64())]
     pub auth_failure_window_secs: f64,
+    // --- change history (issue #16) ---
+    /// Keep WAL segments no checkpoint needs for this many hours as change
+    /// history (change streams resuming from older tokens; older: 286
+    /// ChangeStreamHistoryLost).
+    #[arg(long, default_value_t = 24.0)]
+    pub change_retention_hours: f64,
+    /// At most this many MiB of such segments per database (oldest dropped first).
+    #[arg(long, default_value_t = (duetdb::DEFAULT_CHANGE_RETENTION_BYTES >> 20) as f64)]
+    pub change_retention_mb: f64,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -253,8 +262,16 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         ..Config::default()
     };
     duetdb::storage::set_max_open_files(args.max_open_files);
+    let durability = duetdb::DurabilityOptions {
+        change_retention: secs(
+            args.change_retention_hours * 3600.0,
+            "change-retention-hours",
+        )?,
+        change_retention_bytes: mib(args.change_retention_mb, "change-retention-mb")? as u64,
+        ..Default::default()
+    };
     let engine = match &config.data_dir {
-        Some(dir) => duetdb::Engine::open(dir)?,
+        Some(dir) => duetdb::Engine::open_with(dir, durability)?,
         None => duetdb::Engine::in_memory(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -2,20 +2,22 @@
 //! and the bounded registry that lets a client come back to the same snapshot
 //! by sending the `atClusterTime` it was given.
 //!
-//! A duetdb snapshot is identified by (database, csn): each database has its
-//! own commit sequence, and the state of database D at csn c is unique. The
-//! `atClusterTime` we hand out is the csn as a BSON Timestamp
-//! (`time = (csn >> 32) + 1`, `increment = csn & 0xffff_ffff`; the +1 keeps
-//! it from ever being the all-zero timestamp) and names a state of the
-//! database the command runs in.
+//! A duetdb snapshot is a published state of one database. The
+//! `atClusterTime` we hand out is the cluster time just after the state's
+//! last commit group (`Snapshot::cluster_time() + 1`, an odd time no group
+//! ever has; see the engine's `changes::clock`): a change stream started
+//! there (`startAtOperationTime`, inclusive) delivers exactly the changes
+//! after the snapshot — no gap, no duplicate (docs/design.md, "Change
+//! streams"). (Named snapshots still report their csn as a Timestamp,
+//! `csn_to_timestamp`.)
 //!
 //! Invariants:
 //! - at most `capacity` snapshots are held here (least recently used evicted),
 //!   because each one keeps the old versions it references alive; cursors hold
 //!   their own snapshot and do not depend on this registry;
-//! - a requested csn is either served exactly (from the registry, or from the
-//!   live state when that is still at that csn) or refused with
-//!   SnapshotTooOld (239) / BadValue (2) for a csn not reached yet — never
+//! - a requested time is either served exactly (from the registry, or from the
+//!   live state when that is still the state at that time) or refused with
+//!   SnapshotTooOld (239) / BadValue (2) for a time not reached yet — never
 //!   silently replaced by another state.
 
 use std::collections::VecDeque;
@@ -36,6 +38,12 @@ pub fn csn_to_timestamp(csn: u64) -> Timestamp {
     }
 }
 
+/// The `atClusterTime` of a snapshot: just after its last commit group.
+pub fn snapshot_time(snap: &Snapshot) -> Timestamp {
+    crate::commands::changes::timestamp(snap.cluster_time() + 1)
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn timestamp_to_csn(ts: Timestamp) -> Option<u64> {
     let hi = ts.time.checked_sub(1)?;
     Some((u64::from(hi) << 32) | u64::from(ts.increment))
@@ -65,7 +73,10 @@ impl SnapshotRegistry {
 
     fn remember(&self, db: &str, snap: &Snapshot) {
         let mut g = self.held.lock();
-        if let Some(pos) = g.iter().position(|(d, s)| d == db && s.csn() == snap.csn()) {
+        if let Some(pos) = g
+            .iter()
+            .position(|(d, s)| d == db && s.cluster_time() == snap.cluster_time())
+        {
             if let Some(e) = g.remove(pos) {
                 g.push_back(e);
             }
@@ -90,17 +101,19 @@ impl SnapshotRegistry {
             self.remember(db_name, &snap);
             return Ok(snap);
         };
-        let csn = timestamp_to_csn(ts).ok_or_else(|| {
-            CommandError::new(
+        let want = crate::commands::changes::packed(ts);
+        // Only odd times (just after a group) are issued.
+        if want & 1 == 0 {
+            return Err(CommandError::new(
                 239,
                 "SnapshotTooOld",
                 format!("atClusterTime {ts:?} was not issued by this server"),
-            )
-        })?;
+            ));
+        }
         let found = {
             let g = self.held.lock();
             g.iter()
-                .find(|(d, s)| d == db_name && s.csn() == csn)
+                .find(|(d, s)| d == db_name && s.cluster_time() + 1 == want)
                 .map(|(_, s)| s.clone())
         };
         if let Some(snap) = found {
@@ -108,21 +121,20 @@ impl SnapshotRegistry {
             return Ok(snap);
         }
         let live = db.snapshot();
-        if live.csn() == csn {
+        if live.cluster_time() + 1 == want {
             self.remember(db_name, &live);
             return Ok(live);
         }
-        if csn > live.csn() {
+        if want > live.cluster_time() + 1 {
             return Err(CommandError::bad_value(format!(
-                "readConcern atClusterTime (csn {csn}) is later than database '{db_name}' has reached (csn {})",
-                live.csn()
+                "readConcern atClusterTime {ts:?} is later than database '{db_name}' has reached"
             )));
         }
         Err(CommandError::new(
             239,
             "SnapshotTooOld",
             format!(
-                "the snapshot of database '{db_name}' at csn {csn} is no longer held (the server keeps the {} most recently used); start a new snapshot read",
+                "the snapshot of database '{db_name}' at {ts:?} is no longer held (the server keeps the {} most recently used); start a new snapshot read",
                 self.capacity
             ),
         ))
@@ -148,13 +160,20 @@ mod tests {
         let s1 = reg.resolve("d", &db, None).expect("latest");
         c.insert_one(doc! {"a": 2}).expect("insert");
         let again = reg
-            .resolve("d", &db, Some(csn_to_timestamp(s1.csn())))
+            .resolve("d", &db, Some(snapshot_time(&s1)))
             .expect("same");
         assert_eq!(again.collection("c").count(doc! {}).expect("count"), 1);
         assert_eq!(
-            reg.resolve("d", &db, Some(csn_to_timestamp(99)))
-                .expect_err("future")
-                .code,
+            reg.resolve(
+                "d",
+                &db,
+                Some(Timestamp {
+                    time: u32::MAX,
+                    increment: 1
+                })
+            )
+            .expect_err("future")
+            .code,
             2
         );
         // Evict s1 by using two newer snapshots.
@@ -162,7 +181,7 @@ mod tests {
         c.insert_one(doc! {"a": 3}).expect("insert");
         reg.resolve("d", &db, None).expect("latest");
         assert_eq!(
-            reg.resolve("d", &db, Some(csn_to_timestamp(s1.csn())))
+            reg.resolve("d", &db, Some(snapshot_time(&s1)))
                 .expect_err("evicted")
                 .code,
             239

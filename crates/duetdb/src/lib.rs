@@ -41,8 +41,12 @@ pub use api::{
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
     IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
 };
+pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;
-pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};
+pub use durability::{
+    CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation,
+    DEFAULT_CHANGE_RETENTION, DEFAULT_CHANGE_RETENTION_BYTES,
+};
 pub use error::{
     BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
 };

@@ -163,11 +163,14 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 out.push(("wal", format!("seed-{name}-reframed"), with_mode(1, &body)));
             }
             // Effect streams of the first k records (a record is lsn:u64,
-            // first:u64, count:u32, then its effects), so each applies to an
-            // empty state.
+            // first:u64, count:u32 — with bit 31 set, version 2, then
+            // time:u64 and wall_ms:i64 — then its effects), so each applies
+            // to an empty state.
             let mut stream = Vec::new();
             for (i, r) in records.iter().enumerate() {
-                stream.extend_from_slice(r.get(20..).unwrap_or_default());
+                let v2 = r.get(19).is_some_and(|b| b & 0x80 != 0);
+                let header = if v2 { 36 } else { 20 };
+                stream.extend_from_slice(r.get(header..).unwrap_or_default());
                 if i % 8 == 7 || i + 1 == records.len() {
                     out.push(("effect", format!("seed-{name}-{i:03}"), stream.clone()));
                 }

@@ -14,10 +14,11 @@
 //!
 //! Left out on purpose: `topologyVersion` (so drivers poll instead of using
 //! the streaming protocol), `compression` (OP_COMPRESSED is declined by not
-//! offering it), and
-//! `$clusterTime`/`operationTime` (without them drivers send no
-//! `afterClusterTime`; one node sees its own writes anyway, so causal
-//! consistency holds trivially).
+//! offering it). Every reply (this one included) carries `operationTime` and
+//! `$clusterTime` from the engine's cluster clock (`commands::cluster_time`):
+//! drivers need them for `startAtOperationTime`; the `afterClusterTime` they
+//! then send with causally consistent reads is accepted and needs no wait,
+//! since one node's reads always see its own writes.
 
 use bson::{doc, oid::ObjectId, DateTime, Document};
 

@@ -31,6 +31,7 @@
 //! but committed nothing (a failed insert) forgets it again.
 
 pub mod admin;
+pub mod changes;
 pub mod ddl;
 pub mod handshake;
 pub mod named;
@@ -287,13 +288,36 @@ pub fn execute_with(
     cancel: &duetdb::CancelToken,
 ) -> Document {
     OpCounters::bump(&state.ops.command, 1);
-    match dispatch(state, conn, db, cmd, cancel) {
+    let mut reply = match dispatch(state, conn, db, cmd, cancel) {
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");
             e.to_reply()
         }
+    };
+    cluster_time(state, &mut reply);
+    reply
+}
+
+/// `operationTime` (unless the command set its own) and `$clusterTime`, as
+/// a replica set member answers: the engine's cluster clock, which drivers
+/// send back as `startAtOperationTime` and in `$clusterTime` (accepted and
+/// ignored; the signature is a zero key: there is nothing to verify).
+fn cluster_time(state: &ServerState, reply: &mut Document) {
+    let now = changes::timestamp(state.engine.cluster_time());
+    if !reply.contains_key("operationTime") {
+        reply.insert("operationTime", now);
     }
+    reply.insert(
+        "$clusterTime",
+        doc! {
+            "clusterTime": now,
+            "signature": {
+                "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] },
+                "keyId": 0_i64,
+            },
+        },
+    );
 }
 
 /// The command's name (its first field).

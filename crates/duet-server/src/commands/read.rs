@@ -178,6 +178,14 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     // An error drops the lease, which closes the cursor: it would recur.
     let cursor = lease.cursor()?;
     cursor.set_cancel(ctx.cancel.clone());
+    if cursor.source_mut().as_change_stream().is_some() {
+        let (batch, token) = super::changes::get_more(ctx, cmd, cursor, size)?;
+        let out_id = lease.finish();
+        return Ok(doc! {
+            "cursor": {"nextBatch": batch, "postBatchResumeToken": token, "id": out_id, "ns": ns},
+            "ok": 1.0,
+        });
+    }
     let batch = cursor.next_batch(size)?;
     let out_id = lease.finish();
     Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0})
@@ -319,7 +327,6 @@ const KNOWN_UNSUPPORTED: &[&str] = &[
     "$documents",
     "$currentOp",
     "$listSessions",
-    "$changeStream",
     "$planCacheStats",
     "$search",
 ];
@@ -368,6 +375,20 @@ fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
 }
 
 pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
+    if let Some(pipeline) = args::opt_array(cmd, "pipeline")? {
+        if super::changes::is_change_stream(pipeline) {
+            if target.in_transaction() {
+                return Err(super::txn::not_in_transaction("$changeStream"));
+            }
+            let coll = match cmd.get("aggregate") {
+                Some(Bson::String(s)) => {
+                    Some(args::collection_name(cmd, "aggregate").map(|_| s.as_str())?)
+                }
+                _ => None,
+            };
+            return super::changes::aggregate(ctx, cmd, coll, pipeline);
+        }
+    }
     let coll = match cmd.get("aggregate") {
         Some(Bson::String(s)) => s.as_str(),
         _ if target.in_transaction() => {

@@ -130,7 +130,7 @@ pub fn read_source<'s>(
         }
         (None, ReadConcern::Snapshot(at)) => {
             let snap = ctx.state.snapshots.resolve(ctx.db, &db, at)?;
-            let ts = crate::snapshots::csn_to_timestamp(snap.csn());
+            let ts = crate::snapshots::snapshot_time(&snap);
             (snap, Some(ts))
         }
         (None, ReadConcern::Default) => (db.snapshot(), None),

@@ -280,15 +280,25 @@ pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
         )));
     }
     if name == "commitTransaction" {
-        commit(ctx, &mut s, n)
+        commit(ctx, &mut s, &id, n)
     } else {
         abort(&mut s, n)
     }
 }
 
-fn commit(ctx: &Ctx<'_>, s: &mut Session, n: i64) -> CmdResult {
+fn commit(ctx: &Ctx<'_>, s: &mut Session, id: &SessionId, n: i64) -> CmdResult {
     match std::mem::replace(&mut s.state, TxnState::None) {
         TxnState::InProgress { mut txn, db, .. } => {
+            // Change events of the commit carry the session and number.
+            let lsid = bson::Binary {
+                subtype: bson::spec::BinarySubtype::Uuid,
+                bytes: id.clone(),
+            };
+            if let Ok(origin) =
+                bson::RawDocumentBuf::try_from(&doc! {"lsid": {"id": lsid}, "txnNumber": n})
+            {
+                txn.set_origin(origin);
+            }
             // A transaction that began before its database existed creates it now.
             if txn.write_count() > 0 {
                 if let Err(e) = ctx.commit_target(&mut txn, &db) {

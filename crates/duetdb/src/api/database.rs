@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::api::*;
 use crate::durability::background::Registration;
+use crate::durability::changes::ChangeHub;
 use crate::durability::{
     CheckpointInfo, Durability, DurabilityOptions, Durable, Locking, RecoveryReport,
 };
@@ -88,13 +89,23 @@ impl Database {
 
     /// A named in-memory database with explicit options.
     pub fn with_options(name: &str, path: Option<PathBuf>, options: DbOptions) -> Database {
+        Database::in_hub(name, path, options, Arc::new(ChangeHub::default()))
+    }
+
+    /// An in-memory database whose groups go to `hub` (an Engine's).
+    pub(crate) fn in_hub(
+        name: &str,
+        path: Option<PathBuf>,
+        options: DbOptions,
+        hub: Arc<ChangeHub>,
+    ) -> Database {
         let initial = DbState {
             vls_options: options.vls,
             ..DbState::default()
         };
         Database {
             inner: Arc::new(DbInner {
-                writer: Writer::new(name, initial),
+                writer: Writer::with_hub(name, initial, hub),
                 path,
                 default_strategy: parking_lot::RwLock::new(options.default_strategy),
                 reads: ReadCounts::default(),
@@ -189,7 +200,10 @@ impl Database {
 
     /// Open the durable database `name` kept in `path` (locked on its own).
     pub fn open_named(name: &str, path: &Path, options: DurabilityOptions) -> Result<Database> {
-        Database::open_locked(name, path, options, &Locking::Own)
+        let hub = Arc::new(ChangeHub::default());
+        let db = Database::open_locked(name, path, options, &Locking::Own, hub.clone())?;
+        hub.start_after_recovery();
+        Ok(db)
     }
 
     /// Open the durable database `name` kept in `path`, locked as `locking` says.
@@ -198,6 +212,7 @@ impl Database {
         path: &Path,
         options: DurabilityOptions,
         locking: &Locking,
+        hub: Arc<ChangeHub>,
     ) -> Result<Database> {
         let mode = options.mode;
         let (durable, state) = Durable::open(path, name, options, locking)?;
@@ -207,7 +222,7 @@ impl Database {
             tracing::warn!(dir = %spill.display(), error = %e, "could not clear the spill directory");
         }
         let durable = Arc::new(durable);
-        let writer = Writer::with_wal(name, state, durable.wal().cloned(), mode);
+        let writer = Writer::with_wal(name, state, durable.wal().cloned(), mode, hub);
         let inner = Arc::new(DbInner {
             writer,
             path: Some(path.to_path_buf()),

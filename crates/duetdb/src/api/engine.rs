@@ -29,6 +29,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::api::Database;
+use crate::durability::changes::ChangeHub;
 use crate::durability::io::{create_private_dir_all, DirLock};
 use crate::durability::{lock_dir, DurabilityOptions, Locking, LOCK_FILE};
 use crate::error::{Error, Result};
@@ -43,6 +44,8 @@ pub struct Engine {
     dbs: RwLock<BTreeMap<String, Database>>,
     /// `<dir>/LOCK`, shared with every database opened from `dir`.
     lock: Option<Arc<dyn DirLock>>,
+    /// The cluster clock and change tail every database's writer shares.
+    hub: Arc<ChangeHub>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -61,6 +64,7 @@ impl Engine {
             options: DurabilityOptions::default(),
             dbs: RwLock::new(BTreeMap::new()),
             lock: None,
+            hub: Arc::new(ChangeHub::default()),
         }
     }
 
@@ -88,18 +92,28 @@ impl Engine {
             Error::Internal(format!("cannot list data directory {}: {e}", dir.display()))
         })?;
         let held = Locking::Held(lock.clone());
+        let hub = Arc::new(ChangeHub::default());
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if entry.path().is_dir() && validate_db_name(&name).is_ok() {
-                let db = Database::open_locked(&name, &entry.path(), options.clone(), &held)?;
+                let db = Database::open_locked(
+                    &name,
+                    &entry.path(),
+                    options.clone(),
+                    &held,
+                    hub.clone(),
+                )?;
                 dbs.insert(name, db);
             }
         }
+        // Every recovered time is observed: the tail starts above them all.
+        hub.start_after_recovery();
         Ok(Engine {
             dir: Some(dir.to_path_buf()),
             options,
             dbs: RwLock::new(dbs),
             lock: Some(lock),
+            hub,
         })
     }
 
@@ -136,8 +150,9 @@ impl Engine {
                 &d.join(name),
                 self.options.clone(),
                 &Locking::Held(lock.clone()),
+                self.hub.clone(),
             )?,
-            _ => Database::named(name, None),
+            _ => Database::in_hub(name, None, Default::default(), self.hub.clone()),
         };
         dbs.insert(name.to_string(), db.clone());
         Ok((db, true))
@@ -147,6 +162,11 @@ impl Engine {
     pub fn get(&self, name: &str) -> Result<Option<Database>> {
         validate_db_name(name)?;
         Ok(self.dbs.read().get(name).cloned())
+    }
+
+    /// Every open database, empty ones included.
+    pub fn all_databases(&self) -> Vec<Database> {
+        self.dbs.read().values().cloned().collect()
     }
 
     /// Names of databases that hold at least one collection.
@@ -168,7 +188,15 @@ impl Engine {
             return false;
         };
         self.delete(db);
+        // Under the name map's lock, so a database created again under the
+        // name gets later times than its drop.
+        self.hub.publish_drop_database(Arc::from(name));
         true
+    }
+
+    /// The cluster clock and change tail of this engine's databases.
+    pub(crate) fn hub(&self) -> &Arc<ChangeHub> {
+        &self.hub
     }
 
     /// Forget `name` again if it never committed anything, holds no named

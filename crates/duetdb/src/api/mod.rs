@@ -6,6 +6,7 @@
 
 pub mod aggregate;
 pub mod analytics;
+pub mod changes;
 pub mod collection;
 pub mod crud;
 pub mod database;
@@ -18,6 +19,7 @@ pub mod transaction;
 
 pub use aggregate::AggregateExplain;
 pub use analytics::{AnalyticCollection, AnalyticSession};
+pub use changes::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use collection::{Collection, IndexOptions};
 pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};

@@ -31,6 +31,15 @@ impl Snapshot {
         self.state.csn
     }
 
+    /// The cluster time of the last commit group in this state (0 when
+    /// none is known: an empty database, or a state loaded from a
+    /// version-1 checkpoint with no later commit). Every later group of the
+    /// database has a greater time, so `cluster_time() + 1` names the moment
+    /// just after this state (change streams start there).
+    pub fn cluster_time(&self) -> u64 {
+        self.state.ts
+    }
+
     /// Read-only handle on a collection as of this snapshot.
     pub fn collection(&self, name: &str) -> SnapshotCollection {
         SnapshotCollection {

@@ -54,6 +54,8 @@ pub struct Transaction {
     write_bytes: usize,
     point_reads: Vec<PointRead>,
     predicate_reads: Vec<PredicateRead>,
+    /// Given to change events of the commit (see [`Transaction::set_origin`]).
+    origin: Option<Arc<bson::RawDocumentBuf>>,
 }
 
 impl std::fmt::Debug for Transaction {
@@ -80,6 +82,7 @@ impl Database {
             write_bytes: 0,
             point_reads: Vec::new(),
             predicate_reads: Vec::new(),
+            origin: None,
         }
     }
 
@@ -573,6 +576,12 @@ impl Transaction {
         })
     }
 
+    /// Opaque metadata of the client (a server passes `{lsid, txnNumber}`)
+    /// that the change events of this transaction's commit carry.
+    pub fn set_origin(&mut self, origin: bson::RawDocumentBuf) {
+        self.origin = Some(Arc::new(origin));
+    }
+
     /// Validate and apply every buffered write at one csn through the writer.
     /// On a conflict (WriteConflict, 112) or a constraint violation
     /// (DuplicateKey) nothing changed and the transaction is over.
@@ -598,6 +607,7 @@ impl Transaction {
             point_reads: std::mem::take(&mut self.point_reads),
             predicate_reads: std::mem::take(&mut self.predicate_reads),
             planted_bug: self.options.planted_bug(),
+            origin: self.origin.take(),
         };
         self.kill("it has ended");
         let outcome = self

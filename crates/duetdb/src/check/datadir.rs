@@ -304,6 +304,10 @@ fn options(vfs: Arc<dyn Vfs>, segment_bytes: u64) -> DurabilityOptions {
         checkpoint_interval: None,
         background_checkpoints: false,
         vfs,
+        // No change-history segments: every segment on disk is one recovery
+        // may need, which is what this campaign damages (history segments
+        // are never read by recovery; `tests/changes.rs` covers them).
+        change_retention_bytes: 0,
         ..Default::default()
     }
 }

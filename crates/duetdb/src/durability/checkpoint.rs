@@ -3,7 +3,9 @@
 //!
 //! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §13.4): a sequence
 //! of WAL-style frames `[len u32][crc32c u32][payload]`:
-//! - `H`: magic `DUETCKP\x01`, format version u32, csn u64, collection count u32;
+//! - `H`: magic `DUETCKP\x01`, format version u32 (2), csn u64, collection
+//!   count u32, cluster time u64 of the state (version 1, still read, has no
+//!   time: it loads as 0);
 //! - per collection `C`: name, document count u64, index spec count u32, specs
 //!   (BSON `{key, name, unique}`); then `D` frames of up to ~1 MiB of documents
 //!   (count u32, BSON documents) in record order;
@@ -32,7 +34,7 @@ use crate::store::collection::CollectionState;
 use crate::store::DbState;
 
 const MAGIC: &[u8; 8] = b"DUETCKP\x01";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Documents are framed in chunks of about this many bytes.
 const CHUNK: usize = 1 << 20;
 /// Sync the file every this many bytes (RocksDB's `bytes_per_sync`): a
@@ -112,6 +114,7 @@ pub fn write_as(
         p.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         p.extend_from_slice(&state.csn.to_le_bytes());
         p.extend_from_slice(&(state.collections.len() as u32).to_le_bytes());
+        p.extend_from_slice(&state.ts.to_le_bytes());
         frame(&p, &mut out);
         for (name, c) in state.collections.iter() {
             let mut p = vec![b'C'];
@@ -201,7 +204,7 @@ pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError
         return Err(corrupt(at, "not a duetdb checkpoint (bad header)".into()));
     }
     let version = r.u32().map_err(dec(at))?;
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != 1 {
         return Err(corrupt(
             at,
             format!("format version {version}, this build reads {FORMAT_VERSION}"),
@@ -209,9 +212,16 @@ pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError
     }
     let csn = r.u64().map_err(dec(at))?;
     let n_colls = r.u32().map_err(dec(at))?;
+    // Version 2 adds the state's cluster time; version 1 did not know it.
+    let ts = if version >= 2 {
+        r.u64().map_err(dec(at))?
+    } else {
+        0
+    };
     let mut state = DbState {
         db: Arc::from(db),
         csn,
+        ts,
         ..Default::default()
     };
     let mut total = 0u64;

@@ -13,6 +13,12 @@
 //! changes nothing). Without a WAL the log is disabled and does not even build
 //! the effect.
 //!
+//! Change streams read the same log, so an effect also says what kind of
+//! change it was (`Insert`, `Update` with its update description, `Replace`,
+//! and transaction boundaries); replay treats every put kind alike and
+//! ignores the boundaries. `Put` is what version-1 records hold (kind
+//! unknown).
+//!
 //! Invariants:
 //! - the effects of a group, replayed in order on the state the group started
 //!   from, yield exactly the state the group published;
@@ -62,6 +68,44 @@ pub enum Effect {
         coll: String,
         name: String,
     },
+    /// A put that inserted a new document (replays as `Put`).
+    Insert {
+        coll: String,
+        doc: DocRef,
+    },
+    /// A put that replaced a document with a whole new one (replays as `Put`).
+    Replace {
+        coll: String,
+        doc: DocRef,
+    },
+    /// A put made by update operators (replays as `Put`); `desc` is the
+    /// change in MongoDB's `updateDescription` shape, computed by the writer
+    /// from the old and new versions (`changes::diff`).
+    Update {
+        coll: String,
+        doc: DocRef,
+        desc: Arc<RawDocumentBuf>,
+    },
+    /// The effects up to the next `TxnEnd` are one transaction's; `origin` is
+    /// the opaque metadata its client gave (the server's `lsid`/`txnNumber`).
+    /// Replay ignores it.
+    TxnBegin {
+        origin: Arc<RawDocumentBuf>,
+    },
+    TxnEnd,
+}
+
+impl Effect {
+    /// The collection and new version of any put kind.
+    pub fn as_put(&self) -> Option<(&str, &DocRef)> {
+        match self {
+            Effect::Put { coll, doc }
+            | Effect::Insert { coll, doc }
+            | Effect::Replace { coll, doc }
+            | Effect::Update { coll, doc, .. } => Some((coll, doc)),
+            _ => None,
+        }
+    }
 }
 
 /// The effects of one writer group, passed explicitly to every command that
@@ -108,11 +152,33 @@ impl Effects {
         }
     }
 
-    /// Record the put of `doc` into `coll`.
-    pub fn put(&mut self, coll: &str, doc: &DocRef) {
-        self.record(|| Effect::Put {
+    /// Record the insert of `doc` into `coll`.
+    pub fn insert(&mut self, coll: &str, doc: &DocRef) {
+        self.record(|| Effect::Insert {
             coll: coll.to_string(),
             doc: doc.clone(),
+        });
+    }
+
+    /// Record that `new` replaced `old` in `coll`: by update operators
+    /// (`operators`, with the update description computed here) or as a
+    /// whole replacement.
+    pub fn replace(&mut self, coll: &str, old: &DocRef, new: &DocRef, operators: bool) {
+        self.record(|| {
+            if operators {
+                Effect::Update {
+                    coll: coll.to_string(),
+                    doc: new.clone(),
+                    desc: Arc::new(crate::durability::changes::diff::update_description(
+                        old, new,
+                    )),
+                }
+            } else {
+                Effect::Replace {
+                    coll: coll.to_string(),
+                    doc: new.clone(),
+                }
+            }
         });
     }
 
@@ -134,6 +200,12 @@ const T_DROP_COLL: u8 = 4;
 const T_RENAME: u8 = 5;
 const T_CREATE_INDEX: u8 = 6;
 const T_DROP_INDEX: u8 = 7;
+// Version 2 (change streams): put kinds and transaction boundaries.
+const T_INSERT: u8 = 8;
+const T_REPLACE: u8 = 9;
+const T_UPDATE: u8 = 10;
+const T_TXN_BEGIN: u8 = 11;
+const T_TXN_END: u8 = 12;
 
 /// A decoding failure: what was wrong (the caller adds file and offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,6 +343,27 @@ pub fn encode(e: &Effect, out: &mut Vec<u8>) {
             put_str(out, coll);
             put_str(out, name);
         }
+        Effect::Insert { coll, doc } => {
+            out.push(T_INSERT);
+            put_str(out, coll);
+            out.extend_from_slice(doc.as_bytes());
+        }
+        Effect::Replace { coll, doc } => {
+            out.push(T_REPLACE);
+            put_str(out, coll);
+            out.extend_from_slice(doc.as_bytes());
+        }
+        Effect::Update { coll, doc, desc } => {
+            out.push(T_UPDATE);
+            put_str(out, coll);
+            out.extend_from_slice(doc.as_bytes());
+            out.extend_from_slice(desc.as_bytes());
+        }
+        Effect::TxnBegin { origin } => {
+            out.push(T_TXN_BEGIN);
+            out.extend_from_slice(origin.as_bytes());
+        }
+        Effect::TxnEnd => out.push(T_TXN_END),
     }
 }
 
@@ -308,6 +401,23 @@ pub fn decode(r: &mut Reader<'_>) -> Result<Effect, DecodeError> {
             coll: r.str()?,
             name: r.str()?,
         },
+        T_INSERT => Effect::Insert {
+            coll: r.str()?,
+            doc: Arc::new(r.doc()?),
+        },
+        T_REPLACE => Effect::Replace {
+            coll: r.str()?,
+            doc: Arc::new(r.doc()?),
+        },
+        T_UPDATE => Effect::Update {
+            coll: r.str()?,
+            doc: Arc::new(r.doc()?),
+            desc: Arc::new(r.doc()?),
+        },
+        T_TXN_BEGIN => Effect::TxnBegin {
+            origin: Arc::new(r.doc()?),
+        },
+        T_TXN_END => Effect::TxnEnd,
         t => return Err(DecodeError(format!("unknown effect tag {t}"))),
     })
 }
@@ -327,7 +437,10 @@ fn ensure<'a>(state: &'a mut DbState, name: &str) -> &'a mut CollectionState {
 /// does not belong to this state: it is reported, never papered over.
 pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
     match e {
-        Effect::Put { coll, doc } => {
+        Effect::Put { coll, doc }
+        | Effect::Insert { coll, doc }
+        | Effect::Replace { coll, doc }
+        | Effect::Update { coll, doc, .. } => {
             let id: RawBson = doc::id_of(&doc)
                 .ok_or("put of a document without _id")?
                 .into();
@@ -375,6 +488,7 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
                 .drop_index(&name)
                 .map_err(|e| e.to_string())?;
         }
+        Effect::TxnBegin { .. } | Effect::TxnEnd => {}
     }
     Ok(())
 }

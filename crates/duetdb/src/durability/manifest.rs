@@ -4,11 +4,13 @@
 //! exist, or a WAL segment part of the log, replaced atomically (write
 //! `MANIFEST.tmp`, fsync, rename over `MANIFEST`, fsync the directory).
 //!
-//! Layout, version 3 (written by this build):
-//! `DUETMAN\x01`, version u32 = 3, current checkpoint csn u64, previous
+//! Layout, version 4 (written by this build):
+//! `DUETMAN\x01`, version u32 = 4, current checkpoint csn u64, previous
 //! checkpoint csn u64 (0 = none), pin count u32, pins, synced lsn u64,
-//! segment count u32, that many segment first csns (u64, ascending), crc32c
-//! of everything before it (u32). A pin is: name str, csn u64, file str,
+//! segment count u32, that many segment first csns (u64, ascending), history
+//! segment count u32, that many first csns (u64, ascending, all below the
+//! first segment: older segments kept only for change streams), crc32c of
+//! everything before it (u32). Version 3 (still read): without the history. A pin is: name str, csn u64, file str,
 //! created (unix ms) u64, ttl ms u64 (0 = none), collection count u32
 //! (`u32::MAX` = every collection) and that many collection names
 //! (str = len u32 + UTF-8).
@@ -51,7 +53,7 @@ use crate::error::StorageError;
 pub const MANIFEST: &str = "MANIFEST";
 pub const MANIFEST_TMP: &str = "MANIFEST.tmp";
 const MAGIC: &[u8; 8] = b"DUETMAN\x01";
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Length of a version-1 manifest.
 const LEN_V1: usize = 8 + 4 + 8 + 8 + 4;
 /// Most bytes a manifest may have (1,024 pins of long names and many
@@ -87,6 +89,10 @@ pub struct Manifest {
     /// Every commit up to this csn was synced to the log when this manifest
     /// was installed (0 when unknown).
     pub synced_lsn: u64,
+    /// First csns of older WAL segments kept only as change history
+    /// (retention), ascending, all before `segments`. Recovery never needs
+    /// them and does not mind if they are gone (v4; empty before).
+    pub history: Vec<u64>,
 }
 
 impl Manifest {
@@ -117,6 +123,10 @@ impl Manifest {
         b.extend_from_slice(&self.synced_lsn.to_le_bytes());
         b.extend_from_slice(&(segments.len() as u32).to_le_bytes());
         for first in segments {
+            b.extend_from_slice(&first.to_le_bytes());
+        }
+        b.extend_from_slice(&(self.history.len() as u32).to_le_bytes());
+        for first in &self.history {
             b.extend_from_slice(&first.to_le_bytes());
         }
         let crc = crc32c::crc32c(&b);
@@ -200,6 +210,24 @@ impl Manifest {
                 segments.push(first);
             }
             m.segments = Some(segments);
+        }
+        if version >= 4 {
+            let count = r.u32().map_err(dec)?;
+            for _ in 0..count {
+                let first = r.u64().map_err(dec)?;
+                if first == 0 || m.history.last().is_some_and(|l| *l >= first) {
+                    return bad("the WAL history segment list is not ascending");
+                }
+                m.history.push(first);
+            }
+            let oldest_named = m.segments.as_ref().and_then(|s| s.first());
+            if m.history
+                .last()
+                .zip(oldest_named)
+                .is_some_and(|(h, s)| h >= s)
+            {
+                return bad("a WAL history segment is not older than the log's segments");
+            }
         }
         if !r.done() {
             return bad("bytes after the last entry");
@@ -357,15 +385,16 @@ mod tests {
             ],
             segments: Some(vec![3, 6, 10]),
             synced_lsn: 11,
+            history: vec![1, 2],
         }
     }
 
     #[test]
-    fn v3_round_trips_and_every_flip_is_detected() {
+    fn v4_round_trips_and_every_flip_is_detected() {
         let p = Path::new("MANIFEST");
         let m = sample();
         let b = m.encode();
-        assert_eq!(Manifest::decode(p, &b).expect("v3"), m);
+        assert_eq!(Manifest::decode(p, &b).expect("v4"), m);
         for i in 0..b.len() {
             let mut c = b.clone();
             c[i] ^= 0x40;
@@ -380,9 +409,18 @@ mod tests {
         // A version-2 manifest, as the previous build wrote it: v3 without
         // the synced lsn and the segment list.
         let m = sample();
-        let v3 = m.encode();
-        let tail = 8 + 4 + 4 + 8 * m.segments.as_ref().map_or(0, Vec::len);
-        let mut v2 = v3[..v3.len() - tail].to_vec();
+        let v4 = m.encode();
+        // A version-3 manifest: v4 without the history list.
+        let hist = 4 + 8 * m.history.len();
+        let mut v3 = v4[..v4.len() - 4 - hist].to_vec();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32c::crc32c(&v3);
+        v3.extend_from_slice(&crc.to_le_bytes());
+        let old = Manifest::decode(p, &v3).expect("v3");
+        assert_eq!(old.segments, m.segments);
+        assert!(old.history.is_empty());
+        let tail = 8 + 4 + 4 + 8 * m.segments.as_ref().map_or(0, Vec::len) + hist;
+        let mut v2 = v4[..v4.len() - tail].to_vec();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         let crc = crc32c::crc32c(&v2);
         v2.extend_from_slice(&crc.to_le_bytes());

@@ -47,6 +47,7 @@
 //!   first read by name ([`Durable::load_pin`]).
 
 pub mod background;
+pub mod changes;
 pub mod checkpoint;
 pub mod effect;
 pub mod fdcache;
@@ -106,6 +107,12 @@ impl std::str::FromStr for Durability {
     }
 }
 
+/// How long WAL segments are kept as change history by default (24 h).
+pub const DEFAULT_CHANGE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How many bytes of WAL segments are kept as change history by default
+/// (1 GiB; MongoDB sizes its oplog at 5% of the disk, capped at 50 GB).
+pub const DEFAULT_CHANGE_RETENTION_BYTES: u64 = 1 << 30;
+
 /// Options of a durable database.
 #[derive(Clone)]
 pub struct DurabilityOptions {
@@ -129,6 +136,12 @@ pub struct DurabilityOptions {
     /// With `batch` writes a crash can leave a hole among unsynced records
     /// (writeback out of order); this switch recovers the prefix before it.
     pub accept_damaged_tail: bool,
+    /// WAL segments no checkpoint needs any more are kept this long as
+    /// change history (for change streams resuming from older positions)…
+    pub change_retention: Duration,
+    /// …and while they total at most this many bytes (counted as whole
+    /// segments of `segment_bytes`); the oldest go first.
+    pub change_retention_bytes: u64,
     /// Test-only planted bug: never fsync the WAL.
     #[cfg(feature = "testing")]
     pub skip_wal_fsync: bool,
@@ -167,6 +180,8 @@ impl Default for DurabilityOptions {
             flush_interval: Duration::from_millis(100),
             vfs: Arc::new(RealFs),
             accept_damaged_tail: false,
+            change_retention: DEFAULT_CHANGE_RETENTION,
+            change_retention_bytes: DEFAULT_CHANGE_RETENTION_BYTES,
             #[cfg(feature = "testing")]
             skip_wal_fsync: false,
             #[cfg(feature = "testing")]
@@ -198,6 +213,9 @@ pub struct Durable {
     /// a checkpoint being written).
     checkpointing: Mutex<()>,
     report: RecoveryReport,
+    /// First cluster time of each WAL segment read for change history
+    /// (segments never change once full; the active one is not cached).
+    first_times: Mutex<std::collections::HashMap<u64, Option<u64>>>,
     /// The locks that keep a second opener out, held as long as this is open.
     _locks: Vec<Arc<dyn DirLock>>,
 }
@@ -271,6 +289,7 @@ impl Durable {
                 manifest,
                 checkpointing: Mutex::new(()),
                 report,
+                first_times: Mutex::new(Default::default()),
                 _locks: locks,
             },
             state,
@@ -300,11 +319,17 @@ impl Durable {
         let t0 = Instant::now();
         let info = checkpoint::write(vfs, &self.dir, state)?;
         let synced = self.wal.as_ref().map_or(0, |w| w.synced_lsn());
+        // Ages of the segments that may expire, read before taking the
+        // manifest's lock (a segment's newest change is older than the next
+        // segment's first).
+        let ends = self.segment_ends();
         let installed = self.manifest.update(|m| {
             m.previous = m.current;
             m.current = state.csn;
             m.synced_lsn = m.synced_lsn.max(synced);
-            drop_obsolete_segments(m)
+            let unneeded = drop_obsolete_segments(m);
+            m.history.extend(unneeded);
+            self.expire_history(m, &ends)
         });
         let obsolete = match installed {
             Ok(o) => o,
@@ -324,6 +349,131 @@ impl Durable {
             elapsed = ?t0.elapsed(), "checkpoint installed"
         );
         Ok(Some(info))
+    }
+
+    /// Every WAL segment still on disk for change history, oldest first.
+    fn log_segments(&self) -> Vec<u64> {
+        let m = self.manifest.get();
+        let mut all = m.history;
+        all.extend(m.segments.unwrap_or_default());
+        all
+    }
+
+    /// For each segment but the last: the time of the next segment's first
+    /// record (every change in the segment is older), when known.
+    fn segment_ends(&self) -> Vec<(u64, Option<u64>)> {
+        let all = self.log_segments();
+        let n = all.len();
+        all.windows(2)
+            .enumerate()
+            .map(|(i, w)| {
+                let next = self.segment_first_time(w[1], i + 2 == n).ok().flatten();
+                (w[0], next)
+            })
+            .collect()
+    }
+
+    /// Drop history segments past the retention window or byte budget from
+    /// `m` (oldest first); returns them (deleted once `m` is installed).
+    fn expire_history(&self, m: &mut Manifest, ends: &[(u64, Option<u64>)]) -> Vec<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let horizon = now.saturating_sub(self.opts.change_retention.as_secs());
+        let budget = (self.opts.change_retention_bytes / self.opts.segment_bytes.max(1)) as usize;
+        let mut expired = Vec::new();
+        while let Some(&oldest) = m.history.first() {
+            let end = ends
+                .iter()
+                .find(|(f, _)| *f == oldest)
+                .and_then(|(_, t)| *t);
+            let too_old = end.is_some_and(|t| (t >> 32) < horizon);
+            if m.history.len() > budget || too_old {
+                expired.push(m.history.remove(0));
+            } else {
+                break;
+            }
+        }
+        expired
+    }
+
+    /// The first cluster time in segment `first` (`None`: no version-2 record).
+    fn segment_first_time(&self, first: u64, active: bool) -> Result<Option<u64>, StorageError> {
+        if let Some(t) = self.first_times.lock().get(&first) {
+            return Ok(*t);
+        }
+        let bytes = changes::history::read_segment(&*self.opts.vfs, &self.dir, first)?;
+        let t = changes::history::first_time(&bytes);
+        if !active || t.is_some() {
+            self.first_times.lock().insert(first, t);
+        }
+        Ok(t)
+    }
+
+    /// Every record of this database with a cluster time above the returned
+    /// one is still in the log (`Ok(0)`: the whole history). Conservative by
+    /// at most one time step: the record before the oldest retained one had
+    /// a time at most 2 below it (times are even and strictly increasing).
+    pub fn history_floor(&self) -> Result<u64, StorageError> {
+        let segments = self.log_segments();
+        let Some(&oldest) = segments.first() else {
+            return Ok(0);
+        };
+        if oldest <= 1 {
+            return Ok(0);
+        }
+        let active = segments.len() == 1;
+        Ok(match self.segment_first_time(oldest, active)? {
+            Some(t) => t.saturating_sub(2),
+            // Version-1 records only (or none): nothing older had a time.
+            None => 0,
+        })
+    }
+
+    /// The change records of this database (named `db`) with a time in
+    /// `(after, upto]` read back from the log, oldest first, at most `max`;
+    /// the flag says more remain `<= upto`.
+    pub fn read_changes(
+        &self,
+        db: &Arc<str>,
+        after: u64,
+        upto: u64,
+        max: usize,
+    ) -> Result<(Vec<changes::ChangeRecord>, bool), StorageError> {
+        let segments = self.log_segments();
+        let n = segments.len();
+        let mut start = 0;
+        for i in (0..n).rev() {
+            match self.segment_first_time(segments[i], i + 1 == n)? {
+                Some(t) if t <= after => {
+                    start = i;
+                    break;
+                }
+                None if i + 1 < n => {
+                    start = i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for (i, first) in segments.iter().enumerate().skip(start) {
+            if i + 1 == n {
+                // `batch` records may still wait in memory: write them out.
+                if let Some(w) = &self.wal {
+                    w.flush()?;
+                }
+            }
+            let bytes = changes::history::read_segment(&*self.opts.vfs, &self.dir, *first)?;
+            let (recs, more) =
+                changes::history::records_in(&bytes, db, after, upto, max - out.len());
+            out.extend(recs);
+            if more || out.len() >= max {
+                return Ok((out, true));
+            }
+        }
+        Ok((out, false))
     }
 
     /// The durable named snapshots the manifest records.

@@ -4,7 +4,11 @@
 //! Layout (see docs/design.md §13.3): a segment `wal-<first csn, 20 digits>.log`
 //! starts with the 8-byte magic `DUETWAL\x01`, then frames
 //! `[len u32][crc32c(payload) u32][payload]`, little-endian, where a record's
-//! payload is `[lsn u64][first csn u64][effect count u32][effects…]`.
+//! payload is `[lsn u64][first csn u64][effect count u32][effects…]`
+//! (version 1) or, with bit 31 of the count set (version 2, written since
+//! change streams), `[lsn][first][count | 1<<31][time u64][wall ms i64]
+//! [effects…]`, the time being the group's cluster time
+//! (`changes::clock`). Both versions are read.
 //!
 //! Invariants:
 //! - records are appended in commit order, and a record's `first` is the
@@ -38,6 +42,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::changes::Stamp;
 use super::effect::{self, DecodeError, Effect, Reader};
 use super::io::{VFile, Vfs};
 use super::manifest::{maybe_installed, ManifestStore};
@@ -98,10 +103,26 @@ pub fn read_frame(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, Stri
 pub struct Record {
     pub lsn: u64,
     pub first: u64,
+    /// The group's cluster time (0 in a version-1 record).
+    pub ts: u64,
+    pub wall_ms: i64,
     pub effects: Vec<Effect>,
 }
 
-/// Decode a record payload.
+/// Bit of the effect count that marks a version-2 record.
+const V2_FLAG: u32 = 1 << 31;
+
+/// The cluster time of a version-2 record payload, read from its header
+/// alone (`None` for version 1 or a short payload).
+pub fn record_time(payload: &[u8]) -> Option<u64> {
+    let n = u32::from_le_bytes(payload.get(16..20)?.try_into().ok()?);
+    if n & V2_FLAG == 0 {
+        return None;
+    }
+    Some(u64::from_le_bytes(payload.get(20..28)?.try_into().ok()?))
+}
+
+/// Decode a record payload (either version).
 pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
     let mut r = Reader::new(payload);
     let lsn = r.u64()?;
@@ -109,7 +130,15 @@ pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
     if first == 0 || first > lsn {
         return Err(DecodeError(format!("bad csn range {first}..={lsn}")));
     }
-    let n = r.u32()? as usize;
+    let n = r.u32()?;
+    let (n, ts, wall_ms) = if n & V2_FLAG != 0 {
+        let ts = r.u64()?;
+        let wall = r.u64()? as i64;
+        (n & !V2_FLAG, ts, wall)
+    } else {
+        (n, 0, 0)
+    };
+    let n = n as usize;
     let mut effects = Vec::with_capacity(n.min(1 << 16));
     for _ in 0..n {
         effects.push(effect::decode(&mut r)?);
@@ -120,6 +149,8 @@ pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
     Ok(Record {
         lsn,
         first,
+        ts,
+        wall_ms,
         effects,
     })
 }
@@ -324,22 +355,27 @@ impl Wal {
         self.stopped.store(true, Ordering::Release);
     }
 
-    /// Append the record of a group `first..=lsn` and, with `SyncMode::Now`,
-    /// make it durable before returning. On error nothing of the record
-    /// remains in the log (or writes are stopped).
+    /// Append the (version 2) record of a group `first..=lsn` stamped with
+    /// its cluster time and, with `SyncMode::Now`, make it durable before
+    /// returning. On error nothing of the record remains in the log (or
+    /// writes are stopped).
     pub fn append(
         &self,
         first: u64,
         lsn: u64,
+        stamp: Stamp,
         effects: &[Effect],
         sync: SyncMode,
     ) -> Result<(), StorageError> {
         self.check_writable()?;
         debug_assert!(first >= 1 && first <= lsn);
+        debug_assert!(effects.len() < V2_FLAG as usize);
         let mut payload = Vec::with_capacity(64 + effects.len() * 64);
         payload.extend_from_slice(&lsn.to_le_bytes());
         payload.extend_from_slice(&first.to_le_bytes());
-        payload.extend_from_slice(&(effects.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&(effects.len() as u32 | V2_FLAG).to_le_bytes());
+        payload.extend_from_slice(&stamp.ts.to_le_bytes());
+        payload.extend_from_slice(&(stamp.wall_ms as u64).to_le_bytes());
         for e in effects {
             effect::encode(e, &mut payload);
         }

@@ -138,6 +138,11 @@ pub enum Error {
         size: usize,
         limit: usize,
     },
+    /// A change stream asked for a position older than the retained change
+    /// history. Code 286 (ChangeStreamHistoryLost), as MongoDB: events are
+    /// never skipped silently.
+    #[error("{0}")]
+    ChangeStreamHistoryLost(String),
 }
 
 impl Error {
@@ -175,6 +180,7 @@ impl Error {
             Error::TransactionExceededLifetimeLimitSeconds(_) => 290,
             Error::TransactionTooLarge(_) => 257,
             Error::ValueTooLarge { .. } => 10334,
+            Error::ChangeStreamHistoryLost(_) => 286,
         }
     }
 
@@ -214,6 +220,7 @@ impl Error {
             }
             Error::TransactionTooLarge(_) => "TransactionTooLarge",
             Error::ValueTooLarge { .. } => "BSONObjectTooLarge",
+            Error::ChangeStreamHistoryLost(_) => "ChangeStreamHistoryLost",
         }
     }
 

@@ -374,6 +374,7 @@ fn restrict(published: &Arc<DbState>, names: &[String]) -> Result<(Arc<DbState>,
         Arc::new(DbState {
             db: published.db.clone(),
             csn: published.csn,
+            ts: published.ts,
             collections: Arc::new(kept),
             vls_options: published.vls_options,
         }),

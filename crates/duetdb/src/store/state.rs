@@ -17,6 +17,9 @@ pub struct DbState {
     pub db: Arc<str>,
     /// Commit sequence number of the last command applied.
     pub csn: u64,
+    /// Cluster time of the last group applied (0: none known). Change
+    /// streams and `atClusterTime` name states by it (`durability::changes`).
+    pub ts: u64,
     pub collections: Arc<BTreeMap<String, CollectionState>>,
     /// Options new collections' VLS bookkeeping is created with.
     pub vls_options: VlsOptions,

@@ -53,6 +53,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bson::raw::RawDocumentBuf;
 use bson::{Bson, RawBson};
 
 use crate::doc::{self, DocRef};
@@ -176,6 +177,9 @@ pub struct TxnCommit {
     pub(crate) point_reads: Vec<PointRead>,
     pub(crate) predicate_reads: Vec<PredicateRead>,
     pub(crate) planted_bug: PlantedBug,
+    /// Opaque metadata of the committing client for change events
+    /// (the server's `{lsid, txnNumber}`).
+    pub(crate) origin: Option<Arc<RawDocumentBuf>>,
 }
 
 impl std::fmt::Debug for TxnCommit {
@@ -251,7 +255,7 @@ pub fn apply_commit(
     }
     #[cfg(debug_assertions)]
     let before = WrittenBefore::capture(state, &commit.writes);
-    let applied = apply_writes(state, fx, &commit.writes);
+    let applied = apply_writes(state, fx, &commit.writes, commit.origin.as_ref());
     #[cfg(debug_assertions)]
     match &applied {
         Ok(_) => assert_committed(state, &commit.writes),
@@ -411,10 +415,23 @@ enum Undo {
 /// reverse, and returns the error: nothing changed. Undoing a delete
 /// re-inserts the same document under a fresh record id (ids are never
 /// reused), which readers cannot tell apart.
-fn apply_writes(state: &mut DbState, fx: &mut Effects, writes: &WriteSet) -> Result<CommitOutcome> {
+fn apply_writes(
+    state: &mut DbState,
+    fx: &mut Effects,
+    writes: &WriteSet,
+    origin: Option<&Arc<RawDocumentBuf>>,
+) -> Result<CommitOutcome> {
     let mut undo: Vec<Undo> = Vec::new();
     let mut outcome = CommitOutcome::default();
+    // Change streams see the commit's effects as one transaction (the
+    // writer drops these markers with the rest if the commit fails).
+    if let Some(o) = origin {
+        fx.record(|| Effect::TxnBegin { origin: o.clone() });
+    }
     let result = apply_writes_inner(state, fx, writes, &mut undo, &mut outcome);
+    if origin.is_some() && result.is_ok() {
+        fx.record(|| Effect::TxnEnd);
+    }
     if let Err(e) = result {
         for u in undo.into_iter().rev() {
             let restored = match u {
@@ -491,11 +508,10 @@ fn apply_writes_inner(
                     .cloned()
                     .ok_or_else(|| Error::Internal(format!("record {rid} vanished")))?;
                 c.replace(rid, new.clone())?;
+                // A transaction buffers final versions, not operators: its
+                // replacements are reported as updates with the diff.
+                fx.replace(coll, &old, new, true);
                 undo.push(Undo::Replaced(coll.clone(), rid, old));
-                fx.record(|| Effect::Put {
-                    coll: coll.clone(),
-                    doc: new.clone(),
-                });
                 outcome.updated += 1;
             }
         }
@@ -514,10 +530,7 @@ fn apply_writes_inner(
             // Logged as physical changes in this command's WAL record (one
             // record per writer group: a transaction is never half-recovered;
             // a failed commit's effects are truncated by the writer).
-            fx.record(|| Effect::Put {
-                coll: coll.clone(),
-                doc: new.clone(),
-            });
+            fx.insert(coll, new);
             outcome.inserted += 1;
         }
     }

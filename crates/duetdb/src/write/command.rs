@@ -325,7 +325,7 @@ fn insert(
         let d: DocRef = Arc::new(raw);
         match c.insert(d.clone(), id) {
             Ok(_) => {
-                fx.put(coll, &d);
+                fx.insert(coll, &d);
                 out.inserted.push((i, id_bson))
             }
             Err(e) => {
@@ -429,7 +429,7 @@ fn replace_all(
     for (rid, old, new) in changes {
         // Recorded before the attempt; on failure the writer drops the
         // command's effects along with its changes.
-        fx.put(coll, &new);
+        fx.replace(coll, &old, &new, !update.is_replacement());
         if let Err(e) = c.replace_where(rid, new, |spec| affected.contains(&spec.name)) {
             for (rid, old) in done.into_iter().rev() {
                 // Restoring a version that was consistent before cannot conflict.
@@ -505,7 +505,7 @@ fn upsert_into(
         undo_create(state, coll, created);
         return Err(e);
     }
-    fx.put(coll, &d);
+    fx.insert(coll, &d);
     Ok(UpdateResult {
         matched: 0,
         modified: 0,
@@ -557,7 +557,7 @@ fn find_and_modify(
                     undo_create(state, &f.coll, created);
                     return Err(e);
                 }
-                fx.put(&f.coll, &stored);
+                fx.insert(&f.coll, &stored);
                 Ok(Reply::FoundAndModified(FindAndModifyOutcome {
                     doc: f.return_new.then_some(stored),
                     update: UpdateResult {
@@ -593,7 +593,7 @@ fn find_and_modify(
                 Some(raw) => {
                     let r: DocRef = Arc::new(raw);
                     c.replace(rid, r.clone())?;
-                    fx.put(&f.coll, &r);
+                    fx.replace(&f.coll, &old, &r, !update.is_replacement());
                     (1, r)
                 }
                 None => (0, old.clone()),

@@ -20,6 +20,10 @@
 //! - a command that fails changes nothing; a command that panics (a bug) poisons
 //!   the writer: the group is not published and later submissions fail;
 //! - every published collection satisfies `CollectionState::check_invariants`;
+//! - every published group has a cluster time from the process's
+//!   [`ChangeHub`] clock (strictly increasing in commit order), carried by
+//!   its WAL record and its published state, and is added to the hub's change
+//!   tail right after it is published (a failed group's time is abandoned);
 //! - with a WAL, a group is appended to it (and synced when any of its
 //!   commands asked for `fsync`) before it is published or acknowledged; a
 //!   group whose append or sync fails is not published and all its commands
@@ -40,6 +44,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Condvar, Mutex};
 
+use crate::durability::changes::{ChangeHub, ChangeRecord};
 use crate::durability::effect::Effects;
 use crate::durability::wal::{SyncMode, Wal};
 use crate::durability::Durability;
@@ -105,6 +110,9 @@ pub struct Writer {
     poisoned: Mutex<Option<String>>,
     /// The write-ahead log, for durable databases.
     wal: Option<Arc<Wal>>,
+    /// The process's cluster clock and change tail: every published group
+    /// gets a time from it and is added to its tail (change streams).
+    hub: Arc<ChangeHub>,
     /// The database's default durability.
     durability: Durability,
     /// Groups published and commands applied (successful or not), for
@@ -130,8 +138,17 @@ pub struct WriterStats {
 }
 
 impl Writer {
-    pub fn new(db_name: &str, mut initial: DbState) -> Writer {
+    /// A writer with a change hub of its own (a database outside an Engine).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn new(db_name: &str, initial: DbState) -> Writer {
+        Writer::with_hub(db_name, initial, Arc::new(ChangeHub::default()))
+    }
+
+    /// A writer stamping its groups with `hub`'s clock and adding them to
+    /// its tail. Requires: `hub`'s clock has observed `initial.ts`.
+    pub fn with_hub(db_name: &str, mut initial: DbState, hub: Arc<ChangeHub>) -> Writer {
         initial.db = Arc::from(db_name);
+        hub.clock.observe(initial.ts);
         Writer {
             db_name: Arc::from(db_name),
             queue: Mutex::new(VecDeque::new()),
@@ -139,6 +156,7 @@ impl Writer {
             published: ArcSwap::from_pointee(initial),
             poisoned: Mutex::new(None),
             wal: None,
+            hub,
             durability: Durability::None,
             groups: AtomicU64::new(0),
             commands: AtomicU64::new(0),
@@ -154,11 +172,12 @@ impl Writer {
         initial: DbState,
         wal: Option<Arc<Wal>>,
         durability: Durability,
+        hub: Arc<ChangeHub>,
     ) -> Writer {
         Writer {
             wal,
             durability,
-            ..Writer::new(db_name, initial)
+            ..Writer::with_hub(db_name, initial, hub)
         }
     }
 
@@ -299,7 +318,8 @@ impl Writer {
     fn lead(&self, group: &[Arc<Slot>]) {
         let mut working: DbState = (*self.published.load_full()).clone();
         let start_csn = working.csn;
-        let mut fx = Effects::new(self.wal.is_some());
+        // Always recorded: the change tail needs them even without a WAL.
+        let mut fx = Effects::new(true);
         let mut sync = SyncMode::Later;
         #[cfg(debug_assertions)]
         let applying = std::time::Instant::now();
@@ -342,10 +362,17 @@ impl Writer {
             Ok(()) => {
                 if working.csn != start_csn {
                     debug_assert!(working.csn > start_csn);
+                    // The time is taken by the leader, so one database's
+                    // groups get increasing times in commit order.
+                    let stamp = self.hub.clock.tick();
+                    working.ts = stamp.ts;
                     if let Some(wal) = &self.wal {
                         // Log before publishing: nobody may see (or be told
                         // about) a group a crash could take back.
-                        if let Err(e) = wal.append(start_csn + 1, working.csn, &effects, sync) {
+                        if let Err(e) =
+                            wal.append(start_csn + 1, working.csn, stamp, &effects, sync)
+                        {
+                            self.hub.abandon(stamp.ts);
                             let e = crate::error::Error::from(e);
                             for s in group {
                                 let mut r = s.reply.lock();
@@ -357,6 +384,10 @@ impl Writer {
                         }
                     }
                     self.published.store(Arc::new(working));
+                    // After the publish: a reader woken by the tail finds the
+                    // group in the database's state too.
+                    self.hub
+                        .publish(ChangeRecord::group(self.db_name.clone(), stamp, effects));
                 }
             }
             Err(panic) => {

@@ -432,9 +432,15 @@ mod tests {
         store
             .update(|m| m.segments = Some(vec![1]))
             .expect("name the segment");
-        wal.append(1, 3, &[put(1), put(2), put(3)], SyncMode::Now)
-            .expect("group 1..=3");
-        wal.append(4, 5, &[put(4), put(5)], SyncMode::Now)
+        wal.append(
+            1,
+            3,
+            Default::default(),
+            &[put(1), put(2), put(3)],
+            SyncMode::Now,
+        )
+        .expect("group 1..=3");
+        wal.append(4, 5, Default::default(), &[put(4), put(5)], SyncMode::Now)
             .expect("group 4..=5");
         drop(wal);
         let r = recover(&*vfs, dir, "db", false).expect("recover");

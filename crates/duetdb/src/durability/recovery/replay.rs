@@ -280,6 +280,7 @@ impl<'a> Replay<'a> {
             })?;
         }
         state.csn = rec.lsn;
+        state.ts = state.ts.max(rec.ts);
         self.expected = rec.lsn + 1;
         self.last_group_end = Some(rec.lsn);
         report.records_replayed += 1;

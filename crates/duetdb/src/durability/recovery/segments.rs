@@ -104,7 +104,8 @@ pub(super) fn plan_segments(
     }
     let oldest_named = named.first().copied();
     for (first, path) in on_disk {
-        if named.contains(&first) {
+        // History segments (kept for change streams) are not part of the log.
+        if named.contains(&first) || manifest.history.contains(&first) {
             continue;
         }
         let bytes = vfs

@@ -1,0 +1,129 @@
+//! The cluster clock: one per [`crate::Engine`] (process), handing out the
+//! BSON Timestamps change events and snapshots are ordered by.
+//!
+//! A time is a Timestamp packed into a `u64` (`seconds << 32 | increment`,
+//! so numeric order is Timestamp order). Every committed writer group of any
+//! database takes one with [`ClusterClock::tick`]:
+//! `max(previous + 2, now_seconds << 32 | 2)`. Group times are therefore
+//! strictly increasing across all databases of the process, **even**, and
+//! never below the times recovered from disk ([`ClusterClock::observe`]),
+//! even when the wall clock went back. The odd time `t + 1` is "just after
+//! group `t`": no group ever has it, which is what a snapshot's
+//! `atClusterTime` uses (docs/design.md, "Change streams").
+//!
+//! Invariants:
+//! - `tick` results are strictly increasing and even;
+//! - a time stays *in flight* from `tick` until [`ClusterClock::done`]
+//!   (published or abandoned); [`ClusterClock::stable`] is below every time
+//!   in flight, so every group with a time `<= stable()` is final: it is
+//!   either visible (in the change tail and its database's published state)
+//!   or will never exist. A reader that stops at `stable()` can never later
+//!   find a group it skipped.
+
+use std::collections::BTreeSet;
+
+use parking_lot::Mutex;
+
+/// A cluster time and the wall-clock milliseconds it was taken at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub ts: u64,
+    pub wall_ms: i64,
+}
+
+#[derive(Default)]
+struct Inner {
+    last: u64,
+    in_flight: BTreeSet<u64>,
+}
+
+/// See the module documentation.
+#[derive(Default)]
+pub struct ClusterClock {
+    inner: Mutex<Inner>,
+}
+
+/// `(seconds, increment)` of a packed time.
+pub fn parts(ts: u64) -> (u32, u32) {
+    ((ts >> 32) as u32, ts as u32)
+}
+
+/// The packed time of `(seconds, increment)`.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn pack(secs: u32, inc: u32) -> u64 {
+    (u64::from(secs) << 32) | u64::from(inc)
+}
+
+fn wall_now() -> (u64, i64) {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs(), d.as_millis().min(i64::MAX as u128) as i64)
+}
+
+impl ClusterClock {
+    pub fn new() -> ClusterClock {
+        ClusterClock::default()
+    }
+
+    /// Never hand out a time at or below `ts` (a time recovered from disk).
+    pub fn observe(&self, ts: u64) {
+        let mut g = self.inner.lock();
+        // Keep `last` even: the next tick is `last + 2` at least.
+        let even = ts + (ts & 1);
+        g.last = g.last.max(even);
+    }
+
+    /// The next group time, registered as in flight until [`Self::done`].
+    pub fn tick(&self) -> Stamp {
+        let (secs, wall_ms) = wall_now();
+        let mut g = self.inner.lock();
+        let from_wall = (secs.min(u64::from(u32::MAX)) << 32) | 2;
+        let ts = from_wall.max(g.last + 2);
+        debug_assert!(ts & 1 == 0 && ts > g.last);
+        g.last = ts;
+        g.in_flight.insert(ts);
+        Stamp { ts, wall_ms }
+    }
+
+    /// The group of time `ts` was published or abandoned.
+    pub fn done(&self, ts: u64) {
+        let removed = self.inner.lock().in_flight.remove(&ts);
+        debug_assert!(removed, "time {ts} finished twice or never started");
+    }
+
+    /// Every group with a time `<=` this is final (see the module invariants).
+    pub fn stable(&self) -> u64 {
+        let g = self.inner.lock();
+        match g.in_flight.first() {
+            Some(first) => first - 1,
+            None => g.last,
+        }
+    }
+
+    /// The last time handed out (or observed): a reply's `operationTime`.
+    pub fn last(&self) -> u64 {
+        self.inner.lock().last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_even_increasing_and_above_observed_times() {
+        let c = ClusterClock::new();
+        let far = pack(u32::MAX - 1, 7);
+        c.observe(far);
+        let a = c.tick();
+        let b = c.tick();
+        assert!(a.ts > far && b.ts > a.ts);
+        assert_eq!((a.ts & 1, b.ts & 1), (0, 0));
+        assert_eq!(c.stable(), a.ts - 1, "a is in flight");
+        c.done(b.ts);
+        assert_eq!(c.stable(), a.ts - 1, "b is done but a is not");
+        c.done(a.ts);
+        assert_eq!(c.stable(), b.ts);
+    }
+}
