@@ -156,7 +156,93 @@ struct Spec {
     full_document: FullDocument,
     before_change: bool,
     expanded: bool,
-    pipeline: Option<Pipeline>,
+    pipeline: Vec<Step>,
+}
+
+/// Where a `$replaceRoot`/`$replaceWith` puts its evaluated `newRoot` (an
+/// `$addFields` computes it; the step then makes it the document).
+const NEW_ROOT_FIELD: &str = "__duet_newRoot";
+
+/// One part of the pipeline after `$changeStream`.
+enum Step {
+    /// Stages the engine's pipeline runs.
+    Run(Pipeline),
+    /// `$replaceRoot`/`$replaceWith`: `{$addFields: {NEW_ROOT_FIELD: expr}}`.
+    ReplaceRoot(Pipeline),
+}
+
+/// Run the steps on one event; `None` when a `$match` dropped it.
+fn run_steps(steps: &[Step], d: Document) -> CmdResult<Option<Document>> {
+    let mut cur = d;
+    for step in steps {
+        match step {
+            Step::Run(p) => match p.run_on(vec![cur])?.into_iter().next() {
+                Some(next) => cur = next,
+                None => return Ok(None),
+            },
+            Step::ReplaceRoot(p) => {
+                let mut out = p.run_on(vec![cur])?.into_iter().next().unwrap_or_default();
+                cur = match out.remove(NEW_ROOT_FIELD) {
+                    Some(Bson::Document(root)) => root,
+                    other => {
+                        let (shown, ty) = match &other {
+                            None => ("MISSING".to_string(), "missing"),
+                            Some(v) => (v.to_string(), duetdb::raw::type_name(v)),
+                        };
+                        return Err(CommandError::new(
+                            40228,
+                            "Location40228",
+                            format!(
+                                "'newRoot' expression must evaluate to an object, but resulting \
+                                 value was: {shown}. Type of resulting value: '{ty}'."
+                            ),
+                        ));
+                    }
+                };
+            }
+        }
+    }
+    Ok(Some(cur))
+}
+
+/// The `$addFields` that evaluates a `$replaceRoot`/`$replaceWith` stage's
+/// new root.
+fn replace_root_step(name: &str, arg: &Bson) -> CmdResult<Step> {
+    let expr = if name == "$replaceWith" {
+        arg.clone()
+    } else {
+        let Bson::Document(d) = arg else {
+            return Err(CommandError::new(
+                40229,
+                "Location40229",
+                format!(
+                    "expected an object as specification for $replaceRoot stage, got {}",
+                    duetdb::raw::type_name(arg)
+                ),
+            ));
+        };
+        for k in d.keys() {
+            if k != "newRoot" {
+                return Err(CommandError::new(
+                    40415,
+                    "Location40415",
+                    format!("BSON field '$replaceRoot.{k}' is an unknown field."),
+                ));
+            }
+        }
+        d.get("newRoot").cloned().ok_or_else(|| {
+            CommandError::new(
+                40231,
+                "Location40231",
+                "no newRoot specified for the $replaceRoot stage",
+            )
+        })?
+    };
+    let mut fields = Document::new();
+    fields.insert(NEW_ROOT_FIELD, expr);
+    Ok(Step::ReplaceRoot(Pipeline::parse(&[
+        doc! {"$addFields": fields},
+    ])?))
 }
 
 /// Stages MongoDB allows after `$changeStream`.
@@ -170,8 +256,16 @@ const ALLOWED_AFTER: &[&str] = &[
     "$replaceWith",
     "$redact",
 ];
-/// Those the engine runs.
-const RUN_AFTER: &[&str] = &["$match", "$project", "$addFields", "$set", "$unset"];
+/// Those the engine runs (`$replaceRoot`/`$replaceWith` through `$addFields`).
+const RUN_AFTER: &[&str] = &[
+    "$match",
+    "$project",
+    "$addFields",
+    "$set",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
 
 /// A change stream cursor's state: the scope and options, how far the
 /// history was scanned, and events read but not yet returned.
@@ -348,9 +442,14 @@ fn parse(
             coll: c.to_string(),
         },
     };
-    let mut rest = Vec::new();
+    let mut steps = Vec::new();
+    let mut rest: Vec<Document> = Vec::new();
     for stage in &pipeline[1..] {
-        let (name, _) = stage_name(stage)?;
+        // `$replaceWith` takes any expression, not only a document.
+        let name = match stage {
+            Bson::Document(d) if d.len() == 1 && d.contains_key("$replaceWith") => "$replaceWith",
+            _ => stage_name(stage)?.0,
+        };
         if name == "$changeStream" {
             return Err(CommandError::new(
                 40602,
@@ -371,15 +470,22 @@ fn parse(
                 RUN_AFTER.join(", ")
             )));
         }
-        if let Bson::Document(d) = stage {
+        let Bson::Document(d) = stage else {
+            continue;
+        };
+        if let ("$replaceRoot" | "$replaceWith", Some(arg)) = (name, d.get(name)) {
+            if !rest.is_empty() {
+                steps.push(Step::Run(Pipeline::parse(&std::mem::take(&mut rest))?));
+            }
+            steps.push(replace_root_step(name, arg)?);
+        } else {
             rest.push(d.clone());
         }
     }
-    let pipeline = if rest.is_empty() {
-        None
-    } else {
-        Some(Pipeline::parse(&rest)?)
-    };
+    if !rest.is_empty() {
+        steps.push(Step::Run(Pipeline::parse(&rest)?));
+    }
+    let pipeline = steps;
     // Without a start: from now, i.e. after every change already final.
     let start = start.unwrap_or_else(|| ChangePosition::after_time(engine.stable_cluster_time()));
     engine.check_change_history(&scope, start)?;
@@ -516,10 +622,24 @@ impl ChangeStream {
         for e in &b.events {
             let shown = match event_doc(&self.spec, e)? {
                 None => None,
-                Some(d) => match &self.spec.pipeline {
-                    None => Some(d),
-                    Some(p) => p.run_on(vec![d])?.into_iter().next(),
-                },
+                Some(d) if self.spec.pipeline.is_empty() => Some(d),
+                Some(d) => {
+                    let id = d.get("_id").cloned();
+                    let out = run_steps(&self.spec.pipeline, d)?;
+                    // MongoDB's rule: the token must come out unchanged, or
+                    // the stream could not be resumed from this event.
+                    if out.as_ref().is_some_and(|o| o.get("_id") != id.as_ref()) {
+                        return Err(CommandError::new(
+                            280,
+                            "ChangeStreamFatalError",
+                            "Encountered an event whose _id field, which contains the resume \
+                             token, was modified by the pipeline. Modifying the _id field of an \
+                             event makes it impossible to resume the stream from that point. Only \
+                             transformations that retain the unmodified _id field are allowed.",
+                        ));
+                    }
+                    out
+                }
             };
             if let Some(d) = shown {
                 self.buffered.push_back((d, e.pos));
