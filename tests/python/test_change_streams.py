@@ -63,14 +63,24 @@ def test_collection_watch_every_operation_type(db):
 
 
 def test_update_lookup_and_pipeline(db):
+    """updateLookup returns the document as it is when the event is read
+    (MongoDB's rule), null once deleted; whenAvailable returns the version
+    the update wrote (the log holds it)."""
     coll = db.c
     with coll.watch([{"$match": {"operationType": "update"}}],
-                    full_document="updateLookup", max_await_time_ms=200) as s:
+                    full_document="updateLookup", max_await_time_ms=200) as s, \
+            coll.watch([{"$match": {"operationType": "update"}}],
+                       full_document="whenAvailable", max_await_time_ms=200) as w:
         coll.insert_one({"_id": 1, "v": 1})
         coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
         coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
-        ev = drain(s, 2)
-        assert [e["fullDocument"]["v"] for e in ev] == [2, 3]
+        coll.insert_one({"_id": 2, "v": 1})
+        coll.update_one({"_id": 2}, {"$inc": {"v": 1}})
+        coll.delete_one({"_id": 2})
+        ev = drain(s, 3)
+        assert [e["fullDocument"] for e in ev] == [
+            {"_id": 1, "v": 3}, {"_id": 1, "v": 3}, None]
+        assert [e["fullDocument"]["v"] for e in drain(w, 3)] == [2, 3, 2]
         quiet(s, 0.3)
 
 
@@ -253,7 +263,7 @@ def test_snapshot_then_stream_has_no_gap_and_no_duplicate(client, db):
             model = {d["_id"]: d for d in coll.find({}, session=sess)}
             at = sess._snapshot_time
         assert isinstance(at, Timestamp)
-        with coll.watch(start_at_operation_time=at, full_document="updateLookup",
+        with coll.watch(start_at_operation_time=at, full_document="whenAvailable",
                         max_await_time_ms=200) as s:
             time.sleep(0.2)
             stop.set()
@@ -333,3 +343,22 @@ def test_get_more_max_time_ms_only_on_await_cursors(db):
     more = db.command({"getMore": r["cursor"]["id"], "collection": "gm", "maxTimeMS": 300})
     assert more["cursor"]["nextBatch"] == []
     assert time.time() - t0 >= 0.25
+
+
+def test_full_document_before_change(db):
+    """No pre-images are recorded: whenAvailable reports null, and required
+    fails on the first update/replace/delete event with NoMatchingDocument
+    (47), as MongoDB's when a pre-image is missing; inserts pass."""
+    coll = db.pre
+    coll.insert_one({"_id": 0})
+    with coll.watch(full_document_before_change="whenAvailable", max_await_time_ms=200) as s:
+        coll.update_one({"_id": 0}, {"$set": {"a": 1}})
+        e = drain(s, 1)[0]
+        assert "fullDocumentBeforeChange" in e and e["fullDocumentBeforeChange"] is None
+    with coll.watch(full_document_before_change="required", max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 1})
+        assert drain(s, 1)[0]["operationType"] == "insert"
+        coll.delete_one({"_id": 1})
+        with pytest.raises(OperationFailure) as e:
+            drain(s, 1)
+        assert e.value.code == 47

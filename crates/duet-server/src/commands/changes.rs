@@ -145,16 +145,31 @@ pub fn packed(ts: Timestamp) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FullDocument {
     Default,
-    /// `updateLookup`, `whenAvailable`, `required`: all served from the
-    /// version the update wrote (the post-image is in the log).
+    /// `updateLookup`: the document's *current* version when the event is
+    /// read (null once deleted), as MongoDB's.
+    Lookup,
+    /// `whenAvailable`, `required`: the version the update wrote (the
+    /// post-image is in the log, so it is always available).
     PostImage,
+}
+
+/// `fullDocumentBeforeChange`. Pre-images are not recorded
+/// (`changeStreamPreAndPostImages` is not built), so none is ever available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BeforeChange {
+    Off,
+    /// The field is null.
+    WhenAvailable,
+    /// An update, replace or delete event fails with NoMatchingDocument
+    /// (47), as MongoDB's when the pre-image is missing.
+    Required,
 }
 
 /// What a stream delivers, parsed from its `$changeStream` stage and the rest.
 struct Spec {
     scope: ChangeScope,
     full_document: FullDocument,
-    before_change: bool,
+    before_change: BeforeChange,
     expanded: bool,
     pipeline: Vec<Step>,
 }
@@ -346,7 +361,7 @@ fn parse(
     let engine = &ctx.state.engine;
     let (_, opts) = stage_name(&pipeline[0])?;
     let mut full_document = FullDocument::Default;
-    let mut before_change = false;
+    let mut before_change = BeforeChange::Off;
     let mut expanded = false;
     let mut cluster = false;
     let mut start: Option<ChangePosition> = None;
@@ -356,7 +371,8 @@ fn parse(
             "fullDocument" => {
                 full_document = match v.as_str() {
                     Some("default") => FullDocument::Default,
-                    Some("updateLookup" | "whenAvailable" | "required") => FullDocument::PostImage,
+                    Some("updateLookup") => FullDocument::Lookup,
+                    Some("whenAvailable" | "required") => FullDocument::PostImage,
                     _ => {
                         return Err(CommandError::bad_value(format!(
                             "unrecognized value for fullDocument: {v}"
@@ -365,20 +381,16 @@ fn parse(
                 }
             }
             "fullDocumentBeforeChange" => {
-                before_change =
-                    match v.as_str() {
-                        Some("off") => false,
-                        Some("whenAvailable") => true,
-                        Some("required") => return Err(CommandError::not_supported(
-                            "fullDocumentBeforeChange: 'required' is not supported by duetdb yet \
-                             (pre-images are not recorded; 'whenAvailable' reports null)",
-                        )),
-                        _ => {
-                            return Err(CommandError::bad_value(format!(
-                                "unrecognized value for fullDocumentBeforeChange: {v}"
-                            )))
-                        }
+                before_change = match v.as_str() {
+                    Some("off") => BeforeChange::Off,
+                    Some("whenAvailable") => BeforeChange::WhenAvailable,
+                    Some("required") => BeforeChange::Required,
+                    _ => {
+                        return Err(CommandError::bad_value(format!(
+                            "unrecognized value for fullDocumentBeforeChange: {v}"
+                        )))
                     }
+                }
             }
             "showExpandedEvents" => expanded = args::flag(opts, "showExpandedEvents")?,
             "allChangesForCluster" => cluster = args::flag(opts, "allChangesForCluster")?,
@@ -509,7 +521,7 @@ fn ns_doc(db: &str, coll: Option<&str>) -> Document {
 }
 
 /// The event document, or `None` when this stream does not show the kind.
-fn event_doc(spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
+fn event_doc(engine: &Engine, spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
     let mut d = doc! {
         "_id": token(e.pos, KIND_EVENT),
     };
@@ -548,8 +560,20 @@ fn event_doc(spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
         ChangeKind::Update { doc, desc, .. } => {
             d.insert("documentKey", key(doc)?);
             d.insert("updateDescription", duetdb::raw::to_document(desc)?);
-            if spec.full_document == FullDocument::PostImage {
-                d.insert("fullDocument", full(doc)?);
+            match spec.full_document {
+                FullDocument::Default => {}
+                FullDocument::PostImage => {
+                    d.insert("fullDocument", full(doc)?);
+                }
+                FullDocument::Lookup => {
+                    let coll = e.kind.coll().unwrap_or_default();
+                    let id = key(doc)?.get("_id").cloned().unwrap_or(Bson::Null);
+                    let now = match engine.get(db)? {
+                        Some(database) => database.collection(coll).get(&id)?,
+                        None => None,
+                    };
+                    d.insert("fullDocument", now.as_ref().map_or(Ok(Bson::Null), full)?);
+                }
             }
         }
         ChangeKind::Delete { id, .. } => {
@@ -575,13 +599,28 @@ fn event_doc(spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
         }
         _ => {}
     }
-    if spec.before_change
-        && matches!(
-            e.kind,
-            ChangeKind::Update { .. } | ChangeKind::Replace { .. } | ChangeKind::Delete { .. }
-        )
-    {
-        d.insert("fullDocumentBeforeChange", Bson::Null);
+    let changes_a_doc = matches!(
+        e.kind,
+        ChangeKind::Update { .. } | ChangeKind::Replace { .. } | ChangeKind::Delete { .. }
+    );
+    match spec.before_change {
+        BeforeChange::Off => {}
+        _ if !changes_a_doc => {}
+        BeforeChange::WhenAvailable => {
+            d.insert("fullDocumentBeforeChange", Bson::Null);
+        }
+        BeforeChange::Required => {
+            return Err(CommandError::new(
+                47,
+                "NoMatchingDocument",
+                format!(
+                    "Change stream was configured to require a pre-image for all update, \
+                     delete and replace events, but the pre-image was not found for the {op} \
+                     event on {db}.{} (duetdb does not record pre-images)",
+                    e.kind.coll().unwrap_or_default()
+                ),
+            ));
+        }
     }
     if let Some(origin) = &e.txn {
         for (k, v) in duetdb::raw::to_document(origin)? {
@@ -620,7 +659,7 @@ impl ChangeStream {
         let b = engine.read_changes(&self.spec.scope, self.scanned, want.clamp(1, FETCH))?;
         let mut any = false;
         for e in &b.events {
-            let shown = match event_doc(&self.spec, e)? {
+            let shown = match event_doc(engine, &self.spec, e)? {
                 None => None,
                 Some(d) if self.spec.pipeline.is_empty() => Some(d),
                 Some(d) => {
