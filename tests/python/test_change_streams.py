@@ -63,14 +63,24 @@ def test_collection_watch_every_operation_type(db):
 
 
 def test_update_lookup_and_pipeline(db):
+    """updateLookup returns the document as it is when the event is read
+    (MongoDB's rule), null once deleted; whenAvailable returns the version
+    the update wrote (the log holds it)."""
     coll = db.c
     with coll.watch([{"$match": {"operationType": "update"}}],
-                    full_document="updateLookup", max_await_time_ms=200) as s:
+                    full_document="updateLookup", max_await_time_ms=200) as s, \
+            coll.watch([{"$match": {"operationType": "update"}}],
+                       full_document="whenAvailable", max_await_time_ms=200) as w:
         coll.insert_one({"_id": 1, "v": 1})
         coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
         coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
-        ev = drain(s, 2)
-        assert [e["fullDocument"]["v"] for e in ev] == [2, 3]
+        coll.insert_one({"_id": 2, "v": 1})
+        coll.update_one({"_id": 2}, {"$inc": {"v": 1}})
+        coll.delete_one({"_id": 2})
+        ev = drain(s, 3)
+        assert [e["fullDocument"] for e in ev] == [
+            {"_id": 1, "v": 3}, {"_id": 1, "v": 3}, None]
+        assert [e["fullDocument"]["v"] for e in drain(w, 3)] == [2, 3, 2]
         quiet(s, 0.3)
 
 
@@ -253,7 +263,7 @@ def test_snapshot_then_stream_has_no_gap_and_no_duplicate(client, db):
             model = {d["_id"]: d for d in coll.find({}, session=sess)}
             at = sess._snapshot_time
         assert isinstance(at, Timestamp)
-        with coll.watch(start_at_operation_time=at, full_document="updateLookup",
+        with coll.watch(start_at_operation_time=at, full_document="whenAvailable",
                         max_await_time_ms=200) as s:
             time.sleep(0.2)
             stop.set()
@@ -280,3 +290,75 @@ def test_snapshot_then_stream_has_no_gap_and_no_duplicate(client, db):
         final = {d["_id"]: d for d in coll.find({"_id": {"$ne": "marker"}})}
         assert model == final
         coll.delete_one({"_id": "marker"})
+
+
+def test_replace_root_and_replace_with_keep_the_token(db):
+    coll = db.rr
+    coll.insert_one({"_id": 0})
+    pipeline = [
+        {"$match": {"operationType": "insert"}},
+        {"$replaceRoot": {"newRoot": {"_id": "$_id", "doc": "$fullDocument"}}},
+        {"$replaceWith": {"_id": "$_id", "doc": "$doc", "k": "$doc.k"}},
+    ]
+    with coll.watch(pipeline, max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 1, "k": "a"})
+        coll.delete_one({"_id": 1})
+        coll.insert_one({"_id": 2, "k": "b"})
+        ev = drain(s, 2)
+        assert [sorted(e.keys()) for e in ev] == [["_id", "doc", "k"]] * 2
+        assert [e["k"] for e in ev] == ["a", "b"]
+        # The token survived: resuming after the first gives the second.
+        with coll.watch(pipeline, resume_after=ev[0]["_id"], max_await_time_ms=200) as r:
+            assert drain(r, 1)[0]["k"] == "b"
+
+
+def test_pipeline_that_changes_the_token_fails_280_and_bad_new_root_40228(db):
+    coll = db.rr2
+    coll.insert_one({"_id": 0})
+    with coll.watch([{"$replaceWith": "$fullDocument"}], max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 1})
+        with pytest.raises(OperationFailure) as e:
+            drain(s, 1)
+        assert e.value.code == 280
+    with coll.watch([{"$replaceRoot": {"newRoot": "$nope"}}], max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 2})
+        with pytest.raises(OperationFailure) as e:
+            drain(s, 1)
+        assert e.value.code == 40228
+    with pytest.raises(OperationFailure) as e:
+        coll.watch([{"$replaceRoot": {"newRoot": "$x", "extra": 1}}])
+    assert e.value.code == 40415
+
+
+def test_get_more_max_time_ms_only_on_await_cursors(db):
+    db.gm.insert_many([{"_id": i} for i in range(5)])
+    r = db.command({"find": "gm", "batchSize": 2})
+    with pytest.raises(OperationFailure) as e:
+        db.command({"getMore": r["cursor"]["id"], "collection": "gm", "maxTimeMS": 1000})
+    assert e.value.code == 2
+    assert "non-awaitData" in str(e.value)
+    # On a change stream it is the await time: an empty batch after ~it.
+    r = db.command({"aggregate": "gm", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+    t0 = time.time()
+    more = db.command({"getMore": r["cursor"]["id"], "collection": "gm", "maxTimeMS": 300})
+    assert more["cursor"]["nextBatch"] == []
+    assert time.time() - t0 >= 0.25
+
+
+def test_full_document_before_change(db):
+    """No pre-images are recorded: whenAvailable reports null, and required
+    fails on the first update/replace/delete event with NoMatchingDocument
+    (47), as MongoDB's when a pre-image is missing; inserts pass."""
+    coll = db.pre
+    coll.insert_one({"_id": 0})
+    with coll.watch(full_document_before_change="whenAvailable", max_await_time_ms=200) as s:
+        coll.update_one({"_id": 0}, {"$set": {"a": 1}})
+        e = drain(s, 1)[0]
+        assert "fullDocumentBeforeChange" in e and e["fullDocumentBeforeChange"] is None
+    with coll.watch(full_document_before_change="required", max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 1})
+        assert drain(s, 1)[0]["operationType"] == "insert"
+        coll.delete_one({"_id": 1})
+        with pytest.raises(OperationFailure) as e:
+            drain(s, 1)
+        assert e.value.code == 47

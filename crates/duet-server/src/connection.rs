@@ -227,8 +227,9 @@ async fn run_command(
         Err(e) => return e.to_reply(),
     };
     let name = commands::command_name(&cmd).unwrap_or("").to_string();
-    // A getMore's maxTimeMS is a tailable cursor's await time (MongoDB's
-    // rule), which the change stream's getMore honours itself.
+    // A getMore's maxTimeMS is a tailable awaitData cursor's await time
+    // (MongoDB's rule), which the change stream's getMore honours itself;
+    // on any other cursor the getMore refuses it (BadValue, read.rs).
     let max_time = max_time.filter(|_| name != "getMore");
     tracing::trace!(conn = conn.id, db = %db, command = %name, "command");
     let token = match max_time.and_then(|d| Instant::now().checked_add(d)) {

@@ -256,3 +256,58 @@ fn retention_keeps_history_past_checkpoints_and_reports_loss() {
         )
         .is_ok());
 }
+
+/// A transaction's events come in statement order (each `_id` at its first
+/// write), not in the order the commit applied them (deletes, replacements,
+/// inserts); and its WAL record, in that order, still replays when an insert
+/// takes a unique key that a later-listed delete frees.
+#[test]
+fn transaction_events_in_statement_order_and_replayable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let expected = [
+        "d:insert c",
+        "d:update c { \"v\": 2 }",
+        "d:delete c 2",
+        "d:insert b",
+        "d:delete b \"old\"",
+    ];
+    let tail_kinds = {
+        let engine = Engine::open(dir.path()).expect("open");
+        let db = engine.database("d").expect("db");
+        let c = db.collection("c");
+        c.insert_many(vec![doc! {"_id": 1, "v": 1}, doc! {"_id": 2}], true)
+            .expect("seed");
+        let b = db.collection("b");
+        b.create_index(
+            doc! {"k": 1},
+            IndexOptions {
+                unique: true,
+                ..Default::default()
+            },
+        )
+        .expect("unique");
+        b.insert_one(doc! {"_id": "old", "k": 1}).expect("old");
+        let start = engine.stable_cluster_time();
+        let mut tx = db.begin(TxnOptions::default());
+        tx.insert_one("c", doc! {"_id": 3}).expect("insert");
+        tx.update_one("c", doc! {"_id": 1}, doc! {"$set": {"v": 2}})
+            .expect("update");
+        tx.delete_one("c", doc! {"_id": 2}).expect("delete");
+        // Takes key 1 from "old", deleted by a later statement.
+        tx.insert_one("b", doc! {"_id": "new", "k": 1})
+            .expect("insert b");
+        tx.delete_one("b", doc! {"_id": "old"}).expect("delete b");
+        tx.commit().expect("commit");
+        kinds(
+            &engine,
+            &ChangeScope::Cluster,
+            ChangePosition::after_time(start),
+        )
+    };
+    assert_eq!(tail_kinds, expected);
+    let engine = Engine::open(dir.path()).expect("reopen replays the transaction");
+    let b = engine.database("d").expect("db").collection("b");
+    assert_eq!(b.count(doc! {}).expect("count"), 1);
+    let from_wal = kinds(&engine, &ChangeScope::Cluster, ChangePosition::default());
+    assert_eq!(from_wal[from_wal.len() - 5..], expected);
+}

@@ -145,18 +145,119 @@ pub fn packed(ts: Timestamp) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FullDocument {
     Default,
-    /// `updateLookup`, `whenAvailable`, `required`: all served from the
-    /// version the update wrote (the post-image is in the log).
+    /// `updateLookup`: the document's *current* version when the event is
+    /// read (null once deleted), as MongoDB's.
+    Lookup,
+    /// `whenAvailable`, `required`: the version the update wrote (the
+    /// post-image is in the log, so it is always available).
     PostImage,
+}
+
+/// `fullDocumentBeforeChange`. Pre-images are not recorded
+/// (`changeStreamPreAndPostImages` is not built), so none is ever available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BeforeChange {
+    Off,
+    /// The field is null.
+    WhenAvailable,
+    /// An update, replace or delete event fails with NoMatchingDocument
+    /// (47), as MongoDB's when the pre-image is missing.
+    Required,
 }
 
 /// What a stream delivers, parsed from its `$changeStream` stage and the rest.
 struct Spec {
     scope: ChangeScope,
     full_document: FullDocument,
-    before_change: bool,
+    before_change: BeforeChange,
     expanded: bool,
-    pipeline: Option<Pipeline>,
+    pipeline: Vec<Step>,
+}
+
+/// Where a `$replaceRoot`/`$replaceWith` puts its evaluated `newRoot` (an
+/// `$addFields` computes it; the step then makes it the document).
+const NEW_ROOT_FIELD: &str = "__duet_newRoot";
+
+/// One part of the pipeline after `$changeStream`.
+enum Step {
+    /// Stages the engine's pipeline runs.
+    Run(Pipeline),
+    /// `$replaceRoot`/`$replaceWith`: `{$addFields: {NEW_ROOT_FIELD: expr}}`.
+    ReplaceRoot(Pipeline),
+}
+
+/// Run the steps on one event; `None` when a `$match` dropped it.
+fn run_steps(steps: &[Step], d: Document) -> CmdResult<Option<Document>> {
+    let mut cur = d;
+    for step in steps {
+        match step {
+            Step::Run(p) => match p.run_on(vec![cur])?.into_iter().next() {
+                Some(next) => cur = next,
+                None => return Ok(None),
+            },
+            Step::ReplaceRoot(p) => {
+                let mut out = p.run_on(vec![cur])?.into_iter().next().unwrap_or_default();
+                cur = match out.remove(NEW_ROOT_FIELD) {
+                    Some(Bson::Document(root)) => root,
+                    other => {
+                        let (shown, ty) = match &other {
+                            None => ("MISSING".to_string(), "missing"),
+                            Some(v) => (v.to_string(), duetdb::raw::type_name(v)),
+                        };
+                        return Err(CommandError::new(
+                            40228,
+                            "Location40228",
+                            format!(
+                                "'newRoot' expression must evaluate to an object, but resulting \
+                                 value was: {shown}. Type of resulting value: '{ty}'."
+                            ),
+                        ));
+                    }
+                };
+            }
+        }
+    }
+    Ok(Some(cur))
+}
+
+/// The `$addFields` that evaluates a `$replaceRoot`/`$replaceWith` stage's
+/// new root.
+fn replace_root_step(name: &str, arg: &Bson) -> CmdResult<Step> {
+    let expr = if name == "$replaceWith" {
+        arg.clone()
+    } else {
+        let Bson::Document(d) = arg else {
+            return Err(CommandError::new(
+                40229,
+                "Location40229",
+                format!(
+                    "expected an object as specification for $replaceRoot stage, got {}",
+                    duetdb::raw::type_name(arg)
+                ),
+            ));
+        };
+        for k in d.keys() {
+            if k != "newRoot" {
+                return Err(CommandError::new(
+                    40415,
+                    "Location40415",
+                    format!("BSON field '$replaceRoot.{k}' is an unknown field."),
+                ));
+            }
+        }
+        d.get("newRoot").cloned().ok_or_else(|| {
+            CommandError::new(
+                40231,
+                "Location40231",
+                "no newRoot specified for the $replaceRoot stage",
+            )
+        })?
+    };
+    let mut fields = Document::new();
+    fields.insert(NEW_ROOT_FIELD, expr);
+    Ok(Step::ReplaceRoot(Pipeline::parse(&[
+        doc! {"$addFields": fields},
+    ])?))
 }
 
 /// Stages MongoDB allows after `$changeStream`.
@@ -170,8 +271,16 @@ const ALLOWED_AFTER: &[&str] = &[
     "$replaceWith",
     "$redact",
 ];
-/// Those the engine runs.
-const RUN_AFTER: &[&str] = &["$match", "$project", "$addFields", "$set", "$unset"];
+/// Those the engine runs (`$replaceRoot`/`$replaceWith` through `$addFields`).
+const RUN_AFTER: &[&str] = &[
+    "$match",
+    "$project",
+    "$addFields",
+    "$set",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
 
 /// A change stream cursor's state: the scope and options, how far the
 /// history was scanned, and events read but not yet returned.
@@ -252,7 +361,7 @@ fn parse(
     let engine = &ctx.state.engine;
     let (_, opts) = stage_name(&pipeline[0])?;
     let mut full_document = FullDocument::Default;
-    let mut before_change = false;
+    let mut before_change = BeforeChange::Off;
     let mut expanded = false;
     let mut cluster = false;
     let mut start: Option<ChangePosition> = None;
@@ -262,7 +371,8 @@ fn parse(
             "fullDocument" => {
                 full_document = match v.as_str() {
                     Some("default") => FullDocument::Default,
-                    Some("updateLookup" | "whenAvailable" | "required") => FullDocument::PostImage,
+                    Some("updateLookup") => FullDocument::Lookup,
+                    Some("whenAvailable" | "required") => FullDocument::PostImage,
                     _ => {
                         return Err(CommandError::bad_value(format!(
                             "unrecognized value for fullDocument: {v}"
@@ -271,20 +381,16 @@ fn parse(
                 }
             }
             "fullDocumentBeforeChange" => {
-                before_change =
-                    match v.as_str() {
-                        Some("off") => false,
-                        Some("whenAvailable") => true,
-                        Some("required") => return Err(CommandError::not_supported(
-                            "fullDocumentBeforeChange: 'required' is not supported by duetdb yet \
-                             (pre-images are not recorded; 'whenAvailable' reports null)",
-                        )),
-                        _ => {
-                            return Err(CommandError::bad_value(format!(
-                                "unrecognized value for fullDocumentBeforeChange: {v}"
-                            )))
-                        }
+                before_change = match v.as_str() {
+                    Some("off") => BeforeChange::Off,
+                    Some("whenAvailable") => BeforeChange::WhenAvailable,
+                    Some("required") => BeforeChange::Required,
+                    _ => {
+                        return Err(CommandError::bad_value(format!(
+                            "unrecognized value for fullDocumentBeforeChange: {v}"
+                        )))
                     }
+                }
             }
             "showExpandedEvents" => expanded = args::flag(opts, "showExpandedEvents")?,
             "allChangesForCluster" => cluster = args::flag(opts, "allChangesForCluster")?,
@@ -348,9 +454,14 @@ fn parse(
             coll: c.to_string(),
         },
     };
-    let mut rest = Vec::new();
+    let mut steps = Vec::new();
+    let mut rest: Vec<Document> = Vec::new();
     for stage in &pipeline[1..] {
-        let (name, _) = stage_name(stage)?;
+        // `$replaceWith` takes any expression, not only a document.
+        let name = match stage {
+            Bson::Document(d) if d.len() == 1 && d.contains_key("$replaceWith") => "$replaceWith",
+            _ => stage_name(stage)?.0,
+        };
         if name == "$changeStream" {
             return Err(CommandError::new(
                 40602,
@@ -371,15 +482,22 @@ fn parse(
                 RUN_AFTER.join(", ")
             )));
         }
-        if let Bson::Document(d) = stage {
+        let Bson::Document(d) = stage else {
+            continue;
+        };
+        if let ("$replaceRoot" | "$replaceWith", Some(arg)) = (name, d.get(name)) {
+            if !rest.is_empty() {
+                steps.push(Step::Run(Pipeline::parse(&std::mem::take(&mut rest))?));
+            }
+            steps.push(replace_root_step(name, arg)?);
+        } else {
             rest.push(d.clone());
         }
     }
-    let pipeline = if rest.is_empty() {
-        None
-    } else {
-        Some(Pipeline::parse(&rest)?)
-    };
+    if !rest.is_empty() {
+        steps.push(Step::Run(Pipeline::parse(&rest)?));
+    }
+    let pipeline = steps;
     // Without a start: from now, i.e. after every change already final.
     let start = start.unwrap_or_else(|| ChangePosition::after_time(engine.stable_cluster_time()));
     engine.check_change_history(&scope, start)?;
@@ -403,7 +521,7 @@ fn ns_doc(db: &str, coll: Option<&str>) -> Document {
 }
 
 /// The event document, or `None` when this stream does not show the kind.
-fn event_doc(spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
+fn event_doc(engine: &Engine, spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
     let mut d = doc! {
         "_id": token(e.pos, KIND_EVENT),
     };
@@ -442,8 +560,20 @@ fn event_doc(spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
         ChangeKind::Update { doc, desc, .. } => {
             d.insert("documentKey", key(doc)?);
             d.insert("updateDescription", duetdb::raw::to_document(desc)?);
-            if spec.full_document == FullDocument::PostImage {
-                d.insert("fullDocument", full(doc)?);
+            match spec.full_document {
+                FullDocument::Default => {}
+                FullDocument::PostImage => {
+                    d.insert("fullDocument", full(doc)?);
+                }
+                FullDocument::Lookup => {
+                    let coll = e.kind.coll().unwrap_or_default();
+                    let id = key(doc)?.get("_id").cloned().unwrap_or(Bson::Null);
+                    let now = match engine.get(db)? {
+                        Some(database) => database.collection(coll).get(&id)?,
+                        None => None,
+                    };
+                    d.insert("fullDocument", now.as_ref().map_or(Ok(Bson::Null), full)?);
+                }
             }
         }
         ChangeKind::Delete { id, .. } => {
@@ -469,13 +599,28 @@ fn event_doc(spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<Document>> {
         }
         _ => {}
     }
-    if spec.before_change
-        && matches!(
-            e.kind,
-            ChangeKind::Update { .. } | ChangeKind::Replace { .. } | ChangeKind::Delete { .. }
-        )
-    {
-        d.insert("fullDocumentBeforeChange", Bson::Null);
+    let changes_a_doc = matches!(
+        e.kind,
+        ChangeKind::Update { .. } | ChangeKind::Replace { .. } | ChangeKind::Delete { .. }
+    );
+    match spec.before_change {
+        BeforeChange::Off => {}
+        _ if !changes_a_doc => {}
+        BeforeChange::WhenAvailable => {
+            d.insert("fullDocumentBeforeChange", Bson::Null);
+        }
+        BeforeChange::Required => {
+            return Err(CommandError::new(
+                47,
+                "NoMatchingDocument",
+                format!(
+                    "Change stream was configured to require a pre-image for all update, \
+                     delete and replace events, but the pre-image was not found for the {op} \
+                     event on {db}.{} (duetdb does not record pre-images)",
+                    e.kind.coll().unwrap_or_default()
+                ),
+            ));
+        }
     }
     if let Some(origin) = &e.txn {
         for (k, v) in duetdb::raw::to_document(origin)? {
@@ -514,12 +659,26 @@ impl ChangeStream {
         let b = engine.read_changes(&self.spec.scope, self.scanned, want.clamp(1, FETCH))?;
         let mut any = false;
         for e in &b.events {
-            let shown = match event_doc(&self.spec, e)? {
+            let shown = match event_doc(engine, &self.spec, e)? {
                 None => None,
-                Some(d) => match &self.spec.pipeline {
-                    None => Some(d),
-                    Some(p) => p.run_on(vec![d])?.into_iter().next(),
-                },
+                Some(d) if self.spec.pipeline.is_empty() => Some(d),
+                Some(d) => {
+                    let id = d.get("_id").cloned();
+                    let out = run_steps(&self.spec.pipeline, d)?;
+                    // MongoDB's rule: the token must come out unchanged, or
+                    // the stream could not be resumed from this event.
+                    if out.as_ref().is_some_and(|o| o.get("_id") != id.as_ref()) {
+                        return Err(CommandError::new(
+                            280,
+                            "ChangeStreamFatalError",
+                            "Encountered an event whose _id field, which contains the resume \
+                             token, was modified by the pipeline. Modifying the _id field of an \
+                             event makes it impossible to resume the stream from that point. Only \
+                             transformations that retain the unmodified _id field are allowed.",
+                        ));
+                    }
+                    out
+                }
             };
             if let Some(d) = shown {
                 self.buffered.push_back((d, e.pos));

@@ -186,6 +186,13 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             "ok": 1.0,
         });
     }
+    // MongoDB's rule: a getMore's maxTimeMS is the await time of a tailable
+    // awaitData cursor (change streams, above); on any other it is refused.
+    if cmd.contains_key("maxTimeMS") {
+        return Err(CommandError::bad_value(
+            "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
+        ));
+    }
     let batch = cursor.next_batch(size)?;
     let out_id = lease.finish();
     Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0})

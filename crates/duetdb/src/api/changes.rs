@@ -214,7 +214,8 @@ fn events_of(
         let index = i as u32;
         let kind = match e {
             Effect::TxnBegin { origin } => {
-                txn = Some(origin.clone());
+                // An engine transaction without origin has an empty one.
+                txn = (origin.as_bytes().len() > 5).then(|| origin.clone());
                 continue;
             }
             Effect::TxnEnd => {

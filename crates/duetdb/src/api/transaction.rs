@@ -396,14 +396,16 @@ impl Transaction {
                  (limits {MAX_TXN_DOCS} documents, {MAX_TXN_BYTES} bytes)"
             )));
         }
-        let base = match existing {
-            Some(p) => p.base.clone(),
-            None => self.snapshot_version(coll, &id),
+        // `seq`: the order of this `_id`'s first write in the transaction
+        // (entries are never removed, so the count so far is unique).
+        let (base, seq) = match existing {
+            Some(p) => (p.base.clone(), p.seq),
+            None => (self.snapshot_version(coll, &id), self.write_count()),
         };
         self.writes
             .entry(coll.to_string())
             .or_default()
-            .insert(id, Pending { base, new });
+            .insert(id, Pending { base, new, seq });
         self.write_bytes = bytes;
         Ok(())
     }

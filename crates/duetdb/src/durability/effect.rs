@@ -145,6 +145,20 @@ impl Effects {
         self.list
     }
 
+    /// Reorder the effects recorded since `mark` by `keys` (one per effect,
+    /// stable for equal keys). Does nothing when not recording or when the
+    /// counts differ (the caller's bookkeeping is then not about this log).
+    pub fn order_since(&mut self, mark: usize, keys: &[usize]) {
+        let n = self.list.len().saturating_sub(mark);
+        if !self.enabled || n == 0 || n != keys.len() || keys.windows(2).all(|w| w[0] <= w[1]) {
+            return;
+        }
+        let tail = self.list.split_off(mark);
+        let mut keyed: Vec<(usize, Effect)> = keys.iter().copied().zip(tail).collect();
+        keyed.sort_by_key(|(k, _)| *k);
+        self.list.extend(keyed.into_iter().map(|(_, e)| e));
+    }
+
     /// Record an effect; `make` runs only when recording.
     pub fn record(&mut self, make: impl FnOnce() -> Effect) {
         if self.enabled {
@@ -430,6 +444,67 @@ fn ensure<'a>(state: &'a mut DbState, name: &str) -> &'a mut CollectionState {
     Arc::make_mut(&mut state.collections)
         .entry(name.to_string())
         .or_insert_with(|| CollectionState::new(&ns, options))
+}
+
+/// Apply one record's effects in order (recovery). A transaction's block
+/// (`TxnBegin` .. `TxnEnd`) holds its writes in statement order, not in the
+/// order the commit applied them (deletes, replacements, inserts), so one
+/// write may depend on a later one for a unique key (an insert taking the key
+/// a later-listed delete frees). The block is therefore applied as a whole:
+/// every touched document is removed first, then every new version is
+/// inserted — the commit succeeded, so the final versions fit together.
+pub fn apply_all(state: &mut DbState, effects: Vec<Effect>) -> Result<(), String> {
+    let mut block: Option<Vec<Effect>> = None;
+    for e in effects {
+        match (e, &mut block) {
+            (Effect::TxnBegin { .. }, b) => {
+                if b.is_some() {
+                    return Err("a transaction begins inside another".into());
+                }
+                *b = Some(Vec::new());
+            }
+            (Effect::TxnEnd, b) => {
+                let list = b.take().ok_or("a transaction ends that never began")?;
+                apply_txn_block(state, list)?;
+            }
+            (e, Some(list)) => list.push(e),
+            (e, None) => apply(state, e)?,
+        }
+    }
+    match block {
+        // A record is a whole group: an unterminated block is a bad record.
+        Some(_) => Err("a transaction never ends in its record".into()),
+        None => Ok(()),
+    }
+}
+
+fn apply_txn_block(state: &mut DbState, list: Vec<Effect>) -> Result<(), String> {
+    let mut puts: Vec<(String, DocRef, RawBson)> = Vec::new();
+    for e in list {
+        match e {
+            Effect::Delete { .. } => apply(state, e)?,
+            Effect::Put { coll, doc }
+            | Effect::Insert { coll, doc }
+            | Effect::Replace { coll, doc }
+            | Effect::Update { coll, doc, .. } => {
+                let id: RawBson = doc::id_of(&doc)
+                    .ok_or("put of a document without _id")?
+                    .into();
+                let c = ensure(state, &coll);
+                if let Some(rid) = c.rid_of_id(&id) {
+                    c.delete(rid).map_err(|e| e.to_string())?;
+                }
+                puts.push((coll, doc, id));
+            }
+            other => apply(state, other)?,
+        }
+    }
+    for (coll, doc, id) in puts {
+        ensure(state, &coll)
+            .insert(doc, id)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Apply one effect to `state` (recovery). An effect that does not fit the

@@ -70,9 +70,7 @@ fn replay(records: impl Iterator<Item = Result<Vec<u8>, String>>) -> Decoded {
     let mut n = 0;
     for payload in records {
         let record = wal::decode_record(&payload?).map_err(|e| e.0)?;
-        for e in record.effects {
-            effect::apply(&mut state, e)?;
-        }
+        effect::apply_all(&mut state, record.effects)?;
         state.csn = record.lsn;
         n += 1;
     }

@@ -149,6 +149,9 @@ pub(crate) struct Pending {
     pub(crate) base: Option<DocRef>,
     /// The version to commit (`None`: delete).
     pub(crate) new: Option<DocRef>,
+    /// When this `_id` was first written in the transaction (0, 1, ...):
+    /// change events report the commit's writes in this order.
+    pub(crate) seq: usize,
 }
 
 pub(crate) type WriteSet = BTreeMap<String, BTreeMap<ValueKey, Pending>>;
@@ -411,7 +414,10 @@ enum Undo {
 /// transaction changes stored state (effect recording for the WAL goes here).
 /// Per collection: deletes first (so a key freed by a delete may be taken by
 /// an insert or update of the same transaction), then replacements, then
-/// inserts. A failure (a unique-index violation) undoes what was applied, in
+/// inserts; the recorded effects are then put in statement order (each
+/// `_id`'s first write, `Pending::seq`), which is what change streams report
+/// and what replay may rely on too: the effects touch distinct `_id`s, and
+/// replay checks no unique index. A failure (a unique-index violation) undoes what was applied, in
 /// reverse, and returns the error: nothing changed. Undoing a delete
 /// re-inserts the same document under a fresh record id (ids are never
 /// reused), which readers cannot tell apart.
@@ -423,14 +429,26 @@ fn apply_writes(
 ) -> Result<CommitOutcome> {
     let mut undo: Vec<Undo> = Vec::new();
     let mut outcome = CommitOutcome::default();
-    // Change streams see the commit's effects as one transaction (the
-    // writer drops these markers with the rest if the commit fails).
-    if let Some(o) = origin {
-        fx.record(|| Effect::TxnBegin { origin: o.clone() });
+    // Change streams see the commit's effects as one transaction, and
+    // replay needs the block (its effects are in statement order: see
+    // `effect::apply_all`); an engine transaction without origin gets an
+    // empty one. The writer drops the markers with the rest if it fails.
+    let marked = writes.values().any(|w| !w.is_empty());
+    if marked {
+        fx.record(|| Effect::TxnBegin {
+            origin: origin
+                .cloned()
+                .unwrap_or_else(|| Arc::new(RawDocumentBuf::new())),
+        });
     }
-    let result = apply_writes_inner(state, fx, writes, &mut undo, &mut outcome);
-    if origin.is_some() && result.is_ok() {
-        fx.record(|| Effect::TxnEnd);
+    let mark = fx.mark();
+    let mut order: Vec<usize> = Vec::new();
+    let result = apply_writes_inner(state, fx, writes, &mut undo, &mut outcome, &mut order);
+    if result.is_ok() {
+        fx.order_since(mark, &order);
+        if marked {
+            fx.record(|| Effect::TxnEnd);
+        }
     }
     if let Err(e) = result {
         for u in undo.into_iter().rev() {
@@ -472,6 +490,7 @@ fn apply_writes_inner(
     writes: &WriteSet,
     undo: &mut Vec<Undo>,
     outcome: &mut CommitOutcome,
+    order: &mut Vec<usize>,
 ) -> Result<()> {
     for (coll, w) in writes {
         if state.collection(coll).is_none() {
@@ -496,6 +515,7 @@ fn apply_writes_inner(
                         coll: coll.clone(),
                         id: id.0.clone(),
                     });
+                    order.push(p.seq);
                     outcome.deleted += 1;
                 }
             }
@@ -511,26 +531,28 @@ fn apply_writes_inner(
                 // A transaction buffers final versions, not operators: its
                 // replacements are reported as updates with the diff.
                 fx.replace(coll, &old, new, true);
+                order.push(p.seq);
                 undo.push(Undo::Replaced(coll.clone(), rid, old));
                 outcome.updated += 1;
             }
         }
         // Phase 3: inserts (ids absent from the latest state).
-        let mut inserts: Vec<(&ValueKey, &DocRef)> = Vec::new();
+        let mut inserts: Vec<(&ValueKey, &DocRef, usize)> = Vec::new();
         for (id, p) in w {
             if let Some(new) = &p.new {
                 if c.rid_of_id(&id.0).is_none() {
-                    inserts.push((id, new));
+                    inserts.push((id, new, p.seq));
                 }
             }
         }
-        for (id, new) in inserts {
+        for (id, new, seq) in inserts {
             let rid = c.insert(new.clone(), id.0.clone())?;
             undo.push(Undo::Inserted(coll.clone(), rid));
             // Logged as physical changes in this command's WAL record (one
             // record per writer group: a transaction is never half-recovered;
             // a failed commit's effects are truncated by the writer).
             fx.insert(coll, new);
+            order.push(seq);
             outcome.inserted += 1;
         }
     }

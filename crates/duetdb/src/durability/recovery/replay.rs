@@ -274,11 +274,9 @@ impl<'a> Replay<'a> {
         debug_assert_eq!(self.expected, state.csn + 1, "replay lost its place");
         debug_assert!(rec.lsn > state.csn, "csns must strictly increase");
         report.effects_replayed += rec.effects.len() as u64;
-        for e in rec.effects {
-            effect::apply(state, e).map_err(|why| {
-                StorageError::corrupt(path, pos as u64, format!("record does not apply: {why}"))
-            })?;
-        }
+        effect::apply_all(state, rec.effects).map_err(|why| {
+            StorageError::corrupt(path, pos as u64, format!("record does not apply: {why}"))
+        })?;
         state.csn = rec.lsn;
         state.ts = state.ts.max(rec.ts);
         self.expected = rec.lsn + 1;
