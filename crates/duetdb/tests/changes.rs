@@ -72,6 +72,7 @@ const EXPECTED: &[&str] = &[
 #[test]
 fn every_change_in_commit_order_in_memory() {
     let engine = Engine::in_memory();
+    engine.open_change_stream();
     workload(&engine);
     assert_eq!(
         kinds(&engine, &ChangeScope::Cluster, ChangePosition::default()),
@@ -97,6 +98,7 @@ fn every_change_in_commit_order_in_memory() {
 #[test]
 fn resuming_from_every_event_gives_the_rest_exactly() {
     let engine = Engine::in_memory();
+    engine.open_change_stream();
     workload(&engine);
     let all = engine
         .read_changes(&ChangeScope::Cluster, ChangePosition::default(), 10_000)
@@ -162,6 +164,7 @@ fn history_survives_a_restart_from_the_wal() {
 #[test]
 fn transactions_share_one_time_and_carry_their_origin() {
     let engine = Engine::in_memory();
+    engine.open_change_stream();
     let db = engine.database("d").expect("db");
     db.collection("c")
         .insert_one(doc! {"_id": 1, "v": 1})
@@ -189,6 +192,7 @@ fn transactions_share_one_time_and_carry_their_origin() {
 #[test]
 fn drop_database_is_an_event() {
     let engine = Engine::in_memory();
+    engine.open_change_stream();
     engine
         .database("z")
         .expect("z")
@@ -310,4 +314,29 @@ fn transaction_events_in_statement_order_and_replayable() {
     assert_eq!(b.count(doc! {}).expect("count"), 1);
     let from_wal = kinds(&engine, &ChangeScope::Cluster, ChangePosition::default());
     assert_eq!(from_wal[from_wal.len() - 5..], expected);
+}
+
+#[test]
+fn without_a_stream_nothing_is_kept_and_older_history_is_lost_not_skipped() {
+    let engine = Engine::in_memory();
+    let c = engine.database("app").expect("db").collection("c");
+    c.insert_one(doc! {"_id": 1}).expect("insert");
+    let (records, bytes) = engine.change_tail_stats();
+    assert_eq!(
+        (records, bytes),
+        (0, 0),
+        "no stream yet: the tail keeps nothing"
+    );
+    let start = engine.open_change_stream();
+    c.insert_one(doc! {"_id": 2}).expect("insert");
+    let got = kinds(&engine, &ChangeScope::Cluster, start);
+    assert_eq!(
+        got.len(),
+        1,
+        "only the write after the stream opened: {got:?}"
+    );
+    let err = engine
+        .read_changes(&ChangeScope::Cluster, ChangePosition::default(), 10)
+        .expect_err("history before the first stream of a WAL-less database");
+    assert!(err.to_string().contains("Resume of change stream"), "{err}");
 }

@@ -499,7 +499,8 @@ fn parse(
     }
     let pipeline = steps;
     // Without a start: from now, i.e. after every change already final.
-    let start = start.unwrap_or_else(|| ChangePosition::after_time(engine.stable_cluster_time()));
+    let now = engine.open_change_stream();
+    let start = start.unwrap_or(now);
     engine.check_change_history(&scope, start)?;
     Ok((
         Spec {

@@ -332,6 +332,16 @@ impl Engine {
         })
     }
 
+    /// Start keeping changes in the in-memory tail (change streams call this
+    /// when they open; until then the process keeps no change records, and
+    /// databases without a WAL have no history before this call). Returns
+    /// where a stream opening now starts: after every time already taken.
+    pub fn open_change_stream(&self) -> ChangePosition {
+        let hub = self.hub();
+        hub.activate();
+        ChangePosition::after_time(hub.clock.last())
+    }
+
     /// Fail with ChangeStreamHistoryLost (286) unless every change of
     /// `scope` after `after` can still be read.
     pub fn check_change_history(&self, scope: &ChangeScope, after: ChangePosition) -> Result<()> {

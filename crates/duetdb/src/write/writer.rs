@@ -318,8 +318,10 @@ impl Writer {
     fn lead(&self, group: &[Arc<Slot>]) {
         let mut working: DbState = (*self.published.load_full()).clone();
         let start_csn = working.csn;
-        // Always recorded: the change tail needs them even without a WAL.
-        let mut fx = Effects::new(true);
+        // Recorded for the WAL, and for the change tail once a stream
+        // opened (without either nobody reads them).
+        let recorded = self.wal.is_some() || self.hub.is_active();
+        let mut fx = Effects::new(recorded);
         let mut sync = SyncMode::Later;
         #[cfg(debug_assertions)]
         let applying = std::time::Instant::now();
@@ -386,8 +388,12 @@ impl Writer {
                     self.published.store(Arc::new(working));
                     // After the publish: a reader woken by the tail finds the
                     // group in the database's state too.
-                    self.hub
-                        .publish(ChangeRecord::group(self.db_name.clone(), stamp, effects));
+                    if recorded {
+                        self.hub
+                            .publish(ChangeRecord::group(self.db_name.clone(), stamp, effects));
+                    } else {
+                        self.hub.skip(stamp.ts);
+                    }
                 }
             }
             Err(panic) => {

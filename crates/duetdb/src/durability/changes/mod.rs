@@ -16,6 +16,12 @@
 //!   is in it: the writer adds a record to the tail *before* marking its
 //!   time done, and the tail forgets records only from the front, raising
 //!   `covers_from` to the time of the last one it forgot;
+//! - the tail keeps records only once [`ChangeHub::activate`] ran (the first
+//!   change stream of the process): before, a group's record is dropped and
+//!   `covers_from`/`evicted_upto` pass its time, so a process that never
+//!   streams keeps no old versions alive and databases without a WAL have
+//!   history from the first stream on (an older resume point is 286, never
+//!   a silent skip);
 //! - the writer never waits for a reader: adding to the tail takes one
 //!   short lock and evicts what passes the byte bound; readers copy `Arc`s
 //!   out under the same lock.
@@ -25,6 +31,7 @@ pub mod diff;
 pub mod history;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +103,8 @@ pub struct ChangeHub {
     pub clock: ClusterClock,
     tail: Mutex<Tail>,
     limit_bytes: usize,
+    /// Records are kept (see [`ChangeHub::activate`]); set under `tail`.
+    active: AtomicBool,
     /// Bumped on every record added; waiters sleep on `wake`.
     seq: Mutex<u64>,
     wake: Condvar,
@@ -118,6 +127,7 @@ impl ChangeHub {
                 evicted_upto: 0,
             }),
             limit_bytes: limit_bytes.max(1),
+            active: AtomicBool::new(false),
             seq: Mutex::new(0),
             wake: Condvar::new(),
         }
@@ -137,6 +147,13 @@ impl ChangeHub {
         let ts = rec.ts;
         {
             let mut t = self.tail.lock();
+            if !self.active.load(Ordering::Relaxed) {
+                Self::forget(&mut t, ts);
+                drop(t);
+                self.clock.done(ts);
+                self.notify();
+                return;
+            }
             t.bytes += rec.bytes;
             let rec = Arc::new(rec);
             // Groups of different databases finish out of time order, but
@@ -157,6 +174,34 @@ impl ChangeHub {
         }
         self.clock.done(ts);
         self.notify();
+    }
+
+    /// Keep every record from now on (a change stream opened). Records of
+    /// groups whose time was taken before may still be dropped: a stream
+    /// starting now starts after [`ClusterClock::last`], past them.
+    pub fn activate(&self) {
+        let _t = self.tail.lock();
+        self.active.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether records are kept: the writer records effects for the tail
+    /// only then (a group recorded without them is [`Self::skip`]ped).
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// A published group whose effects were not recorded (no WAL, and the
+    /// tail was not active when it started): like a dropped record.
+    pub fn skip(&self, ts: u64) {
+        Self::forget(&mut self.tail.lock(), ts);
+        self.clock.done(ts);
+        self.notify();
+    }
+
+    /// The tail no longer covers time `ts` or before.
+    fn forget(t: &mut Tail, ts: u64) {
+        t.covers_from = t.covers_from.max(ts);
+        t.evicted_upto = t.evicted_upto.max(ts);
     }
 
     /// Record that database `db` was dropped (a time of its own).
