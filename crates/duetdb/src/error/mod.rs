@@ -138,6 +138,15 @@ pub enum Error {
         size: usize,
         limit: usize,
     },
+    /// An error MongoDB raises with a specific code of its own: a named code
+    /// (241 ConversionFailure, 9 FailedToParse, ...) or a numbered assertion
+    /// location (`Location16554`), as the expression language's operators do.
+    #[error("{msg}")]
+    Coded {
+        code: i32,
+        name: &'static str,
+        msg: String,
+    },
 }
 
 impl Error {
@@ -175,6 +184,7 @@ impl Error {
             Error::TransactionExceededLifetimeLimitSeconds(_) => 290,
             Error::TransactionTooLarge(_) => 257,
             Error::ValueTooLarge { .. } => 10334,
+            Error::Coded { code, .. } => *code,
         }
     }
 
@@ -214,6 +224,7 @@ impl Error {
             }
             Error::TransactionTooLarge(_) => "TransactionTooLarge",
             Error::ValueTooLarge { .. } => "BSONObjectTooLarge",
+            Error::Coded { name, .. } => name,
         }
     }
 
