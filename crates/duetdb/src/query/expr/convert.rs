@@ -127,14 +127,16 @@ pub(super) fn convert(a: &Args<'_, '_>) -> Result<Value> {
             "int" => To::Int,
             "long" => To::Long,
             "decimal" => To::Decimal,
-            other if crate::doc::types::from_alias(other).is_some() => return Err(Error::Coded {
-                code: 241,
-                name: "ConversionFailure",
-                msg: format!(
+            other if crate::doc::types::from_alias(other).is_some() => {
+                return Err(Error::Coded {
+                    code: 241,
+                    name: "ConversionFailure",
+                    msg: format!(
                     "Unsupported conversion from {} to {other} in $convert with no onError value",
                     type_name(&input)
                 ),
-            }),
+                })
+            }
             other => return Err(Error::bad_value(format!("Unknown type name: {other}"))),
         }),
         Some(b) => match num_of(b) {
@@ -147,9 +149,11 @@ pub(super) fn convert(a: &Args<'_, '_>) -> Result<Value> {
                 x if x == 16.0 => To::Int,
                 x if x == 18.0 => To::Long,
                 x if x == 19.0 => To::Decimal,
-                x => return Err(Error::bad_value(format!(
+                x => {
+                    return Err(Error::bad_value(format!(
                     "In $convert, numeric value for 'to' does not correspond to a BSON type: {x}"
-                ))),
+                )))
+                }
             }),
             None => {
                 return Err(Error::Coded {

@@ -74,7 +74,6 @@ use crate::error::{Error, Result};
 
 pub use arithmetic::{num_of, Num};
 pub use compare::{compare, compare_values};
-pub use eval::Env;
 pub use logic::truthy_bson;
 pub use ops::{Named, Op};
 pub use parse::{parse_field_path, Scope};

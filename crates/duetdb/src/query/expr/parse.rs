@@ -65,11 +65,6 @@ impl Scope {
         Ok(scope)
     }
 
-    /// The `$$NOW` of this command.
-    pub fn now(&self) -> bson::DateTime {
-        self.now
-    }
-
     /// Bind `name` for the expressions parsed until [`Scope::unbind`].
     fn bind(&mut self, name: &str) -> u32 {
         let id = self.next_id;

@@ -103,11 +103,13 @@ pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
             for v in vals {
                 match v {
                     Some(Bson::Array(a)) => sets.push(a),
-                    other => return Err(loc!(
+                    other => {
+                        return Err(loc!(
                         17044,
                         "All operands of $setEquals must be arrays. One argument is of type: {}",
                         type_name(other)
-                    )),
+                    ))
+                    }
                 }
             }
             let Some((first, rest)) = sets.split_first() else {
