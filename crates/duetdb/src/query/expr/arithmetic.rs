@@ -836,7 +836,7 @@ pub(super) fn sum_of(nums: &[AnyNum]) -> Bson {
 
 /// Population or sample standard deviation (Welford's one pass); `None`
 /// for no values (or one, for the sample).
-pub(crate) fn std_dev(xs: impl Iterator<Item = f64>, samp: bool) -> Option<f64> {
+pub(super) fn std_dev(xs: impl Iterator<Item = f64>, samp: bool) -> Option<f64> {
     let (mut n, mut mean, mut m2) = (0u64, 0.0f64, 0.0f64);
     for x in xs {
         n += 1;

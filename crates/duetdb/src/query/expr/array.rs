@@ -542,14 +542,15 @@ fn zip(a: &Args<'_, '_>) -> Result<Value> {
     Ok(Some(Bson::Array(out)))
 }
 
-/// A `$sort`-style order: `1`/`-1` on whole values, or a document of fields.
-pub(super) enum SortBy {
+/// A `$sort`-style order: `1`/`-1` on whole values, or a document of fields
+/// (`$sortArray`, and the `sortBy` of `$top`/`$bottom`/`$topN`/`$bottomN`).
+pub enum SortBy {
     Whole(bool),
     Fields(Vec<(Vec<String>, bool)>),
 }
 
 impl SortBy {
-    pub(super) fn parse(v: &Value, what: &str) -> Result<SortBy> {
+    pub fn parse(v: &Value, what: &str) -> Result<SortBy> {
         let dir = |b: &Bson| -> Option<bool> {
             match num_of(b)? {
                 n if n.to_f64() == 1.0 => Some(true),
@@ -577,7 +578,7 @@ impl SortBy {
         }
     }
 
-    pub(super) fn cmp(&self, x: &Bson, y: &Bson) -> Ordering {
+    pub fn cmp(&self, x: &Bson, y: &Bson) -> Ordering {
         match self {
             SortBy::Whole(asc) => {
                 let c = compare(x, y);

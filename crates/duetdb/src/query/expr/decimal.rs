@@ -17,18 +17,18 @@ use dec::{Context, Decimal128 as D};
 
 use crate::query::expr::Num;
 
-pub(super) type Dec = D;
+pub(crate) type Dec = D;
 
 /// The decimal128 context MongoDB computes in.
-pub(super) fn cx() -> Context<D> {
+pub(crate) fn cx() -> Context<D> {
     Context::<D>::default()
 }
 
-pub(super) fn from_bson(d: bson::Decimal128) -> D {
+pub(crate) fn from_bson(d: bson::Decimal128) -> D {
     cx().parse(d.to_string()).unwrap_or_else(|_| D::NAN)
 }
 
-pub(super) fn to_bson(d: D) -> bson::Decimal128 {
+pub(crate) fn to_bson(d: D) -> bson::Decimal128 {
     let s = d.to_string();
     let s = match s.as_str() {
         "Infinity" | "Inf" => "Infinity".to_string(),
@@ -41,7 +41,7 @@ pub(super) fn to_bson(d: D) -> bson::Decimal128 {
     })
 }
 
-pub(super) fn from_f64(f: f64) -> D {
+pub(crate) fn from_f64(f: f64) -> D {
     if f.is_nan() {
         return D::NAN;
     }
@@ -60,7 +60,7 @@ pub(super) fn from_f64(f: f64) -> D {
     cx().parse(format!("{f:.14e}")).unwrap_or(D::NAN)
 }
 
-pub(super) fn from_num(n: Num) -> D {
+pub(crate) fn from_num(n: Num) -> D {
     match n {
         Num::I32(i) => D::from(i),
         Num::I64(i) => D::from(i),
@@ -69,7 +69,7 @@ pub(super) fn from_num(n: Num) -> D {
 }
 
 /// The nearest double (through the shortest exact string).
-pub(super) fn to_f64(d: D) -> f64 {
+pub(crate) fn to_f64(d: D) -> f64 {
     if d.is_nan() {
         return f64::NAN;
     }
@@ -85,7 +85,7 @@ pub(super) fn to_f64(d: D) -> f64 {
 
 /// The value as an i64 if it is integral and in range (after rounding with
 /// `mode`).
-pub(super) fn to_i64_exact(d: D) -> Option<i64> {
+pub(crate) fn to_i64_exact(d: D) -> Option<i64> {
     if !d.is_finite() || !d.is_integer() {
         return None;
     }
@@ -95,7 +95,7 @@ pub(super) fn to_i64_exact(d: D) -> Option<i64> {
 }
 
 /// `d` rounded at `place` decimal places with `rounding`.
-pub(super) fn round_at(d: D, place: i64, rounding: dec::Rounding) -> D {
+pub(crate) fn round_at(d: D, place: i64, rounding: dec::Rounding) -> D {
     if !d.is_finite() {
         return d;
     }
@@ -112,7 +112,7 @@ pub(super) fn round_at(d: D, place: i64, rounding: dec::Rounding) -> D {
 
 /// Apply a function of libdecnumber's arbitrary-precision type (`ln`,
 /// `exp`, `pow`, `sqrt` exist only there) and round the result to decimal128.
-pub(super) fn via_big(
+pub(crate) fn via_big(
     d: D,
     f: impl FnOnce(&mut Context<dec::Decimal<12>>, &mut dec::Decimal<12>),
 ) -> D {

@@ -52,7 +52,7 @@ mod compare;
 mod convert;
 mod date;
 mod datefmt;
-mod decimal;
+pub(crate) mod decimal;
 mod eval;
 mod logic;
 mod object;
@@ -73,6 +73,8 @@ use bson::{Bson, Document, RawBsonRef};
 use crate::error::{Error, Result};
 
 pub use arithmetic::{num_of, Num};
+pub use array::SortBy;
+pub(crate) use array::{discrete_percentile, n_arg, percentiles_arg};
 pub use compare::{compare, compare_values};
 pub use logic::truthy_bson;
 pub use ops::{Named, Op};
