@@ -850,3 +850,40 @@ pub(super) fn std_dev(xs: impl Iterator<Item = f64>, samp: bool) -> Option<f64> 
     }
     Some((m2 / denom as f64).sqrt())
 }
+
+/// `$bitAnd $bitOr $bitXor $bitNot` (int and long only; int32 when every
+/// operand is an int32; a null or missing operand gives null).
+pub(super) fn bitwise(op: Op, vals: &[Value]) -> Result<Value> {
+    if vals.iter().any(is_nullish) {
+        return null();
+    }
+    let mut all_int = true;
+    let mut ints = Vec::with_capacity(vals.len());
+    for v in vals.iter().flatten() {
+        match v {
+            Bson::Int32(i) => ints.push(i64::from(*i)),
+            Bson::Int64(i) => {
+                all_int = false;
+                ints.push(*i);
+            }
+            other => {
+                return Err(Error::type_mismatch(format!(
+                    "{} only supports int and long operands, not {}",
+                    op.name(),
+                    crate::doc::types::type_name(other)
+                )))
+            }
+        }
+    }
+    let r = match op {
+        Op::BitAnd => ints.iter().fold(-1i64, |a, b| a & b),
+        Op::BitOr => ints.iter().fold(0i64, |a, b| a | b),
+        Op::BitXor => ints.iter().fold(0i64, |a, b| a ^ b),
+        _ => !ints.first().copied().unwrap_or(0),
+    };
+    Ok(Some(if all_int {
+        Bson::Int32(r as i32)
+    } else {
+        Bson::Int64(r)
+    }))
+}

@@ -65,6 +65,8 @@ mod string;
 mod tests;
 #[cfg(test)]
 mod tests_more;
+#[cfg(test)]
+mod tests_props;
 mod vars;
 
 use bson::raw::{RawArray, RawDocument};

@@ -1,5 +1,6 @@
 //! Object operators: `$mergeObjects`, `$getField`, `$setField`,
-//! `$unsetField`, `$bsonSize`, `$binarySize`.
+//! `$unsetField`, `$bsonSize`, `$binarySize`, and the timestamp parts
+//! `$tsSecond`, `$tsIncrement`.
 //!
 //! Invariants: field names given to `$getField`/`$setField`/`$unsetField` are
 //! taken literally (dots and `$` are part of the name, never a path); a null
@@ -58,6 +59,20 @@ pub(super) fn apply(op: Op, vals: Vec<Value>) -> Result<Value> {
             other => Err(loc!(
                 51276,
                 "$binarySize requires a string or BinData argument, found: {}",
+                type_name(&other)
+            )),
+        },
+        Op::TsSecond | Op::TsIncrement => match vals.into_iter().next().flatten() {
+            None | Some(Bson::Null) | Some(Bson::Undefined) => null(),
+            Some(Bson::Timestamp(t)) => Ok(Some(Bson::Int64(i64::from(if op == Op::TsSecond {
+                t.time
+            } else {
+                t.increment
+            })))),
+            other => Err(loc!(
+                5687301,
+                "Argument to {} must be a timestamp, but is {}",
+                op.name(),
                 type_name(&other)
             )),
         },

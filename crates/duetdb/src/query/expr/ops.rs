@@ -105,6 +105,12 @@ pub enum Op {
     Rand,
     BsonSize,
     BinarySize,
+    BitAnd,
+    BitOr,
+    BitXor,
+    BitNot,
+    TsSecond,
+    TsIncrement,
 }
 
 impl Op {
@@ -204,6 +210,12 @@ impl Op {
             "$rand" => Op::Rand,
             "$bsonSize" => Op::BsonSize,
             "$binarySize" => Op::BinarySize,
+            "$bitAnd" => Op::BitAnd,
+            "$bitOr" => Op::BitOr,
+            "$bitXor" => Op::BitXor,
+            "$bitNot" => Op::BitNot,
+            "$tsSecond" => Op::TsSecond,
+            "$tsIncrement" => Op::TsIncrement,
             "$substr" => Op::SubstrBytes,
             _ => return None,
         })
@@ -306,12 +318,20 @@ impl Op {
             Op::Rand => "$rand",
             Op::BsonSize => "$bsonSize",
             Op::BinarySize => "$binarySize",
+            Op::BitAnd => "$bitAnd",
+            Op::BitOr => "$bitOr",
+            Op::BitXor => "$bitXor",
+            Op::BitNot => "$bitNot",
+            Op::TsSecond => "$tsSecond",
+            Op::TsIncrement => "$tsIncrement",
         }
     }
 
     /// `(min, max)` number of arguments.
     pub(super) fn arity(self) -> (usize, usize) {
         match self {
+            Op::BitAnd | Op::BitOr | Op::BitXor => (0, usize::MAX),
+            Op::BitNot | Op::TsSecond | Op::TsIncrement => (1, 1),
             Op::Add
             | Op::Multiply
             | Op::And

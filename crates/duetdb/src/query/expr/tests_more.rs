@@ -299,6 +299,22 @@ fn arithmetic_more() {
         bson!(1.118033988749895)
     );
     assert_eq!(ok(bson!({"$stdDevSamp": [[1]]}), &d), Bson::Null);
+    assert_eq!(ok(bson!({"$bitAnd": [12, 10]}), &d), bson!(8));
+    assert_eq!(ok(bson!({"$bitOr": [12, 10i64]}), &d), Bson::Int64(14));
+    assert_eq!(ok(bson!({"$bitXor": [12, 10]}), &d), bson!(6));
+    assert_eq!(ok(bson!({"$bitNot": 0}), &d), bson!(-1));
+    assert_eq!(ok(bson!({"$bitAnd": [1, null]}), &d), Bson::Null);
+    assert_eq!(code(bson!({"$bitAnd": [1, 1.5]}), &d), 14);
+    let ts = Bson::Timestamp(bson::Timestamp {
+        time: 1_700_000_000,
+        increment: 7,
+    });
+    assert_eq!(
+        ok(bson!({"$tsSecond": ts.clone()}), &d),
+        Bson::Int64(1_700_000_000)
+    );
+    assert_eq!(ok(bson!({"$tsIncrement": ts}), &d), Bson::Int64(7));
+    assert_eq!(code(bson!({"$tsSecond": 1}), &d), 5687301);
     let Bson::Double(r) = ok(bson!({"$rand": {}}), &d) else {
         panic!("double")
     };
