@@ -66,8 +66,7 @@ pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
         Op::Type => return Ok(Some(Bson::String(type_name(v).to_string()))),
         Op::IsNumber => {
             return Ok(Some(Bson::Boolean(
-                v.as_ref()
-                    .is_some_and(|b| crate::query::expr::array::is_num(b)),
+                v.as_ref().is_some_and(crate::query::expr::array::is_num),
             )))
         }
         Op::ToString => To::String,
@@ -140,21 +139,29 @@ pub(super) fn convert(a: &Args<'_, '_>) -> Result<Value> {
             other => return Err(Error::bad_value(format!("Unknown type name: {other}"))),
         }),
         Some(b) => match num_of(b) {
-            Some(n) => Some(match n.to_f64() {
-                x if x == 1.0 => To::Double,
-                x if x == 2.0 => To::String,
-                x if x == 7.0 => To::ObjectId,
-                x if x == 8.0 => To::Bool,
-                x if x == 9.0 => To::Date,
-                x if x == 16.0 => To::Int,
-                x if x == 18.0 => To::Long,
-                x if x == 19.0 => To::Decimal,
-                x => {
-                    return Err(Error::bad_value(format!(
-                    "In $convert, numeric value for 'to' does not correspond to a BSON type: {x}"
-                )))
-                }
-            }),
+            Some(n) => {
+                let f = n.to_f64();
+                let code = if f.fract() == 0.0 && f.abs() < 1e9 {
+                    f as i64
+                } else {
+                    -1
+                };
+                Some(match code {
+                    1 => To::Double,
+                    2 => To::String,
+                    7 => To::ObjectId,
+                    8 => To::Bool,
+                    9 => To::Date,
+                    16 => To::Int,
+                    18 => To::Long,
+                    19 => To::Decimal,
+                    _ => {
+                        return Err(Error::bad_value(format!(
+                            "In $convert, numeric value for 'to' does not correspond to a BSON type: {f}"
+                        )))
+                    }
+                })
+            }
             None => {
                 return Err(Error::Coded {
                     code: 9,
@@ -321,7 +328,7 @@ fn float_to_i64(f: f64) -> std::result::Result<i64, Fail> {
         ));
     }
     let t = f.trunc();
-    if t < -9.223_372_036_854_776e18 || t >= 9.223_372_036_854_776e18 {
+    if !(-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&t) {
         return Err(overflow());
     }
     Ok(t as i64)

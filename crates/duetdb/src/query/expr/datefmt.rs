@@ -427,13 +427,11 @@ pub(crate) fn parse_date(s: &str, format: Option<&str>, tz: Option<Tz>) -> Resul
     }
     let local =
         days * DAY_MS + sc.hour * 3_600_000 + sc.minute * 60_000 + sc.second * 1000 + sc.millis;
-    if sc.offset_ms.is_some() || sc.zone.is_some() {
-        if tz.is_some() {
-            return Err(
+    if (sc.offset_ms.is_some() || sc.zone.is_some()) && tz.is_some() {
+        return Err(
                 "you cannot pass in a date/time string with time zone information together with a second time zone argument"
                     .into(),
             );
-        }
     }
     Ok(match (sc.offset_ms, sc.zone, tz) {
         (Some(off), _, _) => local - off,

@@ -25,7 +25,7 @@ pub(crate) fn cx() -> Context<D> {
 }
 
 pub(crate) fn from_bson(d: bson::Decimal128) -> D {
-    cx().parse(d.to_string()).unwrap_or_else(|_| D::NAN)
+    cx().parse(d.to_string()).unwrap_or(D::NAN)
 }
 
 pub(crate) fn to_bson(d: D) -> bson::Decimal128 {

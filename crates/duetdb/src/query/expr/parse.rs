@@ -92,7 +92,7 @@ pub(super) fn check_var_name(name: &str) -> Result<()> {
     let Some(first) = name.chars().next() else {
         return Err(loc!(16866, "empty variable names are not allowed"));
     };
-    if !(first.is_ascii_lowercase() || !first.is_ascii()) {
+    if first.is_ascii() && !first.is_ascii_lowercase() {
         return Err(loc!(
             16867,
             "'{name}' starts with an invalid character for a user variable name"
