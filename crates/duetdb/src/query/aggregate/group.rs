@@ -910,12 +910,20 @@ fn finish_acc(acc: Acc, op: &AccOp) -> Bson {
             }
         }
         Acc::Top(items, _) => {
-            let single = matches!(op, AccOp::Top { single: true, .. });
-            let mut outs = items.into_iter().map(|(_, v)| v);
+            let (single, bottom) = match op {
+                AccOp::Top { single, bottom, .. } => (*single, *bottom),
+                _ => (true, false),
+            };
+            // Kept best first (for bottom: last in the sort order first).
+            let mut outs: Vec<Bson> = items.into_iter().map(|(_, v)| v).collect();
             if single {
-                outs.next().unwrap_or(Bson::Null)
+                outs.into_iter().next().unwrap_or(Bson::Null)
             } else {
-                Bson::Array(outs.collect())
+                if bottom {
+                    // $bottomN answers in the sort's order.
+                    outs.reverse();
+                }
+                Bson::Array(outs)
             }
         }
         Acc::Ordered(items, _) | Acc::Best(items, _) => Bson::Array(items),
@@ -975,4 +983,150 @@ fn approx_size(v: &Bson) -> usize {
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{bson, doc, Bson, Document};
+
+    use crate::query::Pipeline;
+
+    /// The manual's `gamescores`: players' scores in games G1 and G2.
+    fn scores() -> Vec<Document> {
+        vec![
+            doc! {"playerId": "PlayerA", "gameId": "G1", "score": 31},
+            doc! {"playerId": "PlayerB", "gameId": "G1", "score": 33},
+            doc! {"playerId": "PlayerC", "gameId": "G1", "score": 99},
+            doc! {"playerId": "PlayerD", "gameId": "G1", "score": 1},
+            doc! {"playerId": "PlayerA", "gameId": "G2", "score": 10},
+            doc! {"playerId": "PlayerB", "gameId": "G2", "score": 14},
+            doc! {"playerId": "PlayerC", "gameId": "G2", "score": 66},
+            doc! {"playerId": "PlayerD", "gameId": "G2", "score": 80},
+        ]
+    }
+
+    fn group(spec: Document) -> Vec<Document> {
+        let mut g = doc! {"_id": "$gameId"};
+        g.extend(spec);
+        Pipeline::parse(&[doc! {"$group": g}, doc! {"$sort": {"_id": 1}}])
+            .expect("parse")
+            .run_on(scores())
+            .expect("run")
+    }
+
+    fn field(out: &[Document], name: &str) -> Vec<Bson> {
+        out.iter()
+            .map(|d| d.get(name).cloned().unwrap_or(Bson::Null))
+            .collect()
+    }
+
+    #[test]
+    fn top_bottom_and_n_accumulators() {
+        let out = group(doc! {
+            "top": {"$top": {"output": ["$playerId", "$score"], "sortBy": {"score": -1}}},
+            "bottom": {"$bottom": {"output": ["$playerId", "$score"], "sortBy": {"score": -1}}},
+            "top3": {"$topN": {"output": "$playerId", "sortBy": {"score": -1}, "n": 3}},
+            "bottom2": {"$bottomN": {"output": "$score", "sortBy": {"score": -1}, "n": 2}},
+            "max2": {"$maxN": {"input": "$score", "n": 2}},
+            "min2": {"$minN": {"input": "$score", "n": 2}},
+            "first2": {"$firstN": {"input": "$playerId", "n": 2}},
+            "last1": {"$lastN": {"input": "$playerId", "n": 1}},
+        });
+        assert_eq!(
+            field(&out, "top"),
+            vec![bson!(["PlayerC", 99]), bson!(["PlayerD", 80])]
+        );
+        assert_eq!(
+            field(&out, "bottom"),
+            vec![bson!(["PlayerD", 1]), bson!(["PlayerA", 10])]
+        );
+        assert_eq!(
+            field(&out, "top3"),
+            vec![
+                bson!(["PlayerC", "PlayerB", "PlayerA"]),
+                bson!(["PlayerD", "PlayerC", "PlayerB"])
+            ]
+        );
+        assert_eq!(
+            field(&out, "bottom2"),
+            vec![bson!([31, 1]), bson!([14, 10])]
+        );
+        assert_eq!(field(&out, "max2"), vec![bson!([99, 33]), bson!([80, 66])]);
+        assert_eq!(field(&out, "min2"), vec![bson!([1, 31]), bson!([10, 14])]);
+        assert_eq!(
+            field(&out, "first2"),
+            vec![bson!(["PlayerA", "PlayerB"]), bson!(["PlayerA", "PlayerB"])]
+        );
+        assert_eq!(
+            field(&out, "last1"),
+            vec![bson!(["PlayerD"]), bson!(["PlayerD"])]
+        );
+    }
+
+    #[test]
+    fn statistics_and_merge_objects() {
+        let out = group(doc! {
+            "sd": {"$stdDevPop": "$score"},
+            "sds": {"$stdDevSamp": "$score"},
+            "med": {"$median": {"input": "$score", "method": "approximate"}},
+            "pct": {"$percentile": {"input": "$score", "p": [0.25, 1], "method": "approximate"}},
+            "m": {"$mergeObjects": {"$arrayToObject": [[["$playerId", "$score"]]]}},
+        });
+        let g1 = [31.0f64, 33.0, 99.0, 1.0];
+        let mean = g1.iter().sum::<f64>() / 4.0;
+        let var = g1.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>();
+        let Some(Bson::Double(sd)) = out[0].get("sd") else {
+            panic!("sd")
+        };
+        assert!((sd - (var / 4.0).sqrt()).abs() < 1e-9);
+        let Some(Bson::Double(sds)) = out[0].get("sds") else {
+            panic!("sds")
+        };
+        assert!((sds - (var / 3.0).sqrt()).abs() < 1e-9);
+        assert_eq!(field(&out, "med"), vec![bson!(31.0), bson!(14.0)]);
+        assert_eq!(
+            field(&out, "pct"),
+            vec![bson!([1.0, 99.0]), bson!([10.0, 80.0])]
+        );
+        assert_eq!(
+            out[0].get_document("m").expect("m"),
+            &doc! {"PlayerA": 31, "PlayerB": 33, "PlayerC": 99, "PlayerD": 1}
+        );
+        let err =
+            Pipeline::parse(&[doc! {"$group": {"_id": null, "m": {"$mergeObjects": "$score"}}}])
+                .expect("parse")
+                .run_on(scores())
+                .expect_err("not an object");
+        assert_eq!(err.code(), 40400);
+        let bad_n = Pipeline::parse(&[
+            doc! {"$group": {"_id": null, "t": {"$topN": {"n": 0, "sortBy": {"a": 1}, "output": "$a"}}}},
+        ]);
+        assert_eq!(bad_n.expect_err("n").code(), 5787908);
+    }
+
+    #[test]
+    fn decimal_sums_are_exact() {
+        let docs: Vec<Document> = (0..10)
+            .map(|_| doc! {"v": Bson::Decimal128("0.1".parse().expect("dec"))})
+            .chain([doc! {"v": 1}])
+            .collect();
+        let out = Pipeline::parse(&[
+            doc! {"$group": {"_id": null, "s": {"$sum": "$v"}, "a": {"$avg": "$v"}}},
+        ])
+        .expect("parse")
+        .run_on(docs)
+        .expect("run");
+        assert_eq!(
+            out[0].get("s"),
+            Some(&Bson::Decimal128("2.0".parse().expect("dec")))
+        );
+        let Some(Bson::Decimal128(a)) = out[0].get("a") else {
+            panic!("avg")
+        };
+        assert!(
+            a.to_string()
+                .starts_with("0.18181818181818181818181818181818"),
+            "{a}"
+        );
+    }
 }
