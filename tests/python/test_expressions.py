@@ -182,6 +182,10 @@ def test_expr_and_let_in_find_count_update_delete(db, shop):
     with pytest.raises(OperationFailure) as e:
         list(db.s.find({"$expr": {"$eq": ["$qty", "$$nope"]}}))
     assert e.value.code == 17276
+    # A command's `let` runs before any document is read: no field paths.
+    with pytest.raises(OperationFailure) as e:
+        list(db.s.find({"$expr": {"$eq": ["$qty", "$$q"]}}, let={"q": "$qty"}))
+    assert e.value.code == 4890500
 
 
 def test_bits_json_schema_comment(db, shop):

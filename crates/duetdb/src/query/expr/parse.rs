@@ -58,6 +58,12 @@ impl Scope {
         for (name, v) in vars {
             check_var_name(name)?;
             let e = parse_at(v, 0, &mut scope)?;
+            if e.reads_document() {
+                return Err(loc!(
+                    4890500,
+                    "Command let Expression tried to access a field, but this is not allowed because command let expressions run before the query examines any documents."
+                ));
+            }
             let value = e.eval(&Root::Doc(&empty))?.unwrap_or(Bson::Null);
             scope.consts.retain(|(n, _)| n != name);
             scope.consts.push((name.clone(), value));
@@ -560,4 +566,37 @@ fn parse_switch(arg: &Bson, sub: usize, scope: &mut Scope) -> Result<Expr> {
         return Err(loc!(40068, "$switch requires at least one branch."));
     }
     Ok(Expr::Switch(branches, default))
+}
+
+impl Expr {
+    /// Whether evaluating this reads the document (a field path, `$$ROOT`,
+    /// `$$CURRENT`): what a command's `let` may not do.
+    pub(super) fn reads_document(&self) -> bool {
+        let any = |es: &[Expr]| es.iter().any(Expr::reads_document);
+        match self {
+            Expr::Field(_) | Expr::Root(_) => true,
+            Expr::Literal(_) | Expr::Remove | Expr::Var(..) => false,
+            Expr::Doc(fields) => fields.iter().any(|(_, e)| e.reads_document()),
+            Expr::Array(items) | Expr::Op(_, items) => any(items),
+            Expr::Named(_, args) => args.iter().flatten().any(Expr::reads_document),
+            Expr::Let(bound, body) => {
+                bound.iter().any(|(_, e)| e.reads_document()) || body.reads_document()
+            }
+            Expr::Map(a, _, b) => a.reads_document() || b.reads_document(),
+            Expr::Filter(a, _, b, c) => {
+                a.reads_document()
+                    || b.reads_document()
+                    || c.as_ref().is_some_and(|c| c.reads_document())
+            }
+            Expr::Reduce(a, b, _, _, c) => {
+                a.reads_document() || b.reads_document() || c.reads_document()
+            }
+            Expr::Switch(branches, default) => {
+                branches
+                    .iter()
+                    .any(|(c, t)| c.reads_document() || t.reads_document())
+                    || default.as_ref().is_some_and(|d| d.reads_document())
+            }
+        }
+    }
 }

@@ -106,7 +106,12 @@ fn command_let_constants() {
         Scope::with_let(Some(&doc! {"target": 5, "twice": {"$multiply": [2, 3]}})).expect("let");
     let e1 = Expr::parse_in(&bson!({"$add": ["$$target", "$$twice"]}), &mut scope).expect("parse");
     assert_eq!(e1.eval(&Root::Doc(&e())).expect("eval"), Some(bson!(11)));
-    assert!(Scope::with_let(Some(&doc! {"x": "$field"})).is_ok());
+    assert_eq!(
+        Scope::with_let(Some(&doc! {"x": {"$add": ["$field", 1]}}))
+            .expect_err("reads a field")
+            .code(),
+        4890500
+    );
     assert_eq!(
         Scope::with_let(Some(&doc! {"X": 1}))
             .expect_err("name")
