@@ -546,7 +546,22 @@ fn parse_elem_match(arg: &Bson, depth: usize) -> PResult<Op> {
         parse_operators(None, d, depth + 1, &mut inner)?;
         Ok(Op::ElemMatchValue(Box::new(Node::And(inner))))
     } else {
-        Ok(Op::ElemMatchObject(Box::new(parse_query(d, depth + 1)?)))
+        let node = parse_query(d, depth + 1)?;
+        if has_expr(&node) {
+            return Err(bad("$expr can only be applied to the top-level document"));
+        }
+        Ok(Op::ElemMatchObject(Box::new(node)))
+    }
+}
+
+/// Whether a node holds an `$expr` (refused under `$elemMatch`, as MongoDB does).
+#[inline(never)]
+fn has_expr(node: &Node) -> bool {
+    match node {
+        Node::Expr(_) => true,
+        Node::And(c) | Node::Or(c) | Node::Nor(c) => c.iter().any(has_expr),
+        Node::Not(n) => has_expr(n),
+        Node::Leaf(_) | Node::Schema(_) => false,
     }
 }
 
