@@ -466,6 +466,9 @@ pub(super) fn named(a: &Args<'_, '_>) -> Result<Value> {
 
 fn zip(a: &Args<'_, '_>) -> Result<Value> {
     let inputs = a.get("inputs")?;
+    if matches!(&inputs, Some(Bson::Array(a)) if a.is_empty()) {
+        return Err(loc!(34465, "$zip requires at least one input array"));
+    }
     let Some(Bson::Array(inputs)) = inputs else {
         return Err(loc!(
             34460,

@@ -351,10 +351,7 @@ fn parse_named(n: Named, arg: &Bson, sub: usize, scope: &mut Scope) -> Result<Ex
     let mut args: Vec<Option<Expr>> = vec![None; keys.len()];
     for (k, v) in d {
         let Some(i) = keys.iter().position(|x| x == k) else {
-            return Err(Error::bad_value(format!(
-                "Unrecognized argument to {}: {k}",
-                n.name()
-            )));
+            return Err(unknown_arg(n, k, d));
         };
         if let Some(slot) = args.get_mut(i) {
             *slot = Some(parse_at(v, sub, scope)?);
@@ -362,10 +359,7 @@ fn parse_named(n: Named, arg: &Bson, sub: usize, scope: &mut Scope) -> Result<Ex
     }
     for r in n.required() {
         if !d.contains_key(*r) {
-            return Err(Error::bad_value(format!(
-                "Missing '{r}' parameter to {}",
-                n.name()
-            )));
+            return Err(missing_arg(n, r, d));
         }
     }
     Ok(Expr::Named(n, args))
@@ -598,5 +592,104 @@ impl Expr {
                     || default.as_ref().is_some_and(|d| d.reads_document())
             }
         }
+    }
+}
+
+/// MongoDB's error for an argument a named-argument operator does not take.
+fn unknown_arg(n: Named, k: &str, d: &Document) -> Error {
+    use Named::*;
+    let op = n.name();
+    match n {
+        Trim | LTrim | RTrim => loc!(50694, "{op} found an unknown argument: {k}"),
+        RegexMatch | RegexFind | RegexFindAll => {
+            loc!(31024, "{op} found an unknown field: {k}")
+        }
+        ReplaceOne | ReplaceAll => loc!(51750, "{op} found an unknown argument: {k}"),
+        SetField | UnsetField => loc!(4161100, "{op} found an unknown argument: {k}"),
+        GetField => loc!(3041701, "$getField found an unknown argument: {k}"),
+        SortArray => loc!(2942501, "$sortArray found an unknown argument: {k}"),
+        DateToString => loc!(18534, "Unrecognized parameter to $dateToString: {k}"),
+        DateFromString => loc!(40541, "Unrecognized argument to $dateFromString: {k}"),
+        DateToParts => loc!(40520, "Unrecognized argument to $dateToParts: {k}"),
+        DateFromParts => loc!(40518, "Unrecognized argument to $dateFromParts: {k}"),
+        DateAdd | DateSubtract => loc!(5166401, "Unrecognized argument to {op}: {k}. Expected arguments are startDate, unit, amount, and optionally timezone."),
+        DateDiff => loc!(5166300, "Unrecognized argument to $dateDiff: {k}"),
+        DateTrunc => loc!(5439006, "Unrecognized argument to $dateTrunc: {k}"),
+        Zip => loc!(34464, "$zip found an unknown argument: {k}"),
+        Convert => Error::Coded {
+            code: 9,
+            name: "FailedToParse",
+            msg: format!("$convert found an unknown argument: {k}"),
+        },
+        FirstN | LastN | MaxN | MinN => {
+            loc!(5787901, "Unknown argument for '{op}' operator: {k}")
+        }
+        Median | Percentile => Error::Coded {
+            code: 40415,
+            name: "IDLUnknownField",
+            msg: format!("BSON field '{op}.{k}' is an unknown field."),
+        },
+        _ => loc!(
+            40535,
+            "unrecognized option to {op}: \"{k}\" in {}",
+            crate::error::render(&Bson::Document(d.clone()))
+        ),
+    }
+}
+
+/// MongoDB's error for a required argument that is absent (present and
+/// null is not an error: the operator answers null).
+fn missing_arg(n: Named, r: &str, d: &Document) -> Error {
+    use Named::*;
+    let op = n.name();
+    match (n, r) {
+        (Trim | LTrim | RTrim, _) => loc!(50695, "{op} requires an 'input' field"),
+        (RegexMatch | RegexFind | RegexFindAll, "input") => {
+            loc!(31022, "{op} requires 'input' parameter")
+        }
+        (RegexMatch | RegexFind | RegexFindAll, _) => {
+            loc!(31023, "{op} requires 'regex' parameter")
+        }
+        (ReplaceOne | ReplaceAll, "input") => loc!(51749, "{op} requires 'input' to be specified"),
+        (ReplaceOne | ReplaceAll, "find") => loc!(51748, "{op} requires 'find' to be specified"),
+        (ReplaceOne | ReplaceAll, _) => {
+            loc!(51747, "{op} requires 'replacement' to be specified")
+        }
+        (SetField | UnsetField, "field") => loc!(4161102, "{op} requires 'field' to be specified"),
+        (SetField | UnsetField, "input") => loc!(4161109, "{op} requires 'input' to be specified"),
+        (SetField | UnsetField, _) => loc!(4161103, "{op} requires 'value' to be specified"),
+        (GetField, _) => loc!(3041702, "$getField requires 'field' to be specified"),
+        (SortArray, "input") => loc!(2942502, "$sortArray requires 'input' to be specified"),
+        (SortArray, _) => loc!(2942503, "$sortArray requires 'sortBy' to be specified"),
+        (DateToString, _) => loc!(18628, "Missing 'date' parameter to $dateToString"),
+        (DateFromString, _) => loc!(40542, "Missing 'dateString' parameter to $dateFromString"),
+        (DateToParts, _) => loc!(40522, "Missing 'date' parameter to $dateToParts"),
+        (DateAdd | DateSubtract, _) => loc!(
+            5166402,
+            "{op} requires startDate, unit, and amount to be present"
+        ),
+        (DateDiff, "startDate") => loc!(5166301, "$dateDiff requires 'startDate' to be specified"),
+        (DateDiff, "endDate") => loc!(5166302, "$dateDiff requires 'endDate' to be specified"),
+        (DateDiff, _) => loc!(5166303, "$dateDiff requires 'unit' to be specified"),
+        (DateTrunc, "date") => loc!(5439007, "$dateTrunc requires 'date' to be specified"),
+        (DateTrunc, _) => loc!(5439008, "$dateTrunc requires 'unit' to be specified"),
+        (Zip, _) => loc!(34465, "$zip requires at least one input array"),
+        (Convert, _) => Error::Coded {
+            code: 9,
+            name: "FailedToParse",
+            msg: format!("Missing '{r}' parameter to $convert"),
+        },
+        (FirstN | LastN | MaxN | MinN, "n") => loc!(5787906, "Missing value for 'n'"),
+        (FirstN | LastN | MaxN | MinN, _) => loc!(5787907, "Missing value for 'input'"),
+        (Median | Percentile, _) => Error::Coded {
+            code: 40414,
+            name: "IDLFailedToParse",
+            msg: format!("BSON field '{op}.{r}' is missing but a required field"),
+        },
+        _ => loc!(
+            40539,
+            "missing '{r}' argument to {op}, provided: {}",
+            crate::error::render(&Bson::Document(d.clone()))
+        ),
     }
 }
