@@ -336,16 +336,20 @@ fn parse_named(n: Named, arg: &Bson, sub: usize, scope: &mut Scope) -> Result<Ex
                 vec![Some(parse_at(single, sub, scope)?), None],
             ));
         }
+        other if matches!(n, Named::Trim | Named::LTrim | Named::RTrim) => {
+            return Err(loc!(
+                50696,
+                "{} only supports an object as an argument, found {}",
+                n.name(),
+                crate::doc::types::type_name(other)
+            ))
+        }
         other => {
-            return Err(Error::Coded {
-                code: 2,
-                name: "BadValue",
-                msg: format!(
-                    "{} expects an object as its argument, found: {}",
-                    n.name(),
-                    crate::doc::types::type_name(other)
-                ),
-            })
+            return Err(Error::bad_value(format!(
+                "{} only supports an object as its argument, found: {}",
+                n.name(),
+                crate::doc::types::type_name(other)
+            )))
         }
     };
     let mut args: Vec<Option<Expr>> = vec![None; keys.len()];

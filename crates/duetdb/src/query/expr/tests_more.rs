@@ -1256,6 +1256,7 @@ fn missing_and_unknown_named_arguments() {
         (bson!({"$dateAdd": {}}), 5166402),
         (bson!({"$zip": {}}), 34465),
         (bson!({"$trim": {"k": 1}}), 50694),
+        (bson!({"$trim": "x"}), 50696),
         (bson!({"$filter": {}}), 28648),
         (bson!({"$map": {"input": [1]}}), 16882),
         (bson!({"$reduce": {"input": [1], "in": 1}}), 40078),
