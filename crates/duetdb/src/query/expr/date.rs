@@ -15,7 +15,8 @@ use bson::{doc, Bson};
 
 use crate::error::{Error, Result};
 use crate::query::expr::datefmt::{
-    days_from_civil, days_in_month, format_date, iso_year_start, parse_date, Parts, Tz, DAY_MS,
+    at_day, days_from_civil, days_in_month, format_date, iso_year_start, parse_date, Parts, Tz,
+    DAY_MS,
 };
 use crate::query::expr::eval::{null, Args};
 use crate::query::expr::{is_nullish, num_of, type_name, Named, Num, Value};
@@ -382,7 +383,7 @@ fn date_from_parts(a: &Args<'_, '_>) -> Result<Value> {
     else {
         return null();
     };
-    let local = days * DAY_MS + h * 3_600_000 + mi * 60_000 + s * 1000 + ms;
+    let local = at_day(days, h * 3_600_000 + mi * 60_000 + s * 1000 + ms);
     Ok(date(tz.to_utc(local)))
 }
 
@@ -542,7 +543,10 @@ fn date_trunc(a: &Args<'_, '_>) -> Result<Value> {
                     _ => 1,
                 };
             let m = months.div_euclid(per) * per;
-            days_from_civil(2000 + m.div_euclid(12), m.rem_euclid(12) + 1, 1) * DAY_MS
+            at_day(
+                days_from_civil(2000 + m.div_euclid(12), m.rem_euclid(12) + 1, 1),
+                0,
+            )
         }
         Unit::Week | Unit::Day => {
             let day = local.div_euclid(DAY_MS);
@@ -552,14 +556,15 @@ fn date_trunc(a: &Args<'_, '_>) -> Result<Value> {
             } else {
                 (epoch2000, bin)
             };
-            (origin + (day - origin).div_euclid(per) * per) * DAY_MS
+            at_day(origin + (day - origin).div_euclid(per) * per, 0)
         }
         _ => {
-            let per = u.fixed_ms().unwrap_or(1) * bin;
-            let origin = epoch2000 * DAY_MS;
-            // Sub-day units bin the instant itself, except where the zone's
-            // offset is not a whole number of units.
-            origin + (local - origin).div_euclid(per) * per
+            // In i128: a date near the ends of the i64 range is still binned
+            // without overflow (and clamped back into range).
+            let per = i128::from(u.fixed_ms().unwrap_or(1)) * i128::from(bin);
+            let origin = i128::from(epoch2000) * i128::from(DAY_MS);
+            let out = origin + (i128::from(local) - origin).div_euclid(per) * per;
+            i64::try_from(out).unwrap_or(if out < 0 { i64::MIN } else { i64::MAX })
         }
     };
     Ok(date(tz.to_utc(out_local)))
@@ -626,7 +631,7 @@ fn date_add(a: &Args<'_, '_>) -> Result<Value> {
             }
             let d = i64::from(p.day).min(days_in_month(y, m));
             let in_day = local.rem_euclid(DAY_MS);
-            tz.to_utc(days_from_civil(y, m, d) * DAY_MS + in_day)
+            tz.to_utc(at_day(days_from_civil(y, m, d), in_day))
         }
         Unit::Week | Unit::Day => {
             let days = if u == Unit::Week {

@@ -15,6 +15,14 @@ use chrono::{Offset, TimeZone};
 /// Milliseconds per day.
 pub(super) const DAY_MS: i64 = 86_400_000;
 
+/// `days * DAY_MS + in_day_ms`, computed in i128 and clamped to the i64
+/// range, so a calendar computation at the ends of the date range never
+/// overflows.
+pub(crate) fn at_day(days: i64, in_day_ms: i64) -> i64 {
+    let v = i128::from(days) * i128::from(DAY_MS) + i128::from(in_day_ms);
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+}
+
 /// A time zone.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Tz {
@@ -94,14 +102,14 @@ impl Tz {
                 // candidate that maps back to `local` is the earlier instant.
                 let before = self.offset_ms(local.saturating_sub(DAY_MS));
                 let after = self.offset_ms(local.saturating_add(DAY_MS));
-                let mut cands = [local - before, local - after];
+                let mut cands = [local.saturating_sub(before), local.saturating_sub(after)];
                 cands.sort_unstable();
                 for c in cands {
                     if self.to_local(c) == local {
                         return c;
                     }
                 }
-                local - before
+                local.saturating_sub(before)
             }
         }
     }
@@ -425,8 +433,10 @@ pub(crate) fn parse_date(s: &str, format: Option<&str>, tz: Option<Tz>) -> Resul
     if sc.hour > 24 || sc.minute > 59 || sc.second > 60 {
         return Err("The parsed time was invalid".into());
     }
-    let local =
-        days * DAY_MS + sc.hour * 3_600_000 + sc.minute * 60_000 + sc.second * 1000 + sc.millis;
+    let local = at_day(
+        days,
+        sc.hour * 3_600_000 + sc.minute * 60_000 + sc.second * 1000 + sc.millis,
+    );
     if (sc.offset_ms.is_some() || sc.zone.is_some()) && tz.is_some() {
         return Err(
                 "you cannot pass in a date/time string with time zone information together with a second time zone argument"

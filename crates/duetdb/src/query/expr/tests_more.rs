@@ -1270,3 +1270,37 @@ fn missing_and_unknown_named_arguments() {
         bson!(false)
     );
 }
+
+/// Dates at the ends of the i64 range never panic, whatever the operator
+/// and zone: they answer a value or an error.
+#[test]
+fn extreme_dates_do_not_panic() {
+    for ms in [i64::MIN, i64::MIN + 1, -1, 0, i64::MAX - 1, i64::MAX] {
+        let d = doc! {"t": bson::DateTime::from_millis(ms)};
+        for tz in [
+            "UTC",
+            "America/New_York",
+            "+14:00",
+            "-12:00",
+            "Asia/Kathmandu",
+        ] {
+            for spec in [
+                bson!({"$hour": {"date": "$t", "timezone": tz}}),
+                bson!({"$isoWeekYear": {"date": "$t", "timezone": tz}}),
+                bson!({"$dateToParts": {"date": "$t", "timezone": tz, "iso8601": true}}),
+                bson!({"$dateToString": {"date": "$t", "timezone": tz, "format": "%G-%V-%u %j %z"}}),
+                bson!({"$dateTrunc": {"date": "$t", "unit": "hour", "binSize": 5, "timezone": tz}}),
+                bson!({"$dateTrunc": {"date": "$t", "unit": "week", "timezone": tz}}),
+                bson!({"$dateTrunc": {"date": "$t", "unit": "year", "timezone": tz}}),
+                bson!({"$dateAdd": {"startDate": "$t", "unit": "month", "amount": 7, "timezone": tz}}),
+                bson!({"$dateSubtract": {"startDate": "$t", "unit": "day", "amount": 3, "timezone": tz}}),
+                bson!({"$dateDiff": {"startDate": "$t", "endDate": bson::DateTime::from_millis(0), "unit": "week", "timezone": tz}}),
+                bson!({"$add": ["$t", 1]}),
+                bson!({"$subtract": ["$t", 1]}),
+                bson!({"$toString": "$t"}),
+            ] {
+                let _ = ev(spec, &d);
+            }
+        }
+    }
+}
