@@ -118,7 +118,7 @@ fn new_accumulators_equal_the_reference_under_every_strategy() {
     let (_db, c) = loaded();
     let all = c.find(doc! {}).run().expect("all");
     let commutative = vec![
-        doc! {"$match": {"w": {"$gte": 1}}},
+        doc! {"$match": {"$expr": {"$gte": ["$w", 1]}}},
         doc! {"$group": {
             "_id": "$g",
             "top": {"$top": {"sortBy": {"v": -1, "_id": 1}, "output": ["$_id", "$v"]}},
@@ -172,6 +172,18 @@ fn new_accumulators_equal_the_reference_under_every_strategy() {
                 }
             }
         }
+    }
+    // A failing `$expr` in the scan filter fails the aggregation under
+    // every strategy, OLCP's parallel scan included.
+    let failing = vec![
+        doc! {"$match": {"$expr": {"$gt": [{"$add": ["$g", 1]}, 0]}}},
+        doc! {"$group": {"_id": "$g", "n": {"$sum": 1}}},
+    ];
+    for s in STRATEGIES {
+        let e = c
+            .aggregate_with(failing.clone(), s)
+            .expect_err("type error");
+        assert_eq!(e.code(), 14, "under {s}");
     }
     let b = normalize(
         c.aggregate(vec![
