@@ -412,6 +412,13 @@ fn error_codes() {
             vec![doc! {"$group": {"_id": 1, "n": {"$median": 1}}}],
             &docs
         ),
+        5787801
+    );
+    assert_eq!(
+        code(
+            vec![doc! {"$group": {"_id": 1, "n": {"$accumulator": {}}}}],
+            &docs
+        ),
         2
     );
     assert_eq!(
@@ -420,7 +427,10 @@ fn error_codes() {
     );
     assert_eq!(code(vec![doc! {"$group": {"_id": 1, "n": 1}}], &docs), 2);
     assert_eq!(code(vec![doc! {"$match": {"$bogus": 1}}], &docs), 2);
-    assert_eq!(code(vec![doc! {"$project": {"x": {"$frob": 1}}}], &docs), 2);
+    assert_eq!(
+        code(vec![doc! {"$project": {"x": {"$frob": 1}}}], &docs),
+        168
+    );
     // Runtime type errors carry MongoDB's wording and TypeMismatch.
     let e = run(
         vec![doc! {"$project": {"x": {"$add": ["$store", 1]}}}],
@@ -575,6 +585,24 @@ fn arb_pipeline() -> impl PropStrategy<Value = Vec<Document>> {
         Just(("push", bson!({"$push": "$v"}))),
         Just(("set", bson!({"$addToSet": "$k"}))),
         Just(("sumg", bson!({"$sum": {"$multiply": ["$g", 3]}}))),
+        Just(("maxn", bson!({"$maxN": {"n": 2, "input": "$v"}}))),
+        Just(("minn", bson!({"$minN": {"n": 3, "input": "$k"}}))),
+        Just((
+            "topn",
+            bson!({"$topN": {"n": 2, "sortBy": {"v": -1}, "output": "$k"}})
+        )),
+        Just((
+            "bottom",
+            bson!({"$bottom": {"sortBy": {"k": 1}, "output": ["$v", "$g"]}})
+        )),
+        Just((
+            "median",
+            bson!({"$median": {"input": "$v", "method": "approximate"}})
+        )),
+        Just((
+            "pct",
+            bson!({"$percentile": {"input": "$g", "p": [0.1, 0.5, 1.0], "method": "approximate"}})
+        )),
     ];
     (
         prop::collection::vec(per_doc, 0..4),

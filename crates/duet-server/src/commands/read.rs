@@ -76,8 +76,10 @@ impl FindPlan {
                 )));
             }
         }
+        let filter = args::opt_doc(cmd, "filter")?.cloned().unwrap_or_default();
         Ok(FindPlan {
-            filter: args::opt_doc(cmd, "filter")?.cloned().unwrap_or_default(),
+            // The command's `let` variables, bound around the filter's `$expr`s.
+            filter: duetdb::lang::Filter::bind_let(&filter, args::opt_doc(cmd, "let")?)?,
             options: FindOptions {
                 sort: args::opt_doc(cmd, "sort")?
                     .cloned()
@@ -227,6 +229,7 @@ pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let coll = args::collection_name(cmd, "count")?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
+    let query = duetdb::lang::Filter::bind_let(&query, args::opt_doc(cmd, "let")?)?;
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     // A negative limit means the same as its absolute value for count.
     let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();

@@ -96,7 +96,7 @@ impl From<CommandError> for StmtError {
 /// failure; an error that ends the transaction fails the whole command.
 fn each_statement<T>(
     stmts: &[&Document],
-    ordered: bool,
+    (ordered, let_vars): (bool, Option<&Document>),
     (field, counter): (&str, &AtomicU64),
     mut run: impl FnMut(&Document, Document) -> Result<T, StmtError>,
     mut done: impl FnMut(usize, T),
@@ -107,6 +107,8 @@ fn each_statement<T>(
         let mut one = || -> Result<T, StmtError> {
             refuse_unsupported(stmt, field)?;
             let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
+            // The command's `let` variables, bound around the filter's `$expr`s.
+            let q = duetdb::lang::Filter::bind_let(&q, let_vars).map_err(StmtError::Engine)?;
             run(stmt, q)
         };
         let e = match one() {
@@ -191,7 +193,8 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
     };
     let (mut n, mut modified, mut upserted) = (0i64, 0i64, Vec::new());
     let counted = ("updates", &ctx.state.ops.update);
-    let errors = each_statement(&stmts, ordered, counted, one, |i, r| {
+    let let_vars = args::opt_doc(cmd, "let")?;
+    let errors = each_statement(&stmts, (ordered, let_vars), counted, one, |i, r| {
         n += r.matched as i64;
         modified += r.modified as i64;
         if let Some(id) = r.upserted_id {
@@ -223,7 +226,10 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
     };
     let mut n = 0i64;
     let counted = ("deletes", &ctx.state.ops.delete);
-    let errors = each_statement(&stmts, ordered, counted, one, |_, k| n += k as i64)?;
+    let let_vars = args::opt_doc(cmd, "let")?;
+    let errors = each_statement(&stmts, (ordered, let_vars), counted, one, |_, k| {
+        n += k as i64
+    })?;
     Ok(write_reply(n, Document::new(), errors))
 }
 
@@ -246,6 +252,7 @@ fn find_and_modify_args<'a>(
     let coll = args::collection_name(cmd, name_field)?;
     refuse_unsupported(cmd, "findAndModify")?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
+    let query = duetdb::lang::Filter::bind_let(&query, args::opt_doc(cmd, "let")?)?;
     let remove = args::flag(cmd, "remove")?;
     let return_new = args::flag(cmd, "new")?;
     let upsert = args::flag(cmd, "upsert")?;

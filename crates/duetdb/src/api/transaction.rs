@@ -283,6 +283,8 @@ impl Transaction {
                     .filter(|n| filter.matches(n))
                     .cloned(),
             );
+            // An `$expr` that failed on a buffered document fails the read.
+            filter.check()?;
         }
         if self.serializable() {
             self.predicate_reads.push(PredicateRead {

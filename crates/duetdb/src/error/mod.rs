@@ -143,6 +143,15 @@ pub enum Error {
     /// never skipped silently.
     #[error("{0}")]
     ChangeStreamHistoryLost(String),
+    /// An error MongoDB raises with a specific code of its own: a named code
+    /// (241 ConversionFailure, 9 FailedToParse, ...) or a numbered assertion
+    /// location (`Location16554`), as the expression language's operators do.
+    #[error("{msg}")]
+    Coded {
+        code: i32,
+        name: &'static str,
+        msg: String,
+    },
 }
 
 impl Error {
@@ -181,6 +190,7 @@ impl Error {
             Error::TransactionTooLarge(_) => 257,
             Error::ValueTooLarge { .. } => 10334,
             Error::ChangeStreamHistoryLost(_) => 286,
+            Error::Coded { code, .. } => *code,
         }
     }
 
@@ -221,6 +231,7 @@ impl Error {
             Error::TransactionTooLarge(_) => "TransactionTooLarge",
             Error::ValueTooLarge { .. } => "BSONObjectTooLarge",
             Error::ChangeStreamHistoryLost(_) => "ChangeStreamHistoryLost",
+            Error::Coded { name, .. } => name,
         }
     }
 

@@ -656,7 +656,8 @@ where
             }
         }
     }
-    Ok(())
+    // An `$expr` that failed on some document fails the whole query.
+    filter.check()
 }
 
 /// `std`'s range panics when lower > upper; such an interval is simply empty.

@@ -297,7 +297,8 @@ impl Walk {
         if stop {
             self.pos = Pos::Done;
         }
-        Ok(())
+        // An `$expr` that failed on some document fails the whole query.
+        filter.check()
     }
 }
 

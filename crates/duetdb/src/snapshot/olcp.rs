@@ -201,6 +201,8 @@ where
     if let Some(e) = pass.first_error.lock().ok().and_then(|mut g| g.take()) {
         return Err(e);
     }
+    // An `$expr` that failed on some document fails the whole query.
+    filter.check()?;
     for s in states {
         acc = reduce(acc, s);
     }

@@ -130,6 +130,8 @@ where
             let start_csn = state.csn;
             drop(state);
             none_scan(writer, coll, filter, &plan, cancel, &mut visit)?;
+            // An `$expr` that failed on some document fails the whole read.
+            filter.check()?;
             Ok(done(start_csn, plan))
         }
         Strategy::Vls | Strategy::Olcp => {
@@ -137,6 +139,7 @@ where
             drop(state);
             let sink = (choice.strategy == Strategy::Olcp).then(|| Arc::new(OlcpSink::default()));
             let mut outcome = vls_scan(writer, coll, vls, filter, plan, sink, cancel, &mut visit)?;
+            filter.check()?;
             outcome.reason = choice.reason;
             Ok(outcome)
         }

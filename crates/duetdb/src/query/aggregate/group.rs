@@ -3,16 +3,23 @@
 //!
 //! Owns: [`Group`] (parsed `$group`), [`GroupState`] (keys → accumulator
 //! states, with its memory count), the accumulators `$sum $avg $min $max $first
-//! $last $push $addToSet $count`, [`canonical_cmp`] and the memory estimate of a
-//! value ([`approx_size`]).
+//! $last $push $addToSet $count $mergeObjects $stdDevPop $stdDevSamp $top
+//! $bottom $topN $bottomN $firstN $lastN $maxN $minN $median $percentile`,
+//! [`canonical_cmp`] and the memory estimate of a value ([`approx_size`]).
 //!
 //! Invariants:
-//! - Every accumulator but `$first`/`$last` is mergeable: merging two states
-//!   gives what feeding both inputs into one would (up to `$push` order);
-//!   [`Group::is_mergeable`] says whether a `$group` may close a commutative part.
+//! - Every accumulator but the order-dependent ones (`$first $last $firstN
+//!   $lastN $mergeObjects`) is mergeable: merging two states gives what
+//!   feeding both inputs into one would (up to `$push` order and double
+//!   rounding); [`Group::is_mergeable`] says whether a `$group` may close a
+//!   commutative part, so an order-dependent one makes the planner fall back
+//!   to one ordered scan. `$top`/`$bottom`/`$maxN`/`$minN` break ties of their
+//!   sort key by [`canonical_cmp`] of the output, so their answer does not
+//!   depend on arrival order either.
 //! - Keys, set elements and min/max equal under `compare` but not identical
 //!   keep the representative [`canonical_cmp`] picks, not the first to arrive.
-//! - Integer sums are exact (i128); the widest input type decides the result type.
+//! - Integer sums are exact (i128); the widest input type decides the result
+//!   type; any decimal128 input makes the sum exact decimal128.
 //! - The state's memory estimate only grows by what is retained, and a group
 //!   past its limit is an error (292), as is an array past 16 MiB (10334) and
 //!   an output document past 16 MiB (10334).
@@ -27,7 +34,7 @@ use crate::doc::size::check_document;
 use crate::doc::MAX_DOC_SIZE;
 use crate::error::{Error, Result};
 use crate::query::aggregate::GROUP_MEMORY_LIMIT;
-use crate::query::expr::{compare, Expr, Root, Value};
+use crate::query::expr::{compare, compare_values, decimal, Expr, Root, SortBy, Value};
 
 #[derive(Debug, Clone)]
 pub(super) struct Group {
@@ -36,7 +43,7 @@ pub(super) struct Group {
     pub(super) memory_limit: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum AccOp {
     Sum,
     Avg,
@@ -46,6 +53,30 @@ enum AccOp {
     Last,
     Push,
     AddToSet,
+    MergeObjects,
+    StdDev {
+        samp: bool,
+    },
+    /// `$top`/`$bottom`/`$topN`/`$bottomN`: the `n` best by `sort` (the
+    /// sort's last ones for bottom); `single`: answer one value, not an array.
+    Top {
+        n: usize,
+        sort: Vec<(Expr, bool)>,
+        bottom: bool,
+        single: bool,
+    },
+    FirstN(usize),
+    LastN(usize),
+    /// `$maxN` (`max: true`) / `$minN`.
+    MinMaxN {
+        n: usize,
+        max: bool,
+    },
+    /// `$median` (`single`) / `$percentile` with its `p`s.
+    Percentile {
+        ps: Vec<f64>,
+        single: bool,
+    },
 }
 
 /// One group's accumulator state.
@@ -60,6 +91,16 @@ enum Acc {
     Last(Option<Bson>),
     Push(Vec<Bson>, usize),
     AddToSet(BTreeSet<OrdBson>, usize),
+    MergeObjects(Document, usize),
+    /// Welford's count, mean and sum of squared deviations.
+    StdDev(u64, f64, f64),
+    /// Sort key and output, kept sorted best first, at most `n`.
+    Top(Vec<(Vec<Value>, Bson)>, usize),
+    /// `$firstN`/`$lastN`: values in arrival order, at most `n`.
+    Ordered(Vec<Bson>, usize),
+    /// `$maxN`/`$minN`: values sorted best first, at most `n`.
+    Best(Vec<Bson>, usize),
+    Numbers(Vec<f64>),
 }
 
 /// An exact running sum: integers in i128 (cannot overflow for < 2^64 inputs),
@@ -68,6 +109,8 @@ enum Acc {
 pub(super) struct SumState {
     int: i128,
     dbl: f64,
+    /// The exact sum of the decimal128 inputs, once one was seen.
+    dec: Option<decimal::Dec>,
     /// 0 = int32, 1 = int64, 2 = double.
     widest: u8,
     count: u64,
@@ -85,10 +128,12 @@ impl SumState {
                 self.dbl += f;
                 self.widest = 2;
             }
-            Bson::Decimal128(_) => {
-                return Err(Error::bad_value(
-                    "$sum/$avg: decimal128 arithmetic is not supported by duetdb",
-                ))
+            Bson::Decimal128(d) => {
+                let x = decimal::from_bson(*d);
+                self.dec = Some(match self.dec {
+                    Some(acc) => decimal::cx().add(acc, x),
+                    None => x,
+                });
             }
             // Non-numeric values are ignored, as in MongoDB.
             _ => return Ok(()),
@@ -100,11 +145,32 @@ impl SumState {
     fn merge(&mut self, o: &SumState) {
         self.int += o.int;
         self.dbl += o.dbl;
+        self.dec = match (self.dec, o.dec) {
+            (Some(a), Some(b)) => Some(decimal::cx().add(a, b)),
+            (a, b) => a.or(b),
+        };
         self.widest = self.widest.max(o.widest);
         self.count += o.count;
     }
 
+    /// The decimal total (decimals, integers and doubles), when a decimal
+    /// was seen.
+    fn dec_total(&self) -> Option<decimal::Dec> {
+        let d = self.dec?;
+        let mut c = decimal::cx();
+        let ints = c.from_i128(self.int);
+        let total = c.add(d, ints);
+        Some(if self.widest == 2 {
+            c.add(total, decimal::from_f64(self.dbl))
+        } else {
+            total
+        })
+    }
+
     pub(super) fn sum(&self) -> Bson {
+        if let Some(t) = self.dec_total() {
+            return Bson::Decimal128(decimal::to_bson(t));
+        }
         if self.widest == 2 {
             return Bson::Double(self.int as f64 + self.dbl);
         }
@@ -118,6 +184,10 @@ impl SumState {
     pub(super) fn avg(&self) -> Bson {
         if self.count == 0 {
             return Bson::Null;
+        }
+        if let Some(t) = self.dec_total() {
+            let n = decimal::Dec::from(i64::try_from(self.count).unwrap_or(i64::MAX));
+            return Bson::Decimal128(decimal::to_bson(decimal::cx().div(t, n)));
         }
         Bson::Double((self.int as f64 + self.dbl) / self.count as f64)
     }
@@ -239,6 +309,16 @@ impl Group {
                 "$last" => (AccOp::Last, Expr::parse(arg)?),
                 "$push" => (AccOp::Push, Expr::parse(arg)?),
                 "$addToSet" => (AccOp::AddToSet, Expr::parse(arg)?),
+                "$mergeObjects" => (AccOp::MergeObjects, Expr::parse(arg)?),
+                "$stdDevPop" => (AccOp::StdDev { samp: false }, Expr::parse(arg)?),
+                "$stdDevSamp" => (AccOp::StdDev { samp: true }, Expr::parse(arg)?),
+                "$top" | "$bottom" | "$topN" | "$bottomN" | "$firstN" | "$lastN" | "$maxN"
+                | "$minN" | "$median" | "$percentile" => parse_n_acc(op, arg)?,
+                "$accumulator" | "$function" => {
+                    return Err(Error::bad_value(format!(
+                        "{op} is not supported by duetdb: it runs JavaScript"
+                    )))
+                }
                 "$count" => match arg {
                     Bson::Document(d) if d.is_empty() => {
                         (AccOp::Sum, Expr::Literal(Bson::Int32(1)))
@@ -264,11 +344,19 @@ impl Group {
         })
     }
 
-    /// All accumulators mergeable (no `$first`/`$last`, which depend on order).
+    /// All accumulators mergeable (none of `$first $last $firstN $lastN
+    /// $mergeObjects`, which depend on the order of their input).
     pub(super) fn is_mergeable(&self) -> bool {
-        self.fields
-            .iter()
-            .all(|(_, op, _)| !matches!(op, AccOp::First | AccOp::Last))
+        self.fields.iter().all(|(_, op, _)| {
+            !matches!(
+                op,
+                AccOp::First
+                    | AccOp::Last
+                    | AccOp::FirstN(_)
+                    | AccOp::LastN(_)
+                    | AccOp::MergeObjects
+            )
+        })
     }
 
     fn new_accs(&self) -> Vec<Acc> {
@@ -283,6 +371,12 @@ impl Group {
                 AccOp::Last => Acc::Last(None),
                 AccOp::Push => Acc::Push(Vec::new(), 0),
                 AccOp::AddToSet => Acc::AddToSet(BTreeSet::new(), 0),
+                AccOp::MergeObjects => Acc::MergeObjects(Document::new(), 0),
+                AccOp::StdDev { .. } => Acc::StdDev(0, 0.0, 0.0),
+                AccOp::Top { .. } => Acc::Top(Vec::new(), 0),
+                AccOp::FirstN(_) | AccOp::LastN(_) => Acc::Ordered(Vec::new(), 0),
+                AccOp::MinMaxN { .. } => Acc::Best(Vec::new(), 0),
+                AccOp::Percentile { .. } => Acc::Numbers(Vec::new()),
             })
             .collect()
     }
@@ -298,9 +392,21 @@ impl Group {
                 v.insert(self.new_accs())
             }
         };
-        for ((_, _, arg), acc) in self.fields.iter().zip(accs.iter_mut()) {
+        for ((_, op, arg), acc) in self.fields.iter().zip(accs.iter_mut()) {
             let v = arg.eval(&root)?;
-            gs.bytes += feed_acc(acc, v)?;
+            gs.bytes += match op {
+                AccOp::Top {
+                    n, sort, bottom, ..
+                } => {
+                    let key = sort
+                        .iter()
+                        .map(|(e, _)| e.eval(&root))
+                        .collect::<Result<Vec<Value>>>()?;
+                    let dirs: Vec<bool> = sort.iter().map(|(_, asc)| *asc != *bottom).collect();
+                    feed_top(acc, key, v.unwrap_or(Bson::Null), *n, &dirs)?
+                }
+                _ => feed_acc(acc, op, v)?,
+            };
         }
         self.check_memory(gs.bytes)
     }
@@ -326,8 +432,8 @@ impl Group {
         for (key, accs) in small.groups {
             match big.groups.get_mut(&key) {
                 Some(mine) => {
-                    for (m, o) in mine.iter_mut().zip(accs) {
-                        merge_acc(m, o)?;
+                    for ((m, o), (_, op, _)) in mine.iter_mut().zip(accs).zip(&self.fields) {
+                        merge_acc(m, o, op)?;
                     }
                     big.bytes = big
                         .bytes
@@ -348,8 +454,8 @@ impl Group {
         for (key, accs) in gs.groups {
             let mut d = Document::new();
             d.insert("_id", key.0);
-            for ((name, _, _), acc) in self.fields.iter().zip(accs) {
-                d.insert(name.clone(), finish_acc(acc));
+            for ((name, op, _), acc) in self.fields.iter().zip(accs) {
+                d.insert(name.clone(), finish_acc(acc, op));
             }
             // Each array is within 16 MiB, but several together may not be.
             check_document("$group", &d)?;
@@ -372,7 +478,7 @@ fn replace_key_if_smaller(groups: &mut BTreeMap<OrdBson, Vec<Acc>>, key: &OrdBso
 }
 
 /// Feed one value; returns the bytes the state grew by.
-fn feed_acc(acc: &mut Acc, v: Value) -> Result<usize> {
+fn feed_acc(acc: &mut Acc, op: &AccOp, v: Value) -> Result<usize> {
     let want = if matches!(acc, Acc::Min(_)) {
         Ordering::Less
     } else {
@@ -417,7 +523,261 @@ fn feed_acc(acc: &mut Acc, v: Value) -> Result<usize> {
             let Some(v) = v else { return Ok(0) };
             add_to_set(set, bytes, OrdBson::new(v))
         }
+        Acc::MergeObjects(d, bytes) => match v {
+            None | Some(Bson::Null) | Some(Bson::Undefined) => Ok(0),
+            Some(Bson::Document(x)) => {
+                let n = approx_size(&Bson::Document(x.clone()));
+                for (k, val) in x {
+                    d.insert(k, val);
+                }
+                *bytes += n;
+                check_array_size("$mergeObjects", *bytes)?;
+                Ok(n)
+            }
+            Some(other) => Err(Error::Coded {
+                code: 40400,
+                name: "Location40400",
+                msg: format!(
+                    "$mergeObjects requires object inputs, but input {} is of type {}",
+                    crate::error::render(&other),
+                    crate::doc::types::type_name(&other)
+                ),
+            }),
+        },
+        Acc::StdDev(n, mean, m2) => {
+            let Some(x) = v.as_ref().and_then(number_f64) else {
+                return Ok(0);
+            };
+            *n += 1;
+            let d = x - *mean;
+            *mean += d / *n as f64;
+            *m2 += d * (x - *mean);
+            Ok(0)
+        }
+        Acc::Ordered(items, bytes) => {
+            let cap = match op {
+                AccOp::FirstN(n) | AccOp::LastN(n) => *n,
+                _ => 0,
+            };
+            if matches!(op, AccOp::FirstN(_)) && items.len() >= cap {
+                return Ok(0);
+            }
+            // $firstN/$lastN keep null for missing, as MongoDB's.
+            let v = v.unwrap_or(Bson::Null);
+            let n = approx_size(&v);
+            items.push(v);
+            *bytes += n;
+            if items.len() > cap {
+                let gone = items.remove(0);
+                *bytes = bytes.saturating_sub(approx_size(&gone));
+            }
+            check_array_size("$lastN", *bytes)?;
+            Ok(n)
+        }
+        Acc::Best(items, bytes) => {
+            let Some(v) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined)) else {
+                return Ok(0);
+            };
+            let (n, max) = match op {
+                AccOp::MinMaxN { n, max } => (*n, *max),
+                _ => (0, false),
+            };
+            Ok(insert_best(items, bytes, v, n, max))
+        }
+        Acc::Numbers(xs) => match v.as_ref().and_then(number_f64) {
+            Some(x) => {
+                xs.push(x);
+                Ok(16)
+            }
+            None => Ok(0),
+        },
+        Acc::Top(..) => Err(Error::Internal("$top is fed with its sort key".into())),
     }
+}
+
+/// A number as a double (what `$stdDev*`, `$median`, `$percentile` read;
+/// other types are ignored).
+fn number_f64(v: &Bson) -> Option<f64> {
+    match v {
+        Bson::Int32(i) => Some(f64::from(*i)),
+        Bson::Int64(i) => Some(*i as f64),
+        Bson::Double(f) => Some(*f),
+        Bson::Decimal128(d) => Some(crate::doc::value::decimal_to_f64(*d)),
+        _ => None,
+    }
+}
+
+/// Order of two `$maxN`/`$minN` values, best first; equal values by the
+/// canonical tie-break, so the kept set does not depend on arrival order.
+fn best_cmp(a: &Bson, b: &Bson, max: bool) -> Ordering {
+    let c = canonical_cmp(a, b);
+    if max {
+        c.reverse()
+    } else {
+        c
+    }
+}
+
+/// Insert `v` into the sorted best-first list of at most `n`; returns the
+/// bytes it grew by.
+fn insert_best(items: &mut Vec<Bson>, bytes: &mut usize, v: Bson, n: usize, max: bool) -> usize {
+    let pos = items.partition_point(|x| best_cmp(x, &v, max) != Ordering::Greater);
+    if pos >= n {
+        return 0;
+    }
+    let grow = approx_size(&v);
+    items.insert(pos, v);
+    *bytes += grow;
+    if items.len() > n {
+        if let Some(gone) = items.pop() {
+            *bytes = bytes.saturating_sub(approx_size(&gone));
+        }
+    }
+    grow
+}
+
+/// Order of two `$top`-family entries: by the sort key (`dirs[i]`: ascending),
+/// then the output canonically.
+fn top_cmp(a: &(Vec<Value>, Bson), b: &(Vec<Value>, Bson), dirs: &[bool]) -> Ordering {
+    for ((x, y), asc) in a.0.iter().zip(&b.0).zip(dirs) {
+        let c = compare_values(x, y);
+        let c = if *asc { c } else { c.reverse() };
+        if c != Ordering::Equal {
+            return c;
+        }
+    }
+    canonical_cmp(&a.1, &b.1)
+}
+
+fn feed_top(acc: &mut Acc, key: Vec<Value>, out: Bson, n: usize, dirs: &[bool]) -> Result<usize> {
+    let Acc::Top(items, bytes) = acc else {
+        return Err(Error::Internal("mismatched accumulators".into()));
+    };
+    let entry = (key, out);
+    let pos = items.partition_point(|x| top_cmp(x, &entry, dirs) != Ordering::Greater);
+    if pos >= n {
+        return Ok(0);
+    }
+    let grow = approx_size(&entry.1) + entry.0.iter().flatten().map(approx_size).sum::<usize>();
+    items.insert(pos, entry);
+    *bytes += grow;
+    if items.len() > n {
+        if let Some(gone) = items.pop() {
+            *bytes = bytes.saturating_sub(approx_size(&gone.1));
+        }
+    }
+    check_array_size("$topN", *bytes)?;
+    Ok(grow)
+}
+
+/// Parse `$top $bottom $topN $bottomN $firstN $lastN $maxN $minN $median
+/// $percentile` (their argument is an object of named parameters; `n` and
+/// `p` must be constants).
+fn parse_n_acc(op: &str, arg: &Bson) -> Result<(AccOp, Expr)> {
+    let Bson::Document(d) = arg else {
+        return Err(Error::Coded {
+            code: 5787801,
+            name: "Location5787801",
+            msg: format!(
+                "specification must be an object; found {}",
+                crate::error::render(arg)
+            ),
+        });
+    };
+    let allowed: &[&str] = match op {
+        "$top" | "$bottom" => &["sortBy", "output"],
+        "$topN" | "$bottomN" => &["n", "sortBy", "output"],
+        "$median" => &["input", "method"],
+        "$percentile" => &["input", "p", "method"],
+        _ => &["n", "input"],
+    };
+    if let Some(k) = d.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Error::Coded {
+            code: 5787901,
+            name: "Location5787901",
+            msg: format!("Unknown argument for '{op}' operator: {k}"),
+        });
+    }
+    let need = |k: &str| -> Result<&Bson> {
+        d.get(k).ok_or_else(|| Error::Coded {
+            code: 5787906,
+            name: "Location5787906",
+            msg: format!("Missing value for '{k}'"),
+        })
+    };
+    let constant = |k: &str| -> Result<Value> {
+        let empty = Document::new();
+        Expr::parse(need(k)?)?.eval(&Root::Doc(&empty))
+    };
+    let n = |single: bool| -> Result<usize> {
+        if single {
+            return Ok(1);
+        }
+        crate::query::expr::n_arg(&constant("n")?, op)
+    };
+    Ok(match op {
+        "$top" | "$bottom" | "$topN" | "$bottomN" => {
+            let single = matches!(op, "$top" | "$bottom");
+            let Bson::Document(by) = need("sortBy")? else {
+                return Err(Error::Coded {
+                    code: 5788604,
+                    name: "Location5788604",
+                    msg: format!(
+                        "expected 'sortBy' to already be an object in the arguments to {op}"
+                    ),
+                });
+            };
+            // Validated as a sort spec; each key becomes a field path.
+            SortBy::parse(&Some(Bson::Document(by.clone())), op)?;
+            let mut sort = Vec::with_capacity(by.len());
+            for (path, dir) in by {
+                let asc = crate::query::expr::num_of(dir).is_some_and(|x| x.to_f64() > 0.0);
+                sort.push((
+                    Expr::Field(crate::query::expr::parse_field_path(path)?),
+                    asc,
+                ));
+            }
+            (
+                AccOp::Top {
+                    n: n(single)?,
+                    sort,
+                    bottom: matches!(op, "$bottom" | "$bottomN"),
+                    single,
+                },
+                Expr::parse(need("output")?)?,
+            )
+        }
+        "$firstN" => (AccOp::FirstN(n(false)?), Expr::parse(need("input")?)?),
+        "$lastN" => (AccOp::LastN(n(false)?), Expr::parse(need("input")?)?),
+        "$maxN" | "$minN" => (
+            AccOp::MinMaxN {
+                n: n(false)?,
+                max: op == "$maxN",
+            },
+            Expr::parse(need("input")?)?,
+        ),
+        _ => {
+            match need("method")? {
+                Bson::String(m) if m == "approximate" => {}
+                other => {
+                    return Err(Error::bad_value(format!(
+                        "{op}: 'method' must be 'approximate' (the one method of MongoDB 7.0), found {}",
+                        crate::error::render(other)
+                    )))
+                }
+            }
+            let single = op == "$median";
+            let ps = if single {
+                vec![0.5]
+            } else {
+                crate::query::expr::percentiles_arg(&constant("p")?, op)?
+            };
+            (
+                AccOp::Percentile { ps, single },
+                Expr::parse(need("input")?)?,
+            )
+        }
+    })
 }
 
 fn check_array_size(op: &str, bytes: usize) -> Result<()> {
@@ -435,8 +795,43 @@ fn check_array_size(op: &str, bytes: usize) -> Result<()> {
     Ok(())
 }
 
-fn merge_acc(mine: &mut Acc, other: Acc) -> Result<()> {
+fn merge_acc(mine: &mut Acc, other: Acc, op: &AccOp) -> Result<()> {
     match (mine, other) {
+        (Acc::StdDev(n, mean, m2), Acc::StdDev(bn, bmean, bm2)) => {
+            // Chan et al.'s pairwise combination.
+            let total = *n + bn;
+            if total > 0 {
+                let d = bmean - *mean;
+                let (na, nb) = (*n as f64, bn as f64);
+                *mean += d * nb / total as f64;
+                *m2 += bm2 + d * d * na * nb / total as f64;
+                *n = total;
+            }
+        }
+        (Acc::Best(a, an), Acc::Best(b, _)) => {
+            if let AccOp::MinMaxN { n, max } = op {
+                for v in b {
+                    insert_best(a, an, v, *n, *max);
+                }
+            }
+        }
+        (Acc::Top(a, an), Acc::Top(b, _)) => {
+            if let AccOp::Top {
+                n, sort, bottom, ..
+            } = op
+            {
+                let dirs: Vec<bool> = sort.iter().map(|(_, asc)| *asc != *bottom).collect();
+                let mut tmp = Acc::Top(std::mem::take(a), *an);
+                for (k, v) in b {
+                    feed_top(&mut tmp, k, v, *n, &dirs)?;
+                }
+                if let Acc::Top(items, bytes) = tmp {
+                    *a = items;
+                    *an = bytes;
+                }
+            }
+        }
+        (Acc::Numbers(a), Acc::Numbers(b)) => a.extend(b),
         (Acc::Sum(a), Acc::Sum(b)) | (Acc::Avg(a), Acc::Avg(b)) => a.merge(&b),
         (Acc::Min(a), Acc::Min(b)) => {
             if let Some(b) = b {
@@ -458,8 +853,13 @@ fn merge_acc(mine: &mut Acc, other: Acc) -> Result<()> {
                 add_to_set(a, an, key)?;
             }
         }
-        (Acc::First(_), _) | (Acc::Last(_), _) => {
-            return Err(Error::Internal("$first/$last are not mergeable".into()))
+        (Acc::First(_), _)
+        | (Acc::Last(_), _)
+        | (Acc::Ordered(..), _)
+        | (Acc::MergeObjects(..), _) => {
+            return Err(Error::Internal(
+                "order-dependent accumulators are not mergeable".into(),
+            ))
         }
         _ => return Err(Error::Internal("mismatched accumulators".into())),
     }
@@ -497,8 +897,55 @@ fn pick(a: Option<Bson>, b: Bson, want: Ordering) -> Option<Bson> {
     }
 }
 
-fn finish_acc(acc: Acc) -> Bson {
+fn finish_acc(acc: Acc, op: &AccOp) -> Bson {
     match acc {
+        Acc::MergeObjects(d, _) => Bson::Document(d),
+        Acc::StdDev(n, _, m2) => {
+            let samp = matches!(op, AccOp::StdDev { samp: true });
+            let denom = if samp { n.saturating_sub(1) } else { n };
+            if denom == 0 {
+                Bson::Null
+            } else {
+                Bson::Double((m2 / denom as f64).sqrt())
+            }
+        }
+        Acc::Top(items, _) => {
+            let (single, bottom) = match op {
+                AccOp::Top { single, bottom, .. } => (*single, *bottom),
+                _ => (true, false),
+            };
+            // Kept best first (for bottom: last in the sort order first).
+            let mut outs: Vec<Bson> = items.into_iter().map(|(_, v)| v).collect();
+            if single {
+                outs.into_iter().next().unwrap_or(Bson::Null)
+            } else {
+                if bottom {
+                    // $bottomN answers in the sort's order.
+                    outs.reverse();
+                }
+                Bson::Array(outs)
+            }
+        }
+        Acc::Ordered(items, _) | Acc::Best(items, _) => Bson::Array(items),
+        Acc::Numbers(mut xs) => {
+            xs.sort_by(|a, b| a.total_cmp(b));
+            let (ps, single) = match op {
+                AccOp::Percentile { ps, single } => (ps.as_slice(), *single),
+                _ => (&[][..], true),
+            };
+            let vals: Vec<Bson> = ps
+                .iter()
+                .map(|p| {
+                    crate::query::expr::discrete_percentile(&xs, *p)
+                        .map_or(Bson::Null, Bson::Double)
+                })
+                .collect();
+            if single {
+                vals.into_iter().next().unwrap_or(Bson::Null)
+            } else {
+                Bson::Array(vals)
+            }
+        }
         Acc::Sum(s) => s.sum(),
         Acc::Avg(s) => s.avg(),
         Acc::Min(v) | Acc::Max(v) | Acc::First(v) | Acc::Last(v) => v.unwrap_or(Bson::Null),
@@ -536,4 +983,150 @@ fn approx_size(v: &Bson) -> usize {
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{bson, doc, Bson, Document};
+
+    use crate::query::Pipeline;
+
+    /// The manual's `gamescores`: players' scores in games G1 and G2.
+    fn scores() -> Vec<Document> {
+        vec![
+            doc! {"playerId": "PlayerA", "gameId": "G1", "score": 31},
+            doc! {"playerId": "PlayerB", "gameId": "G1", "score": 33},
+            doc! {"playerId": "PlayerC", "gameId": "G1", "score": 99},
+            doc! {"playerId": "PlayerD", "gameId": "G1", "score": 1},
+            doc! {"playerId": "PlayerA", "gameId": "G2", "score": 10},
+            doc! {"playerId": "PlayerB", "gameId": "G2", "score": 14},
+            doc! {"playerId": "PlayerC", "gameId": "G2", "score": 66},
+            doc! {"playerId": "PlayerD", "gameId": "G2", "score": 80},
+        ]
+    }
+
+    fn group(spec: Document) -> Vec<Document> {
+        let mut g = doc! {"_id": "$gameId"};
+        g.extend(spec);
+        Pipeline::parse(&[doc! {"$group": g}, doc! {"$sort": {"_id": 1}}])
+            .expect("parse")
+            .run_on(scores())
+            .expect("run")
+    }
+
+    fn field(out: &[Document], name: &str) -> Vec<Bson> {
+        out.iter()
+            .map(|d| d.get(name).cloned().unwrap_or(Bson::Null))
+            .collect()
+    }
+
+    #[test]
+    fn top_bottom_and_n_accumulators() {
+        let out = group(doc! {
+            "top": {"$top": {"output": ["$playerId", "$score"], "sortBy": {"score": -1}}},
+            "bottom": {"$bottom": {"output": ["$playerId", "$score"], "sortBy": {"score": -1}}},
+            "top3": {"$topN": {"output": "$playerId", "sortBy": {"score": -1}, "n": 3}},
+            "bottom2": {"$bottomN": {"output": "$score", "sortBy": {"score": -1}, "n": 2}},
+            "max2": {"$maxN": {"input": "$score", "n": 2}},
+            "min2": {"$minN": {"input": "$score", "n": 2}},
+            "first2": {"$firstN": {"input": "$playerId", "n": 2}},
+            "last1": {"$lastN": {"input": "$playerId", "n": 1}},
+        });
+        assert_eq!(
+            field(&out, "top"),
+            vec![bson!(["PlayerC", 99]), bson!(["PlayerD", 80])]
+        );
+        assert_eq!(
+            field(&out, "bottom"),
+            vec![bson!(["PlayerD", 1]), bson!(["PlayerA", 10])]
+        );
+        assert_eq!(
+            field(&out, "top3"),
+            vec![
+                bson!(["PlayerC", "PlayerB", "PlayerA"]),
+                bson!(["PlayerD", "PlayerC", "PlayerB"])
+            ]
+        );
+        assert_eq!(
+            field(&out, "bottom2"),
+            vec![bson!([31, 1]), bson!([14, 10])]
+        );
+        assert_eq!(field(&out, "max2"), vec![bson!([99, 33]), bson!([80, 66])]);
+        assert_eq!(field(&out, "min2"), vec![bson!([1, 31]), bson!([10, 14])]);
+        assert_eq!(
+            field(&out, "first2"),
+            vec![bson!(["PlayerA", "PlayerB"]), bson!(["PlayerA", "PlayerB"])]
+        );
+        assert_eq!(
+            field(&out, "last1"),
+            vec![bson!(["PlayerD"]), bson!(["PlayerD"])]
+        );
+    }
+
+    #[test]
+    fn statistics_and_merge_objects() {
+        let out = group(doc! {
+            "sd": {"$stdDevPop": "$score"},
+            "sds": {"$stdDevSamp": "$score"},
+            "med": {"$median": {"input": "$score", "method": "approximate"}},
+            "pct": {"$percentile": {"input": "$score", "p": [0.25, 1], "method": "approximate"}},
+            "m": {"$mergeObjects": {"$arrayToObject": [[["$playerId", "$score"]]]}},
+        });
+        let g1 = [31.0f64, 33.0, 99.0, 1.0];
+        let mean = g1.iter().sum::<f64>() / 4.0;
+        let var = g1.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>();
+        let Some(Bson::Double(sd)) = out[0].get("sd") else {
+            panic!("sd")
+        };
+        assert!((sd - (var / 4.0).sqrt()).abs() < 1e-9);
+        let Some(Bson::Double(sds)) = out[0].get("sds") else {
+            panic!("sds")
+        };
+        assert!((sds - (var / 3.0).sqrt()).abs() < 1e-9);
+        assert_eq!(field(&out, "med"), vec![bson!(31.0), bson!(14.0)]);
+        assert_eq!(
+            field(&out, "pct"),
+            vec![bson!([1.0, 99.0]), bson!([10.0, 80.0])]
+        );
+        assert_eq!(
+            out[0].get_document("m").expect("m"),
+            &doc! {"PlayerA": 31, "PlayerB": 33, "PlayerC": 99, "PlayerD": 1}
+        );
+        let err =
+            Pipeline::parse(&[doc! {"$group": {"_id": null, "m": {"$mergeObjects": "$score"}}}])
+                .expect("parse")
+                .run_on(scores())
+                .expect_err("not an object");
+        assert_eq!(err.code(), 40400);
+        let bad_n = Pipeline::parse(&[
+            doc! {"$group": {"_id": null, "t": {"$topN": {"n": 0, "sortBy": {"a": 1}, "output": "$a"}}}},
+        ]);
+        assert_eq!(bad_n.expect_err("n").code(), 5787908);
+    }
+
+    #[test]
+    fn decimal_sums_are_exact() {
+        let docs: Vec<Document> = (0..10)
+            .map(|_| doc! {"v": Bson::Decimal128("0.1".parse().expect("dec"))})
+            .chain([doc! {"v": 1}])
+            .collect();
+        let out = Pipeline::parse(&[
+            doc! {"$group": {"_id": null, "s": {"$sum": "$v"}, "a": {"$avg": "$v"}}},
+        ])
+        .expect("parse")
+        .run_on(docs)
+        .expect("run");
+        assert_eq!(
+            out[0].get("s"),
+            Some(&Bson::Decimal128("2.0".parse().expect("dec")))
+        );
+        let Some(Bson::Decimal128(a)) = out[0].get("a") else {
+            panic!("avg")
+        };
+        assert!(
+            a.to_string()
+                .starts_with("0.18181818181818181818181818181818"),
+            "{a}"
+        );
+    }
 }

@@ -49,10 +49,13 @@ impl Cur<'_> {
     }
 
     fn matches(&self, filter: &Filter) -> Result<bool> {
-        match self {
-            Cur::Raw(r) => Ok(filter.matches(r)),
-            Cur::Owned(d) => Ok(filter.matches(&to_raw_doc(d)?)),
-        }
+        let m = match self {
+            Cur::Raw(r) => filter.matches(r),
+            Cur::Owned(d) => filter.matches(&to_raw_doc(d)?),
+        };
+        // An `$expr` error fails the pipeline.
+        filter.check()?;
+        Ok(m)
     }
 }
 

@@ -1,11 +1,13 @@
 //! Arithmetic operators: `$add $subtract $multiply $divide $mod $abs $floor
-//! $ceil $round`, date ± milliseconds, and the number type they share ([`Num`]).
+//! $ceil $round $trunc $pow $exp $ln $log $log10 $sqrt`, the trigonometric
+//! ones, `$sum $avg $stdDevPop $stdDevSamp` as expressions, `$rand`, date ±
+//! milliseconds, and the number type they share ([`Num`]).
 //!
 //! Invariants (MongoDB's type rules): int32 ∘ int32 stays int32 unless it
 //! overflows (then int64); int64 overflow goes to double; any double makes a
-//! double; `$divide` always gives a double; a null or missing argument gives
-//! null. decimal128 is refused with a clear error (`decimal_gap`), never
-//! approximated through a double. Date arithmetic that leaves the i64
+//! double; `$divide` always gives a double; any decimal128 operand makes the
+//! whole operation exact decimal128 (`decimal.rs`), never a double; a null or
+//! missing argument gives null. Date arithmetic that leaves the i64
 //! millisecond range is an error, not a wrap.
 
 use std::cmp::Ordering;
@@ -14,6 +16,7 @@ use bson::Bson;
 
 use crate::doc::value;
 use crate::error::{Error, Result};
+use crate::query::expr::decimal::{self, Dec};
 use crate::query::expr::eval::{arg, null};
 use crate::query::expr::{is_nullish, type_name, Op, Value};
 
@@ -120,24 +123,49 @@ fn mul_nums(a: Num, b: Num) -> Num {
     }
 }
 
-fn decimal_gap(op: Op) -> Error {
-    Error::bad_value(format!(
-        "{}: decimal128 arithmetic is not supported by duetdb",
-        op.name()
-    ))
+/// A number of any of the four numeric types.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AnyNum {
+    N(Num),
+    D(Dec),
 }
 
-/// The numeric argument of `op`, or the error MongoDB gives.
-fn want_num(op: Op, v: &Bson, what: &str) -> Result<Num> {
-    match num_of(v) {
-        Some(n) => Ok(n),
-        None if matches!(v, Bson::Decimal128(_)) => Err(decimal_gap(op)),
-        None => Err(Error::type_mismatch(format!(
-            "{} only supports numeric types{what}, not {}",
-            op.name(),
-            type_name(&Some(v.clone()))
-        ))),
+impl AnyNum {
+    pub(super) fn of(v: &Bson) -> Option<AnyNum> {
+        match v {
+            Bson::Decimal128(d) => Some(AnyNum::D(decimal::from_bson(*d))),
+            other => num_of(other).map(AnyNum::N),
+        }
     }
+
+    pub(super) fn dec(self) -> Dec {
+        match self {
+            AnyNum::N(n) => decimal::from_num(n),
+            AnyNum::D(d) => d,
+        }
+    }
+
+    pub(super) fn f64(self) -> f64 {
+        match self {
+            AnyNum::N(n) => n.to_f64(),
+            AnyNum::D(d) => decimal::to_f64(d),
+        }
+    }
+
+    fn is_zero(self) -> bool {
+        match self {
+            AnyNum::N(n) => n.to_f64() == 0.0,
+            AnyNum::D(d) => d.is_zero(),
+        }
+    }
+
+    fn is_dec(self) -> bool {
+        matches!(self, AnyNum::D(_))
+    }
+}
+
+fn dec_bson(d: Dec) -> Bson {
+    Bson::Decimal128(decimal::to_bson(d))
 }
 
 /// Apply an arithmetic operator to its evaluated arguments.
@@ -147,27 +175,63 @@ pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
         Op::Subtract => subtract(arg(op, vals, 0)?, arg(op, vals, 1)?),
         Op::Multiply => multiply(vals),
         Op::Divide => {
-            let Some((x, y)) = nonzero_operands(op, vals, "can't $divide by zero")? else {
+            let Some((x, y)) = operands(op, vals, "$divide")? else {
                 return null();
             };
-            Ok(Some(Bson::Double(x.to_f64() / y.to_f64())))
+            if y.is_zero() {
+                return Err(Error::bad_value("can't $divide by zero"));
+            }
+            if x.is_dec() || y.is_dec() {
+                return Ok(Some(dec_bson(decimal::cx().div(x.dec(), y.dec()))));
+            }
+            Ok(Some(Bson::Double(x.f64() / y.f64())))
         }
         Op::Mod => {
-            let Some((x, y)) = nonzero_operands(op, vals, "can't $mod by zero")? else {
+            let Some((x, y)) = operands(op, vals, "$mod")? else {
                 return null();
             };
+            if y.is_zero() {
+                return Err(loc!(16610, "can't $mod by zero"));
+            }
             let r = match (x, y) {
-                (Num::I32(p), Num::I32(q)) => Num::I32(p.checked_rem(q).unwrap_or(0)),
-                (Num::F64(_), _) | (_, Num::F64(_)) => Num::F64(x.to_f64() % y.to_f64()),
-                _ => {
-                    let (p, q) = (x.to_i64().unwrap_or(0), y.to_i64().unwrap_or(1));
+                (AnyNum::D(_), _) | (_, AnyNum::D(_)) => {
+                    return Ok(Some(dec_bson(decimal::cx().rem(x.dec(), y.dec()))))
+                }
+                (AnyNum::N(Num::I32(p)), AnyNum::N(Num::I32(q))) => {
+                    Num::I32(p.checked_rem(q).unwrap_or(0))
+                }
+                (AnyNum::N(Num::F64(_)), _) | (_, AnyNum::N(Num::F64(_))) => {
+                    Num::F64(x.f64() % y.f64())
+                }
+                (AnyNum::N(p), AnyNum::N(q)) => {
+                    let (p, q) = (p.to_i64().unwrap_or(0), q.to_i64().unwrap_or(1));
                     Num::I64(p.checked_rem(q).unwrap_or(0))
                 }
             };
             Ok(Some(r.to_bson()))
         }
         Op::Abs | Op::Floor | Op::Ceil => unary(op, arg(op, vals, 0)?),
-        Op::Round => round_op(vals),
+        Op::Round | Op::Trunc => round_op(op, vals),
+        Op::Pow => pow(arg(op, vals, 0)?, arg(op, vals, 1)?),
+        Op::Exp | Op::Ln | Op::Log10 | Op::Sqrt => transcendental(op, arg(op, vals, 0)?),
+        Op::Log => log(arg(op, vals, 0)?, arg(op, vals, 1)?),
+        Op::Atan2 => atan2(arg(op, vals, 0)?, arg(op, vals, 1)?),
+        Op::Sin
+        | Op::Cos
+        | Op::Tan
+        | Op::Asin
+        | Op::Acos
+        | Op::Atan
+        | Op::Sinh
+        | Op::Cosh
+        | Op::Tanh
+        | Op::Asinh
+        | Op::Acosh
+        | Op::Atanh
+        | Op::DegreesToRadians
+        | Op::RadiansToDegrees => trig(op, arg(op, vals, 0)?),
+        Op::Sum | Op::Avg | Op::StdDevPop | Op::StdDevSamp => stats(op, vals),
+        Op::Rand => Ok(Some(Bson::Double(rand::random::<f64>()))),
         other => Err(Error::Internal(format!(
             "{} is not an arithmetic operator",
             other.name()
@@ -176,29 +240,56 @@ pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
 }
 
 /// The two numeric operands of `$divide` / `$mod` (`None`: one is null or
-/// missing, the answer is null); a zero divisor is `zero_msg`.
-fn nonzero_operands(op: Op, vals: &[Value], zero_msg: &str) -> Result<Option<(Num, Num)>> {
+/// missing, the answer is null).
+fn operands(op: Op, vals: &[Value], name: &str) -> Result<Option<(AnyNum, AnyNum)>> {
     let (a, b) = (arg(op, vals, 0)?, arg(op, vals, 1)?);
-    if is_nullish(a) || is_nullish(b) {
-        return Ok(None);
-    }
     let (Some(a), Some(b)) = (a, b) else {
         return Ok(None);
     };
-    let (x, y) = (want_num(op, a, "")?, want_num(op, b, "")?);
-    if y.to_f64() == 0.0 {
-        return Err(Error::bad_value(zero_msg));
+    match (AnyNum::of(a), AnyNum::of(b)) {
+        (Some(x), Some(y)) => Ok(Some((x, y))),
+        _ if is_nullish(&Some(a.clone())) || is_nullish(&Some(b.clone())) => Ok(None),
+        _ => {
+            let msg = format!(
+                "{name} only supports numeric types, not {} and {}",
+                crate::doc::types::type_name(a),
+                crate::doc::types::type_name(b)
+            );
+            Err(if op == Op::Mod {
+                loc!(16611, "{msg}")
+            } else {
+                Error::type_mismatch(msg)
+            })
+        }
     }
-    Ok(Some((x, y)))
 }
 
 fn multiply(vals: &[Value]) -> Result<Value> {
     if vals.iter().any(is_nullish) {
         return null();
     }
+    let nums = vals
+        .iter()
+        .flatten()
+        .map(|v| {
+            AnyNum::of(v).ok_or_else(|| {
+                Error::type_mismatch(format!(
+                    "$multiply only supports numeric types, not {}",
+                    crate::doc::types::type_name(v)
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if nums.iter().any(|n| n.is_dec()) {
+        let mut c = decimal::cx();
+        let acc = nums.iter().fold(Dec::ONE, |acc, n| c.mul(acc, n.dec()));
+        return Ok(Some(dec_bson(acc)));
+    }
     let mut acc = Num::I32(1);
-    for v in vals.iter().flatten() {
-        acc = mul_nums(acc, want_num(Op::Multiply, v, "")?);
+    for n in nums {
+        if let AnyNum::N(n) = n {
+            acc = mul_nums(acc, n);
+        }
     }
     Ok(Some(acc.to_bson()))
 }
@@ -208,11 +299,30 @@ fn unary(op: Op, a: &Value) -> Result<Value> {
     let Some(v) = a.as_ref().filter(|_| !is_nullish(a)) else {
         return null();
     };
-    let r = match (op, want_num(op, v, "")?) {
+    let n = match AnyNum::of(v) {
+        Some(AnyNum::D(d)) => {
+            let r = match op {
+                Op::Abs => decimal::cx().abs(d),
+                Op::Floor => decimal::round_at(d, 0, dec::Rounding::Floor),
+                _ => decimal::round_at(d, 0, dec::Rounding::Ceiling),
+            };
+            return Ok(Some(dec_bson(r)));
+        }
+        Some(AnyNum::N(n)) => n,
+        None => {
+            return Err(loc!(
+                28765,
+                "{} only supports numeric types, not {}",
+                op.name(),
+                type_name(a)
+            ))
+        }
+    };
+    let r = match (op, n) {
         (Op::Abs, Num::I32(i)) => int_or_long(i64::from(i).abs()),
         (Op::Abs, Num::I64(i)) => Num::I64(
             i.checked_abs()
-                .ok_or_else(|| Error::bad_value("can't take $abs of long long min"))?,
+                .ok_or_else(|| loc!(28680, "can't take $abs of long long min"))?,
         ),
         (Op::Abs, Num::F64(f)) => Num::F64(f.abs()),
         (Op::Floor, Num::F64(f)) => Num::F64(f.floor()),
@@ -222,9 +332,9 @@ fn unary(op: Op, a: &Value) -> Result<Value> {
     Ok(Some(r.to_bson()))
 }
 
-/// `$round: [number, place?]`.
-fn round_op(vals: &[Value]) -> Result<Value> {
-    let a = arg(Op::Round, vals, 0)?;
+/// `$round` / `$trunc`: `[number, place?]`.
+fn round_op(op: Op, vals: &[Value]) -> Result<Value> {
+    let a = arg(op, vals, 0)?;
     let place = match vals.get(1) {
         None => 0,
         Some(p) if is_nullish(p) => return null(),
@@ -233,53 +343,90 @@ fn round_op(vals: &[Value]) -> Result<Value> {
             Some(Num::I64(i)) => i,
             Some(Num::F64(f)) if f.fract() == 0.0 && f.abs() < 1e9 => f as i64,
             _ => {
-                return Err(Error::bad_value(
-                    "$round requires \"place\" argument to be an integral value",
+                return Err(loc!(
+                    51081,
+                    "{} requires \"place\" argument to be an integral value",
+                    op.name()
                 ))
             }
         },
         Some(None) => return null(),
     };
     if !(-20..=100).contains(&place) {
-        return Err(Error::bad_value(format!(
-            "$round requires \"place\" to be between -20 and 100, but is {place}"
-        )));
+        return Err(loc!(
+            51083,
+            "{} requires \"place\" to be between -20 and 100, but is {place}",
+            op.name()
+        ));
     }
     let Some(v) = a.as_ref().filter(|_| !is_nullish(a)) else {
         return null();
     };
-    Ok(Some(round(want_num(Op::Round, v, "")?, place).to_bson()))
+    match AnyNum::of(v) {
+        Some(AnyNum::D(d)) => {
+            let mode = if op == Op::Round {
+                dec::Rounding::HalfEven
+            } else {
+                dec::Rounding::Down
+            };
+            Ok(Some(dec_bson(decimal::round_at(d, place, mode))))
+        }
+        Some(AnyNum::N(n)) => Ok(Some(round(n, place, op == Op::Trunc).to_bson())),
+        None => Err(loc!(
+            51080,
+            "{} only supports numeric types, not {}",
+            op.name(),
+            type_name(a)
+        )),
+    }
 }
 
 /// `$add`: numbers, and at most one date (the sum is then a date).
 fn add(vals: &[Value]) -> Result<Value> {
-    let mut acc = Num::I32(0);
-    let mut date: Option<i64> = None;
-    for v in vals {
-        if is_nullish(v) {
-            return Ok(Some(Bson::Null));
-        }
+    if vals.iter().any(is_nullish) {
+        return null();
     }
+    let mut nums = Vec::with_capacity(vals.len());
+    let mut date: Option<i64> = None;
     for v in vals.iter().flatten() {
         match v {
             Bson::DateTime(d) => {
                 if date.is_some() {
-                    return Err(Error::bad_value(
-                        "only one date allowed in an $add expression",
-                    ));
+                    return Err(loc!(16612, "only one date allowed in an $add expression"));
                 }
                 date = Some(d.timestamp_millis());
             }
-            Bson::Decimal128(_) => return Err(decimal_gap(Op::Add)),
-            other => match num_of(other) {
-                Some(n) => acc = add_nums(acc, n),
+            other => match AnyNum::of(other) {
+                Some(n) => nums.push(n),
                 None => {
                     return Err(Error::type_mismatch(format!(
                         "$add only supports numeric or date types, not {}",
-                        type_name(&Some(other.clone()))
+                        crate::doc::types::type_name(other)
                     )))
                 }
             },
+        }
+    }
+    if nums.iter().any(|n| n.is_dec()) {
+        let mut c = decimal::cx();
+        let sum = nums.iter().fold(Dec::ZERO, |acc, n| c.add(acc, n.dec()));
+        return Ok(Some(match date {
+            Some(ms) => {
+                let delta = decimal::round_at(sum, 0, dec::Rounding::HalfEven);
+                let delta = decimal::to_i64_exact(delta)
+                    .ok_or_else(|| Error::bad_value("date overflow in $add"))?;
+                Bson::DateTime(bson::DateTime::from_millis(
+                    ms.checked_add(delta)
+                        .ok_or_else(|| Error::bad_value("date overflow in $add"))?,
+                ))
+            }
+            None => dec_bson(sum),
+        }));
+    }
+    let mut acc = Num::I32(0);
+    for n in nums {
+        if let AnyNum::N(n) = n {
+            acc = add_nums(acc, n);
         }
     }
     Ok(Some(match date {
@@ -305,25 +452,35 @@ fn add_millis(ms: i64, n: Num) -> Result<i64> {
 
 fn subtract(a: &Value, b: &Value) -> Result<Value> {
     if is_nullish(a) || is_nullish(b) {
-        return Ok(Some(Bson::Null));
+        return null();
     }
     let (Some(x), Some(y)) = (a, b) else {
-        return Ok(Some(Bson::Null));
+        return null();
     };
     match (x, y) {
         (Bson::DateTime(p), Bson::DateTime(q)) => Ok(Some(Bson::Int64(
             p.timestamp_millis().saturating_sub(q.timestamp_millis()),
         ))),
-        (Bson::DateTime(p), other) if num_of(other).is_some() => {
-            let n = num_of(other).unwrap_or(Num::I32(0));
-            let neg = sub_nums(Num::I32(0), n);
+        (Bson::DateTime(p), other) if AnyNum::of(other).is_some() => {
+            let delta = match AnyNum::of(other) {
+                Some(AnyNum::D(d)) => {
+                    let r = decimal::round_at(d, 0, dec::Rounding::HalfEven);
+                    Num::I64(
+                        decimal::to_i64_exact(r)
+                            .ok_or_else(|| Error::bad_value("date overflow in $subtract"))?,
+                    )
+                }
+                Some(AnyNum::N(n)) => n,
+                None => Num::I32(0),
+            };
+            let neg = sub_nums(Num::I32(0), delta);
             Ok(Some(Bson::DateTime(bson::DateTime::from_millis(
                 add_millis(p.timestamp_millis(), neg)?,
             ))))
         }
-        (Bson::Decimal128(_), _) | (_, Bson::Decimal128(_)) => Err(decimal_gap(Op::Subtract)),
-        _ => match (num_of(x), num_of(y)) {
-            (Some(p), Some(q)) => Ok(Some(sub_nums(p, q).to_bson())),
+        _ => match (AnyNum::of(x), AnyNum::of(y)) {
+            (Some(AnyNum::N(p)), Some(AnyNum::N(q))) => Ok(Some(sub_nums(p, q).to_bson())),
+            (Some(p), Some(q)) => Ok(Some(dec_bson(decimal::cx().sub(p.dec(), q.dec())))),
             _ => Err(Error::type_mismatch(format!(
                 "can't $subtract {} from {}",
                 type_name(b),
@@ -333,28 +490,39 @@ fn subtract(a: &Value, b: &Value) -> Result<Value> {
     }
 }
 
-/// `$round` to `place` decimal places, half to even (MongoDB's rule).
-fn round(n: Num, place: i64) -> Num {
+/// `$round` (half to even, MongoDB's rule) or `$trunc` to `place` decimal
+/// places.
+fn round(n: Num, place: i64, trunc: bool) -> Num {
     match n {
         Num::F64(f) => {
             if !f.is_finite() || place > 15 {
                 return Num::F64(f);
             }
             let scale = 10f64.powi(place as i32);
-            let r = (f * scale).round_ties_even() / scale;
+            let scaled = f * scale;
+            let r = if trunc {
+                scaled.trunc()
+            } else {
+                scaled.round_ties_even()
+            } / scale;
             Num::F64(if r.is_finite() { r } else { f })
         }
         Num::I32(_) | Num::I64(_) if place >= 0 => n,
-        Num::I32(x) => round_int(i64::from(x), place)
+        Num::I32(x) => round_int(i64::from(x), place, trunc)
             .map(int_or_long)
             .unwrap_or(Num::I32(x)),
-        Num::I64(x) => round_int(x, place).map(Num::I64).unwrap_or(Num::I64(x)),
+        Num::I64(x) => round_int(x, place, trunc)
+            .map(Num::I64)
+            .unwrap_or(Num::I64(x)),
     }
 }
 
-fn round_int(x: i64, place: i64) -> Option<i64> {
+fn round_int(x: i64, place: i64, trunc: bool) -> Option<i64> {
     let q = 10i128.checked_pow(u32::try_from(-place).ok()?)?;
     let x = i128::from(x);
+    if trunc {
+        return i64::try_from(x / q * q).ok();
+    }
     let down = x.div_euclid(q) * q;
     let rem = x - down;
     let r = match (rem * 2).cmp(&q) {
@@ -364,4 +532,358 @@ fn round_int(x: i64, place: i64) -> Option<i64> {
         Ordering::Equal => down + q,
     };
     i64::try_from(r).ok()
+}
+
+/// `$pow`: integral for integral operands with a non-negative exponent
+/// while the result fits; a double otherwise; decimal for any decimal.
+fn pow(a: &Value, b: &Value) -> Result<Value> {
+    if is_nullish(a) || is_nullish(b) {
+        return null();
+    }
+    let (Some(x), Some(y)) = (a, b) else {
+        return null();
+    };
+    let base = AnyNum::of(x)
+        .ok_or_else(|| loc!(28762, "$pow's base must be numeric, not {}", type_name(a)))?;
+    let exp = AnyNum::of(y).ok_or_else(|| {
+        loc!(
+            28763,
+            "$pow's exponent must be numeric, not {}",
+            type_name(b)
+        )
+    })?;
+    if base.is_zero() && exp.f64() < 0.0 {
+        return Err(loc!(
+            28764,
+            "$pow cannot take a base of 0 and a negative exponent"
+        ));
+    }
+    if base.is_dec() || exp.is_dec() {
+        let e = exp.dec();
+        let r = decimal::via_big(base.dec(), |c, x| {
+            let mut y = c
+                .parse(e.to_string())
+                .unwrap_or_else(|_| c.parse("NaN").unwrap_or_default());
+            c.pow(x, &y);
+            let _ = &mut y;
+        });
+        return Ok(Some(dec_bson(r)));
+    }
+    let (AnyNum::N(bn), AnyNum::N(en)) = (base, exp) else {
+        return null();
+    };
+    if let (Some(bi), Some(ei)) = (bn.to_i64(), en.to_i64()) {
+        if ei >= 0 {
+            let r = u32::try_from(ei).ok().and_then(|e| bi.checked_pow(e));
+            if let Some(r) = r {
+                let both_int = matches!((bn, en), (Num::I32(_), Num::I32(_)));
+                return Ok(Some(if both_int {
+                    int_or_long(r).to_bson()
+                } else {
+                    Bson::Int64(r)
+                }));
+            }
+        } else if bi == 1 || bi == -1 {
+            let r = if bi == -1 && ei % 2 != 0 { -1 } else { 1 };
+            return Ok(Some(if matches!(bn, Num::I32(_)) {
+                Bson::Int32(r as i32)
+            } else {
+                Bson::Int64(r)
+            }));
+        }
+    }
+    Ok(Some(Bson::Double(bn.to_f64().powf(en.to_f64()))))
+}
+
+/// `$exp`, `$ln`, `$log10`, `$sqrt`: a double, or a decimal for a decimal.
+fn transcendental(op: Op, a: &Value) -> Result<Value> {
+    let Some(v) = a.as_ref().filter(|_| !is_nullish(a)) else {
+        return null();
+    };
+    let n = AnyNum::of(v).ok_or_else(|| {
+        loc!(
+            28765,
+            "{} only supports numeric types, not {}",
+            op.name(),
+            type_name(a)
+        )
+    })?;
+    let f = n.f64();
+    let positive = match n {
+        AnyNum::D(d) => !d.is_negative() && !d.is_zero() || d.is_nan(),
+        _ => f > 0.0 || f.is_nan(),
+    };
+    match op {
+        Op::Ln if !positive => {
+            return Err(loc!(
+                28766,
+                "$ln's argument must be a positive number, but is {}",
+                crate::error::render(v)
+            ))
+        }
+        Op::Log10 if !positive => {
+            return Err(loc!(
+                28761,
+                "$log10's argument must be a positive number, but is {}",
+                crate::error::render(v)
+            ))
+        }
+        Op::Sqrt if f < 0.0 => {
+            return Err(loc!(
+                28714,
+                "$sqrt's argument must be greater than or equal to 0"
+            ))
+        }
+        _ => {}
+    }
+    if let AnyNum::D(d) = n {
+        let r = decimal::via_big(d, |c, x| match op {
+            Op::Exp => c.exp(x),
+            Op::Ln => c.ln(x),
+            Op::Log10 => c.log10(x),
+            _ => c.sqrt(x),
+        });
+        return Ok(Some(dec_bson(r)));
+    }
+    Ok(Some(Bson::Double(match op {
+        Op::Exp => f.exp(),
+        Op::Ln => f.ln(),
+        Op::Log10 => f.log10(),
+        _ => f.sqrt(),
+    })))
+}
+
+/// `$log: [number, base]`.
+fn log(a: &Value, b: &Value) -> Result<Value> {
+    if is_nullish(a) || is_nullish(b) {
+        return null();
+    }
+    let (Some(x), Some(y)) = (a, b) else {
+        return null();
+    };
+    let n = AnyNum::of(x).ok_or_else(|| {
+        loc!(
+            28756,
+            "$log's argument must be numeric, not {}",
+            type_name(a)
+        )
+    })?;
+    let base = AnyNum::of(y)
+        .ok_or_else(|| loc!(28757, "$log's base must be numeric, not {}", type_name(b)))?;
+    if n.f64() <= 0.0 {
+        return Err(loc!(
+            28758,
+            "$log's argument must be a positive number, but is {}",
+            crate::error::render(x)
+        ));
+    }
+    if base.f64() <= 0.0 || base.f64() == 1.0 {
+        return Err(loc!(
+            28759,
+            "$log's base must be a positive number not equal to 1, but is {}",
+            crate::error::render(y)
+        ));
+    }
+    if n.is_dec() || base.is_dec() {
+        let ln_n = decimal::via_big(n.dec(), |c, x| c.ln(x));
+        let ln_b = decimal::via_big(base.dec(), |c, x| c.ln(x));
+        return Ok(Some(dec_bson(decimal::cx().div(ln_n, ln_b))));
+    }
+    Ok(Some(Bson::Double(n.f64().ln() / base.f64().ln())))
+}
+
+fn atan2(a: &Value, b: &Value) -> Result<Value> {
+    if is_nullish(a) || is_nullish(b) {
+        return null();
+    }
+    let (Some(x), Some(y)) = (a, b) else {
+        return null();
+    };
+    let (Some(p), Some(q)) = (AnyNum::of(x), AnyNum::of(y)) else {
+        return Err(loc!(
+            51044,
+            "$atan2 only supports numeric types, not {} and {}",
+            type_name(a),
+            type_name(b)
+        ));
+    };
+    let r = p.f64().atan2(q.f64());
+    Ok(Some(if p.is_dec() || q.is_dec() {
+        dec_bson(decimal::from_f64(r))
+    } else {
+        Bson::Double(r)
+    }))
+}
+
+/// The trigonometric operators (computed in double precision; a decimal
+/// argument gives a decimal of that double, as MongoDB's does for these).
+fn trig(op: Op, a: &Value) -> Result<Value> {
+    let Some(v) = a.as_ref().filter(|_| !is_nullish(a)) else {
+        return null();
+    };
+    let n = AnyNum::of(v).ok_or_else(|| {
+        loc!(
+            28765,
+            "{} only supports numeric types, not {}",
+            op.name(),
+            type_name(a)
+        )
+    })?;
+    let f = n.f64();
+    let domain = |lo: f64, hi: f64| -> Result<()> {
+        if f.is_nan() || (lo..=hi).contains(&f) {
+            Ok(())
+        } else {
+            Err(loc!(
+                50989,
+                "cannot apply {} to {}, value must be in [{lo},{hi}]",
+                op.name(),
+                crate::error::render(v)
+            ))
+        }
+    };
+    let r = match op {
+        Op::Sin | Op::Cos | Op::Tan if f.is_infinite() => {
+            return Err(loc!(
+                50989,
+                "cannot apply {} to {}, value must be in (-inf,inf)",
+                op.name(),
+                crate::error::render(v)
+            ))
+        }
+        Op::Sin => f.sin(),
+        Op::Cos => f.cos(),
+        Op::Tan => f.tan(),
+        Op::Asin => {
+            domain(-1.0, 1.0)?;
+            f.asin()
+        }
+        Op::Acos => {
+            domain(-1.0, 1.0)?;
+            f.acos()
+        }
+        Op::Atan => f.atan(),
+        Op::Sinh => f.sinh(),
+        Op::Cosh => f.cosh(),
+        Op::Tanh => f.tanh(),
+        Op::Asinh => f.asinh(),
+        Op::Acosh => {
+            domain(1.0, f64::INFINITY)?;
+            f.acosh()
+        }
+        Op::Atanh => {
+            domain(-1.0, 1.0)?;
+            f.atanh()
+        }
+        Op::DegreesToRadians => f.to_radians(),
+        _ => f.to_degrees(),
+    };
+    Ok(Some(if n.is_dec() {
+        dec_bson(decimal::from_f64(r))
+    } else {
+        Bson::Double(r)
+    }))
+}
+
+/// `$sum`, `$avg`, `$stdDevPop`, `$stdDevSamp` as expressions: over the
+/// elements of one array argument, or over several arguments; values that
+/// are not numbers are ignored.
+fn stats(op: Op, vals: &[Value]) -> Result<Value> {
+    let nums: Vec<AnyNum> = match vals {
+        [Some(Bson::Array(a))] => a.iter().filter_map(AnyNum::of).collect(),
+        _ => vals.iter().flatten().filter_map(AnyNum::of).collect(),
+    };
+    Ok(Some(match op {
+        Op::Sum => sum_of(&nums),
+        Op::Avg if nums.is_empty() => Bson::Null,
+        Op::Avg => {
+            if nums.iter().any(|n| n.is_dec()) {
+                let Bson::Decimal128(total) = sum_of(&nums) else {
+                    return null();
+                };
+                let count = Dec::from(i64::try_from(nums.len()).unwrap_or(i64::MAX));
+                dec_bson(decimal::cx().div(decimal::from_bson(total), count))
+            } else {
+                Bson::Double(nums.iter().map(|n| n.f64()).sum::<f64>() / nums.len() as f64)
+            }
+        }
+        _ => {
+            let samp = op == Op::StdDevSamp;
+            match std_dev(nums.iter().map(|n| n.f64()), samp) {
+                Some(s) => Bson::Double(s),
+                None => Bson::Null,
+            }
+        }
+    }))
+}
+
+/// The exact sum MongoDB's `$sum` gives: integers summed exactly, int32 while
+/// it fits, then int64, then double; any double makes a double, any decimal
+/// a decimal.
+pub(super) fn sum_of(nums: &[AnyNum]) -> Bson {
+    if nums.iter().any(|n| n.is_dec()) {
+        let mut c = decimal::cx();
+        return dec_bson(nums.iter().fold(Dec::ZERO, |acc, n| c.add(acc, n.dec())));
+    }
+    let mut acc = Num::I32(0);
+    for n in nums {
+        if let AnyNum::N(n) = n {
+            acc = add_nums(acc, *n);
+        }
+    }
+    acc.to_bson()
+}
+
+/// Population or sample standard deviation (Welford's one pass); `None`
+/// for no values (or one, for the sample).
+pub(super) fn std_dev(xs: impl Iterator<Item = f64>, samp: bool) -> Option<f64> {
+    let (mut n, mut mean, mut m2) = (0u64, 0.0f64, 0.0f64);
+    for x in xs {
+        n += 1;
+        let d = x - mean;
+        mean += d / n as f64;
+        m2 += d * (x - mean);
+    }
+    let denom = if samp { n.checked_sub(1)? } else { n };
+    if denom == 0 {
+        return None;
+    }
+    Some((m2 / denom as f64).sqrt())
+}
+
+/// `$bitAnd $bitOr $bitXor $bitNot` (int and long only; int32 when every
+/// operand is an int32; a null or missing operand gives null).
+pub(super) fn bitwise(op: Op, vals: &[Value]) -> Result<Value> {
+    if vals.iter().any(is_nullish) {
+        return null();
+    }
+    let mut all_int = true;
+    let mut ints = Vec::with_capacity(vals.len());
+    for v in vals.iter().flatten() {
+        match v {
+            Bson::Int32(i) => ints.push(i64::from(*i)),
+            Bson::Int64(i) => {
+                all_int = false;
+                ints.push(*i);
+            }
+            other => {
+                return Err(Error::type_mismatch(format!(
+                    "{} only supports int and long operands, not {}",
+                    op.name(),
+                    crate::doc::types::type_name(other)
+                )))
+            }
+        }
+    }
+    let r = match op {
+        Op::BitAnd => ints.iter().fold(-1i64, |a, b| a & b),
+        Op::BitOr => ints.iter().fold(0i64, |a, b| a | b),
+        Op::BitXor => ints.iter().fold(0i64, |a, b| a ^ b),
+        _ => !ints.first().copied().unwrap_or(0),
+    };
+    Ok(Some(if all_int {
+        Bson::Int32(r as i32)
+    } else {
+        Bson::Int64(r)
+    }))
 }

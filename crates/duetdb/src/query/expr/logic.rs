@@ -1,7 +1,7 @@
 //! Boolean and conditional operators: `$and`, `$or`, `$not`, `$cond`,
-//! `$ifNull`, and aggregation truthiness.
+//! `$ifNull`, `$switch`, and aggregation truthiness.
 //!
-//! Invariants: `$and`, `$or`, `$cond` and `$ifNull` evaluate their arguments
+//! Invariants: `$and`, `$or`, `$cond`, `$ifNull` and `$switch` evaluate their arguments
 //! lazily, left to right, and stop as soon as the answer is known (so an
 //! argument that would fail is never evaluated when MongoDB would not evaluate
 //! it either). `$not` is eager and dispatched from `eval.rs`.
@@ -10,7 +10,8 @@ use bson::Bson;
 
 use crate::doc::value;
 use crate::error::{Error, Result};
-use crate::query::expr::{is_nullish, Expr, Op, Root, Value};
+use crate::query::expr::eval::Env;
+use crate::query::expr::{is_nullish, Expr, Op, Value};
 
 /// Aggregation truthiness: false, null, undefined, missing and numeric zero are
 /// false; everything else (also `""` and `[]`) is true.
@@ -31,11 +32,11 @@ pub fn truthy_bson(v: &Bson) -> bool {
 }
 
 /// Evaluate a short-circuiting operator on its unevaluated arguments.
-pub(super) fn eval_lazy(op: Op, args: &[Expr], root: &Root<'_>) -> Result<Value> {
+pub(super) fn eval_lazy(op: Op, args: &[Expr], cx: &Env<'_>) -> Result<Value> {
     match op {
         Op::And => {
             for a in args {
-                if !truthy(&a.eval(root)?) {
+                if !truthy(&a.eval_in(cx)?) {
                     return Ok(Some(Bson::Boolean(false)));
                 }
             }
@@ -43,7 +44,7 @@ pub(super) fn eval_lazy(op: Op, args: &[Expr], root: &Root<'_>) -> Result<Value>
         }
         Op::Or => {
             for a in args {
-                if truthy(&a.eval(root)?) {
+                if truthy(&a.eval_in(cx)?) {
                     return Ok(Some(Bson::Boolean(true)));
                 }
             }
@@ -53,10 +54,10 @@ pub(super) fn eval_lazy(op: Op, args: &[Expr], root: &Root<'_>) -> Result<Value>
             let [c, t, e] = args else {
                 return Err(Error::Internal("$cond arity".into()));
             };
-            if truthy(&c.eval(root)?) {
-                t.eval(root)
+            if truthy(&c.eval_in(cx)?) {
+                t.eval_in(cx)
             } else {
-                e.eval(root)
+                e.eval_in(cx)
             }
         }
         Op::IfNull => {
@@ -64,16 +65,37 @@ pub(super) fn eval_lazy(op: Op, args: &[Expr], root: &Root<'_>) -> Result<Value>
                 return Err(Error::Internal("$ifNull arity".into()));
             };
             for a in init {
-                let v = a.eval(root)?;
+                let v = a.eval_in(cx)?;
                 if !is_nullish(&v) {
                     return Ok(v);
                 }
             }
-            last.eval(root)
+            last.eval_in(cx)
         }
         other => Err(Error::Internal(format!(
             "{} is not a short-circuiting operator",
             other.name()
         ))),
+    }
+}
+
+/// `$switch`: the first branch whose case is true; else the default; else
+/// error 40066.
+pub(super) fn eval_switch(
+    branches: &[(Expr, Expr)],
+    default: Option<&Expr>,
+    cx: &Env<'_>,
+) -> Result<Value> {
+    for (case, then) in branches {
+        if truthy(&case.eval_in(cx)?) {
+            return then.eval_in(cx);
+        }
+    }
+    match default {
+        Some(d) => d.eval_in(cx),
+        None => Err(loc!(
+            40066,
+            "$switch could not find a matching branch for an input, and no default was specified."
+        )),
     }
 }

@@ -1,14 +1,17 @@
 //! Aggregation expressions (`"$a.b"`, `{$add: [...]}`, `{$cond: ...}`, ...):
 //! parsed once from BSON into [`Expr`], then evaluated per document.
 //!
-//! Owns: the expression tree ([`Expr`], [`Op`]), its parser, the document an
+//! Owns: the expression tree ([`Expr`], [`Op`], [`Named`]), the document an
 //! expression reads ([`Root`], with aggregation's path rule through arrays),
-//! and the aggregation notion of "missing" ([`Value`]). Evaluation lives in
-//! `eval.rs`, which dispatches each operator to its family: `arithmetic.rs`,
-//! `compare.rs`, `logic.rs`, `string.rs`, `array.rs`, `date.rs`. Used by the
+//! and the aggregation notion of "missing" ([`Value`]). Parsing and variable
+//! scopes live in `parse.rs` (operator names and arities in `ops.rs`);
+//! evaluation in `eval.rs`, which dispatches each operator to its family:
+//! `arithmetic.rs` (with `decimal.rs`), `compare.rs`, `logic.rs`, `string.rs`,
+//! `regex.rs`, `array.rs`, `set.rs`, `object.rs`, `convert.rs`, `date.rs`
+//! (with `datefmt.rs`), `vars.rs` (`$let $map $filter $reduce`). Used by the
 //! pipeline (`query::aggregate`) for `$addFields`, `$group` keys and
-//! accumulator arguments, and by `query::projection` for computed `$project`
-//! fields.
+//! accumulator arguments, by `query::projection` for computed `$project`
+//! fields, and by `query::filter` for `$expr`.
 //!
 //! Invariants:
 //! - A value is `Option<Bson>`; `None` means *missing* (a field that does not
@@ -18,22 +21,53 @@
 //!   `$max`, `$sort` and `$group` keys agree with filters and indexes.
 //! - Arithmetic follows MongoDB: int32 ∘ int32 stays int32 unless it overflows
 //!   (then int64), int64 overflow goes to double, any double makes a double,
-//!   `$divide` always gives a double. decimal128 arithmetic is not implemented
-//!   and is refused with a clear error (documented gap), never approximated.
-//! - Evaluation never panics on any input: wrong types give TypeMismatch (14) or
-//!   BadValue (2) with MongoDB's wording; parsing depth is bounded
-//!   ([`MAX_EXPR_DEPTH`]), and the arity of every operator is checked at parse
-//!   time (and re-checked without panicking at evaluation).
+//!   `$divide` always gives a double; any decimal128 operand makes the
+//!   operation exact IEEE 754-2008 decimal128 (libdecnumber through `dec`),
+//!   never approximated through a double.
+//! - Variables are resolved at parse time: every `$$name` names a variable in
+//!   scope (else 17276, as MongoDB), so evaluation never meets an unbound one.
+//!   `$$NOW` and `$$CLUSTER_TIME` are read once per parse (one command) and
+//!   are the same for every document; the command's `let` constants are
+//!   folded in as literals.
+//! - Evaluation never panics on any input: wrong types give MongoDB's codes
+//!   (TypeMismatch 14, BadValue 2, or its numbered locations such as 16554)
+//!   with MongoDB's wording; parsing depth is bounded ([`MAX_EXPR_DEPTH`]),
+//!   and the arity of every operator is checked at parse time (and re-checked
+//!   without panicking at evaluation).
+
+/// An error at one of MongoDB's numbered assertion locations (`Location16554`).
+macro_rules! loc {
+    ($code:literal, $($fmt:tt)*) => {
+        $crate::error::Error::Coded {
+            code: $code,
+            name: concat!("Location", stringify!($code)),
+            msg: format!($($fmt)*),
+        }
+    };
+}
 
 mod arithmetic;
 mod array;
 mod compare;
+mod convert;
 mod date;
+mod datefmt;
+pub(crate) mod decimal;
 mod eval;
 mod logic;
+mod object;
+mod ops;
+mod parse;
+mod regex;
+mod set;
 mod string;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_more;
+#[cfg(test)]
+mod tests_props;
+mod vars;
 
 use bson::raw::{RawArray, RawDocument};
 use bson::{Bson, Document, RawBsonRef};
@@ -41,8 +75,12 @@ use bson::{Bson, Document, RawBsonRef};
 use crate::error::{Error, Result};
 
 pub use arithmetic::{num_of, Num};
+pub use array::SortBy;
+pub(crate) use array::{discrete_percentile, n_arg, percentiles_arg};
 pub use compare::{compare, compare_values};
 pub use logic::truthy_bson;
+pub use ops::{Named, Op};
+pub use parse::{parse_field_path, Scope};
 
 /// An evaluated value; `None` is *missing*.
 pub type Value = Option<Bson>;
@@ -84,7 +122,7 @@ impl Root<'_> {
     }
 }
 
-fn path_bson(v: &Bson, rest: &[String]) -> Value {
+pub(crate) fn path_bson(v: &Bson, rest: &[String]) -> Value {
     let Some((first, tail)) = rest.split_first() else {
         return Some(v.clone());
     };
@@ -142,306 +180,41 @@ pub enum Expr {
     Root(Vec<String>),
     /// `"$$REMOVE"`: evaluates to missing.
     Remove,
+    /// A variable bound by `$let`, `$map`, `$filter` or `$reduce` (its id in
+    /// the parse scope), optionally followed by a path.
+    Var(u32, Vec<String>),
     /// `{a: <expr>, b: <expr>}`: a document built from expressions.
     Doc(Vec<(String, Expr)>),
     /// `[<expr>, ...]`.
     Array(Vec<Expr>),
+    /// An operator with positional arguments.
     Op(Op, Vec<Expr>),
-}
-
-/// Expression operators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Add,
-    Subtract,
-    Multiply,
-    Divide,
-    Mod,
-    Eq,
-    Ne,
-    Gt,
-    Gte,
-    Lt,
-    Lte,
-    Cmp,
-    And,
-    Or,
-    Not,
-    Cond,
-    IfNull,
-    In,
-    Size,
-    Concat,
-    ToLower,
-    ToUpper,
-    SubstrBytes,
-    Abs,
-    Floor,
-    Ceil,
-    Round,
-    Year,
-    Month,
-    DayOfMonth,
-    ArrayElemAt,
-    Max,
-    Min,
-}
-
-impl Op {
-    fn from_name(name: &str) -> Option<Op> {
-        Some(match name {
-            "$add" => Op::Add,
-            "$subtract" => Op::Subtract,
-            "$multiply" => Op::Multiply,
-            "$divide" => Op::Divide,
-            "$mod" => Op::Mod,
-            "$eq" => Op::Eq,
-            "$ne" => Op::Ne,
-            "$gt" => Op::Gt,
-            "$gte" => Op::Gte,
-            "$lt" => Op::Lt,
-            "$lte" => Op::Lte,
-            "$cmp" => Op::Cmp,
-            "$and" => Op::And,
-            "$or" => Op::Or,
-            "$not" => Op::Not,
-            "$cond" => Op::Cond,
-            "$ifNull" => Op::IfNull,
-            "$in" => Op::In,
-            "$size" => Op::Size,
-            "$concat" => Op::Concat,
-            "$toLower" => Op::ToLower,
-            "$toUpper" => Op::ToUpper,
-            "$substr" | "$substrBytes" => Op::SubstrBytes,
-            "$abs" => Op::Abs,
-            "$floor" => Op::Floor,
-            "$ceil" => Op::Ceil,
-            "$round" => Op::Round,
-            "$year" => Op::Year,
-            "$month" => Op::Month,
-            "$dayOfMonth" => Op::DayOfMonth,
-            "$arrayElemAt" => Op::ArrayElemAt,
-            "$max" => Op::Max,
-            "$min" => Op::Min,
-            _ => return None,
-        })
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Op::Add => "$add",
-            Op::Subtract => "$subtract",
-            Op::Multiply => "$multiply",
-            Op::Divide => "$divide",
-            Op::Mod => "$mod",
-            Op::Eq => "$eq",
-            Op::Ne => "$ne",
-            Op::Gt => "$gt",
-            Op::Gte => "$gte",
-            Op::Lt => "$lt",
-            Op::Lte => "$lte",
-            Op::Cmp => "$cmp",
-            Op::And => "$and",
-            Op::Or => "$or",
-            Op::Not => "$not",
-            Op::Cond => "$cond",
-            Op::IfNull => "$ifNull",
-            Op::In => "$in",
-            Op::Size => "$size",
-            Op::Concat => "$concat",
-            Op::ToLower => "$toLower",
-            Op::ToUpper => "$toUpper",
-            Op::SubstrBytes => "$substrBytes",
-            Op::Abs => "$abs",
-            Op::Floor => "$floor",
-            Op::Ceil => "$ceil",
-            Op::Round => "$round",
-            Op::Year => "$year",
-            Op::Month => "$month",
-            Op::DayOfMonth => "$dayOfMonth",
-            Op::ArrayElemAt => "$arrayElemAt",
-            Op::Max => "$max",
-            Op::Min => "$min",
-        }
-    }
-
-    /// `(min, max)` number of arguments.
-    fn arity(self) -> (usize, usize) {
-        match self {
-            Op::Add | Op::Multiply | Op::And | Op::Or | Op::Concat | Op::Max | Op::Min => {
-                (0, usize::MAX)
-            }
-            Op::IfNull => (2, usize::MAX),
-            Op::Not
-            | Op::Size
-            | Op::ToLower
-            | Op::ToUpper
-            | Op::Abs
-            | Op::Floor
-            | Op::Ceil
-            | Op::Year
-            | Op::Month
-            | Op::DayOfMonth => (1, 1),
-            Op::Round => (1, 2),
-            Op::Cond | Op::SubstrBytes => (3, 3),
-            _ => (2, 2),
-        }
-    }
+    /// An operator with named arguments (`{$dateToString: {date, format}}`),
+    /// in the order of [`Named::keys`]; `None` is an argument not given.
+    Named(Named, Vec<Option<Expr>>),
+    /// `$let`: variables (ids) bound to values, then the body.
+    Let(Vec<(u32, Expr)>, Box<Expr>),
+    /// `$map`: input, the element variable, the body.
+    Map(Box<Expr>, u32, Box<Expr>),
+    /// `$filter`: input, the element variable, the condition, the limit.
+    Filter(Box<Expr>, u32, Box<Expr>, Option<Box<Expr>>),
+    /// `$reduce`: input, initial value, `$$value` and `$$this` ids, the body.
+    Reduce(Box<Expr>, Box<Expr>, u32, u32, Box<Expr>),
+    /// `$switch`: `(case, then)` branches, the default.
+    Switch(Vec<(Expr, Expr)>, Option<Box<Expr>>),
 }
 
 impl Expr {
-    /// Parse an expression.
+    /// Parse an expression with no variables but the built-in ones.
     pub fn parse(v: &Bson) -> Result<Expr> {
-        parse_at(v, 0)
+        parse::parse_at(v, 0, &mut Scope::new())
+    }
+
+    /// Parse an expression in `scope` (the command's `let` constants, `$$NOW`).
+    pub fn parse_in(v: &Bson, scope: &mut Scope) -> Result<Expr> {
+        parse::parse_at(v, 0, scope)
     }
 }
-
-fn parse_at(v: &Bson, depth: usize) -> Result<Expr> {
-    if depth > MAX_EXPR_DEPTH {
-        return Err(Error::bad_value(format!(
-            "expression nests deeper than {MAX_EXPR_DEPTH} levels"
-        )));
-    }
-    match v {
-        Bson::String(s) if s.starts_with("$$") => parse_variable(&s[2..]),
-        Bson::String(s) if s.starts_with('$') => Ok(Expr::Field(parse_field_path(&s[1..])?)),
-        Bson::Array(items) => Ok(Expr::Array(
-            items
-                .iter()
-                .map(|i| parse_at(i, depth + 1))
-                .collect::<Result<_>>()?,
-        )),
-        Bson::Document(d) => parse_object(d, depth),
-        other => Ok(Expr::Literal(other.clone())),
-    }
-}
-
-/// Components of a field path given without its `$` (`"a.b"`).
-pub fn parse_field_path(p: &str) -> Result<Vec<String>> {
-    if p.is_empty() {
-        return Err(Error::bad_value("'$' by itself is not a valid FieldPath"));
-    }
-    crate::doc::path::validate(p)
-        .map_err(|e| Error::bad_value(format!("invalid field path: {e}")))?;
-    let parts: Vec<String> = p.split('.').map(str::to_string).collect();
-    if let Some(bad) = parts.iter().find(|c| c.starts_with('$')) {
-        return Err(Error::bad_value(format!(
-            "FieldPath field names may not start with '$'. Consider using $getField or $setField. (field '{bad}' in '${p}')"
-        )));
-    }
-    Ok(parts)
-}
-
-fn parse_variable(v: &str) -> Result<Expr> {
-    let (name, rest) = match v.split_once('.') {
-        Some((n, r)) => (n, Some(r)),
-        None => (v, None),
-    };
-    let path = match rest {
-        Some(r) => parse_field_path(r)?,
-        None => Vec::new(),
-    };
-    match name {
-        "ROOT" | "CURRENT" => Ok(Expr::Root(path)),
-        "REMOVE" if path.is_empty() => Ok(Expr::Remove),
-        "REMOVE" => Ok(Expr::Remove),
-        "" => Err(Error::bad_value("empty variable name")),
-        other => Err(Error::bad_value(format!(
-            "Use of undefined variable: {other}"
-        ))),
-    }
-}
-
-fn parse_object(d: &Document, depth: usize) -> Result<Expr> {
-    let first_dollar = d.keys().next().is_some_and(|k| k.starts_with('$'));
-    if first_dollar {
-        if d.len() != 1 {
-            return Err(Error::bad_value(format!(
-                "an expression specification must contain exactly one field, the name of the expression. Found {} fields in {}",
-                d.len(),
-                crate::error::render(&Bson::Document(d.clone()))
-            )));
-        }
-        let Some((name, arg)) = d.iter().next() else {
-            return Err(Error::Internal("empty operator document".into()));
-        };
-        return parse_operator(name, arg, depth);
-    }
-    let mut fields = Vec::with_capacity(d.len());
-    for (k, v) in d {
-        if k.starts_with('$') {
-            return Err(Error::bad_value(format!(
-                "field names in an expression object may not start with '$': '{k}'"
-            )));
-        }
-        if k.contains('.') {
-            return Err(Error::bad_value(format!(
-                "field names in an expression object may not contain '.': '{k}'"
-            )));
-        }
-        fields.push((k.clone(), parse_at(v, depth + 1)?));
-    }
-    Ok(Expr::Doc(fields))
-}
-
-fn parse_operator(name: &str, arg: &Bson, depth: usize) -> Result<Expr> {
-    if name == "$literal" {
-        return Ok(Expr::Literal(arg.clone()));
-    }
-    let Some(op) = Op::from_name(name) else {
-        return Err(Error::bad_value(format!(
-            "Unrecognized expression '{name}'"
-        )));
-    };
-    let args: Vec<Expr> = match (op, arg) {
-        (Op::Cond, Bson::Document(d)) if !d.keys().any(|k| k.starts_with('$')) => {
-            for k in d.keys() {
-                if !matches!(k.as_str(), "if" | "then" | "else") {
-                    return Err(Error::bad_value(format!(
-                        "Unrecognized parameter to $cond: {k}"
-                    )));
-                }
-            }
-            let part = |k: &str| -> Result<Expr> {
-                match d.get(k) {
-                    Some(v) => parse_at(v, depth + 1),
-                    None => Err(Error::bad_value(format!(
-                        "Missing '{k}' parameter to $cond"
-                    ))),
-                }
-            };
-            vec![part("if")?, part("then")?, part("else")?]
-        }
-        (Op::Year | Op::Month | Op::DayOfMonth, Bson::Document(d))
-            if d.contains_key("date") && !d.keys().any(|k| k.starts_with('$')) =>
-        {
-            date::check_options(op, d)?;
-            vec![parse_at(d.get("date").unwrap_or(&Bson::Null), depth + 1)?]
-        }
-        (_, Bson::Array(items)) => items
-            .iter()
-            .map(|i| parse_at(i, depth + 1))
-            .collect::<Result<_>>()?,
-        (_, single) => vec![parse_at(single, depth + 1)?],
-    };
-    let (lo, hi) = op.arity();
-    if args.len() < lo || args.len() > hi {
-        let want = if lo == hi {
-            format!("exactly {lo}")
-        } else if hi == usize::MAX {
-            format!("at least {lo}")
-        } else {
-            format!("{lo} to {hi}")
-        };
-        return Err(Error::bad_value(format!(
-            "Expression {} takes {want} arguments. {} were passed in.",
-            op.name(),
-            args.len()
-        )));
-    }
-    Ok(Expr::Op(op, args))
-}
-
 /// MongoDB's type name of a value (`"missing"` for missing).
 pub fn type_name(v: &Value) -> &'static str {
     v.as_ref().map_or("missing", crate::doc::types::type_name)

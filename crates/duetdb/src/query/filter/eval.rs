@@ -40,6 +40,15 @@ impl Node {
             Node::Nor(children) => !children.iter().any(|c| c.eval(ctx)),
             Node::Not(child) => !child.eval(ctx),
             Node::Leaf(leaf) => leaf.eval(ctx),
+            Node::Expr(e) => match ctx {
+                Ctx::Doc(d) => e.matches(d),
+                Ctx::Elem(_) => false,
+            },
+            Node::Schema(s) => match ctx {
+                Ctx::Doc(d) => crate::doc::to_document(d)
+                    .is_ok_and(|doc| s.matches(&bson::Bson::Document(doc))),
+                Ctx::Elem(_) => false,
+            },
         }
     }
 }
@@ -87,6 +96,7 @@ impl Op {
             Op::Mod { divisor, remainder } => {
                 item.is_some_and(|v| mod_matches(v, *divisor, *remainder))
             }
+            Op::Bits(b) => item.is_some_and(|v| b.matches(v)),
             Op::ElemMatchObject(node) => match item {
                 Some(RawBsonRef::Array(a)) => a.into_iter().flatten().any(|e| match e {
                     RawBsonRef::Document(d) => node.eval(Ctx::Doc(d)),

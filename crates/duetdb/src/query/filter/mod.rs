@@ -2,7 +2,8 @@
 //! tree and evaluated directly on raw documents.
 //!
 //! Owns the meaning of every query operator (`$eq` … `$mod`, `$and`/`$or`/`$nor`,
-//! `$not`, `$elemMatch`, `$all`, regexes) and the extraction of index-answerable
+//! `$not`, `$elemMatch`, `$all`, regexes, the `$bits*` operators, `$expr`,
+//! `$jsonSchema`, `$comment`) and the extraction of index-answerable
 //! predicates ([`Filter::sargs`]) that the planner uses.
 //!
 //! Invariants:
@@ -30,16 +31,20 @@
 //! Layout, one concern a file: `tree` (the typed predicate tree), `parse`
 //! (BSON to tree, every error message), `eval` (matching on raw documents) with
 //! `walk` (the implicit array traversal), `sarg` (index-answerable predicates
-//! for the planner), `tests`.
+//! for the planner), `expr` (`$expr`), `bits` (`$bits*`), `schema`
+//! (`$jsonSchema`), `tests`.
 
 use bson::raw::RawDocument;
 use bson::Document;
 
 use crate::error::Result;
 
+mod bits;
 mod eval;
+mod expr;
 mod parse;
 mod sarg;
+mod schema;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -58,14 +63,50 @@ pub const MAX_FILTER_DEPTH: usize = 100;
 #[derive(Debug, Clone)]
 pub struct Filter {
     root: Node,
+    /// The error slots of its `$expr`s (empty without one).
+    expr_errors: Vec<expr::ErrorSlot>,
 }
 
 impl Filter {
     /// Parse a filter document; unknown operators and malformed arguments are errors.
     pub fn parse(spec: &Document) -> Result<Filter> {
-        Ok(Filter {
-            root: parse_query(spec, 0).map_err(|e| *e)?,
-        })
+        Filter::parse_with_let(spec, None)
+    }
+
+    /// Parse a filter whose `$expr`s may use the command's `let` variables
+    /// (each evaluated once, here; `$$NOW` is read once too).
+    pub fn parse_with_let(spec: &Document, let_vars: Option<&Document>) -> Result<Filter> {
+        let mut root = parse_query(spec, 0).map_err(|e| *e)?;
+        let mut expr_errors = Vec::new();
+        let mut scope = None;
+        compile_exprs(&mut root, let_vars, &mut scope, &mut expr_errors)?;
+        Ok(Filter { root, expr_errors })
+    }
+
+    /// `spec` with the command's `let` variables bound around each of its
+    /// `$expr`s (`{$expr: E}` becomes `{$expr: {$let: {vars: let, in: E}}}`),
+    /// so that a filter document carries its variables wherever the engine
+    /// takes it (find, count, delete, update, findAndModify). The variables'
+    /// names and values are checked here (16866–16871, 17276), even when the
+    /// filter has no `$expr`.
+    pub fn bind_let(spec: &Document, let_vars: Option<&Document>) -> Result<Document> {
+        let Some(vars) = let_vars else {
+            return Ok(spec.clone());
+        };
+        crate::query::expr::Scope::with_let(Some(vars))?;
+        Ok(expr::bind_let(spec, vars))
+    }
+
+    /// The first error an `$expr` raised while matching (a query that met
+    /// one fails with it, as MongoDB's does); `Ok` when none did. Executors
+    /// call this after a scan.
+    pub fn check(&self) -> Result<()> {
+        for slot in &self.expr_errors {
+            if let Some(e) = slot.lock().clone() {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// True when the filter matches every document (`{}`).
@@ -86,4 +127,36 @@ impl Filter {
     pub fn sargs(&self) -> Vec<(String, Sarg)> {
         sarg::sargs(&self.root)
     }
+}
+
+/// Compile every `$expr` of the tree in one scope (built on the first one).
+fn compile_exprs(
+    node: &mut Node,
+    let_vars: Option<&Document>,
+    scope: &mut Option<crate::query::expr::Scope>,
+    errors: &mut Vec<expr::ErrorSlot>,
+) -> Result<()> {
+    match node {
+        Node::And(c) | Node::Or(c) | Node::Nor(c) => {
+            for n in c {
+                compile_exprs(n, let_vars, scope, errors)?;
+            }
+        }
+        Node::Not(n) => compile_exprs(n, let_vars, scope, errors)?,
+        Node::Expr(e) => {
+            if scope.is_none() {
+                *scope = Some(crate::query::expr::Scope::with_let(let_vars)?);
+            }
+            if let Some(s) = scope.as_mut() {
+                e.compile(s)?;
+            }
+            errors.push(e.error.clone());
+        }
+        Node::Leaf(tree::Leaf {
+            op: tree::Op::ElemMatchObject(n) | tree::Op::ElemMatchValue(n),
+            ..
+        }) => compile_exprs(n, let_vars, scope, errors)?,
+        Node::Leaf(_) | Node::Schema(_) => {}
+    }
+    Ok(())
 }

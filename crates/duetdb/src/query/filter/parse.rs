@@ -7,7 +7,9 @@
 //!
 //! Invariants:
 //! - A malformed filter is an error, never read as some other filter;
-//!   `$comment` is the one operator that is dropped.
+//!   `$comment` is the one operator that is dropped. `$expr` keeps its spec
+//!   here and is compiled after the whole filter parsed (`Filter::parse_with_let`),
+//!   in the command's variable scope.
 //! - Nesting deeper than `MAX_FILTER_DEPTH` is an error, which bounds the
 //!   recursion of parsing here and of evaluation later.
 //! - Whether an operand document is a literal or a set of operators is decided
@@ -61,7 +63,7 @@ fn check_depth(depth: usize) -> PResult<()> {
 fn unsupported_top_level(op: &str) -> bool {
     matches!(
         op,
-        "$where" | "$text" | "$expr" | "$jsonSchema" | "$sampleRate" | "$atomic" | "$isolated"
+        "$where" | "$text" | "$sampleRate" | "$atomic" | "$isolated"
     )
 }
 
@@ -69,11 +71,7 @@ fn unsupported_top_level(op: &str) -> bool {
 fn unsupported_field_level(op: &str) -> bool {
     matches!(
         op,
-        "$bitsAllSet"
-            | "$bitsAllClear"
-            | "$bitsAnySet"
-            | "$bitsAnyClear"
-            | "$geoWithin"
+        "$geoWithin"
             | "$geoIntersects"
             | "$near"
             | "$nearSphere"
@@ -90,7 +88,14 @@ fn unsupported_field_level(op: &str) -> bool {
 fn is_pathless(op: &str) -> bool {
     matches!(
         op,
-        "$and" | "$or" | "$nor" | "$comment" | "$alwaysTrue" | "$alwaysFalse"
+        "$and"
+            | "$or"
+            | "$nor"
+            | "$comment"
+            | "$alwaysTrue"
+            | "$alwaysFalse"
+            | "$expr"
+            | "$jsonSchema"
     ) || unsupported_top_level(op)
 }
 
@@ -135,6 +140,11 @@ fn parse_top_operator(key: &str, value: &Bson, depth: usize, out: &mut Vec<Node>
         "$comment" => return Ok(()),
         "$alwaysTrue" => Node::And(Vec::new()),
         "$alwaysFalse" => Node::Or(Vec::new()),
+        "$expr" => Node::Expr(Box::new(super::expr::ExprNode::new(value))),
+        "$jsonSchema" => match value {
+            Bson::Document(d) => Node::Schema(Box::new(super::schema::Schema::parse(d, depth)?)),
+            _ => return Err(bad("$jsonSchema must be an object")),
+        },
         k => return Err(top_operator_error(k)),
     };
     out.push(node);
@@ -266,6 +276,10 @@ fn parse_simple_operator(path: Option<&FieldPath>, key: &str, arg: &Bson) -> PRe
             let (divisor, remainder) = parse_mod(arg)?;
             leaf(path, Op::Mod { divisor, remainder })
         }
+        "$bitsAllSet" | "$bitsAnySet" | "$bitsAllClear" | "$bitsAnyClear" => leaf(
+            path,
+            Op::Bits(Box::new(super::bits::BitsOp::parse(key, arg)?)),
+        ),
         k if unsupported_field_level(k) => return Err(bad(format!("{k} is not supported"))),
         k => return Err(unknown(k)),
     })
@@ -532,7 +546,22 @@ fn parse_elem_match(arg: &Bson, depth: usize) -> PResult<Op> {
         parse_operators(None, d, depth + 1, &mut inner)?;
         Ok(Op::ElemMatchValue(Box::new(Node::And(inner))))
     } else {
-        Ok(Op::ElemMatchObject(Box::new(parse_query(d, depth + 1)?)))
+        let node = parse_query(d, depth + 1)?;
+        if has_expr(&node) {
+            return Err(bad("$expr can only be applied to the top-level document"));
+        }
+        Ok(Op::ElemMatchObject(Box::new(node)))
+    }
+}
+
+/// Whether a node holds an `$expr` (refused under `$elemMatch`, as MongoDB does).
+#[inline(never)]
+fn has_expr(node: &Node) -> bool {
+    match node {
+        Node::Expr(_) => true,
+        Node::And(c) | Node::Or(c) | Node::Nor(c) => c.iter().any(has_expr),
+        Node::Not(n) => has_expr(n),
+        Node::Leaf(_) | Node::Schema(_) => false,
     }
 }
 

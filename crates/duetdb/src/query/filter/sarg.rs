@@ -65,7 +65,7 @@ fn collect_conjuncts<'a>(node: &'a Node, out: &mut Vec<&'a Leaf>) {
     match node {
         Node::And(children) => children.iter().for_each(|c| collect_conjuncts(c, out)),
         Node::Leaf(leaf) => out.push(leaf),
-        Node::Or(_) | Node::Nor(_) | Node::Not(_) => {}
+        Node::Or(_) | Node::Nor(_) | Node::Not(_) | Node::Expr(_) | Node::Schema(_) => {}
     }
 }
 

@@ -27,6 +27,10 @@ pub(super) enum Node {
     Nor(Vec<Node>),
     Not(Box<Node>),
     Leaf(Leaf),
+    /// `$expr`: an aggregation expression on the whole document.
+    Expr(Box<super::expr::ExprNode>),
+    /// `$jsonSchema`: the whole document validated against a schema.
+    Schema(Box<super::schema::Schema>),
 }
 
 /// One operator applied to a path (or, inside `$elemMatch`'s value form, to the
@@ -66,6 +70,8 @@ pub(super) enum Op {
     ElemMatchObject(Box<Node>),
     /// `$elemMatch: {$op: …}`: some element satisfies the node's path-less leaves.
     ElemMatchValue(Box<Node>),
+    /// `$bitsAllSet` / `$bitsAnySet` / `$bitsAllClear` / `$bitsAnyClear`.
+    Bits(Box<super::bits::BitsOp>),
 }
 
 #[derive(Debug, Clone)]

@@ -233,8 +233,9 @@ fn stage_errors() {
     assert!(stage_err(doc! {"a": 0, "b": "$x"}).contains("Cannot do inclusion on field b"));
     assert!(stage_err(doc! {"a": 1, "a.b": "$x"}).contains("Path collision at a.b"));
     assert!(stage_err(doc! {"a": {}}).contains("An empty sub-projection"));
-    // `$slice` is an expression in `$project`, and not one duetdb implements.
-    assert!(stage_err(doc! {"a": {"$slice": 1}}).contains("Unrecognized expression"));
+    // `$slice` is an expression in `$project`, taking 2 or 3 arguments.
+    assert!(stage_err(doc! {"a": {"$slice": 1}}).contains("Expression $slice takes at least 2"));
+    assert!(stage_err(doc! {"a": {"$frob": 1}}).contains("Unrecognized expression"));
     for spec in [doc! {"$a": 1}, doc! {"a.$": 1}, doc! {"a..b": 1}] {
         assert_eq!(
             Projection::parse_stage(&spec).expect_err("refused").code(),

@@ -8,6 +8,7 @@ use bson::{Bson, Document, RawDocumentBuf};
 use super::Filter;
 
 mod errors;
+mod expr_bits_schema;
 mod matching;
 mod props;
 mod reference;

@@ -1,0 +1,406 @@
+//! Type operators: `$type`, `$isNumber`, `$convert` and its shorthands
+//! `$toString $toInt $toLong $toDouble $toDecimal $toBool $toDate
+//! $toObjectId`.
+//!
+//! Invariants (MongoDB 7.0's conversion table): a null or missing input gives
+//! `onNull` (or null); a conversion MongoDB does not support, or a value that
+//! does not convert (an unparsable string, an out-of-range number), gives
+//! `onError` when given and otherwise ConversionFailure (241) with MongoDB's
+//! message; `onError`/`onNull` are evaluated only when used. Strings parse
+//! whole (`"12abc"` fails), base 10; doubles convert to integers by
+//! truncation, refusing NaN, infinities and out-of-range values.
+
+use bson::oid::ObjectId;
+use bson::Bson;
+
+use crate::error::{Error, Result};
+use crate::query::expr::arithmetic::AnyNum;
+use crate::query::expr::eval::{arg, null, Args};
+use crate::query::expr::logic::truthy_bson;
+use crate::query::expr::{decimal, is_nullish, num_of, type_name, Num, Op, Value};
+
+/// A conversion target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum To {
+    Double,
+    String,
+    ObjectId,
+    Bool,
+    Date,
+    Int,
+    Long,
+    Decimal,
+}
+
+impl To {
+    fn name(self) -> &'static str {
+        match self {
+            To::Double => "double",
+            To::String => "string",
+            To::ObjectId => "objectId",
+            To::Bool => "bool",
+            To::Date => "date",
+            To::Int => "int",
+            To::Long => "long",
+            To::Decimal => "decimal",
+        }
+    }
+}
+
+/// Why a conversion failed: unsupported (from, to) or a bad value.
+enum Fail {
+    Unsupported,
+    Value(String),
+}
+
+/// The ISO-8601 form MongoDB prints dates in (`2018-03-27T16:58:51.538Z`).
+pub(crate) fn iso_date(ms: i64) -> String {
+    crate::query::expr::datefmt::format_date(ms, "%Y-%m-%dT%H:%M:%S.%LZ", None)
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+/// Apply a type operator to its evaluated argument.
+pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
+    let v = arg(op, vals, 0)?;
+    let to = match op {
+        Op::Type => return Ok(Some(Bson::String(type_name(v).to_string()))),
+        Op::IsNumber => {
+            return Ok(Some(Bson::Boolean(
+                v.as_ref().is_some_and(crate::query::expr::array::is_num),
+            )))
+        }
+        Op::ToString => To::String,
+        Op::ToInt => To::Int,
+        Op::ToLong => To::Long,
+        Op::ToDouble => To::Double,
+        Op::ToDecimal => To::Decimal,
+        Op::ToBool => To::Bool,
+        Op::ToDate => To::Date,
+        Op::ToObjectId => To::ObjectId,
+        other => {
+            return Err(Error::Internal(format!(
+                "{} is not a type operator",
+                other.name()
+            )))
+        }
+    };
+    if is_nullish(v) {
+        return null();
+    }
+    let Some(b) = v else {
+        return null();
+    };
+    match convert_value(b, to) {
+        Ok(out) => Ok(Some(out)),
+        Err(f) => Err(failure(b, to, f)),
+    }
+}
+
+fn failure(b: &Bson, to: To, f: Fail) -> Error {
+    Error::Coded {
+        code: 241,
+        name: "ConversionFailure",
+        msg: match f {
+            Fail::Unsupported => format!(
+                "Unsupported conversion from {} to {} in $convert with no onError value",
+                crate::doc::types::type_name(b),
+                to.name()
+            ),
+            Fail::Value(m) => format!("{m} in $convert with no onError value"),
+        },
+    }
+}
+
+/// `$convert: {input, to, onError, onNull}`.
+pub(super) fn convert(a: &Args<'_, '_>) -> Result<Value> {
+    let input = a.get("input")?;
+    let to_v = a.get("to")?;
+    let to = match &to_v {
+        None | Some(Bson::Null) | Some(Bson::Undefined) => None,
+        Some(Bson::String(s)) => Some(match s.as_str() {
+            "double" => To::Double,
+            "string" => To::String,
+            "objectId" => To::ObjectId,
+            "bool" => To::Bool,
+            "date" => To::Date,
+            "int" => To::Int,
+            "long" => To::Long,
+            "decimal" => To::Decimal,
+            other if crate::doc::types::from_alias(other).is_some() => {
+                return Err(Error::Coded {
+                    code: 241,
+                    name: "ConversionFailure",
+                    msg: format!(
+                    "Unsupported conversion from {} to {other} in $convert with no onError value",
+                    type_name(&input)
+                ),
+                })
+            }
+            other => return Err(Error::bad_value(format!("Unknown type name: {other}"))),
+        }),
+        Some(b) => match num_of(b) {
+            Some(n) => {
+                let f = n.to_f64();
+                let code = if f.fract() == 0.0 && f.abs() < 1e9 {
+                    f as i64
+                } else {
+                    -1
+                };
+                Some(match code {
+                    1 => To::Double,
+                    2 => To::String,
+                    7 => To::ObjectId,
+                    8 => To::Bool,
+                    9 => To::Date,
+                    16 => To::Int,
+                    18 => To::Long,
+                    19 => To::Decimal,
+                    _ => {
+                        return Err(Error::bad_value(format!(
+                            "In $convert, numeric value for 'to' does not correspond to a BSON type: {f}"
+                        )))
+                    }
+                })
+            }
+            None => {
+                return Err(Error::Coded {
+                    code: 9,
+                    name: "FailedToParse",
+                    msg: format!(
+                        "$convert's 'to' argument must be a string or number, but is {}",
+                        crate::doc::types::type_name(b)
+                    ),
+                })
+            }
+        },
+    };
+    if is_nullish(&input) {
+        return if a.given("onNull") {
+            a.get("onNull")
+        } else {
+            null()
+        };
+    }
+    let (Some(b), Some(to)) = (&input, to) else {
+        return null();
+    };
+    match convert_value(b, to) {
+        Ok(out) => Ok(Some(out)),
+        Err(_) if a.given("onError") => a.get("onError"),
+        Err(f) => Err(failure(b, to, f)),
+    }
+}
+
+fn overflow() -> Fail {
+    Fail::Value("Conversion would overflow target type".into())
+}
+
+fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
+    match to {
+        To::Bool => match b {
+            Bson::String(_)
+            | Bson::ObjectId(_)
+            | Bson::DateTime(_)
+            | Bson::Document(_)
+            | Bson::Array(_)
+            | Bson::Binary(_)
+            | Bson::RegularExpression(_)
+            | Bson::Timestamp(_)
+            | Bson::JavaScriptCode(_)
+            | Bson::MinKey
+            | Bson::MaxKey
+            | Bson::Boolean(_)
+            | Bson::Int32(_)
+            | Bson::Int64(_)
+            | Bson::Double(_)
+            | Bson::Decimal128(_) => Ok(Bson::Boolean(truthy_bson(b))),
+            _ => Err(Fail::Unsupported),
+        },
+        To::Double => match b {
+            Bson::Boolean(x) => Ok(Bson::Double(if *x { 1.0 } else { 0.0 })),
+            Bson::DateTime(d) => Ok(Bson::Double(d.timestamp_millis() as f64)),
+            Bson::String(s) => parse_number(s, To::Double),
+            Bson::Decimal128(d) => {
+                let x = decimal::from_bson(*d);
+                let f = decimal::to_f64(x);
+                if f.is_infinite() && x.is_finite() {
+                    return Err(overflow());
+                }
+                Ok(Bson::Double(f))
+            }
+            other => num_of(other)
+                .map(|n| Bson::Double(n.to_f64()))
+                .ok_or(Fail::Unsupported),
+        },
+        To::Int | To::Long => {
+            let n: i64 = match b {
+                Bson::Boolean(x) => i64::from(*x),
+                Bson::Int32(i) => i64::from(*i),
+                Bson::Int64(i) => *i,
+                Bson::DateTime(d) if to == To::Long => d.timestamp_millis(),
+                Bson::Double(f) => float_to_i64(*f)?,
+                Bson::Decimal128(d) => {
+                    let x = decimal::from_bson(*d);
+                    if !x.is_finite() {
+                        return Err(Fail::Value(
+                            "Attempt to convert NaN or infinity value to integer type".into(),
+                        ));
+                    }
+                    let t = decimal::round_at(x, 0, dec::Rounding::Down);
+                    decimal::to_i64_exact(t).ok_or_else(overflow)?
+                }
+                Bson::String(s) => return parse_number(s, to),
+                _ => return Err(Fail::Unsupported),
+            };
+            if to == To::Int {
+                i32::try_from(n).map(Bson::Int32).map_err(|_| overflow())
+            } else {
+                Ok(Bson::Int64(n))
+            }
+        }
+        To::Decimal => match b {
+            Bson::Boolean(x) => Ok(dec_of(AnyNum::N(Num::I32(i32::from(*x))))),
+            Bson::DateTime(d) => Ok(dec_of(AnyNum::N(Num::I64(d.timestamp_millis())))),
+            Bson::String(s) => parse_number(s, To::Decimal),
+            Bson::Decimal128(_) => Ok(b.clone()),
+            other => AnyNum::of(other).map(dec_of).ok_or(Fail::Unsupported),
+        },
+        To::String => match b {
+            Bson::String(s) => Ok(Bson::String(s.clone())),
+            Bson::Boolean(x) => Ok(Bson::String(x.to_string())),
+            Bson::Int32(i) => Ok(Bson::String(i.to_string())),
+            Bson::Int64(i) => Ok(Bson::String(i.to_string())),
+            Bson::Double(f) => Ok(Bson::String(double_string(*f))),
+            Bson::Decimal128(d) => Ok(Bson::String(d.to_string())),
+            Bson::ObjectId(o) => Ok(Bson::String(o.to_hex())),
+            Bson::DateTime(d) => Ok(Bson::String(iso_date(d.timestamp_millis()))),
+            _ => Err(Fail::Unsupported),
+        },
+        To::ObjectId => match b {
+            Bson::ObjectId(_) => Ok(b.clone()),
+            Bson::String(s) => {
+                if s.len() != 24 {
+                    return Err(Fail::Value(format!(
+                        "Failed to parse objectId '{s}': Invalid string length for parsing to OID, expected 24 but found {}",
+                        s.len()
+                    )));
+                }
+                ObjectId::parse_str(s).map(Bson::ObjectId).map_err(|_| {
+                    Fail::Value(format!(
+                        "Failed to parse objectId '{s}': Invalid character found in hex string"
+                    ))
+                })
+            }
+            _ => Err(Fail::Unsupported),
+        },
+        To::Date => match b {
+            Bson::DateTime(_) => Ok(b.clone()),
+            Bson::Int64(i) => Ok(Bson::DateTime(bson::DateTime::from_millis(*i))),
+            Bson::Double(f) => {
+                float_to_i64(*f).map(|ms| Bson::DateTime(bson::DateTime::from_millis(ms)))
+            }
+            Bson::Decimal128(d) => {
+                let x = decimal::round_at(decimal::from_bson(*d), 0, dec::Rounding::Down);
+                decimal::to_i64_exact(x)
+                    .map(|ms| Bson::DateTime(bson::DateTime::from_millis(ms)))
+                    .ok_or_else(overflow)
+            }
+            Bson::ObjectId(o) => Ok(Bson::DateTime(o.timestamp())),
+            Bson::Timestamp(t) => Ok(Bson::DateTime(bson::DateTime::from_millis(
+                i64::from(t.time) * 1000,
+            ))),
+            Bson::String(s) => crate::query::expr::date::parse_date_string(s, None, None)
+                .map(|ms| Bson::DateTime(bson::DateTime::from_millis(ms)))
+                .map_err(|e| Fail::Value(format!("Error parsing date string '{s}'; {e}"))),
+            _ => Err(Fail::Unsupported),
+        },
+    }
+}
+
+fn dec_of(n: AnyNum) -> Bson {
+    Bson::Decimal128(decimal::to_bson(n.dec()))
+}
+
+fn float_to_i64(f: f64) -> std::result::Result<i64, Fail> {
+    if !f.is_finite() {
+        return Err(Fail::Value(
+            "Attempt to convert NaN or infinity value to integer type".into(),
+        ));
+    }
+    let t = f.trunc();
+    if !(-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&t) {
+        return Err(overflow());
+    }
+    Ok(t as i64)
+}
+
+/// A string parsed whole as a base-10 number of the target type.
+fn parse_number(s: &str, to: To) -> std::result::Result<Bson, Fail> {
+    let bad = |why: &str| Fail::Value(format!("Failed to parse number '{s}': {why}"));
+    match to {
+        To::Int | To::Long => {
+            if s.is_empty() {
+                return Err(bad("No digits"));
+            }
+            let n: i64 = s
+                .parse()
+                .map_err(|_| bad("Did not consume whole string."))?;
+            if to == To::Int {
+                i32::try_from(n)
+                    .map(Bson::Int32)
+                    .map_err(|_| bad("Out of range"))
+            } else {
+                Ok(Bson::Int64(n))
+            }
+        }
+        To::Double => {
+            let lower = s.to_ascii_lowercase();
+            let f = match lower.trim_start_matches(['-', '+']) {
+                "inf" | "infinity" | "nan" => lower.replace("infinity", "inf").parse::<f64>(),
+                _ if s.trim() != s || s.is_empty() => {
+                    return Err(bad("Did not consume whole string."))
+                }
+                _ => s.parse::<f64>(),
+            }
+            .map_err(|_| bad("Did not consume whole string."))?;
+            Ok(Bson::Double(f))
+        }
+        _ => {
+            let d: bson::Decimal128 = s
+                .parse()
+                .map_err(|_| bad("Failed to parse string to decimal"))?;
+            Ok(Bson::Decimal128(d))
+        }
+    }
+}
+
+/// A double as MongoDB's `$toString` prints it (shortest round-trip digits;
+/// integral values without a fraction; exponents as `1e+21`).
+pub(crate) fn double_string(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f < 0.0 {
+            "-Infinity".into()
+        } else {
+            "Infinity".into()
+        };
+    }
+    if f == 0.0 {
+        return if f.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    let exp = f.abs().log10().floor();
+    if !(-5.0..21.0).contains(&exp) {
+        let s = format!("{f:e}");
+        return match s.split_once('e') {
+            Some((m, e)) if !e.starts_with('-') => format!("{m}e+{e}"),
+            _ => s,
+        };
+    }
+    f.to_string()
+}
