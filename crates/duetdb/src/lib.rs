@@ -39,7 +39,8 @@ pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
-    IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
+    IndexOptions, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, Transaction,
+    UpdateOptions,
 };
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};
@@ -69,6 +70,7 @@ pub mod raw {
     pub use crate::doc::size::{array_element_len, document_len, element_len, value_len};
     pub use crate::doc::types::type_name;
     pub use crate::doc::value::{compare, equal};
+    pub use crate::store::hashed::hash64 as hashed_index_key;
     pub use crate::doc::{
         has_duplicate_id, id_of, prepare_insert, to_document, to_raw_document, validate_raw,
         validate_raw_depth, DocRef, DUPLICATE_ID_MARK, MAX_DEPTH, MAX_DOC_SIZE,

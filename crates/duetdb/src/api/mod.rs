@@ -18,7 +18,7 @@ pub mod transaction;
 
 pub use aggregate::AggregateExplain;
 pub use analytics::{AnalyticCollection, AnalyticSession};
-pub use collection::{Collection, IndexOptions};
+pub use collection::{Collection, IndexOptions, IndexTarget};
 pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
 pub use engine::Engine;
