@@ -450,6 +450,7 @@ fn run(cli: Cli) -> Result<()> {
                 seed,
                 slots,
                 stop_on_violation: false,
+                index: duetdb::check::CheckIndex::Plain,
             };
             writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round")?;
             let started = Instant::now();

@@ -40,7 +40,7 @@ pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
     IndexOptions, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, Transaction,
-    UpdateOptions,
+    TtlCounters, TtlMonitor, TtlPass, UpdateOptions, DEFAULT_TTL_SLEEP,
 };
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};
