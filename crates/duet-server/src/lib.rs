@@ -174,6 +174,11 @@ pub struct ServeArgs {
     /// The window of --auth-failure-limit, and the first block's length.
     #[arg(long, default_value_t = auth::ratelimit::DEFAULT_WINDOW.as_secs_f64())]
     pub auth_failure_window_secs: f64,
+    /// Seconds between passes of the TTL monitor, which deletes documents
+    /// of TTL indexes (`expireAfterSeconds`) once expired (MongoDB's
+    /// `ttlMonitorSleepSecs`).
+    #[arg(long, default_value_t = duetdb::DEFAULT_TTL_SLEEP.as_secs_f64())]
+    pub ttl_monitor_sleep_secs: f64,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -250,6 +255,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         )?,
         auth_failure_limit: args.auth_failure_limit,
         auth_failure_window: secs(args.auth_failure_window_secs, "auth-failure-window-secs")?,
+        ttl_monitor_sleep: secs(args.ttl_monitor_sleep_secs, "ttl-monitor-sleep-secs")?,
         ..Config::default()
     };
     duetdb::storage::set_max_open_files(args.max_open_files);

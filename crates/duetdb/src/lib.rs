@@ -70,11 +70,11 @@ pub mod raw {
     pub use crate::doc::size::{array_element_len, document_len, element_len, value_len};
     pub use crate::doc::types::type_name;
     pub use crate::doc::value::{compare, equal};
-    pub use crate::store::hashed::hash64 as hashed_index_key;
     pub use crate::doc::{
         has_duplicate_id, id_of, prepare_insert, to_document, to_raw_document, validate_raw,
         validate_raw_depth, DocRef, DUPLICATE_ID_MARK, MAX_DEPTH, MAX_DOC_SIZE,
     };
+    pub use crate::store::hashed::hash64 as hashed_index_key;
 }
 
 /// The query language, parsed once into typed forms: filters, projections,

@@ -76,12 +76,18 @@ fn ttl_pass_deletes_expired_documents_only() {
         .set_expire_after_seconds(IndexTarget::Keys(doc! {"at": 1}), &Bson::Int32(1))
         .expect("collMod");
     assert_eq!((old, new), (Some(60), 1));
-    assert_eq!(c.list_indexes().expect("list")[1].get_i32("expireAfterSeconds").ok(), Some(1));
+    assert_eq!(
+        c.list_indexes().expect("list")[1]
+            .get_i32("expireAfterSeconds")
+            .ok(),
+        Some(1)
+    );
     assert_eq!(db.ttl_pass(now).expect("pass").deleted_documents, 2);
     assert_eq!(ids(&c, doc! {}), vec![5, 6, 7]);
     c.check_invariants().expect("invariants");
     // collMod refusals: a compound index, a negative value.
-    c.create_index_spec(&doc! {"key": {"x": 1, "y": 1}}).expect("compound");
+    c.create_index_spec(&doc! {"key": {"x": 1, "y": 1}})
+        .expect("compound");
     let e = c
         .set_expire_after_seconds(IndexTarget::Name("x_1_y_1".into()), &Bson::Int32(5))
         .expect_err("compound TTL");
@@ -112,8 +118,9 @@ fn ttl_respects_partial_filters_and_many_batches() {
     .expect("ttl");
     let monitor = {
         let db = db.clone();
-        TtlMonitor::new(std::time::Duration::from_secs(3600), false, move || vec![db.clone()])
-            .expect("monitor")
+        TtlMonitor::new(std::time::Duration::from_secs(3600), false, move || {
+            vec![db.clone()]
+        })
     };
     let pass = monitor.run_pass_at(now);
     assert_eq!(pass.deleted_documents, 1250);
@@ -136,11 +143,14 @@ fn ttl_monitor_thread_runs_passes_on_its_own() {
     let source = db.clone();
     let monitor = TtlMonitor::new(std::time::Duration::from_millis(20), true, move || {
         vec![source.clone()]
-    })
-    .expect("monitor");
+    });
+    assert!(monitor.has_thread());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while c.count(doc! {}).expect("count") > 0 {
-        assert!(std::time::Instant::now() < deadline, "the monitor never ran");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the monitor never ran"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert!(monitor.counters().passes >= 1);
@@ -154,18 +164,34 @@ fn sparse_and_partial_unique_indexes_hold_only_their_documents() {
     c.create_index_spec(&doc! {"key": {"email": 1}, "unique": true, "sparse": true})
         .expect("sparse unique");
     c.insert_one(doc! {"_id": 1}).expect("missing email");
-    c.insert_one(doc! {"_id": 2}).expect("missing again: not indexed");
+    c.insert_one(doc! {"_id": 2})
+        .expect("missing again: not indexed");
     c.insert_one(doc! {"_id": 3, "email": "a"}).expect("a");
-    let e = c.insert_one(doc! {"_id": 4, "email": "a"}).expect_err("dup");
+    let e = c
+        .insert_one(doc! {"_id": 4, "email": "a"})
+        .expect_err("dup");
     assert_eq!(e.code(), 11000);
-    c.insert_one(doc! {"_id": 5, "email": null}).expect("explicit null is indexed");
-    assert_eq!(c.insert_one(doc! {"_id": 6, "email": null}).expect_err("dup null").code(), 11000);
+    c.insert_one(doc! {"_id": 5, "email": null})
+        .expect("explicit null is indexed");
+    assert_eq!(
+        c.insert_one(doc! {"_id": 6, "email": null})
+            .expect_err("dup null")
+            .code(),
+        11000
+    );
     // A sparse index is not used where missing documents could match.
-    assert_eq!(index_used(&c, doc! {"email": "a"}).as_deref(), Some("email_1"));
+    assert_eq!(
+        index_used(&c, doc! {"email": "a"}).as_deref(),
+        Some("email_1")
+    );
     assert_eq!(index_used(&c, doc! {"email": null}), None);
     assert_eq!(ids(&c, doc! {"email": null}), vec![1, 2, 5]);
     let sorted = c.find(doc! {}).sort(doc! {"email": 1}).run().expect("sort");
-    assert_eq!(sorted.len(), 4, "a sort over all documents must not use the sparse index");
+    assert_eq!(
+        sorted.len(),
+        4,
+        "a sort over all documents must not use the sparse index"
+    );
 
     let p = db.collection("p");
     p.create_index_spec(&doc! {
@@ -173,10 +199,14 @@ fn sparse_and_partial_unique_indexes_hold_only_their_documents() {
         "partialFilterExpression": {"active": true},
     })
     .expect("partial unique");
-    p.insert_one(doc! {"_id": 1, "user": "x", "active": true}).expect("1");
-    p.insert_one(doc! {"_id": 2, "user": "x", "active": false}).expect("not indexed");
+    p.insert_one(doc! {"_id": 1, "user": "x", "active": true})
+        .expect("1");
+    p.insert_one(doc! {"_id": 2, "user": "x", "active": false})
+        .expect("not indexed");
     assert_eq!(
-        p.insert_one(doc! {"_id": 3, "user": "x", "active": true}).expect_err("dup").code(),
+        p.insert_one(doc! {"_id": 3, "user": "x", "active": true})
+            .expect_err("dup")
+            .code(),
         11000
     );
     // Turning a document's membership on through an update is checked too.
@@ -185,7 +215,10 @@ fn sparse_and_partial_unique_indexes_hold_only_their_documents() {
         .expect_err("update into the index");
     assert_eq!(e.code(), 11000);
     p.check_invariants().expect("invariants");
-    assert_eq!(index_used(&p, doc! {"user": "x", "active": true}).as_deref(), Some("user_1"));
+    assert_eq!(
+        index_used(&p, doc! {"user": "x", "active": true}).as_deref(),
+        Some("user_1")
+    );
     assert_eq!(index_used(&p, doc! {"user": "x"}), None);
     assert_eq!(ids(&p, doc! {"user": "x"}), vec![1, 2]);
     // Hinting a partial index the query does not imply is refused (code 2).
@@ -207,9 +240,13 @@ fn hashed_indexes_answer_equality_only() {
     }
     c.insert_one(doc! {"_id": 100, "k": 3.0}).expect("double");
     c.insert_one(doc! {"_id": 101}).expect("missing");
-    c.create_index_spec(&doc! {"key": {"k": "hashed"}}).expect("hashed");
+    c.create_index_spec(&doc! {"key": {"k": "hashed"}})
+        .expect("hashed");
     assert_eq!(index_used(&c, doc! {"k": 3}).as_deref(), Some("k_hashed"));
-    assert_eq!(index_used(&c, doc! {"k": {"$in": [1, 2]}}).as_deref(), Some("k_hashed"));
+    assert_eq!(
+        index_used(&c, doc! {"k": {"$in": [1, 2]}}).as_deref(),
+        Some("k_hashed")
+    );
     assert_eq!(index_used(&c, doc! {"k": {"$gt": 3}}), None);
     for f in [
         doc! {"k": 3},
@@ -220,14 +257,26 @@ fn hashed_indexes_answer_equality_only() {
     ] {
         assert_eq!(ids(&c, f.clone()), scanned(&c, f.clone()), "{f}");
     }
-    let e = c.insert_one(doc! {"_id": 200, "k": [1, 2]}).expect_err("array");
+    let e = c
+        .insert_one(doc! {"_id": 200, "k": [1, 2]})
+        .expect_err("array");
     assert_eq!(e.code(), 16766);
     // Compound with one hashed field; listIndexes reports "hashed".
-    c.create_index_spec(&doc! {"key": {"s": 1, "k": "hashed"}}).expect("compound");
-    assert_eq!(index_used(&c, doc! {"s": "v1", "k": 1}).as_deref(), Some("s_1_k_hashed"));
-    assert_eq!(ids(&c, doc! {"s": "v1", "k": 1}), scanned(&c, doc! {"s": "v1", "k": 1}));
+    c.create_index_spec(&doc! {"key": {"s": 1, "k": "hashed"}})
+        .expect("compound");
+    assert_eq!(
+        index_used(&c, doc! {"s": "v1", "k": 1}).as_deref(),
+        Some("s_1_k_hashed")
+    );
+    assert_eq!(
+        ids(&c, doc! {"s": "v1", "k": 1}),
+        scanned(&c, doc! {"s": "v1", "k": 1})
+    );
     let listed = c.list_indexes().expect("list");
-    assert_eq!(listed[2].get_document("key").expect("key"), &doc! {"s": 1, "k": "hashed"});
+    assert_eq!(
+        listed[2].get_document("key").expect("key"),
+        &doc! {"s": 1, "k": "hashed"}
+    );
     c.check_invariants().expect("invariants");
 }
 
@@ -248,7 +297,8 @@ fn wildcard_indexes_answer_one_path() {
             c.insert_one(d).expect("insert");
         }
     }
-    c.create_index_spec(&doc! {"key": {"$**": 1}}).expect("wildcard");
+    c.create_index_spec(&doc! {"key": {"$**": 1}})
+        .expect("wildcard");
     for (f, uses) in [
         (doc! {"a": 3}, true),
         (doc! {"a": {"$gt": 4}}, true),
@@ -261,12 +311,17 @@ fn wildcard_indexes_answer_one_path() {
         (doc! {"_id": {"$gt": 5}}, false),
     ] {
         assert_eq!(ids(&c, f.clone()), scanned(&c, f.clone()), "{f}");
-        assert_eq!(index_used(&c, f.clone()).as_deref() == Some("$**_1"), uses, "{f}");
+        assert_eq!(
+            index_used(&c, f.clone()).as_deref() == Some("$**_1"),
+            uses,
+            "{f}"
+        );
     }
     let p = db.collection("wp");
     p.create_index_spec(&doc! {"key": {"$**": 1}, "wildcardProjection": {"a": 1}})
         .expect("projected");
-    p.insert_one(doc! {"_id": 1, "a": 1, "b": 1}).expect("insert");
+    p.insert_one(doc! {"_id": 1, "a": 1, "b": 1})
+        .expect("insert");
     assert!(index_used(&p, doc! {"a": 1}).is_some());
     assert_eq!(index_used(&p, doc! {"b": 1}), None);
     assert_eq!(ids(&p, doc! {"b": 1}), vec![1]);
@@ -278,13 +333,20 @@ fn wildcard_indexes_answer_one_path() {
 fn conflicts_have_mongodbs_codes_and_identical_specs_are_no_ops() {
     let db = Database::in_memory();
     let c = db.collection("c");
-    let ttl = doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600, "background": true};
+    let ttl =
+        doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600, "background": true};
     c.create_index_spec(&ttl).expect("first");
     // Mongoose's Model.init() sends the same spec again: accepted.
     c.create_index_spec(&ttl).expect("again");
     let code = |d: Document| c.create_index_spec(&d).expect_err("conflict").code();
-    assert_eq!(code(doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 60}), 85);
-    assert_eq!(code(doc! {"key": {"at": 1}, "name": "other", "expireAfterSeconds": 3600}), 85);
+    assert_eq!(
+        code(doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 60}),
+        85
+    );
+    assert_eq!(
+        code(doc! {"key": {"at": 1}, "name": "other", "expireAfterSeconds": 3600}),
+        85
+    );
     assert_eq!(code(doc! {"key": {"at": -1}, "name": "at_1"}), 86);
     // The same keys with another partial filter are another index.
     c.create_index_spec(&doc! {"key": {"at": 1}, "name": "p", "partialFilterExpression": {"x": 1}})
@@ -314,17 +376,24 @@ fn every_index_kind_recovers_equal_to_a_fresh_build() {
     ];
     let fill = |c: &Collection| {
         for i in 0..200 {
-            let mut d = doc! {"_id": i, "k": i % 9, "n": {"x": i, "y": "z"}, "on": i % 3 == 0, "u": i};
+            let mut d =
+                doc! {"_id": i, "k": i % 9, "n": {"x": i, "y": "z"}, "on": i % 3 == 0, "u": i};
             if i % 4 == 0 {
                 d.insert("e", i);
             }
             d.insert("at", DateTime::from_millis(i64::from(i) * 1000));
             c.insert_one(d).expect("insert");
         }
-        c.update_many(doc! {"k": 1}, doc! {"$set": {"on": true}}).expect("update");
+        c.update_many(doc! {"k": 1}, doc! {"$set": {"on": true}})
+            .expect("update");
         c.delete_many(doc! {"k": 2}).expect("delete");
     };
-    let listing = |c: &Collection| (c.list_indexes().expect("list"), c.stats().expect("stats").indexes);
+    let listing = |c: &Collection| {
+        (
+            c.list_indexes().expect("list"),
+            c.stats().expect("stats").indexes,
+        )
+    };
     let expected = {
         let db = Database::in_memory();
         let c = db.collection("x");

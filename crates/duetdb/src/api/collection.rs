@@ -14,6 +14,7 @@ use crate::api::find::Source;
 use crate::api::snapshot::stats_of;
 use crate::api::*;
 use crate::doc::DocRef;
+use crate::durability::effect::Effect;
 use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::prepare;
 use crate::query::distinct::Distinct;
@@ -23,7 +24,6 @@ use crate::query::{Filter, SortSpec};
 use crate::snapshot::scan::{self, ScanOutcome};
 use crate::snapshot::{choose, Choice, Read, Strategy};
 use crate::store::collection::ID_INDEX_NAME;
-use crate::durability::effect::Effect;
 use crate::store::DbState;
 use crate::write::command::{
     Command, FindAndModifyCommand, FindAndModifyOutcome, InsertOutcome, Reply, UpdateCommand,

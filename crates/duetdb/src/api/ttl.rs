@@ -180,12 +180,13 @@ impl std::fmt::Debug for TtlMonitor {
 
 impl TtlMonitor {
     /// A monitor over the databases `source` lists at each pass; with
-    /// `background`, its thread runs a pass every `sleep`.
+    /// `background`, its thread runs a pass every `sleep` (when the thread
+    /// cannot be started, that is logged and [`TtlMonitor::has_thread`] says so).
     pub fn new(
         sleep: Duration,
         background: bool,
         source: impl Fn() -> Vec<Database> + Send + Sync + 'static,
-    ) -> std::io::Result<TtlMonitor> {
+    ) -> TtlMonitor {
         let shared = Arc::new(Shared {
             source: Box::new(source),
             sleep: Mutex::new(sleep),
@@ -198,15 +199,25 @@ impl TtlMonitor {
         });
         let thread = if background {
             let s = shared.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("duet-ttl".into())
-                    .spawn(move || run(&s))?,
-            )
+            match std::thread::Builder::new()
+                .name("duet-ttl".into())
+                .spawn(move || run(&s))
+            {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the TTL monitor thread; expired documents are not deleted");
+                    None
+                }
+            }
         } else {
             None
         };
-        Ok(TtlMonitor { shared, thread })
+        TtlMonitor { shared, thread }
+    }
+
+    /// Whether a background thread runs passes.
+    pub fn has_thread(&self) -> bool {
+        self.thread.is_some()
     }
 
     /// Run one pass now (at the wall clock), waiting for one in progress.

@@ -22,8 +22,7 @@ use bson::{Bson, Document};
 use crate::error::{Error, Result};
 use crate::query::Filter;
 use crate::store::index::{
-    DocPredicate, IndexKind, IndexSpec, PartialFilter, WildcardProjection,
-    MAX_EXPIRE_AFTER_SECONDS,
+    DocPredicate, IndexKind, IndexSpec, PartialFilter, WildcardProjection, MAX_EXPIRE_AFTER_SECONDS,
 };
 
 /// Most nesting of `$and`/`$or` in a partial filter (bounds validation and
@@ -68,12 +67,20 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
     }
     let keys = match d.get("key") {
         Some(Bson::Document(k)) => k,
-        Some(_) => return Err(Error::TypeMismatch("The field 'key' must be an object".into())),
+        Some(_) => {
+            return Err(Error::TypeMismatch(
+                "The field 'key' must be an object".into(),
+            ))
+        }
         None => return Err(Error::BadValue("index specification has no 'key'".into())),
     };
     let name = match d.get("name") {
         Some(Bson::String(s)) => Some(s.as_str()),
-        Some(_) => return Err(Error::TypeMismatch("The field 'name' must be a string".into())),
+        Some(_) => {
+            return Err(Error::TypeMismatch(
+                "The field 'name' must be a string".into(),
+            ))
+        }
         None => None,
     };
     let mut spec = IndexSpec::new(keys, name, flag(d, "unique")?)?;
@@ -162,12 +169,10 @@ pub fn expire_after_seconds(v: &Bson, spec: &IndexSpec) -> Result<i64> {
                 "TTL index 'expireAfterSeconds' option must be a whole number of seconds, not {x}"
             )))
         }
-        other => {
-            return Err(cannot(format!(
-                "TTL index 'expireAfterSeconds' option must be numeric, but received a type of '{}'",
-                crate::doc::types::type_name(other)
-            )))
-        }
+        other => return Err(cannot(format!(
+            "TTL index 'expireAfterSeconds' option must be numeric, but received a type of '{}'",
+            crate::doc::types::type_name(other)
+        ))),
     };
     if !(0..=MAX_EXPIRE_AFTER_SECONDS).contains(&secs) {
         return Err(cannot(format!(
@@ -183,7 +188,8 @@ pub fn expire_after_seconds(v: &Bson, spec: &IndexSpec) -> Result<i64> {
 pub fn partial_filter(expr: &Document) -> Result<PartialFilter> {
     let mut paths = Vec::new();
     check_partial(expr, 0, &mut paths)?;
-    let filter = Filter::parse(expr).map_err(|e| cannot(format!("Bad partialFilterExpression: {e}")))?;
+    let filter =
+        Filter::parse(expr).map_err(|e| cannot(format!("Bad partialFilterExpression: {e}")))?;
     paths.sort();
     paths.dedup();
     Ok(PartialFilter {
@@ -222,7 +228,9 @@ fn check_partial(d: &Document, depth: usize, paths: &mut Vec<String>) -> Result<
                 paths.push(path.to_string());
                 match v {
                     Bson::RegularExpression(_) => return Err(unsupported("$regex")),
-                    Bson::Document(ops) if ops.keys().next().is_some_and(|o| o.starts_with('$')) => {
+                    Bson::Document(ops)
+                        if ops.keys().next().is_some_and(|o| o.starts_with('$')) =>
+                    {
                         for (op, arg) in ops {
                             match op.as_str() {
                                 "$eq" | "$gt" | "$gte" | "$lt" | "$lte" | "$type" | "$in" => {
@@ -230,8 +238,9 @@ fn check_partial(d: &Document, depth: usize, paths: &mut Vec<String>) -> Result<
                                         return Err(unsupported("$regex"));
                                     }
                                 }
-                                "$exists" if matches!(arg, Bson::Boolean(true))
-                                    || matches!(arg, Bson::Int32(i) if *i != 0) => {}
+                                "$exists"
+                                    if matches!(arg, Bson::Boolean(true))
+                                        || matches!(arg, Bson::Int32(i) if *i != 0) => {}
                                 "$exists" => return Err(unsupported("$exists: false")),
                                 other => return Err(unsupported(other)),
                             }
@@ -258,7 +267,7 @@ mod tests {
             doc! {"key": {"a": 1}, "name": "s", "sparse": true},
             doc! {"key": {"t": 1}, "name": "ttl", "expireAfterSeconds": 3600},
             doc! {"key": {"a": 1}, "name": "p", "unique": true,
-                  "partialFilterExpression": {"a": {"$gt": 5}, "$or": [{"b": 1}, {"c": {"$exists": true}}]}},
+            "partialFilterExpression": {"a": {"$gt": 5}, "$or": [{"b": 1}, {"c": {"$exists": true}}]}},
             doc! {"key": {"a": "hashed", "b": 1}, "name": "h"},
             doc! {"key": {"$**": 1}, "name": "w", "wildcardProjection": {"a": 1, "b.c": 1}},
             doc! {"key": {"a.$**": 1}, "name": "wa"},
@@ -275,28 +284,56 @@ mod tests {
     #[test]
     fn refusals_have_mongodbs_codes() {
         let code = |d: Document| parse(&d).expect_err("must fail").code();
-        assert_eq!(code(doc! {"key": {"a": 1, "b": 1}, "expireAfterSeconds": 10}), 67);
+        assert_eq!(
+            code(doc! {"key": {"a": 1, "b": 1}, "expireAfterSeconds": 10}),
+            67
+        );
         assert_eq!(code(doc! {"key": {"_id": 1}, "expireAfterSeconds": 10}), 67);
         assert_eq!(code(doc! {"key": {"a": 1}, "expireAfterSeconds": -1}), 67);
         assert_eq!(code(doc! {"key": {"a": 1}, "expireAfterSeconds": 1.5}), 67);
         assert_eq!(code(doc! {"key": {"a": 1}, "expireAfterSeconds": "1"}), 67);
-        assert_eq!(code(doc! {"key": {"a": 1}, "expireAfterSeconds": 3_000_000_000i64}), 67);
-        assert_eq!(code(doc! {"key": {"a": 1}, "sparse": true, "partialFilterExpression": {"a": 1}}), 67);
-        assert_eq!(code(doc! {"key": {"a": 1}, "partialFilterExpression": {"a": {"$ne": 1}}}), 67);
-        assert_eq!(code(doc! {"key": {"a": 1}, "partialFilterExpression": {"$nor": [{"a": 1}]}}), 67);
-        assert_eq!(code(doc! {"key": {"a": 1}, "partialFilterExpression": {"a": {"$exists": false}}}), 67);
+        assert_eq!(
+            code(doc! {"key": {"a": 1}, "expireAfterSeconds": 3_000_000_000i64}),
+            67
+        );
+        assert_eq!(
+            code(doc! {"key": {"a": 1}, "sparse": true, "partialFilterExpression": {"a": 1}}),
+            67
+        );
+        assert_eq!(
+            code(doc! {"key": {"a": 1}, "partialFilterExpression": {"a": {"$ne": 1}}}),
+            67
+        );
+        assert_eq!(
+            code(doc! {"key": {"a": 1}, "partialFilterExpression": {"$nor": [{"a": 1}]}}),
+            67
+        );
+        assert_eq!(
+            code(doc! {"key": {"a": 1}, "partialFilterExpression": {"a": {"$exists": false}}}),
+            67
+        );
         assert_eq!(code(doc! {"key": {"a": "hashed"}, "unique": true}), 67);
         assert_eq!(code(doc! {"key": {"a": "hashed", "b": "hashed"}}), 67);
         assert_eq!(code(doc! {"key": {"$**": 1}, "unique": true}), 67);
-        assert_eq!(code(doc! {"key": {"a.$**": 1}, "wildcardProjection": {"b": 1}}), 67);
+        assert_eq!(
+            code(doc! {"key": {"a.$**": 1}, "wildcardProjection": {"b": 1}}),
+            67
+        );
         assert_eq!(code(doc! {"key": {"a": "text"}}), 67);
-        assert_eq!(code(doc! {"key": {"a": 1}, "partialFilterExpression": 5}), 14);
+        assert_eq!(
+            code(doc! {"key": {"a": 1}, "partialFilterExpression": 5}),
+            14
+        );
         // Accepted: a whole double, MongoDB's ignored fields.
-        let s = parse(&doc! {"key": {"a": 1}, "expireAfterSeconds": 60.0, "v": 2, "background": true})
-            .expect("ok");
+        let s =
+            parse(&doc! {"key": {"a": 1}, "expireAfterSeconds": 60.0, "v": 2, "background": true})
+                .expect("ok");
         assert_eq!(s.expire_after_seconds, Some(60));
         assert_eq!(s.name, "a_1");
-        assert_eq!(parse(&doc! {"key": {"a": "hashed"}}).expect("h").name, "a_hashed");
+        assert_eq!(
+            parse(&doc! {"key": {"a": "hashed"}}).expect("h").name,
+            "a_hashed"
+        );
         assert_eq!(parse(&doc! {"key": {"$**": 1}}).expect("w").name, "$**_1");
     }
 }

@@ -63,9 +63,9 @@ fn implies_cases(sargs: &[(String, Sarg)], expr: &Document, splits: usize) -> bo
 /// Does every document satisfying `sargs` have a value at one of `paths`
 /// (what a sparse index needs to hold it)?
 pub fn implies_exists_any(sargs: &[(String, Sarg)], paths: &[&str]) -> bool {
-    sargs
-        .iter()
-        .any(|(p, s)| paths.contains(&p.as_str()) && sarg_implies(s, "$exists", &Bson::Boolean(true)))
+    sargs.iter().any(|(p, s)| {
+        paths.contains(&p.as_str()) && sarg_implies(s, "$exists", &Bson::Boolean(true))
+    })
 }
 
 fn implies_doc(sargs: &[(String, Sarg)], d: &Document, depth: usize) -> bool {
@@ -82,9 +82,9 @@ fn implies_doc(sargs: &[(String, Sarg)], d: &Document, depth: usize) -> bool {
             _ => false,
         }),
         (op, _) if op.starts_with('$') => false,
-        (path, Bson::Document(ops)) if ops.keys().next().is_some_and(|o| o.starts_with('$')) => {
-            ops.iter().all(|(op, arg)| implies_atom(sargs, path, op, arg))
-        }
+        (path, Bson::Document(ops)) if ops.keys().next().is_some_and(|o| o.starts_with('$')) => ops
+            .iter()
+            .all(|(op, arg)| implies_atom(sargs, path, op, arg)),
         (path, v) => implies_atom(sargs, path, "$eq", v),
     })
 }
@@ -178,10 +178,10 @@ fn witness_implies(w: &RawBson, op: &str, arg: &Bson) -> bool {
         "$exists" => !matches!(w, RawBson::Null | RawBson::Undefined),
         "$type" => rank_in_types(wr, arg),
         "$in" => match arg {
-            Bson::Array(items) => items
-                .iter()
-                .filter_map(raw)
-                .any(|a| !matches!(a, RawBson::Array(_)) && value::equal(w.as_raw_bson_ref(), a.as_raw_bson_ref())),
+            Bson::Array(items) => items.iter().filter_map(raw).any(|a| {
+                !matches!(a, RawBson::Array(_))
+                    && value::equal(w.as_raw_bson_ref(), a.as_raw_bson_ref())
+            }),
             _ => false,
         },
         "$eq" => match raw(arg) {
@@ -287,7 +287,10 @@ mod tests {
         assert!(!implies(&sargs(&doc! {"s": {"$in": ["A", "C"]}}), &or));
         let t = doc! {"n": {"$type": "number"}};
         assert!(implies(&sargs(&doc! {"n": 5}), &t));
-        assert!(!implies(&sargs(&doc! {"n": 5}), &doc! {"n": {"$type": "int"}}));
+        assert!(!implies(
+            &sargs(&doc! {"n": 5}),
+            &doc! {"n": {"$type": "int"}}
+        ));
     }
 
     // ---- property test against brute force ----
@@ -313,7 +316,10 @@ mod tests {
             (path(), prop::collection::vec(val(), 1..3))
                 .prop_map(|(p, vs)| (p.to_string(), Bson::Document(doc! {"$in": vs}))),
             path().prop_map(|p| (p.to_string(), Bson::Document(doc! {"$exists": true}))),
-            (path(), prop::sample::select(vec!["number", "int", "double", "string", "null"]))
+            (
+                path(),
+                prop::sample::select(vec!["number", "int", "double", "string", "null"])
+            )
                 .prop_map(|(p, t)| (p.to_string(), Bson::Document(doc! {"$type": t}))),
         ]
     }

@@ -447,11 +447,17 @@ fn wildcard_value(v: &RawBson) -> bool {
 }
 
 /// The best single-path scan of a wildcard index, if a sarg allows one.
-fn plan_wildcard(index: &IndexState, w: &WildcardSpec, sargs: &[(String, Sarg)]) -> Option<IndexCandidate> {
+fn plan_wildcard(
+    index: &IndexState,
+    w: &WildcardSpec,
+    sargs: &[(String, Sarg)],
+) -> Option<IndexCandidate> {
     let mut best: Option<IndexCandidate> = None;
     for (path, sarg) in sargs {
         if w.coverage(path) != Coverage::All
-            || path.split('.').any(|p| crate::doc::path::numeric_component(p).is_some())
+            || path
+                .split('.')
+                .any(|p| crate::doc::path::numeric_component(p).is_some())
         {
             continue;
         }
@@ -464,7 +470,9 @@ fn plan_wildcard(index: &IndexState, w: &WildcardSpec, sargs: &[(String, Sarg)])
                     Bound::Unbounded => true,
                 };
                 (
-                    ok(lower) && ok(upper) && !matches!((lower, upper), (Bound::Unbounded, Bound::Unbounded)),
+                    ok(lower)
+                        && ok(upper)
+                        && !matches!((lower, upper), (Bound::Unbounded, Bound::Unbounded)),
                     1,
                 )
             }
@@ -476,7 +484,10 @@ fn plan_wildcard(index: &IndexState, w: &WildcardSpec, sargs: &[(String, Sarg)])
         // Every path may hold arrays: ranges stay one-sided, results deduplicated.
         let vi = value_intervals(sarg, true);
         let mut bounds = Document::new();
-        bounds.insert("$_path", vec![Bson::String(path.clone()), Bson::String(path.clone())]);
+        bounds.insert(
+            "$_path",
+            vec![Bson::String(path.clone()), Bson::String(path.clone())],
+        );
         bounds.insert(
             path.clone(),
             vi.iter()
@@ -522,7 +533,11 @@ fn index_usable(index: &IndexState, sargs: &[(String, Sarg)]) -> bool {
 }
 
 /// The candidate of one index (a wildcard one only with a usable sarg).
-fn candidate(index: &IndexState, sargs: &[(String, Sarg)], sort: Option<&SortSpec>) -> Option<IndexCandidate> {
+fn candidate(
+    index: &IndexState,
+    sargs: &[(String, Sarg)],
+    sort: Option<&SortSpec>,
+) -> Option<IndexCandidate> {
     match &index.spec.kind {
         IndexKind::Wildcard(w) => plan_wildcard(index, w, sargs),
         _ => Some(plan_index(index, sargs, sort)),

@@ -175,7 +175,11 @@ mod tests {
     /// MongoDB's own test vectors (`src/mongo/db/hasher_test.cpp`).
     #[test]
     fn matches_mongodb_test_vectors() {
-        for v in [RawBson::Int32(42), RawBson::Double(42.123), RawBson::Int64(42)] {
+        for v in [
+            RawBson::Int32(42),
+            RawBson::Double(42.123),
+            RawBson::Int64(42),
+        ] {
             assert_eq!(h(v), -944302157085130861);
         }
         for v in [
@@ -212,7 +216,10 @@ mod tests {
             arr.push(s);
         }
         assert_eq!(h(RawBson::Array(arr)), -2938911267422831539);
-        assert_eq!(h(RawBson::Array(bson::RawArrayBuf::new())), 8849948234993459283);
+        assert_eq!(
+            h(RawBson::Array(bson::RawArrayBuf::new())),
+            8849948234993459283
+        );
         let bin = |subtype, bytes: &[u8]| {
             RawBson::Binary(bson::Binary {
                 subtype,
@@ -248,10 +255,12 @@ mod tests {
             6861638109178014270
         );
         assert_eq!(
-            h(RawBson::JavaScriptCodeWithScope(bson::RawJavaScriptCodeWithScope {
-                code: "func f() { return 1; }".into(),
-                scope: rawdoc! {"c": true},
-            })),
+            h(RawBson::JavaScriptCodeWithScope(
+                bson::RawJavaScriptCodeWithScope {
+                    code: "func f() { return 1; }".into(),
+                    scope: rawdoc! {"c": true},
+                }
+            )),
             501342939894575968
         );
     }

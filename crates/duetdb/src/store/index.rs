@@ -255,7 +255,9 @@ impl IndexSpec {
                     hashed = Some(fields.len());
                     true
                 }
-                Bson::String(s) if matches!(s.as_str(), "text" | "2dsphere" | "2d" | "geoHaystack") => {
+                Bson::String(s)
+                    if matches!(s.as_str(), "text" | "2dsphere" | "2d" | "geoHaystack") =>
+                {
                     return Err(Error::CannotCreateIndex(format!(
                         "index type '{s}' is not supported by duetdb"
                     )))
@@ -365,9 +367,7 @@ impl IndexSpec {
     /// The same index for MongoDB's conflict rules: same key pattern and the
     /// same partial filter (two indexes on one pattern may differ by it).
     pub fn same_keys_as(&self, other: &IndexSpec) -> bool {
-        self.fields == other.fields
-            && self.kind == other.kind
-            && self.partial == other.partial
+        self.fields == other.fields && self.kind == other.kind && self.partial == other.partial
     }
 
     /// Could an update that may change the paths `may_affect` accepts

@@ -36,7 +36,9 @@ impl WildcardProjection {
     /// Parse a `wildcardProjection` document (`{a: 1, "b.c": 1}` or `{a: 0}`;
     /// only `_id` may differ from the others, as MongoDB).
     pub fn parse(doc: &Document) -> Result<WildcardProjection> {
-        let bad = |m: String| Error::CannotCreateIndex(format!("Failed to parse: wildcardProjection: {m}"));
+        let bad = |m: String| {
+            Error::CannotCreateIndex(format!("Failed to parse: wildcardProjection: {m}"))
+        };
         if doc.is_empty() {
             return Err(bad("the projection must not be empty".into()));
         }
@@ -46,7 +48,9 @@ impl WildcardProjection {
         for (k, v) in doc {
             crate::doc::path::validate(k).map_err(&bad)?;
             if k.split('.').any(|p| p.starts_with('$')) {
-                return Err(bad(format!("path '{k}' must not contain '$'-prefixed components")));
+                return Err(bad(format!(
+                    "path '{k}' must not contain '$'-prefixed components"
+                )));
             }
             let on = match v {
                 Bson::Boolean(b) => *b,
@@ -200,7 +204,12 @@ fn push(out: &mut Vec<(String, RawBson)>, path: &str, v: RawBsonRef<'_>, max: us
 }
 
 /// Every leaf under `path` whose value is `v` (its whole subtree is covered).
-fn leaves(path: &str, v: RawBsonRef<'_>, out: &mut Vec<(String, RawBson)>, max: usize) -> Result<()> {
+fn leaves(
+    path: &str,
+    v: RawBsonRef<'_>,
+    out: &mut Vec<(String, RawBson)>,
+    max: usize,
+) -> Result<()> {
     match v {
         RawBsonRef::Document(d) => {
             let mut any = false;
