@@ -332,6 +332,7 @@ fn durability_reopen_keeps_everything() {
             IndexOptions {
                 unique: false,
                 name: None,
+                ..Default::default()
             },
         )
         .expect("index");

@@ -96,7 +96,7 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
                 "cannot mix \"partialFilterExpression\" and \"sparse\" options",
             ));
         }
-        spec.partial = Some(partial_filter(expr)?);
+        spec.partial = Some(Box::new(partial_filter(expr)?));
     }
     if let Some(v) = d.get("expireAfterSeconds") {
         spec.expire_after_seconds = Some(expire_after_seconds(v, &spec)?);
@@ -169,10 +169,12 @@ pub fn expire_after_seconds(v: &Bson, spec: &IndexSpec) -> Result<i64> {
                 "TTL index 'expireAfterSeconds' option must be a whole number of seconds, not {x}"
             )))
         }
-        other => return Err(cannot(format!(
+        other => {
+            return Err(cannot(format!(
             "TTL index 'expireAfterSeconds' option must be numeric, but received a type of '{}'",
             crate::doc::types::type_name(other)
-        ))),
+        )))
+        }
     };
     if !(0..=MAX_EXPIRE_AFTER_SECONDS).contains(&secs) {
         return Err(cannot(format!(

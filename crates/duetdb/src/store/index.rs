@@ -152,7 +152,7 @@ pub enum IndexKind {
     Hashed { pos: usize },
     /// `$**` / `path.$**`: one `(path, value)` key per covered leaf; `fields`
     /// holds the single pattern field.
-    Wildcard(WildcardSpec),
+    Wildcard(Box<WildcardSpec>),
 }
 
 /// A document predicate decided above the store (the query layer parses a
@@ -188,7 +188,7 @@ pub struct IndexSpec {
     /// Documents lacking every indexed field are not indexed.
     pub sparse: bool,
     /// Only documents matching it are indexed.
-    pub partial: Option<PartialFilter>,
+    pub partial: Option<Box<PartialFilter>>,
     /// TTL: documents whose (earliest) date in the field is older than this
     /// many seconds are deleted by the TTL monitor.
     pub expire_after_seconds: Option<i64>,
@@ -281,7 +281,7 @@ impl IndexSpec {
             fields.push((path.clone(), asc));
         }
         let kind = match (hashed, wildcard) {
-            (_, Some(w)) => IndexKind::Wildcard(w),
+            (_, Some(w)) => IndexKind::Wildcard(Box::new(w)),
             (Some(pos), None) => IndexKind::Hashed { pos },
             (None, None) => IndexKind::Ordered,
         };
@@ -354,12 +354,10 @@ impl IndexSpec {
                 Err(_) => d.insert("expireAfterSeconds", s),
             };
         }
-        if let IndexKind::Wildcard(WildcardSpec {
-            projection: Some(p),
-            ..
-        }) = &self.kind
-        {
-            d.insert("wildcardProjection", p.doc.clone());
+        if let IndexKind::Wildcard(w) = &self.kind {
+            if let Some(p) = &w.projection {
+                d.insert("wildcardProjection", p.doc.clone());
+            }
         }
         d
     }
