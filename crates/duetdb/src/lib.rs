@@ -39,8 +39,8 @@ pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
-    IndexOptions, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, Transaction,
-    TtlCounters, TtlMonitor, TtlPass, UpdateOptions, DEFAULT_TTL_SLEEP,
+    IndexOptions, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, TextFindOptions,
+    Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, DEFAULT_TTL_SLEEP,
 };
 pub use durability::wal::WalStats;
 pub use durability::{CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation};

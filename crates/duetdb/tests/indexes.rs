@@ -4,7 +4,8 @@
 //! and entries surviving the WAL, checkpoints and recovery.
 
 use duetdb::bson::{doc, Bson, DateTime, Document};
-use duetdb::{Collection, Database, IndexTarget, TtlMonitor};
+use duetdb::{Collection, Database, IndexTarget, TextFindOptions, TtlMonitor};
+use proptest::prelude::*;
 
 /// The index the planner picks for `filter` (`None`: no index).
 fn index_used(c: &Collection, filter: Document) -> Option<String> {
@@ -373,6 +374,7 @@ fn every_index_kind_recovers_equal_to_a_fresh_build() {
         doc! {"key": {"u": 1}, "unique": true, "partialFilterExpression": {"on": true}},
         doc! {"key": {"k": "hashed"}},
         doc! {"key": {"$**": 1}, "wildcardProjection": {"k": 1, "n.x": 1}},
+        doc! {"key": {"n.y": "text", "w": "text"}, "weights": {"w": 3}},
     ];
     let fill = |c: &Collection| {
         for i in 0..200 {
@@ -431,4 +433,210 @@ fn every_index_kind_recovers_equal_to_a_fresh_build() {
     assert_eq!(entries, expected.1);
     assert_eq!(list[1].get_i32("expireAfterSeconds").ok(), Some(45));
     c.check_invariants().expect("invariants");
+}
+
+fn text_ids(c: &Collection, search: &str) -> Vec<i32> {
+    let mut v: Vec<i32> = c
+        .text_find(
+            &doc! {"$text": {"$search": search}},
+            TextFindOptions::default(),
+        )
+        .expect("text find")
+        .iter()
+        .map(|d| d.get_i32("_id").expect("_id"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn text_search_stems_scores_and_sorts() {
+    let db = Database::in_memory();
+    let c = db.collection("articles");
+    c.insert_many(
+        vec![
+            doc! {"_id": 1, "title": "Coffee", "body": "the best coffee shops in town"},
+            doc! {"_id": 2, "title": "Tea", "body": "tea houses and a coffee corner"},
+            doc! {"_id": 3, "title": "Cakes", "body": "baking cakes"},
+            doc! {"_id": 4, "title": "Café", "body": "un café au lait", "language": "french"},
+            doc! {"_id": 5, "body": 42},
+        ],
+        true,
+    )
+    .expect("insert");
+    c.create_index_spec(&doc! {"key": {"title": "text", "body": "text"}, "weights": {"title": 10}})
+        .expect("text index");
+    assert_eq!(text_ids(&c, "coffee"), vec![1, 2]);
+    assert_eq!(text_ids(&c, "shop"), vec![1], "stemmed");
+    assert_eq!(text_ids(&c, "coffee -tea"), vec![1]);
+    assert_eq!(text_ids(&c, "\"coffee corner\""), vec![2]);
+    assert_eq!(text_ids(&c, "the"), Vec::<i32>::new(), "stop words");
+    assert_eq!(text_ids(&c, "bake"), vec![3]);
+    // A French document is stemmed in French; diacritics fold.
+    let french = c
+        .text_find(
+            &doc! {"$text": {"$search": "cafe", "$language": "fr"}},
+            TextFindOptions::default(),
+        )
+        .expect("french");
+    assert_eq!(french.len(), 1);
+    assert_eq!(french[0].get_i32("_id").ok(), Some(4));
+    // Scores: the title's weight puts 1 first.
+    let sorted = c
+        .text_find(
+            &doc! {"$text": {"$search": "coffee"}},
+            TextFindOptions {
+                projection: Some(doc! {"title": 1, "score": {"$meta": "textScore"}}),
+                sort: Some(doc! {"score": {"$meta": "textScore"}}),
+                ..Default::default()
+            },
+        )
+        .expect("sorted");
+    assert_eq!(sorted[0].get_i32("_id").ok(), Some(1));
+    let (s1, s2) = (
+        sorted[0].get_f64("score").expect("score"),
+        sorted[1].get_f64("score").expect("score"),
+    );
+    assert!(s1 > s2 && s2 > 0.0, "{sorted:?}");
+    assert!(sorted[0].get("body").is_none(), "projection applied");
+    assert_eq!(
+        c.text_count(&doc! {"$text": {"$search": "coffee"}, "title": "Tea"})
+            .expect("count"),
+        1
+    );
+    // One text index per collection; a $text query needs one.
+    let e = c
+        .create_index_spec(&doc! {"key": {"other": "text"}})
+        .expect_err("second");
+    assert_eq!(e.code(), 85);
+    let e = db.collection("none").text_find(
+        &doc! {"$text": {"$search": "x"}},
+        TextFindOptions::default(),
+    );
+    assert!(e.is_ok(), "a missing collection has no matches");
+    let plain = db.collection("plain");
+    plain.insert_one(doc! {"a": "x"}).expect("insert");
+    let e = plain
+        .text_find(
+            &doc! {"$text": {"$search": "x"}},
+            TextFindOptions::default(),
+        )
+        .expect_err("no text index");
+    assert_eq!(e.code(), 27);
+    // A document in an unknown language is refused while the index exists.
+    let e = c
+        .insert_one(doc! {"title": "x", "language": "klingon"})
+        .expect_err("language");
+    assert_eq!(e.code(), 17262);
+    // Updates move documents in and out of the index.
+    c.update_one(doc! {"_id": 3}, doc! {"$set": {"body": "coffee cake"}})
+        .expect("update");
+    assert_eq!(text_ids(&c, "coffee"), vec![1, 2, 3]);
+    c.delete_one(doc! {"_id": 1}).expect("delete");
+    assert_eq!(text_ids(&c, "coffee"), vec![2, 3]);
+    c.check_invariants().expect("invariants");
+    assert_eq!(
+        c.list_indexes().expect("list")[1],
+        doc! {"v": 2, "key": {"_fts": "text", "_ftsx": 1}, "name": "title_text_body_text",
+        "weights": {"body": 1, "title": 10}, "default_language": "english",
+        "language_override": "language", "textIndexVersion": 3}
+    );
+}
+
+const WORDS: &[&str] = &["apple", "Banana", "cherry", "date", "elder", "fig"];
+
+fn text_doc() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        1 => Just(None),
+        6 => prop::collection::vec(prop::sample::select(WORDS), 0..6).prop_map(|w| Some(w.join(" "))),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Item {
+    Word(&'static str),
+    Not(&'static str),
+    Phrase(&'static str, &'static str),
+}
+
+fn item() -> impl Strategy<Value = Item> {
+    let w = || prop::sample::select(WORDS);
+    prop_oneof![
+        3 => w().prop_map(Item::Word),
+        1 => w().prop_map(Item::Not),
+        1 => (w(), w()).prop_map(|(a, b)| Item::Phrase(a, b)),
+    ]
+}
+
+/// The reference: with language "none" a term is a lower-cased token.
+fn reference(text: &Option<String>, items: &[Item]) -> bool {
+    let Some(t) = text else { return false };
+    let lower = t.to_lowercase();
+    let toks: Vec<&str> = lower.split(' ').filter(|s| !s.is_empty()).collect();
+    let has = |w: &str| toks.contains(&w.to_lowercase().as_str());
+    let mut positive = false;
+    for i in items {
+        match i {
+            Item::Word(w) => positive |= has(w),
+            Item::Not(w) => {
+                if has(w) {
+                    return false;
+                }
+            }
+            Item::Phrase(a, b) => {
+                positive |= has(a) || has(b);
+                if !lower.contains(&format!("{} {}", a.to_lowercase(), b.to_lowercase())) {
+                    return false;
+                }
+            }
+        }
+    }
+    positive
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    /// `$text` through the text index equals a plain reference evaluation,
+    /// after inserts, updates and deletes.
+    #[test]
+    fn text_search_matches_a_reference(
+        docs in prop::collection::vec(text_doc(), 1..40),
+        updates in prop::collection::vec((0usize..40, text_doc()), 0..10),
+        queries in prop::collection::vec(prop::collection::vec(item(), 1..4), 1..6),
+    ) {
+        let db = Database::in_memory();
+        let c = db.collection("t");
+        c.create_index_spec(&doc! {"key": {"t": "text"}, "default_language": "none"}).expect("index");
+        let mut model: Vec<Option<String>> = Vec::new();
+        for (i, d) in docs.iter().enumerate() {
+            let mut doc = doc! {"_id": i as i32};
+            if let Some(t) = d {
+                doc.insert("t", t.clone());
+            }
+            c.insert_one(doc).expect("insert");
+            model.push(d.clone());
+        }
+        for (i, t) in updates {
+            if i >= model.len() { continue; }
+            match &t {
+                Some(t) => c.update_one(doc! {"_id": i as i32}, doc! {"$set": {"t": t.clone()}}).expect("set"),
+                None => c.update_one(doc! {"_id": i as i32}, doc! {"$unset": {"t": 1}}).expect("unset"),
+            };
+            model[i] = t;
+        }
+        c.check_invariants().map_err(TestCaseError::fail)?;
+        for items in queries {
+            let search: Vec<String> = items.iter().map(|i| match i {
+                Item::Word(w) => w.to_string(),
+                Item::Not(w) => format!("-{w}"),
+                Item::Phrase(a, b) => format!("\"{a} {b}\""),
+            }).collect();
+            let search = search.join(" ");
+            let want: Vec<i32> = model.iter().enumerate()
+                .filter(|(_, t)| reference(t, &items))
+                .map(|(i, _)| i as i32)
+                .collect();
+            prop_assert_eq!(text_ids(&c, &search), want, "search {:?}", search);
+        }
+    }
 }

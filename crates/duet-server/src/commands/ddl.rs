@@ -4,11 +4,12 @@
 //!
 //! Index options the engine honours: `unique`, `sparse`,
 //! `partialFilterExpression`, `expireAfterSeconds` (TTL), `wildcardProjection`,
-//! hashed and wildcard key patterns; `v`, `background` and `ns` are accepted
-//! and ignored, as MongoDB. Options the engine cannot honor (capped,
-//! validators, views, time series, collations, text and geo indexes, hidden
-//! indexes, …) are refused with CommandNotSupported (115), never silently
-//! dropped.
+//! text indexes' `weights`, `default_language`, `language_override`,
+//! `textIndexVersion`; hashed, wildcard and text key patterns; `v`,
+//! `background` and `ns` are accepted and ignored, as MongoDB. Options the
+//! engine cannot honor (capped, validators, views, time series, collations,
+//! geo indexes, hidden indexes, …) are refused with CommandNotSupported (115),
+//! never silently dropped.
 
 use bson::{doc, Bson, Document};
 use duetdb::IndexTarget;
@@ -199,6 +200,10 @@ const INDEX_OPTIONS_OK: &[&str] = &[
     "partialFilterExpression",
     "expireAfterSeconds",
     "wildcardProjection",
+    "weights",
+    "default_language",
+    "language_override",
+    "textIndexVersion",
 ];
 
 pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {

@@ -14,6 +14,7 @@ pub mod find;
 pub mod named;
 pub mod olcp;
 pub mod snapshot;
+pub mod text;
 pub mod transaction;
 pub mod ttl;
 
@@ -25,5 +26,6 @@ pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbS
 pub use engine::Engine;
 pub use find::{Find, FindOptions, FindOutcome, FindStream};
 pub use snapshot::{Snapshot, SnapshotCollection};
+pub use text::TextFindOptions;
 pub use transaction::{Transaction, TxnCollection};
 pub use ttl::{TtlCounters, TtlMonitor, TtlPass, DEFAULT_TTL_SLEEP};

@@ -79,6 +79,9 @@ pub enum Error {
     /// An array where a hashed index needs a single value. Code 16766, as MongoDB.
     #[error("{0}")]
     HashedArray(String),
+    /// A text language MongoDB does not know. Code 17262, as MongoDB.
+    #[error("{0}")]
+    TextLanguage(String),
     /// Invalid index specification. Code 67 (CannotCreateIndex).
     #[error("{0}")]
     CannotCreateIndex(String),
@@ -168,6 +171,7 @@ impl Error {
             Error::IndexConflict(_) => 86,
             Error::IndexOptionsConflict(_) => 85,
             Error::HashedArray(_) => 16766,
+            Error::TextLanguage(_) => 17262,
             Error::CannotCreateIndex(_) => 67,
             Error::IllegalOperation(_) => 20,
             Error::QueryPlanKilled(_) => 175,
@@ -207,6 +211,7 @@ impl Error {
             Error::IndexConflict(_) => "IndexKeySpecsConflict",
             Error::IndexOptionsConflict(_) => "IndexOptionsConflict",
             Error::HashedArray(_) => "Location16766",
+            Error::TextLanguage(_) => "Location17262",
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
             Error::IllegalOperation(_) => "IllegalOperation",
             Error::QueryPlanKilled(_) => "QueryPlanKilled",

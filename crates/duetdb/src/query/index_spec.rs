@@ -58,6 +58,10 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
                     | "partialFilterExpression"
                     | "expireAfterSeconds"
                     | "wildcardProjection"
+                    | "weights"
+                    | "default_language"
+                    | "language_override"
+                    | "textIndexVersion"
             )
         {
             return Err(Error::BadValue(format!(
@@ -83,8 +87,28 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
         }
         None => None,
     };
-    let mut spec = IndexSpec::new(keys, name, flag(d, "unique")?)?;
-    spec.sparse = flag(d, "sparse")?;
+    let is_text = keys
+        .iter()
+        .any(|(k, v)| k == "_fts" || matches!(v, Bson::String(s) if s == "text"));
+    let mut spec = if is_text {
+        text_spec(d, keys, name)?
+    } else {
+        for k in [
+            "weights",
+            "default_language",
+            "language_override",
+            "textIndexVersion",
+        ] {
+            if d.contains_key(k) {
+                return Err(cannot(format!(
+                    "The field '{k}' is only valid for text indexes"
+                )));
+            }
+        }
+        let mut spec = IndexSpec::new(keys, name, flag(d, "unique")?)?;
+        spec.sparse = flag(d, "sparse")?;
+        spec
+    };
     if let Some(p) = d.get("partialFilterExpression") {
         let Bson::Document(expr) = p else {
             return Err(Error::TypeMismatch(
@@ -124,6 +148,80 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
         ));
     }
     Ok(spec)
+}
+
+/// A text index spec: `{a: "text", b: "text"}` or `{"$**": "text"}` (or the
+/// stored form `{_fts: "text", _ftsx: 1}` with `weights`), with `weights`,
+/// `default_language`, `language_override`, `textIndexVersion` (3).
+/// Compound text indexes (other keys beside the text ones) are refused.
+fn text_spec(d: &Document, keys: &Document, name: Option<&str>) -> Result<IndexSpec> {
+    let mut fields = Vec::new();
+    for (k, v) in keys {
+        match (k.as_str(), v) {
+            ("_fts", Bson::String(s)) if s == "text" => {}
+            ("_ftsx", v)
+                if matches!(v, Bson::Int32(1) | Bson::Int64(1))
+                    || matches!(v, Bson::Double(x) if *x == 1.0) => {}
+            (path, Bson::String(s)) if s == "text" => {
+                if path != "$**" {
+                    crate::doc::path::validate(path).map_err(cannot)?;
+                }
+                fields.push(path.to_string());
+            }
+            _ => {
+                return Err(cannot(
+                    "compound text indexes (text and other keys) are not supported by duetdb",
+                ))
+            }
+        }
+    }
+    if flag(d, "unique")? {
+        return Err(cannot(
+            "Index type 'text' does not support the unique option",
+        ));
+    }
+    let str_opt = |k: &str| -> Result<Option<&str>> {
+        match d.get(k) {
+            None => Ok(None),
+            Some(Bson::String(s)) => Ok(Some(s.as_str())),
+            Some(other) => Err(Error::TypeMismatch(format!(
+                "'{k}' must be a string, not {other}"
+            ))),
+        }
+    };
+    let weights = match d.get("weights") {
+        None => None,
+        Some(Bson::Document(w)) => Some(w),
+        Some(other) => return Err(cannot(format!("'weights' must be an object, not {other}"))),
+    };
+    if let Some(v) = d.get("textIndexVersion") {
+        if !matches!(v, Bson::Int32(3) | Bson::Int64(3))
+            && !matches!(v, Bson::Double(x) if *x == 3.0)
+        {
+            return Err(cannot(format!(
+                "textIndexVersion {v} is not supported: duetdb builds version 3"
+            )));
+        }
+    }
+    let text = crate::store::text::TextSpec::new(
+        &fields,
+        weights,
+        str_opt("default_language")?,
+        str_opt("language_override")?,
+    )?;
+    let name = match name {
+        Some("") => return Err(cannot("index name must not be empty")),
+        Some(n) => n.to_string(),
+        None => keys
+            .iter()
+            .map(|(k, v)| match v {
+                Bson::String(s) => format!("{k}_{s}"),
+                other => format!("{k}_{other}"),
+            })
+            .collect::<Vec<_>>()
+            .join("_"),
+    };
+    Ok(IndexSpec::text(name, text))
 }
 
 fn flag(d: &Document, k: &str) -> Result<bool> {
@@ -273,6 +371,9 @@ mod tests {
             doc! {"key": {"a": "hashed", "b": 1}, "name": "h"},
             doc! {"key": {"$**": 1}, "name": "w", "wildcardProjection": {"a": 1, "b.c": 1}},
             doc! {"key": {"a.$**": 1}, "name": "wa"},
+            doc! {"key": {"title": "text", "body": "text"}, "name": "t",
+            "weights": {"title": 10}, "default_language": "french"},
+            doc! {"key": {"$**": "text"}, "name": "all", "language_override": "lang"},
         ] {
             let spec = parse(&d).expect("parse");
             let again = parse(&spec.to_document()).expect("reparse");
@@ -321,7 +422,14 @@ mod tests {
             code(doc! {"key": {"a.$**": 1}, "wildcardProjection": {"b": 1}}),
             67
         );
-        assert_eq!(code(doc! {"key": {"a": "text"}}), 67);
+        assert_eq!(code(doc! {"key": {"a": "text", "b": 1}}), 67);
+        assert_eq!(
+            code(doc! {"key": {"a": "text"}, "default_language": "klingon"}),
+            67
+        );
+        assert_eq!(code(doc! {"key": {"a": "text"}, "weights": {"a": 0}}), 67);
+        assert_eq!(code(doc! {"key": {"a": 1}, "weights": {"a": 2}}), 67);
+        assert_eq!(code(doc! {"key": {"a": "2dsphere"}}), 67);
         assert_eq!(
             code(doc! {"key": {"a": 1}, "partialFilterExpression": 5}),
             14
@@ -337,5 +445,13 @@ mod tests {
             "a_hashed"
         );
         assert_eq!(parse(&doc! {"key": {"$**": 1}}).expect("w").name, "$**_1");
+        let t = parse(&doc! {"key": {"title": "text", "body": "text"}}).expect("t");
+        assert_eq!(t.name, "title_text_body_text");
+        assert_eq!(
+            t.to_document(),
+            doc! {"v": 2, "key": {"_fts": "text", "_ftsx": 1}, "name": "title_text_body_text",
+            "weights": {"body": 1, "title": 1}, "default_language": "english",
+            "language_override": "language", "textIndexVersion": 3}
+        );
     }
 }

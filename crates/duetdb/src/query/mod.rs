@@ -13,6 +13,7 @@ pub mod projection;
 pub mod sort;
 pub mod sorter;
 pub mod spill;
+pub mod text;
 pub mod update;
 pub mod walk;
 

@@ -540,6 +540,8 @@ fn candidate(
 ) -> Option<IndexCandidate> {
     match &index.spec.kind {
         IndexKind::Wildcard(w) => plan_wildcard(index, w, sargs),
+        // Only `$text` queries read a text index (`query::text`).
+        IndexKind::Text(_) => None,
         _ => Some(plan_index(index, sargs, sort)),
     }
 }

@@ -24,7 +24,7 @@ use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
 use crate::store::btree::BTree;
 use crate::store::heap::{Heap, RecordId};
-use crate::store::index::{IndexKey, IndexSpec, IndexState, ValueKey};
+use crate::store::index::{IndexKey, IndexKind, IndexSpec, IndexState, ValueKey};
 use crate::store::vls::{CollectionVls, VlsOptions};
 
 /// Name of the primary index, as MongoDB.
@@ -350,6 +350,19 @@ impl CollectionState {
                 spec.to_document(),
                 existing.spec.to_document()
             )));
+        }
+        if matches!(spec.kind, IndexKind::Text(_)) {
+            if let Some(existing) = self
+                .indexes
+                .iter()
+                .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
+            {
+                return Err(Error::IndexOptionsConflict(format!(
+                    "An equivalent index already exists with a different name and options (one text index per collection). Requested index: {}, existing index: {}",
+                    spec.to_document(),
+                    existing.spec.to_document()
+                )));
+            }
         }
         if let Some(existing) = self.indexes.iter().find(|i| i.spec.same_keys_as(&spec)) {
             return Err(Error::IndexOptionsConflict(format!(

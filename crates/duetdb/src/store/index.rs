@@ -32,6 +32,7 @@ use crate::doc::value;
 use crate::error::{Error, Result};
 use crate::store::btree::BTree;
 use crate::store::heap::RecordId;
+pub use crate::store::text::TextSpec;
 pub use crate::store::wildcard::{WildcardProjection, WildcardSpec};
 
 /// Most fields in one compound index (MongoDB's limit).
@@ -153,6 +154,10 @@ pub enum IndexKind {
     /// `$**` / `path.$**`: one `(path, value)` key per covered leaf; `fields`
     /// holds the single pattern field.
     Wildcard(Box<WildcardSpec>),
+    /// A text index: one `(term)` key per distinct term of the document's
+    /// indexed strings ([`crate::store::text`]); `fields` is `[("_fts", true)]`.
+    /// Used only by `$text` queries, never by the planner.
+    Text(Box<TextSpec>),
 }
 
 /// A document predicate decided above the store (the query layer parses a
@@ -324,6 +329,9 @@ impl IndexSpec {
 
     /// The key pattern document (`{a: 1, b: -1}`, `{c: "hashed"}`, `{"$**": 1}`).
     pub fn key_pattern(&self) -> Document {
+        if matches!(self.kind, IndexKind::Text(_)) {
+            return bson::doc! {"_fts": "text", "_ftsx": 1};
+        }
         let mut d = Document::new();
         for (i, (p, asc)) in self.fields.iter().enumerate() {
             if matches!(self.kind, IndexKind::Hashed { pos } if pos == i) {
@@ -359,7 +367,33 @@ impl IndexSpec {
                 d.insert("wildcardProjection", p.doc.clone());
             }
         }
+        if let IndexKind::Text(t) = &self.kind {
+            let mut weights = Document::new();
+            for (p, w) in &t.weights {
+                match i32::try_from(*w) {
+                    Ok(i) => weights.insert(p.clone(), i),
+                    Err(_) => weights.insert(p.clone(), *w),
+                };
+            }
+            d.insert("weights", weights);
+            d.insert("default_language", t.default_language.clone());
+            d.insert("language_override", t.language_override.clone());
+            d.insert("textIndexVersion", t.version);
+        }
         d
+    }
+
+    /// A text index named `name` (MongoDB's default: `title_text_body_text`).
+    pub fn text(name: String, text: TextSpec) -> IndexSpec {
+        IndexSpec {
+            name,
+            fields: vec![("_fts".into(), true)],
+            unique: false,
+            kind: IndexKind::Text(Box::new(text)),
+            sparse: false,
+            partial: None,
+            expire_after_seconds: None,
+        }
     }
 
     /// The same index for MongoDB's conflict rules: same key pattern and the
@@ -371,8 +405,18 @@ impl IndexSpec {
     /// Could an update that may change the paths `may_affect` accepts
     /// change this index's entries for a document (its keys or membership)?
     pub fn may_be_affected(&self, may_affect: &dyn Fn(&str) -> bool) -> bool {
-        if matches!(self.kind, IndexKind::Wildcard(_)) {
-            return true;
+        match &self.kind {
+            IndexKind::Wildcard(_) => return true,
+            IndexKind::Text(t) => {
+                return t.is_wildcard()
+                    || may_affect(&t.language_override)
+                    || t.weights.iter().any(|(p, _)| may_affect(p))
+                    || self
+                        .partial
+                        .as_ref()
+                        .is_some_and(|f| f.paths.iter().any(|p| may_affect(p)));
+            }
+            _ => {}
         }
         self.fields.iter().any(|(p, _)| may_affect(p))
             || self
@@ -438,6 +482,17 @@ impl IndexSpec {
         }
         if let IndexKind::Wildcard(w) = &self.kind {
             return self.wildcard_keys(w, doc);
+        }
+        if let IndexKind::Text(t) = &self.kind {
+            let keys = t
+                .scores(doc)?
+                .into_keys()
+                .map(|term| IndexKey {
+                    parts: vec![KeyPart::Val(RawBson::String(term))].into(),
+                    desc: 0,
+                })
+                .collect();
+            return Ok((keys, true));
         }
         let hashed_pos = match self.kind {
             IndexKind::Hashed { pos } => Some(pos),

@@ -4,7 +4,7 @@
 //! - `heap`: radix tree `RecordId → document` (the record heap);
 //! - `btree`: the persistent B+tree under every index;
 //! - `index`: index specs, key extraction, key order; `hashed`: MongoDB's
-//!   hash of a value (hashed indexes); `wildcard`: wildcard index coverage and keys;
+//!   hash of a value (hashed indexes); `wildcard`: wildcard index coverage and keys; `text`: text index terms and scores;
 //! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
 //! - `state`: one version of a database (`DbState`);
 //! - `vls`, `remset`: the VLS status masks and shared remset kept beside the
@@ -18,6 +18,7 @@ pub mod heap;
 pub mod index;
 pub mod remset;
 pub mod state;
+pub mod text;
 pub mod vls;
 pub mod wildcard;
 
