@@ -1,7 +1,7 @@
 """Index kinds and options through pymongo (issue #18): TTL indexes and the
 TTL monitor (with Mongoose's `expires` pattern), collMod, partial and sparse
-indexes, hashed and wildcard indexes, listIndexes and MongoDB's conflict
-codes."""
+indexes, hashed and wildcard indexes, text indexes and `$text`, listIndexes
+and MongoDB's conflict codes."""
 
 import datetime
 import time
@@ -158,10 +158,42 @@ def test_index_conflicts(db):
     with pytest.raises(OperationFailure) as e:
         db.c.create_index("a", name="a_1", unique=True)
     assert e.value.code == 85
-    # Text indexes and collations are refused clearly.
+    # Geo indexes and collations are refused clearly.
     with pytest.raises(OperationFailure) as e:
-        db.c.create_index([("t", "text")])
+        db.c.create_index([("g", "2dsphere")])
     assert e.value.code == 67
     with pytest.raises(OperationFailure) as e:
         db.c.create_index("b", collation={"locale": "fr"})
     assert e.value.code == 115
+
+
+def test_text_index_and_text_search(db):
+    from pymongo import TEXT
+    db.a.insert_many([
+        {"_id": 1, "title": "Coffee", "body": "the best coffee shops"},
+        {"_id": 2, "title": "Tea", "body": "tea houses and a coffee corner"},
+        {"_id": 3, "title": "Cakes", "body": "baking cakes"},
+    ])
+    name = db.a.create_index([("title", TEXT), ("body", TEXT)], weights={"title": 10})
+    assert name == "title_text_body_text"
+    info = [i for i in db.a.list_indexes() if i["name"] == name][0]
+    assert info["key"] == {"_fts": "text", "_ftsx": 1}
+    assert info["weights"] == {"body": 1, "title": 10}
+    assert info["default_language"] == "english"
+    # Creating it again (as Mongoose's Model.init does) is a no-op.
+    db.a.create_index([("title", TEXT), ("body", TEXT)], weights={"title": 10})
+    cur = db.a.find({"$text": {"$search": "coffee"}},
+                    {"score": {"$meta": "textScore"}}).sort([("score", {"$meta": "textScore"})])
+    found = list(cur)
+    assert [d["_id"] for d in found] == [1, 2]
+    assert found[0]["score"] > found[1]["score"] > 0
+    assert sorted(d["_id"] for d in db.a.find({"$text": {"$search": "shop -tea"}})) == [1]
+    assert db.a.count_documents({"$text": {"$search": "coffee"}}) == 2
+    assert db.a.count_documents({"$text": {"$search": "\"coffee corner\""}}) == 1
+    with pytest.raises(OperationFailure) as e:
+        db.a.create_index([("other", TEXT)])
+    assert e.value.code == 85
+    db.plain.insert_one({"x": "coffee"})
+    with pytest.raises(OperationFailure) as e:
+        list(db.plain.find({"$text": {"$search": "coffee"}}))
+    assert e.value.code == 27

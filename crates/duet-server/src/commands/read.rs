@@ -24,6 +24,11 @@
 //! Cursors belong to the session (else the connection) that opened them;
 //! `getMore` and `killCursors` check it (see `cursor.rs`).
 //!
+//! A `$text` filter (find, count, an aggregate's first `$match`) runs the
+//! engine's text search (`Collection::text_find`) on the latest state,
+//! results materialized; `{$meta: "textScore"}` works in find projections
+//! and sorts.
+//!
 //! `aggregate` runs the engine's pipeline. Stage names are checked here
 //! first: stages MongoDB has but duetdb does not run are refused with
 //! CommandNotSupported (115), unknown names with 40324, malformed stage
@@ -428,6 +433,15 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         )
     })?;
     let first = first_batch_size(cursor_opts)?;
+    let text_first = stages
+        .first()
+        .and_then(|s| s.get_document("$match").ok())
+        .is_some_and(|m| m.contains_key("$text"));
+    if text_first {
+        let docs = ctx.database()?.collection(coll).text_aggregate(&stages)?;
+        let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
+        return cursor_reply(ctx, cursor, first, false, None);
+    }
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
     let docs = source.aggregate(stages, &limits)?;

@@ -179,6 +179,19 @@ impl Collection {
             .collect()
     }
 
+    /// A pipeline whose first stage is `{$match: {$text: …}}`: the text
+    /// matches, then the other stages on them (as materialized documents).
+    /// `{$meta: "textScore"}` is not available in later stages.
+    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
+        let Some(Ok(first)) = pipeline.first().map(|s| s.get_document("$match")) else {
+            return Err(Error::BadValue(
+                "$text is only allowed in the first $match stage".into(),
+            ));
+        };
+        let docs = self.text_find(first, TextFindOptions::default())?;
+        crate::query::Pipeline::parse(&pipeline[1..])?.run_on(docs)
+    }
+
     /// How many documents a filter with a top-level `$text` matches.
     pub fn text_count(&self, filter: &Document) -> Result<u64> {
         let (query, rest) = split(filter)?
