@@ -78,6 +78,16 @@ impl CheckIndex {
         CheckIndex::Wildcard,
     ];
 
+    /// By name (`plain`, `partial`, `sparse`, `hashed`, `wildcard`).
+    pub fn parse(name: &str) -> Result<CheckIndex, String> {
+        CheckIndex::ALL
+            .into_iter()
+            .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                format!("unknown index kind '{name}': plain, partial, sparse, hashed or wildcard")
+            })
+    }
+
     /// The index spec (`createIndexes` form).
     pub fn spec(self) -> Document {
         match self {
