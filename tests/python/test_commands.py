@@ -159,7 +159,7 @@ def test_indexes(db):
     r = db.command({"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1", "unique": True}]})
     assert r["numIndexesBefore"] == r["numIndexesAfter"] == 3
     with pytest.raises(OperationFailure) as e:
-        db.c.create_index([("b", 1)], sparse=True)
+        db.c.create_index([("b", 1)], hidden=True)
     assert e.value.code == 115
     db.c.drop_index("ab")
     db.c.drop_index([("a", 1)])

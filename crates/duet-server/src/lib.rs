@@ -183,6 +183,12 @@ pub struct ServeArgs {
     /// At most this many MiB of such segments per database (oldest dropped first).
     #[arg(long, default_value_t = (duetdb::DEFAULT_CHANGE_RETENTION_BYTES >> 20) as f64)]
     pub change_retention_mb: f64,
+    // --- TTL monitor (issue #18) ---
+    /// Seconds between passes of the TTL monitor, which deletes documents
+    /// of TTL indexes (`expireAfterSeconds`) once expired (MongoDB's
+    /// `ttlMonitorSleepSecs`).
+    #[arg(long, default_value_t = duetdb::DEFAULT_TTL_SLEEP.as_secs_f64())]
+    pub ttl_monitor_sleep_secs: f64,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -259,6 +265,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         )?,
         auth_failure_limit: args.auth_failure_limit,
         auth_failure_window: secs(args.auth_failure_window_secs, "auth-failure-window-secs")?,
+        ttl_monitor_sleep: secs(args.ttl_monitor_sleep_secs, "ttl-monitor-sleep-secs")?,
         ..Config::default()
     };
     duetdb::storage::set_max_open_files(args.max_open_files);

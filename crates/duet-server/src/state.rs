@@ -97,6 +97,8 @@ pub struct Config {
     /// `auth_failure_window` that block it (0: no limit; see `auth::ratelimit`).
     pub auth_failure_limit: u32,
     pub auth_failure_window: Duration,
+    /// Seconds between TTL monitor passes (MongoDB's `ttlMonitorSleepSecs`).
+    pub ttl_monitor_sleep: Duration,
 }
 
 impl Default for Config {
@@ -131,6 +133,7 @@ impl Default for Config {
             tls_handshake_timeout: crate::tls::DEFAULT_HANDSHAKE_TIMEOUT,
             auth_failure_limit: crate::auth::ratelimit::DEFAULT_FAILURE_LIMIT,
             auth_failure_window: crate::auth::ratelimit::DEFAULT_WINDOW,
+            ttl_monitor_sleep: duetdb::DEFAULT_TTL_SLEEP,
         }
     }
 }
@@ -178,11 +181,33 @@ pub struct ServerState {
     pub admin_epoch: AtomicU64,
     /// Failed authentications per source address (`auth::ratelimit`).
     pub auth_limiter: crate::auth::ratelimit::RateLimiter,
+    /// Deletes expired documents of TTL indexes in every database (one
+    /// thread; `serverStatus.metrics.ttl`).
+    pub ttl: duetdb::TtlMonitor,
+}
+
+/// The TTL monitor of a server: its source lists the engine's databases
+/// through a weak reference, so the monitor never keeps the server alive.
+fn ttl_monitor(state: &std::sync::Weak<ServerState>, sleep: Duration) -> duetdb::TtlMonitor {
+    let source = {
+        let state = state.clone();
+        move || match state.upgrade() {
+            Some(s) => s
+                .engine
+                .list_databases()
+                .into_iter()
+                .map(|(_, db)| db)
+                .collect(),
+            None => Vec::new(),
+        }
+    };
+    duetdb::TtlMonitor::new(sleep, true, source)
 }
 
 impl ServerState {
     pub fn new(engine: Engine, config: Config) -> Arc<ServerState> {
-        Arc::new(ServerState {
+        Arc::new_cyclic(|weak| ServerState {
+            ttl: ttl_monitor(weak, config.ttl_monitor_sleep),
             engine,
             cursors: CursorRegistry::new(
                 CursorLimits {

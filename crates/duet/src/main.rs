@@ -147,6 +147,9 @@ enum CheckCommand {
         slots: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Kind of the index scans use: plain, partial, sparse, hashed or wildcard.
+        #[arg(long, default_value = "plain")]
+        index: String,
     },
     /// SIGKILL campaign: a child writes batches (fsync durability) and is
     /// killed at random moments; every recovery is checked against the
@@ -436,9 +439,11 @@ fn run(cli: Cli) -> Result<()> {
                     docs,
                     slots,
                     seed,
+                    index,
                 },
         } => {
             let strategy: duetdb::Strategy = strategy.parse()?;
+            let index = duetdb::check::CheckIndex::parse(&index).map_err(anyhow::Error::msg)?;
             let cfg = duetdb::check::CheckConfig {
                 strategy,
                 scans,
@@ -450,6 +455,7 @@ fn run(cli: Cli) -> Result<()> {
                 seed,
                 slots,
                 stop_on_violation: false,
+                index,
             };
             writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round")?;
             let started = Instant::now();

@@ -39,7 +39,8 @@ pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
-    IndexOptions, ReturnDocument, Snapshot, SnapshotCollection, Transaction, UpdateOptions,
+    IndexOptions, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, TextFindOptions,
+    Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;
@@ -77,6 +78,7 @@ pub mod raw {
         has_duplicate_id, id_of, prepare_insert, to_document, to_raw_document, validate_raw,
         validate_raw_depth, DocRef, DUPLICATE_ID_MARK, MAX_DEPTH, MAX_DOC_SIZE,
     };
+    pub use crate::store::hashed::hash64 as hashed_index_key;
 }
 
 /// The query language, parsed once into typed forms: filters, projections,

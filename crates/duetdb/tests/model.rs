@@ -135,7 +135,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0..10, 0..10, -3..4).prop_map(|(lo, hi, by)| Op::IncB { lo, hi, by }),
         1 => (0..40).prop_map(|id| Op::Delete { id }),
         1 => (30..45).prop_map(|lo| Op::DeleteRange { lo }),
-        1 => (0u8..4).prop_map(Op::Index),
+        1 => (0u8..8).prop_map(Op::Index),
         4 => q_strategy().prop_map(Op::Query),
     ]
 }
@@ -208,7 +208,23 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     0 => doc! {"a": 1},
                     1 => doc! {"b": -1},
                     2 => doc! {"a": 1, "b": -1},
-                    _ => doc! {"tags": 1},
+                    3 => doc! {"tags": 1},
+                    // Index kinds of issue #18: each must give the model's answers.
+                    4 => {
+                        c.create_index_spec(&doc! {"key": {"a": 1}, "name": "a_partial",
+                        "partialFilterExpression": {"a": {"$gt": 3}}})
+                            .expect("partial");
+                        continue_checks(&c)?;
+                        continue;
+                    }
+                    5 => {
+                        c.create_index_spec(&doc! {"key": {"a": -1, "tags": 1}, "sparse": true})
+                            .expect("sparse");
+                        continue_checks(&c)?;
+                        continue;
+                    }
+                    6 => doc! {"a": "hashed"},
+                    _ => doc! {"$**": 1},
                 };
                 c.create_index(keys, IndexOptions::default())
                     .expect("create_index");
@@ -250,6 +266,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         c.check_invariants().map_err(TestCaseError::fail)?;
     }
     Ok(())
+}
+
+fn continue_checks(c: &duetdb::Collection) -> Result<(), TestCaseError> {
+    c.check_invariants().map_err(TestCaseError::fail)
 }
 
 proptest! {

@@ -25,6 +25,7 @@ fn checker_finds_no_violation_under_olcp() {
         seed: 7,
         slots: 64,
         stop_on_violation: false,
+        index: check::CheckIndex::Plain,
     };
     let report = check::run(&cfg, |_| {});
     assert_eq!(report.violations, 0, "{:#?}", report.examples);

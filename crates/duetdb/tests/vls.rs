@@ -24,6 +24,7 @@ fn config(strategy: Strategy) -> CheckConfig {
         seed: 42,
         slots: 64,
         stop_on_violation: false,
+        index: check::CheckIndex::Plain,
     }
 }
 
@@ -353,4 +354,27 @@ fn early_stop_releases_everything() {
         c.count_with(doc! {"v": 0}, Strategy::Vls).expect("count"),
         500
     );
+}
+
+/// Every index kind is a secondary structure of the same copy-on-write
+/// state: scans through partial, sparse, hashed and wildcard indexes see
+/// exactly their start state under `vls` and `cow` too.
+#[test]
+fn checker_finds_no_violation_with_every_index_kind() {
+    for index in check::CheckIndex::ALL {
+        for strategy in [Strategy::Vls, Strategy::Cow] {
+            let cfg = CheckConfig {
+                rounds: 4,
+                index,
+                ..config(strategy)
+            };
+            let report = check::run(&cfg, |_| {});
+            assert_eq!(
+                report.violations, 0,
+                "{index:?} under {strategy}: {:#?}",
+                report.examples
+            );
+            assert!(report.scans_checked > 0, "{index:?}: {report:?}");
+        }
+    }
 }

@@ -236,11 +236,17 @@ fn unnamed_segments_are_removed_when_empty_and_refused_when_they_hold_records() 
 /// `MANIFEST` deleted while checkpoints exist: only it could say which state
 /// is current, so recovery refuses, naming it. A log that starts at commit 1
 /// and reaches every checkpoint file (a database of an older build, or a
-/// crash before its first manifest) still opens.
+/// crash before its first manifest) still opens. No change history is kept
+/// here, so the second checkpoint deletes the log's start (with history the
+/// log would still start at commit 1 and stand in: the case below).
 #[test]
 fn a_missing_manifest_is_refused_when_the_log_cannot_stand_in_for_it() {
     let fs = SimFs::new();
-    let db = Database::open_with(dir(), sim_opts(&fs)).expect("open");
+    let opts = DurabilityOptions {
+        change_retention_bytes: 0,
+        ..sim_opts(&fs)
+    };
+    let db = Database::open_with(dir(), opts).expect("open");
     insert(&db, 0, 20);
     db.checkpoint().expect("first checkpoint");
     let one_checkpoint = fs.state();
@@ -255,6 +261,23 @@ fn a_missing_manifest_is_refused_when_the_log_cannot_stand_in_for_it() {
 
     let db = open(remove(one_checkpoint, "MANIFEST")).expect("the log covers the checkpoint");
     assert_eq!(count(&db), 20);
+}
+
+/// With change history (the default), segments a checkpoint no longer needs
+/// stay: a lost `MANIFEST` is then recovered from the whole log, every
+/// acknowledged document included.
+#[test]
+fn with_change_history_the_whole_log_stands_in_for_a_lost_manifest() {
+    let fs = SimFs::new();
+    let db = Database::open_with(dir(), sim_opts(&fs)).expect("open");
+    insert(&db, 0, 20);
+    db.checkpoint().expect("first checkpoint");
+    insert(&db, 20, 20);
+    db.checkpoint().expect("second checkpoint");
+    insert(&db, 40, 5);
+    drop(db);
+    let db = open(remove(fs.state(), "MANIFEST")).expect("the log starts at commit 1");
+    assert_eq!(count(&db), 45);
 }
 
 /// A fallback to the previous checkpoint is accepted only when the log
@@ -372,7 +395,7 @@ fn an_old_manifest_is_upgraded_at_open() {
         let db = Database::open(tmp.path()).expect("open the v1 fixture");
         db.collection("fixture").count(doc! {}).expect("count")
     };
-    assert_eq!(version(tmp.path()), 3);
+    assert_eq!(version(tmp.path()), 4);
     // And the upgraded directory reopens, segments named.
     let db = Database::open(tmp.path()).expect("reopen");
     assert_eq!(db.collection("fixture").count(doc! {}).expect("count"), n);

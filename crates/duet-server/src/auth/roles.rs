@@ -32,6 +32,7 @@ use super::users::{USERS_COLLECTION, USERS_DB};
 pub enum Action {
     ChangePassword,
     ChangeStream,
+    CollMod,
     CollStats,
     CreateCollection,
     CreateIndex,
@@ -72,6 +73,7 @@ impl Action {
     pub const ALL: &'static [Action] = &[
         Action::ChangePassword,
         Action::ChangeStream,
+        Action::CollMod,
         Action::CollStats,
         Action::CreateCollection,
         Action::CreateIndex,
@@ -112,6 +114,7 @@ impl Action {
         match self {
             Action::ChangePassword => "changePassword",
             Action::ChangeStream => "changeStream",
+            Action::CollMod => "collMod",
             Action::CollStats => "collStats",
             Action::CreateCollection => "createCollection",
             Action::CreateIndex => "createIndex",
@@ -264,6 +267,7 @@ const READ_WRITE: &[Action] = &[
 /// dbAdmin reads no documents: it manages collections, indexes and the space
 /// named snapshots retain (it may drop them, not create them).
 const DB_ADMIN: &[Action] = &[
+    CollMod,
     CollStats,
     CreateCollection,
     CreateIndex,

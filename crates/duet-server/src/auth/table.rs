@@ -122,6 +122,8 @@ pub const TABLE: &[(&str, Rule)] = &[
     ("listIndexes", Rule::Collection(&[ListIndexes])),
     ("dropIndexes", Rule::Collection(&[DropIndex])),
     ("collStats", Rule::Collection(&[CollStats])),
+    ("collMod", Rule::Collection(&[CollMod])),
+    ("duetRunTtlPass", Rule::Cluster(&[ServerStatus, Killop])),
     (
         "renameCollection",
         Rule::Computed(

@@ -86,6 +86,8 @@ fn parameters(ctx: &Ctx<'_>) -> Document {
         "maxWriteBatchSize": super::handshake::MAX_WRITE_BATCH_SIZE,
         "cursorTimeoutMillis": 600_000i64,
         "logicalSessionTimeoutMinutes": super::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES,
+        "ttlMonitorEnabled": ctx.state.ttl.enabled(),
+        "ttlMonitorSleepSecs": ctx.state.ttl.sleep().as_secs().min(i32::MAX as u64) as i32,
     }
 }
 
@@ -156,6 +158,7 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
     let uptime = s.started.elapsed();
     let current = counter(&s.connections_current);
     let sessions = s.sessions.stats();
+    let ttl = s.ttl.counters();
     let mut dbs = Vec::new();
     let mut reads = duetdb::ReadStats::default();
     for (name, db) in s.engine.list_databases() {
@@ -232,6 +235,14 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
             "delete": counter(&s.ops.delete),
             "getmore": counter(&s.ops.getmore),
             "command": counter(&s.ops.command),
+        },
+        // MongoDB's TTL monitor counters.
+        "metrics": {
+            "ttl": {
+                "deletedDocuments": counter_of(ttl.deleted_documents),
+                "passes": counter_of(ttl.passes),
+                "subPasses": counter_of(ttl.passes),
+            },
         },
         "transactions": {
             "currentOpen": sessions.open_transactions as i64,
@@ -383,4 +394,31 @@ pub fn kill_op(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         .is_some_and(|id| ctx.state.operations.kill(id));
     tracing::info!(conn = ctx.conn.id, opid, found, "killOp");
     Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
+}
+
+/// `{duetRunTtlPass: 1}` on `admin`: run one TTL monitor pass now and wait
+/// for it (a test hook: only with `--enable-test-knobs`, else 20
+/// IllegalOperation). Counts in `serverStatus.metrics.ttl` like a
+/// background pass.
+pub fn run_ttl_pass(ctx: &Ctx<'_>) -> CmdResult {
+    if !ctx.state.config.enable_test_knobs {
+        return Err(CommandError::new(
+            20,
+            "IllegalOperation",
+            "duetRunTtlPass is a test hook: start the server with --enable-test-knobs",
+        ));
+    }
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            "duetRunTtlPass may only be run against the admin database",
+        ));
+    }
+    let pass = ctx.state.ttl.run_pass();
+    Ok(doc! {
+        "deletedDocuments": counter_of(pass.deleted_documents),
+        "indexes": counter_of(pass.indexes),
+        "ok": 1.0,
+    })
 }

@@ -1,13 +1,18 @@
 //! Namespace and index commands: listCollections, create, drop, dropDatabase,
 //! renameCollection, collStats, dbStats, createIndexes, listIndexes,
-//! dropIndexes.
+//! dropIndexes, collMod (an index's `expireAfterSeconds`).
 //!
-//! Options the engine cannot honor (capped, validators, views, time series,
-//! collations, sparse/partial/TTL indexes, …) are refused with
-//! CommandNotSupported (115), never silently dropped.
+//! Index options the engine honours: `unique`, `sparse`,
+//! `partialFilterExpression`, `expireAfterSeconds` (TTL), `wildcardProjection`,
+//! text indexes' `weights`, `default_language`, `language_override`,
+//! `textIndexVersion`; hashed, wildcard and text key patterns; `v`,
+//! `background` and `ns` are accepted and ignored, as MongoDB. Options the
+//! engine cannot honor (capped, validators, views, time series, collations,
+//! geo indexes, hidden indexes, …) are refused with CommandNotSupported (115),
+//! never silently dropped.
 
 use bson::{doc, Bson, Document};
-use duetdb::IndexOptions;
+use duetdb::IndexTarget;
 
 use super::Ctx;
 use crate::args;
@@ -184,7 +189,22 @@ pub fn db_stats(ctx: &Ctx<'_>) -> CmdResult {
     })
 }
 
-const INDEX_OPTIONS_OK: &[&str] = &["key", "name", "unique", "v", "background", "ns"];
+const INDEX_OPTIONS_OK: &[&str] = &[
+    "key",
+    "name",
+    "unique",
+    "v",
+    "background",
+    "ns",
+    "sparse",
+    "partialFilterExpression",
+    "expireAfterSeconds",
+    "wildcardProjection",
+    "weights",
+    "default_language",
+    "language_override",
+    "textIndexVersion",
+];
 
 pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "createIndexes")?;
@@ -208,13 +228,7 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
                 "index option '{k}' is not supported by duetdb"
             )));
         }
-        let keys = args::opt_doc(spec, "key")?
-            .ok_or_else(|| CommandError::bad_value("index specification has no 'key'"))?;
-        let options = IndexOptions {
-            name: args::opt_str(spec, "name")?.map(str::to_string),
-            unique: args::flag(spec, "unique")?,
-        };
-        coll.create_index(keys.clone(), options)?;
+        coll.create_index_spec(spec)?;
     }
     let n_after = coll.list_indexes().map(|v| v.len()).unwrap_or(0) as i32;
     let mut reply = doc! {
@@ -301,4 +315,88 @@ pub fn drop_indexes(ctx: &Ctx<'_>, command: &str, cmd: &Document) -> CmdResult {
         coll.drop_index(t)?;
     }
     Ok(doc! {"nIndexesWas": n_was, "ok": 1.0})
+}
+
+/// `collMod`: MongoDB's `index: {keyPattern | name, expireAfterSeconds}`
+/// changes (or sets) an index's TTL. Other options are refused (115).
+pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    let name = args::collection_name(cmd, "collMod")?;
+    if let Some((k, _)) = cmd
+        .iter()
+        .skip(1)
+        .find(|(k, _)| !is_generic(k) && k.as_str() != "index")
+    {
+        return Err(CommandError::not_supported(format!(
+            "collMod option '{k}' is not supported by duetdb"
+        )));
+    }
+    let db = ctx.database()?;
+    let coll = db.collection(name);
+    if coll.list_indexes().is_err() {
+        return Err(CommandError::ns_not_found(format!(
+            "ns does not exist: {}",
+            ctx.ns(name)
+        )));
+    }
+    let Some(index) = args::opt_doc(cmd, "index")? else {
+        return Ok(doc! {"ok": 1.0});
+    };
+    if let Some((k, _)) = index
+        .iter()
+        .find(|(k, _)| !matches!(k.as_str(), "keyPattern" | "name" | "expireAfterSeconds"))
+    {
+        return Err(CommandError::not_supported(format!(
+            "collMod index option '{k}' is not supported by duetdb"
+        )));
+    }
+    let target = match (
+        args::opt_doc(index, "keyPattern")?,
+        args::opt_str(index, "name")?,
+    ) {
+        (Some(k), None) => IndexTarget::Keys(k.clone()),
+        (None, Some(n)) => IndexTarget::Name(n.to_string()),
+        _ => {
+            return Err(CommandError::new(
+                72,
+                "InvalidOptions",
+                "collMod 'index' needs exactly one of 'keyPattern' and 'name'",
+            ))
+        }
+    };
+    let Some(secs) = index.get("expireAfterSeconds") else {
+        return Err(CommandError::new(
+            72,
+            "InvalidOptions",
+            "no collMod index option specified",
+        ));
+    };
+    let (old, new) = coll
+        .set_expire_after_seconds(target.clone(), secs)
+        .map_err(|e| match e {
+            duetdb::Error::IndexNotFound(_) => CommandError::new(
+                27,
+                "IndexNotFound",
+                format!(
+                    "cannot find index {} for ns {}",
+                    match &target {
+                        IndexTarget::Keys(k) => k.to_string(),
+                        IndexTarget::Name(n) => n.clone(),
+                    },
+                    ctx.ns(name)
+                ),
+            ),
+            other => other.into(),
+        })?;
+    let as_bson = |s: i64| i32::try_from(s).map_or(Bson::Int64(s), Bson::Int32);
+    let mut reply = Document::new();
+    if let Some(old) = old {
+        if old != new {
+            reply.insert("expireAfterSeconds_old", as_bson(old));
+            reply.insert("expireAfterSeconds_new", as_bson(new));
+        }
+    } else {
+        reply.insert("expireAfterSeconds_new", as_bson(new));
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
 }

@@ -236,6 +236,11 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("createIndexes", "build indexes"),
     ("listIndexes", "indexes of a collection"),
+    ("collMod", "change an index's expireAfterSeconds (TTL)"),
+    (
+        "duetRunTtlPass",
+        "test hook (--enable-test-knobs): run one TTL monitor pass now",
+    ),
     ("dropIndexes", "drop indexes"),
     ("explain", "query plan of find/count/distinct/aggregate"),
     (
@@ -557,6 +562,8 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "dbStats" => ddl::db_stats(ctx),
         "createIndexes" => ddl::create_indexes(ctx, cmd),
         "listIndexes" => ddl::list_indexes(ctx, cmd),
+        "collMod" => ddl::coll_mod(ctx, cmd),
+        "duetRunTtlPass" => admin::run_ttl_pass(ctx),
         "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx, name, cmd),
         "createSnapshot" => named::create(ctx, cmd),
         "listSnapshots" => named::list(ctx),

@@ -24,6 +24,11 @@
 //! Cursors belong to the session (else the connection) that opened them;
 //! `getMore` and `killCursors` check it (see `cursor.rs`).
 //!
+//! A `$text` filter (find, count, an aggregate's first `$match`) runs the
+//! engine's text search (`Collection::text_find`) on the latest state,
+//! results materialized; `{$meta: "textScore"}` works in find projections
+//! and sorts.
+//!
 //! `aggregate` runs the engine's pipeline. Stage names are checked here
 //! first: stages MongoDB has but duetdb does not run are refused with
 //! CommandNotSupported (115), unknown names with 40324, malformed stage
@@ -140,9 +145,12 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     let coll = args::collection_name(cmd, "find")?;
     OpCounters::bump(&ctx.state.ops.query, 1);
     let plan = FindPlan::from_find(cmd)?;
-    let projection = plan.parsed_projection()?;
     let first = first_batch_size(cmd)?;
     let single_batch = args::flag(cmd, "singleBatch")?;
+    if plan.filter.contains_key("$text") {
+        return text_find(ctx, coll, plan, first, single_batch);
+    }
+    let projection = plan.parsed_projection()?;
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
     let stream = source.find_stream(&plan, &limits)?;
@@ -155,6 +163,29 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
         Box::new(FindSource::new(stream, projection)),
     );
     cursor_reply(ctx, cursor, first, single_batch, source.at())
+}
+
+/// A find with `$text` (text indexes, `{$meta: "textScore"}`): run by the
+/// engine's text search on the latest state, its results materialized.
+fn text_find(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    plan: FindPlan,
+    first: usize,
+    single_batch: bool,
+) -> CmdResult {
+    let options = duetdb::TextFindOptions {
+        projection: plan.projection.clone(),
+        sort: plan.options.sort.clone(),
+        skip: plan.options.skip,
+        limit: plan.options.limit,
+    };
+    let docs = ctx
+        .database()?
+        .collection(coll)
+        .text_find(&plan.filter, options)?;
+    let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
+    cursor_reply(ctx, cursor, first, single_batch, None)
 }
 
 pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
@@ -243,6 +274,14 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResul
         ));
     }
     let work_ns = work_ns.filter(|ns| *ns > 0);
+    if query.contains_key("$text") {
+        let mut n = ctx.database()?.collection(coll).text_count(&query)?;
+        n = n.saturating_sub(skip);
+        if limit > 0 {
+            n = n.min(limit);
+        }
+        return Ok(doc! {"n": n.min(i64::MAX as u64) as i64, "ok": 1.0});
+    }
     let hint = cmd.get("hint").filter(|h| !matches!(h, Bson::Null));
     let limits = read_limits(ctx, cmd)?;
     let busy = |ns: u64| {
@@ -425,6 +464,15 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         )
     })?;
     let first = first_batch_size(cursor_opts)?;
+    let text_first = stages
+        .first()
+        .and_then(|s| s.get_document("$match").ok())
+        .is_some_and(|m| m.contains_key("$text"));
+    if text_first {
+        let docs = ctx.database()?.collection(coll).text_aggregate(&stages)?;
+        let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
+        return cursor_reply(ctx, cursor, first, false, None);
+    }
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
     let docs = source.aggregate(stages, &limits)?;

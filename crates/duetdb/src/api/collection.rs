@@ -14,6 +14,7 @@ use crate::api::find::Source;
 use crate::api::snapshot::stats_of;
 use crate::api::*;
 use crate::doc::DocRef;
+use crate::durability::effect::Effect;
 use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::prepare;
 use crate::query::distinct::Distinct;
@@ -23,18 +24,33 @@ use crate::query::{Filter, SortSpec};
 use crate::snapshot::scan::{self, ScanOutcome};
 use crate::snapshot::{choose, Choice, Read, Strategy};
 use crate::store::collection::ID_INDEX_NAME;
-use crate::store::index::IndexSpec;
 use crate::store::DbState;
 use crate::write::command::{
     Command, FindAndModifyCommand, FindAndModifyOutcome, InsertOutcome, Reply, UpdateCommand,
     UpdateResult,
 };
 
-/// Options of index creation.
+/// Options of index creation (MongoDB's index options; see
+/// [`Collection::create_index_spec`] for the document form).
 #[derive(Debug, Clone, Default)]
 pub struct IndexOptions {
     pub name: Option<String>,
     pub unique: bool,
+    /// Documents lacking every indexed field are not indexed.
+    pub sparse: bool,
+    /// `partialFilterExpression`: only matching documents are indexed.
+    pub partial_filter: Option<Document>,
+    /// TTL: the monitor deletes documents whose date is older than this.
+    pub expire_after_seconds: Option<i64>,
+    /// `wildcardProjection` of a `$**` index.
+    pub wildcard_projection: Option<Document>,
+}
+
+/// Which index a modification names: by name or by key pattern.
+#[derive(Debug, Clone)]
+pub enum IndexTarget {
+    Name(String),
+    Keys(Document),
 }
 
 /// Handle on a live collection.
@@ -424,9 +440,37 @@ impl Collection {
     /// Create an index (built over existing documents); returns its name.
     /// Creating an identical index again is a no-op.
     pub fn create_index(&self, keys: Document, options: IndexOptions) -> Result<String> {
+        let mut spec = bson::doc! {"key": keys};
+        if let Some(n) = options.name {
+            spec.insert("name", n);
+        }
+        if options.unique {
+            spec.insert("unique", true);
+        }
+        if options.sparse {
+            spec.insert("sparse", true);
+        }
+        if let Some(p) = options.partial_filter {
+            spec.insert("partialFilterExpression", p);
+        }
+        if let Some(s) = options.expire_after_seconds {
+            spec.insert("expireAfterSeconds", s);
+        }
+        if let Some(p) = options.wildcard_projection {
+            spec.insert("wildcardProjection", p);
+        }
+        self.create_index_spec(&spec)
+    }
+
+    /// Create an index from a MongoDB index specification document
+    /// (`{key, name, unique, sparse, partialFilterExpression,
+    /// expireAfterSeconds, wildcardProjection}`, as `createIndexes` takes);
+    /// returns its name. An identical index again is a no-op; conflicts are
+    /// 85 IndexOptionsConflict / 86 IndexKeySpecsConflict, as MongoDB.
+    pub fn create_index_spec(&self, spec: &Document) -> Result<String> {
         validate_collection_name(&self.name)?;
-        let spec = IndexSpec::new(&keys, options.name.as_deref(), options.unique)?;
-        let name = if spec.fields.len() == 1 && spec.fields[0] == ("_id".to_string(), true) {
+        let spec = crate::query::index_spec::parse(spec)?;
+        let name = if spec.is_id_pattern() {
             ID_INDEX_NAME.to_string()
         } else {
             spec.name.clone()
@@ -436,6 +480,54 @@ impl Collection {
             spec,
         })?;
         Ok(name)
+    }
+
+    /// Set the `expireAfterSeconds` of an index (`collMod`'s `index` option):
+    /// a TTL index gets a new value, a single-field ascending/descending one
+    /// becomes a TTL index (MongoDB 5.1+). Returns the old value (`None`: it
+    /// was not a TTL index) and the new one. Logged as the index dropped and
+    /// created again with its new spec; its entries are kept as they are.
+    pub fn set_expire_after_seconds(
+        &self,
+        target: IndexTarget,
+        expire_after_seconds: &Bson,
+    ) -> Result<(Option<i64>, i64)> {
+        let coll = self.name.clone();
+        let value = expire_after_seconds.clone();
+        self.db.writer().at_boundary(move |state, fx| {
+            let c = state
+                .collection_mut(&coll)
+                .ok_or_else(|| Error::NamespaceNotFound(coll.clone()))?;
+            let index = c
+                .indexes
+                .iter()
+                .find(|i| match &target {
+                    IndexTarget::Name(n) => &i.spec.name == n,
+                    IndexTarget::Keys(k) => &i.spec.key_pattern() == k,
+                })
+                .ok_or_else(|| {
+                    Error::IndexNotFound(match &target {
+                        IndexTarget::Name(n) => n.clone(),
+                        IndexTarget::Keys(k) => k.to_string(),
+                    })
+                })?;
+            let mut spec = (*index.spec).clone();
+            let secs = crate::query::index_spec::expire_after_seconds(&value, &spec)?;
+            let old = spec.expire_after_seconds.replace(secs);
+            let name = spec.name.clone();
+            if old != Some(secs) {
+                c.replace_index_spec(&name, spec.clone())?;
+                fx.record(|| Effect::DropIndex {
+                    coll: coll.clone(),
+                    name: name.clone(),
+                });
+                fx.record(|| Effect::CreateIndex {
+                    coll: coll.clone(),
+                    spec,
+                });
+            }
+            Ok((old, secs))
+        })
     }
 
     pub fn drop_index(&self, name: &str) -> Result<()> {
@@ -454,14 +546,7 @@ impl Collection {
             .collection(&self.name)
             .ok_or_else(|| Error::NamespaceNotFound(self.name.clone()))?;
         let mut out = vec![bson::doc! {"v": 2, "key": {"_id": 1}, "name": ID_INDEX_NAME}];
-        for i in &c.indexes {
-            let mut d =
-                bson::doc! {"v": 2, "key": i.spec.key_pattern(), "name": i.spec.name.clone()};
-            if i.spec.unique {
-                d.insert("unique", true);
-            }
-            out.push(d);
-        }
+        out.extend(c.indexes.iter().map(|i| i.spec.to_document()));
         Ok(out)
     }
 

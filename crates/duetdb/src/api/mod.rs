@@ -1,5 +1,5 @@
 //! The public API: `Database`, `Collection`, `Find`, `Snapshot`,
-//! `Transaction`, `Engine`, and `Crud`, the one CRUD surface of a live
+//! `Transaction`, `Engine`, the TTL monitor (`ttl`), and `Crud`, the one CRUD surface of a live
 //! collection and of a transaction's view of one. Every `impl` block of an
 //! API type lives here; the layers below know nothing of these types.
 //! Layer 8: may use every layer below.
@@ -15,15 +15,19 @@ pub mod find;
 pub mod named;
 pub mod olcp;
 pub mod snapshot;
+pub mod text;
 pub mod transaction;
+pub mod ttl;
 
 pub use aggregate::AggregateExplain;
 pub use analytics::{AnalyticCollection, AnalyticSession};
 pub use changes::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
-pub use collection::{Collection, IndexOptions};
+pub use collection::{Collection, IndexOptions, IndexTarget};
 pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
 pub use engine::Engine;
 pub use find::{Find, FindOptions, FindOutcome, FindStream};
 pub use snapshot::{Snapshot, SnapshotCollection};
+pub use text::TextFindOptions;
 pub use transaction::{Transaction, TxnCollection};
+pub use ttl::{TtlCounters, TtlMonitor, TtlPass, DEFAULT_TTL_SLEEP};

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 
-use crate::api::IndexOptions;
 use crate::api::{Collection, Database, DbOptions};
 use crate::snapshot::Strategy;
 use crate::store::vls::VlsOptions;
@@ -49,6 +48,58 @@ pub struct CheckConfig {
     pub slots: usize,
     /// Stop at the first round with violations.
     pub stop_on_violation: bool,
+    /// The kind of the index on `k` that index scans use.
+    pub index: CheckIndex,
+}
+
+/// The index on `k` (every index kind must stay consistent under every
+/// strategy: each is a secondary structure in the same copy-on-write state).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CheckIndex {
+    /// `{k: 1}`.
+    #[default]
+    Plain,
+    /// `{k: 1}` holding only `k >= 100`: ranges from 100 up use it.
+    Partial,
+    /// `{k: 1}`, sparse.
+    Sparse,
+    /// `{k: "hashed"}`: `$in` lookups use it.
+    Hashed,
+    /// `{"$**": 1}`: ranges and `$in` on `k` use it.
+    Wildcard,
+}
+
+impl CheckIndex {
+    pub const ALL: [CheckIndex; 5] = [
+        CheckIndex::Plain,
+        CheckIndex::Partial,
+        CheckIndex::Sparse,
+        CheckIndex::Hashed,
+        CheckIndex::Wildcard,
+    ];
+
+    /// By name (`plain`, `partial`, `sparse`, `hashed`, `wildcard`).
+    pub fn parse(name: &str) -> Result<CheckIndex, String> {
+        CheckIndex::ALL
+            .into_iter()
+            .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                format!("unknown index kind '{name}': plain, partial, sparse, hashed or wildcard")
+            })
+    }
+
+    /// The index spec (`createIndexes` form).
+    pub fn spec(self) -> Document {
+        match self {
+            CheckIndex::Plain => doc! {"key": {"k": 1}},
+            CheckIndex::Partial => {
+                doc! {"key": {"k": 1}, "partialFilterExpression": {"k": {"$gte": 100}}}
+            }
+            CheckIndex::Sparse => doc! {"key": {"k": 1}, "sparse": true},
+            CheckIndex::Hashed => doc! {"key": {"k": "hashed"}},
+            CheckIndex::Wildcard => doc! {"key": {"$**": 1}},
+        }
+    }
 }
 
 impl Default for CheckConfig {
@@ -64,6 +115,7 @@ impl Default for CheckConfig {
             seed: 1,
             slots: 64,
             stop_on_violation: false,
+            index: CheckIndex::Plain,
         }
     }
 }
@@ -96,6 +148,7 @@ enum Query {
     All,
     VGte(i64),
     KRange(i64, i64),
+    KIn(i64, i64),
     IdRange(i64, i64),
 }
 
@@ -105,6 +158,7 @@ impl Query {
             Query::All => doc! {"pad": {"$exists": true}},
             Query::VGte(v) => doc! {"v": {"$gte": v}},
             Query::KRange(l, h) => doc! {"k": {"$gte": l, "$lt": h}},
+            Query::KIn(a, b) => doc! {"k": {"$in": [a, b]}},
             Query::IdRange(l, h) => doc! {"_id": {"$gte": l, "$lt": h}},
         }
     }
@@ -114,6 +168,7 @@ impl Query {
             Query::All => true,
             Query::VGte(x) => v >= x,
             Query::KRange(l, h) => k >= l && k < h,
+            Query::KIn(a, b) => k == a || k == b,
             Query::IdRange(l, h) => id >= l && id < h,
         }
     }
@@ -176,7 +231,7 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
     };
     let db = Database::with_options("check", None, options);
     let coll = db.collection("c");
-    if let Err(e) = load(&coll, cfg.docs) {
+    if let Err(e) = load(&coll, cfg.docs, cfg.index) {
         report.violations += 1;
         report
             .examples
@@ -250,14 +305,21 @@ fn scanner(
     scans: &Mutex<Vec<ScanRecord>>,
 ) {
     for _ in 0..cfg.scans_per_round {
-        let q = random_query(&mut rng, cfg.docs);
+        let q = random_query(&mut rng, cfg.docs, cfg.index);
         let rec = scan_once(db, coll, q, cfg.strategy);
         scans.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
     }
 }
 
-fn random_query(rng: &mut Rng, docs: i64) -> Query {
-    match rng.below(4) {
+/// A random query; `$in` on `k` only with the index kinds beyond `Plain`
+/// (the plain mix stays what it was, seed for seed).
+fn random_query(rng: &mut Rng, docs: i64, index: CheckIndex) -> Query {
+    let kinds = if index == CheckIndex::Plain { 4 } else { 5 };
+    match rng.below(kinds) {
+        4 => Query::KIn(
+            rng.below(K_RANGE as u64) as i64,
+            rng.below(K_RANGE as u64) as i64,
+        ),
         0 => Query::All,
         1 => Query::VGte(rng.below(3) as i64),
         2 => {
@@ -392,7 +454,7 @@ fn check_settled(cfg: &CheckConfig, round_no: u64, db: &Database, report: &mut C
     }
 }
 
-fn load(coll: &Collection, n: i64) -> crate::error::Result<()> {
+fn load(coll: &Collection, n: i64, index: CheckIndex) -> crate::error::Result<()> {
     let mut batch = Vec::with_capacity(1000);
     for i in 0..n {
         batch.push(doc! {"_id": i, "k": i % K_RANGE, "v": 0i64, "pad": pad()});
@@ -403,7 +465,7 @@ fn load(coll: &Collection, n: i64) -> crate::error::Result<()> {
     if !batch.is_empty() {
         coll.insert_many(batch, true)?;
     }
-    coll.create_index(doc! {"k": 1}, IndexOptions::default())?;
+    coll.create_index_spec(&index.spec())?;
     Ok(())
 }
 

@@ -288,13 +288,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn spec_doc(spec: &IndexSpec) -> Document {
-    bson::doc! {"key": spec.key_pattern(), "name": spec.name.clone(), "unique": spec.unique}
-}
-
-/// Encode an index spec as a BSON document.
+/// Encode an index spec as a BSON document: the form `listIndexes`
+/// reports (`IndexSpec::to_document`), which `read_spec` parses back.
 pub fn put_spec(out: &mut Vec<u8>, spec: &IndexSpec) {
-    put_document(out, &spec_doc(spec));
+    put_document(out, &spec.to_document());
 }
 
 fn put_document(out: &mut Vec<u8>, d: &Document) {
@@ -306,17 +303,12 @@ fn put_document(out: &mut Vec<u8>, d: &Document) {
     }
 }
 
+/// Decode an index spec: every version's form (the first stored only
+/// `{key, name, unique}`; later ones every option `listIndexes` reports).
 pub fn read_spec(r: &mut Reader<'_>) -> Result<IndexSpec, DecodeError> {
     let raw = r.doc()?;
     let d = doc::to_document(&raw).map_err(|e| DecodeError(format!("bad index spec: {e}")))?;
-    let key = d
-        .get_document("key")
-        .map_err(|_| DecodeError("index spec without key".into()))?;
-    let name = d
-        .get_str("name")
-        .map_err(|_| DecodeError("index spec without name".into()))?;
-    let unique = d.get_bool("unique").unwrap_or(false);
-    IndexSpec::new(key, Some(name), unique).map_err(|e| DecodeError(format!("bad index spec: {e}")))
+    crate::query::index_spec::parse(&d).map_err(|e| DecodeError(format!("bad index spec: {e}")))
 }
 
 /// Append the encoding of `e` to `out`.

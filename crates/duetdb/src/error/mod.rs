@@ -72,6 +72,16 @@ pub enum Error {
     /// An index with the same name but a different spec exists. Code 86 (IndexKeySpecsConflict).
     #[error("{0}")]
     IndexConflict(String),
+    /// An index with the same key pattern (or the same name and keys) but
+    /// other options or another name exists. Code 85 (IndexOptionsConflict).
+    #[error("{0}")]
+    IndexOptionsConflict(String),
+    /// An array where a hashed index needs a single value. Code 16766, as MongoDB.
+    #[error("{0}")]
+    HashedArray(String),
+    /// A text language MongoDB does not know. Code 17262, as MongoDB.
+    #[error("{0}")]
+    TextLanguage(String),
     /// Invalid index specification. Code 67 (CannotCreateIndex).
     #[error("{0}")]
     CannotCreateIndex(String),
@@ -173,6 +183,9 @@ impl Error {
             Error::DatabaseDifferCase(..) => 13297,
             Error::IndexNotFound(_) => 27,
             Error::IndexConflict(_) => 86,
+            Error::IndexOptionsConflict(_) => 85,
+            Error::HashedArray(_) => 16766,
+            Error::TextLanguage(_) => 17262,
             Error::CannotCreateIndex(_) => 67,
             Error::IllegalOperation(_) => 20,
             Error::QueryPlanKilled(_) => 175,
@@ -212,6 +225,9 @@ impl Error {
             Error::DatabaseDifferCase(..) => "DatabaseDifferCase",
             Error::IndexNotFound(_) => "IndexNotFound",
             Error::IndexConflict(_) => "IndexKeySpecsConflict",
+            Error::IndexOptionsConflict(_) => "IndexOptionsConflict",
+            Error::HashedArray(_) => "Location16766",
+            Error::TextLanguage(_) => "Location17262",
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
             Error::IllegalOperation(_) => "IllegalOperation",
             Error::QueryPlanKilled(_) => "QueryPlanKilled",

@@ -5,12 +5,15 @@ pub mod aggregate;
 pub mod distinct;
 pub mod expr;
 pub mod filter;
+pub mod index_spec;
 pub mod limits;
+pub mod partial;
 pub mod planner;
 pub mod projection;
 pub mod sort;
 pub mod sorter;
 pub mod spill;
+pub mod text;
 pub mod update;
 pub mod walk;
 

@@ -13,7 +13,15 @@
 //! - on a multikey index a two-sided range keeps only its lower side (one array
 //!   element may satisfy `$gt` and another `$lt`);
 //! - `{a: null}` also matches missing fields and `undefined`: interval [undefined, null];
-//! - a multikey index or overlapping intervals can yield a record twice: deduplicated.
+//! - a multikey index or overlapping intervals can yield a record twice: deduplicated;
+//! - a partial index is used only when the query implies its filter, a sparse
+//!   one only when every match has one of its fields (`query::partial`): an
+//!   index that lacks some matches is never chosen (hinting a sparse one is
+//!   allowed, as MongoDB);
+//! - a hashed field is looked up by the hashes of equality and `$in` values
+//!   only, and never yields sort order;
+//! - a wildcard index is scanned for one path with a scalar equality, `$in`
+//!   or range (not null, documents or arrays), as a multikey index.
 
 use std::collections::HashSet;
 use std::ops::{Bound, ControlFlow};
@@ -28,7 +36,8 @@ use crate::query::limits::PAGE_DOCS;
 use crate::query::{Filter, Sarg, SortSpec};
 use crate::store::collection::{CollectionState, ID_INDEX_NAME};
 use crate::store::heap::RecordId;
-use crate::store::index::{IndexKey, IndexSpec, IndexState, KeyPart, ValueKey};
+use crate::store::index::{IndexKey, IndexKind, IndexSpec, IndexState, KeyPart, ValueKey};
+use crate::store::wildcard::{Coverage, WildcardSpec};
 
 /// How the client constrained the plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,18 +299,54 @@ struct IndexCandidate {
     provides_sort: bool,
 }
 
+/// A sarg on a hashed field, in hash space: equality and `$in` become the
+/// hashes of their values (null also matches missing and undefined, whose
+/// keys are the hashes of null and undefined); ranges cannot use the hash.
+fn hashed_sarg(sarg: &Sarg) -> Option<Sarg> {
+    let hashes = |v: &RawBson| -> Vec<RawBson> {
+        let h = |v: &RawBson| RawBson::Int64(crate::store::hashed::hash64(v.as_raw_bson_ref()));
+        if matches!(v, RawBson::Null) {
+            vec![h(&RawBson::Null), h(&RawBson::Undefined)]
+        } else {
+            vec![h(v)]
+        }
+    };
+    match sarg {
+        Sarg::Eq(v) if !matches!(v, RawBson::Null) => hashes(v).pop().map(Sarg::Eq),
+        Sarg::Eq(v) => Some(Sarg::In(hashes(v))),
+        Sarg::In(vs) => Some(Sarg::In(vs.iter().flat_map(hashes).collect())),
+        Sarg::Range { .. } => None,
+    }
+}
+
 fn plan_index(
     index: &IndexState,
     sargs: &[(String, Sarg)],
     sort: Option<&SortSpec>,
 ) -> IndexCandidate {
     let spec = &index.spec;
-    let sarg_for = |path: &str| sargs.iter().find(|(p, _)| p == path).map(|(_, s)| s);
+    let hashed_pos = match spec.kind {
+        IndexKind::Hashed { pos } => Some(pos),
+        _ => None,
+    };
+    let field_sargs: Vec<Option<Sarg>> = spec
+        .fields
+        .iter()
+        .enumerate()
+        .map(|(i, (path, _))| {
+            let s = sargs.iter().find(|(p, _)| p == path).map(|(_, s)| s)?;
+            if hashed_pos == Some(i) {
+                hashed_sarg(s)
+            } else {
+                Some(s.clone())
+            }
+        })
+        .collect();
     let mut prefix: Vec<KeyPart> = Vec::new();
     let mut bounds = Document::new();
     let mut k = 0;
     while k < spec.fields.len() {
-        match sarg_for(&spec.fields[k].0) {
+        match field_sargs[k].as_ref() {
             Some(Sarg::Eq(v)) if !matches!(v, RawBson::Null) => {
                 prefix.push(KeyPart::Val(v.clone()));
                 let b = render_bound(&Bound::Included(v.clone()));
@@ -315,7 +360,7 @@ fn plan_index(
     let mut score = 4 * eq_len as u32;
     let intervals = if k < spec.fields.len() {
         let (path, asc) = &spec.fields[k];
-        match sarg_for(path) {
+        match field_sargs[k].as_ref() {
             Some(sarg) => {
                 let mut vi = value_intervals(sarg, index.multikey);
                 score += if matches!(sarg, Sarg::Range { .. }) {
@@ -359,7 +404,11 @@ fn plan_index(
     let mut reverse = false;
     let mut provides_sort = false;
     if let Some(sort) = sort.filter(|s| !s.keys.is_empty()) {
-        if !index.multikey && eq_len + sort.keys.len() <= spec.fields.len() && intervals.len() == 1
+        let past_hash = hashed_pos.is_some_and(|h| h < eq_len + sort.keys.len());
+        if !index.multikey
+            && !past_hash
+            && eq_len + sort.keys.len() <= spec.fields.len()
+            && intervals.len() == 1
         {
             let fields = &spec.fields[eq_len..eq_len + sort.keys.len()];
             let same = fields
@@ -386,6 +435,114 @@ fn plan_index(
         },
         score,
         provides_sort,
+    }
+}
+
+/// Is `v` a value a wildcard index can look up: a scalar whose matches are
+/// all keys of the path (not null, which matches missing paths; not a
+/// document or array, whose matches are not leaves; not MinKey/MaxKey).
+fn wildcard_value(v: &RawBson) -> bool {
+    let r = rank(v);
+    (3..=15).contains(&r) && r != 5 && r != 6
+}
+
+/// The best single-path scan of a wildcard index, if a sarg allows one.
+fn plan_wildcard(
+    index: &IndexState,
+    w: &WildcardSpec,
+    sargs: &[(String, Sarg)],
+) -> Option<IndexCandidate> {
+    let mut best: Option<IndexCandidate> = None;
+    for (path, sarg) in sargs {
+        if w.coverage(path) != Coverage::All
+            || path
+                .split('.')
+                .any(|p| crate::doc::path::numeric_component(p).is_some())
+        {
+            continue;
+        }
+        let (usable, score) = match sarg {
+            Sarg::Eq(v) => (wildcard_value(v), 4),
+            Sarg::In(vs) => (!vs.is_empty() && vs.iter().all(wildcard_value), 2),
+            Sarg::Range { lower, upper } => {
+                let ok = |b: &ValueBound| match b {
+                    Bound::Included(v) | Bound::Excluded(v) => wildcard_value(v),
+                    Bound::Unbounded => true,
+                };
+                (
+                    ok(lower)
+                        && ok(upper)
+                        && !matches!((lower, upper), (Bound::Unbounded, Bound::Unbounded)),
+                    1,
+                )
+            }
+        };
+        if !usable || best.as_ref().is_some_and(|b| b.score >= score) {
+            continue;
+        }
+        let prefix = vec![KeyPart::Val(RawBson::String(path.clone()))];
+        // Every path may hold arrays: ranges stay one-sided, results deduplicated.
+        let vi = value_intervals(sarg, true);
+        let mut bounds = Document::new();
+        bounds.insert(
+            "$_path",
+            vec![Bson::String(path.clone()), Bson::String(path.clone())],
+        );
+        bounds.insert(
+            path.clone(),
+            vi.iter()
+                .map(|(l, u)| Bson::Array(vec![render_bound(l), render_bound(u)]))
+                .collect::<Vec<_>>(),
+        );
+        let intervals = vi
+            .into_iter()
+            .map(|iv| key_interval(&index.spec, &prefix, iv, true))
+            .collect();
+        best = Some(IndexCandidate {
+            access: Access::IndexScan {
+                index: index.spec.name.clone(),
+                intervals,
+                reverse: false,
+                dedup: true,
+                bounds,
+            },
+            score,
+            provides_sort: false,
+        });
+    }
+    best
+}
+
+/// May `index` answer a query with these sargs at all? A partial index only
+/// when the query implies its filter, a sparse one only when every match has
+/// one of its fields (MongoDB's rules: otherwise matches would be missed).
+fn index_usable(index: &IndexState, sargs: &[(String, Sarg)]) -> bool {
+    let spec = &index.spec;
+    if let Some(p) = &spec.partial {
+        if !crate::query::partial::implies(sargs, &p.expr) {
+            return false;
+        }
+    }
+    if spec.sparse {
+        let paths: Vec<&str> = spec.fields.iter().map(|(p, _)| p.as_str()).collect();
+        if !crate::query::partial::implies_exists_any(sargs, &paths) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The candidate of one index (a wildcard one only with a usable sarg).
+fn candidate(
+    index: &IndexState,
+    sargs: &[(String, Sarg)],
+    sort: Option<&SortSpec>,
+) -> Option<IndexCandidate> {
+    match &index.spec.kind {
+        IndexKind::Wildcard(w) => plan_wildcard(index, w, sargs),
+        // Only `$text` queries read a text index (`query::text`).
+        IndexKind::Text(_) => None,
+        _ => Some(plan_index(index, sargs, sort)),
     }
 }
 
@@ -427,6 +584,10 @@ fn plan_id(sargs: &[(String, Sarg)], sort: Option<&SortSpec>) -> Option<Plan> {
             })
         }
     }
+}
+
+fn bad_hint() -> Error {
+    Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index")
 }
 
 /// Choose an access path for `filter` (and `sort`) on `coll`.
@@ -476,8 +637,14 @@ pub fn plan(
                     Hint::Keys(k) => &i.spec.key_pattern() == k,
                     Hint::Natural { .. } => false,
                 })
-                .ok_or_else(|| Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index"))?;
-            let c = plan_index(index, &sargs, sort);
+                .ok_or_else(bad_hint)?;
+            // As MongoDB: a partial index the query does not imply, or a
+            // wildcard index without a usable predicate, cannot be hinted; a
+            // sparse index can (its answer may then miss documents).
+            if index.spec.partial.is_some() && !index_usable(index, &sargs) {
+                return Err(bad_hint());
+            }
+            let c = candidate(index, &sargs, sort).ok_or_else(bad_hint)?;
             return Ok(Plan {
                 access: c.access,
                 provides_sort: c.provides_sort,
@@ -492,7 +659,12 @@ pub fn plan(
     }
     let mut best: Option<IndexCandidate> = None;
     for index in &coll.indexes {
-        let c = plan_index(index, &sargs, sort);
+        if !index_usable(index, &sargs) {
+            continue;
+        }
+        let Some(c) = candidate(index, &sargs, sort) else {
+            continue;
+        };
         if c.score == 0 && !c.provides_sort {
             continue;
         }

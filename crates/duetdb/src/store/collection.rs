@@ -24,7 +24,7 @@ use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
 use crate::store::btree::BTree;
 use crate::store::heap::{Heap, RecordId};
-use crate::store::index::{IndexKey, IndexSpec, IndexState, ValueKey};
+use crate::store::index::{IndexKey, IndexKind, IndexSpec, IndexState, ValueKey};
 use crate::store::vls::{CollectionVls, VlsOptions};
 
 /// Name of the primary index, as MongoDB.
@@ -318,9 +318,15 @@ impl CollectionState {
     }
 
     /// Build a new index over the existing documents. Errors (duplicate keys,
-    /// parallel arrays) leave the collection unchanged.
+    /// parallel arrays) leave the collection unchanged. Returns false when an
+    /// identical index exists (or `spec` is the primary key pattern).
+    ///
+    /// Conflicts, as MongoDB: the same name with other keys is 86
+    /// IndexKeySpecsConflict; the same name and keys with other options, or
+    /// the same keys (and partial filter) under another name, is 85
+    /// IndexOptionsConflict.
     pub fn create_index(&mut self, spec: IndexSpec) -> Result<bool> {
-        if spec.fields.len() == 1 && spec.fields[0].0 == "_id" && spec.fields[0].1 {
+        if spec.is_id_pattern() && spec.partial.is_none() {
             return Ok(false); // the primary index always exists
         }
         if spec.name == ID_INDEX_NAME {
@@ -332,14 +338,35 @@ impl CollectionState {
             if *existing.spec == spec {
                 return Ok(false);
             }
+            if existing.spec.same_keys_as(&spec) {
+                return Err(Error::IndexOptionsConflict(format!(
+                    "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
+                    spec.to_document(),
+                    existing.spec.to_document()
+                )));
+            }
             return Err(Error::IndexConflict(format!(
-                "an index named {} already exists with a different key pattern or options",
-                spec.name
+                "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
+                spec.to_document(),
+                existing.spec.to_document()
             )));
         }
-        if let Some(existing) = self.indexes.iter().find(|i| i.spec.fields == spec.fields) {
-            return Err(Error::IndexConflict(format!(
-                "an equivalent index already exists with the name {}",
+        if matches!(spec.kind, IndexKind::Text(_)) {
+            if let Some(existing) = self
+                .indexes
+                .iter()
+                .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
+            {
+                return Err(Error::IndexOptionsConflict(format!(
+                    "An equivalent index already exists with a different name and options (one text index per collection). Requested index: {}, existing index: {}",
+                    spec.to_document(),
+                    existing.spec.to_document()
+                )));
+            }
+        }
+        if let Some(existing) = self.indexes.iter().find(|i| i.spec.same_keys_as(&spec)) {
+            return Err(Error::IndexOptionsConflict(format!(
+                "Index already exists with a different name: {}",
                 existing.spec.name
             )));
         }
@@ -362,6 +389,29 @@ impl CollectionState {
         }
         self.indexes.push(index);
         Ok(true)
+    }
+
+    /// Replace the spec of index `name` by `spec`, keeping its entries.
+    ///
+    /// Requires: `spec` forms the same keys for every document (only options
+    /// that do not change entries differ, e.g. `expireAfterSeconds`); checked.
+    pub fn replace_index_spec(&mut self, name: &str, spec: IndexSpec) -> Result<Arc<IndexSpec>> {
+        let index = self
+            .indexes
+            .iter_mut()
+            .find(|i| i.spec.name == name)
+            .ok_or_else(|| Error::IndexNotFound(name.to_string()))?;
+        let old = &index.spec;
+        if old.name != spec.name
+            || !old.same_keys_as(&spec)
+            || old.unique != spec.unique
+            || old.sparse != spec.sparse
+        {
+            return Err(Error::Internal(format!(
+                "replace_index_spec of {name} would change its entries"
+            )));
+        }
+        Ok(std::mem::replace(&mut index.spec, Arc::new(spec)))
     }
 
     pub fn drop_index(&mut self, name: &str) -> Result<()> {

@@ -1,4 +1,6 @@
-//! Secondary indexes: specifications, key extraction and the key order.
+//! Secondary indexes: specifications (key pattern and options: unique,
+//! sparse, partial filter, TTL, hashed and wildcard kinds), key extraction and
+//! the key order.
 //!
 //! An index is a persistent [`BTree`] over `(IndexKey, RecordId)` entries (the
 //! record id makes entries of equal keys distinct and orders them), plus its spec.
@@ -11,7 +13,14 @@
 //!   reversed; the [`KeyPart::Low`]/[`KeyPart::High`] sentinels never reach the tree:
 //!   they only build range bounds;
 //! - `multikey` is set once any document produced more than one key or reached a
-//!   value through an array, and never cleared (range bounds must then stay one-sided).
+//!   value through an array, and never cleared (range bounds must then stay one-sided);
+//!   a wildcard index is multikey from its first key;
+//! - a document the index does not hold (its partial filter does not match it,
+//!   or a sparse index's fields are all missing) has no entry at all, so
+//!   uniqueness holds among the held documents only;
+//! - a hashed field's key part is `Int64(hash64(value))` (missing: the hash
+//!   of null), never an array's: arrays there are refused;
+//! - a wildcard key is `(String(path), value)`, see [`crate::store::wildcard`].
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -23,6 +32,8 @@ use crate::doc::value;
 use crate::error::{Error, Result};
 use crate::store::btree::BTree;
 use crate::store::heap::RecordId;
+pub use crate::store::text::TextSpec;
+pub use crate::store::wildcard::{WildcardProjection, WildcardSpec};
 
 /// Most fields in one compound index (MongoDB's limit).
 pub const MAX_INDEX_FIELDS: usize = 32;
@@ -132,17 +143,68 @@ impl Ord for ValueKey {
     }
 }
 
+/// How an index forms its keys, beyond its fields' directions.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IndexKind {
+    /// Ascending and descending fields: the values themselves.
+    Ordered,
+    /// Field `pos` holds MongoDB's 64-bit hash of its value
+    /// ([`crate::store::hashed::hash64`]); arrays there are refused.
+    Hashed { pos: usize },
+    /// `$**` / `path.$**`: one `(path, value)` key per covered leaf; `fields`
+    /// holds the single pattern field.
+    Wildcard(Box<WildcardSpec>),
+    /// A text index: one `(term)` key per distinct term of the document's
+    /// indexed strings ([`crate::store::text`]); `fields` is `[("_fts", true)]`.
+    /// Used only by `$text` queries, never by the planner.
+    Text(Box<TextSpec>),
+}
+
+/// A document predicate decided above the store (the query layer parses a
+/// `partialFilterExpression` into one); the store only asks it.
+pub trait DocPredicate: Send + Sync + std::fmt::Debug {
+    fn matches(&self, doc: &RawDocument) -> bool;
+}
+
+/// A partial index's filter: only documents it matches are indexed.
+#[derive(Debug, Clone)]
+pub struct PartialFilter {
+    /// As given (reported by `listIndexes`, stored in the WAL and checkpoints).
+    pub expr: Document,
+    /// The paths it reads (an update touching one may change membership).
+    pub paths: Vec<String>,
+    pub pred: Arc<dyn DocPredicate>,
+}
+
+impl PartialEq for PartialFilter {
+    fn eq(&self, other: &Self) -> bool {
+        self.expr == other.expr
+    }
+}
+
 /// What an index is over.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IndexSpec {
     pub name: String,
-    /// `(path, ascending)` in key order.
+    /// `(path, ascending)` in key order (a hashed or wildcard field: `true`).
     pub fields: Vec<(String, bool)>,
     pub unique: bool,
+    pub kind: IndexKind,
+    /// Documents lacking every indexed field are not indexed.
+    pub sparse: bool,
+    /// Only documents matching it are indexed.
+    pub partial: Option<Box<PartialFilter>>,
+    /// TTL: documents whose (earliest) date in the field is older than this
+    /// many seconds are deleted by the TTL monitor.
+    pub expire_after_seconds: Option<i64>,
 }
 
+/// Largest `expireAfterSeconds` (MongoDB's: a 32-bit signed integer).
+pub const MAX_EXPIRE_AFTER_SECONDS: i64 = i32::MAX as i64;
+
 impl IndexSpec {
-    /// Parse `keys` (`{a: 1, "b.c": -1}`) with an optional name and unique flag.
+    /// Parse `keys` (`{a: 1, "b.c": -1}`, `{a: "hashed"}`, `{"$**": 1}`) with
+    /// an optional name and unique flag; no other options.
     pub fn new(keys: &Document, name: Option<&str>, unique: bool) -> Result<IndexSpec> {
         if keys.is_empty() {
             return Err(Error::CannotCreateIndex(
@@ -154,36 +216,88 @@ impl IndexSpec {
                 "an index may have at most {MAX_INDEX_FIELDS} fields"
             )));
         }
-        let mut fields = Vec::with_capacity(keys.len());
+        let mut fields: Vec<(String, bool)> = Vec::with_capacity(keys.len());
+        let mut hashed = None;
+        let mut wildcard = None;
         for (path, dir) in keys {
-            crate::doc::path::validate(path).map_err(Error::CannotCreateIndex)?;
-            if path.split('.').any(|p| p.starts_with('$')) {
-                return Err(Error::CannotCreateIndex(format!(
-                    "index key path '{path}' must not contain '$'-prefixed components"
-                )));
+            let is_wildcard = path == "$**" || path.ends_with(".$**");
+            if is_wildcard {
+                if keys.len() > 1 {
+                    return Err(Error::CannotCreateIndex(
+                        "compound wildcard indexes are not supported by duetdb".into(),
+                    ));
+                }
+                if !matches!(dir, Bson::Int32(1) | Bson::Int64(1))
+                    && !matches!(dir, Bson::Double(d) if *d == 1.0)
+                {
+                    return Err(Error::CannotCreateIndex(format!(
+                        "a wildcard index key must be 1, not {dir}"
+                    )));
+                }
+                let prefix = path.strip_suffix(".$**").map(str::to_string);
+                if let Some(p) = &prefix {
+                    check_path(p)?;
+                }
+                wildcard = Some(WildcardSpec {
+                    prefix,
+                    projection: None,
+                });
+                fields.push((path.clone(), true));
+                continue;
             }
+            check_path(path)?;
             let asc = match dir {
                 Bson::Int32(1) | Bson::Int64(1) => true,
                 Bson::Int32(-1) | Bson::Int64(-1) => false,
                 Bson::Double(d) if *d == 1.0 => true,
                 Bson::Double(d) if *d == -1.0 => false,
+                Bson::String(s) if s == "hashed" => {
+                    if hashed.is_some() {
+                        return Err(Error::CannotCreateIndex(
+                            "A maximum of one index field is allowed to be hashed".into(),
+                        ));
+                    }
+                    hashed = Some(fields.len());
+                    true
+                }
+                Bson::String(s)
+                    if matches!(s.as_str(), "text" | "2dsphere" | "2d" | "geoHaystack") =>
+                {
+                    return Err(Error::CannotCreateIndex(format!(
+                        "index type '{s}' is not supported by duetdb"
+                    )))
+                }
                 Bson::String(s) => {
                     return Err(Error::CannotCreateIndex(format!(
-                        "index type '{s}' is not supported: only ascending (1) and descending (-1) keys"
+                        "Unknown index plugin '{s}'"
                     )))
                 }
                 other => {
                     return Err(Error::CannotCreateIndex(format!(
-                        "bad index key direction for '{path}': {other}; use 1 or -1"
+                        "bad index key direction for '{path}': {other}; use 1, -1 or \"hashed\""
                     )))
                 }
             };
-            if fields.iter().any(|(p, _): &(String, bool)| p == path) {
+            if fields.iter().any(|(p, _)| p == path) {
                 return Err(Error::CannotCreateIndex(format!(
                     "duplicate index field '{path}'"
                 )));
             }
             fields.push((path.clone(), asc));
+        }
+        let kind = match (hashed, wildcard) {
+            (_, Some(w)) => IndexKind::Wildcard(Box::new(w)),
+            (Some(pos), None) => IndexKind::Hashed { pos },
+            (None, None) => IndexKind::Ordered,
+        };
+        if unique && !matches!(kind, IndexKind::Ordered) {
+            return Err(Error::CannotCreateIndex(match kind {
+                IndexKind::Hashed { .. } => {
+                    "Currently hashed indexes cannot guarantee uniqueness. Use a regular index."
+                        .into()
+                }
+                _ => "Index type 'wildcard' does not support the unique option".into(),
+            }));
         }
         let name = match name {
             Some("") => {
@@ -192,22 +306,148 @@ impl IndexSpec {
                 ))
             }
             Some(n) => n.to_string(),
-            None => default_name(&fields),
+            None => default_name(keys),
         };
         Ok(IndexSpec {
             name,
             fields,
             unique,
+            kind,
+            sparse: false,
+            partial: None,
+            expire_after_seconds: None,
         })
     }
 
-    /// The key pattern document (`{a: 1, b: -1}`).
+    /// Is this the primary key pattern `{_id: 1}`?
+    pub fn is_id_pattern(&self) -> bool {
+        matches!(self.kind, IndexKind::Ordered)
+            && self.fields.len() == 1
+            && self.fields[0].0 == "_id"
+            && self.fields[0].1
+    }
+
+    /// The key pattern document (`{a: 1, b: -1}`, `{c: "hashed"}`, `{"$**": 1}`).
     pub fn key_pattern(&self) -> Document {
+        if matches!(self.kind, IndexKind::Text(_)) {
+            return bson::doc! {"_fts": "text", "_ftsx": 1};
+        }
         let mut d = Document::new();
-        for (p, asc) in &self.fields {
-            d.insert(p.clone(), if *asc { 1 } else { -1 });
+        for (i, (p, asc)) in self.fields.iter().enumerate() {
+            if matches!(self.kind, IndexKind::Hashed { pos } if pos == i) {
+                d.insert(p.clone(), "hashed");
+            } else {
+                d.insert(p.clone(), if *asc { 1 } else { -1 });
+            }
         }
         d
+    }
+
+    /// The index as `listIndexes` reports it: `v`, `key`, `name`, then the
+    /// options that were set, in MongoDB's names.
+    pub fn to_document(&self) -> Document {
+        let mut d = bson::doc! {"v": 2, "key": self.key_pattern(), "name": self.name.clone()};
+        if self.unique {
+            d.insert("unique", true);
+        }
+        if self.sparse {
+            d.insert("sparse", true);
+        }
+        if let Some(p) = &self.partial {
+            d.insert("partialFilterExpression", p.expr.clone());
+        }
+        if let Some(s) = self.expire_after_seconds {
+            match i32::try_from(s) {
+                Ok(i) => d.insert("expireAfterSeconds", i),
+                Err(_) => d.insert("expireAfterSeconds", s),
+            };
+        }
+        if let IndexKind::Wildcard(w) = &self.kind {
+            if let Some(p) = &w.projection {
+                d.insert("wildcardProjection", p.doc.clone());
+            }
+        }
+        if let IndexKind::Text(t) = &self.kind {
+            let mut weights = Document::new();
+            for (p, w) in &t.weights {
+                match i32::try_from(*w) {
+                    Ok(i) => weights.insert(p.clone(), i),
+                    Err(_) => weights.insert(p.clone(), *w),
+                };
+            }
+            d.insert("weights", weights);
+            d.insert("default_language", t.default_language.clone());
+            d.insert("language_override", t.language_override.clone());
+            d.insert("textIndexVersion", t.version);
+        }
+        d
+    }
+
+    /// A text index named `name` (MongoDB's default: `title_text_body_text`).
+    pub fn text(name: String, text: TextSpec) -> IndexSpec {
+        IndexSpec {
+            name,
+            fields: vec![("_fts".into(), true)],
+            unique: false,
+            kind: IndexKind::Text(Box::new(text)),
+            sparse: false,
+            partial: None,
+            expire_after_seconds: None,
+        }
+    }
+
+    /// The same index for MongoDB's conflict rules: same key pattern and the
+    /// same partial filter (two indexes on one pattern may differ by it).
+    pub fn same_keys_as(&self, other: &IndexSpec) -> bool {
+        self.fields == other.fields && self.kind == other.kind && self.partial == other.partial
+    }
+
+    /// Could an update that may change the paths `may_affect` accepts
+    /// change this index's entries for a document (its keys or membership)?
+    pub fn may_be_affected(&self, may_affect: &dyn Fn(&str) -> bool) -> bool {
+        match &self.kind {
+            IndexKind::Wildcard(_) => return true,
+            IndexKind::Text(t) => {
+                return t.is_wildcard()
+                    || may_affect(&t.language_override)
+                    || t.weights.iter().any(|(p, _)| may_affect(p))
+                    || self
+                        .partial
+                        .as_ref()
+                        .is_some_and(|f| f.paths.iter().any(|p| may_affect(p)));
+            }
+            _ => {}
+        }
+        self.fields.iter().any(|(p, _)| may_affect(p))
+            || self
+                .partial
+                .as_ref()
+                .is_some_and(|f| f.paths.iter().any(|p| may_affect(p)))
+    }
+
+    /// Number of parts of each key: the fields, or `(path, value)` for a
+    /// wildcard index.
+    pub fn key_len(&self) -> usize {
+        match self.kind {
+            IndexKind::Wildcard(_) => 2,
+            _ => self.fields.len(),
+        }
+    }
+
+    /// Does the index hold `doc` at all (partial filter, sparse)?
+    pub fn holds(&self, doc: &RawDocument) -> bool {
+        if let Some(p) = &self.partial {
+            if !p.pred.matches(doc) {
+                return false;
+            }
+        }
+        if self.sparse {
+            return self
+                .fields
+                .iter()
+                .any(|(path, _)| !crate::doc::path::values(doc, path).is_empty());
+        }
+        true
     }
 
     fn desc_mask(&self) -> u32 {
@@ -221,7 +461,7 @@ impl IndexSpec {
     /// A bound key: `parts` for the leading fields, then `fill` for the rest.
     pub fn bound_key(&self, parts: Vec<KeyPart>, fill: KeyPart) -> IndexKey {
         let mut parts = parts;
-        while parts.len() < self.fields.len() {
+        while parts.len() < self.key_len() {
             parts.push(fill.clone());
         }
         IndexKey {
@@ -231,15 +471,52 @@ impl IndexSpec {
     }
 
     /// The keys of `doc` for this index, deduplicated, and whether the document
-    /// made the index multikey. Missing fields index as null, an empty array as
-    /// undefined (MongoDB's rule). Arrays on more than one field of a compound
-    /// index are refused ("cannot index parallel arrays").
+    /// made the index multikey. A document the index does not hold (partial
+    /// filter, sparse) has no keys. Missing fields index as null, an empty
+    /// array as undefined (MongoDB's rule). Arrays on more than one field of a
+    /// compound index are refused ("cannot index parallel arrays"), and any
+    /// array on a hashed field.
     pub fn keys_for(&self, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {
+        if !self.holds(doc) {
+            return Ok((Vec::new(), false));
+        }
+        if let IndexKind::Wildcard(w) = &self.kind {
+            return self.wildcard_keys(w, doc);
+        }
+        if let IndexKind::Text(t) = &self.kind {
+            let keys = t
+                .scores(doc)?
+                .into_keys()
+                .map(|term| IndexKey {
+                    parts: vec![KeyPart::Val(RawBson::String(term))].into(),
+                    desc: 0,
+                })
+                .collect();
+            return Ok((keys, true));
+        }
+        let hashed_pos = match self.kind {
+            IndexKind::Hashed { pos } => Some(pos),
+            _ => None,
+        };
         let mut per_field: Vec<Vec<RawBson>> = Vec::with_capacity(self.fields.len());
         let mut multikey = false;
         let mut array_fields = 0;
-        for (path, _) in &self.fields {
+        for (i, (path, _)) in self.fields.iter().enumerate() {
             let (reached, through_array) = crate::doc::path::values_with_multikey(doc, path);
+            if hashed_pos == Some(i) {
+                if through_array
+                    || reached.len() > 1
+                    || reached.iter().any(|v| matches!(v, RawBsonRef::Array(_)))
+                {
+                    return Err(Error::HashedArray(format!(
+                        "hashed indexes do not currently support array values; found an array at '{path}' for index {}",
+                        self.name
+                    )));
+                }
+                let v = reached.first().copied().unwrap_or(RawBsonRef::Null);
+                per_field.push(vec![RawBson::Int64(crate::store::hashed::hash64(v))]);
+                continue;
+            }
             let mut vals: Vec<RawBson> = Vec::new();
             let mut field_multi = through_array;
             if reached.is_empty() {
@@ -316,12 +593,52 @@ impl IndexSpec {
         }
         Ok((keys, multikey))
     }
+
+    fn wildcard_keys(&self, w: &WildcardSpec, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {
+        let mut pairs = w.keys(doc, MAX_KEYS_PER_DOC)?;
+        pairs.sort_by(|(pa, va), (pb, vb)| {
+            pa.cmp(pb)
+                .then_with(|| value::compare(va.as_raw_bson_ref(), vb.as_raw_bson_ref()))
+        });
+        pairs.dedup_by(|(pa, va), (pb, vb)| {
+            pa == pb && value::equal(va.as_raw_bson_ref(), vb.as_raw_bson_ref())
+        });
+        let keys = pairs
+            .into_iter()
+            .map(|(p, v)| IndexKey {
+                parts: vec![KeyPart::Val(RawBson::String(p)), KeyPart::Val(v)].into(),
+                desc: 0,
+            })
+            .collect();
+        // Every path may hold arrays: the planner treats the index as multikey.
+        Ok((keys, true))
+    }
 }
 
-fn default_name(fields: &[(String, bool)]) -> String {
-    fields
-        .iter()
-        .map(|(p, asc)| format!("{p}_{}", if *asc { 1 } else { -1 }))
+fn check_path(path: &str) -> Result<()> {
+    crate::doc::path::validate(path).map_err(Error::CannotCreateIndex)?;
+    if path.split('.').any(|p| p.starts_with('$')) {
+        return Err(Error::CannotCreateIndex(format!(
+            "index key path '{path}' must not contain '$'-prefixed components"
+        )));
+    }
+    Ok(())
+}
+
+/// MongoDB's default index name: `field_value` joined by `_` (`a_1_b_-1`,
+/// `c_hashed`, `$**_1`).
+fn default_name(keys: &Document) -> String {
+    keys.iter()
+        .map(|(p, v)| {
+            let v = match v {
+                Bson::String(s) => s.clone(),
+                Bson::Int32(i) => i.to_string(),
+                Bson::Int64(i) => i.to_string(),
+                Bson::Double(d) if d.fract() == 0.0 => format!("{}", *d as i64),
+                other => other.to_string(),
+            };
+            format!("{p}_{v}")
+        })
         .collect::<Vec<_>>()
         .join("_")
 }

@@ -3,7 +3,8 @@
 //!
 //! - `heap`: radix tree `RecordId → document` (the record heap);
 //! - `btree`: the persistent B+tree under every index;
-//! - `index`: index specs, key extraction, key order;
+//! - `index`: index specs, key extraction, key order; `hashed`: MongoDB's
+//!   hash of a value (hashed indexes); `wildcard`: wildcard index coverage and keys; `text`: text index terms and scores;
 //! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
 //! - `state`: one version of a database (`DbState`);
 //! - `vls`, `remset`: the VLS status masks and shared remset kept beside the
@@ -12,10 +13,13 @@
 
 pub mod btree;
 pub mod collection;
+pub mod hashed;
 pub mod heap;
 pub mod index;
 pub mod remset;
 pub mod state;
+pub mod text;
 pub mod vls;
+pub mod wildcard;
 
 pub use state::DbState;

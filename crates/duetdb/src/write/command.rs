@@ -422,7 +422,7 @@ fn replace_all(
     let affected: Vec<String> = c
         .indexes
         .iter()
-        .filter(|i| i.spec.fields.iter().any(|(p, _)| update.may_affect(p)))
+        .filter(|i| i.spec.may_be_affected(&|p| update.may_affect(p)))
         .map(|i| i.spec.name.clone())
         .collect();
     let mut done: Vec<(RecordId, DocRef)> = Vec::new();

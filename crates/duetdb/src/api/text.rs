@@ -1,0 +1,206 @@
+//! Running `$text` finds and counts on a live collection: the text index
+//! gives the candidates (the union of its entries for the query's terms),
+//! each candidate is checked against the whole query (`query::text`) and
+//! the rest of the filter, and scored; `{$meta: "textScore"}` may be
+//! projected and sorted on.
+//!
+//! Reads one published state (a copy-on-write root: consistent, whatever
+//! writes run meanwhile). MongoDB's rules: `$text` at the top level of the
+//! filter only, exactly one text index (else 27 IndexNotFound).
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use bson::{Bson, Document};
+
+use crate::api::Collection;
+use crate::doc::DocRef;
+use crate::error::{Error, Result};
+use crate::query::text::{split, TextQuery};
+use crate::query::{Filter, Projection, SortSpec};
+use crate::store::collection::CollectionState;
+use crate::store::heap::RecordId;
+use crate::store::index::{IndexKind, KeyPart};
+
+/// Options of a `$text` find.
+#[derive(Debug, Clone, Default)]
+pub struct TextFindOptions {
+    /// May hold `{field: {$meta: "textScore"}}` entries.
+    pub projection: Option<Document>,
+    /// May hold `{field: {$meta: "textScore"}}` entries (highest score first).
+    pub sort: Option<Document>,
+    pub skip: u64,
+    /// 0: no limit.
+    pub limit: u64,
+}
+
+fn is_score_meta(v: &Bson) -> Result<bool> {
+    match v {
+        Bson::Document(d) if d.contains_key("$meta") => match d.get("$meta") {
+            Some(Bson::String(s)) if s == "textScore" && d.len() == 1 => Ok(true),
+            _ => Err(Error::BadValue(format!(
+                "unsupported $meta: {d} (only {{$meta: \"textScore\"}})"
+            ))),
+        },
+        _ => Ok(false),
+    }
+}
+
+/// Matching `(record, document, score)` of a `$text` filter on `coll`.
+fn matches(
+    coll: &CollectionState,
+    query: &TextQuery,
+    rest: &Filter,
+) -> Result<Vec<(RecordId, DocRef, f64)>> {
+    let index = coll
+        .indexes
+        .iter()
+        .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
+        .ok_or_else(|| Error::IndexNotFound("text index required for $text query".into()))?;
+    let IndexKind::Text(spec) = &index.spec.kind else {
+        return Err(Error::Internal("text index without a text spec".into()));
+    };
+    let mut rids = BTreeSet::new();
+    for term in query.terms(spec)? {
+        let key = index.spec.bound_key(
+            vec![KeyPart::Val(bson::RawBson::String(term))],
+            KeyPart::Low,
+        );
+        let lo = (key.clone(), RecordId::MIN);
+        let hi = (key, RecordId::MAX);
+        for ((_, rid), _) in index.tree.range(Bound::Included(&lo), Bound::Included(&hi)) {
+            rids.insert(*rid);
+        }
+    }
+    let mut out = Vec::new();
+    for rid in rids {
+        let Some(doc) = coll.heap.get(rid) else {
+            continue;
+        };
+        if !index.spec.holds(doc) || !rest.matches(doc) {
+            continue;
+        }
+        if let Some(score) = query.score(spec, doc)? {
+            out.push((rid, doc.clone(), score));
+        }
+    }
+    Ok(out)
+}
+
+impl Collection {
+    /// A find whose filter has a top-level `$text` (see the module doc).
+    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
+        let (query, rest) = split(filter)?
+            .ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
+        let rest = Filter::parse(&rest)?;
+        // Projection: `$meta` fields added after the rest is applied.
+        let mut score_fields = Vec::new();
+        let mut plain = Document::new();
+        for (k, v) in options.projection.iter().flatten() {
+            if is_score_meta(v)? {
+                score_fields.push(k.clone());
+            } else {
+                plain.insert(k.clone(), v.clone());
+            }
+        }
+        let projection = (!plain.is_empty())
+            .then(|| Projection::parse(&plain))
+            .transpose()?;
+        // Sort: components in order, each by score or by a field.
+        enum By {
+            Score,
+            Field(SortSpec),
+        }
+        let mut order = Vec::new();
+        for (k, v) in options.sort.iter().flatten() {
+            if is_score_meta(v)? {
+                order.push(By::Score);
+            } else {
+                let mut one = Document::new();
+                one.insert(k.clone(), v.clone());
+                order.push(By::Field(SortSpec::parse(&one)?));
+            }
+        }
+        let state = self.db.snapshot();
+        let Some(coll) = state.state().collection(&self.name) else {
+            return Ok(Vec::new());
+        };
+        let mut found = matches(coll, &query, &rest)?;
+        if !order.is_empty() {
+            let keyed: Vec<_> = found
+                .drain(..)
+                .map(|(rid, d, s)| {
+                    let keys: Vec<_> = order
+                        .iter()
+                        .map(|b| match b {
+                            By::Score => None,
+                            By::Field(spec) => Some(spec.sort_key(&d)),
+                        })
+                        .collect();
+                    (keys, rid, d, s)
+                })
+                .collect();
+            let mut keyed = keyed;
+            keyed.sort_by(|(ka, ra, _, sa), (kb, rb, _, sb)| {
+                for (i, b) in order.iter().enumerate() {
+                    let o = match (b, &ka[i], &kb[i]) {
+                        (By::Score, _, _) => sb.partial_cmp(sa).unwrap_or(Ordering::Equal),
+                        (By::Field(spec), Some(x), Some(y)) => spec.compare_keys(x, y),
+                        _ => Ordering::Equal,
+                    };
+                    if o != Ordering::Equal {
+                        return o;
+                    }
+                }
+                ra.cmp(rb)
+            });
+            found = keyed.into_iter().map(|(_, r, d, s)| (r, d, s)).collect();
+        }
+        let skip = usize::try_from(options.skip).unwrap_or(usize::MAX);
+        let limit = match options.limit {
+            0 => usize::MAX,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        found
+            .into_iter()
+            .skip(skip)
+            .take(limit)
+            .map(|(_, d, score)| {
+                let mut out = match &projection {
+                    Some(p) => p.apply(&d)?,
+                    None => crate::doc::to_document(&d)?,
+                };
+                for f in &score_fields {
+                    out.insert(f.clone(), score);
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// A pipeline whose first stage is `{$match: {$text: …}}`: the text
+    /// matches, then the other stages on them (as materialized documents).
+    /// `{$meta: "textScore"}` is not available in later stages.
+    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
+        let Some(Ok(first)) = pipeline.first().map(|s| s.get_document("$match")) else {
+            return Err(Error::BadValue(
+                "$text is only allowed in the first $match stage".into(),
+            ));
+        };
+        let docs = self.text_find(first, TextFindOptions::default())?;
+        crate::query::Pipeline::parse(&pipeline[1..])?.run_on(docs)
+    }
+
+    /// How many documents a filter with a top-level `$text` matches.
+    pub fn text_count(&self, filter: &Document) -> Result<u64> {
+        let (query, rest) = split(filter)?
+            .ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
+        let rest = Filter::parse(&rest)?;
+        let state = self.db.snapshot();
+        match state.state().collection(&self.name) {
+            Some(coll) => Ok(matches(coll, &query, &rest)?.len() as u64),
+            None => Ok(0),
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! `$text` queries: parsing `{$search, $language, $caseSensitive,
+//! $diacriticSensitive}` and deciding, with a text index's spec, whether a
+//! document matches and with what score (`{$meta: "textScore"}`).
+//!
+//! Semantics (MongoDB's): the search string's words are ORed, phrases
+//! (`"..."`) and negations (`-word`, `-"..."`) are ANDed; a phrase's words
+//! are also search words. Words become terms as documents' strings do
+//! (`store::text::terms_of`) in the query's language (`$language`, else the
+//! index's default). A document matches when one of its terms is a query
+//! term, it contains every phrase and no negated word or phrase; its score is
+//! the sum of its scores for the query's terms. `$caseSensitive` and
+//! `$diacriticSensitive` also require the word as written to agree with the
+//! document's token in case / diacritics over the stem's length; phrases are
+//! substrings, folded the same way.
+//!
+//! Invariant: a matching document has one of the query's terms among its
+//! index keys, so the union of the index entries of the query terms holds
+//! every match (what `api::text` scans).
+
+use bson::raw::RawDocument;
+use bson::{Bson, Document};
+
+use crate::error::{Error, Result};
+use crate::store::text::{fold, language, terms_of, tokens, unknown_language, Language, TextSpec};
+
+/// A parsed `$text` operator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextQuery {
+    pub search: String,
+    pub language: Option<String>,
+    pub case_sensitive: bool,
+    pub diacritic_sensitive: bool,
+    /// Words as written (positive: also the phrases' words).
+    words: Vec<String>,
+    negated: Vec<String>,
+    phrases: Vec<String>,
+    negated_phrases: Vec<String>,
+}
+
+/// Split a filter's top-level `$text` off: the text query and the rest.
+pub fn split(filter: &Document) -> Result<Option<(TextQuery, Document)>> {
+    let Some(arg) = filter.get("$text") else {
+        return Ok(None);
+    };
+    let query = TextQuery::parse(arg)?;
+    let mut rest = filter.clone();
+    rest.remove("$text");
+    Ok(Some((query, rest)))
+}
+
+fn bool_opt(d: &Document, k: &str) -> Result<bool> {
+    match d.get(k) {
+        None => Ok(false),
+        Some(Bson::Boolean(b)) => Ok(*b),
+        Some(other) => Err(Error::TypeMismatch(format!(
+            "{k} requires a boolean value, not {other}"
+        ))),
+    }
+}
+
+impl TextQuery {
+    pub fn parse(arg: &Bson) -> Result<TextQuery> {
+        let Bson::Document(d) = arg else {
+            return Err(Error::BadValue("$text expects an object".into()));
+        };
+        for (k, _) in d {
+            if !matches!(
+                k.as_str(),
+                "$search" | "$language" | "$caseSensitive" | "$diacriticSensitive"
+            ) {
+                return Err(Error::BadValue(format!("extra fields in $text: {k}")));
+            }
+        }
+        let search = match d.get("$search") {
+            Some(Bson::String(s)) => s.clone(),
+            Some(_) => {
+                return Err(Error::TypeMismatch(
+                    "$search requires a string value".into(),
+                ))
+            }
+            None => return Err(Error::BadValue("$search required".into())),
+        };
+        let language = match d.get("$language") {
+            None => None,
+            Some(Bson::String(s)) => {
+                language(s).ok_or_else(|| unknown_language(s))?;
+                Some(s.clone())
+            }
+            Some(_) => {
+                return Err(Error::TypeMismatch(
+                    "$language requires a string value".into(),
+                ))
+            }
+        };
+        let mut q = TextQuery {
+            search: search.clone(),
+            language,
+            case_sensitive: bool_opt(d, "$caseSensitive")?,
+            diacritic_sensitive: bool_opt(d, "$diacriticSensitive")?,
+            words: Vec::new(),
+            negated: Vec::new(),
+            phrases: Vec::new(),
+            negated_phrases: Vec::new(),
+        };
+        q.parse_search(&search);
+        Ok(q)
+    }
+
+    fn parse_search(&mut self, s: &str) {
+        let chars: Vec<char> = s.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            if chars[i].is_whitespace() {
+                i += 1;
+                continue;
+            }
+            let negate = chars[i] == '-' && i + 1 < chars.len() && !chars[i + 1].is_whitespace();
+            let start = if negate { i + 1 } else { i };
+            if chars.get(start) == Some(&'"') {
+                let end = chars[start + 1..]
+                    .iter()
+                    .position(|c| *c == '"')
+                    .map_or(chars.len(), |p| start + 1 + p);
+                let phrase: String = chars[start + 1..end].iter().collect();
+                if negate {
+                    self.negated_phrases.push(phrase);
+                } else {
+                    self.words
+                        .extend(tokens(&phrase).into_iter().map(str::to_string));
+                    self.phrases.push(phrase);
+                }
+                i = end + 1;
+            } else {
+                let end = chars[start..]
+                    .iter()
+                    .position(|c| c.is_whitespace() || *c == '"')
+                    .map_or(chars.len(), |p| start + p);
+                let word: String = chars[start..end].iter().collect();
+                let toks = tokens(&word).into_iter().map(str::to_string);
+                if negate {
+                    self.negated.extend(toks);
+                } else {
+                    self.words.extend(toks);
+                }
+                i = end.max(start + 1);
+            }
+        }
+    }
+
+    /// The language the query's words are read in.
+    pub fn language_for(&self, spec: &TextSpec) -> Result<Language> {
+        let name = self.language.as_deref().unwrap_or(&spec.default_language);
+        language(name).ok_or_else(|| unknown_language(name))
+    }
+
+    /// The query's positive terms (what to look up in the index), deduplicated.
+    pub fn terms(&self, spec: &TextSpec) -> Result<Vec<String>> {
+        let lang = self.language_for(spec)?;
+        let mut out: Vec<String> = self.words.iter().flat_map(|w| terms_of(w, lang)).collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    fn sensitive(&self) -> bool {
+        self.case_sensitive || self.diacritic_sensitive
+    }
+
+    fn folded(&self, s: &str) -> String {
+        fold(s, !self.case_sensitive, !self.diacritic_sensitive)
+    }
+
+    /// Does the document (read by `spec`) contain `word` in the query's
+    /// sensitivity?
+    fn has_word(
+        &self,
+        doc_lang: Language,
+        q_lang: Language,
+        strings: &[(&str, i64)],
+        doc_terms: &std::collections::BTreeMap<String, f64>,
+        word: &str,
+    ) -> bool {
+        let wanted = terms_of(word, q_lang);
+        let Some(term) = wanted.first() else {
+            return false;
+        };
+        if !doc_terms.contains_key(term) {
+            return false;
+        }
+        if !self.sensitive() {
+            return true;
+        }
+        let n = term.chars().count();
+        let q: String = self.folded(word).chars().take(n).collect();
+        strings.iter().any(|(s, _)| {
+            tokens(s).into_iter().any(|t| {
+                terms_of(t, doc_lang).first() == Some(term)
+                    && self.folded(t).chars().take(n).collect::<String>() == q
+            })
+        })
+    }
+
+    /// The document's score when it matches (see the module doc).
+    pub fn score(&self, spec: &TextSpec, doc: &RawDocument) -> Result<Option<f64>> {
+        let q_lang = self.language_for(spec)?;
+        let doc_lang = spec.language_of(doc)?;
+        let doc_terms = spec.scores(doc)?;
+        if doc_terms.is_empty() {
+            return Ok(None);
+        }
+        let strings = spec.strings(doc);
+        let mut score = 0.0;
+        let mut any = false;
+        let mut counted: Vec<String> = Vec::new();
+        for w in &self.words {
+            if self.has_word(doc_lang, q_lang, &strings, &doc_terms, w) {
+                any = true;
+                for t in terms_of(w, q_lang) {
+                    if !counted.contains(&t) {
+                        score += doc_terms.get(&t).copied().unwrap_or(0.0);
+                        counted.push(t);
+                    }
+                }
+            }
+        }
+        if !any {
+            return Ok(None);
+        }
+        for w in &self.negated {
+            if self.has_word(doc_lang, q_lang, &strings, &doc_terms, w) {
+                return Ok(None);
+            }
+        }
+        let contains = |p: &str| {
+            let p = self.folded(p);
+            strings.iter().any(|(s, _)| self.folded(s).contains(&p))
+        };
+        if !self.phrases.iter().all(|p| contains(p))
+            || self.negated_phrases.iter().any(|p| contains(p))
+        {
+            return Ok(None);
+        }
+        Ok(Some(score))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, rawdoc};
+
+    fn spec() -> TextSpec {
+        TextSpec::new(&["t".into()], None, None, None).expect("spec")
+    }
+
+    fn q(search: &str) -> TextQuery {
+        TextQuery::parse(&Bson::Document(doc! {"$search": search})).expect("query")
+    }
+
+    #[test]
+    fn words_phrases_and_negations() {
+        let s = spec();
+        let d = rawdoc! {"t": "Coffee shops serve espresso drinks"};
+        assert!(q("coffee").score(&s, &d).expect("score").is_some());
+        assert!(q("tea coffee").score(&s, &d).expect("score").is_some());
+        assert!(q("tea").score(&s, &d).expect("score").is_none());
+        assert!(q("shop").score(&s, &d).expect("score").is_some(), "stemmed");
+        assert!(q("\"serve espresso\"")
+            .score(&s, &d)
+            .expect("score")
+            .is_some());
+        assert!(q("\"espresso serve\"")
+            .score(&s, &d)
+            .expect("score")
+            .is_none());
+        assert!(q("coffee -espresso")
+            .score(&s, &d)
+            .expect("score")
+            .is_none());
+        assert!(q("coffee -\"espresso drinks\"")
+            .score(&s, &d)
+            .expect("score")
+            .is_none());
+        assert!(
+            q("the").score(&s, &d).expect("score").is_none(),
+            "stop words only"
+        );
+        let sensitive = TextQuery::parse(&Bson::Document(
+            doc! {"$search": "coffee", "$caseSensitive": true},
+        ))
+        .expect("q");
+        assert!(sensitive.score(&s, &d).expect("score").is_none());
+        let d2 = rawdoc! {"t": "un café"};
+        assert!(q("cafe").score(&s, &d2).expect("score").is_some());
+        let dia = TextQuery::parse(&Bson::Document(
+            doc! {"$search": "cafe", "$diacriticSensitive": true},
+        ))
+        .expect("q");
+        assert!(dia.score(&s, &d2).expect("score").is_none());
+    }
+
+    #[test]
+    fn refusals() {
+        let code = |d: Document| {
+            TextQuery::parse(&Bson::Document(d))
+                .expect_err("bad")
+                .code()
+        };
+        assert_eq!(code(doc! {}), 2);
+        assert_eq!(code(doc! {"$search": 1}), 14);
+        assert_eq!(code(doc! {"$search": "x", "$language": "klingon"}), 17262);
+        assert_eq!(code(doc! {"$search": "x", "$foo": 1}), 2);
+    }
+}

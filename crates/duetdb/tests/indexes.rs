@@ -1,0 +1,642 @@
+//! Index kinds and options (issue #18): TTL, partial and sparse (unique
+//! among the indexed documents only), hashed, wildcard; MongoDB's conflict
+//! codes; the planner using an index only when it holds every match; specs
+//! and entries surviving the WAL, checkpoints and recovery.
+
+use duetdb::bson::{doc, Bson, DateTime, Document};
+use duetdb::{Collection, Database, IndexTarget, TextFindOptions, TtlMonitor};
+use proptest::prelude::*;
+
+/// The index the planner picks for `filter` (`None`: no index).
+fn index_used(c: &Collection, filter: Document) -> Option<String> {
+    let e = c.find(filter).explain().expect("explain");
+    let text = format!("{e:?}");
+    let at = text.find("indexName")?;
+    let rest = &text[at..];
+    let start = rest.find("String(\"")? + 8;
+    let end = rest[start..].find('"')?;
+    Some(rest[start..start + end].to_string())
+}
+
+fn ids(c: &Collection, filter: Document) -> Vec<i32> {
+    let mut v: Vec<i32> = c
+        .find(filter)
+        .run()
+        .expect("find")
+        .iter()
+        .map(|d| d.get_i32("_id").expect("_id"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn scanned(c: &Collection, filter: Document) -> Vec<i32> {
+    let mut v: Vec<i32> = c
+        .find(filter)
+        .hint(doc! {"$natural": 1})
+        .run()
+        .expect("scan")
+        .iter()
+        .map(|d| d.get_i32("_id").expect("_id"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn secs_ago(now: DateTime, s: i64) -> DateTime {
+    DateTime::from_millis(now.timestamp_millis() - s * 1000)
+}
+
+#[test]
+fn ttl_pass_deletes_expired_documents_only() {
+    let db = Database::in_memory();
+    let c = db.collection("sessions");
+    let now = DateTime::now();
+    c.insert_many(
+        vec![
+            doc! {"_id": 1, "at": secs_ago(now, 120)},
+            doc! {"_id": 2, "at": secs_ago(now, 10)},
+            // The earliest date of an array counts.
+            doc! {"_id": 3, "at": [secs_ago(now, 5), secs_ago(now, 500)]},
+            doc! {"_id": 4, "at": [secs_ago(now, 5)]},
+            // Not a date, missing: never expire.
+            doc! {"_id": 5, "at": 0},
+            doc! {"_id": 6, "at": "2000-01-01"},
+            doc! {"_id": 7},
+        ],
+        true,
+    )
+    .expect("insert");
+    c.create_index_spec(&doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 60})
+        .expect("ttl index");
+    let pass = db.ttl_pass(now).expect("pass");
+    assert_eq!(pass.deleted_documents, 2);
+    assert_eq!(ids(&c, doc! {}), vec![2, 4, 5, 6, 7]);
+    // collMod lowers the threshold: 2 and 4 expire now.
+    let (old, new) = c
+        .set_expire_after_seconds(IndexTarget::Keys(doc! {"at": 1}), &Bson::Int32(1))
+        .expect("collMod");
+    assert_eq!((old, new), (Some(60), 1));
+    assert_eq!(
+        c.list_indexes().expect("list")[1]
+            .get_i32("expireAfterSeconds")
+            .ok(),
+        Some(1)
+    );
+    assert_eq!(db.ttl_pass(now).expect("pass").deleted_documents, 2);
+    assert_eq!(ids(&c, doc! {}), vec![5, 6, 7]);
+    c.check_invariants().expect("invariants");
+    // collMod refusals: a compound index, a negative value.
+    c.create_index_spec(&doc! {"key": {"x": 1, "y": 1}})
+        .expect("compound");
+    let e = c
+        .set_expire_after_seconds(IndexTarget::Name("x_1_y_1".into()), &Bson::Int32(5))
+        .expect_err("compound TTL");
+    assert_eq!(e.code(), 67);
+    let e = c
+        .set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(-5))
+        .expect_err("negative");
+    assert_eq!(e.code(), 67);
+    let e = c
+        .set_expire_after_seconds(IndexTarget::Name("nope".into()), &Bson::Int32(5))
+        .expect_err("missing");
+    assert_eq!(e.code(), 27);
+}
+
+#[test]
+fn ttl_respects_partial_filters_and_many_batches() {
+    let db = Database::in_memory();
+    let c = db.collection("t");
+    let now = DateTime::now();
+    let docs: Vec<Document> = (0..2500)
+        .map(|i| doc! {"_id": i, "at": secs_ago(now, 1000), "keep": i % 2 == 0})
+        .collect();
+    c.insert_many(docs, true).expect("insert");
+    c.create_index_spec(&doc! {
+        "key": {"at": 1}, "expireAfterSeconds": 10,
+        "partialFilterExpression": {"keep": false},
+    })
+    .expect("ttl");
+    let monitor = {
+        let db = db.clone();
+        TtlMonitor::new(std::time::Duration::from_secs(3600), false, move || {
+            vec![db.clone()]
+        })
+    };
+    let pass = monitor.run_pass_at(now);
+    assert_eq!(pass.deleted_documents, 1250);
+    assert_eq!(c.count(doc! {}).expect("count"), 1250);
+    assert_eq!(c.count(doc! {"keep": false}).expect("count"), 0);
+    let counters = monitor.counters();
+    assert_eq!((counters.passes, counters.deleted_documents), (1, 1250));
+    assert_eq!(monitor.run_pass_at(now).deleted_documents, 0);
+    assert_eq!(monitor.counters().passes, 2);
+}
+
+#[test]
+fn ttl_monitor_thread_runs_passes_on_its_own() {
+    let db = Database::in_memory();
+    let c = db.collection("t");
+    c.insert_one(doc! {"_id": 1, "at": DateTime::from_millis(0)})
+        .expect("insert");
+    c.create_index_spec(&doc! {"key": {"at": 1}, "expireAfterSeconds": 0})
+        .expect("ttl");
+    let source = db.clone();
+    let monitor = TtlMonitor::new(std::time::Duration::from_millis(20), true, move || {
+        vec![source.clone()]
+    });
+    assert!(monitor.has_thread());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while c.count(doc! {}).expect("count") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the monitor never ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(monitor.counters().passes >= 1);
+    drop(monitor); // stops and joins its thread
+}
+
+#[test]
+fn sparse_and_partial_unique_indexes_hold_only_their_documents() {
+    let db = Database::in_memory();
+    let c = db.collection("u");
+    c.create_index_spec(&doc! {"key": {"email": 1}, "unique": true, "sparse": true})
+        .expect("sparse unique");
+    c.insert_one(doc! {"_id": 1}).expect("missing email");
+    c.insert_one(doc! {"_id": 2})
+        .expect("missing again: not indexed");
+    c.insert_one(doc! {"_id": 3, "email": "a"}).expect("a");
+    let e = c
+        .insert_one(doc! {"_id": 4, "email": "a"})
+        .expect_err("dup");
+    assert_eq!(e.code(), 11000);
+    c.insert_one(doc! {"_id": 5, "email": null})
+        .expect("explicit null is indexed");
+    assert_eq!(
+        c.insert_one(doc! {"_id": 6, "email": null})
+            .expect_err("dup null")
+            .code(),
+        11000
+    );
+    // A sparse index is not used where missing documents could match.
+    assert_eq!(
+        index_used(&c, doc! {"email": "a"}).as_deref(),
+        Some("email_1")
+    );
+    assert_eq!(index_used(&c, doc! {"email": null}), None);
+    assert_eq!(ids(&c, doc! {"email": null}), vec![1, 2, 5]);
+    let sorted = c.find(doc! {}).sort(doc! {"email": 1}).run().expect("sort");
+    assert_eq!(
+        sorted.len(),
+        4,
+        "a sort over all documents must not use the sparse index"
+    );
+
+    let p = db.collection("p");
+    p.create_index_spec(&doc! {
+        "key": {"user": 1}, "unique": true,
+        "partialFilterExpression": {"active": true},
+    })
+    .expect("partial unique");
+    p.insert_one(doc! {"_id": 1, "user": "x", "active": true})
+        .expect("1");
+    p.insert_one(doc! {"_id": 2, "user": "x", "active": false})
+        .expect("not indexed");
+    assert_eq!(
+        p.insert_one(doc! {"_id": 3, "user": "x", "active": true})
+            .expect_err("dup")
+            .code(),
+        11000
+    );
+    // Turning a document's membership on through an update is checked too.
+    let e = p
+        .update_one(doc! {"_id": 2}, doc! {"$set": {"active": true}})
+        .expect_err("update into the index");
+    assert_eq!(e.code(), 11000);
+    p.check_invariants().expect("invariants");
+    assert_eq!(
+        index_used(&p, doc! {"user": "x", "active": true}).as_deref(),
+        Some("user_1")
+    );
+    assert_eq!(index_used(&p, doc! {"user": "x"}), None);
+    assert_eq!(ids(&p, doc! {"user": "x"}), vec![1, 2]);
+    // Hinting a partial index the query does not imply is refused (code 2).
+    let e = p
+        .find(doc! {"user": "x"})
+        .hint(doc! {"user": 1})
+        .run()
+        .expect_err("hint");
+    assert_eq!(e.code(), 2);
+}
+
+#[test]
+fn hashed_indexes_answer_equality_only() {
+    let db = Database::in_memory();
+    let c = db.collection("h");
+    for i in 0..50 {
+        c.insert_one(doc! {"_id": i, "k": i % 7, "s": format!("v{}", i % 5)})
+            .expect("insert");
+    }
+    c.insert_one(doc! {"_id": 100, "k": 3.0}).expect("double");
+    c.insert_one(doc! {"_id": 101}).expect("missing");
+    c.create_index_spec(&doc! {"key": {"k": "hashed"}})
+        .expect("hashed");
+    assert_eq!(index_used(&c, doc! {"k": 3}).as_deref(), Some("k_hashed"));
+    assert_eq!(
+        index_used(&c, doc! {"k": {"$in": [1, 2]}}).as_deref(),
+        Some("k_hashed")
+    );
+    assert_eq!(index_used(&c, doc! {"k": {"$gt": 3}}), None);
+    for f in [
+        doc! {"k": 3},
+        doc! {"k": 3.0},
+        doc! {"k": {"$in": [1, 2, null]}},
+        doc! {"k": null},
+        doc! {"k": {"$gt": 3}},
+    ] {
+        assert_eq!(ids(&c, f.clone()), scanned(&c, f.clone()), "{f}");
+    }
+    let e = c
+        .insert_one(doc! {"_id": 200, "k": [1, 2]})
+        .expect_err("array");
+    assert_eq!(e.code(), 16766);
+    // Compound with one hashed field; listIndexes reports "hashed".
+    c.create_index_spec(&doc! {"key": {"s": 1, "k": "hashed"}})
+        .expect("compound");
+    assert_eq!(
+        index_used(&c, doc! {"s": "v1", "k": 1}).as_deref(),
+        Some("s_1_k_hashed")
+    );
+    assert_eq!(
+        ids(&c, doc! {"s": "v1", "k": 1}),
+        scanned(&c, doc! {"s": "v1", "k": 1})
+    );
+    let listed = c.list_indexes().expect("list");
+    assert_eq!(
+        listed[2].get_document("key").expect("key"),
+        &doc! {"s": 1, "k": "hashed"}
+    );
+    c.check_invariants().expect("invariants");
+}
+
+#[test]
+fn wildcard_indexes_answer_one_path() {
+    let db = Database::in_memory();
+    let c = db.collection("w");
+    let mut n = 0;
+    for a in 0..6 {
+        for shape in 0..4 {
+            n += 1;
+            let d = match shape {
+                0 => doc! {"_id": n, "a": a, "b": {"c": a * 2}},
+                1 => doc! {"_id": n, "a": [a, a + 10], "b": [{"c": a}, {"c": "x"}]},
+                2 => doc! {"_id": n, "b": {"c": {"d": a}}, "e": null},
+                _ => doc! {"_id": n, "a": {"z": a}, "b": []},
+            };
+            c.insert_one(d).expect("insert");
+        }
+    }
+    c.create_index_spec(&doc! {"key": {"$**": 1}})
+        .expect("wildcard");
+    for (f, uses) in [
+        (doc! {"a": 3}, true),
+        (doc! {"a": {"$gt": 4}}, true),
+        (doc! {"a": {"$gte": 2, "$lt": 4}}, true),
+        (doc! {"b.c": {"$in": [2, "x"]}}, true),
+        (doc! {"b.c.d": 5}, true),
+        (doc! {"a": null}, false),
+        (doc! {"a": {"z": 1}}, false),
+        (doc! {"a.0": 3}, false),
+        (doc! {"_id": {"$gt": 5}}, false),
+    ] {
+        assert_eq!(ids(&c, f.clone()), scanned(&c, f.clone()), "{f}");
+        assert_eq!(
+            index_used(&c, f.clone()).as_deref() == Some("$**_1"),
+            uses,
+            "{f}"
+        );
+    }
+    let p = db.collection("wp");
+    p.create_index_spec(&doc! {"key": {"$**": 1}, "wildcardProjection": {"a": 1}})
+        .expect("projected");
+    p.insert_one(doc! {"_id": 1, "a": 1, "b": 1})
+        .expect("insert");
+    assert!(index_used(&p, doc! {"a": 1}).is_some());
+    assert_eq!(index_used(&p, doc! {"b": 1}), None);
+    assert_eq!(ids(&p, doc! {"b": 1}), vec![1]);
+    c.check_invariants().expect("invariants");
+    p.check_invariants().expect("invariants");
+}
+
+#[test]
+fn conflicts_have_mongodbs_codes_and_identical_specs_are_no_ops() {
+    let db = Database::in_memory();
+    let c = db.collection("c");
+    let ttl =
+        doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600, "background": true};
+    c.create_index_spec(&ttl).expect("first");
+    // Mongoose's Model.init() sends the same spec again: accepted.
+    c.create_index_spec(&ttl).expect("again");
+    let code = |d: Document| c.create_index_spec(&d).expect_err("conflict").code();
+    assert_eq!(
+        code(doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 60}),
+        85
+    );
+    assert_eq!(
+        code(doc! {"key": {"at": 1}, "name": "other", "expireAfterSeconds": 3600}),
+        85
+    );
+    assert_eq!(code(doc! {"key": {"at": -1}, "name": "at_1"}), 86);
+    // The same keys with another partial filter are another index.
+    c.create_index_spec(&doc! {"key": {"at": 1}, "name": "p", "partialFilterExpression": {"x": 1}})
+        .expect("other partial filter");
+    let listed = c.list_indexes().expect("list");
+    assert_eq!(
+        listed[1],
+        doc! {"v": 2, "key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600}
+    );
+    assert_eq!(
+        listed[2],
+        doc! {"v": 2, "key": {"at": 1}, "name": "p", "partialFilterExpression": {"x": 1}}
+    );
+}
+
+/// Indexes of every kind come back from the WAL and from a checkpoint with
+/// their options and the same entries as a fresh build.
+#[test]
+fn every_index_kind_recovers_equal_to_a_fresh_build() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let specs = vec![
+        doc! {"key": {"at": 1}, "expireAfterSeconds": 30},
+        doc! {"key": {"e": 1}, "unique": true, "sparse": true},
+        doc! {"key": {"u": 1}, "unique": true, "partialFilterExpression": {"on": true}},
+        doc! {"key": {"k": "hashed"}},
+        doc! {"key": {"$**": 1}, "wildcardProjection": {"k": 1, "n.x": 1}},
+        doc! {"key": {"n.y": "text", "w": "text"}, "weights": {"w": 3}},
+    ];
+    let fill = |c: &Collection| {
+        for i in 0..200 {
+            let mut d =
+                doc! {"_id": i, "k": i % 9, "n": {"x": i, "y": "z"}, "on": i % 3 == 0, "u": i};
+            if i % 4 == 0 {
+                d.insert("e", i);
+            }
+            d.insert("at", DateTime::from_millis(i64::from(i) * 1000));
+            c.insert_one(d).expect("insert");
+        }
+        c.update_many(doc! {"k": 1}, doc! {"$set": {"on": true}})
+            .expect("update");
+        c.delete_many(doc! {"k": 2}).expect("delete");
+    };
+    let listing = |c: &Collection| {
+        (
+            c.list_indexes().expect("list"),
+            c.stats().expect("stats").indexes,
+        )
+    };
+    let expected = {
+        let db = Database::in_memory();
+        let c = db.collection("x");
+        fill(&c);
+        for s in &specs {
+            c.create_index_spec(s).expect("index");
+        }
+        listing(&c)
+    };
+    {
+        let db = Database::open(dir.path()).expect("open");
+        let c = db.collection("x");
+        for s in &specs {
+            c.create_index_spec(s).expect("index");
+        }
+        fill(&c);
+        c.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(30))
+            .expect("same value: no change");
+        assert_eq!(listing(&c), expected);
+    }
+    // Recovered from the WAL.
+    {
+        let db = Database::open(dir.path()).expect("reopen");
+        let c = db.collection("x");
+        assert_eq!(listing(&c), expected);
+        c.check_invariants().expect("invariants");
+        c.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(45))
+            .expect("collMod");
+        db.checkpoint().expect("checkpoint");
+    }
+    // Recovered from the checkpoint, with the collMod.
+    let db = Database::open(dir.path()).expect("reopen");
+    let c = db.collection("x");
+    let (list, entries) = listing(&c);
+    assert_eq!(entries, expected.1);
+    assert_eq!(list[1].get_i32("expireAfterSeconds").ok(), Some(45));
+    c.check_invariants().expect("invariants");
+}
+
+fn text_ids(c: &Collection, search: &str) -> Vec<i32> {
+    let mut v: Vec<i32> = c
+        .text_find(
+            &doc! {"$text": {"$search": search}},
+            TextFindOptions::default(),
+        )
+        .expect("text find")
+        .iter()
+        .map(|d| d.get_i32("_id").expect("_id"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn text_search_stems_scores_and_sorts() {
+    let db = Database::in_memory();
+    let c = db.collection("articles");
+    c.insert_many(
+        vec![
+            doc! {"_id": 1, "title": "Coffee", "body": "the best coffee shops in town"},
+            doc! {"_id": 2, "title": "Tea", "body": "tea houses and a coffee corner"},
+            doc! {"_id": 3, "title": "Cakes", "body": "baking cakes"},
+            doc! {"_id": 4, "title": "Café", "body": "un café au lait", "language": "french"},
+            doc! {"_id": 5, "body": 42},
+        ],
+        true,
+    )
+    .expect("insert");
+    c.create_index_spec(&doc! {"key": {"title": "text", "body": "text"}, "weights": {"title": 10}})
+        .expect("text index");
+    assert_eq!(text_ids(&c, "coffee"), vec![1, 2]);
+    assert_eq!(text_ids(&c, "shop"), vec![1], "stemmed");
+    assert_eq!(text_ids(&c, "coffee -tea"), vec![1]);
+    assert_eq!(text_ids(&c, "\"coffee corner\""), vec![2]);
+    assert_eq!(text_ids(&c, "the"), Vec::<i32>::new(), "stop words");
+    assert_eq!(text_ids(&c, "bake"), vec![3]);
+    // A French document is stemmed in French; diacritics fold.
+    let french = c
+        .text_find(
+            &doc! {"$text": {"$search": "cafe", "$language": "fr"}},
+            TextFindOptions::default(),
+        )
+        .expect("french");
+    assert_eq!(french.len(), 1);
+    assert_eq!(french[0].get_i32("_id").ok(), Some(4));
+    // Scores: the title's weight puts 1 first.
+    let sorted = c
+        .text_find(
+            &doc! {"$text": {"$search": "coffee"}},
+            TextFindOptions {
+                projection: Some(doc! {"title": 1, "score": {"$meta": "textScore"}}),
+                sort: Some(doc! {"score": {"$meta": "textScore"}}),
+                ..Default::default()
+            },
+        )
+        .expect("sorted");
+    assert_eq!(sorted[0].get_i32("_id").ok(), Some(1));
+    let (s1, s2) = (
+        sorted[0].get_f64("score").expect("score"),
+        sorted[1].get_f64("score").expect("score"),
+    );
+    assert!(s1 > s2 && s2 > 0.0, "{sorted:?}");
+    assert!(sorted[0].get("body").is_none(), "projection applied");
+    assert_eq!(
+        c.text_count(&doc! {"$text": {"$search": "coffee"}, "title": "Tea"})
+            .expect("count"),
+        1
+    );
+    // One text index per collection; a $text query needs one.
+    let e = c
+        .create_index_spec(&doc! {"key": {"other": "text"}})
+        .expect_err("second");
+    assert_eq!(e.code(), 85);
+    let e = db.collection("none").text_find(
+        &doc! {"$text": {"$search": "x"}},
+        TextFindOptions::default(),
+    );
+    assert!(e.is_ok(), "a missing collection has no matches");
+    let plain = db.collection("plain");
+    plain.insert_one(doc! {"a": "x"}).expect("insert");
+    let e = plain
+        .text_find(
+            &doc! {"$text": {"$search": "x"}},
+            TextFindOptions::default(),
+        )
+        .expect_err("no text index");
+    assert_eq!(e.code(), 27);
+    // A document in an unknown language is refused while the index exists.
+    let e = c
+        .insert_one(doc! {"title": "x", "language": "klingon"})
+        .expect_err("language");
+    assert_eq!(e.code(), 17262);
+    // Updates move documents in and out of the index.
+    c.update_one(doc! {"_id": 3}, doc! {"$set": {"body": "coffee cake"}})
+        .expect("update");
+    assert_eq!(text_ids(&c, "coffee"), vec![1, 2, 3]);
+    c.delete_one(doc! {"_id": 1}).expect("delete");
+    assert_eq!(text_ids(&c, "coffee"), vec![2, 3]);
+    c.check_invariants().expect("invariants");
+    assert_eq!(
+        c.list_indexes().expect("list")[1],
+        doc! {"v": 2, "key": {"_fts": "text", "_ftsx": 1}, "name": "title_text_body_text",
+        "weights": {"body": 1, "title": 10}, "default_language": "english",
+        "language_override": "language", "textIndexVersion": 3}
+    );
+}
+
+const WORDS: &[&str] = &["apple", "Banana", "cherry", "date", "elder", "fig"];
+
+fn text_doc() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        1 => Just(None),
+        6 => prop::collection::vec(prop::sample::select(WORDS), 0..6).prop_map(|w| Some(w.join(" "))),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Item {
+    Word(&'static str),
+    Not(&'static str),
+    Phrase(&'static str, &'static str),
+}
+
+fn item() -> impl Strategy<Value = Item> {
+    let w = || prop::sample::select(WORDS);
+    prop_oneof![
+        3 => w().prop_map(Item::Word),
+        1 => w().prop_map(Item::Not),
+        1 => (w(), w()).prop_map(|(a, b)| Item::Phrase(a, b)),
+    ]
+}
+
+/// The reference: with language "none" a term is a lower-cased token.
+fn reference(text: &Option<String>, items: &[Item]) -> bool {
+    let Some(t) = text else { return false };
+    let lower = t.to_lowercase();
+    let toks: Vec<&str> = lower.split(' ').filter(|s| !s.is_empty()).collect();
+    let has = |w: &str| toks.contains(&w.to_lowercase().as_str());
+    let mut positive = false;
+    for i in items {
+        match i {
+            Item::Word(w) => positive |= has(w),
+            Item::Not(w) => {
+                if has(w) {
+                    return false;
+                }
+            }
+            Item::Phrase(a, b) => {
+                positive |= has(a) || has(b);
+                if !lower.contains(&format!("{} {}", a.to_lowercase(), b.to_lowercase())) {
+                    return false;
+                }
+            }
+        }
+    }
+    positive
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    /// `$text` through the text index equals a plain reference evaluation,
+    /// after inserts, updates and deletes.
+    #[test]
+    fn text_search_matches_a_reference(
+        docs in prop::collection::vec(text_doc(), 1..40),
+        updates in prop::collection::vec((0usize..40, text_doc()), 0..10),
+        queries in prop::collection::vec(prop::collection::vec(item(), 1..4), 1..6),
+    ) {
+        let db = Database::in_memory();
+        let c = db.collection("t");
+        c.create_index_spec(&doc! {"key": {"t": "text"}, "default_language": "none"}).expect("index");
+        let mut model: Vec<Option<String>> = Vec::new();
+        for (i, d) in docs.iter().enumerate() {
+            let mut doc = doc! {"_id": i as i32};
+            if let Some(t) = d {
+                doc.insert("t", t.clone());
+            }
+            c.insert_one(doc).expect("insert");
+            model.push(d.clone());
+        }
+        for (i, t) in updates {
+            if i >= model.len() { continue; }
+            match &t {
+                Some(t) => c.update_one(doc! {"_id": i as i32}, doc! {"$set": {"t": t.clone()}}).expect("set"),
+                None => c.update_one(doc! {"_id": i as i32}, doc! {"$unset": {"t": 1}}).expect("unset"),
+            };
+            model[i] = t;
+        }
+        c.check_invariants().map_err(TestCaseError::fail)?;
+        for items in queries {
+            let search: Vec<String> = items.iter().map(|i| match i {
+                Item::Word(w) => w.to_string(),
+                Item::Not(w) => format!("-{w}"),
+                Item::Phrase(a, b) => format!("\"{a} {b}\""),
+            }).collect();
+            let search = search.join(" ");
+            let want: Vec<i32> = model.iter().enumerate()
+                .filter(|(_, t)| reference(t, &items))
+                .map(|(i, _)| i as i32)
+                .collect();
+            prop_assert_eq!(text_ids(&c, &search), want, "search {:?}", search);
+        }
+    }
+}

@@ -1,0 +1,199 @@
+"""Index kinds and options through pymongo (issue #18): TTL indexes and the
+TTL monitor (with Mongoose's `expires` pattern), collMod, partial and sparse
+indexes, hashed and wildcard indexes, text indexes and `$text`, listIndexes
+and MongoDB's conflict codes."""
+
+import datetime
+import time
+
+import pytest
+from pymongo import ASCENDING, HASHED
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+
+def utcnow():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def winning_index(coll, flt):
+    plan = coll.find(flt).explain()["queryPlanner"]["winningPlan"]
+    return plan.get("inputStage", {}).get("indexName")
+
+
+def ttl_pass(client):
+    return client.admin.command("duetRunTtlPass")
+
+
+def test_ttl_index_expires_documents_on_a_pass(client, db):
+    now = utcnow()
+    db.s.insert_many([
+        {"_id": 1, "at": now - datetime.timedelta(hours=2)},
+        {"_id": 2, "at": now},
+        {"_id": 3, "at": [now, now - datetime.timedelta(days=1)]},
+        {"_id": 4, "at": "not a date"},
+        {"_id": 5},
+    ])
+    name = db.s.create_index("at", expireAfterSeconds=3600)
+    assert name == "at_1"
+    before = client.admin.command("serverStatus")["metrics"]["ttl"]
+    reply = ttl_pass(client)
+    assert reply["deletedDocuments"] >= 2
+    assert sorted(d["_id"] for d in db.s.find()) == [2, 4, 5]
+    after = client.admin.command("serverStatus")["metrics"]["ttl"]
+    assert after["passes"] == before["passes"] + 1
+    assert after["deletedDocuments"] >= before["deletedDocuments"] + 2
+    info = db.s.index_information()["at_1"]
+    assert info["expireAfterSeconds"] == 3600
+    params = client.admin.command("getParameter", 1, ttlMonitorSleepSecs=1)
+    assert params["ttlMonitorSleepSecs"] == 60
+
+
+def test_mongoose_expires_and_model_init_are_idempotent(db):
+    # What Mongoose sends for `createdAt: {type: Date, expires: 3600}` at
+    # Model.init(), and again at the next start (or syncIndexes).
+    spec = {"key": {"createdAt": 1}, "name": "createdAt_1",
+            "expireAfterSeconds": 3600, "background": True}
+    first = db.command("createIndexes", "sessions", indexes=[spec])
+    assert first["numIndexesAfter"] == 2
+    again = db.command("createIndexes", "sessions", indexes=[spec])
+    assert again["numIndexesBefore"] == again["numIndexesAfter"] == 2
+    assert again.get("note") == "all indexes already exist"
+    listed = list(db.sessions.list_indexes())
+    assert listed[1] == {"v": 2, "key": {"createdAt": 1}, "name": "createdAt_1",
+                         "expireAfterSeconds": 3600}
+    # A changed `expires` without collMod conflicts, as on MongoDB.
+    with pytest.raises(OperationFailure) as e:
+        db.command("createIndexes", "sessions",
+                   indexes=[dict(spec, expireAfterSeconds=60)])
+    assert e.value.code == 85
+    # collMod changes it in place.
+    r = db.command("collMod", "sessions",
+                   index={"keyPattern": {"createdAt": 1}, "expireAfterSeconds": 60})
+    assert r["expireAfterSeconds_old"] == 3600 and r["expireAfterSeconds_new"] == 60
+    assert db.sessions.index_information()["createdAt_1"]["expireAfterSeconds"] == 60
+    with pytest.raises(OperationFailure) as e:
+        db.command("collMod", "sessions", index={"name": "nope", "expireAfterSeconds": 5})
+    assert e.value.code == 27
+
+
+def test_ttl_refusals_have_mongodbs_codes(db):
+    for keys, opts in [
+        ([("a", 1), ("b", 1)], {"expireAfterSeconds": 10}),
+        ([("_id", 1)], {"expireAfterSeconds": 10}),
+        ([("a", 1)], {"expireAfterSeconds": -1}),
+        ([("a", 1)], {"expireAfterSeconds": "10"}),
+        ([("a", 1)], {"expireAfterSeconds": 2 ** 40}),
+    ]:
+        with pytest.raises(OperationFailure) as e:
+            db.t.create_index(keys, **opts)
+        assert e.value.code == 67, (keys, opts)
+
+
+def test_background_monitor_deletes_without_a_hook(make_server):
+    srv = make_server("--ttl-monitor-sleep-secs", "0.3")
+    c = srv.client()
+    coll = c.ttldb.events
+    coll.create_index("at", expireAfterSeconds=0)
+    coll.insert_many([{"at": utcnow() - datetime.timedelta(seconds=5)} for _ in range(50)])
+    deadline = time.time() + 20
+    while coll.count_documents({}) and time.time() < deadline:
+        time.sleep(0.1)
+    assert coll.count_documents({}) == 0
+    assert c.admin.command("serverStatus")["metrics"]["ttl"]["deletedDocuments"] >= 50
+    # The hook is a test knob.
+    with pytest.raises(OperationFailure) as e:
+        c.admin.command("duetRunTtlPass")
+    assert e.value.code == 20
+    c.close()
+
+
+def test_partial_and_sparse_unique_indexes(db):
+    db.u.create_index("email", unique=True, sparse=True)
+    db.u.insert_many([{"_id": 1}, {"_id": 2}, {"_id": 3, "email": "a"}])
+    with pytest.raises(DuplicateKeyError):
+        db.u.insert_one({"_id": 4, "email": "a"})
+    assert winning_index(db.u, {"email": "a"}) == "email_1"
+    assert winning_index(db.u, {"email": None}) is None
+    assert db.u.count_documents({"email": None}) == 2
+
+    db.p.create_index("user", unique=True, partialFilterExpression={"active": True})
+    db.p.insert_many([{"_id": 1, "user": "x", "active": True},
+                      {"_id": 2, "user": "x", "active": False}])
+    with pytest.raises(DuplicateKeyError):
+        db.p.insert_one({"_id": 3, "user": "x", "active": True})
+    assert winning_index(db.p, {"user": "x", "active": True}) == "user_1"
+    assert winning_index(db.p, {"user": "x"}) is None
+    assert db.p.count_documents({"user": "x"}) == 2
+    info = db.p.index_information()["user_1"]
+    assert info["partialFilterExpression"] == {"active": True}
+    with pytest.raises(OperationFailure) as e:
+        db.p.create_index("z", partialFilterExpression={"z": {"$ne": 1}})
+    assert e.value.code == 67
+
+
+def test_hashed_and_wildcard_indexes(db):
+    db.h.insert_many([{"_id": i, "k": i % 5, "n": {"x": i}} for i in range(40)])
+    assert db.h.create_index([("k", HASHED)]) == "k_hashed"
+    assert winning_index(db.h, {"k": 3}) == "k_hashed"
+    assert winning_index(db.h, {"k": {"$gt": 3}}) is None
+    assert db.h.count_documents({"k": 3}) == 8
+    with pytest.raises(OperationFailure) as e:
+        db.h.insert_one({"k": [1, 2]})
+    assert e.value.code == 16766
+    assert db.h.create_index([("$**", ASCENDING)]) == "$**_1"
+    assert winning_index(db.h, {"n.x": {"$gte": 30}}) == "$**_1"
+    assert db.h.count_documents({"n.x": {"$gte": 30}}) == 10
+    names = [i["name"] for i in db.h.list_indexes()]
+    assert names == ["_id_", "k_hashed", "$**_1"]
+
+
+def test_index_conflicts(db):
+    db.c.create_index("a", name="a_1")
+    with pytest.raises(OperationFailure) as e:
+        db.c.create_index("a", name="other")
+    assert e.value.code == 85
+    with pytest.raises(OperationFailure) as e:
+        db.c.create_index([("a", -1)], name="a_1")
+    assert e.value.code == 86
+    with pytest.raises(OperationFailure) as e:
+        db.c.create_index("a", name="a_1", unique=True)
+    assert e.value.code == 85
+    # Geo indexes and collations are refused clearly.
+    with pytest.raises(OperationFailure) as e:
+        db.c.create_index([("g", "2dsphere")])
+    assert e.value.code == 67
+    with pytest.raises(OperationFailure) as e:
+        db.c.create_index("b", collation={"locale": "fr"})
+    assert e.value.code == 115
+
+
+def test_text_index_and_text_search(db):
+    from pymongo import TEXT
+    db.a.insert_many([
+        {"_id": 1, "title": "Coffee", "body": "the best coffee shops"},
+        {"_id": 2, "title": "Tea", "body": "tea houses and a coffee corner"},
+        {"_id": 3, "title": "Cakes", "body": "baking cakes"},
+    ])
+    name = db.a.create_index([("title", TEXT), ("body", TEXT)], weights={"title": 10})
+    assert name == "title_text_body_text"
+    info = [i for i in db.a.list_indexes() if i["name"] == name][0]
+    assert info["key"] == {"_fts": "text", "_ftsx": 1}
+    assert info["weights"] == {"body": 1, "title": 10}
+    assert info["default_language"] == "english"
+    # Creating it again (as Mongoose's Model.init does) is a no-op.
+    db.a.create_index([("title", TEXT), ("body", TEXT)], weights={"title": 10})
+    cur = db.a.find({"$text": {"$search": "coffee"}},
+                    {"score": {"$meta": "textScore"}}).sort([("score", {"$meta": "textScore"})])
+    found = list(cur)
+    assert [d["_id"] for d in found] == [1, 2]
+    assert found[0]["score"] > found[1]["score"] > 0
+    assert sorted(d["_id"] for d in db.a.find({"$text": {"$search": "shop -tea"}})) == [1]
+    assert db.a.count_documents({"$text": {"$search": "coffee"}}) == 2
+    assert db.a.count_documents({"$text": {"$search": "\"coffee corner\""}}) == 1
+    with pytest.raises(OperationFailure) as e:
+        db.a.create_index([("other", TEXT)])
+    assert e.value.code == 85
+    db.plain.insert_one({"x": "coffee"})
+    with pytest.raises(OperationFailure) as e:
+        list(db.plain.find({"$text": {"$search": "coffee"}}))
+    assert e.value.code == 27
