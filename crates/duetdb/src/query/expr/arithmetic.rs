@@ -595,19 +595,28 @@ fn pow(a: &Value, b: &Value) -> Result<Value> {
     Ok(Some(Bson::Double(bn.to_f64().powf(en.to_f64()))))
 }
 
-/// `$exp`, `$ln`, `$log10`, `$sqrt`: a double, or a decimal for a decimal.
-fn transcendental(op: Op, a: &Value) -> Result<Value> {
+/// The one argument of `$exp`/`$ln`/`$log10`/`$sqrt` and the trigonometric
+/// operators: `None` for null or missing, else the value and its number
+/// (28765 when not numeric).
+fn numeric_arg(op: Op, a: &Value) -> Result<Option<(&Bson, AnyNum)>> {
     let Some(v) = a.as_ref().filter(|_| !is_nullish(a)) else {
-        return null();
+        return Ok(None);
     };
-    let n = AnyNum::of(v).ok_or_else(|| {
+    AnyNum::of(v).map(|n| Some((v, n))).ok_or_else(|| {
         loc!(
             28765,
             "{} only supports numeric types, not {}",
             op.name(),
             type_name(a)
         )
-    })?;
+    })
+}
+
+/// `$exp`, `$ln`, `$log10`, `$sqrt`: a double, or a decimal for a decimal.
+fn transcendental(op: Op, a: &Value) -> Result<Value> {
+    let Some((v, n)) = numeric_arg(op, a)? else {
+        return null();
+    };
     let f = n.f64();
     let positive = match n {
         AnyNum::D(d) => !d.is_negative() && !d.is_zero() || d.is_nan(),
@@ -718,17 +727,9 @@ fn atan2(a: &Value, b: &Value) -> Result<Value> {
 /// The trigonometric operators (computed in double precision; a decimal
 /// argument gives a decimal of that double, as MongoDB's does for these).
 fn trig(op: Op, a: &Value) -> Result<Value> {
-    let Some(v) = a.as_ref().filter(|_| !is_nullish(a)) else {
+    let Some((v, n)) = numeric_arg(op, a)? else {
         return null();
     };
-    let n = AnyNum::of(v).ok_or_else(|| {
-        loc!(
-            28765,
-            "{} only supports numeric types, not {}",
-            op.name(),
-            type_name(a)
-        )
-    })?;
     let f = n.f64();
     let domain = |lo: f64, hi: f64| -> Result<()> {
         if f.is_nan() || (lo..=hi).contains(&f) {
