@@ -118,7 +118,32 @@ pub fn plan_summary(
     let explain = super::read::explain(&ctx, &doc! {"explain": inner}).ok()?;
     let mut stages = Vec::new();
     summarize(&Bson::Document(explain.clone()), &mut stages);
-    let strategy = explain.get_str("strategy").ok().map(str::to_string);
+    // The engine's explain names an index; MongoDB's summary shows its keys.
+    let specs = state
+        .engine
+        .get(&note.db)
+        .ok()
+        .flatten()
+        .and_then(|db| db.collection(&note.coll).list_indexes().ok())
+        .unwrap_or_default();
+    for s in &mut stages {
+        let Some(name) = s.strip_prefix("IXSCAN ").filter(|n| !n.starts_with('{')) else {
+            continue;
+        };
+        if let Some(key) = specs
+            .iter()
+            .find(|spec| spec.get_str("name").ok() == Some(name))
+            .and_then(|spec| spec.get_document("key").ok())
+        {
+            *s = format!("IXSCAN {}", key_pattern(key));
+        }
+    }
+    // A held snapshot is read as it is (`cow`), whatever a live read of the
+    // same command would choose.
+    let strategy = match note.strategy {
+        "cow" => None,
+        _ => explain.get_str("strategy").ok().map(str::to_string),
+    };
     Some((stages.join(", "), strategy))
 }
 
