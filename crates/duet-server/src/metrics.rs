@@ -42,6 +42,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_SCRAPES_IN_FLIGHT: usize = 8;
 
 type Labels = Vec<(&'static str, String)>;
+/// One family read at scrape time: name, help, counter (else gauge), samples.
+type FamilyValues = (&'static str, &'static str, bool, Vec<(Labels, f64)>);
 
 fn new_histogram() -> Histogram {
     // 50 µs … ~26 s, doubling.
@@ -212,7 +214,7 @@ impl prometheus_client::collector::Collector for Figures {
 
         // Per database.
         let mut reads = duetdb::ReadStats::default();
-        let mut per: Vec<(&str, &str, bool, Vec<(Labels, f64)>)> = Vec::new();
+        let mut per: Vec<FamilyValues> = Vec::new();
         let mut push =
             |name: &'static str, help: &'static str, counter: bool, l: Labels, v: f64| match per
                 .iter_mut()

@@ -294,17 +294,17 @@ mod tests {
         let over = totals.get_document(TOP_OVERFLOW).expect("overflow");
         assert_eq!(
             over.get_document("queries")
-                .unwrap()
+                .expect("field")
                 .get_i64("count")
-                .unwrap(),
+                .expect("field"),
             5
         );
         let c0 = totals.get_document("db.c0").expect("c0");
         assert_eq!(
             c0.get_document("writeLock")
-                .unwrap()
+                .expect("field")
                 .get_i64("time")
-                .unwrap(),
+                .expect("field"),
             3
         );
     }
