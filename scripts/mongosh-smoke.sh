@@ -69,12 +69,12 @@ for _ in $(seq 100); do grep -q "listening on" "$data/serve.log" && break; sleep
   check(db.adminCommand({top: 1}).totals["smoke.c"] !== undefined, "top");
   check(Array.isArray(db.adminCommand({getLog: "global"}).log), "getLog");
   check(db.hostInfo().system.numCores >= 1, "db.hostInfo()");
-  check(db.fsyncLock().lockCount === 1, "db.fsyncLock()");
+  check(Number(db.fsyncLock().lockCount) === 1, "db.fsyncLock()");
   check(db.c.countDocuments() === n, "reads go on under the fsync lock");
-  check(db.fsyncUnlock().lockCount === 0, "db.fsyncUnlock()");
+  check(Number(db.fsyncUnlock().lockCount) === 0, "db.fsyncUnlock()");
   db.c.insertOne({after: "unlock"});
   check(db.c.countDocuments() === n + 1, "writes go on after fsyncUnlock");
-  check(db.adminCommand({getParameter: 1, slowOpThresholdMs: 1}).slowOpThresholdMs === 100, "getParameter");
+  check(Number(db.adminCommand({getParameter: 1, slowOpThresholdMs: 1}).slowOpThresholdMs) === 100, "getParameter");
   check(db.adminCommand({getCmdLineOpts: 1}).parsed["data-dir"] !== undefined, "getCmdLineOpts");
 '
 echo "mongosh smoke test passed"
