@@ -53,5 +53,28 @@ for _ in $(seq 100); do grep -q "listening on" "$data/serve.log" && break; sleep
   s1.abortTransaction();
   check(db.c.countDocuments({t: 2}) === 0, "an aborted transaction leaves nothing");
   s1.endSession();
+  // Admin helpers (issue #22).
+  const n = db.c.countDocuments();
+  check(db.stats().objects >= n && db.stats().collections >= 1, "db.stats()");
+  const cs = db.c.stats();
+  check(cs.count === n && cs.size > 0 && cs.nindexes === 2, "db.c.stats()");
+  check(db.c.dataSize() === cs.size, "db.c.dataSize()");
+  check(db.c.totalSize() >= db.c.dataSize(), "db.c.totalSize()");
+  const v = db.c.validate();
+  check(v.valid === true && v.nrecords === n, "db.c.validate()");
+  check(Array.isArray(db.currentOp().inprog), "db.currentOp()");
+  check(db.serverStatus().ok === 1, "db.serverStatus()");
+  check(rs.status().members.length === 1 && rs.status().members[0].stateStr === "PRIMARY", "rs.status()");
+  check(rs.conf().members.length === 1, "rs.conf()");
+  check(db.adminCommand({top: 1}).totals["smoke.c"] !== undefined, "top");
+  check(Array.isArray(db.adminCommand({getLog: "global"}).log), "getLog");
+  check(db.hostInfo().system.numCores >= 1, "db.hostInfo()");
+  check(Number(db.fsyncLock().lockCount) === 1, "db.fsyncLock()");
+  check(db.c.countDocuments() === n, "reads go on under the fsync lock");
+  check(Number(db.fsyncUnlock().lockCount) === 0, "db.fsyncUnlock()");
+  db.c.insertOne({after: "unlock"});
+  check(db.c.countDocuments() === n + 1, "writes go on after fsyncUnlock");
+  check(Number(db.adminCommand({getParameter: 1, slowOpThresholdMs: 1}).slowOpThresholdMs) === 100, "getParameter");
+  check(db.adminCommand({getCmdLineOpts: 1}).parsed["data-dir"] !== undefined, "getCmdLineOpts");
 '
 echo "mongosh smoke test passed"

@@ -27,7 +27,15 @@
 //! - when the connection ends, its session-less cursors are killed (a
 //!   session's cursors outlive it: drivers pool connections);
 //! - no reply is larger than one message: a reply document that would not
-//!   fit becomes BSONObjectTooLarge (10334).
+//!   fit becomes BSONObjectTooLarge (10334);
+//! - a write command waits while an `fsync` lock is held (cancellable like
+//!   any command);
+//! - every command is counted when it ends (`top`, the metrics) and one
+//!   lasting `slowOpThresholdMs` (`--slow-ms`, 100) or more is logged as
+//!   "Slow query" with its namespace, duration, plan summary and snapshot
+//!   strategy;
+//! - a client closing its connection (between messages, or with a reset) is
+//!   logged at debug level, never as a warning.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,6 +80,10 @@ pub async fn serve(
             }
             Err(e @ FrameError::Idle(_)) => {
                 tracing::info!(conn = conn.id, peer = %conn.peer, reason = %e, "closing idle connection");
+                break;
+            }
+            Err(FrameError::Io(e)) if client_went_away(&e) => {
+                tracing::debug!(conn = conn.id, peer = %conn.peer, reason = %e, "client closed the connection");
                 break;
             }
             Err(e) => {
@@ -127,6 +139,16 @@ pub async fn serve(
             "closed the connection's cursors"
         );
     }
+}
+
+/// Whether an I/O error only says the client went away (reset, broken
+/// pipe): ordinary for clients that close without a goodbye.
+fn client_went_away(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+    )
 }
 
 /// Largest reply document: the reply must fit in one message with its
@@ -207,6 +229,53 @@ async fn handle_query(
     Some((OP_REPLY, opquery::encode_reply(flags, &serialize(&reply))))
 }
 
+/// Count a finished command (`top`, metrics) and log it when slow.
+#[allow(clippy::too_many_arguments)]
+fn finished(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    name: &str,
+    reply: &Document,
+    started: Instant,
+    report: &crate::ops::OpReport,
+) {
+    let elapsed = started.elapsed();
+    let ok = matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0)
+        || matches!(reply.get("ok"), Some(Bson::Int32(1)));
+    state.metrics.record(name, elapsed.as_secs_f64(), ok);
+    let ns = crate::ops::namespace(db, cmd);
+    let micros = elapsed.as_micros().min(u128::from(u64::MAX)) as u64;
+    state.top.record(&ns, name, micros);
+    let slow_ms = state.params.slow_ms();
+    if elapsed < Duration::from_millis(slow_ms) {
+        return;
+    }
+    let note = report.read();
+    let (plan, strategy) = match &note {
+        Some(n) => {
+            let (plan, chosen) =
+                commands::currentop::plan_summary(state, conn, n).unwrap_or_default();
+            (plan, chosen.unwrap_or_else(|| n.strategy.to_string()))
+        }
+        None => (String::new(), String::new()),
+    };
+    let code = reply.get_i32("code").ok();
+    tracing::info!(
+        target: "duet::slow",
+        conn = conn.id,
+        ns = %ns,
+        command = %name,
+        duration_ms = elapsed.as_millis().min(u128::from(u64::MAX)) as u64,
+        plan_summary = %plan,
+        strategy = %strategy,
+        ok,
+        error_code = code,
+        "Slow query"
+    );
+}
+
 /// How long a reply past `maxTimeMS` waits for its cancelled command to end.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
@@ -241,10 +310,32 @@ async fn run_command(
         let state = state.clone();
         let conn = conn.clone();
         let token = token.clone();
+        let name = name.clone();
         tokio::task::spawn_blocking(move || {
             // Listed until the engine call has returned.
-            let _op = op;
-            commands::execute_with(&state, &conn, &db, &cmd, &token)
+            let op = op;
+            let started = Instant::now();
+            let reply = if crate::runtime::is_write(&name) && state.fsync.count() > 0 {
+                match state.fsync.wait_unlocked(&token) {
+                    Ok(()) => {
+                        commands::execute_op(&state, &conn, &db, &cmd, &token, Some(op.report()))
+                    }
+                    Err(e) => e.to_reply(),
+                }
+            } else {
+                commands::execute_op(&state, &conn, &db, &cmd, &token, Some(op.report()))
+            };
+            finished(
+                &state,
+                &conn,
+                &db,
+                &cmd,
+                &name,
+                &reply,
+                started,
+                op.report(),
+            );
+            reply
         })
     };
     let joined = match max_time {

@@ -26,12 +26,16 @@
 pub mod args;
 pub mod auth;
 pub mod commands;
+pub mod config;
 pub mod connection;
 pub mod cursor;
 pub mod error;
+pub mod logs;
+pub mod metrics;
 pub mod opmsg;
 pub mod opquery;
 pub mod ops;
+pub mod runtime;
 pub mod server;
 pub mod sessions;
 pub mod snapshots;
@@ -45,9 +49,13 @@ use std::time::Duration;
 pub use server::Server;
 pub use state::{Config, ServerState};
 
-/// `duet serve` flags.
+/// `duet serve` flags (each also a key of the `--config` file).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
+    /// A TOML file of these flags as keys (`max-connections = 500`); flags
+    /// on the command line override it. See ops/duet.example.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: String,
@@ -63,9 +71,23 @@ pub struct ServeArgs {
     /// 0: 256, or a quarter of the open-file limit when that is lower.
     #[arg(long, default_value_t = 0)]
     pub max_open_files: usize,
-    /// Log level: error, warn, info, debug or trace.
+    /// Log level: error, warn, info, debug or trace (or a tracing filter
+    /// such as `duet_server=debug,info`); `setParameter: {logLevel}` changes
+    /// it at runtime.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Log lines as text or JSON (one object per line).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: logs::LogFormat,
+    /// Operations lasting at least this many milliseconds are logged as
+    /// "Slow query" with their plan and snapshot strategy (MongoDB's
+    /// slowms); `setParameter: {slowOpThresholdMs}` changes it at runtime.
+    #[arg(long, default_value_t = runtime::DEFAULT_SLOW_MS)]
+    pub slow_ms: u64,
+    /// `host:port` serving Prometheus metrics on `GET /metrics` (no
+    /// authentication: keep it on loopback). Off when absent.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
     /// Most connections served at once; more are refused with an error.
     #[arg(long, default_value_t = 1000)]
     pub max_connections: usize,
@@ -206,7 +228,7 @@ fn mib(m: f64, what: &str) -> Result<usize, String> {
 
 /// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
 pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    init_logging(&args.log_level)?;
+    logs::init(&args.log_level, args.log_format)?;
     if !args.standalone && args.replica_set.trim().is_empty() {
         return Err("--replica-set must not be empty (use --standalone for no replica set)".into());
     }
@@ -266,8 +288,11 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         auth_failure_limit: args.auth_failure_limit,
         auth_failure_window: secs(args.auth_failure_window_secs, "auth-failure-window-secs")?,
         ttl_monitor_sleep: secs(args.ttl_monitor_sleep_secs, "ttl-monitor-sleep-secs")?,
+        slow_ms: args.slow_ms,
+        effective: config::effective_of_process(),
         ..Config::default()
     };
+    let metrics_addr = args.metrics_addr;
     duetdb::storage::set_max_open_files(args.max_open_files);
     let durability = duetdb::DurabilityOptions {
         change_retention: secs(
@@ -286,6 +311,22 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         .build()?;
     rt.block_on(async move {
         let state = ServerState::new(engine, config);
+        let (stop_metrics, metrics_stop) = tokio::sync::watch::channel(false);
+        let metrics_bound = match &metrics_addr {
+            Some(a) => {
+                let listener = metrics::bind(a)
+                    .await
+                    .map_err(|e| format!("--metrics-addr {a}: {e}"))?;
+                let bound = listener.local_addr()?;
+                tokio::spawn(metrics::serve(
+                    listener,
+                    std::sync::Arc::downgrade(&state),
+                    metrics_stop,
+                ));
+                Some(bound)
+            }
+            None => None,
+        };
         let server = Server::bind(state).await?;
         let addr = server.local_addr()?;
         let tls = match tls_mode {
@@ -293,13 +334,19 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
             tls::TlsMode::Allow | tls::TlsMode::Prefer => "TLS and plain TCP",
             tls::TlsMode::Require => "TLS required",
         };
-        if auth {
-            tracing::info!(%addr, "duet serve listening (authentication required, {tls})");
+        let auth = if auth {
+            "authentication required"
         } else {
-            tracing::info!(%addr, "duet serve listening (no auth, {tls}: keep it on loopback)");
-        }
-        // The test harness and scripts wait for this line.
-        println!("duet serve listening on {addr}");
+            "no auth: keep it on loopback"
+        };
+        let metrics = match metrics_bound {
+            Some(m) => format!(", metrics on http://{m}/metrics"),
+            None => String::new(),
+        };
+        // Printed once, on standard output: the test harness and scripts
+        // wait for this line (the log goes to standard error).
+        println!("duet serve listening on {addr} ({auth}, {tls}{metrics})");
+        logs::mark_started();
         if unauthenticated_remote {
             tokio::spawn(async {
                 let mut every = tokio::time::interval(Duration::from_secs(3600));
@@ -311,6 +358,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
             });
         }
         server.run(shutdown_signal()).await?;
+        let _ = stop_metrics.send(true);
         tracing::info!("duet serve stopped");
         Ok(())
     })
@@ -324,18 +372,6 @@ fn is_loopback(bind: &str) -> bool {
             .trim_end_matches(']')
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
-}
-
-fn init_logging(level: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .map_err(|e| format!("--log-level {level}: {e}"))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init()
-        .map_err(|e| format!("logging: {e}"))?;
-    Ok(())
 }
 
 /// Completes on SIGINT or SIGTERM.

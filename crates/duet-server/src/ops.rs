@@ -7,6 +7,12 @@
 //! finishes — not when the client stops waiting — so `currentOp` shows work
 //! for exactly as long as it runs.
 //!
+//! Each operation also has an [`OpReport`]: what its read runs on (set by
+//! `source::read_source` through `Ctx::note_read`: the strategy, the held
+//! snapshot or live collection, and the command), so `currentOp` and the
+//! slow-operation log can show the plan summary, the snapshot strategy and
+//! the old versions the read holds.
+//!
 //! Invariants:
 //! - op ids are unique for the life of the server (a counter from 1);
 //! - an operation is listed from before its command starts until after its
@@ -29,6 +35,41 @@ use crate::state::ConnInfo;
 /// it (longer ones are summarized), so listing is cheap.
 const MAX_SHOWN_COMMAND_BYTES: usize = 4 * 1024;
 
+/// What a running read reads, as `currentOp` and the slow-operation log
+/// show it.
+#[derive(Clone)]
+pub struct ReadNote {
+    /// The database and collection read.
+    pub db: String,
+    pub coll: String,
+    /// The whole read command (for its plan summary, worked out on demand
+    /// by explaining it: planning only, no execution).
+    pub command: Arc<Document>,
+    /// `cow` (a held snapshot), `none`/`vls`/`olcp`/`auto` (live, as
+    /// requested), or `transaction`.
+    pub strategy: &'static str,
+    /// The held snapshot a `cow` read runs on (kept alive by the read
+    /// anyway; `currentOp` measures what it retains).
+    pub snapshot: Option<duetdb::Snapshot>,
+}
+
+/// Filled in by the command while it runs; read by `currentOp` and by the
+/// slow-operation log when it ends.
+#[derive(Default)]
+pub struct OpReport {
+    read: Mutex<Option<ReadNote>>,
+}
+
+impl OpReport {
+    pub fn note_read(&self, note: ReadNote) {
+        *self.read.lock() = Some(note);
+    }
+
+    pub fn read(&self) -> Option<ReadNote> {
+        self.read.lock().clone()
+    }
+}
+
 struct Op {
     conn: u64,
     client: String,
@@ -37,6 +78,16 @@ struct Op {
     started: Instant,
     started_at: SystemTime,
     token: CancelToken,
+    report: Arc<OpReport>,
+}
+
+/// The namespace a command acts on: `db.coll` when its first field names
+/// a collection, else `db.$cmd`.
+pub fn namespace(db: &str, cmd: &Document) -> String {
+    match cmd.iter().next() {
+        Some((_, Bson::String(c))) => format!("{db}.{c}"),
+        _ => format!("{db}.$cmd"),
+    }
 }
 
 /// Operations in flight, by op id.
@@ -52,11 +103,16 @@ pub struct OpRegistry {
 pub struct OpGuard {
     registry: Arc<OpRegistry>,
     opid: u64,
+    report: Arc<OpReport>,
 }
 
 impl OpGuard {
     pub fn opid(&self) -> u64 {
         self.opid
+    }
+
+    pub fn report(&self) -> &Arc<OpReport> {
+        &self.report
     }
 }
 
@@ -124,15 +180,10 @@ impl OpRegistry {
         token: CancelToken,
     ) -> OpGuard {
         let opid = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let coll = cmd.iter().next().and_then(|(_, v)| match v {
-            Bson::String(s) => Some(s.as_str()),
-            _ => None,
-        });
-        let ns = match coll {
-            Some(c) => format!("{db}.{c}"),
-            None => format!("{db}.$cmd"),
-        };
+        let ns = namespace(db, cmd);
+        let report = Arc::new(OpReport::default());
         let op = Op {
+            report: report.clone(),
             conn: conn.id,
             client: conn.peer.to_string(),
             ns,
@@ -145,6 +196,7 @@ impl OpRegistry {
         OpGuard {
             registry: self.clone(),
             opid,
+            report,
         }
     }
 
@@ -197,8 +249,9 @@ impl OpRegistry {
         self.len() == 0
     }
 
-    /// `currentOp`'s `inprog` entries, MongoDB's field names, op id order.
-    pub fn current(&self, host: &str) -> Vec<Document> {
+    /// `currentOp`'s `inprog` entries, MongoDB's field names, op id order,
+    /// each with its report (what its read runs on).
+    pub fn current(&self, host: &str) -> Vec<(Document, Option<ReadNote>)> {
         let ops = self.ops.lock();
         let mut ids: Vec<&u64> = ops.keys().collect();
         ids.sort();
@@ -207,7 +260,7 @@ impl OpRegistry {
             .map(|(opid, op)| {
                 let micros = op.started.elapsed().as_micros().min(i64::MAX as u128) as i64;
                 let cancelled = op.token.is_cancelled();
-                doc! {
+                let entry = doc! {
                     "type": "op",
                     "host": host,
                     "desc": format!("conn{}", op.conn),
@@ -226,7 +279,8 @@ impl OpRegistry {
                     "numYields": 0,
                     "waitingForLock": false,
                     "locks": {},
-                }
+                };
+                (entry, op.report.read())
             })
             .collect()
     }

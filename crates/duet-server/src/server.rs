@@ -14,7 +14,7 @@
 //!   shutdown): the accept loop never waits on a client;
 //! - a reaper closes idle cursors, aborts transactions past their lifetime
 //!   and forgets idle sessions;
-//! - shutdown stops accepting, cancels the commands in flight (reads stop
+//! - shutdown (a signal, or the `shutdown` command) stops accepting, cancels the commands in flight (reads stop
 //!   within a page with InterruptedAtShutdown, submitted writes commit),
 //!   lets each connection finish its command, waits at most
 //!   `shutdown_grace`, and returns.
@@ -75,6 +75,10 @@ impl Server {
         loop {
             let (stream, peer) = tokio::select! {
                 _ = &mut shutdown => break,
+                _ = state.shutdown_requested.notified() => {
+                    tracing::info!("shutdown requested by the shutdown command");
+                    break;
+                }
                 r = self.listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {

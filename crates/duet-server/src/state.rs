@@ -99,6 +99,12 @@ pub struct Config {
     pub auth_failure_window: Duration,
     /// Seconds between TTL monitor passes (MongoDB's `ttlMonitorSleepSecs`).
     pub ttl_monitor_sleep: Duration,
+    /// Operations at least this long are logged as slow (`--slow-ms`; at
+    /// runtime `setParameter: {slowOpThresholdMs}`).
+    pub slow_ms: u64,
+    /// The effective configuration, every flag by its name (`getCmdLineOpts`'
+    /// `parsed`); empty for servers built in tests.
+    pub effective: bson::Document,
 }
 
 impl Default for Config {
@@ -134,6 +140,8 @@ impl Default for Config {
             auth_failure_limit: crate::auth::ratelimit::DEFAULT_FAILURE_LIMIT,
             auth_failure_window: crate::auth::ratelimit::DEFAULT_WINDOW,
             ttl_monitor_sleep: duetdb::DEFAULT_TTL_SLEEP,
+            slow_ms: crate::runtime::DEFAULT_SLOW_MS,
+            effective: bson::Document::new(),
         }
     }
 }
@@ -184,6 +192,16 @@ pub struct ServerState {
     /// Deletes expired documents of TTL indexes in every database (one
     /// thread; `serverStatus.metrics.ttl`).
     pub ttl: duetdb::TtlMonitor,
+    /// Knobs `setParameter` changes at runtime.
+    pub params: crate::runtime::RuntimeParams,
+    /// `fsync: 1, lock: true`: writes wait until `fsyncUnlock`.
+    pub fsync: crate::runtime::FsyncLock,
+    /// `top`: time and count per namespace.
+    pub top: crate::runtime::TopTable,
+    /// Per-command counters and latency histograms (`--metrics-addr`).
+    pub metrics: crate::metrics::CommandMetrics,
+    /// Notified by the `shutdown` command; `Server::run` then shuts down.
+    pub shutdown_requested: tokio::sync::Notify,
 }
 
 /// The TTL monitor of a server: its source lists the engine's databases
@@ -231,6 +249,15 @@ impl ServerState {
                     ..Default::default()
                 },
             ),
+            params: crate::runtime::RuntimeParams::new(
+                config.allow_disk_use_by_default,
+                config.query_memory_limit_bytes,
+                config.slow_ms,
+            ),
+            fsync: Default::default(),
+            top: Default::default(),
+            metrics: Default::default(),
+            shutdown_requested: tokio::sync::Notify::new(),
             config,
             operations: Arc::new(OpRegistry::default()),
             started: Instant::now(),

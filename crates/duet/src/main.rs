@@ -89,7 +89,10 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Serve the MongoDB wire protocol (see the README's "Server" section).
+    /// Serve the MongoDB wire protocol (see the README's "Server" and
+    /// "Operating duet" sections). `--config FILE` reads these flags from a
+    /// TOML file; flags on the command line override it.
+    #[command(args_override_self = true)]
     Serve(duet_server::ServeArgs),
     /// Benchmarks: ycsb, htap, snapshot workloads; `report` regenerates BENCHMARKS.md.
     Bench {
@@ -251,7 +254,15 @@ struct Target {
 }
 
 fn main() {
-    if let Err(e) = run(Cli::parse()) {
+    // `serve --config FILE`: the file's flags go before the command line's.
+    let argv = match duet_server::config::expand_args(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(Cli::parse_from(argv)) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -39,13 +39,14 @@ pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
     DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
-    IndexOptions, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, TextFindOptions,
-    Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, DEFAULT_TTL_SLEEP,
+    IndexOptions, IndexSize, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection,
+    StorageStats, TextFindOptions, Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions,
+    Validation, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;
 pub use durability::{
-    CheckpointInfo, Durability, DurabilityOptions, RecoveryReport, Truncation,
+    CheckpointInfo, CheckpointStats, Durability, DurabilityOptions, RecoveryReport, Truncation,
     DEFAULT_CHANGE_RETENTION, DEFAULT_CHANGE_RETENTION_BYTES,
 };
 pub use error::{

@@ -122,6 +122,7 @@ pub const TABLE: &[(&str, Rule)] = &[
     ("listIndexes", Rule::Collection(&[ListIndexes])),
     ("dropIndexes", Rule::Collection(&[DropIndex])),
     ("collStats", Rule::Collection(&[CollStats])),
+    ("validate", Rule::Collection(&[Validate])),
     ("collMod", Rule::Collection(&[CollMod])),
     ("duetRunTtlPass", Rule::Cluster(&[ServerStatus, Killop])),
     (
@@ -179,6 +180,13 @@ pub const TABLE: &[(&str, Rule)] = &[
     ("getParameter", Rule::Cluster(&[GetParameter])),
     ("getCmdLineOpts", Rule::Cluster(&[GetCmdLineOpts])),
     ("getLog", Rule::Cluster(&[GetLog])),
+    ("setParameter", Rule::Cluster(&[SetParameter])),
+    ("top", Rule::Cluster(&[Top])),
+    ("shutdown", Rule::Cluster(&[Shutdown])),
+    ("fsync", Rule::Cluster(&[Fsync])),
+    ("fsyncUnlock", Rule::Cluster(&[Unlock])),
+    ("replSetGetStatus", Rule::Cluster(&[ReplSetGetStatus])),
+    ("replSetGetConfig", Rule::Cluster(&[ReplSetGetConfig])),
     (
         "listDatabases",
         Rule::Computed(

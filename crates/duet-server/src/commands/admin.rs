@@ -1,16 +1,18 @@
-//! Server-level commands: buildInfo, hostInfo, getParameter, getCmdLineOpts,
-//! connectionStatus, listCommands, serverStatus, listDatabases, currentOp,
-//! killOp.
+//! Server-level commands: buildInfo, hostInfo, getParameter/setParameter,
+//! getCmdLineOpts, getLog, top, listCommands, serverStatus, listDatabases,
+//! shutdown, fsync/fsyncUnlock, replSetGetStatus/replSetGetConfig
+//! (`currentOp`/`killOp`: `currentop.rs`; statistics: `stats.rs`).
 //!
-//! `currentOp` lists the commands in flight (the registry in `ops.rs`) with
-//! MongoDB's fields (`opid`, `secs_running`, `microsecs_running`, `ns`,
-//! `command`, `client`, `connectionId`, `killPending`, ...), filtered by the
-//! other fields of the command as a query on those documents (`$ownOps`:
-//! this connection's only; `$all` is accepted: there are no idle or system
-//! operations to add). `killOp: 1, op: <opid>` cancels one; as in MongoDB it
-//! answers `{info: "attempting to kill op", ok: 1}` whether or not the op
-//! still runs (the op notices at its next page check). Both run on `admin`
-//! only (13 Unauthorized elsewhere).
+//! `getParameter`/`setParameter` cover the knobs in [`PARAMETERS`], each
+//! with whether it may change at runtime (`showDetails: true` reports
+//! `{value, settableAtRuntime, settableAtStartup}` as MongoDB). `shutdown`
+//! runs on `admin`, from a loopback client (without `--auth`) or for a user
+//! with the shutdown action; the server then shuts down as on SIGTERM.
+//! `fsync: 1` writes a checkpoint of every database; `lock: true` also makes
+//! every write command wait (cancellable) until as many `fsyncUnlock`s. The
+//! replica-set commands describe the one-member set `hello` announces;
+//! with `--standalone` they answer 76 NoReplicationEnabled, as a standalone
+//! mongod does.
 //!
 //! `serverStatus` reports what the engine exposes (per database: csn,
 //! collections, objects, data bytes, VLS, writer and WAL figures; summed over
@@ -44,76 +46,340 @@ pub fn build_info() -> Document {
     }
 }
 
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// `MemTotal` of `/proc/meminfo`, in MiB.
+fn mem_total_mb() -> Option<i64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024)
+}
+
+fn os_name() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_string())
+}
+
 pub fn host_info() -> Document {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get() as i32)
         .unwrap_or(1);
+    let hostname = read_trim("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".into());
+    let mem_mb = mem_total_mb().unwrap_or(0);
+    let os_type = match std::env::consts::OS {
+        "linux" => "Linux",
+        "macos" => "Darwin",
+        other => other,
+    };
     doc! {
         "system": {
             "currentTime": DateTime::now(),
-            "hostname": "localhost",
+            "hostname": hostname,
             "cpuAddrSize": 64,
+            "memSizeMB": mem_mb,
+            "memLimitMB": mem_mb,
             "numCores": cores,
+            "numPhysicalCores": cores,
+            "numCpuSockets": 1,
             "cpuArch": std::env::consts::ARCH,
+            "numaEnabled": false,
+            "numNumaNodes": 1,
         },
-        "os": {"type": std::env::consts::OS, "name": std::env::consts::OS},
-        "extra": {},
+        "os": {
+            "type": os_type,
+            "name": os_name(),
+            "version": read_trim("/proc/sys/kernel/osrelease").unwrap_or_default(),
+        },
+        "extra": {
+            "versionString": read_trim("/proc/version").unwrap_or_default(),
+            "pageSize": 4096_i64,
+            "maxOpenFiles": duetdb::storage::max_open_files() as i64,
+        },
         "ok": 1.0,
     }
 }
 
-/// `getCmdLineOpts`: the arguments, and under `parsed` what MongoDB names
-/// `net.tls` (mode and file paths, never key material).
+/// `getCmdLineOpts`: the process's arguments (`argv`) and under `parsed`
+/// every `duet serve` flag with the value in force — from `--config`, the
+/// command line or its default — by flag name, plus what MongoDB names
+/// `net` (`bindIp`, `port`, `tls`: mode and file paths, never key material).
 pub fn cmd_line_opts(config: &crate::state::Config) -> Document {
     let argv: Vec<Bson> = std::env::args().map(Bson::String).collect();
     let tls = match &config.tls {
         Some(t) => t.summary(),
         None => doc! {"mode": "disabled"},
     };
-    doc! {"argv": argv, "parsed": {"net": {"bindIp": config.bind.clone(), "port": i32::from(config.port), "tls": tls}}, "ok": 1.0}
+    let mut parsed = config.effective.clone();
+    parsed.insert(
+        "net",
+        doc! {"bindIp": config.bind.clone(), "port": i32::from(config.port), "tls": tls},
+    );
+    doc! {"argv": argv, "parsed": parsed, "ok": 1.0}
 }
 
-fn parameters(ctx: &Ctx<'_>) -> Document {
-    let config = &ctx.state.config;
-    doc! {
-        "allowDiskUseByDefault": config.allow_disk_use_by_default,
-        "internalQueryMaxBlockingSortMemoryUsageBytes": config.query_memory_limit_bytes.min(i64::MAX as usize) as i64,
-        "internalDocumentSourceGroupMaxMemoryBytes": config.query_memory_limit_bytes.min(i64::MAX as usize) as i64,
-        "featureCompatibilityVersion": {"version": "7.0"},
-        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
-        "maxBsonObjectSize": super::handshake::MAX_BSON_OBJECT_SIZE,
-        "maxMessageSizeBytes": super::handshake::MAX_MESSAGE_SIZE_BYTES,
-        "maxWriteBatchSize": super::handshake::MAX_WRITE_BATCH_SIZE,
-        "cursorTimeoutMillis": 600_000i64,
-        "logicalSessionTimeoutMinutes": super::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES,
-        "ttlMonitorEnabled": ctx.state.ttl.enabled(),
-        "ttlMonitorSleepSecs": ctx.state.ttl.sleep().as_secs().min(i32::MAX as u64) as i32,
+/// A whole number from a parameter value.
+fn whole(v: &Bson, name: &str) -> CmdResult<i64> {
+    match v {
+        Bson::Int32(i) => Ok(i64::from(*i)),
+        Bson::Int64(i) => Ok(*i),
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 9e15 => Ok(*f as i64),
+        other => Err(CommandError::type_mismatch(format!(
+            "{name} must be a whole number, not {:?}",
+            other.element_type()
+        ))),
     }
 }
 
-/// `{getParameter: 1, name: 1, ...}` or `{getParameter: "*"}`.
+fn boolean(v: &Bson, name: &str) -> CmdResult<bool> {
+    match v {
+        Bson::Boolean(b) => Ok(*b),
+        Bson::Int32(i) => Ok(*i != 0),
+        Bson::Int64(i) => Ok(*i != 0),
+        Bson::Double(f) => Ok(*f != 0.0),
+        other => Err(CommandError::type_mismatch(format!(
+            "{name} must be a boolean, not {:?}",
+            other.element_type()
+        ))),
+    }
+}
+
+fn positive(v: &Bson, name: &str) -> CmdResult<u64> {
+    let n = whole(v, name)?;
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| CommandError::bad_value(format!("{name} must be positive, not {n}")))
+}
+
+type Getter = fn(&Ctx<'_>) -> Bson;
+type Setter = fn(&Ctx<'_>, &Bson) -> CmdResult<()>;
+
+/// One server parameter: its value, and how `setParameter` changes it
+/// (`None`: only at startup, through its flag, or never).
+pub struct Parameter {
+    pub name: &'static str,
+    get: Getter,
+    set: Option<Setter>,
+    /// A `duet serve` flag sets it.
+    pub settable_at_startup: bool,
+}
+
+fn sat_i64(n: u64) -> i64 {
+    n.min(i64::MAX as u64) as i64
+}
+
+/// The parameters `getParameter` reports and `setParameter` changes.
+pub const PARAMETERS: &[Parameter] = &[
+    Parameter {
+        name: "allowDiskUseByDefault",
+        get: |c| Bson::Boolean(c.state.params.allow_disk_use_by_default()),
+        set: Some(|c, v| {
+            let b = boolean(v, "allowDiskUseByDefault")?;
+            c.state.params.set_allow_disk_use_by_default(b);
+            Ok(())
+        }),
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "internalQueryMaxBlockingSortMemoryUsageBytes",
+        get: |c| Bson::Int64(sat_i64(c.state.params.query_memory_limit_bytes() as u64)),
+        set: Some(|c, v| {
+            let n = positive(v, "internalQueryMaxBlockingSortMemoryUsageBytes")?;
+            c.state
+                .params
+                .set_query_memory_limit_bytes(usize::try_from(n).unwrap_or(usize::MAX));
+            Ok(())
+        }),
+        settable_at_startup: true,
+    },
+    Parameter {
+        // The same limit: duet has one memory budget for sorts and $group.
+        name: "internalDocumentSourceGroupMaxMemoryBytes",
+        get: |c| Bson::Int64(sat_i64(c.state.params.query_memory_limit_bytes() as u64)),
+        set: Some(|c, v| {
+            let n = positive(v, "internalDocumentSourceGroupMaxMemoryBytes")?;
+            c.state
+                .params
+                .set_query_memory_limit_bytes(usize::try_from(n).unwrap_or(usize::MAX));
+            Ok(())
+        }),
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "slowOpThresholdMs",
+        get: |c| Bson::Int64(sat_i64(c.state.params.slow_ms())),
+        set: Some(|c, v| {
+            let n = whole(v, "slowOpThresholdMs")?;
+            let n = u64::try_from(n).map_err(|_| {
+                CommandError::bad_value(format!("slowOpThresholdMs must be >= 0, not {n}"))
+            })?;
+            c.state.params.set_slow_ms(n);
+            Ok(())
+        }),
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "logLevel",
+        get: |_| {
+            let level = crate::logs::level().unwrap_or_default();
+            Bson::Int32(if level.contains("trace") {
+                2
+            } else if level.contains("debug") {
+                1
+            } else {
+                0
+            })
+        },
+        set: Some(|_, v| {
+            let n = whole(v, "logLevel")?;
+            if !(0..=5).contains(&n) {
+                return Err(CommandError::bad_value(format!(
+                    "logLevel must be in 0..=5, not {n}"
+                )));
+            }
+            crate::logs::set_level(crate::logs::directive_for(n))
+                .map_err(CommandError::bad_value)?;
+            Ok(())
+        }),
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "ttlMonitorEnabled",
+        get: |c| Bson::Boolean(c.state.ttl.enabled()),
+        set: Some(|c, v| {
+            c.state.ttl.set_enabled(boolean(v, "ttlMonitorEnabled")?);
+            Ok(())
+        }),
+        settable_at_startup: false,
+    },
+    Parameter {
+        name: "ttlMonitorSleepSecs",
+        get: |c| Bson::Int32(c.state.ttl.sleep().as_secs().min(i32::MAX as u64) as i32),
+        set: Some(|c, v| {
+            let n = positive(v, "ttlMonitorSleepSecs")?;
+            c.state.ttl.set_sleep(std::time::Duration::from_secs(n));
+            Ok(())
+        }),
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "featureCompatibilityVersion",
+        get: |_| Bson::Document(doc! {"version": "7.0"}),
+        set: None,
+        settable_at_startup: false,
+    },
+    Parameter {
+        name: "authenticationMechanisms",
+        get: |_| Bson::Array(vec!["SCRAM-SHA-1".into(), "SCRAM-SHA-256".into()]),
+        set: None,
+        settable_at_startup: false,
+    },
+    Parameter {
+        name: "maxBsonObjectSize",
+        get: |_| Bson::Int32(super::handshake::MAX_BSON_OBJECT_SIZE),
+        set: None,
+        settable_at_startup: false,
+    },
+    Parameter {
+        name: "maxMessageSizeBytes",
+        get: |_| Bson::Int32(super::handshake::MAX_MESSAGE_SIZE_BYTES),
+        set: None,
+        settable_at_startup: false,
+    },
+    Parameter {
+        name: "maxWriteBatchSize",
+        get: |_| Bson::Int32(super::handshake::MAX_WRITE_BATCH_SIZE),
+        set: None,
+        settable_at_startup: false,
+    },
+    Parameter {
+        name: "cursorTimeoutMillis",
+        get: |c| {
+            Bson::Int64(
+                c.state
+                    .config
+                    .cursor_idle_timeout
+                    .as_millis()
+                    .min(i64::MAX as u128) as i64,
+            )
+        },
+        set: None,
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "transactionLifetimeLimitSeconds",
+        get: |c| Bson::Int64(sat_i64(c.state.config.transaction_lifetime.as_secs())),
+        set: None,
+        settable_at_startup: true,
+    },
+    Parameter {
+        name: "logicalSessionTimeoutMinutes",
+        get: |_| Bson::Int32(super::handshake::LOGICAL_SESSION_TIMEOUT_MINUTES),
+        set: None,
+        settable_at_startup: false,
+    },
+];
+
+fn parameter(name: &str) -> Option<&'static Parameter> {
+    PARAMETERS.iter().find(|p| p.name == name)
+}
+
+fn shown(ctx: &Ctx<'_>, p: &Parameter, details: bool) -> Bson {
+    let value = (p.get)(ctx);
+    if !details {
+        return value;
+    }
+    Bson::Document(doc! {
+        "value": value,
+        "settableAtRuntime": p.set.is_some(),
+        "settableAtStartup": p.settable_at_startup,
+    })
+}
+
+/// Fields every command may carry that are not parameter names.
+fn generic_field(k: &str) -> bool {
+    k.starts_with('$')
+        || matches!(
+            k,
+            "lsid" | "comment" | "apiVersion" | "apiStrict" | "apiDeprecationErrors" | "maxTimeMS"
+        )
+}
+
+/// `{getParameter: 1 | "*" | {showDetails?, allParameters?}, <name>: 1, ...}`.
 pub fn get_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let all = parameters(ctx);
+    let (all, details) = match cmd.get("getParameter") {
+        Some(Bson::String(s)) if s == "*" => (true, false),
+        Some(Bson::Document(d)) => (
+            args::flag(d, "allParameters")?,
+            args::flag(d, "showDetails")?,
+        ),
+        _ => (false, false),
+    };
     let mut out = Document::new();
-    if matches!(cmd.get("getParameter"), Some(Bson::String(s)) if s == "*") {
-        out = all;
+    if all {
+        for p in PARAMETERS {
+            out.insert(p.name, shown(ctx, p, details));
+        }
     } else {
         for (k, _) in cmd.iter().skip(1) {
-            if k.starts_with('$') || matches!(k.as_str(), "lsid" | "comment" | "apiVersion") {
+            if generic_field(k) {
                 continue;
             }
-            match all.get(k) {
-                Some(v) => {
-                    out.insert(k.clone(), v.clone());
-                }
-                None => {
-                    return Err(CommandError::new(
-                        72,
-                        "InvalidOptions",
-                        format!("no option found to get: {k}"),
-                    ))
-                }
-            }
+            let p = parameter(k).ok_or_else(|| {
+                CommandError::new(72, "InvalidOptions", format!("no option found to get: {k}"))
+            })?;
+            out.insert(k.clone(), shown(ctx, p, details));
         }
         if out.is_empty() {
             return Err(CommandError::new(
@@ -122,6 +388,58 @@ pub fn get_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
                 "no option found to get",
             ));
         }
+    }
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+/// `{setParameter: 1, <name>: <value>}`: answers the previous value as `was`.
+pub fn set_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            "setParameter may only be run against the admin database.",
+        ));
+    }
+    let mut was = None;
+    let mut n = 0;
+    for (k, v) in cmd.iter().skip(1) {
+        if generic_field(k) {
+            continue;
+        }
+        let p = parameter(k).ok_or_else(|| {
+            CommandError::new(
+                72,
+                "InvalidOptions",
+                format!(
+                    "attempted to set unrecognized parameter [{k}], use help:true to see options"
+                ),
+            )
+        })?;
+        let set = p.set.ok_or_else(|| {
+            CommandError::new(
+                72,
+                "InvalidOptions",
+                format!("not allowed to change [{k}] at runtime"),
+            )
+        })?;
+        let before = (p.get)(ctx);
+        set(ctx, v)?;
+        tracing::info!(parameter = %k, was = %before, now = %(p.get)(ctx), "setParameter");
+        was = Some(before);
+        n += 1;
+    }
+    if n == 0 {
+        return Err(CommandError::new(
+            72,
+            "InvalidOptions",
+            "no option found to set, use help:true to see options",
+        ));
+    }
+    let mut out = Document::new();
+    if let (1, Some(w)) = (n, was) {
+        out.insert("was", w);
     }
     out.insert("ok", 1.0);
     Ok(out)
@@ -320,8 +638,7 @@ pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(reply)
 }
 
-/// `currentOp` and `killOp` run on `admin` only, as in MongoDB.
-fn admin_only(ctx: &Ctx<'_>, name: &str) -> CmdResult<()> {
+fn on_admin(ctx: &Ctx<'_>, name: &str) -> CmdResult<()> {
     if ctx.db != "admin" {
         return Err(CommandError::new(
             13,
@@ -332,68 +649,222 @@ fn admin_only(ctx: &Ctx<'_>, name: &str) -> CmdResult<()> {
     Ok(())
 }
 
-/// `{currentOp: 1, $ownOps?, $all?, <filter on the inprog fields>}`.
-pub fn current_op(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    admin_only(ctx, "currentOp")?;
-    let own = args::flag(cmd, "$ownOps")?;
-    let mut filter = Document::new();
-    for (k, v) in cmd.iter().skip(1) {
-        let generic = matches!(
-            k.as_str(),
-            "$ownOps"
-                | "$all"
-                | "$db"
-                | "lsid"
-                | "comment"
-                | "$clusterTime"
-                | "$readPreference"
-                | "apiVersion"
-                | "apiStrict"
-                | "apiDeprecationErrors"
-                | "maxTimeMS"
-        );
-        if !generic {
-            filter.insert(k.clone(), v.clone());
-        }
-    }
-    let filter = duetdb::lang::Filter::parse(&filter)?;
-    let host = ctx.conn.local.to_string();
-    let mut inprog = Vec::new();
-    for op in ctx.state.operations.current(&host) {
-        if own && op.get_i64("connectionId").ok() != Some(ctx.conn.id as i64) {
-            continue;
-        }
-        if filter.matches(&duetdb::raw::to_raw_document(&op)?) {
-            inprog.push(Bson::Document(op));
-        }
-    }
-    Ok(doc! {"inprog": inprog, "ok": 1.0})
-}
-
-/// `{killOp: 1, op: <opid>}`.
-pub fn kill_op(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    admin_only(ctx, "killOp")?;
-    let opid = match cmd.get("op") {
-        None => {
-            return Err(CommandError::bad_value(
-                "Did not provide \"op\" field (the operation id to kill)",
+/// `{getLog: "global" | "startupWarnings" | "*"}`: the recent log lines
+/// (MongoDB's structured JSON lines; at most `logs::RING_LINES`).
+pub fn get_log(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    on_admin(ctx, "getLog")?;
+    let which = match cmd.get("getLog") {
+        Some(Bson::String(s)) => s.as_str(),
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "Argument to getLog must be of type String",
             ))
         }
-        Some(Bson::Int32(n)) => i64::from(*n),
-        Some(Bson::Int64(n)) => *n,
-        Some(Bson::Double(d)) if d.fract() == 0.0 && d.abs() < 9.0e15 => *d as i64,
-        Some(other) => {
-            return Err(CommandError::type_mismatch(format!(
-                "killOp 'op' must be a number, not {:?}",
-                other.element_type()
-            )))
+    };
+    let ring = crate::logs::ring();
+    let lines = match which {
+        "*" => return Ok(doc! {"names": ["global", "startupWarnings"], "ok": 1.0}),
+        "global" => ring.lines(),
+        "startupWarnings" => ring.startup_warnings(),
+        other => {
+            return Err(CommandError::new(
+                72,
+                "InvalidOptions",
+                format!("No log named '{other}'"),
+            ))
         }
     };
-    let found = u64::try_from(opid)
-        .ok()
-        .is_some_and(|id| ctx.state.operations.kill(id));
-    tracing::info!(conn = ctx.conn.id, opid, found, "killOp");
-    Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
+    let total = if which == "global" {
+        ring.total()
+    } else {
+        lines.len() as u64
+    };
+    Ok(doc! {
+        "totalLinesWritten": total.min(i64::MAX as u64) as i64,
+        "log": lines,
+        "ok": 1.0,
+    })
+}
+
+/// `{top: 1}`: time (µs) and count per namespace and kind of operation.
+pub fn top(ctx: &Ctx<'_>) -> CmdResult {
+    on_admin(ctx, "top")?;
+    Ok(doc! {"totals": ctx.state.top.totals(), "ok": 1.0})
+}
+
+/// `{shutdown: 1, force?, timeoutSecs?, comment?}` on `admin`.
+pub fn shutdown(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    on_admin(ctx, "shutdown")?;
+    args::flag(cmd, "force")?;
+    if !ctx.state.config.auth && !ctx.conn.peer.ip().is_loopback() {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            "shutdown must run from localhost when running db without auth",
+        ));
+    }
+    tracing::info!(conn = ctx.conn.id, peer = %ctx.conn.peer, "shutdown command received");
+    ctx.state.shutdown_requested.notify_one();
+    Ok(doc! {"ok": 1.0})
+}
+
+/// `{fsync: 1, lock?: bool}` on `admin`: checkpoint every database now; with
+/// `lock: true` write commands then wait until `fsyncUnlock`.
+pub fn fsync(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    on_admin(ctx, "fsync")?;
+    let lock = args::flag(cmd, "lock")?;
+    if args::flag(cmd, "async")? {
+        return Err(CommandError::not_supported(
+            "fsync with async: true is not supported",
+        ));
+    }
+    // Lock first, so no write starts between the checkpoint and the lock.
+    let count = lock.then(|| ctx.state.fsync.lock());
+    let mut files = 0i32;
+    for (name, db) in ctx.state.engine.list_databases() {
+        match db.checkpoint() {
+            Ok(_) => files += 1,
+            Err(e) => {
+                if lock {
+                    ctx.state.fsync.unlock();
+                }
+                tracing::error!(db = %name, error = %e, "fsync: checkpoint failed");
+                return Err(e.into());
+            }
+        }
+    }
+    let mut out = doc! {"numFiles": files};
+    if let Some(n) = count {
+        tracing::info!(
+            lock_count = n,
+            "fsync lock taken: writes wait for fsyncUnlock"
+        );
+        out.insert(
+            "info",
+            "now locked against writes, use db.fsyncUnlock() to unlock",
+        );
+        out.insert("lockCount", i64::from(n));
+        out.insert("seeAlso", "http://dochub.mongodb.org/core/fsynccommand");
+    }
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+/// `{fsyncUnlock: 1}` on `admin`.
+pub fn fsync_unlock(ctx: &Ctx<'_>) -> CmdResult {
+    on_admin(ctx, "fsyncUnlock")?;
+    match ctx.state.fsync.unlock() {
+        None => Err(CommandError::new(
+            125,
+            "CommandFailed",
+            "fsyncUnlock called when not locked",
+        )),
+        Some(n) => {
+            tracing::info!(lock_count = n, "fsyncUnlock");
+            Ok(doc! {"info": "fsyncUnlock completed", "lockCount": i64::from(n), "ok": 1.0})
+        }
+    }
+}
+
+/// The replica-set name, or 76 NoReplicationEnabled under `--standalone`.
+fn replica_set<'a>(ctx: &'a Ctx<'_>) -> CmdResult<&'a str> {
+    on_admin(ctx, "replSetGetStatus")?;
+    ctx.state.config.replica_set.as_deref().ok_or_else(|| {
+        CommandError::new(
+            76,
+            "NoReplicationEnabled",
+            "not running with --replSet (duet serve --standalone)",
+        )
+    })
+}
+
+/// `{replSetGetStatus: 1}`: the one-member set `hello` describes.
+pub fn repl_set_get_status(ctx: &Ctx<'_>) -> CmdResult {
+    let set = replica_set(ctx)?.to_string();
+    let me = super::handshake::member_address(ctx);
+    let now = DateTime::now();
+    let ts = super::changes::timestamp(ctx.state.engine.cluster_time());
+    let optime = doc! {"ts": ts, "t": 1_i64};
+    let uptime = ctx.state.started.elapsed();
+    let started = DateTime::from_system_time(std::time::SystemTime::now() - uptime);
+    Ok(doc! {
+        "set": set,
+        "date": now,
+        "myState": 1,
+        "term": 1_i64,
+        "heartbeatIntervalMillis": 2000_i64,
+        "majorityVoteCount": 1,
+        "writeMajorityCount": 1,
+        "votingMembersCount": 1,
+        "writableVotingMembersCount": 1,
+        "optimes": {
+            "lastCommittedOpTime": optime.clone(),
+            "lastCommittedWallTime": now,
+            "readConcernMajorityOpTime": optime.clone(),
+            "appliedOpTime": optime.clone(),
+            "durableOpTime": optime.clone(),
+            "lastAppliedWallTime": now,
+            "lastDurableWallTime": now,
+        },
+        "members": [{
+            "_id": 0,
+            "name": me,
+            "health": 1.0,
+            "state": 1,
+            "stateStr": "PRIMARY",
+            "uptime": uptime.as_secs().min(i32::MAX as u64) as i32,
+            "optime": optime.clone(),
+            "optimeDate": now,
+            "optimeDurable": optime,
+            "optimeDurableDate": now,
+            "syncSourceHost": "",
+            "syncSourceId": -1,
+            "infoMessage": "",
+            "electionTime": crate::snapshots::csn_to_timestamp(0),
+            "electionDate": started,
+            "configVersion": 1,
+            "configTerm": 1,
+            "self": true,
+            "lastHeartbeatMessage": "",
+        }],
+        "ok": 1.0,
+    })
+}
+
+/// `{replSetGetConfig: 1}`: the one-member set's configuration.
+pub fn repl_set_get_config(ctx: &Ctx<'_>) -> CmdResult {
+    let set = replica_set(ctx)?.to_string();
+    let me = super::handshake::member_address(ctx);
+    Ok(doc! {
+        "config": {
+            "_id": set,
+            "version": 1,
+            "term": 1,
+            "members": [{
+                "_id": 0,
+                "host": me,
+                "arbiterOnly": false,
+                "buildIndexes": true,
+                "hidden": false,
+                "priority": 1.0,
+                "tags": {},
+                "secondaryDelaySecs": 0_i64,
+                "votes": 1,
+            }],
+            "protocolVersion": 1_i64,
+            "writeConcernMajorityJournalDefault": true,
+            "settings": {
+                "chainingAllowed": true,
+                "heartbeatIntervalMillis": 2000,
+                "heartbeatTimeoutSecs": 10,
+                "electionTimeoutMillis": 10000,
+                "catchUpTimeoutMillis": -1,
+                "getLastErrorModes": {},
+                "getLastErrorDefaults": {"w": 1, "wtimeout": 0},
+            },
+        },
+        "ok": 1.0,
+    })
 }
 
 /// `{duetRunTtlPass: 1}` on `admin`: run one TTL monitor pass now and wait

@@ -1,5 +1,5 @@
 //! Namespace and index commands: listCollections, create, drop, dropDatabase,
-//! renameCollection, collStats, dbStats, createIndexes, listIndexes,
+//! renameCollection, createIndexes, listIndexes,
 //! dropIndexes, collMod (an index's `expireAfterSeconds`).
 //!
 //! Index options the engine honours: `unique`, `sparse`,
@@ -150,43 +150,6 @@ pub fn rename_collection(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let db = ctx.database_named(from_db)?;
     db.rename_collection(from_coll, to_coll, drop_target)?;
     Ok(doc! {"ok": 1.0})
-}
-
-pub fn coll_stats(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let name = args::collection_name(cmd, "collStats")?;
-    let s = ctx.database()?.collection(name).stats().map_err(|_| {
-        CommandError::ns_not_found(format!("Collection [{}] not found.", ctx.ns(name)))
-    })?;
-    let mut entries = Document::new();
-    for (n, count) in &s.indexes {
-        entries.insert(n.clone(), *count as i64);
-    }
-    Ok(doc! {
-        "ns": ctx.ns(name),
-        "count": s.count as i64,
-        "size": s.data_bytes as i64,
-        "avgObjSize": s.avg_obj_size as i64,
-        "storageSize": s.data_bytes as i64,
-        "nindexes": s.indexes.len() as i32,
-        "duet": {"indexEntries": entries, "heapNodes": s.heap_nodes as i64},
-        "ok": 1.0,
-    })
-}
-
-pub fn db_stats(ctx: &Ctx<'_>) -> CmdResult {
-    let s = ctx.database()?.stats();
-    Ok(doc! {
-        "db": ctx.db,
-        "collections": s.collections as i64,
-        "views": 0,
-        "objects": s.objects as i64,
-        "avgObjSize": s.data_bytes.checked_div(s.objects).unwrap_or(0) as f64,
-        "dataSize": s.data_bytes as f64,
-        "storageSize": s.data_bytes as f64,
-        "indexes": s.indexes as i64,
-        "duet": {"csn": s.csn.min(i64::MAX as u64) as i64},
-        "ok": 1.0,
-    })
 }
 
 const INDEX_OPTIONS_OK: &[&str] = &[

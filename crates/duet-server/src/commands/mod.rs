@@ -32,11 +32,13 @@
 
 pub mod admin;
 pub mod changes;
+pub mod currentop;
 pub mod ddl;
 pub mod handshake;
 pub mod named;
 pub mod read;
 pub mod source;
+pub mod stats;
 pub mod txn;
 pub mod write;
 
@@ -68,6 +70,9 @@ pub struct Ctx<'a> {
     /// Cancelled by `maxTimeMS`, `killOp`, the client closing its
     /// connection, or shutdown; reads check it once per page of work.
     pub cancel: &'a duetdb::CancelToken,
+    /// Where the command reports what its read runs on (`currentOp`, the
+    /// slow-operation log); `None` off the connection path.
+    pub report: Option<&'a crate::ops::OpReport>,
 }
 
 impl Ctx<'_> {
@@ -111,6 +116,25 @@ impl Ctx<'_> {
             self.state.engine.discard_if_unused(name);
         }
         Ok(rebound?)
+    }
+
+    /// Record what this command's read runs on (`source::read_source`).
+    pub fn note_read(&self, coll: &str, cmd: &Document, source: &source::ReadSource<'_>) {
+        let Some(report) = self.report else {
+            return;
+        };
+        let (strategy, snapshot) = match source {
+            source::ReadSource::Live { strategy, .. } => (strategy.name(), None),
+            source::ReadSource::Held { snap, .. } => ("cow", Some(snap.clone())),
+            source::ReadSource::Txn(_) => ("transaction", None),
+        };
+        report.note_read(crate::ops::ReadNote {
+            db: self.db.to_string(),
+            coll: coll.to_string(),
+            command: Arc::new(cmd.clone()),
+            strategy,
+            snapshot,
+        });
     }
 
     pub fn ns(&self, coll: &str) -> String {
@@ -176,8 +200,33 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("buildInfo", "server version"),
     ("hostInfo", "host description"),
     ("getParameter", "read server parameters"),
-    ("getCmdLineOpts", "the server's command line"),
-    ("getLog", "recent log lines (always empty)"),
+    (
+        "setParameter",
+        "change a server parameter at runtime (admin)",
+    ),
+    (
+        "getCmdLineOpts",
+        "the server's command line and effective configuration",
+    ),
+    ("getLog", "recent log lines (admin)"),
+    ("top", "time and count per namespace (admin)"),
+    (
+        "shutdown",
+        "shut the server down (admin; loopback or the shutdown action)",
+    ),
+    (
+        "fsync",
+        "checkpoint every database; lock: true makes writes wait (admin)",
+    ),
+    ("fsyncUnlock", "release an fsync lock (admin)"),
+    (
+        "replSetGetStatus",
+        "status of the one-member replica set (admin)",
+    ),
+    (
+        "replSetGetConfig",
+        "configuration of the one-member replica set (admin)",
+    ),
     ("whatsmyuri", "the client's address"),
     ("connectionStatus", "the authenticated user and its roles"),
     ("logout", "forget the connection's authentication"),
@@ -209,6 +258,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("renameCollection", "rename a collection within a database"),
     ("collStats", "collection statistics"),
     ("dbStats", "database statistics"),
+    ("validate", "check a collection's records and indexes"),
     (
         "createSnapshot",
         "duet: pin a named snapshot of the database",
@@ -265,6 +315,7 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("buildinfo", "buildInfo"),
     ("findandmodify", "findAndModify"),
     ("deleteIndexes", "dropIndexes"),
+    ("dbstats", "dbStats"),
 ];
 
 /// The [`COMMANDS`] entry command `name` (or an alias of it) dispatches to.
@@ -292,8 +343,21 @@ pub fn execute_with(
     cmd: &Document,
     cancel: &duetdb::CancelToken,
 ) -> Document {
+    execute_op(state, conn, db, cmd, cancel, None)
+}
+
+/// [`execute_with`], reporting what the command reads to `report` (its
+/// entry in the operation registry).
+pub fn execute_op(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    cancel: &duetdb::CancelToken,
+    report: Option<&crate::ops::OpReport>,
+) -> Document {
     OpCounters::bump(&state.ops.command, 1);
-    let mut reply = match dispatch(state, conn, db, cmd, cancel) {
+    let mut reply = match dispatch(state, conn, db, cmd, cancel, report) {
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");
@@ -426,6 +490,7 @@ fn dispatch(
     db: &str,
     cmd: &Document,
     cancel: &duetdb::CancelToken,
+    report: Option<&crate::ops::OpReport>,
 ) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
@@ -453,6 +518,7 @@ fn dispatch(
         created: Cell::new(false),
         lsid: session.lsid.as_ref(),
         cancel,
+        report,
     };
     // Users cached by connections are keyed by admin's csn, which a
     // recreated admin starts again: a drop of admin moves the epoch too.
@@ -527,8 +593,16 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "buildInfo" | "buildinfo" => Ok(admin::build_info()),
         "hostInfo" => Ok(admin::host_info()),
         "getParameter" => admin::get_parameter(ctx, cmd),
+        "setParameter" => admin::set_parameter(ctx, cmd),
         "getCmdLineOpts" => Ok(admin::cmd_line_opts(&ctx.state.config)),
-        "getLog" => Ok(doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
+        "getLog" => admin::get_log(ctx, cmd),
+        "top" => admin::top(ctx),
+        "shutdown" => admin::shutdown(ctx, cmd),
+        "fsync" => admin::fsync(ctx, cmd),
+        "fsyncUnlock" => admin::fsync_unlock(ctx),
+        "replSetGetStatus" => admin::repl_set_get_status(ctx),
+        "replSetGetConfig" => admin::repl_set_get_config(ctx),
+        "validate" => stats::validate(ctx, cmd),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => auth::commands::connection_status(ctx, cmd),
         "logout" => auth::commands::logout(ctx),
@@ -548,8 +622,8 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "revokeRolesFromUser" => auth::commands::change_roles(ctx, cmd, false),
         "listCommands" => Ok(admin::list_commands()),
         "serverStatus" => Ok(admin::server_status(ctx)),
-        "currentOp" => admin::current_op(ctx, cmd),
-        "killOp" => admin::kill_op(ctx, cmd),
+        "currentOp" => currentop::current_op(ctx, cmd),
+        "killOp" => currentop::kill_op(ctx, cmd),
         "listDatabases" => admin::list_databases(ctx, cmd),
         "endSessions" => txn::end_sessions(ctx, cmd),
         "killSessions" | "killAllSessions" => txn::kill_sessions(ctx, name, cmd),
@@ -558,8 +632,8 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "drop" => ddl::drop(ctx, cmd),
         "dropDatabase" => ddl::drop_database(ctx),
         "renameCollection" => ddl::rename_collection(ctx, cmd),
-        "collStats" => ddl::coll_stats(ctx, cmd),
-        "dbStats" => ddl::db_stats(ctx),
+        "collStats" => stats::coll_stats(ctx, cmd),
+        "dbStats" | "dbstats" => stats::db_stats(ctx, cmd),
         "createIndexes" => ddl::create_indexes(ctx, cmd),
         "listIndexes" => ddl::list_indexes(ctx, cmd),
         "collMod" => ddl::coll_mod(ctx, cmd),

@@ -424,6 +424,10 @@ fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
 }
 
 pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
+    // $collStats, $indexStats, $currentOp: answered by the server (stats.rs).
+    if let Some(reply) = super::stats::aggregate_stage(ctx, cmd, target.in_transaction())? {
+        return Ok(reply);
+    }
     if let Some(pipeline) = args::opt_array(cmd, "pipeline")? {
         if super::changes::is_change_stream(pipeline) {
             if target.in_transaction() {

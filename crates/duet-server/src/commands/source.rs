@@ -91,8 +91,20 @@ pub enum Explained<'a> {
     Aggregate(Vec<Document>),
 }
 
-/// The source command `cmd` reads collection `coll` from.
+/// The source command `cmd` reads collection `coll` from (noted for
+/// `currentOp` and the slow-operation log).
 pub fn read_source<'s>(
+    ctx: &Ctx<'_>,
+    cmd: &Document,
+    coll: &str,
+    target: &'s mut Target<'_>,
+) -> CmdResult<ReadSource<'s>> {
+    let source = choose_source(ctx, cmd, coll, target)?;
+    ctx.note_read(coll, cmd, &source);
+    Ok(source)
+}
+
+fn choose_source<'s>(
     ctx: &Ctx<'_>,
     cmd: &Document,
     coll: &str,
@@ -147,9 +159,9 @@ pub fn read_source<'s>(
 /// the server's memory limit, and `allowDiskUse` (a boolean; absent or null:
 /// the server's default).
 pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
-    let config = &ctx.state.config;
+    let params = &ctx.state.params;
     let allow_disk_use = match cmd.get("allowDiskUse") {
-        None | Some(Bson::Null) => config.allow_disk_use_by_default,
+        None | Some(Bson::Null) => params.allow_disk_use_by_default(),
         Some(Bson::Boolean(b)) => *b,
         Some(other) => {
             return Err(CommandError::type_mismatch(format!(
@@ -160,7 +172,7 @@ pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
     };
     Ok(ReadLimits {
         cancel: ctx.cancel.clone(),
-        memory_limit_bytes: config.query_memory_limit_bytes,
+        memory_limit_bytes: params.query_memory_limit_bytes(),
         allow_disk_use,
         spill_dir: None,
     })

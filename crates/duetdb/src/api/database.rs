@@ -180,6 +180,12 @@ impl Database {
         self.inner.writer.wal().map(|w| w.stats())
     }
 
+    /// Checkpoints installed since open (count, durations, last size);
+    /// `None` for a database without a directory.
+    pub fn checkpoint_stats(&self) -> Option<crate::durability::CheckpointStats> {
+        self.inner.durable.as_ref().map(|d| d.checkpoint_stats())
+    }
+
     /// Open (or create) the durable database kept in directory `path`:
     /// recover it, lock the directory, and log every write (`fsync` mode).
     ///

@@ -15,6 +15,7 @@ pub mod find;
 pub mod named;
 pub mod olcp;
 pub mod snapshot;
+pub mod stats;
 pub mod text;
 pub mod transaction;
 pub mod ttl;
@@ -28,6 +29,7 @@ pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbS
 pub use engine::Engine;
 pub use find::{Find, FindOptions, FindOutcome, FindStream};
 pub use snapshot::{Snapshot, SnapshotCollection};
+pub use stats::{IndexSize, StorageStats, Validation};
 pub use text::TextFindOptions;
 pub use transaction::{Transaction, TxnCollection};
 pub use ttl::{TtlCounters, TtlMonitor, TtlPass, DEFAULT_TTL_SLEEP};

@@ -218,6 +218,18 @@ pub struct Durable {
     first_times: Mutex<std::collections::HashMap<u64, Option<u64>>>,
     /// The locks that keep a second opener out, held as long as this is open.
     _locks: Vec<Arc<dyn DirLock>>,
+    /// Checkpoints installed since open, and the last one's figures.
+    checkpoint_stats: Mutex<CheckpointStats>,
+}
+
+/// Checkpoints installed since the database was opened (metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointStats {
+    pub checkpoints: u64,
+    pub micros_total: u64,
+    pub last_micros: u64,
+    pub last_bytes: u64,
+    pub last_csn: u64,
 }
 
 pub const LOCK_FILE: &str = "LOCK";
@@ -291,6 +303,7 @@ impl Durable {
                 report,
                 first_times: Mutex::new(Default::default()),
                 _locks: locks,
+                checkpoint_stats: Mutex::new(CheckpointStats::default()),
             },
             state,
         ))
@@ -344,11 +357,25 @@ impl Durable {
             w.bytes_since_checkpoint.store(0, Ordering::Relaxed);
         }
         self.remove_obsolete(&obsolete, &self.manifest.get());
+        {
+            let us = t0.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+            let mut st = self.checkpoint_stats.lock();
+            st.checkpoints += 1;
+            st.micros_total = st.micros_total.saturating_add(us);
+            st.last_micros = us;
+            st.last_bytes = info.bytes;
+            st.last_csn = info.csn;
+        }
         tracing::info!(
             csn = info.csn, bytes = info.bytes, documents = info.documents,
             elapsed = ?t0.elapsed(), "checkpoint installed"
         );
         Ok(Some(info))
+    }
+
+    /// Checkpoints installed since open.
+    pub fn checkpoint_stats(&self) -> CheckpointStats {
+        *self.checkpoint_stats.lock()
     }
 
     /// Every WAL segment still on disk for change history, oldest first.

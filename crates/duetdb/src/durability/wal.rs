@@ -237,6 +237,8 @@ pub struct Wal {
     records: AtomicU64,
     bytes: AtomicU64,
     fsyncs: AtomicU64,
+    /// Microseconds spent in WAL fsyncs, summed (metrics: mean latency).
+    fsync_us: AtomicU64,
     segments_created: AtomicU64,
 }
 
@@ -246,6 +248,8 @@ pub struct WalStats {
     pub records: u64,
     pub bytes: u64,
     pub fsyncs: u64,
+    /// Microseconds spent in those fsyncs, summed.
+    pub fsync_micros_total: u64,
     /// Segments started since open (including one rolled at open when there
     /// was no segment to continue).
     pub segments_created: u64,
@@ -332,6 +336,7 @@ impl Wal {
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            fsync_us: AtomicU64::new(0),
             segments_created: AtomicU64::new(1),
         }
     }
@@ -455,12 +460,13 @@ impl Wal {
             a.dirty = false; // planted bug for the crash-test controls
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
         if let Err(e) = a.file.sync() {
             let err = StorageError::io("fsync", &a.path, &e);
             self.stop(format!("fsync of {} failed: {e}", a.path.display()));
             return Err(err);
         }
-        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.note_fsync(t0);
         // Every record up to `last_lsn` is in the file (the buffer was drained).
         debug_assert!(a.buffered.is_empty());
         self.synced_lsn
@@ -489,12 +495,13 @@ impl Wal {
         if self.skip_fsync {
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
         if let Err(e) = file.sync() {
             let err = StorageError::io("fsync", &path, &e);
             self.stop(format!("fsync of {} failed: {e}", path.display()));
             return Err(err);
         }
-        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.note_fsync(t0);
         self.synced_lsn.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }
@@ -551,11 +558,18 @@ impl Wal {
         Ok(())
     }
 
+    fn note_fsync(&self, started: std::time::Instant) {
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        let us = started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        self.fsync_us.fetch_add(us, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> WalStats {
         WalStats {
             records: self.records.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             fsyncs: self.fsyncs.load(Ordering::Relaxed),
+            fsync_micros_total: self.fsync_us.load(Ordering::Relaxed),
             segments_created: self.segments_created.load(Ordering::Relaxed),
             bytes_since_checkpoint: self.bytes_since_checkpoint.load(Ordering::Relaxed),
             last_lsn: self.last_lsn(),

@@ -146,7 +146,7 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
 
 /// Bytes a key value owns outside the node (strings, embedded documents,
 /// binary). Approximate: regexes and code-with-scope count 0.
-fn raw_bson_out_of_line(v: &RawBson) -> usize {
+pub(crate) fn raw_bson_out_of_line(v: &RawBson) -> usize {
     match v {
         RawBson::String(s) | RawBson::Symbol(s) | RawBson::JavaScriptCode(s) => s.capacity(),
         RawBson::Document(d) => d.as_bytes().len(),
@@ -156,7 +156,7 @@ fn raw_bson_out_of_line(v: &RawBson) -> usize {
     }
 }
 
-fn index_key_out_of_line(k: &IndexKey) -> usize {
+pub(crate) fn index_key_out_of_line(k: &IndexKey) -> usize {
     k.parts.len() * std::mem::size_of::<KeyPart>()
         + k.parts
             .iter()
