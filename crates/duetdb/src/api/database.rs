@@ -326,6 +326,24 @@ impl Database {
         &self.inner.snapshots
     }
 
+    /// See [`crate::Engine::set_replicator`].
+    pub(crate) fn set_replicator(
+        &self,
+        replicator: Option<Arc<dyn crate::durability::replicate::Replicate>>,
+    ) {
+        self.inner.writer.set_replicator(replicator);
+    }
+
+    /// Apply one WAL record payload that the replica set committed (a
+    /// member that is not the primary follows the set this way): replayed
+    /// as recovery replays it, logged verbatim, published. `Ok(false)` when
+    /// it does not continue this database's log and was skipped (every
+    /// member skips it alike). An error stops the database's writer: this
+    /// member no longer holds the set's state.
+    pub fn apply_replicated(&self, payload: Arc<[u8]>) -> Result<bool> {
+        self.inner.writer.apply_replicated(payload)
+    }
+
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
         self.inner.writer.submit_with(cmd, self.durability)
     }
