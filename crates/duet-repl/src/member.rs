@@ -111,6 +111,8 @@ pub struct Member {
     opts: Options,
     /// Set by `replSetStepDown` until another member leads.
     stepping_down: AtomicBool,
+    /// The Raft RPC listener's task (aborted at shutdown, freeing the port).
+    listener: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Member {
@@ -166,7 +168,7 @@ impl Member {
         let raft = Raft::new(me, Arc::new(config), Network, log, sm)
             .await
             .map_err(|e| format!("cannot start Raft: {e}"))?;
-        tokio::spawn(serve(listener, raft.clone()));
+        let listener = tokio::spawn(serve(listener, raft.clone()));
         let initialized = raft
             .is_initialized()
             .await
@@ -189,6 +191,7 @@ impl Member {
             runtime: tokio::runtime::Handle::current(),
             opts,
             stepping_down: AtomicBool::new(false),
+            listener: parking_lot::Mutex::new(Some(listener)),
         });
         engine.set_replicator(Some(Arc::new(Replicator {
             member: member.clone(),
@@ -394,5 +397,10 @@ impl Member {
             .pending
             .fail_all(|| not_primary("the member is shutting down"));
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
+        if let Some(l) = self.listener.lock().take() {
+            l.abort();
+        }
+        // The engine keeps this member as its replicator: its writes now
+        // fail (not primary) rather than bypass the set.
     }
 }

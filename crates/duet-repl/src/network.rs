@@ -207,9 +207,12 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
-/// Answer Raft RPCs arriving on `listener` until the task is dropped.
+/// Answer Raft RPCs arriving on `listener` until the task is dropped
+/// (which also ends every connection it serves).
 pub async fn serve(listener: TcpListener, raft: Raft) {
+    let mut conns = tokio::task::JoinSet::new();
     loop {
+        while conns.try_join_next().is_some() {}
         let (mut s, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -220,7 +223,7 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
         };
         let _ = s.set_nodelay(true);
         let raft = raft.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             loop {
                 let bytes = match read_frame(&mut s).await {
                     Ok(b) => b,

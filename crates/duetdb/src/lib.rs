@@ -103,15 +103,15 @@ pub mod structures {
     pub use crate::store::DbState;
 }
 
-/// The storage seam: the file-system trait with its real and simulated
-/// implementations (fault injection, crash images), the bound on open
-/// descriptors, the modes of created files, and what crash tests read of
-/// the WAL.
 /// The seam a replica set plugs into (`durability::replicate`).
 pub mod replication {
     pub use crate::durability::replicate::{Commit, GroupRecord, Replicate};
 }
 
+/// The storage seam: the file-system trait with its real and simulated
+/// implementations (fault injection, crash images), the bound on open
+/// descriptors, the modes of created files, and what crash tests read of
+/// the WAL.
 pub mod storage {
     pub use crate::durability::background::registered as background_registrations;
     pub use crate::durability::fdcache::{
