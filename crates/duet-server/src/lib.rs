@@ -189,6 +189,48 @@ pub struct ServeArgs {
     /// `ttlMonitorSleepSecs`).
     #[arg(long, default_value_t = duetdb::DEFAULT_TTL_SLEEP.as_secs_f64())]
     pub ttl_monitor_sleep_secs: f64,
+    // --- replica sets (issue #21) ---
+    /// Run as a member of the replica set --replica-set whose members'
+    /// MongoDB addresses are listed here in member-id order (comma-separated
+    /// host:port; each member also listens for Raft on its port + 1000, an
+    /// address only members should reach). With --member-id.
+    #[arg(long, value_delimiter = ',', requires = "member_id", conflicts_with = "standalone")]
+    pub members: Vec<String>,
+    /// This member's position in --members, from 0.
+    #[arg(long, requires = "members")]
+    pub member_id: Option<u64>,
+    /// Seconds a write waits for the replica set to commit it; past it the
+    /// write fails with WriteConcernFailed (64) and its outcome is unknown.
+    #[arg(long, default_value_t = duet_repl::DEFAULT_COMMIT_TIMEOUT.as_secs_f64())]
+    pub repl_commit_timeout_secs: f64,
+}
+
+/// The replica-set member `args` ask for (`--members`), checked against
+/// the port the server listens on.
+fn repl_options(args: &ServeArgs) -> Result<Option<duet_repl::Options>, String> {
+    let Some(id) = args.member_id else {
+        return Ok(None);
+    };
+    let me = args.members.get(id as usize).ok_or_else(|| {
+        format!(
+            "--member-id {id} is not a position in --members (0..{})",
+            args.members.len()
+        )
+    })?;
+    let port = me.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+    if port != Some(args.port) {
+        return Err(format!(
+            "--members names this member (--member-id {id}) {me}, but --port is {}",
+            args.port
+        ));
+    }
+    Ok(Some(duet_repl::Options {
+        set_name: args.replica_set.clone(),
+        member_id: id,
+        members: args.members.clone(),
+        data_dir: args.data_dir.clone(),
+        commit_timeout: secs(args.repl_commit_timeout_secs, "repl-commit-timeout-secs")?,
+    }))
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -222,6 +264,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         }
         tracing::warn!(bind = %args.bind, "--allow-unauthenticated-remote: listening on a non-loopback address WITHOUT authentication; anyone who can reach the port can read, write and drop everything");
     }
+    let repl = repl_options(&args)?;
     let auth = args.auth;
     let unauthenticated_remote = !auth && !is_loopback(&args.bind);
     let tls = tls::TlsConfig::load(
@@ -277,15 +320,23 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         change_retention_bytes: mib(args.change_retention_mb, "change-retention-mb")? as u64,
         ..Default::default()
     };
-    let engine = match &config.data_dir {
+    let engine = std::sync::Arc::new(match &config.data_dir {
         Some(dir) => duetdb::Engine::open_with(dir, durability)?,
         None => duetdb::Engine::in_memory(),
-    };
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let state = ServerState::new(engine, config);
+        let state = ServerState::with_engine(engine.clone(), config);
+        let member = match repl {
+            Some(opts) => Some(duet_repl::Member::start(opts, &engine).await?),
+            None => None,
+        };
+        drop(engine);
+        if let Some(m) = &member {
+            let _ = state.repl.set(m.clone());
+        }
         let server = Server::bind(state).await?;
         let addr = server.local_addr()?;
         let tls = match tls_mode {
@@ -311,6 +362,9 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
             });
         }
         server.run(shutdown_signal()).await?;
+        if let Some(m) = member {
+            m.shutdown().await;
+        }
         tracing::info!("duet serve stopped");
         Ok(())
     })
@@ -327,7 +381,14 @@ fn is_loopback(bind: &str) -> bool {
 }
 
 fn init_logging(level: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
+    // openraft narrates every vote and heartbeat at info: warnings only,
+    // unless the filter names it.
+    let level = if level.contains("openraft") {
+        level.to_string()
+    } else {
+        format!("{level},openraft=warn")
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .map_err(|e| format!("--log-level {level}: {e}"))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)

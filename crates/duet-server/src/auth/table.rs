@@ -202,6 +202,9 @@ pub const TABLE: &[(&str, Rule)] = &[
         ),
     ),
     ("killAllSessions", Rule::Cluster(&[KillAnySession])),
+    ("replSetGetStatus", Rule::Cluster(&[ReplSetGetStatus])),
+    ("replSetGetConfig", Rule::Cluster(&[ReplSetGetConfig])),
+    ("replSetStepDown", Rule::Cluster(&[ReplSetStateChange])),
 ];
 
 /// The table's rule for canonical command name `name`.

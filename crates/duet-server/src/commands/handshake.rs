@@ -47,12 +47,14 @@ pub fn member_address(ctx: &Ctx<'_>) -> String {
 
 pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Document {
     let mut d = Document::new();
-    if name == "hello" {
+    if let Some(m) = super::repl::member(ctx) {
+        super::repl::hello(m, name == "hello", &mut d);
+    } else if name == "hello" {
         d.insert("isWritablePrimary", true);
     } else {
         d.insert("ismaster", true);
     }
-    if let Some(set) = &ctx.state.config.replica_set {
+    if let (Some(set), None) = (&ctx.state.config.replica_set, super::repl::member(ctx)) {
         let me = member_address(ctx);
         d.extend(doc! {
             "secondary": false,

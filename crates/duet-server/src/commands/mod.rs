@@ -36,6 +36,7 @@ pub mod ddl;
 pub mod handshake;
 pub mod named;
 pub mod read;
+pub mod repl;
 pub mod source;
 pub mod txn;
 pub mod write;
@@ -257,6 +258,15 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("killSessions", "kill sessions ([]: all sessions)"),
     ("killAllSessions", "kill every session"),
+    (
+        "replSetGetStatus",
+        "replica-set members and their state (rs.status())",
+    ),
+    ("replSetGetConfig", "the replica-set configuration (rs.conf())"),
+    (
+        "replSetStepDown",
+        "make the primary step down so another member is elected",
+    ),
 ];
 
 /// Other spellings MongoDB accepts for some commands: `(alias, command)`.
@@ -460,7 +470,9 @@ fn dispatch(
     if drops_admin {
         auth::admin_dropping(state);
     }
+    repl::admit(&ctx, canonical, cmd, &session)?;
     let result = session_dispatch(&ctx, name, cmd, &session);
+    let result = repl::after(&ctx, canonical, cmd, &session, result);
     if drops_admin {
         auth::admin_dropping(state);
     }
@@ -569,6 +581,9 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),
         "explain" => read::explain(ctx, cmd),
+        "replSetGetStatus" => repl::get_status(ctx),
+        "replSetGetConfig" => repl::get_config(ctx),
+        "replSetStepDown" => repl::step_down(ctx, cmd),
         other => Err(CommandError::new(
             59,
             "CommandNotFound",
