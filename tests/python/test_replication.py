@@ -268,21 +268,15 @@ def test_leader_kill_during_majority_writes_loses_nothing(cluster):
         kill_at = 120
 
         def writer():
+            # No retry loop of our own: a new attempt would be a new write
+            # (a new txnNumber), so only the driver's own retry, which the
+            # set deduplicates, may repeat an insert.
             for i in range(n):
-                for attempt in range(20):
-                    try:
-                        coll.insert_one({"_id": i})
-                        acked.append(i)
-                        break
-                    except (ConnectionFailure, NotPrimaryError) as e:
-                        # pymongo already retried once; during an election
-                        # there may be no primary yet: try again.
-                        if attempt == 19:
-                            errors.append((i, repr(e)))
-                        time.sleep(0.2)
-                    except Exception as e:  # noqa: BLE001 - recorded for the assert
-                        errors.append((i, repr(e)))
-                        break
+                try:
+                    coll.insert_one({"_id": i})
+                    acked.append(i)
+                except Exception as e:  # noqa: BLE001 - recorded for the assert
+                    errors.append((i, repr(e)))
 
         t = threading.Thread(target=writer)
         t.start()
@@ -307,3 +301,33 @@ def test_leader_kill_during_majority_writes_loses_nothing(cluster):
     with victim.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
         wait_for("the killed member to catch up", lambda: d.app.stream.count_documents({}) == n)
         assert d.admin.command("hello")["secondary"] is True
+
+
+def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
+    """A retryable write applied through one primary, retried with the same
+    lsid and txnNumber on the next one (what a driver does when the first
+    primary dies before answering), is answered as done, not re-run."""
+    p = primary_of(cluster)
+    lsid = {"id": bson.Binary(os.urandom(16), 4)}
+    insert = {"insert": "retry", "$db": "app", "documents": [{"_id": 1}],
+              "lsid": lsid, "txnNumber": bson.Int64(7)}
+    sock = wire.connect(p.port)
+    try:
+        assert wire.command(sock, insert)["n"] == 1
+        assert wire.command(sock, {"replSetStepDown": 30, "$db": "admin"})["ok"] == 1
+    finally:
+        sock.close()
+    q = primary_of(cluster)
+    assert q is not p
+    sock = wire.connect(q.port)
+    try:
+        wait_for("the new primary to apply the write", lambda: wire.command(
+            sock, {"count": "retry", "$db": "app"})["n"] == 1)
+        reply = wire.command(sock, insert)
+        assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
+        # Control: the same insert as a new write (another txnNumber) does run.
+        reply = wire.command(sock, dict(insert, txnNumber=bson.Int64(8)))
+        assert reply["writeErrors"][0]["code"] == 11000, reply
+        assert wire.command(sock, {"count": "retry", "$db": "app"})["n"] == 1
+    finally:
+        sock.close()

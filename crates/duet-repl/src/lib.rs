@@ -7,6 +7,7 @@
 //! - `log_store`: the durable Raft log and vote (`<data dir>/repl.raft/`);
 //! - `state_machine`: applying committed entries to the engine;
 //! - `pending`: this member's writer groups waiting for their commit;
+//! - `retries`: which retryable writes the set applied (failover dedup);
 //! - `replicator`: the engine's `Replicate` hook (writer → Raft);
 //! - `network`: Raft RPCs over TCP between members;
 //! - `member`: one running member and what the server asks of it.
@@ -28,6 +29,7 @@ pub mod member;
 pub mod network;
 pub mod pending;
 pub mod replicator;
+pub mod retries;
 pub mod state_machine;
 pub mod types;
 

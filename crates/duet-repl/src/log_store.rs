@@ -12,7 +12,8 @@
 //!   made for another set or member is refused at start.
 //!
 //! Invariants:
-//! - every op is synced (`fdatasync`) before openraft is told it is done,
+//! - every op is synced (`fdatasync`, by the log's writer thread, several
+//!   ops per sync) before openraft is told it is done,
 //!   so an acknowledged append, and every vote, survives a crash — what
 //!   Raft's safety needs of stable storage;
 //! - a frame that does not check at the end of `log` is a write a crash
@@ -51,16 +52,70 @@ enum LogOp {
 
 struct Inner {
     dir: PathBuf,
-    file: File,
     entries: BTreeMap<u64, Entry>,
     last_purged: Option<LogId>,
     vote: Option<Vote>,
 }
 
+/// Who waits for an op to be on disk.
+enum Done {
+    /// openraft's append callback.
+    Flushed(LogFlushed<TypeConfig>),
+    /// A caller blocked on the answer.
+    Wait(std::sync::mpsc::SyncSender<std::io::Result<()>>),
+}
+
+/// An encoded op for the log's writer thread.
+struct Job {
+    framed: Vec<u8>,
+    done: Done,
+}
+
 /// The member's Raft log storage; clones share it (one is the log reader).
+///
+/// Ops are applied to the in-memory log at once and written by one thread
+/// of their own, in order, several per `fdatasync` (group commit): the Raft
+/// task never waits on the disk, so heartbeats keep their pace while a sync
+/// is slow. openraft is told an append is durable only after its sync.
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    writer: std::sync::mpsc::Sender<Job>,
+}
+
+/// The writer thread: write every queued op, sync once, report; after a
+/// failed write or sync every later op fails too (the file's state is
+/// unknown, as after PostgreSQL's fsyncgate).
+fn run_writer(mut file: File, path: PathBuf, jobs: std::sync::mpsc::Receiver<Job>) {
+    let mut failed: Option<String> = None;
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while let Ok(more) = jobs.try_recv() {
+            batch.push(more);
+        }
+        if failed.is_none() {
+            let written = batch
+                .iter()
+                .try_for_each(|j| file.write_all(&j.framed))
+                .and_then(|_| file.sync_data());
+            if let Err(e) = written {
+                tracing::error!(file = %path.display(), error = %e, "Raft log write failed; the member stops");
+                failed = Some(e.to_string());
+            }
+        }
+        for j in batch {
+            let outcome = match &failed {
+                None => Ok(()),
+                Some(why) => Err(std::io::Error::other(why.clone())),
+            };
+            match j.done {
+                Done::Flushed(cb) => cb.log_io_completed(outcome),
+                Done::Wait(tx) => {
+                    let _ = tx.send(outcome);
+                }
+            }
+        }
+    }
 }
 
 fn io_err(subject: ErrorSubject<u64>, verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
@@ -169,14 +224,19 @@ impl LogStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(format!("cannot read {}: {e}", dir.join("vote").display())),
         };
+        let (writer, jobs) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("raft-log".into())
+            .spawn(move || run_writer(file, path, jobs))
+            .map_err(|e| format!("cannot start the Raft log writer: {e}"))?;
         Ok(LogStore {
             inner: Arc::new(Mutex::new(Inner {
                 dir: dir.to_path_buf(),
-                file,
                 entries,
                 last_purged,
                 vote,
             })),
+            writer,
         })
     }
 
@@ -191,14 +251,42 @@ impl LogStore {
             .unwrap_or(0)
     }
 
-    fn write_op(inner: &mut Inner, op: &LogOp) -> Result<(), StorageError> {
+    fn encode(op: &LogOp) -> Result<Vec<u8>, StorageError> {
         let bytes =
             bincode::serialize(op).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        let framed = frame(&bytes);
-        inner
-            .file
-            .write_all(&framed)
-            .and_then(|_| inner.file.sync_data())
+        Ok(frame(&bytes))
+    }
+
+    /// Apply `op` in memory and have it written; `done` hears when it is on
+    /// disk. Requires: `inner` is locked by the caller (so ops reach the
+    /// writer in the order they were applied).
+    fn submit(&self, inner: &mut Inner, op: LogOp, done: Done) -> Result<(), StorageError> {
+        let framed = Self::encode(&op)?;
+        apply_op(&mut inner.entries, &mut inner.last_purged, op);
+        self.writer.send(Job { framed, done }).map_err(|_| {
+            io_err(
+                ErrorSubject::Logs,
+                ErrorVerb::Write,
+                "the Raft log writer stopped",
+            )
+        })
+    }
+
+    /// [`LogStore::submit`] and wait until the op is on disk.
+    fn write_sync(&self, op: LogOp) -> Result<(), StorageError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut inner = self.inner.lock();
+            self.submit(&mut inner, op, Done::Wait(tx))?;
+        }
+        rx.recv()
+            .map_err(|_| {
+                io_err(
+                    ErrorSubject::Logs,
+                    ErrorVerb::Write,
+                    "the Raft log writer stopped",
+                )
+            })?
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 }
@@ -277,34 +365,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let list: Vec<Entry> = entries.into_iter().collect();
         let mut inner = self.inner.lock();
-        let op = LogOp::Append(list);
-        let written = Self::write_op(&mut inner, &op);
-        if let Err(e) = &written {
-            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-            return written;
-        }
-        let inner = &mut *inner;
-        apply_op(&mut inner.entries, &mut inner.last_purged, op);
-        callback.log_io_completed(Ok(()));
-        Ok(())
+        self.submit(&mut inner, LogOp::Append(list), Done::Flushed(callback))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let mut inner = self.inner.lock();
-        let op = LogOp::Truncate(log_id.index);
-        Self::write_op(&mut inner, &op)?;
-        let inner = &mut *inner;
-        apply_op(&mut inner.entries, &mut inner.last_purged, op);
-        Ok(())
+        self.write_sync(LogOp::Truncate(log_id.index))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let mut inner = self.inner.lock();
-        let op = LogOp::Purge(log_id);
-        Self::write_op(&mut inner, &op)?;
-        let inner = &mut *inner;
-        apply_op(&mut inner.entries, &mut inner.last_purged, op);
-        Ok(())
+        self.write_sync(LogOp::Purge(log_id))
     }
 }
 
@@ -321,10 +390,7 @@ mod tests {
     }
 
     fn write(store: &LogStore, op: LogOp) {
-        let mut inner = store.inner.lock();
-        LogStore::write_op(&mut inner, &op).expect("write");
-        let inner = &mut *inner;
-        apply_op(&mut inner.entries, &mut inner.last_purged, op);
+        store.write_sync(op).expect("write");
     }
 
     #[test]

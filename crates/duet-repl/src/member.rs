@@ -30,11 +30,12 @@ use crate::state_machine::{Shared, StateMachine};
 use crate::types::{NodeId, Raft, Request, Response};
 
 /// Milliseconds between the primary's heartbeats.
-pub const HEARTBEAT_MS: u64 = 200;
+pub const HEARTBEAT_MS: u64 = 250;
 /// A follower that hears no primary for a random time in this range calls
 /// an election (MongoDB's default `electionTimeoutMillis` is 10 s; shorter
-/// here so failover takes a second or two).
-pub const ELECTION_TIMEOUT_MS: (u64, u64) = (1000, 2000);
+/// here so failover takes seconds, long enough that a loaded machine's
+/// late heartbeats do not depose a healthy primary).
+pub const ELECTION_TIMEOUT_MS: (u64, u64) = (2500, 5000);
 /// How long a writer waits for its group's commit (`--repl-commit-timeout-secs`).
 pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -145,6 +146,7 @@ impl Member {
             me,
             incarnation: rand::random(),
             pending: Pending::default(),
+            retries: Default::default(),
             applied_index: AtomicU64::new(0),
             last_write_ts: AtomicU64::new(0),
             last_write_wall_ms: AtomicU64::new(0),
@@ -263,6 +265,12 @@ impl Member {
 
     pub fn is_writable_primary(&self) -> bool {
         self.status().writable
+    }
+
+    /// Whether the set applied a write of client operation `origin` (a
+    /// retryable write's tag, `Database::with_origin`).
+    pub fn applied_retryable(&self, origin: &[u8]) -> bool {
+        self.shared.retries.contains(origin)
     }
 
     /// Index of the last entry applied here (a write acknowledged by this

@@ -73,6 +73,7 @@ impl Replicate for Replicator {
                 token,
             },
             payload: rec.payload.to_vec(),
+            retries: rec.origins.iter().map(|o| o.to_vec()).collect(),
         };
         let raft = m.raft.clone();
         let shared = m.shared.clone();

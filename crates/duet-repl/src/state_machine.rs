@@ -48,6 +48,8 @@ pub struct Shared {
     /// Random per process start (see `types::Origin`).
     pub incarnation: u64,
     pub pending: Pending,
+    /// Retryable writes applied (`retries.rs`).
+    pub retries: crate::retries::Retries,
     /// Index of the last applied entry, and the cluster time and wall-clock
     /// milliseconds of the last applied group (`hello.lastWrite`).
     pub applied_index: AtomicU64,
@@ -120,6 +122,7 @@ impl StateMachine {
                 db,
                 origin,
                 payload,
+                retries,
             } => {
                 let Some((first, _)) = record_range(&payload) else {
                     return Err(sm_err(
@@ -137,20 +140,27 @@ impl StateMachine {
                 }
                 let mine = origin.member == self.shared.me
                     && origin.incarnation == self.shared.incarnation;
-                if let Some(tx) = mine
+                let pending = mine
                     .then(|| self.shared.pending.take(origin.token))
-                    .flatten()
-                {
-                    return self.hand_back(&db, first, tx).await.map(|r| (r, false));
+                    .flatten();
+                let response = match pending {
+                    Some(tx) => self.hand_back(&db, first, tx).await?,
+                    None => {
+                        let engine = self.engine()?;
+                        let shared = self.shared.clone();
+                        tokio::task::spawn_blocking(move || {
+                            apply_group(&engine, &shared, &db, first, payload)
+                        })
+                        .await
+                        .map_err(|e| sm_err(ErrorVerb::Write, e))??
+                    }
+                };
+                if response == Response::Applied {
+                    for tag in &retries {
+                        self.shared.retries.record(tag);
+                    }
                 }
-                let engine = self.engine()?;
-                let shared = self.shared.clone();
-                let applied = tokio::task::spawn_blocking(move || {
-                    apply_group(&engine, &shared, &db, first, payload)
-                })
-                .await
-                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
-                applied.map(|r| (r, false))
+                Ok((response, false))
             }
             Request::DropDatabase { db } => {
                 let engine = self.engine()?;

@@ -41,11 +41,13 @@ pub struct Origin {
 /// One replicated operation (a Raft log entry's application data).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// One writer group of database `db`: its WAL record payload.
+    /// One writer group of database `db`: its WAL record payload, and the
+    /// origin tags of the client operations it applied (`retries.rs`).
     Group {
         db: String,
         origin: Origin,
         payload: Vec<u8>,
+        retries: Vec<Vec<u8>>,
     },
     /// Drop database `db` on every member.
     DropDatabase { db: String },

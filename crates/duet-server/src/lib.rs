@@ -194,7 +194,12 @@ pub struct ServeArgs {
     /// MongoDB addresses are listed here in member-id order (comma-separated
     /// host:port; each member also listens for Raft on its port + 1000, an
     /// address only members should reach). With --member-id.
-    #[arg(long, value_delimiter = ',', requires = "member_id", conflicts_with = "standalone")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "member_id",
+        conflicts_with = "standalone"
+    )]
     pub members: Vec<String>,
     /// This member's position in --members, from 0.
     #[arg(long, requires = "members")]

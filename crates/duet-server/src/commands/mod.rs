@@ -69,6 +69,10 @@ pub struct Ctx<'a> {
     /// Cancelled by `maxTimeMS`, `killOp`, the client closing its
     /// connection, or shutdown; reads check it once per page of work.
     pub cancel: &'a duetdb::CancelToken,
+    /// On a replica-set member, the tag of the retryable write this command
+    /// is (its `lsid` and `txnNumber`): its writes carry it, so every member
+    /// learns the write was applied (`repl.rs`).
+    pub origin: Option<Arc<[u8]>>,
 }
 
 impl Ctx<'_> {
@@ -80,18 +84,23 @@ impl Ctx<'_> {
 
     /// [`Ctx::database`] for a database named in the command (renameCollection).
     pub fn database_named(&self, name: &str) -> CmdResult<Database> {
+        let tagged = |db: Database| match &self.origin {
+            Some(o) => db.with_origin(o.clone()),
+            None => db,
+        };
         if self.create {
             let (db, created) = self.state.engine.database_created(name)?;
             if created && name == self.db {
                 self.created.set(true);
             }
-            return Ok(db);
+            return Ok(tagged(db));
         }
-        Ok(self
-            .state
-            .engine
-            .get(name)?
-            .unwrap_or_else(|| Database::named(name, None)))
+        Ok(tagged(
+            self.state
+                .engine
+                .get(name)?
+                .unwrap_or_else(|| Database::named(name, None)),
+        ))
     }
 
     /// Make `txn`, a transaction on database `name` with writes to commit,
@@ -262,7 +271,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "replSetGetStatus",
         "replica-set members and their state (rs.status())",
     ),
-    ("replSetGetConfig", "the replica-set configuration (rs.conf())"),
+    (
+        "replSetGetConfig",
+        "the replica-set configuration (rs.conf())",
+    ),
     (
         "replSetStepDown",
         "make the primary step down so another member is elected",
@@ -463,6 +475,7 @@ fn dispatch(
         created: Cell::new(false),
         lsid: session.lsid.as_ref(),
         cancel,
+        origin: repl::origin(state, &session),
     };
     // Users cached by connections are keyed by admin's csn, which a
     // recreated admin starts again: a drop of admin moves the epoch too.
@@ -471,6 +484,9 @@ fn dispatch(
         auth::admin_dropping(state);
     }
     repl::admit(&ctx, canonical, cmd, &session)?;
+    if let Some(reply) = repl::retried(&ctx, canonical, cmd, &session) {
+        return Ok(reply);
+    }
     let result = session_dispatch(&ctx, name, cmd, &session);
     let result = repl::after(&ctx, canonical, cmd, &session, result);
     if drops_admin {

@@ -79,7 +79,9 @@ const READS: &[&str] = &[
 ];
 
 /// Codes drivers retry a retryable write on (the retryable-writes spec).
-const RETRYABLE: &[i32] = &[6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436];
+const RETRYABLE: &[i32] = &[
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+];
 
 /// Codes a write meets when this member stops being primary under it.
 const NOT_PRIMARY: &[i32] = &[10107, 11602, 189, 91];
@@ -222,6 +224,67 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
     Ok(())
 }
 
+/// The origin tag of a retryable write on a replica-set member: `txnNumber`
+/// (8 bytes, little-endian) then the `lsid` bytes.
+pub fn origin(
+    state: &std::sync::Arc<crate::state::ServerState>,
+    session: &SessionArgs,
+) -> Option<std::sync::Arc<[u8]>> {
+    state.repl.get()?;
+    if session.in_transaction() {
+        return None;
+    }
+    let (id, n) = (session.lsid.as_ref()?, session.txn_number?);
+    let mut tag = n.to_le_bytes().to_vec();
+    tag.extend_from_slice(id);
+    Some(tag.into())
+}
+
+/// A retryable write the set already applied — made on a primary that
+/// failed before the driver got the reply — is answered as done instead of
+/// running again. The primary that ran it answers from its session table
+/// (the exact reply); another member builds the reply from the command:
+/// every statement counted as applied (MongoDB rebuilds it from its oplog
+/// entries; ours does not keep per-statement results).
+pub fn retried(
+    ctx: &Ctx<'_>,
+    name: &str,
+    cmd: &Document,
+    session: &SessionArgs,
+) -> Option<Document> {
+    let m = member(ctx)?;
+    let origin = ctx.origin.as_ref()?;
+    if !m.applied_retryable(origin) {
+        return None;
+    }
+    if let (Some(id), Some(n)) = (&session.lsid, session.txn_number) {
+        if let Some(s) = ctx.state.sessions.get(id) {
+            let s = s.lock();
+            if s.txn_number == Some(n)
+                && matches!(s.state, crate::sessions::TxnState::Written { .. })
+            {
+                return None;
+            }
+        }
+    }
+    let count = |field: &str| cmd.get_array(field).map_or(0, |a| a.len()) as i32;
+    tracing::info!(
+        conn = ctx.conn.id,
+        command = name,
+        "retried write was applied before a failover: answered as done"
+    );
+    Some(match name {
+        "insert" => doc! {"n": count("documents"), "ok": 1.0},
+        "update" => doc! {"n": count("updates"), "nModified": count("updates"), "ok": 1.0},
+        "delete" => doc! {"n": count("deletes"), "ok": 1.0},
+        _ => doc! {
+            "lastErrorObject": {"n": 1, "updatedExisting": true},
+            "value": Bson::Null,
+            "ok": 1.0,
+        },
+    })
+}
+
 /// A write concern's `w`.
 enum W {
     Members(usize),
@@ -245,7 +308,11 @@ fn parse_w(cmd: &Document) -> CmdResult<Option<(W, Option<Duration>)>> {
         Some(v) => {
             let n = crate::args::as_i64("w", v)?;
             let n = usize::try_from(n).map_err(|_| {
-                CommandError::new(9, "FailedToParse", format!("w has to be a non-negative number, not {n}"))
+                CommandError::new(
+                    9,
+                    "FailedToParse",
+                    format!("w has to be a non-negative number, not {n}"),
+                )
             })?;
             W::Members(n)
         }
@@ -289,7 +356,11 @@ pub fn after(
                 189 => "PrimarySteppedDown",
                 _ => "ShutdownInProgress",
             };
-            return Err(labelled(CommandError::new(code, code_name, msg), name, session));
+            return Err(labelled(
+                CommandError::new(code, code_name, msg),
+                name,
+                session,
+            ));
         }
     }
     if !WRITES.contains(&name) && !(name == "aggregate" && m.is_writable_primary()) {
@@ -409,7 +480,11 @@ pub fn get_status(ctx: &Ctx<'_>) -> CmdResult {
                 d.insert("optime", optime(&s));
                 d.insert("optimeDate", write_date(&s));
             }
-            let index = if me { s.applied.1 } else { s.matched.get(id).copied().unwrap_or(0) };
+            let index = if me {
+                s.applied.1
+            } else {
+                s.matched.get(id).copied().unwrap_or(0)
+            };
             d.insert("duet", doc! {"raftIndex": index as i64});
             Bson::Document(d)
         })

@@ -30,6 +30,9 @@ pub struct Database {
     inner: Arc<DbInner>,
     /// Durability of writes through this handle (`None`: the database's default).
     durability: Option<Durability>,
+    /// Opaque tag of the client operation writes through this handle belong
+    /// to (a retryable write's session and number), replicated with them.
+    origin: Option<Arc<[u8]>>,
 }
 
 struct DbInner {
@@ -114,6 +117,7 @@ impl Database {
                 background: parking_lot::Mutex::new(None),
             }),
             durability: None,
+            origin: None,
         }
     }
 
@@ -240,6 +244,7 @@ impl Database {
         let db = Database {
             inner,
             durability: None,
+            origin: None,
         };
         // Durable named snapshots come back by name (loaded on first read).
         db.register_durable_snapshots();
@@ -253,6 +258,20 @@ impl Database {
         Database {
             inner: self.inner.clone(),
             durability: Some(durability),
+            origin: self.origin.clone(),
+        }
+    }
+
+    /// A handle on the same database whose writes carry `origin`, an opaque
+    /// tag of the client operation they belong to: a replica set commits
+    /// the tags of a group's successful writes with its record
+    /// (`durability::replicate::GroupRecord::origins`), so every member
+    /// knows which retryable writes were applied.
+    pub fn with_origin(&self, origin: Arc<[u8]>) -> Database {
+        Database {
+            inner: self.inner.clone(),
+            durability: self.durability,
+            origin: Some(origin),
         }
     }
 
@@ -345,7 +364,9 @@ impl Database {
     }
 
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
-        self.inner.writer.submit_with(cmd, self.durability)
+        self.inner
+            .writer
+            .submit_tagged(cmd, self.durability, self.origin.clone())
     }
 
     /// Create an empty collection; error if it exists.

@@ -37,6 +37,9 @@ pub struct GroupRecord<'a> {
     pub lsn: u64,
     /// The record payload (`wal::encode_record`), logged verbatim everywhere.
     pub payload: &'a [u8],
+    /// The origin tags of the group's successful commands
+    /// (`Database::with_origin`): which client operations it applied.
+    pub origins: &'a [std::sync::Arc<[u8]>],
 }
 
 /// Replicates writer groups (see the module documentation).

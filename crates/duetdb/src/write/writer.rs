@@ -89,6 +89,8 @@ struct Slot {
     replicated: Mutex<Option<Replicated>>,
     /// The slot is a group by itself (a replicated record).
     solo: bool,
+    /// The client operation the command belongs to (replicated with it).
+    origin: Option<Arc<[u8]>>,
     /// Per-write durability (`None`: the database's default).
     durability: Option<Durability>,
     reply: Mutex<Option<Result<Reply>>>,
@@ -245,6 +247,7 @@ impl Writer {
             command: Mutex::new(None),
             replicated: Mutex::new(Some(Replicated { record, payload })),
             solo: true,
+            origin: None,
             durability: None,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
@@ -290,6 +293,17 @@ impl Writer {
 
     /// [`Writer::submit`] with a per-write durability (`None`: the default).
     pub fn submit_with(&self, command: Command, durability: Option<Durability>) -> Result<Reply> {
+        self.submit_tagged(command, durability, None)
+    }
+
+    /// [`Writer::submit_with`] for a command of client operation `origin`
+    /// (see `Database::with_origin`).
+    pub fn submit_tagged(
+        &self,
+        command: Command,
+        durability: Option<Durability>,
+        origin: Option<Arc<[u8]>>,
+    ) -> Result<Reply> {
         if let Some(wal) = &self.wal {
             wal.check_writable()?;
         }
@@ -297,6 +311,7 @@ impl Writer {
             command: Mutex::new(Some(command)),
             replicated: Mutex::new(None),
             solo: false,
+            origin,
             durability,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
@@ -449,8 +464,13 @@ impl Writer {
                         // then logged, before publishing: nobody may see (or
                         // be told about) a group a crash or a failover could
                         // take back.
+                        let origins: Vec<Arc<[u8]>> = group
+                            .iter()
+                            .filter(|s| s.csn.load(Ordering::Relaxed) != 0)
+                            .filter_map(|s| s.origin.clone())
+                            .collect();
                         let logged = self
-                            .replicate(start_csn + 1, working.csn, stamp, &effects)
+                            .replicate(start_csn + 1, working.csn, stamp, &effects, &origins)
                             .and_then(|(payload, c)| {
                                 commit = c;
                                 wal.append_payload(start_csn + 1, working.csn, &payload, sync)
@@ -520,6 +540,7 @@ impl Writer {
         lsn: u64,
         stamp: Stamp,
         effects: &[effect::Effect],
+        origins: &[Arc<[u8]>],
     ) -> Result<(Vec<u8>, Option<Commit>)> {
         let payload = wal::encode_record(first, lsn, stamp, effects)?;
         let replicator = self.replicator.read().clone();
@@ -531,6 +552,7 @@ impl Writer {
             first,
             lsn,
             payload: &payload,
+            origins,
         })?;
         Ok((payload, Some(commit)))
     }
