@@ -15,9 +15,12 @@ use parking_lot::Mutex;
 /// Most origin tags remembered.
 pub const MAX_RETRIES: usize = 100_000;
 
+/// The tags, and their order of arrival (oldest first, evicted first).
+type Tags = (HashSet<Vec<u8>>, VecDeque<Vec<u8>>);
+
 #[derive(Default)]
 pub struct Retries {
-    inner: Mutex<(HashSet<Vec<u8>>, VecDeque<Vec<u8>>)>,
+    inner: Mutex<Tags>,
 }
 
 impl Retries {

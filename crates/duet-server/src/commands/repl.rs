@@ -144,6 +144,17 @@ pub fn hello(m: &Member, is_hello: bool, d: &mut Document) {
     );
 }
 
+/// Whether command `name` writes (an aggregate does with `$out`/`$merge`).
+fn writes(name: &str, cmd: &Document) -> bool {
+    WRITES.contains(&name)
+        || (name == "aggregate"
+            && cmd.get_array("pipeline").is_ok_and(|p| {
+                p.iter().any(|s| {
+                    matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge"))
+                })
+            }))
+}
+
 /// Whether the command allows reading from a secondary (`$readPreference`
 /// other than `primary`).
 fn secondary_ok(cmd: &Document) -> bool {
@@ -182,15 +193,9 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
         return Ok(());
     };
     let writable = m.is_writable_primary();
-    let aggregate_writes = name == "aggregate"
-        && cmd.get_array("pipeline").is_ok_and(|p| {
-            p.iter().any(|s| {
-                matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge"))
-            })
-        });
     let refused = if writable {
         None
-    } else if WRITES.contains(&name) || aggregate_writes || session.in_transaction() {
+    } else if writes(name, cmd) || session.in_transaction() {
         Some(CommandError::new(
             10107,
             "NotWritablePrimary",
@@ -363,7 +368,7 @@ pub fn after(
             ));
         }
     }
-    if !WRITES.contains(&name) && !(name == "aggregate" && m.is_writable_primary()) {
+    if !writes(name, cmd) {
         return Ok(reply);
     }
     let Some((w, wtimeout)) = parse_w(cmd)? else {
