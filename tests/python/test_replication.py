@@ -331,3 +331,46 @@ def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
         assert wire.command(sock, {"count": "retry", "$db": "app"})["n"] == 1
     finally:
         sock.close()
+
+
+def snapshot_docs(d, name):
+    reply = d.app.command(bson.SON([("find", "items"), ("filter", {}), ("sort", {"_id": 1}),
+                                    ("batchSize", 1000), ("$duet", {"snapshotName": name})]),
+                          read_preference=ReadPreference.SECONDARY_PREFERRED)
+    return reply["cursor"]["firstBatch"]
+
+
+def test_named_snapshot_is_the_same_on_every_member_and_survives_restarts(cluster):
+    """createSnapshot is a log entry: every member takes the snapshot at the
+    same log position, so reading it by name gives the same documents on
+    every member, and a durable one survives each member's restart."""
+    primary_of(cluster)
+    with set_client(cluster) as c:
+        db = c.get_database("app", write_concern=WriteConcern("majority"))
+        db.items.insert_many([{"_id": i, "v": i} for i in range(20)])
+        r = db.command("createSnapshot", "s1", durable=True)
+        assert r["ok"] == 1 and r["durable"] is True
+        db.items.update_many({}, {"$inc": {"v": 100}})
+        db.items.insert_one({"_id": 99})
+        want = [{"_id": i, "v": i} for i in range(20)]
+        with pytest.raises(OperationFailure) as e:
+            db.command("createSnapshot", "s1")
+        assert e.value.code == 48
+    for m in cluster:
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            wait_for("member %d to take the snapshot" % m.i, lambda: any(
+                s["name"] == "s1" for s in d.app.command(
+                    "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"]))
+            assert snapshot_docs(d, "s1") == want, m.i
+    for m in cluster:
+        assert m.stop() == 0
+        m.start()
+        primary_of(cluster)
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            assert snapshot_docs(d, "s1") == want, f"member {m.i} after its restart"
+    with set_client(cluster) as c:
+        c.app.command("dropSnapshot", "s1")
+    for m in cluster:
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            wait_for("member %d to drop the snapshot" % m.i, lambda: not d.app.command(
+                "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"])

@@ -334,24 +334,59 @@ impl Member {
     /// Drop database `db` on every member (a Raft entry); whether it
     /// existed here. Blocking.
     pub fn drop_database(&self, db: &str) -> Result<bool, Error> {
+        let req = Request::DropDatabase { db: db.to_string() };
+        let r = self.propose(req, "dropDatabase")?;
+        Ok(matches!(r, Response::Dropped { existed: true }))
+    }
+
+    /// Propose `req` and wait (blocking) for this member's answer to it.
+    fn propose(&self, req: Request, what: &str) -> Result<Response, Error> {
         if !self.is_writable_primary() {
-            return Err(not_primary("not primary: dropDatabase goes to the primary"));
+            return Err(not_primary(format!(
+                "not primary: {what} goes to the primary"
+            )));
         }
         let raft = self.raft.clone();
-        let req = Request::DropDatabase { db: db.to_string() };
         let timeout = self.opts.commit_timeout;
         let r = self
             .runtime
             .block_on(async move { tokio::time::timeout(timeout, raft.client_write(req)).await });
         match r {
-            Ok(Ok(resp)) => Ok(matches!(resp.data, Response::Dropped { existed: true })),
-            Ok(Err(e)) => Err(not_primary(format!("dropDatabase failed: {e}"))),
+            Ok(Ok(resp)) => Ok(resp.data),
+            Ok(Err(e)) => Err(not_primary(format!("{what} failed: {e}"))),
             Err(_) => Err(Error::Coded {
                 code: 64,
                 name: "WriteConcernFailed",
-                msg: format!("dropDatabase was not committed within {timeout:?} (it may still be)"),
+                msg: format!("{what} was not committed within {timeout:?} (it may still be)"),
             }),
         }
+    }
+
+    /// Take named snapshot `name` of `db` on every member at one log
+    /// position; its csn. Blocking.
+    pub fn create_snapshot(
+        &self,
+        db: &str,
+        name: &str,
+        opts: duetdb::SnapshotOptions,
+    ) -> Result<u64, Error> {
+        let req = Request::CreateSnapshot {
+            db: db.to_string(),
+            name: name.to_string(),
+            collections: opts.collections,
+            ttl_secs: opts.ttl.map(|t| t.as_secs().max(1)),
+            durable: opts.durable,
+        };
+        snapshot_result(self.propose(req, "createSnapshot")?)
+    }
+
+    /// Drop named snapshot `name` of `db` on every member. Blocking.
+    pub fn drop_snapshot(&self, db: &str, name: &str) -> Result<(), Error> {
+        let req = Request::DropSnapshot {
+            db: db.to_string(),
+            name: name.to_string(),
+        };
+        snapshot_result(self.propose(req, "dropSnapshot")?).map(|_| ())
     }
 
     /// `replSetStepDown`: stop accepting writes, let the other members
@@ -410,5 +445,31 @@ impl Member {
         }
         // The engine keeps this member as its replicator: its writes now
         // fail (not primary) rather than bypass the set.
+    }
+}
+
+/// The engine's answer to a named-snapshot entry, as an error with its
+/// MongoDB code (the names of the codes these commands can fail with).
+fn snapshot_result(r: Response) -> Result<u64, Error> {
+    match r {
+        Response::Snapshot(Ok(csn)) => Ok(csn),
+        Response::Snapshot(Err((code, msg))) => Err(Error::Coded {
+            code,
+            name: match code {
+                2 => "BadValue",
+                8 => "UnknownError",
+                20 => "IllegalOperation",
+                26 => "NamespaceNotFound",
+                48 => "NamespaceExists",
+                73 => "InvalidNamespace",
+                246 => "SnapshotUnavailable",
+                14031 => "OutOfDiskSpace",
+                _ => "UnknownError",
+            },
+            msg,
+        }),
+        other => Err(Error::Internal(format!(
+            "unexpected answer to a snapshot entry: {other:?}"
+        ))),
     }
 }

@@ -162,6 +162,44 @@ impl StateMachine {
                 }
                 Ok((response, false))
             }
+            Request::CreateSnapshot {
+                db,
+                name,
+                collections,
+                ttl_secs,
+                durable,
+            } => {
+                let engine = self.engine()?;
+                let r = tokio::task::spawn_blocking(move || {
+                    let opts = duetdb::SnapshotOptions {
+                        collections,
+                        ttl: ttl_secs.map(std::time::Duration::from_secs),
+                        durable,
+                    };
+                    engine
+                        .database(&db)
+                        .and_then(|d| d.create_snapshot_with(&name, opts))
+                        .map(|info| info.csn)
+                        .map_err(|e| (e.code(), e.to_string()))
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                Ok((Response::Snapshot(r), false))
+            }
+            Request::DropSnapshot { db, name } => {
+                let engine = self.engine()?;
+                let r = tokio::task::spawn_blocking(move || match engine.get(&db) {
+                    Ok(Some(d)) => d
+                        .drop_snapshot(&name)
+                        .map(|_| 0)
+                        .map_err(|e| (e.code(), e.to_string())),
+                    Ok(None) => Err((246, format!("no snapshot named '{name}' in database {db}"))),
+                    Err(e) => Err((e.code(), e.to_string())),
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                Ok((Response::Snapshot(r), false))
+            }
             Request::DropDatabase { db } => {
                 let engine = self.engine()?;
                 let shared = self.shared.clone();

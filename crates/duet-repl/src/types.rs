@@ -51,10 +51,21 @@ pub enum Request {
     },
     /// Drop database `db` on every member.
     DropDatabase { db: String },
+    /// Take named snapshot `name` of database `db` on every member, at this
+    /// log position (so it is the same state everywhere).
+    CreateSnapshot {
+        db: String,
+        name: String,
+        collections: Option<Vec<String>>,
+        ttl_secs: Option<u64>,
+        durable: bool,
+    },
+    /// Drop named snapshot `name` of database `db` on every member.
+    DropSnapshot { db: String, name: String },
 }
 
 /// What applying an entry did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     /// The group was applied (published) on this member.
     Applied,
@@ -63,6 +74,9 @@ pub enum Response {
     Skipped,
     /// A `dropDatabase` was applied (`existed`: the database existed).
     Dropped { existed: bool },
+    /// A named-snapshot entry was applied: the snapshot's csn (0 for a
+    /// drop), or the engine error's code and message.
+    Snapshot(Result<u64, (i32, String)>),
 }
 
 /// The commit range of a group record payload, read from its header

@@ -17,7 +17,8 @@
 //! Topology: by default `hello` describes the primary of a one-member replica
 //! set (`--replica-set`, default `duet`), because drivers send retryable
 //! writes only to replica-set members; `--standalone` describes a standalone
-//! server instead. Both accept transactions.
+//! server instead. Both accept transactions. With `--members` the server is
+//! one member of a real replica set (the `duet-repl` crate; `commands/repl.rs`).
 //!
 //! Not built: roles enforced per command, MONGODB-X509, OP_COMPRESSED (not
 //! advertised), transactions spanning several databases, `$clusterTime`

@@ -12,6 +12,9 @@
 //! connection arrived on, so the host a client reached us by is one it can
 //! reach again when it follows `hosts`.
 //!
+//! A member of a multi-member replica set (`--members`) describes the set
+//! as it knows it instead: `commands/repl.rs`.
+//!
 //! Left out on purpose: `topologyVersion` (so drivers poll instead of using
 //! the streaming protocol), `compression` (OP_COMPRESSED is declined by not
 //! offering it). Every reply (this one included) carries `operationTime` and
