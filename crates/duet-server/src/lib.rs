@@ -17,7 +17,8 @@
 //! Topology: by default `hello` describes the primary of a one-member replica
 //! set (`--replica-set`, default `duet`), because drivers send retryable
 //! writes only to replica-set members; `--standalone` describes a standalone
-//! server instead. Both accept transactions.
+//! server instead. Both accept transactions. With `--members` the server is
+//! one member of a real replica set (the `duet-repl` crate; `commands/repl.rs`).
 //!
 //! Not built: roles enforced per command, MONGODB-X509, OP_COMPRESSED (not
 //! advertised), transactions spanning several databases, `$clusterTime`
@@ -211,6 +212,53 @@ pub struct ServeArgs {
     /// `ttlMonitorSleepSecs`).
     #[arg(long, default_value_t = duetdb::DEFAULT_TTL_SLEEP.as_secs_f64())]
     pub ttl_monitor_sleep_secs: f64,
+    // --- replica sets (issue #21) ---
+    /// Run as a member of the replica set --replica-set whose members'
+    /// MongoDB addresses are listed here in member-id order (comma-separated
+    /// host:port; each member also listens for Raft on its port + 1000, an
+    /// address only members should reach). With --member-id.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "member_id",
+        conflicts_with = "standalone"
+    )]
+    pub members: Vec<String>,
+    /// This member's position in --members, from 0.
+    #[arg(long, requires = "members")]
+    pub member_id: Option<u64>,
+    /// Seconds a write waits for the replica set to commit it; past it the
+    /// write fails with WriteConcernFailed (64) and its outcome is unknown.
+    #[arg(long, default_value_t = duet_repl::DEFAULT_COMMIT_TIMEOUT.as_secs_f64())]
+    pub repl_commit_timeout_secs: f64,
+}
+
+/// The replica-set member `args` ask for (`--members`), checked against
+/// the port the server listens on.
+fn repl_options(args: &ServeArgs) -> Result<Option<duet_repl::Options>, String> {
+    let Some(id) = args.member_id else {
+        return Ok(None);
+    };
+    let me = args.members.get(id as usize).ok_or_else(|| {
+        format!(
+            "--member-id {id} is not a position in --members (0..{})",
+            args.members.len()
+        )
+    })?;
+    let port = me.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+    if port != Some(args.port) {
+        return Err(format!(
+            "--members names this member (--member-id {id}) {me}, but --port is {}",
+            args.port
+        ));
+    }
+    Ok(Some(duet_repl::Options {
+        set_name: args.replica_set.clone(),
+        member_id: id,
+        members: args.members.clone(),
+        data_dir: args.data_dir.clone(),
+        commit_timeout: secs(args.repl_commit_timeout_secs, "repl-commit-timeout-secs")?,
+    }))
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -244,6 +292,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         }
         tracing::warn!(bind = %args.bind, "--allow-unauthenticated-remote: listening on a non-loopback address WITHOUT authentication; anyone who can reach the port can read, write and drop everything");
     }
+    let repl = repl_options(&args)?;
     let auth = args.auth;
     let unauthenticated_remote = !auth && !is_loopback(&args.bind);
     let tls = tls::TlsConfig::load(
@@ -302,15 +351,23 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         change_retention_bytes: mib(args.change_retention_mb, "change-retention-mb")? as u64,
         ..Default::default()
     };
-    let engine = match &config.data_dir {
+    let engine = std::sync::Arc::new(match &config.data_dir {
         Some(dir) => duetdb::Engine::open_with(dir, durability)?,
         None => duetdb::Engine::in_memory(),
-    };
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let state = ServerState::new(engine, config);
+        let state = ServerState::with_engine(engine.clone(), config);
+        let member = match repl {
+            Some(opts) => Some(duet_repl::Member::start(opts, &engine).await?),
+            None => None,
+        };
+        drop(engine);
+        if let Some(m) = &member {
+            let _ = state.repl.set(m.clone());
+        }
         let (stop_metrics, metrics_stop) = tokio::sync::watch::channel(false);
         let metrics_bound = match &metrics_addr {
             Some(a) => {
@@ -359,6 +416,9 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         }
         server.run(shutdown_signal()).await?;
         let _ = stop_metrics.send(true);
+        if let Some(m) = member {
+            m.shutdown().await;
+        }
         tracing::info!("duet serve stopped");
         Ok(())
     })

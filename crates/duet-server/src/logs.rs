@@ -96,10 +96,21 @@ pub fn mark_started() {
     ring().started.store(true, Ordering::Relaxed);
 }
 
+/// openraft narrates every vote and heartbeat at info: warnings only,
+/// unless the directive names it.
+fn with_quiet_raft(level: &str) -> String {
+    if level.contains("openraft") {
+        level.to_string()
+    } else {
+        format!("{level},openraft=warn")
+    }
+}
+
 /// Install the process's logger: `level` is an `EnvFilter` directive
 /// (`info`, `debug`, `duet_server=debug,info`, ...).
 pub fn init(level: &str, format: LogFormat) -> Result<(), String> {
-    let filter = EnvFilter::try_new(level).map_err(|e| format!("--log-level {level}: {e}"))?;
+    let filter = EnvFilter::try_new(with_quiet_raft(level))
+        .map_err(|e| format!("--log-level {level}: {e}"))?;
     let (filter, handle) = reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let text = (format == LogFormat::Text).then(|| {
@@ -141,7 +152,7 @@ pub fn set_level(directive: &str) -> Result<bool, String> {
     let Some(handle) = LEVEL.get() else {
         return Ok(false);
     };
-    let filter = EnvFilter::try_new(directive).map_err(|e| e.to_string())?;
+    let filter = EnvFilter::try_new(with_quiet_raft(directive)).map_err(|e| e.to_string())?;
     handle.reload(filter).map_err(|e| e.to_string())?;
     Ok(true)
 }

@@ -165,7 +165,12 @@ impl OpCounters {
 
 /// Shared server state.
 pub struct ServerState {
-    pub engine: Engine,
+    /// Shared with the replica-set member (`repl`), which applies the
+    /// set's committed writes to it.
+    pub engine: Arc<Engine>,
+    /// This server's replica-set member, when it runs one (`--members`);
+    /// set once at start, before the first client.
+    pub repl: std::sync::OnceLock<Arc<duet_repl::Member>>,
     pub config: Config,
     pub started: Instant,
     pub cursors: CursorRegistry,
@@ -210,6 +215,9 @@ fn ttl_monitor(state: &std::sync::Weak<ServerState>, sleep: Duration) -> duetdb:
     let source = {
         let state = state.clone();
         move || match state.upgrade() {
+            // Only a primary deletes (its deletes replicate); a secondary's
+            // would fail, and it receives the primary's instead.
+            Some(s) if s.repl.get().is_some_and(|m| !m.is_writable_primary()) => Vec::new(),
             Some(s) => s
                 .engine
                 .list_databases()
@@ -224,9 +232,15 @@ fn ttl_monitor(state: &std::sync::Weak<ServerState>, sleep: Duration) -> duetdb:
 
 impl ServerState {
     pub fn new(engine: Engine, config: Config) -> Arc<ServerState> {
+        ServerState::with_engine(Arc::new(engine), config)
+    }
+
+    /// [`ServerState::new`] on an engine shared with a replica-set member.
+    pub fn with_engine(engine: Arc<Engine>, config: Config) -> Arc<ServerState> {
         Arc::new_cyclic(|weak| ServerState {
             ttl: ttl_monitor(weak, config.ttl_monitor_sleep),
             engine,
+            repl: std::sync::OnceLock::new(),
             cursors: CursorRegistry::new(
                 CursorLimits {
                     per_connection: config.cursors_per_connection,

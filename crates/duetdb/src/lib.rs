@@ -104,6 +104,11 @@ pub mod structures {
     pub use crate::store::DbState;
 }
 
+/// The seam a replica set plugs into (`durability::replicate`).
+pub mod replication {
+    pub use crate::durability::replicate::{Commit, GroupRecord, Replicate};
+}
+
 /// The storage seam: the file-system trait with its real and simulated
 /// implementations (fault injection, crash images), the bound on open
 /// descriptors, the modes of created files, and what crash tests read of

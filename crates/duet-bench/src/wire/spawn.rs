@@ -92,7 +92,7 @@ impl SpawnedServer {
     /// The server's engine, for what no command offers: resetting the remset
     /// peak counters at the start of a measured cell.
     pub fn engine(&self) -> Option<&duetdb::Engine> {
-        self.state.as_ref().map(|s| &s.engine)
+        self.state.as_ref().map(|s| &*s.engine)
     }
 }
 

@@ -210,6 +210,7 @@ pub const TABLE: &[(&str, Rule)] = &[
         ),
     ),
     ("killAllSessions", Rule::Cluster(&[KillAnySession])),
+    ("replSetStepDown", Rule::Cluster(&[ReplSetStateChange])),
 ];
 
 /// The table's rule for canonical command name `name`.

@@ -114,6 +114,7 @@ pub fn plan_summary(
         lsid: None,
         cancel: &token,
         report: None,
+        origin: None,
     };
     let explain = super::read::explain(&ctx, &doc! {"explain": inner}).ok()?;
     let mut stages = Vec::new();

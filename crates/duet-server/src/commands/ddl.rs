@@ -113,7 +113,15 @@ pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 
 pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult {
     duetdb::validate_db_name(ctx.db)?;
-    ctx.state.engine.drop_database(ctx.db);
+    match ctx.state.repl.get() {
+        // A replica set drops it on every member, through its log.
+        Some(m) => {
+            m.drop_database(ctx.db)?;
+        }
+        None => {
+            ctx.state.engine.drop_database(ctx.db);
+        }
+    }
     Ok(doc! {"dropped": ctx.db, "ok": 1.0})
 }
 

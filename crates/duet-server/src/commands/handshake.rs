@@ -12,6 +12,9 @@
 //! connection arrived on, so the host a client reached us by is one it can
 //! reach again when it follows `hosts`.
 //!
+//! A member of a multi-member replica set (`--members`) describes the set
+//! as it knows it instead: `commands/repl.rs`.
+//!
 //! Left out on purpose: `topologyVersion` (so drivers poll instead of using
 //! the streaming protocol), `compression` (OP_COMPRESSED is declined by not
 //! offering it). Every reply (this one included) carries `operationTime` and
@@ -47,12 +50,14 @@ pub fn member_address(ctx: &Ctx<'_>) -> String {
 
 pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Document {
     let mut d = Document::new();
-    if name == "hello" {
+    if let Some(m) = super::repl::member(ctx) {
+        super::repl::hello(m, name == "hello", &mut d);
+    } else if name == "hello" {
         d.insert("isWritablePrimary", true);
     } else {
         d.insert("ismaster", true);
     }
-    if let Some(set) = &ctx.state.config.replica_set {
+    if let (Some(set), None) = (&ctx.state.config.replica_set, super::repl::member(ctx)) {
         let me = member_address(ctx);
         d.extend(doc! {
             "secondary": false,

@@ -37,6 +37,7 @@ pub mod ddl;
 pub mod handshake;
 pub mod named;
 pub mod read;
+pub mod repl;
 pub mod source;
 pub mod stats;
 pub mod txn;
@@ -73,6 +74,10 @@ pub struct Ctx<'a> {
     /// Where the command reports what its read runs on (`currentOp`, the
     /// slow-operation log); `None` off the connection path.
     pub report: Option<&'a crate::ops::OpReport>,
+    /// On a replica-set member, the tag of the retryable write this command
+    /// is (its `lsid` and `txnNumber`): its writes carry it, so every member
+    /// learns the write was applied (`repl.rs`).
+    pub origin: Option<Arc<[u8]>>,
 }
 
 impl Ctx<'_> {
@@ -84,18 +89,23 @@ impl Ctx<'_> {
 
     /// [`Ctx::database`] for a database named in the command (renameCollection).
     pub fn database_named(&self, name: &str) -> CmdResult<Database> {
+        let tagged = |db: Database| match &self.origin {
+            Some(o) => db.with_origin(o.clone()),
+            None => db,
+        };
         if self.create {
             let (db, created) = self.state.engine.database_created(name)?;
             if created && name == self.db {
                 self.created.set(true);
             }
-            return Ok(db);
+            return Ok(tagged(db));
         }
-        Ok(self
-            .state
-            .engine
-            .get(name)?
-            .unwrap_or_else(|| Database::named(name, None)))
+        Ok(tagged(
+            self.state
+                .engine
+                .get(name)?
+                .unwrap_or_else(|| Database::named(name, None)),
+        ))
     }
 
     /// Make `txn`, a transaction on database `name` with writes to commit,
@@ -219,14 +229,6 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "checkpoint every database; lock: true makes writes wait (admin)",
     ),
     ("fsyncUnlock", "release an fsync lock (admin)"),
-    (
-        "replSetGetStatus",
-        "status of the one-member replica set (admin)",
-    ),
-    (
-        "replSetGetConfig",
-        "configuration of the one-member replica set (admin)",
-    ),
     ("whatsmyuri", "the client's address"),
     ("connectionStatus", "the authenticated user and its roles"),
     ("logout", "forget the connection's authentication"),
@@ -307,6 +309,18 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("killSessions", "kill sessions ([]: all sessions)"),
     ("killAllSessions", "kill every session"),
+    (
+        "replSetGetStatus",
+        "replica-set members and their state (rs.status())",
+    ),
+    (
+        "replSetGetConfig",
+        "the replica-set configuration (rs.conf())",
+    ),
+    (
+        "replSetStepDown",
+        "make the primary step down so another member is elected",
+    ),
 ];
 
 /// Other spellings MongoDB accepts for some commands: `(alias, command)`.
@@ -519,6 +533,7 @@ fn dispatch(
         lsid: session.lsid.as_ref(),
         cancel,
         report,
+        origin: repl::origin(state, &session),
     };
     // Users cached by connections are keyed by admin's csn, which a
     // recreated admin starts again: a drop of admin moves the epoch too.
@@ -526,7 +541,12 @@ fn dispatch(
     if drops_admin {
         auth::admin_dropping(state);
     }
+    repl::admit(&ctx, canonical, cmd, &session)?;
+    if let Some(reply) = repl::retried(&ctx, canonical, cmd, &session) {
+        return Ok(reply);
+    }
     let result = session_dispatch(&ctx, name, cmd, &session);
+    let result = repl::after(&ctx, canonical, cmd, &session, result);
     if drops_admin {
         auth::admin_dropping(state);
     }
@@ -600,8 +620,6 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "shutdown" => admin::shutdown(ctx, cmd),
         "fsync" => admin::fsync(ctx, cmd),
         "fsyncUnlock" => admin::fsync_unlock(ctx),
-        "replSetGetStatus" => admin::repl_set_get_status(ctx),
-        "replSetGetConfig" => admin::repl_set_get_config(ctx),
         "validate" => stats::validate(ctx, cmd),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => auth::commands::connection_status(ctx, cmd),
@@ -643,6 +661,9 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),
         "explain" => read::explain(ctx, cmd),
+        "replSetGetStatus" => repl::get_status(ctx),
+        "replSetGetConfig" => repl::get_config(ctx),
+        "replSetStepDown" => repl::step_down(ctx, cmd),
         other => Err(CommandError::new(
             59,
             "CommandNotFound",

@@ -4,6 +4,8 @@
 //!
 //! A named snapshot is a pinned copy-on-write root of one database (see the
 //! engine's `snapshot.rs`); these commands only translate arguments and errors.
+//! On a replica set, create and drop are log entries applied by every member
+//! (docs/design.md §19), so a snapshot is the same state on every member.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -43,14 +45,19 @@ pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         }
     };
     let durable = args::flag(cmd, "durable")?;
-    let info = ctx.database()?.create_snapshot_with(
-        name,
-        duetdb::SnapshotOptions {
-            collections,
-            ttl,
-            durable,
-        },
-    )?;
+    let opts = duetdb::SnapshotOptions {
+        collections,
+        ttl,
+        durable,
+    };
+    let info = match ctx.state.repl.get() {
+        // A replica set takes it on every member, at one log position.
+        Some(m) => {
+            m.create_snapshot(ctx.db, name, opts)?;
+            ctx.database()?.snapshot_info(name)?
+        }
+        None => ctx.database()?.create_snapshot_with(name, opts)?,
+    };
     Ok(doc! {
         "name": info.name,
         "csn": info.csn.min(i64::MAX as u64) as i64,
@@ -94,6 +101,9 @@ pub fn list(ctx: &Ctx<'_>) -> CmdResult {
 /// `{dropSnapshot: <name>}`.
 pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::req_str(cmd, "dropSnapshot")?;
-    ctx.database()?.drop_snapshot(name)?;
+    match ctx.state.repl.get() {
+        Some(m) => m.drop_snapshot(ctx.db, name)?,
+        None => ctx.database()?.drop_snapshot(name)?,
+    }
     Ok(doc! {"ok": 1.0})
 }

@@ -30,6 +30,9 @@ pub struct Database {
     inner: Arc<DbInner>,
     /// Durability of writes through this handle (`None`: the database's default).
     durability: Option<Durability>,
+    /// Opaque tag of the client operation writes through this handle belong
+    /// to (a retryable write's session and number), replicated with them.
+    origin: Option<Arc<[u8]>>,
 }
 
 struct DbInner {
@@ -114,6 +117,7 @@ impl Database {
                 background: parking_lot::Mutex::new(None),
             }),
             durability: None,
+            origin: None,
         }
     }
 
@@ -246,6 +250,7 @@ impl Database {
         let db = Database {
             inner,
             durability: None,
+            origin: None,
         };
         // Durable named snapshots come back by name (loaded on first read).
         db.register_durable_snapshots();
@@ -259,6 +264,20 @@ impl Database {
         Database {
             inner: self.inner.clone(),
             durability: Some(durability),
+            origin: self.origin.clone(),
+        }
+    }
+
+    /// A handle on the same database whose writes carry `origin`, an opaque
+    /// tag of the client operation they belong to: a replica set commits
+    /// the tags of a group's successful writes with its record
+    /// (`durability::replicate::GroupRecord::origins`), so every member
+    /// knows which retryable writes were applied.
+    pub fn with_origin(&self, origin: Arc<[u8]>) -> Database {
+        Database {
+            inner: self.inner.clone(),
+            durability: self.durability,
+            origin: Some(origin),
         }
     }
 
@@ -332,8 +351,28 @@ impl Database {
         &self.inner.snapshots
     }
 
+    /// See [`crate::Engine::set_replicator`].
+    pub(crate) fn set_replicator(
+        &self,
+        replicator: Option<Arc<dyn crate::durability::replicate::Replicate>>,
+    ) {
+        self.inner.writer.set_replicator(replicator);
+    }
+
+    /// Apply one WAL record payload that the replica set committed (a
+    /// member that is not the primary follows the set this way): replayed
+    /// as recovery replays it, logged verbatim, published. `Ok(false)` when
+    /// it does not continue this database's log and was skipped (every
+    /// member skips it alike). An error stops the database's writer: this
+    /// member no longer holds the set's state.
+    pub fn apply_replicated(&self, payload: Arc<[u8]>) -> Result<bool> {
+        self.inner.writer.apply_replicated(payload)
+    }
+
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
-        self.inner.writer.submit_with(cmd, self.durability)
+        self.inner
+            .writer
+            .submit_tagged(cmd, self.durability, self.origin.clone())
     }
 
     /// Create an empty collection; error if it exists.

@@ -31,6 +31,7 @@ use parking_lot::RwLock;
 use crate::api::Database;
 use crate::durability::changes::ChangeHub;
 use crate::durability::io::{create_private_dir_all, DirLock};
+use crate::durability::replicate::Replicate;
 use crate::durability::{lock_dir, DurabilityOptions, Locking, LOCK_FILE};
 use crate::error::{Error, Result};
 
@@ -46,6 +47,9 @@ pub struct Engine {
     lock: Option<Arc<dyn DirLock>>,
     /// The cluster clock and change tail every database's writer shares.
     hub: Arc<ChangeHub>,
+    /// The replica set every database's groups are committed by
+    /// ([`Engine::set_replicator`]).
+    replicator: RwLock<Option<Arc<dyn Replicate>>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -65,6 +69,7 @@ impl Engine {
             dbs: RwLock::new(BTreeMap::new()),
             lock: None,
             hub: Arc::new(ChangeHub::default()),
+            replicator: RwLock::new(None),
         }
     }
 
@@ -114,6 +119,7 @@ impl Engine {
             dbs: RwLock::new(dbs),
             lock: Some(lock),
             hub,
+            replicator: RwLock::new(None),
         })
     }
 
@@ -154,8 +160,22 @@ impl Engine {
             )?,
             _ => Database::in_hub(name, None, Default::default(), self.hub.clone()),
         };
+        db.set_replicator(self.replicator.read().clone());
         dbs.insert(name.to_string(), db.clone());
         Ok((db, true))
+    }
+
+    /// Make every database (those open now and those created later) commit
+    /// its writer groups through `replicator` before logging and publishing
+    /// them (`durability::replicate`); `None` stops it. Set it before the
+    /// first write: a replica-set member's databases are written only
+    /// through the set.
+    pub fn set_replicator(&self, replicator: Option<Arc<dyn Replicate>>) {
+        let dbs = self.dbs.read();
+        *self.replicator.write() = replicator.clone();
+        for db in dbs.values() {
+            db.set_replicator(replicator.clone());
+        }
     }
 
     /// The database `name` if it exists; never creates anything.

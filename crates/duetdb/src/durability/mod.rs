@@ -55,6 +55,7 @@ pub mod fuzzing;
 pub mod io;
 pub mod manifest;
 pub mod recovery;
+pub mod replicate;
 pub mod wal;
 
 use std::path::{Path, PathBuf};

@@ -179,6 +179,35 @@ pub fn valid_record_after(buf: &[u8], from: usize, min_lsn: u64) -> bool {
     false
 }
 
+/// The (version 2) payload of the record of group `first..=lsn` stamped
+/// with its cluster time: what the WAL frames, and what a replica set
+/// replicates (so every member logs the same bytes).
+pub fn encode_record(
+    first: u64,
+    lsn: u64,
+    stamp: Stamp,
+    effects: &[Effect],
+) -> Result<Vec<u8>, StorageError> {
+    debug_assert!(first >= 1 && first <= lsn);
+    debug_assert!(effects.len() < V2_FLAG as usize);
+    let mut payload = Vec::with_capacity(64 + effects.len() * 64);
+    payload.extend_from_slice(&lsn.to_le_bytes());
+    payload.extend_from_slice(&first.to_le_bytes());
+    payload.extend_from_slice(&(effects.len() as u32 | V2_FLAG).to_le_bytes());
+    payload.extend_from_slice(&stamp.ts.to_le_bytes());
+    payload.extend_from_slice(&(stamp.wall_ms as u64).to_le_bytes());
+    for e in effects {
+        effect::encode(e, &mut payload);
+    }
+    if payload.len() > MAX_RECORD {
+        return Err(StorageError::RecordTooLarge {
+            bytes: payload.len(),
+            limit: MAX_RECORD,
+        });
+    }
+    Ok(payload)
+}
+
 /// What the writer needs to know about how a commit must be made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncMode {
@@ -363,7 +392,9 @@ impl Wal {
     /// Append the (version 2) record of a group `first..=lsn` stamped with
     /// its cluster time and, with `SyncMode::Now`, make it durable before
     /// returning. On error nothing of the record remains in the log (or
-    /// writes are stopped).
+    /// writes are stopped). (The writer encodes first, so that a replica
+    /// set can commit the same bytes: [`Wal::append_payload`].)
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn append(
         &self,
         first: u64,
@@ -372,18 +403,23 @@ impl Wal {
         effects: &[Effect],
         sync: SyncMode,
     ) -> Result<(), StorageError> {
+        let payload = encode_record(first, lsn, stamp, effects)?;
+        self.append_payload(first, lsn, &payload, sync)
+    }
+
+    /// Append an already encoded record payload (what [`encode_record`]
+    /// made, here or on the replica-set member that committed it), exactly
+    /// as [`Wal::append`] does. Requires: `payload` decodes to a record of
+    /// commits `first..=lsn`.
+    pub fn append_payload(
+        &self,
+        first: u64,
+        lsn: u64,
+        payload: &[u8],
+        sync: SyncMode,
+    ) -> Result<(), StorageError> {
         self.check_writable()?;
         debug_assert!(first >= 1 && first <= lsn);
-        debug_assert!(effects.len() < V2_FLAG as usize);
-        let mut payload = Vec::with_capacity(64 + effects.len() * 64);
-        payload.extend_from_slice(&lsn.to_le_bytes());
-        payload.extend_from_slice(&first.to_le_bytes());
-        payload.extend_from_slice(&(effects.len() as u32 | V2_FLAG).to_le_bytes());
-        payload.extend_from_slice(&stamp.ts.to_le_bytes());
-        payload.extend_from_slice(&(stamp.wall_ms as u64).to_le_bytes());
-        for e in effects {
-            effect::encode(e, &mut payload);
-        }
         if payload.len() > MAX_RECORD {
             return Err(StorageError::RecordTooLarge {
                 bytes: payload.len(),
@@ -391,7 +427,7 @@ impl Wal {
             });
         }
         let mut rec = Vec::with_capacity(payload.len() + FRAME_HEADER);
-        frame(&payload, &mut rec);
+        frame(payload, &mut rec);
 
         let mut a = self.active.lock();
         debug_assert_eq!(self.last_lsn.load(Ordering::Relaxed) + 1, first);

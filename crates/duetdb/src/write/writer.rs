@@ -44,9 +44,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Condvar, Mutex};
 
+use crate::durability::changes::Stamp;
 use crate::durability::changes::{ChangeHub, ChangeRecord};
-use crate::durability::effect::Effects;
-use crate::durability::wal::{SyncMode, Wal};
+use crate::durability::effect::{self, Effects};
+use crate::durability::replicate::{Commit, GroupRecord, Replicate};
+use crate::durability::wal::{self, Record, SyncMode, Wal};
 use crate::durability::Durability;
 use crate::error::{Error, Result};
 #[cfg(debug_assertions)]
@@ -82,12 +84,25 @@ pub const CHECK_BUDGET_DIVISOR: u64 = 4;
 
 struct Slot {
     command: Mutex<Option<Command>>,
+    /// A record committed by the replica set, to apply as a group of its
+    /// own (`solo`; [`Writer::apply_replicated`]) instead of a command.
+    replicated: Mutex<Option<Replicated>>,
+    /// The slot is a group by itself (a replicated record).
+    solo: bool,
+    /// The client operation the command belongs to (replicated with it).
+    origin: Option<Arc<[u8]>>,
     /// Per-write durability (`None`: the database's default).
     durability: Option<Durability>,
     reply: Mutex<Option<Result<Reply>>>,
     /// The csn the command committed at (0 when it failed).
     csn: AtomicU64,
     done: AtomicBool,
+}
+
+/// A record another member's writer made, and its exact bytes.
+struct Replicated {
+    record: Record,
+    payload: Arc<[u8]>,
 }
 
 thread_local! {
@@ -115,6 +130,10 @@ pub struct Writer {
     hub: Arc<ChangeHub>,
     /// The database's default durability.
     durability: Durability,
+    /// The replica set every group's record must be committed by before it
+    /// is logged and published here (`durability::replicate`); `None`
+    /// outside a replica set.
+    replicator: parking_lot::RwLock<Option<Arc<dyn Replicate>>>,
     /// Groups published and commands applied (successful or not), for
     /// `serverStatus`; relaxed counters, never used for ordering.
     groups: AtomicU64,
@@ -158,6 +177,7 @@ impl Writer {
             wal: None,
             hub,
             durability: Durability::None,
+            replicator: parking_lot::RwLock::new(None),
             groups: AtomicU64::new(0),
             commands: AtomicU64::new(0),
             largest_group: AtomicU64::new(0),
@@ -205,6 +225,42 @@ impl Writer {
         self.wal.as_ref()
     }
 
+    /// From now on, commit every group through `replicator` before it is
+    /// logged and published (see `durability::replicate`). Only databases
+    /// with a WAL replicate.
+    pub fn set_replicator(&self, replicator: Option<Arc<dyn Replicate>>) {
+        *self.replicator.write() = replicator;
+    }
+
+    /// Apply one record the replica set committed (made by another member's
+    /// writer, or by this one's before it lost its place) as a group of its
+    /// own: the recovery replay of its effects, the same bytes appended to
+    /// the WAL, then publish. `Ok(false)`: the record does not continue this
+    /// database's log (it starts elsewhere than after the published csn) and
+    /// was skipped — every member skips it alike, since every member applies
+    /// the same records in the same order. A record whose effects do not
+    /// apply means this member's state is not the set's: the writer stops.
+    pub fn apply_replicated(&self, payload: Arc<[u8]>) -> Result<bool> {
+        let record = wal::decode_record(&payload)
+            .map_err(|e| Error::Internal(format!("replicated record does not decode: {}", e.0)))?;
+        let slot = Arc::new(Slot {
+            command: Mutex::new(None),
+            replicated: Mutex::new(Some(Replicated { record, payload })),
+            solo: true,
+            origin: None,
+            durability: None,
+            reply: Mutex::new(None),
+            csn: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        });
+        match self.run_slot(slot)? {
+            Reply::Existed(applied) => Ok(applied),
+            other => Err(Error::Internal(format!(
+                "unexpected reply to a replicated record: {other:?}"
+            ))),
+        }
+    }
+
     /// Run `step` as the single writer at a commit boundary (between two
     /// commands of a group) on the working state, and wait until its group is
     /// published. This is how higher layers (scan registration, transaction
@@ -237,21 +293,41 @@ impl Writer {
 
     /// [`Writer::submit`] with a per-write durability (`None`: the default).
     pub fn submit_with(&self, command: Command, durability: Option<Durability>) -> Result<Reply> {
+        self.submit_tagged(command, durability, None)
+    }
+
+    /// [`Writer::submit_with`] for a command of client operation `origin`
+    /// (see `Database::with_origin`).
+    pub fn submit_tagged(
+        &self,
+        command: Command,
+        durability: Option<Durability>,
+        origin: Option<Arc<[u8]>>,
+    ) -> Result<Reply> {
         if let Some(wal) = &self.wal {
             wal.check_writable()?;
         }
-        if let Some(why) = self.poisoned.lock().clone() {
-            return Err(Error::Internal(format!(
-                "writer stopped after a bug: {why}"
-            )));
-        }
         let slot = Arc::new(Slot {
             command: Mutex::new(Some(command)),
+            replicated: Mutex::new(None),
+            solo: false,
+            origin,
             durability,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
             done: AtomicBool::new(false),
         });
+        self.run_slot(slot)
+    }
+
+    /// Queue `slot`, lead its group when it reaches the front, and return
+    /// its reply.
+    fn run_slot(&self, slot: Arc<Slot>) -> Result<Reply> {
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(Error::Internal(format!(
+                "writer stopped after a bug: {why}"
+            )));
+        }
         let mut queue = self.queue.lock();
         queue.push_back(slot.clone());
         loop {
@@ -264,15 +340,29 @@ impl Writer {
             }
             self.wake.wait(&mut queue);
         }
-        // Leader: take a group, release the queue so others can enqueue meanwhile.
-        let group: Vec<Arc<Slot>> = queue.iter().take(MAX_GROUP).cloned().collect();
+        // Leader: take a group, release the queue so others can enqueue
+        // meanwhile. A replicated record is a group of its own.
+        let group: Vec<Arc<Slot>> = if slot.solo {
+            vec![slot.clone()]
+        } else {
+            queue
+                .iter()
+                .take(MAX_GROUP)
+                .take_while(|s| !s.solo)
+                .cloned()
+                .collect()
+        };
         drop(queue);
         self.groups.fetch_add(1, Ordering::Relaxed);
         self.commands
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         self.largest_group
             .fetch_max(group.len() as u64, Ordering::Relaxed);
-        self.lead(&group);
+        if slot.solo {
+            self.lead_replicated(&slot);
+        } else {
+            self.lead(&group);
+        }
         let mut queue = self.queue.lock();
         for s in &group {
             let popped = queue.pop_front();
@@ -368,14 +458,34 @@ impl Writer {
                     // groups get increasing times in commit order.
                     let stamp = self.hub.clock.tick();
                     working.ts = stamp.ts;
+                    let mut commit = None;
                     if let Some(wal) = &self.wal {
-                        // Log before publishing: nobody may see (or be told
-                        // about) a group a crash could take back.
-                        if let Err(e) =
-                            wal.append(start_csn + 1, working.csn, stamp, &effects, sync)
-                        {
+                        // Committed by the replica set (when there is one),
+                        // then logged, before publishing: nobody may see (or
+                        // be told about) a group a crash or a failover could
+                        // take back.
+                        let origins: Vec<Arc<[u8]>> = group
+                            .iter()
+                            .filter(|s| s.csn.load(Ordering::Relaxed) != 0)
+                            .filter_map(|s| s.origin.clone())
+                            .collect();
+                        let logged = self
+                            .replicate(start_csn + 1, working.csn, stamp, &effects, &origins)
+                            .and_then(|(payload, c)| {
+                                commit = c;
+                                wal.append_payload(start_csn + 1, working.csn, &payload, sync)
+                                    .map_err(Error::from)
+                            });
+                        if let Err(e) = logged {
                             self.hub.abandon(stamp.ts);
-                            let e = crate::error::Error::from(e);
+                            if let Some(c) = commit.take() {
+                                // The set committed what this member could
+                                // not log: its state no longer follows the set.
+                                let why =
+                                    format!("a committed group could not be logged here: {e}");
+                                *self.poisoned.lock() = Some(why.clone());
+                                c.finish(Err(why));
+                            }
                             for s in group {
                                 let mut r = s.reply.lock();
                                 if r.as_ref().is_none_or(|r| r.is_ok()) {
@@ -393,6 +503,9 @@ impl Writer {
                             .publish(ChangeRecord::group(self.db_name.clone(), stamp, effects));
                     } else {
                         self.hub.skip(stamp.ts);
+                    }
+                    if let Some(c) = commit {
+                        c.finish(Ok(()));
                     }
                 }
             }
@@ -414,6 +527,99 @@ impl Writer {
                 }
             }
         }
+    }
+}
+
+impl Writer {
+    /// The record payload of group `first..=lsn`, committed by the replica
+    /// set when there is one (with the [`Commit`] to finish once it is
+    /// logged and published here).
+    fn replicate(
+        &self,
+        first: u64,
+        lsn: u64,
+        stamp: Stamp,
+        effects: &[effect::Effect],
+        origins: &[Arc<[u8]>],
+    ) -> Result<(Vec<u8>, Option<Commit>)> {
+        let payload = wal::encode_record(first, lsn, stamp, effects)?;
+        let replicator = self.replicator.read().clone();
+        let Some(r) = replicator else {
+            return Ok((payload, None));
+        };
+        let commit = r.replicate(GroupRecord {
+            db: &self.db_name,
+            first,
+            lsn,
+            payload: &payload,
+            origins,
+        })?;
+        Ok((payload, Some(commit)))
+    }
+
+    /// Apply the replicated record of `slot` as a group of its own (see
+    /// [`Writer::apply_replicated`]). Requires: caller is leader.
+    fn lead_replicated(&self, slot: &Slot) {
+        let reply = match slot.replicated.lock().take() {
+            Some(rep) => self.apply_record(rep),
+            None => Err(Error::Internal("replicated record taken twice".into())),
+        };
+        if let Ok(Reply::Existed(true)) = &reply {
+            slot.csn.store(self.published.load().csn, Ordering::Relaxed);
+        }
+        *slot.reply.lock() = Some(reply);
+    }
+
+    fn apply_record(&self, rep: Replicated) -> Result<Reply> {
+        let published = self.published.load_full();
+        let rec = rep.record;
+        if rec.first != published.csn + 1 {
+            // Made on a state this member's log has moved past (or not
+            // reached): skipped here as on every member.
+            return Ok(Reply::Existed(false));
+        }
+        let mut working: DbState = (*published).clone();
+        let recorded = self.hub.is_active();
+        let effects = recorded.then(|| rec.effects.clone());
+        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            effect::apply_all(&mut working, rec.effects)
+        }));
+        let why = match applied {
+            Ok(Ok(())) => None,
+            Ok(Err(why)) => Some(why),
+            Err(_) => Some("applying it panicked".into()),
+        };
+        if let Some(why) = why {
+            let why = format!(
+                "replicated commits {}..={} do not apply to this member's state: {why}",
+                rec.first, rec.lsn
+            );
+            tracing::error!(db = %self.db_name, %why, "writer stopped");
+            *self.poisoned.lock() = Some(why.clone());
+            return Err(Error::Internal(why));
+        }
+        working.csn = rec.lsn;
+        working.ts = working.ts.max(rec.ts);
+        let stamp = Stamp {
+            ts: rec.ts,
+            wall_ms: rec.wall_ms,
+        };
+        self.hub.clock.adopt(stamp.ts);
+        if let Some(wal) = &self.wal {
+            if let Err(e) = wal.append_payload(rec.first, rec.lsn, &rep.payload, SyncMode::Now) {
+                self.hub.abandon(stamp.ts);
+                return Err(e.into());
+            }
+        }
+        self.published.store(Arc::new(working));
+        match effects {
+            Some(effects) => {
+                self.hub
+                    .publish(ChangeRecord::group(self.db_name.clone(), stamp, effects))
+            }
+            None => self.hub.skip(stamp.ts),
+        }
+        Ok(Reply::Existed(true))
     }
 }
 

@@ -86,6 +86,18 @@ impl ClusterClock {
         Stamp { ts, wall_ms }
     }
 
+    /// A group time another member's clock took (a replicated group being
+    /// applied here): in flight until [`Self::done`], like a tick, and later
+    /// ticks are above it. A time at or below [`Self::stable`] (this clock
+    /// ran ahead of the member that took it) is still registered, but a
+    /// change-stream reader may already have passed it.
+    pub fn adopt(&self, ts: u64) {
+        let mut g = self.inner.lock();
+        g.last = g.last.max(ts + (ts & 1));
+        let fresh = g.in_flight.insert(ts);
+        debug_assert!(fresh, "time {ts} adopted while in flight");
+    }
+
     /// The group of time `ts` was published or abandoned.
     pub fn done(&self, ts: u64) {
         let removed = self.inner.lock().in_flight.remove(&ts);

@@ -1,0 +1,36 @@
+//! duet-repl: replica sets for duetdb — every database's WAL replicated
+//! through one Raft group ([openraft] 0.9, pinned), so that any member can
+//! take over as primary with every majority-acknowledged write.
+//!
+//! Modules, one concept each:
+//! - `types`: the Raft type configuration and the log entry (`Request`);
+//! - `log_store`: the durable Raft log and vote (`<data dir>/repl.raft/`);
+//! - `state_machine`: applying committed entries to the engine;
+//! - `pending`: this member's writer groups waiting for their commit;
+//! - `retries`: which retryable writes the set applied (failover dedup);
+//! - `replicator`: the engine's `Replicate` hook (writer → Raft);
+//! - `network`: Raft RPCs over TCP between members;
+//! - `member`: one running member and what the server asks of it.
+//!
+//! The protocol (docs/design.md "Replication"): the primary's writer
+//! applies a group to its working copy, encodes its WAL record, proposes it
+//! as a Raft entry and waits; once committed, the state machine hands it
+//! back and the writer logs and publishes it. Every other member applies
+//! the entry through the recovery replay of one record. So a member
+//! publishes only committed groups, and members hold identical states at
+//! the same log position.
+
+// openraft's storage traits return its `StorageError` (224 bytes); the
+// helpers that build one return it too rather than boxing and unboxing.
+#![allow(clippy::result_large_err)]
+
+pub mod log_store;
+pub mod member;
+pub mod network;
+pub mod pending;
+pub mod replicator;
+pub mod retries;
+pub mod state_machine;
+pub mod types;
+
+pub use member::{Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT};

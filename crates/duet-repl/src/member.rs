@@ -1,0 +1,475 @@
+//! One replica-set member: its Raft node, Raft RPC listener and the hook
+//! that makes the engine's writers commit through the set; and what the
+//! server asks of it (role, status, write-concern waits, step-down,
+//! dropDatabase).
+//!
+//! The set is static: `--members` lists every member's MongoDB address in
+//! order, and member N is the N-th (from 0). Every member initializes the
+//! Raft group with that same list when its Raft log is empty (openraft
+//! accepts the same initialization on several members).
+//!
+//! The Raft leader is the primary, but it accepts writes only once it has
+//! applied its own term's first entry (MongoDB's drain mode): before that,
+//! entries committed under the previous leader may still be unapplied here,
+//! and a group made on the older state would only be skipped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use duetdb::{Engine, Error};
+use openraft::{BasicNode, ServerState, SnapshotPolicy};
+
+use crate::log_store::{claim_identity, LogStore, RAFT_DIR};
+use crate::network::{raft_address, serve, Network};
+use crate::pending::Pending;
+use crate::replicator::{not_primary, Replicator};
+use crate::state_machine::{Shared, StateMachine};
+use crate::types::{NodeId, Raft, Request, Response};
+
+/// Milliseconds between the primary's heartbeats.
+pub const HEARTBEAT_MS: u64 = 250;
+/// A follower that hears no primary for a random time in this range calls
+/// an election (MongoDB's default `electionTimeoutMillis` is 10 s; shorter
+/// here so failover takes seconds, long enough that a loaded machine's
+/// late heartbeats do not depose a healthy primary).
+pub const ELECTION_TIMEOUT_MS: (u64, u64) = (2500, 5000);
+/// How long a writer waits for its group's commit (`--repl-commit-timeout-secs`).
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to start a member.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub set_name: String,
+    /// This member's position in `members`.
+    pub member_id: NodeId,
+    /// Every member's MongoDB wire address (`host:port`), in member-id order.
+    pub members: Vec<String>,
+    pub data_dir: PathBuf,
+    pub commit_timeout: Duration,
+}
+
+/// A member's role as MongoDB names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Secondary,
+    /// Campaigning in an election, or without a primary to follow.
+    Startup,
+    Shutdown,
+}
+
+impl Role {
+    /// `replSetGetStatus` `state` / `stateStr`.
+    pub fn code_and_name(self) -> (i32, &'static str) {
+        match self {
+            Role::Primary => (1, "PRIMARY"),
+            Role::Secondary => (2, "SECONDARY"),
+            Role::Startup => (0, "STARTUP"),
+            Role::Shutdown => (8, "DOWN"),
+        }
+    }
+}
+
+/// What `hello` and `replSetGetStatus` report.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub set_name: String,
+    pub me: NodeId,
+    /// `(id, wire address)` of every member.
+    pub members: Vec<(NodeId, String)>,
+    pub role: Role,
+    /// Writable: primary, drained, not stepping down.
+    pub writable: bool,
+    pub primary: Option<NodeId>,
+    pub term: u64,
+    /// Last applied entry `(term, index)`.
+    pub applied: (u64, u64),
+    pub last_log_index: u64,
+    /// On the primary: each member's highest index known to be in its log.
+    pub matched: BTreeMap<NodeId, u64>,
+    /// Cluster time and wall-clock ms of the last applied write.
+    pub last_write_ts: u64,
+    pub last_write_wall_ms: u64,
+}
+
+impl Status {
+    pub fn address(&self, id: NodeId) -> Option<&str> {
+        self.members
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, a)| a.as_str())
+    }
+}
+
+/// A running member (see the module documentation).
+pub struct Member {
+    pub(crate) raft: Raft,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    opts: Options,
+    /// Set by `replSetStepDown` until another member leads.
+    stepping_down: AtomicBool,
+    /// The Raft RPC listener's task (aborted at shutdown, freeing the port).
+    listener: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Member {
+    /// Start member `opts.member_id` on `engine` (whose databases it then
+    /// replicates): check the data directory belongs to it, open its Raft
+    /// log, listen for Raft RPCs, join the group. Requires: a tokio
+    /// multi-thread runtime is current.
+    pub async fn start(opts: Options, engine: &Arc<Engine>) -> Result<Arc<Member>, String> {
+        if opts.set_name.trim().is_empty() {
+            return Err("--replica-set must name the set".into());
+        }
+        let me = opts.member_id;
+        let Some(my_addr) = opts.members.get(me as usize).cloned() else {
+            return Err(format!(
+                "--member-id {me} is not a position in --members (0..{})",
+                opts.members.len()
+            ));
+        };
+        for (i, a) in opts.members.iter().enumerate() {
+            raft_address(a)?;
+            if opts.members[..i].contains(a) {
+                return Err(format!("--members lists {a} twice"));
+            }
+        }
+        let dir = opts.data_dir.join(RAFT_DIR);
+        claim_identity(&dir, &opts.set_name, me)?;
+        let log = LogStore::open(&dir)?;
+        let shared = Arc::new(Shared {
+            engine: Arc::downgrade(engine),
+            me,
+            incarnation: rand::random(),
+            pending: Pending::default(),
+            retries: Default::default(),
+            applied_index: AtomicU64::new(0),
+            last_write_ts: AtomicU64::new(0),
+            last_write_wall_ms: AtomicU64::new(0),
+        });
+        let sm = StateMachine::open(dir, shared.clone())?;
+        let config = openraft::Config {
+            cluster_name: opts.set_name.clone(),
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_TIMEOUT_MS.0,
+            election_timeout_max: ELECTION_TIMEOUT_MS.1,
+            snapshot_policy: SnapshotPolicy::Never,
+            max_in_snapshot_log_to_keep: u64::MAX,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| format!("Raft configuration: {e}"))?;
+        let raft_addr = raft_address(&my_addr)?;
+        let listener = tokio::net::TcpListener::bind(&raft_addr)
+            .await
+            .map_err(|e| format!("cannot listen for Raft on {raft_addr}: {e}"))?;
+        let raft = Raft::new(me, Arc::new(config), Network, log, sm)
+            .await
+            .map_err(|e| format!("cannot start Raft: {e}"))?;
+        let listener = tokio::spawn(serve(listener, raft.clone()));
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| format!("Raft: {e}"))?;
+        if !initialized {
+            let nodes: BTreeMap<NodeId, BasicNode> = opts
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (i as NodeId, BasicNode::new(a)))
+                .collect();
+            if let Err(e) = raft.initialize(nodes).await {
+                // Another member's initialization reached us first.
+                tracing::info!(error = %e, "Raft group already initialized");
+            }
+        }
+        let member = Arc::new(Member {
+            raft,
+            shared,
+            runtime: tokio::runtime::Handle::current(),
+            opts,
+            stepping_down: AtomicBool::new(false),
+            listener: parking_lot::Mutex::new(Some(listener)),
+        });
+        engine.set_replicator(Some(Arc::new(Replicator {
+            member: member.clone(),
+            commit_timeout: member.opts.commit_timeout,
+        })));
+        tracing::info!(set = %member.opts.set_name, member = me, raft = %raft_addr,
+            "replica-set member started");
+        Ok(member)
+    }
+
+    pub fn set_name(&self) -> &str {
+        &self.opts.set_name
+    }
+
+    pub fn member_id(&self) -> NodeId {
+        self.opts.member_id
+    }
+
+    /// Every member's wire address, by id.
+    pub fn members(&self) -> &[String] {
+        &self.opts.members
+    }
+
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let me = self.opts.member_id;
+        let applied = m
+            .last_applied
+            .map_or((0, 0), |l| (l.leader_id.term, l.index));
+        let drained = applied.0 == m.current_term;
+        let role = match m.state {
+            ServerState::Leader => Role::Primary,
+            ServerState::Follower if m.current_leader.is_some() => Role::Secondary,
+            ServerState::Shutdown => Role::Shutdown,
+            _ => Role::Startup,
+        };
+        let writable =
+            role == Role::Primary && drained && !self.stepping_down.load(Ordering::Acquire);
+        let matched = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .map(|(id, l)| (*id, l.map_or(0, |l| l.index)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Status {
+            set_name: self.opts.set_name.clone(),
+            me,
+            members: self
+                .opts
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (i as NodeId, a.clone()))
+                .collect(),
+            role,
+            writable,
+            primary: m.current_leader,
+            term: m.current_term,
+            applied,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            matched,
+            last_write_ts: self.shared.last_write_ts.load(Ordering::Relaxed),
+            last_write_wall_ms: self.shared.last_write_wall_ms.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn is_writable_primary(&self) -> bool {
+        self.status().writable
+    }
+
+    /// Whether the set applied a write of client operation `origin` (a
+    /// retryable write's tag, `Database::with_origin`).
+    pub fn applied_retryable(&self, origin: &[u8]) -> bool {
+        self.shared.retries.contains(origin)
+    }
+
+    /// Index of the last entry applied here (a write acknowledged by this
+    /// member is at or below it).
+    pub fn applied_index(&self) -> u64 {
+        self.shared.applied_index.load(Ordering::Acquire)
+    }
+
+    /// Wait (blocking) until `w` members hold entry `index` in their Raft
+    /// log, at most `timeout` (`None`: no limit). `Ok(false)` on time-out.
+    /// Requires: called from a thread outside the runtime (a command's
+    /// blocking thread).
+    pub fn wait_for_members(&self, index: u64, w: usize, timeout: Option<Duration>) -> bool {
+        let me = self.opts.member_id;
+        let mut rx = self.raft.metrics();
+        let wait = async move {
+            loop {
+                let enough = {
+                    let m = rx.borrow_and_update();
+                    let mut n = 0;
+                    if let Some(r) = &m.replication {
+                        for (id, l) in r {
+                            let got = if *id == me {
+                                m.last_log_index.unwrap_or(0)
+                            } else {
+                                l.map_or(0, |l| l.index)
+                            };
+                            n += usize::from(got >= index);
+                        }
+                        if !r.contains_key(&me) && m.last_log_index.unwrap_or(0) >= index {
+                            n += 1;
+                        }
+                    }
+                    n >= w
+                };
+                if enough {
+                    return true;
+                }
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        self.runtime.block_on(async move {
+            match timeout {
+                Some(t) => tokio::time::timeout(t, wait).await.unwrap_or(false),
+                None => wait.await,
+            }
+        })
+    }
+
+    /// Check this member still leads a majority (read concern
+    /// `linearizable`). Blocking.
+    pub fn ensure_linearizable(&self) -> Result<(), Error> {
+        self.runtime
+            .block_on(self.raft.ensure_linearizable())
+            .map(|_| ())
+            .map_err(|e| not_primary(format!("not primary: {e}")))
+    }
+
+    /// Drop database `db` on every member (a Raft entry); whether it
+    /// existed here. Blocking.
+    pub fn drop_database(&self, db: &str) -> Result<bool, Error> {
+        let req = Request::DropDatabase { db: db.to_string() };
+        let r = self.propose(req, "dropDatabase")?;
+        Ok(matches!(r, Response::Dropped { existed: true }))
+    }
+
+    /// Propose `req` and wait (blocking) for this member's answer to it.
+    fn propose(&self, req: Request, what: &str) -> Result<Response, Error> {
+        if !self.is_writable_primary() {
+            return Err(not_primary(format!(
+                "not primary: {what} goes to the primary"
+            )));
+        }
+        let raft = self.raft.clone();
+        let timeout = self.opts.commit_timeout;
+        let r = self
+            .runtime
+            .block_on(async move { tokio::time::timeout(timeout, raft.client_write(req)).await });
+        match r {
+            Ok(Ok(resp)) => Ok(resp.data),
+            Ok(Err(e)) => Err(not_primary(format!("{what} failed: {e}"))),
+            Err(_) => Err(Error::Coded {
+                code: 64,
+                name: "WriteConcernFailed",
+                msg: format!("{what} was not committed within {timeout:?} (it may still be)"),
+            }),
+        }
+    }
+
+    /// Take named snapshot `name` of `db` on every member at one log
+    /// position; its csn. Blocking.
+    pub fn create_snapshot(
+        &self,
+        db: &str,
+        name: &str,
+        opts: duetdb::SnapshotOptions,
+    ) -> Result<u64, Error> {
+        let req = Request::CreateSnapshot {
+            db: db.to_string(),
+            name: name.to_string(),
+            collections: opts.collections,
+            ttl_secs: opts.ttl.map(|t| t.as_secs().max(1)),
+            durable: opts.durable,
+        };
+        snapshot_result(self.propose(req, "createSnapshot")?)
+    }
+
+    /// Drop named snapshot `name` of `db` on every member. Blocking.
+    pub fn drop_snapshot(&self, db: &str, name: &str) -> Result<(), Error> {
+        let req = Request::DropSnapshot {
+            db: db.to_string(),
+            name: name.to_string(),
+        };
+        snapshot_result(self.propose(req, "dropSnapshot")?).map(|_| ())
+    }
+
+    /// `replSetStepDown`: stop accepting writes, let the other members
+    /// elect a primary (this one stops sending heartbeats and will not stand
+    /// for election for `step_down`), and wait up to `wait` for it.
+    /// Blocking.
+    pub fn step_down(&self, step_down: Duration, wait: Duration) -> Result<(), Error> {
+        if self.status().role != Role::Primary {
+            return Err(not_primary("not primary so can't step down"));
+        }
+        self.stepping_down.store(true, Ordering::Release);
+        self.raft.runtime_config().elect(false);
+        self.raft.runtime_config().heartbeat(false);
+        let me = self.opts.member_id;
+        let mut rx = self.raft.metrics();
+        let moved = self.runtime.block_on(async move {
+            tokio::time::timeout(wait, async move {
+                loop {
+                    if rx.borrow_and_update().current_leader != Some(me) {
+                        return;
+                    }
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            })
+            .await
+            .is_ok()
+        });
+        self.raft.runtime_config().heartbeat(true);
+        self.stepping_down.store(false, Ordering::Release);
+        let raft = self.raft.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep(step_down).await;
+            raft.runtime_config().elect(true);
+        });
+        if moved {
+            Ok(())
+        } else {
+            Err(Error::Coded {
+                code: 262,
+                name: "ExceededTimeLimit",
+                msg: format!("no other member became primary within {wait:?}"),
+            })
+        }
+    }
+
+    /// Stop the Raft node (server shutdown).
+    pub async fn shutdown(&self) {
+        self.shared
+            .pending
+            .fail_all(|| not_primary("the member is shutting down"));
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
+        if let Some(l) = self.listener.lock().take() {
+            l.abort();
+        }
+        // The engine keeps this member as its replicator: its writes now
+        // fail (not primary) rather than bypass the set.
+    }
+}
+
+/// The engine's answer to a named-snapshot entry, as an error with its
+/// MongoDB code (the names of the codes these commands can fail with).
+fn snapshot_result(r: Response) -> Result<u64, Error> {
+    match r {
+        Response::Snapshot(Ok(csn)) => Ok(csn),
+        Response::Snapshot(Err((code, msg))) => Err(Error::Coded {
+            code,
+            name: match code {
+                2 => "BadValue",
+                8 => "UnknownError",
+                20 => "IllegalOperation",
+                26 => "NamespaceNotFound",
+                48 => "NamespaceExists",
+                73 => "InvalidNamespace",
+                246 => "SnapshotUnavailable",
+                14031 => "OutOfDiskSpace",
+                _ => "UnknownError",
+            },
+            msg,
+        }),
+        other => Err(Error::Internal(format!(
+            "unexpected answer to a snapshot entry: {other:?}"
+        ))),
+    }
+}

@@ -1,0 +1,258 @@
+//! Raft RPCs between members: a TCP port of their own (the member's wire
+//! port + [`RAFT_PORT_OFFSET`]), one request and one reply at a time per
+//! connection, each a frame `len u32 LE | bincode(message)`.
+//!
+//! A separate port rather than commands on the MongoDB port: the Raft
+//! traffic then needs no wire-protocol framing, authentication or
+//! connection slots, and a client can never send it. It is loopback or a
+//! private network's business; it carries no authentication of its own
+//! (docs/design.md "Replication": bind members to addresses only members
+//! reach).
+//!
+//! Limits: a frame above [`MAX_FRAME`] is refused (the connection is
+//! closed), so a peer cannot make a member allocate without bound.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::types::{NodeId, Raft, TypeConfig};
+
+/// A member's Raft port is its MongoDB wire port plus this.
+pub const RAFT_PORT_OFFSET: u16 = 1000;
+/// Largest RPC frame accepted (a batch of log entries; openraft sends at
+/// most `max_payload_entries` entries per append).
+pub const MAX_FRAME: usize = 512 << 20;
+
+#[derive(Serialize, Deserialize)]
+enum RpcRequest {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+#[derive(Serialize, Deserialize)]
+enum RpcReply {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+}
+
+/// The Raft address (`host:port`) of the member whose wire address is `wire`.
+pub fn raft_address(wire: &str) -> Result<String, String> {
+    let (host, port) = wire
+        .rsplit_once(':')
+        .ok_or_else(|| format!("member address '{wire}' is not host:port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("member address '{wire}' has no valid port"))?;
+    let raft = port.checked_add(RAFT_PORT_OFFSET).ok_or_else(|| {
+        format!(
+            "member address '{wire}': its Raft port ({port} + {RAFT_PORT_OFFSET}) is above 65535"
+        )
+    })?;
+    Ok(format!("{host}:{raft}"))
+}
+
+async fn write_frame(s: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    s.write_all(&(bytes.len() as u32).to_le_bytes()).await?;
+    s.write_all(bytes).await?;
+    s.flush().await
+}
+
+async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!(
+            "Raft frame of {len} bytes is above the limit of {MAX_FRAME}"
+        )));
+    }
+    let mut buf = vec![0u8; len];
+    s.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+/// Makes one [`Peer`] per target member.
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            target,
+            addr: raft_address(&node.addr),
+            conn: None,
+        }
+    }
+}
+
+/// The connection to one member (reconnected after any failure).
+pub struct Peer {
+    target: NodeId,
+    addr: Result<String, String>,
+    conn: Option<TcpStream>,
+}
+
+type RpcErr<E = RaftError<NodeId>> = RPCError<NodeId, BasicNode, E>;
+
+impl Peer {
+    async fn call(&mut self, req: &RpcRequest, ttl: Duration) -> std::io::Result<RpcReply> {
+        let bytes = bincode::serialize(req).map_err(std::io::Error::other)?;
+        let exchange = async {
+            if self.conn.is_none() {
+                let addr = self.addr.clone().map_err(std::io::Error::other)?;
+                let s = TcpStream::connect(addr).await?;
+                s.set_nodelay(true)?;
+                self.conn = Some(s);
+            }
+            let Some(s) = self.conn.as_mut() else {
+                return Err(std::io::Error::other("no connection"));
+            };
+            write_frame(s, &bytes).await?;
+            read_frame(s).await
+        };
+        let reply = match tokio::time::timeout(ttl, exchange).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                self.conn = None;
+                return Err(e);
+            }
+            Err(_) => {
+                self.conn = None;
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "Raft RPC timed out",
+                ));
+            }
+        };
+        bincode::deserialize(&reply).map_err(|e| {
+            self.conn = None;
+            std::io::Error::other(e)
+        })
+    }
+
+    fn unreachable<E: std::error::Error>(e: std::io::Error) -> RpcErr<E> {
+        RPCError::Unreachable(Unreachable::new(&e))
+    }
+
+    fn unexpected<E: std::error::Error>() -> RpcErr<E> {
+        RPCError::Network(NetworkError::new(&std::io::Error::other(
+            "a Raft reply of the wrong kind",
+        )))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
+        match self.call(&RpcRequest::Append(rpc), option.hard_ttl()).await {
+            Ok(RpcReply::Append(Ok(r))) => Ok(r),
+            Ok(RpcReply::Append(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(Self::unexpected()),
+            Err(e) => Err(Self::unreachable(e)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<RaftError<NodeId, InstallSnapshotError>>>
+    {
+        match self
+            .call(&RpcRequest::Snapshot(rpc), option.hard_ttl())
+            .await
+        {
+            Ok(RpcReply::Snapshot(Ok(r))) => Ok(r),
+            Ok(RpcReply::Snapshot(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(Self::unexpected()),
+            Err(e) => Err(Self::unreachable(e)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
+        match self.call(&RpcRequest::Vote(rpc), option.hard_ttl()).await {
+            Ok(RpcReply::Vote(Ok(r))) => Ok(r),
+            Ok(RpcReply::Vote(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(Self::unexpected()),
+            Err(e) => Err(Self::unreachable(e)),
+        }
+    }
+}
+
+/// Answer Raft RPCs arriving on `listener` until the task is dropped
+/// (which also ends every connection it serves).
+pub async fn serve(listener: TcpListener, raft: Raft) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        let (mut s, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "Raft listener accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = s.set_nodelay(true);
+        let raft = raft.clone();
+        conns.spawn(async move {
+            loop {
+                let bytes = match read_frame(&mut s).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                            tracing::debug!(%peer, error = %e, "Raft connection closed");
+                        }
+                        return;
+                    }
+                };
+                let req: RpcRequest = match bincode::deserialize(&bytes) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "undecodable Raft request; closing");
+                        return;
+                    }
+                };
+                let reply = match req {
+                    RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+                    RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
+                    RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+                };
+                let Ok(out) = bincode::serialize(&reply) else {
+                    return;
+                };
+                if write_frame(&mut s, &out).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}

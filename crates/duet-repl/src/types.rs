@@ -1,0 +1,88 @@
+//! What the Raft log holds and how openraft is instantiated for it.
+//!
+//! One Raft group replicates every database of the server. A log entry is
+//! either one writer group's WAL record of one database — the exact bytes
+//! the database's WAL stores (`duetdb::durability::wal::encode_record`) —
+//! or a `dropDatabase`. Entries are encoded with bincode on the wire and in
+//! the Raft log file.
+
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// openraft's type configuration for duet replica sets.
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+);
+
+pub type NodeId = u64;
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type StorageError = openraft::StorageError<NodeId>;
+
+/// Which writer made a group entry: the member, its process incarnation (a
+/// random number per start, so tokens of an earlier run never match) and
+/// a token the writer waits on. Only the member that made the entry looks
+/// at it: to hand the commit back to its waiting writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    pub member: NodeId,
+    pub incarnation: u64,
+    pub token: u64,
+}
+
+/// One replicated operation (a Raft log entry's application data).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// One writer group of database `db`: its WAL record payload, and the
+    /// origin tags of the client operations it applied (`retries.rs`).
+    Group {
+        db: String,
+        origin: Origin,
+        payload: Vec<u8>,
+        retries: Vec<Vec<u8>>,
+    },
+    /// Drop database `db` on every member.
+    DropDatabase { db: String },
+    /// Take named snapshot `name` of database `db` on every member, at this
+    /// log position (so it is the same state everywhere).
+    CreateSnapshot {
+        db: String,
+        name: String,
+        collections: Option<Vec<String>>,
+        ttl_secs: Option<u64>,
+        durable: bool,
+    },
+    /// Drop named snapshot `name` of database `db` on every member.
+    DropSnapshot { db: String, name: String },
+}
+
+/// What applying an entry did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The group was applied (published) on this member.
+    Applied,
+    /// The group did not continue its database's log (it was made on a
+    /// state a concurrent entry moved past) and was skipped by every member.
+    Skipped,
+    /// A `dropDatabase` was applied (`existed`: the database existed).
+    Dropped { existed: bool },
+    /// A named-snapshot entry was applied: the snapshot's csn (0 for a
+    /// drop), or the engine error's code and message.
+    Snapshot(Result<u64, (i32, String)>),
+}
+
+/// The commit range of a group record payload, read from its header
+/// (`lsn u64 | first u64 | ...`): `(first, lsn)`.
+pub fn record_range(payload: &[u8]) -> Option<(u64, u64)> {
+    let lsn = u64::from_le_bytes(payload.get(0..8)?.try_into().ok()?);
+    let first = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
+    Some((first, lsn))
+}

@@ -1,0 +1,596 @@
+//! What drivers see of a replica set (`--members`, the `duet-repl` crate):
+//! the topology in `hello`, the member's role enforced on every command,
+//! write concerns, and `replSetGetStatus` / `replSetGetConfig` /
+//! `replSetStepDown`.
+//!
+//! Rules, as MongoDB's:
+//! - on a member that is not the writable primary, writes fail with
+//!   NotWritablePrimary (10107) before they run, and reads without
+//!   `secondaryOk` (a `$readPreference` other than `primary`) fail with
+//!   NotPrimaryNoSecondaryOk (13435); those errors (and the ones a write
+//!   meets when the primary changes under it: 11602, 189, 91) are always
+//!   top-level, with the `RetryableWriteError` label on a retryable write or
+//!   a transaction's commit/abort, so drivers rediscover the primary and
+//!   retry;
+//! - write concern: every acknowledged write was committed by a majority of
+//!   the set (the writer publishes only committed groups), so `w: 1` and
+//!   `w: "majority"` are answered at once; `w: N` waits until N members'
+//!   Raft logs hold the write (MongoDB counts members that applied it; ours
+//!   apply within a heartbeat), up to `wtimeout`, else `writeConcernError`
+//!   64 WriteConcernFailed with `errInfo.wtimeout`; N above the number of
+//!   members is 100 UnsatisfiableWriteConcern; a tag name is 79
+//!   UnknownReplWriteConcern;
+//! - read concern: `local` and `majority` are the same here (members apply
+//!   only committed entries); `linearizable` checks with a majority that
+//!   this member still leads (ReadIndex) and is primary-only.
+//!
+//! Without `--members` the server is a one-member set (or a standalone with
+//! `--standalone`); these commands then describe that one member (or fail
+//! with 76 NoReplicationEnabled).
+
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use duet_repl::{Member, Role, Status};
+
+use super::Ctx;
+use crate::error::{CmdResult, CommandError};
+use crate::sessions::SessionArgs;
+
+/// Commands that change data (refused on a member that is not primary,
+/// and waiting for their write concern).
+const WRITES: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "create",
+    "drop",
+    "dropDatabase",
+    "renameCollection",
+    "createIndexes",
+    "dropIndexes",
+    "collMod",
+    "createSnapshot",
+    "dropSnapshot",
+    "commitTransaction",
+    "abortTransaction",
+    "createUser",
+    "updateUser",
+    "dropUser",
+    "dropAllUsersFromDatabase",
+    "grantRolesToUser",
+    "revokeRolesFromUser",
+    "duetRunTtlPass",
+];
+
+/// Reads that need `secondaryOk` on a member that is not primary.
+const READS: &[&str] = &[
+    "find",
+    "count",
+    "distinct",
+    "aggregate",
+    "explain",
+    "listCollections",
+    "listIndexes",
+    "collStats",
+    "dbStats",
+    "listSnapshots",
+];
+
+/// Codes drivers retry a retryable write on (the retryable-writes spec).
+const RETRYABLE: &[i32] = &[
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+];
+
+/// Codes a write meets when this member stops being primary under it.
+const NOT_PRIMARY: &[i32] = &[10107, 11602, 189, 91];
+
+pub fn member<'a>(ctx: &'a Ctx<'_>) -> Option<&'a std::sync::Arc<Member>> {
+    ctx.state.repl.get()
+}
+
+/// The configuration version reported (the set is static).
+pub const SET_VERSION: i32 = 1;
+
+/// MongoDB's electionId: `0x7fffffff` then the term, so it grows with
+/// every election (drivers use it to ignore a deposed primary).
+fn election_id(term: u64) -> ObjectId {
+    let mut b = [0u8; 12];
+    b[..4].copy_from_slice(&[0x7f, 0xff, 0xff, 0xff]);
+    b[4..].copy_from_slice(&term.to_be_bytes());
+    ObjectId::from_bytes(b)
+}
+
+fn optime(s: &Status) -> Document {
+    doc! {
+        "ts": super::changes::timestamp(s.last_write_ts),
+        "t": s.term as i64,
+    }
+}
+
+fn write_date(s: &Status) -> DateTime {
+    DateTime::from_millis(s.last_write_wall_ms.min(i64::MAX as u64) as i64)
+}
+
+/// The `hello` fields of a member of a multi-member set.
+pub fn hello(m: &Member, is_hello: bool, d: &mut Document) {
+    let s = m.status();
+    if is_hello {
+        d.insert("isWritablePrimary", s.writable);
+    } else {
+        d.insert("ismaster", s.writable);
+    }
+    let hosts: Vec<String> = s.members.iter().map(|(_, a)| a.clone()).collect();
+    d.insert("secondary", s.role == Role::Secondary);
+    d.insert("setName", s.set_name.clone());
+    d.insert("setVersion", SET_VERSION);
+    d.insert("hosts", hosts);
+    if let Some(p) = s.primary.and_then(|p| s.address(p)) {
+        d.insert("primary", p);
+    }
+    d.insert("me", s.address(s.me).unwrap_or_default());
+    if s.role == Role::Primary {
+        d.insert("electionId", election_id(s.term));
+    }
+    d.insert(
+        "lastWrite",
+        doc! {
+            "opTime": optime(&s),
+            "lastWriteDate": write_date(&s),
+            "majorityOpTime": optime(&s),
+            "majorityWriteDate": write_date(&s),
+        },
+    );
+}
+
+/// Whether command `name` writes (an aggregate does with `$out`/`$merge`).
+fn writes(name: &str, cmd: &Document) -> bool {
+    WRITES.contains(&name)
+        || (name == "aggregate"
+            && cmd.get_array("pipeline").is_ok_and(|p| {
+                p.iter().any(|s| {
+                    matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge"))
+                })
+            }))
+}
+
+/// Whether the command allows reading from a secondary (`$readPreference`
+/// other than `primary`).
+fn secondary_ok(cmd: &Document) -> bool {
+    match cmd.get("$readPreference") {
+        Some(Bson::Document(rp)) => rp.get_str("mode").is_ok_and(|m| m != "primary"),
+        _ => false,
+    }
+}
+
+/// The label a not-primary error carries for this command: drivers retry
+/// retryable writes and transaction commits on `RetryableWriteError`, and a
+/// whole transaction on `TransientTransactionError`.
+fn label(name: &str, session: &SessionArgs) -> Option<&'static str> {
+    if matches!(name, "commitTransaction" | "abortTransaction") {
+        Some("RetryableWriteError")
+    } else if session.in_transaction() {
+        Some("TransientTransactionError")
+    } else if session.txn_number.is_some() {
+        Some("RetryableWriteError")
+    } else {
+        None
+    }
+}
+
+fn labelled(e: CommandError, name: &str, session: &SessionArgs) -> CommandError {
+    match label(name, session) {
+        Some(l) if RETRYABLE.contains(&e.code) => e.with_label(l),
+        _ => e,
+    }
+}
+
+/// Before command `name` runs on a replica-set member: refuse what this
+/// member may not do in its current role.
+pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -> CmdResult<()> {
+    let Some(m) = member(ctx) else {
+        return Ok(());
+    };
+    let writable = m.is_writable_primary();
+    let refused = if writable {
+        None
+    } else if writes(name, cmd) || session.in_transaction() {
+        Some(CommandError::new(
+            10107,
+            "NotWritablePrimary",
+            "not primary: writes go to the replica set's primary",
+        ))
+    } else if READS.contains(&name) && !secondary_ok(cmd) {
+        Some(CommandError::new(
+            13435,
+            "NotPrimaryNoSecondaryOk",
+            "not primary and secondaryOk=false: read from the primary, or with a read preference that allows secondaries",
+        ))
+    } else {
+        None
+    };
+    if let Some(e) = refused {
+        return Err(labelled(e, name, session));
+    }
+    let linearizable = crate::args::opt_doc(cmd, "readConcern")?
+        .and_then(|rc| rc.get_str("level").ok())
+        == Some("linearizable");
+    if linearizable {
+        if !writable {
+            return Err(CommandError::new(
+                10107,
+                "NotWritablePrimary",
+                "read concern 'linearizable' is served by the primary only",
+            ));
+        }
+        m.ensure_linearizable()?;
+    }
+    Ok(())
+}
+
+/// The origin tag of a retryable write on a replica-set member: `txnNumber`
+/// (8 bytes, little-endian) then the `lsid` bytes.
+pub fn origin(
+    state: &std::sync::Arc<crate::state::ServerState>,
+    session: &SessionArgs,
+) -> Option<std::sync::Arc<[u8]>> {
+    state.repl.get()?;
+    if session.in_transaction() {
+        return None;
+    }
+    let (id, n) = (session.lsid.as_ref()?, session.txn_number?);
+    let mut tag = n.to_le_bytes().to_vec();
+    tag.extend_from_slice(id);
+    Some(tag.into())
+}
+
+/// A retryable write the set already applied — made on a primary that
+/// failed before the driver got the reply — is answered as done instead of
+/// running again. The primary that ran it answers from its session table
+/// (the exact reply); another member builds the reply from the command:
+/// every statement counted as applied (MongoDB rebuilds it from its oplog
+/// entries; ours does not keep per-statement results).
+pub fn retried(
+    ctx: &Ctx<'_>,
+    name: &str,
+    cmd: &Document,
+    session: &SessionArgs,
+) -> Option<Document> {
+    let m = member(ctx)?;
+    let origin = ctx.origin.as_ref()?;
+    if !m.applied_retryable(origin) {
+        return None;
+    }
+    if let (Some(id), Some(n)) = (&session.lsid, session.txn_number) {
+        if let Some(s) = ctx.state.sessions.get(id) {
+            let s = s.lock();
+            if s.txn_number == Some(n)
+                && matches!(s.state, crate::sessions::TxnState::Written { .. })
+            {
+                return None;
+            }
+        }
+    }
+    let count = |field: &str| cmd.get_array(field).map_or(0, |a| a.len()) as i32;
+    tracing::info!(
+        conn = ctx.conn.id,
+        command = name,
+        "retried write was applied before a failover: answered as done"
+    );
+    Some(match name {
+        "insert" => doc! {"n": count("documents"), "ok": 1.0},
+        "update" => doc! {"n": count("updates"), "nModified": count("updates"), "ok": 1.0},
+        "delete" => doc! {"n": count("deletes"), "ok": 1.0},
+        _ => doc! {
+            "lastErrorObject": {"n": 1, "updatedExisting": true},
+            "value": Bson::Null,
+            "ok": 1.0,
+        },
+    })
+}
+
+/// A write concern's `w`.
+enum W {
+    Members(usize),
+    Majority,
+}
+
+fn parse_w(cmd: &Document) -> CmdResult<Option<(W, Option<Duration>)>> {
+    let Some(wc) = crate::args::opt_doc(cmd, "writeConcern")? else {
+        return Ok(None);
+    };
+    let w = match wc.get("w") {
+        None | Some(Bson::Null) => return Ok(None),
+        Some(Bson::String(s)) if s == "majority" => W::Majority,
+        Some(Bson::String(s)) => {
+            return Err(CommandError::new(
+                79,
+                "UnknownReplWriteConcern",
+                format!("unrecognized write concern mode: {s}"),
+            ))
+        }
+        Some(v) => {
+            let n = crate::args::as_i64("w", v)?;
+            let n = usize::try_from(n).map_err(|_| {
+                CommandError::new(
+                    9,
+                    "FailedToParse",
+                    format!("w has to be a non-negative number, not {n}"),
+                )
+            })?;
+            W::Members(n)
+        }
+    };
+    let wtimeout = match crate::args::opt_i64(wc, "wtimeout")? {
+        None | Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms.max(0) as u64)),
+    };
+    Ok(Some((w, wtimeout)))
+}
+
+/// After command `name` ran: not-primary write errors become top-level
+/// errors; a successful write waits for its write concern.
+pub fn after(
+    ctx: &Ctx<'_>,
+    name: &str,
+    cmd: &Document,
+    session: &SessionArgs,
+    result: CmdResult,
+) -> CmdResult {
+    let Some(m) = member(ctx) else {
+        return result;
+    };
+    let reply = match result {
+        Err(e) => return Err(labelled(e, name, session)),
+        Ok(r) => r,
+    };
+    if let Ok(errors) = reply.get_array("writeErrors") {
+        let stepped = errors.iter().find_map(|e| match e {
+            Bson::Document(d) => d
+                .get_i32("code")
+                .ok()
+                .filter(|c| NOT_PRIMARY.contains(c))
+                .map(|c| (c, d.get_str("errmsg").unwrap_or_default().to_string())),
+            _ => None,
+        });
+        if let Some((code, msg)) = stepped {
+            let code_name = match code {
+                10107 => "NotWritablePrimary",
+                11602 => "InterruptedDueToReplStateChange",
+                189 => "PrimarySteppedDown",
+                _ => "ShutdownInProgress",
+            };
+            return Err(labelled(
+                CommandError::new(code, code_name, msg),
+                name,
+                session,
+            ));
+        }
+    }
+    if !writes(name, cmd) {
+        return Ok(reply);
+    }
+    let Some((w, wtimeout)) = parse_w(cmd)? else {
+        return Ok(reply);
+    };
+    let n = match w {
+        // Every acknowledged write was committed by a majority.
+        W::Majority => return Ok(reply),
+        W::Members(n) => n,
+    };
+    let members = m.members().len();
+    if n > members {
+        return Err(CommandError::new(
+            100,
+            "UnsatisfiableWriteConcern",
+            format!("Not enough data-bearing nodes: w: {n} asks for more members than the set's {members}"),
+        ));
+    }
+    if n <= members / 2 + 1 {
+        return Ok(reply);
+    }
+    let mut reply = reply;
+    if !m.wait_for_members(m.applied_index(), n, wtimeout) {
+        reply.insert(
+            "writeConcernError",
+            doc! {
+                "code": 64,
+                "codeName": "WriteConcernFailed",
+                "errmsg": "waiting for replication timed out",
+                "errInfo": {"wtimeout": true, "writeConcern": {"w": n as i64, "wtimeout": wtimeout.map_or(0, |d| d.as_millis() as i64)}},
+            },
+        );
+    }
+    Ok(reply)
+}
+
+/// The status of this server as a set, when it runs no member: one
+/// primary, itself.
+fn one_member(ctx: &Ctx<'_>, set: &str) -> Status {
+    let last = ctx.state.engine.cluster_time();
+    Status {
+        set_name: set.to_string(),
+        me: 0,
+        members: vec![(0, super::handshake::member_address(ctx))],
+        role: Role::Primary,
+        writable: true,
+        primary: Some(0),
+        term: 1,
+        applied: (1, 0),
+        last_log_index: 0,
+        matched: Default::default(),
+        last_write_ts: last,
+        last_write_wall_ms: (last >> 32) * 1000,
+    }
+}
+
+fn status_of(ctx: &Ctx<'_>) -> CmdResult<Status> {
+    if let Some(m) = member(ctx) {
+        return Ok(m.status());
+    }
+    match &ctx.state.config.replica_set {
+        Some(set) => Ok(one_member(ctx, set)),
+        None => Err(CommandError::new(
+            76,
+            "NoReplicationEnabled",
+            "not running with --replSet (this server was started with --standalone)",
+        )),
+    }
+}
+
+fn admin_only(ctx: &Ctx<'_>, name: &str) -> CmdResult<()> {
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            format!("{name} may only be run against the admin database."),
+        ));
+    }
+    Ok(())
+}
+
+/// `replSetGetStatus` (mongosh `rs.status()`): every member as this one
+/// knows it. A member's optime is known for itself; the primary also knows
+/// how far each member's Raft log reaches (`duet.raftIndex`).
+pub fn get_status(ctx: &Ctx<'_>) -> CmdResult {
+    if member(ctx).is_none() {
+        // One member (or --standalone): the fuller mongod-shaped answer.
+        return super::admin::repl_set_get_status(ctx);
+    }
+    admin_only(ctx, "replSetGetStatus")?;
+    let s = status_of(ctx)?;
+    let (state, state_str) = s.role.code_and_name();
+    let members: Vec<Bson> = s
+        .members
+        .iter()
+        .map(|(id, addr)| {
+            let me = *id == s.me;
+            let primary = s.primary == Some(*id);
+            let role = if primary {
+                Role::Primary
+            } else if me {
+                s.role
+            } else if s.primary.is_some() {
+                Role::Secondary
+            } else {
+                Role::Startup
+            };
+            let (st, st_str) = role.code_and_name();
+            let mut d = doc! {
+                "_id": *id as i32,
+                "name": addr.clone(),
+                "health": if me || primary || s.matched.contains_key(id) { 1.0 } else { 0.0 },
+                "state": st,
+                "stateStr": st_str,
+                "self": me,
+            };
+            if me {
+                d.insert("optime", optime(&s));
+                d.insert("optimeDate", write_date(&s));
+            }
+            let index = if me {
+                s.applied.1
+            } else {
+                s.matched.get(id).copied().unwrap_or(0)
+            };
+            d.insert("duet", doc! {"raftIndex": index as i64});
+            Bson::Document(d)
+        })
+        .collect();
+    Ok(doc! {
+        "set": s.set_name.clone(),
+        "date": DateTime::now(),
+        "myState": state,
+        "stateStr": state_str,
+        "term": s.term as i64,
+        "heartbeatIntervalMillis": duet_repl::member::HEARTBEAT_MS as i64,
+        "optimes": {
+            "lastCommittedOpTime": optime(&s),
+            "appliedOpTime": optime(&s),
+            "durableOpTime": optime(&s),
+        },
+        "members": members,
+        "ok": 1.0,
+    })
+}
+
+/// `replSetGetConfig` (mongosh `rs.conf()`).
+pub fn get_config(ctx: &Ctx<'_>) -> CmdResult {
+    if member(ctx).is_none() {
+        return super::admin::repl_set_get_config(ctx);
+    }
+    admin_only(ctx, "replSetGetConfig")?;
+    let s = status_of(ctx)?;
+    let members: Vec<Bson> = s
+        .members
+        .iter()
+        .map(|(id, addr)| {
+            Bson::Document(doc! {
+                "_id": *id as i32,
+                "host": addr.clone(),
+                "arbiterOnly": false,
+                "buildIndexes": true,
+                "hidden": false,
+                "priority": 1.0,
+                "tags": {},
+                "secondaryDelaySecs": 0_i64,
+                "votes": 1,
+            })
+        })
+        .collect();
+    Ok(doc! {
+        "config": {
+            "_id": s.set_name.clone(),
+            "version": SET_VERSION,
+            "term": s.term as i64,
+            "protocolVersion": 1_i64,
+            "writeConcernMajorityJournalDefault": true,
+            "members": members,
+            "settings": {
+                "heartbeatIntervalMillis": duet_repl::member::HEARTBEAT_MS as i64,
+                "electionTimeoutMillis": duet_repl::member::ELECTION_TIMEOUT_MS.0 as i64,
+                "chainingAllowed": false,
+            },
+        },
+        "ok": 1.0,
+    })
+}
+
+/// `replSetStepDown: <stepDownSecs>` (60 by default), with
+/// `secondaryCatchUpPeriodSecs` (10): how long to wait for another member to
+/// become primary.
+pub fn step_down(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
+    admin_only(ctx, "replSetStepDown")?;
+    let secs = match cmd.get("replSetStepDown") {
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(d)) if d.fract() == 0.0 => *d as i64,
+        Some(Bson::Boolean(true)) => 60,
+        other => {
+            return Err(CommandError::type_mismatch(format!(
+                "replSetStepDown takes a number of seconds, not {:?}",
+                other.map(|o| o.element_type())
+            )))
+        }
+    };
+    let catch_up = crate::args::opt_i64(cmd, "secondaryCatchUpPeriodSecs")?.unwrap_or(10);
+    if secs <= 0 || catch_up < 0 || catch_up > secs {
+        return Err(CommandError::bad_value(format!(
+            "stepDownSecs ({secs}) must be positive and not below secondaryCatchUpPeriodSecs ({catch_up})"
+        )));
+    }
+    let Some(m) = member(ctx) else {
+        status_of(ctx)?;
+        return Err(CommandError::new(
+            10107,
+            "NotWritablePrimary",
+            "this one-member replica set has no other member to hand the primary role to",
+        ));
+    };
+    m.step_down(
+        Duration::from_secs(secs as u64),
+        Duration::from_secs(catch_up.max(1) as u64),
+    )?;
+    Ok(doc! {"ok": 1.0})
+}

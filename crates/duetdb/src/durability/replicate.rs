@@ -1,0 +1,92 @@
+//! The seam between a database's single writer and a replica set (the
+//! `duet-repl` crate implements it; the engine knows nothing of Raft).
+//!
+//! When a replicator is installed ([`crate::Engine::set_replicator`]), the
+//! leader of a writer group hands the group's encoded WAL record to
+//! [`Replicate::replicate`] *before* it appends it locally or publishes it,
+//! and waits. The call returns when the replica set has committed the record
+//! (a majority of members hold it) and every earlier committed record of the
+//! database has been applied here; the writer then appends the same bytes to
+//! its own WAL, publishes, and reports the outcome through [`Commit::finish`].
+//! When the call fails (this member is not the primary, the record was
+//! superseded by another member's, no majority answered in time) the group
+//! fails like a failed WAL append: nothing is logged or published here.
+//!
+//! Members that are not primary apply committed records through
+//! `Database::apply_replicated`, which runs the recovery replay of one record
+//! as a writer group of its own — the same effects code, the same bytes
+//! appended to the local WAL — so members hold identical states at the same
+//! log position.
+//!
+//! Invariants:
+//! - a group is published on a replica-set member only after its record was
+//!   committed by the set, so no member ever shows (or acknowledges) a write
+//!   that a failover can take back;
+//! - a [`Commit`] is finished exactly once: dropping it unfinished reports a
+//!   failure, so the replicator never waits for an outcome that cannot come.
+
+use crate::error::Error;
+
+/// One group's record, as the writer hands it over.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupRecord<'a> {
+    /// The database the group belongs to.
+    pub db: &'a str,
+    /// Its commit sequence numbers `first..=lsn`.
+    pub first: u64,
+    pub lsn: u64,
+    /// The record payload (`wal::encode_record`), logged verbatim everywhere.
+    pub payload: &'a [u8],
+    /// The origin tags of the group's successful commands
+    /// (`Database::with_origin`): which client operations it applied.
+    pub origins: &'a [std::sync::Arc<[u8]>],
+}
+
+/// Replicates writer groups (see the module documentation).
+pub trait Replicate: Send + Sync {
+    /// Propose `rec` and wait until it is committed and may be published
+    /// here. `Err`: the group must fail, and publish nothing.
+    fn replicate(&self, rec: GroupRecord<'_>) -> Result<Commit, Error>;
+}
+
+type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+/// A committed record whose local append and publish are still to come;
+/// the writer reports their outcome with [`Commit::finish`].
+pub struct Commit {
+    finish: Option<Finish>,
+}
+
+impl Commit {
+    pub fn new(finish: impl FnOnce(Result<(), String>) + Send + 'static) -> Commit {
+        Commit {
+            finish: Some(Box::new(finish)),
+        }
+    }
+
+    /// The record was appended to the local WAL and published (`Ok`), or
+    /// could not be (`Err(why)`: this member no longer matches the set).
+    pub fn finish(mut self, outcome: Result<(), String>) {
+        if let Some(f) = self.finish.take() {
+            f(outcome);
+        }
+    }
+}
+
+impl Drop for Commit {
+    fn drop(&mut self) {
+        if let Some(f) = self.finish.take() {
+            f(Err(
+                "the writer dropped a committed record unfinished".into()
+            ));
+        }
+    }
+}
+
+impl std::fmt::Debug for Commit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Commit")
+            .field("finished", &self.finish.is_none())
+            .finish()
+    }
+}

@@ -1,0 +1,376 @@
+"""Replica sets (issue #21): three `duet serve` processes on loopback ports
+form a set (`--replica-set rs0 --members a,b,c --member-id N`); pymongo with
+`replicaSet=rs0` discovers it, writes go to the primary and are read on the
+secondaries, and SIGKILL of the primary during a `w: "majority"` write
+stream loses no acknowledged write while pymongo's retryable writes carry on
+on the newly elected primary.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import bson
+import pytest
+from pymongo import MongoClient, ReadPreference
+from pymongo.errors import (
+    ConnectionFailure,
+    NotPrimaryError,
+    OperationFailure,
+    WriteConcernError,
+)
+from pymongo.write_concern import WriteConcern
+
+import wire
+from conftest import DUET
+
+SET = "rs0"
+
+
+def free_ports(n):
+    """Ports p with p + 1000 (the member's Raft port) free too."""
+    out = []
+    while len(out) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p >= 60000 or p in out:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1000))
+        except OSError:
+            continue
+        out.append(p)
+    return out
+
+
+class Member:
+    def __init__(self, tmp: Path, i: int, ports):
+        self.i, self.port = i, ports[i]
+        self.members = ",".join(f"127.0.0.1:{p}" for p in ports)
+        self.dir = tmp / f"m{i}"
+        self.log_path = tmp / f"m{i}.log"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(DUET), "serve", "--bind", "127.0.0.1", "--port", str(self.port),
+             "--data-dir", str(self.dir), "--log-level", "info",
+             "--replica-set", SET, "--members", self.members, "--member-id", str(self.i)],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"member {self.i} exited early:\n{self.log_path.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        pytest.fail(f"member {self.i} did not listen within 20 s")
+
+    def direct(self, **kw):
+        kw.setdefault("serverSelectionTimeoutMS", 5000)
+        return MongoClient(f"mongodb://127.0.0.1:{self.port}/?directConnection=true", **kw)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return None
+            finally:
+                self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    ports = free_ports(3)
+    members = [Member(tmp_path, i, ports) for i in range(3)]
+    yield members
+    codes = [m.stop() for m in members]
+    for m, code in zip(members, codes):
+        if m.proc.returncode != -signal.SIGKILL:
+            assert code == 0, f"member {m.i} exited with {code}:\n{m.log_path.read_text()[-3000:]}"
+
+
+def set_client(members, **kw):
+    hosts = ",".join(f"127.0.0.1:{m.port}" for m in members)
+    kw.setdefault("serverSelectionTimeoutMS", 30000)
+    return MongoClient(f"mongodb://{hosts}/?replicaSet={SET}", **kw)
+
+
+def primary_of(members, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for m in members:
+            if m.proc.poll() is not None:
+                continue
+            try:
+                with m.direct(serverSelectionTimeoutMS=1000) as c:
+                    if c.admin.command("hello").get("isWritablePrimary"):
+                        return m
+            except ConnectionFailure:
+                pass
+        time.sleep(0.1)
+    pytest.fail("no primary elected")
+
+
+def wait_for(what, ok, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if ok():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_drivers_discover_the_set_and_read_writes_on_secondaries(cluster):
+    p = primary_of(cluster)
+    with set_client(cluster) as c:
+        coll = c.get_database("app", write_concern=WriteConcern("majority")).items
+        coll.insert_many([{"_id": i, "v": i} for i in range(50)])
+        coll.update_many({"_id": {"$lt": 10}}, {"$set": {"tag": "x"}})
+        assert c.primary == ("127.0.0.1", p.port)
+        hello = c.admin.command("hello")
+        assert hello["setName"] == SET
+        assert sorted(hello["hosts"]) == sorted(f"127.0.0.1:{m.port}" for m in cluster)
+        assert hello["primary"] == f"127.0.0.1:{p.port}"
+        assert hello["isWritablePrimary"] is True
+        assert hello["lastWrite"]["opTime"]["t"] >= 1
+        # Reads routed by the driver to a secondary see the writes.
+        sec = c.get_database("app", read_preference=ReadPreference.SECONDARY).items
+        wait_for("the secondaries to apply", lambda: sec.count_documents({"tag": "x"}) == 10)
+    for m in cluster:
+        if m is p:
+            continue
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            # A member that lost the first election follows the primary
+            # once it hears from it.
+            wait_for("member %d to follow" % m.i, lambda: d.admin.command("hello")["secondary"])
+            h = d.admin.command("hello")
+            assert h["secondary"] is True and h["isWritablePrimary"] is False
+            assert h["primary"] == f"127.0.0.1:{p.port}" and "electionId" not in h
+            wait_for("member %d to apply" % m.i, lambda: d.app.items.count_documents({}) == 50)
+            assert d.app.items.find_one({"_id": 3}) == {"_id": 3, "v": 3, "tag": "x"}
+            # Writes on a secondary: NotWritablePrimary (10107).
+            with pytest.raises(NotPrimaryError) as e:
+                d.app.items.insert_one({"_id": 1000})
+            assert e.value.details["code"] == 10107
+            assert d.app.items.count_documents({"_id": 1000}) == 0
+
+
+def test_secondary_reads_need_secondary_ok(cluster):
+    p = primary_of(cluster)
+    s = next(m for m in cluster if m is not p)
+    with set_client(cluster) as c:
+        c.app.items.insert_one({"_id": 1})
+    sock = wire.connect(s.port)
+    try:
+        reply = wire.command(sock, {"find": "items", "$db": "app"})
+        assert reply["ok"] == 0 and reply["code"] == 13435, reply
+        assert reply["codeName"] == "NotPrimaryNoSecondaryOk"
+        reply = wire.command(sock, {"find": "items", "$db": "app",
+                                    "$readPreference": {"mode": "secondaryPreferred"}})
+        assert reply["ok"] == 1, reply
+        # A retryable write on a secondary carries the label drivers retry on.
+        reply = wire.command(sock, {"insert": "items", "$db": "app", "documents": [{"_id": 2}],
+                                    "lsid": {"id": bson.Binary(os.urandom(16), 4)},
+                                    "txnNumber": bson.Int64(1)})
+        assert reply["code"] == 10107 and "RetryableWriteError" in reply["errorLabels"], reply
+    finally:
+        sock.close()
+
+
+def test_write_concerns(cluster):
+    primary_of(cluster)
+    with set_client(cluster) as c:
+        db = c.app
+        for w in (1, "majority", 2, 3):
+            db.get_collection("wc", write_concern=WriteConcern(w=w, wtimeout=20000)).insert_one({"w": str(w)})
+        assert db.wc.count_documents({}) == 4
+        with pytest.raises(OperationFailure) as e:
+            db.get_collection("wc", write_concern=WriteConcern(w=4)).insert_one({})
+        assert e.value.code == 100
+        with pytest.raises(OperationFailure) as e:
+            db.get_collection("wc", write_concern=WriteConcern(w="dc1")).insert_one({})
+        assert e.value.code == 79
+
+
+def test_write_concern_times_out_when_members_are_down(cluster):
+    p = primary_of(cluster)
+    others = [m for m in cluster if m is not p]
+    with set_client(cluster) as c:
+        c.app.wc.insert_one({"_id": 0})
+        others[0].kill()
+        coll = c.app.get_collection("wc", write_concern=WriteConcern(w=3, wtimeout=500))
+        with pytest.raises(WriteConcernError) as e:
+            coll.insert_one({"_id": 1})
+        assert e.value.code == 64
+        assert e.value.details["errInfo"]["wtimeout"] is True
+        # The write itself was committed (a majority is up).
+        assert c.app.wc.find_one({"_id": 1}) == {"_id": 1}
+
+
+def test_status_config_and_step_down(cluster):
+    p = primary_of(cluster)
+    with p.direct() as d:
+        st = d.admin.command("replSetGetStatus")
+        assert st["set"] == SET and st["myState"] == 1
+        names = sorted(m["name"] for m in st["members"])
+        assert names == sorted(f"127.0.0.1:{m.port}" for m in cluster)
+        me = [m for m in st["members"] if m["self"]]
+        assert len(me) == 1 and me[0]["stateStr"] == "PRIMARY"
+        conf = d.admin.command("replSetGetConfig")["config"]
+        assert conf["_id"] == SET and [m["_id"] for m in conf["members"]] == [0, 1, 2]
+        with pytest.raises(OperationFailure) as e:
+            d.app.command("replSetGetStatus")
+        assert e.value.code == 13
+        d.admin.command("replSetStepDown", 30, secondaryCatchUpPeriodSecs=10)
+    q = primary_of(cluster)
+    assert q is not p
+    with set_client(cluster) as c:
+        c.app.after.insert_one({"_id": "after step-down"})
+        assert c.primary == ("127.0.0.1", q.port)
+    with p.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+        with pytest.raises(NotPrimaryError) as e:
+            d.admin.command("replSetStepDown", 10)
+        assert e.value.details["code"] == 10107
+
+
+def test_leader_kill_during_majority_writes_loses_nothing(cluster):
+    """SIGKILL the primary during a stream of `w: majority` retryable
+    inserts: a new primary is elected, the stream completes through the
+    driver's retries, and every acknowledged insert is on the surviving
+    members (and on the killed one after it restarts)."""
+    primary_of(cluster)
+    acked, errors = [], []
+    n = 400
+    with set_client(cluster, retryWrites=True) as c:
+        coll = c.get_database("app", write_concern=WriteConcern("majority")).stream
+        kill_at = 120
+
+        def writer():
+            # No retry loop of our own: a new attempt would be a new write
+            # (a new txnNumber), so only the driver's own retry, which the
+            # set deduplicates, may repeat an insert.
+            for i in range(n):
+                try:
+                    coll.insert_one({"_id": i})
+                    acked.append(i)
+                except Exception as e:  # noqa: BLE001 - recorded for the assert
+                    errors.append((i, repr(e)))
+
+        t = threading.Thread(target=writer)
+        t.start()
+        wait_for("writes before the kill", lambda: len(acked) >= kill_at)
+        victim = primary_of(cluster)
+        started = time.time()
+        victim.kill()
+        t.join(timeout=120)
+        assert not t.is_alive(), "the write stream did not finish"
+        failover_s = time.time() - started
+        assert errors == [], errors
+        assert acked == list(range(n))
+        survivors = [m for m in cluster if m is not victim]
+        new = primary_of(survivors)
+        assert new is not victim
+        for m in survivors:
+            with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+                wait_for("member %d to hold every acknowledged write" % m.i,
+                         lambda: d.app.stream.count_documents({}) == n)
+        print(f"stream finished {failover_s:.1f} s after the kill")
+    victim.start()
+    with victim.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+        wait_for("the killed member to catch up", lambda: d.app.stream.count_documents({}) == n)
+        assert d.admin.command("hello")["secondary"] is True
+
+
+def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
+    """A retryable write applied through one primary, retried with the same
+    lsid and txnNumber on the next one (what a driver does when the first
+    primary dies before answering), is answered as done, not re-run."""
+    p = primary_of(cluster)
+    lsid = {"id": bson.Binary(os.urandom(16), 4)}
+    insert = {"insert": "retry", "$db": "app", "documents": [{"_id": 1}],
+              "lsid": lsid, "txnNumber": bson.Int64(7)}
+    sock = wire.connect(p.port)
+    try:
+        assert wire.command(sock, insert)["n"] == 1
+        assert wire.command(sock, {"replSetStepDown": 30, "$db": "admin"})["ok"] == 1
+    finally:
+        sock.close()
+    q = primary_of(cluster)
+    assert q is not p
+    sock = wire.connect(q.port)
+    try:
+        wait_for("the new primary to apply the write", lambda: wire.command(
+            sock, {"count": "retry", "$db": "app"})["n"] == 1)
+        reply = wire.command(sock, insert)
+        assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
+        # Control: the same insert as a new write (another txnNumber) does run.
+        reply = wire.command(sock, dict(insert, txnNumber=bson.Int64(8)))
+        assert reply["writeErrors"][0]["code"] == 11000, reply
+        assert wire.command(sock, {"count": "retry", "$db": "app"})["n"] == 1
+    finally:
+        sock.close()
+
+
+def snapshot_docs(d, name):
+    reply = d.app.command(bson.SON([("find", "items"), ("filter", {}), ("sort", {"_id": 1}),
+                                    ("batchSize", 1000), ("$duet", {"snapshotName": name})]),
+                          read_preference=ReadPreference.SECONDARY_PREFERRED)
+    return reply["cursor"]["firstBatch"]
+
+
+def test_named_snapshot_is_the_same_on_every_member_and_survives_restarts(cluster):
+    """createSnapshot is a log entry: every member takes the snapshot at the
+    same log position, so reading it by name gives the same documents on
+    every member, and a durable one survives each member's restart."""
+    primary_of(cluster)
+    with set_client(cluster) as c:
+        db = c.get_database("app", write_concern=WriteConcern("majority"))
+        db.items.insert_many([{"_id": i, "v": i} for i in range(20)])
+        r = db.command("createSnapshot", "s1", durable=True)
+        assert r["ok"] == 1 and r["durable"] is True
+        db.items.update_many({}, {"$inc": {"v": 100}})
+        db.items.insert_one({"_id": 99})
+        want = [{"_id": i, "v": i} for i in range(20)]
+        with pytest.raises(OperationFailure) as e:
+            db.command("createSnapshot", "s1")
+        assert e.value.code == 48
+    for m in cluster:
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            wait_for("member %d to take the snapshot" % m.i, lambda: any(
+                s["name"] == "s1" for s in d.app.command(
+                    "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"]))
+            assert snapshot_docs(d, "s1") == want, m.i
+    for m in cluster:
+        assert m.stop() == 0
+        m.start()
+        primary_of(cluster)
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            assert snapshot_docs(d, "s1") == want, f"member {m.i} after its restart"
+    with set_client(cluster) as c:
+        c.app.command("dropSnapshot", "s1")
+    for m in cluster:
+        with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            wait_for("member %d to drop the snapshot" % m.i, lambda: not d.app.command(
+                "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"])
