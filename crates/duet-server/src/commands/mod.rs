@@ -35,6 +35,7 @@ pub mod changes;
 pub mod ddl;
 pub mod handshake;
 pub mod named;
+pub mod oplog;
 pub mod read;
 pub mod source;
 pub mod txn;
@@ -257,6 +258,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("killSessions", "kill sessions ([]: all sessions)"),
     ("killAllSessions", "kill every session"),
+    (
+        "applyOps",
+        "apply oplog entries (mongorestore --oplogReplay), one by one",
+    ),
 ];
 
 /// Other spellings MongoDB accepts for some commands: `(alias, command)`.
@@ -472,6 +477,9 @@ fn dispatch(
 }
 
 fn session_dispatch(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -> CmdResult {
+    if let Some(reply) = oplog::route(ctx, name, cmd, session.in_transaction()) {
+        return reply;
+    }
     if matches!(name, "commitTransaction" | "abortTransaction") {
         return txn::finish(ctx, name, session);
     }
@@ -569,6 +577,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "listSnapshots" => named::list(ctx),
         "dropSnapshot" => named::drop(ctx, cmd),
         "explain" => read::explain(ctx, cmd),
+        "applyOps" => oplog::apply_ops(ctx, cmd),
         other => Err(CommandError::new(
             59,
             "CommandNotFound",
