@@ -1325,7 +1325,7 @@ mod tests {
     use super::*;
 
     fn raw(d: &Document) -> bson::RawDocumentBuf {
-        bson::RawDocumentBuf::from_document(d).expect("raw")
+        bson::RawDocumentBuf::try_from(d).expect("raw")
     }
 
     #[test]
@@ -1361,6 +1361,49 @@ mod tests {
         let post = doc! {"_id": 1, "a": 1};
         let desc = doc! {"updatedFields": {"a.b.c": 1}, "removedFields": [], "truncatedArrays": []};
         assert!(update_diff(&raw(&post), &desc).is_none());
+    }
+
+    /// A tailable cursor whose position the history no longer holds fails
+    /// with CappedPositionLost, never skips: here a database without a WAL,
+    /// whose only history is the in-memory tail (64 MiB), pushed past the
+    /// cursor by large inserts.
+    #[test]
+    fn a_tailable_cursor_whose_position_left_the_history_fails_136() {
+        use crate::state::{Config, ConnInfo, ServerState};
+        let state = ServerState::new(
+            Engine::in_memory(),
+            Config {
+                data_dir: None,
+                ..Config::default()
+            },
+        );
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
+        let conn = ConnInfo::new(1, addr, addr);
+        let run = |db: &str, cmd: Document| super::super::execute(&state, &conn, db, &cmd);
+        let r = run(
+            "local",
+            doc! {"find": "oplog.rs", "filter": {}, "tailable": true},
+        );
+        let id = r
+            .get_document("cursor")
+            .and_then(|c| c.get_i64("id"))
+            .expect("cursor");
+        assert_ne!(id, 0, "{r}");
+        run("d", doc! {"insert": "c", "documents": [{"_id": 0}]});
+        let get_more = || run("local", doc! {"getMore": id, "collection": "oplog.rs"});
+        let r = get_more();
+        let batch = r
+            .get_document("cursor")
+            .and_then(|c| c.get_array("nextBatch"))
+            .expect("batch");
+        assert_eq!(batch.len(), 1, "{r}");
+        let big = "x".repeat(12 << 20);
+        for i in 1..=7 {
+            let r = run("d", doc! {"insert": "c", "documents": [{"_id": i, "b": big.clone()}]});
+            assert_eq!(r.get_i32("n").ok(), Some(1), "{r}");
+        }
+        let r = get_more();
+        assert_eq!(r.get_i32("code").ok(), Some(136), "{r}");
     }
 
     #[test]
