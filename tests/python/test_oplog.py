@@ -292,3 +292,29 @@ def test_apply_ops_replays_entries_into_another_database(client, db):
             client.admin.command("applyOps", [renamed(e)])
     assert sorted(dst.find(), key=lambda d: d["_id"]) == sorted(src.find(), key=lambda d: d["_id"])
     client.drop_database(copy)
+
+
+def test_auth_reading_the_oplog_needs_read_on_local(make_server):
+    from test_auth import authed, create_first_user
+    s = make_server("--auth")
+    create_first_user(s)
+    root = authed(s, "root", "s3cret", "SCRAM-SHA-256")
+    root.app.c.insert_one({"_id": 1})
+    root.admin.command("createUser", "tailer", pwd="pw", roles=[{"role": "read", "db": "local"}],
+                       mechanisms=["SCRAM-SHA-256"])
+    root.admin.command("createUser", "app", pwd="pw", roles=[{"role": "readWrite", "db": "app"}],
+                       mechanisms=["SCRAM-SHA-256"])
+    tailer = authed(s, "tailer", "pw", "SCRAM-SHA-256")
+    assert [e["o"] for e in tailer.local["oplog.rs"].find({"op": "i", "ns": "app.c"})] == [{"_id": 1}]
+    app = authed(s, "app", "pw", "SCRAM-SHA-256")
+    with pytest.raises(OperationFailure) as e:
+        app.local["oplog.rs"].find_one()
+    assert e.value.code == 13
+    # applyOps checks each operation as the command it runs.
+    with pytest.raises(OperationFailure) as e:
+        tailer.admin.command("applyOps", [{"op": "i", "ns": "app.c", "o": {"_id": 2}}])
+    assert e.value.code == 13
+    app.admin.command("applyOps", [{"op": "i", "ns": "app.c", "o": {"_id": 2}}])
+    assert root.app.c.count_documents({}) == 2
+    for c in (root, tailer, app):
+        c.close()

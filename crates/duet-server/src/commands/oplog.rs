@@ -1261,7 +1261,16 @@ fn apply_one(ctx: &Ctx<'_>, op: &Document, depth: usize) -> CmdResult<()> {
 fn error_of(reply: &Document) -> CommandError {
     let code = reply.get_i32("code").unwrap_or(8);
     let msg = reply.get_str("errmsg").unwrap_or("applyOps operation failed");
-    CommandError::new(code, "OperationFailed", format!("applyOps: {msg}"))
+    let name = match code {
+        2 => "BadValue",
+        13 => "Unauthorized",
+        20 => "IllegalOperation",
+        26 => "NamespaceNotFound",
+        73 => "InvalidNamespace",
+        11000 => "DuplicateKey",
+        _ => "OperationFailed",
+    };
+    CommandError::new(code, name, format!("applyOps: {msg}"))
 }
 
 /// Turn a `$v: 2` diff into `$set`/`$unset` paths and array truncations
