@@ -451,6 +451,7 @@ impl Scanner {
             return Ok(false);
         }
         let b = engine.read_changes(&ChangeScope::Cluster, self.read, FETCH)?;
+        let read_some = !b.events.is_empty();
         for e in b.events {
             if self.end.is_some_and(|end| e.pos.ts > end) {
                 self.flush(out)?;
@@ -482,7 +483,8 @@ impl Scanner {
             self.done = true;
             return Ok(false);
         }
-        Ok(moved || !out.is_empty())
+        // A batch of one big group's changes completes nothing yet, but is progress.
+        Ok(read_some || moved || !out.is_empty())
     }
 }
 
@@ -1413,6 +1415,53 @@ mod tests {
         }
         let r = get_more();
         assert_eq!(r.get_i32("code").ok(), Some(136), "{r}");
+    }
+
+    fn test_state() -> std::sync::Arc<crate::state::ServerState> {
+        crate::state::ServerState::new(
+            Engine::in_memory(),
+            crate::state::Config {
+                data_dir: None,
+                ..crate::state::Config::default()
+            },
+        )
+    }
+
+    /// A group of more changes than one engine read returns is still one
+    /// whole entry (the scan goes on reading until the group is complete).
+    #[test]
+    fn a_group_larger_than_one_read_is_one_entry() {
+        let state = test_state();
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
+        let conn = crate::state::ConnInfo::new(1, addr, addr);
+        let run = |db: &str, cmd: Document| super::super::execute(&state, &conn, db, &cmd);
+        // Activate the history first (a database without a WAL keeps none before).
+        run("local", doc! {"find": "oplog.rs"});
+        let docs: Vec<Bson> = (0..(3 * FETCH as i32 + 7))
+            .map(|i| Bson::Document(doc! {"_id": i}))
+            .collect();
+        let n = docs.len();
+        let r = run("d", doc! {"insert": "c", "documents": docs});
+        assert_eq!(r.get_i32("n").ok(), Some(n as i32), "{r}");
+        for cmd in [
+            doc! {"find": "oplog.rs", "filter": {"o.applyOps": {"$exists": true}}},
+            doc! {"find": "oplog.rs", "sort": {"$natural": -1}, "limit": 1},
+        ] {
+            let r = run("local", cmd);
+            let batch = r
+                .get_document("cursor")
+                .and_then(|c| c.get_array("firstBatch"))
+                .expect("batch");
+            assert_eq!(batch.len(), 1, "{r}");
+            let ops = batch[0]
+                .as_document()
+                .and_then(|e| e.get_document("o").ok())
+                .and_then(|o| o.get_array("applyOps").ok())
+                .map(Vec::len);
+            assert_eq!(ops, Some(n));
+        }
+        let r = run("local", doc! {"count": "oplog.rs", "query": {"op": "c"}});
+        assert_eq!(r.get_i64("n").ok(), Some(1), "{r}");
     }
 
     #[test]
