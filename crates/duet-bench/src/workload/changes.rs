@@ -193,7 +193,12 @@ fn cell(
             lag.merge(&s.lag);
         }
         let lost: u64 = run.readers.iter().map(|s| s.lost).sum();
-        col.add(TARGET, &c, "events_per_s", events as f64 / run.wall_s.max(1e-9));
+        col.add(
+            TARGET,
+            &c,
+            "events_per_s",
+            events as f64 / run.wall_s.max(1e-9),
+        );
         col.add(
             TARGET,
             &c,

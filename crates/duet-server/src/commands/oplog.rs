@@ -288,7 +288,10 @@ fn entry_of(events: &[ChangeEvent]) -> CmdResult<Option<Document>> {
             for (k, v) in duetdb::raw::to_document(origin)? {
                 entry.insert(k, v);
             }
-            entry.insert("prevOpTime", doc! {"ts": Timestamp { time: 0, increment: 0 }, "t": -1_i64});
+            entry.insert(
+                "prevOpTime",
+                doc! {"ts": Timestamp { time: 0, increment: 0 }, "t": -1_i64},
+            );
         }
     }
     entry.insert("wall", bson::DateTime::from_millis(first.wall_ms));
@@ -322,7 +325,12 @@ fn update_diff(post: &RawDocument, desc: &Document) -> Option<Document> {
     let mut diff = Document::new();
     let mut put = |path: &str, leaf: Leaf| -> Option<()> {
         let comps: Vec<&str> = path.split('.').collect();
-        insert_leaf(&mut diff, Some(bson::RawBsonRef::Document(post)), &comps, leaf)
+        insert_leaf(
+            &mut diff,
+            Some(bson::RawBsonRef::Document(post)),
+            &comps,
+            leaf,
+        )
     };
     if let Ok(arrays) = desc.get_array("truncatedArrays") {
         for t in arrays {
@@ -374,7 +382,14 @@ fn insert_leaf(
         let (section, key) = if is_array {
             (None, format!("u{first}"))
         } else {
-            (Some(if matches!(leaf, Leaf::Unset) { "d" } else { "u" }), first.to_string())
+            (
+                Some(if matches!(leaf, Leaf::Unset) {
+                    "d"
+                } else {
+                    "u"
+                }),
+                first.to_string(),
+            )
         };
         let value = match leaf {
             Leaf::Set(v) => v,
@@ -471,7 +486,10 @@ impl Scanner {
         // The batch read everything up to its position: a group at or
         // below it is whole.
         if self.read.index == u32::MAX
-            && self.pending.first().is_some_and(|p| p.pos.ts <= self.read.ts)
+            && self
+                .pending
+                .first()
+                .is_some_and(|p| p.pos.ts <= self.read.ts)
         {
             self.flush(out)?;
         }
@@ -913,9 +931,9 @@ fn order_of(cmd: &Document) -> CmdResult<Order> {
     match cmd.get("hint") {
         None | Some(Bson::Null) => Ok(Order::Natural(1)),
         Some(Bson::Document(h)) if h.is_empty() => Ok(Order::Natural(1)),
-        Some(Bson::Document(h)) if h.len() == 1 && h.contains_key("$natural") => {
-            Ok(Order::Natural(direction(h.get("$natural").unwrap_or(&Bson::Int32(1)))?))
-        }
+        Some(Bson::Document(h)) if h.len() == 1 && h.contains_key("$natural") => Ok(
+            Order::Natural(direction(h.get("$natural").unwrap_or(&Bson::Int32(1)))?),
+        ),
         Some(_) => Err(CommandError::bad_value(
             "error processing query: planner returned error :: caused by :: hint provided does \
              not correspond to an existing index (the oplog has no indexes; hint {$natural: 1} \
@@ -933,7 +951,10 @@ fn count(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
     let (lo, hi) = ts_bounds(&query);
     let stable = engine.stable_cluster_time();
-    let mut scan = Scanner::new(start_of(engine, lo)?, Some(hi.map_or(stable, |h| h.min(stable))));
+    let mut scan = Scanner::new(
+        start_of(engine, lo)?,
+        Some(hi.map_or(stable, |h| h.min(stable))),
+    );
     let mut n: u64 = 0;
     loop {
         ctx.cancel.check()?;
@@ -1074,8 +1095,7 @@ pub fn get_more(
         let seen = engine.change_seq();
         let batch = oplog.next_batch(engine, size)?;
         let now = Instant::now();
-        if !batch.is_empty() || oplog.exhausted() || now >= deadline || ctx.cancel.is_cancelled()
-        {
+        if !batch.is_empty() || oplog.exhausted() || now >= deadline || ctx.cancel.is_cancelled() {
             break batch;
         }
         if slot.is_none() {
@@ -1160,9 +1180,9 @@ fn apply_one(ctx: &Ctx<'_>, op: &Document, depth: usize) -> CmdResult<()> {
             )
         }
         "u" => {
-            let q = args::opt_doc(op, "o2")?
-                .cloned()
-                .ok_or_else(|| CommandError::new(9, "FailedToParse", "applyOps update has no 'o2'"))?;
+            let q = args::opt_doc(op, "o2")?.cloned().ok_or_else(|| {
+                CommandError::new(9, "FailedToParse", "applyOps update has no 'o2'")
+            })?;
             let o = o()?;
             match o.get("$v") {
                 Some(v) if args::as_i64("$v", v)? == 2 => {
@@ -1230,7 +1250,11 @@ fn apply_one(ctx: &Ctx<'_>, op: &Document, depth: usize) -> CmdResult<()> {
                 }
                 "create" | "drop" | "dropDatabase" | "renameCollection" | "dropIndexes"
                 | "deleteIndexes" | "collMod" => {
-                    let target = if name == "renameCollection" { "admin" } else { db };
+                    let target = if name == "renameCollection" {
+                        "admin"
+                    } else {
+                        db
+                    };
                     let mut cmd = o.clone();
                     // The idIndex of a create is the default one.
                     cmd.remove("idIndex");
@@ -1262,7 +1286,9 @@ fn apply_one(ctx: &Ctx<'_>, op: &Document, depth: usize) -> CmdResult<()> {
 /// The error a reply (or a write error) carries.
 fn error_of(reply: &Document) -> CommandError {
     let code = reply.get_i32("code").unwrap_or(8);
-    let msg = reply.get_str("errmsg").unwrap_or("applyOps operation failed");
+    let msg = reply
+        .get_str("errmsg")
+        .unwrap_or("applyOps operation failed");
     let name = match code {
         2 => "BadValue",
         13 => "Unauthorized",
@@ -1292,7 +1318,8 @@ fn diff_ops(
             format!("{prefix}.{k}")
         }
     };
-    let bad = |k: &str| CommandError::new(9, "FailedToParse", format!("bad $v: 2 diff field '{k}'"));
+    let bad =
+        |k: &str| CommandError::new(9, "FailedToParse", format!("bad $v: 2 diff field '{k}'"));
     for (k, v) in diff {
         match k.as_str() {
             "a" if array => {}
@@ -1410,7 +1437,10 @@ mod tests {
         assert_eq!(batch.len(), 1, "{r}");
         let big = "x".repeat(12 << 20);
         for i in 1..=7 {
-            let r = run("d", doc! {"insert": "c", "documents": [{"_id": i, "b": big.clone()}]});
+            let r = run(
+                "d",
+                doc! {"insert": "c", "documents": [{"_id": i, "b": big.clone()}]},
+            );
             assert_eq!(r.get_i32("n").ok(), Some(1), "{r}");
         }
         let r = get_more();
@@ -1466,7 +1496,10 @@ mod tests {
 
     #[test]
     fn ts_bounds_are_read_from_the_top_level_and_and() {
-        let t = |s: u32, i: u32| Timestamp { time: s, increment: i };
+        let t = |s: u32, i: u32| Timestamp {
+            time: s,
+            increment: i,
+        };
         let f = doc! {"$and": [{"ts": {"$gte": t(5, 2)}}, {"ts": {"$lte": t(9, 4)}}], "op": "i"};
         let (lo, hi) = ts_bounds(&f);
         assert_eq!(lo, Some(ChangePosition::at_time(packed(t(5, 2)))));
