@@ -285,6 +285,10 @@ pub struct ChangesArgs {
     /// Numbers of open change streams, one cell each (0: the writer alone).
     #[arg(long, value_delimiter = ',', default_value = "0,1,8,64")]
     pub streams: Vec<usize>,
+    /// 0: caught-up streams wait for the next publish (as the server's
+    /// getMore); N: streams sleep N ms after every read instead (polling).
+    #[arg(long, default_value_t = 0)]
+    pub reader_pause_ms: u64,
     /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
@@ -595,6 +599,7 @@ fn changes(a: &ChangesArgs) -> Result<BenchResult> {
         seconds: a.seconds,
         updaters: a.updaters.max(1),
         streams: a.streams.clone(),
+        reader_pause_ms: a.reader_pause_ms,
         seed: a.run.seed,
         repeat: a.repeat.max(1),
     };

@@ -12,7 +12,9 @@
 //! delivery from above by the update's own duration, a few µs), p50/p99.
 //! N = 0 is the writer alone; in every run the ratio of the writer's
 //! throughput with the most streams to that with none is recorded
-//! (`writer_ratio`, target ≥ 0.95).
+//! (`writer_ratio`, target ≥ 0.95). With `--reader-pause-ms N` streams
+//! sleep N ms whenever a read finds them caught up, instead of waiting for
+//! the next publish.
 //!
 //! The engine is in memory: a stream's history is the 64 MiB change tail, so
 //! a stream that falls further behind loses its position
@@ -52,6 +54,10 @@ pub struct Params {
     pub updaters: usize,
     /// Numbers of open streams, one cell each (0: the writer alone).
     pub streams: Vec<usize>,
+    /// 0: a caught-up stream waits for the next publish (the server's
+    /// `getMore`); N: it sleeps N ms after every read instead (a client that
+    /// polls, reading in batches).
+    pub reader_pause_ms: u64,
     pub seed: u64,
     pub repeat: usize,
 }
@@ -164,7 +170,10 @@ fn cell(
                     Err(e) => return Err(e.into()),
                 };
                 pos = b.position;
-                if b.events.is_empty() {
+                let caught_up = b.events.len() < FETCH;
+                if p.reader_pause_ms > 0 && caught_up {
+                    std::thread::sleep(Duration::from_millis(p.reader_pause_ms));
+                } else if b.events.is_empty() {
                     engine.wait_for_changes(seen, WAIT);
                     continue;
                 }
