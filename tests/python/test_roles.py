@@ -59,7 +59,7 @@ def test_built_in_roles(srv):
         root[db].command("createUser", f"u{i}", pwd="pw", roles=[role], mechanisms=[MECH])
         root.app[f"d{i}"].insert_one({})
     all_dbs = sorted(root.list_database_names())
-    assert all_dbs == ["admin", "app", "other"]
+    assert all_dbs == ["admin", "app", "local", "other"]  # local: the oplog view
     for i, (role, db, want) in enumerate(MATRIX):
         c = authed(srv, f"u{i}", "pw", MECH, source=db)
         got = dict(

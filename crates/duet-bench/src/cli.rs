@@ -12,7 +12,7 @@ use crate::gen::Distribution;
 use crate::peers::{self, Connect, TargetName};
 use crate::result::{BenchResult, Sink, Started};
 use crate::targets::{capable, Embedded, Strategy, Target};
-use crate::workload::{htap, snapshot, space, tpcch, ycsb, ycsbt};
+use crate::workload::{changes, htap, snapshot, space, tpcch, ycsb, ycsbt};
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -32,6 +32,10 @@ pub enum BenchCommand {
     /// TPC-CH: TPC-C NewOrder / Payment / OrderStatus beside K threads looping
     /// TPC-H Q1, Q4, Q17 per strategy (AnKer's and KVell+'s mixes).
     Tpcch(TpcchArgs),
+    /// Change streams beside an update stream at full speed: events/s and
+    /// commit-to-delivery lag with 1, 8, 64 streams, and the writer's
+    /// throughput with 64 streams vs none (embedded engine).
+    Changes(ChangesArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
 }
@@ -268,6 +272,31 @@ pub struct TpcchArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ChangesArgs {
+    /// Documents updated (uniformly at random).
+    #[arg(long, default_value_t = 10_000)]
+    pub records: u64,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Updater threads (each as fast as it can).
+    #[arg(long, default_value_t = 1)]
+    pub updaters: usize,
+    /// Numbers of open change streams, one cell each (0: the writer alone).
+    #[arg(long, value_delimiter = ',', default_value = "0,1,8,64")]
+    pub streams: Vec<usize>,
+    /// 0: caught-up streams wait for the next publish (as the server's
+    /// getMore); N: streams sleep N ms after every read instead (polling).
+    #[arg(long, default_value_t = 0)]
+    pub reader_pause_ms: u64,
+    /// Repeated runs (figures report min / median / max).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct ReportArgs {
     /// Directory of JSON results.
     #[arg(long, default_value = "bench-results")]
@@ -296,6 +325,7 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
         BenchCommand::Space(a) => space(&a).map(Some),
         BenchCommand::YcsbT(a) => ycsb_t(&a).map(Some),
         BenchCommand::Tpcch(a) => tpcch(&a).map(Some),
+        BenchCommand::Changes(a) => changes(&a).map(Some),
         BenchCommand::Report(a) => {
             crate::report::regenerate(&a.results, &a.out, &a.charts)?;
             Ok(None)
@@ -560,6 +590,25 @@ fn tpcch(a: &TpcchArgs) -> Result<BenchResult> {
         p.repeat,
         a.run.output(),
         |sink| tpcch::run(&p, a.run.quiet, &mut sink.col, &mut sink.notes),
+    )
+}
+
+fn changes(a: &ChangesArgs) -> Result<BenchResult> {
+    let p = changes::Params {
+        records: a.records.max(1),
+        seconds: a.seconds,
+        updaters: a.updaters.max(1),
+        streams: a.streams.clone(),
+        reader_pause_ms: a.reader_pause_ms,
+        seed: a.run.seed,
+        repeat: a.repeat.max(1),
+    };
+    run_workload(
+        "changes",
+        serde_json::to_value(&p)?,
+        p.repeat,
+        a.run.output(),
+        |sink| changes::run(&p, a.run.quiet, &mut sink.col, &mut sink.notes),
     )
 }
 

@@ -101,6 +101,11 @@ pub trait CursorSource: Send {
     fn as_change_stream(&mut self) -> Option<&mut crate::commands::changes::ChangeStream> {
         None
     }
+    /// An oplog view cursor (tailable or not: batches built by
+    /// `commands::oplog`); default: not one.
+    fn as_oplog(&mut self) -> Option<&mut crate::commands::oplog::OplogCursor> {
+        None
+    }
 }
 
 /// A find's result as the engine streams it (`duetdb::FindStream`): a lazy

@@ -154,7 +154,9 @@ pub fn markdown_for(r: &BenchResult, charts: Option<&[(String, String)]>) -> Str
     s
 }
 
-const ORDER: [&str; 6] = ["ycsb", "htap", "snapshot", "space", "ycsb-t", "tpcch"];
+const ORDER: [&str; 7] = [
+    "ycsb", "htap", "snapshot", "space", "ycsb-t", "tpcch", "changes",
+];
 
 fn skeleton() -> String {
     "# Benchmarks\n\n\

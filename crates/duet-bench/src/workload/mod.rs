@@ -6,6 +6,7 @@
 //! join loop. `ycsb-t` and `tpcch` run on the embedded engine only: they
 //! drive its transactions directly.
 
+pub mod changes;
 pub mod htap;
 pub mod snapshot;
 pub mod space;

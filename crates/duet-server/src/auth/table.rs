@@ -211,6 +211,9 @@ pub const TABLE: &[(&str, Rule)] = &[
     ),
     ("killAllSessions", Rule::Cluster(&[KillAnySession])),
     ("replSetStepDown", Rule::Cluster(&[ReplSetStateChange])),
+    // Each operation runs through the ordinary dispatch as the command it
+    // stands for (insert/update/delete/create/...), checked there.
+    ("applyOps", Rule::Authenticated),
 ];
 
 /// The table's rule for canonical command name `name`.

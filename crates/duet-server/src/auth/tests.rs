@@ -668,14 +668,14 @@ fn users_see_themselves_and_list_only_their_databases() {
     assert_eq!(code(&r), Some(13), "{r}");
     // ... every database for root, unless it asks for its authorized ones.
     let r = commands::execute(&s, &setup, "admin", &doc! {"listDatabases": 1});
-    assert_eq!(names(&r), ["admin", "app", "other"], "{r}");
+    assert_eq!(names(&r), ["admin", "app", "local", "other"], "{r}");
     let r = commands::execute(
         &s,
         &setup,
         "admin",
         &doc! {"listDatabases": 1, "authorizedDatabases": true},
     );
-    assert_eq!(names(&r), ["admin", "app", "other"], "{r}");
+    assert_eq!(names(&r), ["admin", "app", "local", "other"], "{r}");
     // connectionStatus with showPrivileges.
     let st = commands::execute(
         &s,

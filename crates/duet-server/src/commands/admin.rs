@@ -609,16 +609,34 @@ pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         .transpose()?;
     let mut out = Vec::new();
     let mut total: i64 = 0;
-    for (name, db) in ctx.state.engine.list_databases() {
+    let mut dbs: Vec<(String, Option<duetdb::Database>)> = ctx
+        .state
+        .engine
+        .list_databases()
+        .into_iter()
+        .map(|(n, d)| (n, Some(d)))
+        .collect();
+    // `local` holds the oplog view (commands/oplog.rs), as on MongoDB.
+    let local = super::oplog::OPLOG_DB;
+    if !dbs.iter().any(|(n, _)| n == local) {
+        let at = dbs.partition_point(|(n, _)| n.as_str() < local);
+        dbs.insert(at, (local.to_string(), None));
+    }
+    for (name, db) in dbs {
         if visible.as_ref().is_some_and(|p| !p.sees_database(&name)) {
             continue;
         }
-        let st = db.stats();
-        let size = st.data_bytes.min(i64::MAX as u64) as i64;
+        let (size, empty) = match &db {
+            Some(db) => {
+                let st = db.stats();
+                (st.data_bytes.min(i64::MAX as u64) as i64, st.objects == 0)
+            }
+            None => (0, false),
+        };
         let entry = if name_only {
             doc! {"name": name}
         } else {
-            doc! {"name": name, "sizeOnDisk": size, "empty": st.objects == 0}
+            doc! {"name": name, "sizeOnDisk": size, "empty": empty}
         };
         if let Some(f) = &filter {
             let raw = duetdb::raw::to_raw_document(&entry)?;

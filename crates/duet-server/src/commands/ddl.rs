@@ -70,6 +70,17 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             full
         }));
     }
+    // The oplog view (commands/oplog.rs) is a capped collection of `local`.
+    if ctx.db == super::oplog::OPLOG_DB {
+        let full = super::oplog::list_collections_entry(false);
+        if filter.as_ref().map_or(Ok(true), |f| {
+            duetdb::raw::to_raw_document(&full).map(|r| f.matches(&r))
+        })? {
+            out.push(Bson::Document(super::oplog::list_collections_entry(
+                name_only,
+            )));
+        }
+    }
     Ok(single_batch_cursor(
         format!("{}.$cmd.listCollections", ctx.db),
         out,

@@ -36,6 +36,7 @@ pub mod currentop;
 pub mod ddl;
 pub mod handshake;
 pub mod named;
+pub mod oplog;
 pub mod read;
 pub mod repl;
 pub mod source;
@@ -321,6 +322,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "replSetStepDown",
         "make the primary step down so another member is elected",
     ),
+    (
+        "applyOps",
+        "apply oplog entries (mongorestore --oplogReplay), one by one",
+    ),
 ];
 
 /// Other spellings MongoDB accepts for some commands: `(alias, command)`.
@@ -558,6 +563,9 @@ fn dispatch(
 }
 
 fn session_dispatch(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -> CmdResult {
+    if let Some(reply) = oplog::route(ctx, name, cmd, session.in_transaction()) {
+        return reply;
+    }
     if matches!(name, "commitTransaction" | "abortTransaction") {
         return txn::finish(ctx, name, session);
     }
@@ -664,6 +672,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "replSetGetStatus" => repl::get_status(ctx),
         "replSetGetConfig" => repl::get_config(ctx),
         "replSetStepDown" => repl::step_down(ctx, cmd),
+        "applyOps" => oplog::apply_ops(ctx, cmd),
         other => Err(CommandError::new(
             59,
             "CommandNotFound",

@@ -219,6 +219,11 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             "ok": 1.0,
         });
     }
+    if cursor.source_mut().as_oplog().is_some() {
+        let batch = super::oplog::get_more(ctx, cmd, cursor, size)?;
+        let out_id = lease.finish();
+        return Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0});
+    }
     // MongoDB's rule: a getMore's maxTimeMS is the await time of a tailable
     // awaitData cursor (change streams, above); on any other it is refused.
     if cmd.contains_key("maxTimeMS") {

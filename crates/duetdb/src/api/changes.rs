@@ -369,6 +369,23 @@ impl Engine {
         Ok(())
     }
 
+    /// The cluster time after which every change of `scope` can still be
+    /// read: [`Engine::read_changes`] from `ChangePosition::after_time` of it
+    /// (or any later position) never fails with ChangeStreamHistoryLost.
+    /// The oplog view starts its scans here (MongoDB's oldest oplog entry).
+    pub fn change_history_floor(&self, scope: &ChangeScope) -> Result<u64> {
+        let hub = self.hub();
+        let mut floor = 0;
+        for db in self.scope_dbs(scope)? {
+            floor = floor.max(match db.durable() {
+                Some(d) if d.wal().is_some() => d.history_floor()?,
+                _ => hub.evicted_upto(),
+            });
+        }
+        // Everything after the tail's coverage is readable whatever the logs hold.
+        Ok(floor.min(hub.covers_from()))
+    }
+
     /// The next events of `scope` after `after`, at most `max` (≥ 1). Never
     /// waits; see [`Engine::wait_for_changes`].
     pub fn read_changes(
