@@ -451,7 +451,11 @@ impl Database {
         let state = self.writer().published();
         let pinned = Pinned::from_state(&state, &p.foreign, limits.cancel.clone());
         drop(state);
-        let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(self.spill_dir()));
+        let rt = Runtime::new(
+            &pinned,
+            limits.clone(),
+            limits.spill_dir_or(self.spill_dir()),
+        );
         p.exec(&rt).finish()
     }
 }

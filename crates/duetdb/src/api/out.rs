@@ -144,8 +144,7 @@ impl Database {
                 let (raw, id) = doc::prepare_insert(&out)?;
                 let key = ValueKey(id);
                 let latest = latest_version(state, &coll, &key);
-                if !matched && (latest.is_some() || w.get(&key).is_some_and(|p| p.new.is_some()))
-                {
+                if !matched && (latest.is_some() || w.get(&key).is_some_and(|p| p.new.is_some())) {
                     // An insert whose `_id` another target document holds.
                     return Err(dup_id(state, &coll, &key));
                 }

@@ -261,7 +261,7 @@ fn start<'a>(
     let published = writer.published();
     let Some(c) = published.collection(coll) else {
         if let Some(cap) = capture {
-            cap.from_state(&published, cancel);
+            cap.pin_from_state(&published, cancel);
         }
         return Ok(Started::Absent { csn: published.csn });
     };
@@ -284,7 +284,7 @@ fn start<'a>(
         cancel,
     )?;
     if let Some(cap) = capture {
-        cap.from_captured(reg.start_csn, &reg.captured, cancel);
+        cap.pin_from_captured(reg.start_csn, &reg.captured, cancel);
     }
     let captured = std::mem::take(&mut reg.captured)
         .into_iter()

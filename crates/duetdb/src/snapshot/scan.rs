@@ -92,14 +92,14 @@ pub struct Capture<'a> {
 
 impl Capture<'_> {
     /// Pin `names` from `state` (O(1) per name).
-    pub(crate) fn from_state(&self, state: &DbState, cancel: &CancelToken) {
+    pub(crate) fn pin_from_state(&self, state: &DbState, cancel: &CancelToken) {
         let _ = self
             .into
             .set(Pinned::from_state(state, self.names, cancel.clone()));
     }
 
     /// Pin the roots a registration boundary captured at `csn`.
-    pub(crate) fn from_captured(
+    pub(crate) fn pin_from_captured(
         &self,
         csn: u64,
         captured: &[(String, CollectionState)],
@@ -156,7 +156,7 @@ where
     let state = writer.published();
     let Some(c) = state.collection(coll) else {
         if let Some(cap) = capture {
-            cap.from_state(&state, cancel);
+            cap.pin_from_state(&state, cancel);
         }
         let choice = choose(requested, read, None);
         return Ok(ScanOutcome {
@@ -187,7 +187,7 @@ where
     match choice.strategy {
         Strategy::Cow | Strategy::Auto => {
             if let Some(cap) = capture {
-                cap.from_state(&state, cancel);
+                cap.pin_from_state(&state, cancel);
             }
             planner::execute_with(c, &plan, filter, cancel, |_, d| visit(d))?;
             Ok(done(state.csn, plan))
@@ -195,7 +195,7 @@ where
         Strategy::None => {
             let start_csn = state.csn;
             if let Some(cap) = capture {
-                cap.from_state(&state, cancel);
+                cap.pin_from_state(&state, cancel);
             }
             drop(state);
             none_scan(writer, coll, filter, &plan, cancel, &mut visit)?;

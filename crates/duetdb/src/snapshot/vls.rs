@@ -268,7 +268,7 @@ where
     // The other collections as of the registration boundary: the same
     // commit as this scan's start, pinned before its first visit.
     if let Some(cap) = capture {
-        cap.from_captured(start_csn, &captured, cancel);
+        cap.pin_from_captured(start_csn, &captured, cancel);
     }
     let mut pass = ScanPass {
         writer,

@@ -231,9 +231,7 @@ impl<'p> Exec<'p> {
                 StageRef::Stage(Stage::Facet(f)) => Node::Facet(Some(FacetRun::new(f, rt))),
                 StageRef::Stage(Stage::Sample(n)) => Node::Sample(Reservoir::new(*n)),
                 StageRef::Stage(
-                    stage @ (Stage::BucketAuto(_)
-                    | Stage::Window(_)
-                    | Stage::Densify(_)),
+                    stage @ (Stage::BucketAuto(_) | Stage::Window(_) | Stage::Densify(_)),
                 ) => Node::Hold(Held {
                     stage,
                     rows: Vec::new(),

@@ -47,7 +47,11 @@ fn wrong_type(field: &str, v: &Bson, want: &str) -> Error {
 /// the paths.
 fn partition_fields(stage: &str, v: &Bson) -> Result<Vec<String>> {
     let Bson::Array(items) = v else {
-        return Err(wrong_type(&format!("{stage}.partitionByFields"), v, "array"));
+        return Err(wrong_type(
+            &format!("{stage}.partitionByFields"),
+            v,
+            "array",
+        ));
     };
     items
         .iter()
@@ -113,8 +117,12 @@ pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
             }
         }
     }
-    let output =
-        output.ok_or_else(|| coded(40414, "BSON field '$fill.output' is missing but a required field"))?;
+    let output = output.ok_or_else(|| {
+        coded(
+            40414,
+            "BSON field '$fill.output' is missing but a required field",
+        )
+    })?;
     let mut window_out = Document::new();
     let mut values = Document::new();
     for (field, how) in output {
@@ -159,7 +167,10 @@ pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         if let Some(s) = &sort_by {
             w.insert("sortBy", s.clone());
         }
-        stages.push(Stage::Window(Box::new(Window::parse(&Bson::Document(w), ctx)?)));
+        stages.push(Stage::Window(Box::new(Window::parse(
+            &Bson::Document(w),
+            ctx,
+        )?)));
     } else if let Some(s) = &sort_by {
         stages.push(Stage::Sort(SortSpec::parse(s)?));
     }
@@ -277,10 +288,16 @@ impl Densify {
             }
         }
         let field = field.ok_or_else(|| {
-            coded(40414, "BSON field '$densify.field' is missing but a required field")
+            coded(
+                40414,
+                "BSON field '$densify.field' is missing but a required field",
+            )
         })?;
         let range = range.ok_or_else(|| {
-            coded(40414, "BSON field '$densify.range' is missing but a required field")
+            coded(
+                40414,
+                "BSON field '$densify.range' is missing but a required field",
+            )
         })?;
         let mut step = None;
         let mut unit = None;
@@ -355,10 +372,16 @@ impl Densify {
             }
         }
         let step = step.ok_or_else(|| {
-            coded(40414, "BSON field '$densify.range.step' is missing but a required field")
+            coded(
+                40414,
+                "BSON field '$densify.range.step' is missing but a required field",
+            )
         })?;
         let bounds = bounds.ok_or_else(|| {
-            coded(40414, "BSON field '$densify.range.bounds' is missing but a required field")
+            coded(
+                40414,
+                "BSON field '$densify.range.bounds' is missing but a required field",
+            )
         })?;
         if unit.is_some() && step.fract() != 0.0 {
             return Err(coded(
@@ -431,9 +454,10 @@ impl Densify {
     }
 
     pub(super) fn run(&self, rows: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
+        /// Key, the partition fields' values, the documents with their value.
+        type Partition = (Bson, Vec<(Vec<String>, Bson)>, Vec<(Option<f64>, Document)>);
         // Partition by the partition fields' values.
-        let mut parts: Vec<(Bson, Vec<(Vec<String>, Bson)>, Vec<(Option<f64>, Document)>)> =
-            Vec::new();
+        let mut parts: Vec<Partition> = Vec::new();
         let (mut gmin, mut gmax) = (f64::INFINITY, f64::NEG_INFINITY);
         for d in rows {
             let mut key = Vec::with_capacity(self.partition.len());
@@ -468,10 +492,12 @@ impl Densify {
                 (Some(_), None) => Ordering::Greater,
                 (Some(x), Some(y)) => x.total_cmp(&y),
             });
-            let (pmin, pmax) = docs.iter().filter_map(|(x, _)| *x).fold(
-                (f64::INFINITY, f64::NEG_INFINITY),
-                |(lo, hi), x| (lo.min(x), hi.max(x)),
-            );
+            let (pmin, pmax) = docs
+                .iter()
+                .filter_map(|(x, _)| *x)
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+                    (lo.min(x), hi.max(x))
+                });
             let (origin, upper, inclusive) = match self.bounds {
                 DensifyBounds::Full => (gmin, gmax, true),
                 DensifyBounds::Partition => (pmin, pmax, true),
@@ -486,7 +512,7 @@ impl Densify {
              -> Result<()> {
                 while let Some(v) = self.at(origin, *k) {
                     let before = if strict { v < limit } else { v <= limit };
-                    if !(before && below(v)) || !origin.is_finite() {
+                    if !(before && below(v) && origin.is_finite()) {
                         break;
                     }
                     generated += 1;

@@ -201,11 +201,7 @@ impl<'a> Runtime<'a> {
     /// Default limits, no other collection, the OS temporary spill directory
     /// (the reference evaluation, tests).
     pub fn standalone() -> Runtime<'static> {
-        Runtime::new(
-            &NO_FOREIGN,
-            ReadLimits::default(),
-            default_temp_spill_dir(),
-        )
+        Runtime::new(&NO_FOREIGN, ReadLimits::default(), default_temp_spill_dir())
     }
 
     /// The cached result of the uncorrelated sub-pipeline of the stage at

@@ -789,10 +789,7 @@ fn parse_n_acc(op: &str, arg: &Bson, scope: &Scope) -> Result<(AccOp, Expr)> {
             } else {
                 crate::query::expr::percentiles_arg(&constant("p")?, op)?
             };
-            (
-                AccOp::Percentile { ps, single },
-                ex(need("input")?, scope)?,
-            )
+            (AccOp::Percentile { ps, single }, ex(need("input")?, scope)?)
         }
     })
 }

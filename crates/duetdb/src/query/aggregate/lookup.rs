@@ -95,7 +95,9 @@ fn mentions(v: &Bson, vars: &[String]) -> bool {
         Bson::Array(a) => a.iter().any(|x| mentions(x, vars)),
         Bson::Document(d) => d.iter().any(|(k, x)| {
             // `$let`/`$map`/... bind names as keys, never as `$$` strings.
-            mentions(x, vars) || k.strip_prefix("$$").is_some_and(|n| vars.iter().any(|v| v == n))
+            mentions(x, vars)
+                || k.strip_prefix("$$")
+                    .is_some_and(|n| vars.iter().any(|v| v == n))
         }),
         _ => false,
     }
@@ -401,7 +403,10 @@ fn join_filter(root: &Root<'_>, local: &[String], foreign: &str) -> Result<Docum
     }
     Ok(if values.len() == 1 {
         bson::doc! {foreign: {"$eq": values.swap_remove(0)}}
-    } else if values.iter().any(|v| matches!(v, Bson::RegularExpression(_))) {
+    } else if values
+        .iter()
+        .any(|v| matches!(v, Bson::RegularExpression(_)))
+    {
         let ors: Vec<Bson> = values
             .into_iter()
             .map(|v| Bson::Document(bson::doc! {foreign: {"$eq": v}}))
@@ -452,7 +457,7 @@ fn prefilter(first_match: &Document, values: &[(String, Value)]) -> Option<Docum
             value,
             Bson::RegularExpression(_) | Bson::Array(_) | Bson::Document(_) | Bson::Undefined
         );
-        if usable && !out.contains_key(&f_name(field)) {
+        if usable && !out.contains_key(f_name(field)) {
             out.insert(f_name(field), value.clone());
         }
     }
@@ -650,7 +655,10 @@ impl GraphLookup {
                     if f < 0.0 {
                         return Err(coded(
                             40101,
-                            format!("maxDepth requires a nonnegative argument, found: {}", f as i64),
+                            format!(
+                                "maxDepth requires a nonnegative argument, found: {}",
+                                f as i64
+                            ),
                         ));
                     }
                     if f.fract() != 0.0 || f > i64::MAX as f64 {
@@ -770,7 +778,10 @@ impl GraphLookup {
                 values_below(&Bson::Document(doc.clone()), &self.connect_from, &mut next);
                 bytes += document_len(&doc);
                 if bytes > limit {
-                    return Err(coded(40099, "$graphLookup reached maximum memory consumption"));
+                    return Err(coded(
+                        40099,
+                        "$graphLookup reached maximum memory consumption",
+                    ));
                 }
                 visited.push(doc);
                 Ok(ControlFlow::Continue(()))

@@ -31,7 +31,10 @@ use crate::store::heap::RecordId;
 pub enum Output {
     /// `$out`: replace the target's documents with the output (its indexes
     /// stay).
-    Out { db: Option<String>, coll: String },
+    Out {
+        db: Option<String>,
+        coll: String,
+    },
     Merge(MergeSpec),
 }
 
@@ -287,7 +290,11 @@ impl Output {
                     spec.let_vars.push((name.clone(), ctx.expr(v)?));
                 }
                 // Validate the pipeline once, the variables bound to missing.
-                let names = spec.let_vars.iter().map(|(n, _)| (n.clone(), None)).collect();
+                let names = spec
+                    .let_vars
+                    .iter()
+                    .map(|(n, _)| (n.clone(), None))
+                    .collect();
                 Pipeline::parse_in(raw, &spec.ctx.with_vars(names)?)?;
             }
             (_, Some(_)) => {

@@ -264,9 +264,7 @@ pub(super) fn parse_sample(arg: &Bson) -> Result<Stage> {
             "size" => {
                 let n = match num_of(v) {
                     Some(n) => n.to_f64(),
-                    None => {
-                        return Err(coded(28746, "size argument to $sample must be a number"))
-                    }
+                    None => return Err(coded(28746, "size argument to $sample must be a number")),
                 };
                 if n < 0.0 {
                     return Err(coded(

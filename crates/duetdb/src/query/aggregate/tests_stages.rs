@@ -114,7 +114,13 @@ fn lookup_equality_form_as_documented() {
             d.get_array("inventory_docs")
                 .expect("array")
                 .iter()
-                .map(|x| x.as_document().expect("doc").get("_id").cloned().expect("id"))
+                .map(|x| {
+                    x.as_document()
+                        .expect("doc")
+                        .get("_id")
+                        .cloned()
+                        .expect("id")
+                })
                 .collect()
         })
         .collect();
@@ -236,7 +242,13 @@ fn lookup_prefilter_keeps_expr_semantics() {
         d.get_array("m")
             .expect("array")
             .iter()
-            .map(|x| x.as_document().expect("doc").get("_id").cloned().expect("id"))
+            .map(|x| {
+                x.as_document()
+                    .expect("doc")
+                    .get("_id")
+                    .cloned()
+                    .expect("id")
+            })
             .collect()
     };
     assert_eq!(ids_of(&out[0]), vec![Bson::Int32(2)]);
@@ -274,7 +286,10 @@ fn lookup_uncorrelated_and_combined_forms() {
         let h = d.get_array("holidays").expect("array");
         assert_eq!(h.len(), 2);
         assert_eq!(
-            h[1].as_document().expect("doc").get_str("name").expect("name"),
+            h[1].as_document()
+                .expect("doc")
+                .get_str("name")
+                .expect("name"),
             "Pi Day"
         );
     }
@@ -312,17 +327,28 @@ fn lookup_uncorrelated_and_combined_forms() {
 #[test]
 fn lookup_errors_are_mongodbs() {
     let spec = |s: Document| parse_code(vec![doc! {"$lookup": s}]);
-    assert_eq!(spec(doc! {"from": "x", "localField": "a", "foreignField": "b"}), 9);
+    assert_eq!(
+        spec(doc! {"from": "x", "localField": "a", "foreignField": "b"}),
+        9
+    );
     assert_eq!(spec(doc! {"from": "x", "localField": "a", "as": "o"}), 9);
     assert_eq!(spec(doc! {"from": "x", "as": "o"}), 9);
     assert_eq!(
-        spec(doc! {"from": "x", "localField": "a", "foreignField": "b", "let": {"v": 1}, "as": "o"}),
+        spec(
+            doc! {"from": "x", "localField": "a", "foreignField": "b", "let": {"v": 1}, "as": "o"}
+        ),
         9
     );
     assert_eq!(spec(doc! {"from": 1, "pipeline": [], "as": "o"}), 9);
-    assert_eq!(spec(doc! {"from": "x", "pipeline": [], "as": "o", "bogus": "y"}), 9);
+    assert_eq!(
+        spec(doc! {"from": "x", "pipeline": [], "as": "o", "bogus": "y"}),
+        9
+    );
     assert_eq!(spec(doc! {"pipeline": [{"$match": {}}], "as": "o"}), 9);
-    assert_eq!(spec(doc! {"from": "x", "pipeline": [{"$out": "y"}], "as": "o"}), 51047);
+    assert_eq!(
+        spec(doc! {"from": "x", "pipeline": [{"$out": "y"}], "as": "o"}),
+        51047
+    );
     assert_eq!(
         spec(doc! {"from": "x", "pipeline": [{"$match": {"$expr": "$$nope"}}], "as": "o"}),
         17276
@@ -341,10 +367,14 @@ fn lookup_matches_are_bounded_by_the_memory_limit() {
     let big = "x".repeat(1000);
     let c = colls(&[(
         "f",
-        (0..100).map(|i| doc! {"_id": i, "k": 1, "s": big.clone()}).collect(),
+        (0..100)
+            .map(|i| doc! {"_id": i, "k": 1, "s": big.clone()})
+            .collect(),
     )]);
-    let mut limits = ReadLimits::default();
-    limits.memory_limit_bytes = 50_000;
+    let limits = ReadLimits {
+        memory_limit_bytes: 50_000,
+        ..ReadLimits::default()
+    };
     let rt = Runtime::new(&c, limits, std::env::temp_dir());
     let p = Pipeline::parse(&[doc! {"$lookup": {
         "from": "f", "localField": "k", "foreignField": "k", "as": "m"
@@ -424,8 +454,10 @@ fn graph_lookup_reporting_hierarchy() {
         40105
     );
     assert_eq!(
-        parse_code(vec![doc! {"$graphLookup": {"from": "e", "startWith": 1, "connectFromField": "a",
-            "connectToField": "b", "as": "h", "maxDepth": -1}}]),
+        parse_code(vec![
+            doc! {"$graphLookup": {"from": "e", "startWith": 1, "connectFromField": "a",
+            "connectToField": "b", "as": "h", "maxDepth": -1}}
+        ]),
         40101
     );
 }
@@ -442,8 +474,10 @@ fn graph_lookup_cycles_terminate() {
     )]);
     let out = ok_in(
         &c,
-        vec![doc! {"$graphLookup": {"from": "g", "startWith": 1, "connectFromField": "to",
-            "connectToField": "_id", "as": "r"}}],
+        vec![
+            doc! {"$graphLookup": {"from": "g", "startWith": 1, "connectFromField": "to",
+            "connectToField": "_id", "as": "r"}},
+        ],
         vec![doc! {"_id": "start"}],
     );
     assert_eq!(out[0].get_array("r").expect("array").len(), 3);
@@ -482,9 +516,15 @@ fn union_with_then_group() {
         vec![doc! {"$unionWith": {"pipeline": [{"$documents": [{"x": 1}, {"x": 2}]}]}}],
         vec![doc! {"x": 0}],
     );
-    assert_eq!(ids(&docs_only, "x"), vec![Bson::Int32(0), Bson::Int32(1), Bson::Int32(2)]);
+    assert_eq!(
+        ids(&docs_only, "x"),
+        vec![Bson::Int32(0), Bson::Int32(1), Bson::Int32(2)]
+    );
     assert_eq!(parse_code(vec![doc! {"$unionWith": 3}]), 9);
-    assert_eq!(parse_code(vec![doc! {"$unionWith": {"coll": "a", "x": 1}}]), 40415);
+    assert_eq!(
+        parse_code(vec![doc! {"$unionWith": {"coll": "a", "x": 1}}]),
+        40415
+    );
     assert_eq!(parse_code(vec![doc! {"$unionWith": {"pipeline": []}}]), 9);
 }
 
@@ -512,13 +552,22 @@ fn facet_runs_each_sub_pipeline_on_every_input() {
     );
     assert_eq!(
         f.get_array("top2").expect("array"),
-        &vec![Bson::Document(doc! {"_id": 9}), Bson::Document(doc! {"_id": 8})]
+        &vec![
+            Bson::Document(doc! {"_id": 9}),
+            Bson::Document(doc! {"_id": 8})
+        ]
     );
     assert_eq!(parse_code(vec![doc! {"$facet": {}}]), 40169);
     assert_eq!(parse_code(vec![doc! {"$facet": {"a": 1}}]), 40170);
     assert_eq!(parse_code(vec![doc! {"$facet": {"a": [1]}}]), 40171);
-    assert_eq!(parse_code(vec![doc! {"$facet": {"a": [{"$facet": {"b": []}}]}}]), 40600);
-    assert_eq!(parse_code(vec![doc! {"$facet": {"a": [{"$out": "x"}]}}]), 40600);
+    assert_eq!(
+        parse_code(vec![doc! {"$facet": {"a": [{"$facet": {"b": []}}]}}]),
+        40600
+    );
+    assert_eq!(
+        parse_code(vec![doc! {"$facet": {"a": [{"$out": "x"}]}}]),
+        40600
+    );
     assert_eq!(parse_code(vec![doc! {"$facet": {"$a": []}}]), 16410);
 }
 
@@ -527,8 +576,10 @@ fn facet_outputs_are_bounded() {
     let big = "y".repeat(10_000);
     let docs: Vec<Document> = (0..50).map(|i| doc! {"_id": i, "s": big.clone()}).collect();
     let c = colls(&[]);
-    let mut limits = ReadLimits::default();
-    limits.memory_limit_bytes = 100_000;
+    let limits = ReadLimits {
+        memory_limit_bytes: 100_000,
+        ..ReadLimits::default()
+    };
     let rt = Runtime::new(&c, limits, std::env::temp_dir());
     let e = Pipeline::parse(&[doc! {"$facet": {"all": [], "again": []}}])
         .expect("parse")
@@ -565,7 +616,12 @@ fn bucket_as_documented() {
     );
     let counts: Vec<(Bson, i32)> = out
         .iter()
-        .map(|d| (d.get("_id").cloned().expect("id"), d.get_i32("count").expect("count")))
+        .map(|d| {
+            (
+                d.get("_id").cloned().expect("id"),
+                d.get_i32("count").expect("count"),
+            )
+        })
         .collect();
     assert_eq!(
         counts,
@@ -588,10 +644,16 @@ fn bucket_as_documented() {
     assert_eq!(b(doc! {"groupBy": "$a", "boundaries": [1]}), 40192);
     assert_eq!(b(doc! {"groupBy": "$a", "boundaries": [1, "a"]}), 40193);
     assert_eq!(b(doc! {"groupBy": "$a", "boundaries": [2, 1]}), 40194);
-    assert_eq!(b(doc! {"groupBy": "$a", "boundaries": [1, 5], "default": 3}), 40199);
+    assert_eq!(
+        b(doc! {"groupBy": "$a", "boundaries": [1, 5], "default": 3}),
+        40199
+    );
     assert_eq!(b(doc! {"groupBy": "a", "boundaries": [1, 5]}), 40202);
     assert_eq!(b(doc! {"boundaries": [1, 5]}), 40198);
-    assert_eq!(b(doc! {"groupBy": "$a", "boundaries": [1, 5], "x": 1}), 40197);
+    assert_eq!(
+        b(doc! {"groupBy": "$a", "boundaries": [1, 5], "x": 1}),
+        40197
+    );
 }
 
 #[test]
@@ -641,7 +703,10 @@ fn bucket_auto_and_sort_by_count() {
         parse_code(vec![doc! {"$bucketAuto": {"groupBy": "$p", "buckets": 0}}]),
         40243
     );
-    assert_eq!(parse_code(vec![doc! {"$bucketAuto": {"groupBy": "$p"}}]), 40246);
+    assert_eq!(
+        parse_code(vec![doc! {"$bucketAuto": {"groupBy": "$p"}}]),
+        40246
+    );
 
     let tags = vec![
         doc! {"tags": ["a", "b"]},
@@ -670,7 +735,10 @@ fn sample_is_without_replacement() {
     assert_eq!(ok(vec![doc! {"$sample": {"size": 500}}], docs).len(), 200);
     assert_eq!(parse_code(vec![doc! {"$sample": {"size": -1}}]), 28747);
     assert_eq!(parse_code(vec![doc! {"$sample": {}}]), 28749);
-    assert_eq!(parse_code(vec![doc! {"$sample": {"size": 1, "x": 1}}]), 28748);
+    assert_eq!(
+        parse_code(vec![doc! {"$sample": {"size": 1, "x": 1}}]),
+        28748
+    );
     assert_eq!(parse_code(vec![doc! {"$sample": 3}]), 28745);
 }
 
@@ -681,14 +749,22 @@ fn replace_root_and_documents() {
         doc! {"_id": 2, "name": "Sam", "age": 41, "pets": {"cats": 1, "fish": 3}},
     ];
     let out = ok(
-        vec![doc! {"$replaceRoot": {"newRoot": {"$mergeObjects": [{"dogs": 0, "cats": 0, "birds": 0, "fish": 0}, "$pets"]}}}],
+        vec![
+            doc! {"$replaceRoot": {"newRoot": {"$mergeObjects": [{"dogs": 0, "cats": 0, "birds": 0, "fish": 0}, "$pets"]}}},
+        ],
         people.clone(),
     );
     assert_eq!(out[0], doc! {"dogs": 2, "cats": 1, "birds": 0, "fish": 0});
     let out = ok(vec![doc! {"$replaceWith": "$pets"}], people.clone());
     assert_eq!(out[1], doc! {"cats": 1, "fish": 3});
-    assert_eq!(code(vec![doc! {"$replaceWith": "$name"}], people.clone()), 40228);
-    assert_eq!(code(vec![doc! {"$replaceRoot": {"newRoot": "$nope"}}], people), 40228);
+    assert_eq!(
+        code(vec![doc! {"$replaceWith": "$name"}], people.clone()),
+        40228
+    );
+    assert_eq!(
+        code(vec![doc! {"$replaceRoot": {"newRoot": "$nope"}}], people),
+        40228
+    );
     assert_eq!(parse_code(vec![doc! {"$replaceRoot": {}}]), 40414);
 
     let out = ok(
@@ -698,7 +774,10 @@ fn replace_root_and_documents() {
         ],
         Vec::new(),
     );
-    assert_eq!(ids(&out, "x"), vec![Bson::Int32(2), Bson::Int32(5), Bson::Int32(10)]);
+    assert_eq!(
+        ids(&out, "x"),
+        vec![Bson::Int32(2), Bson::Int32(5), Bson::Int32(10)]
+    );
     assert_eq!(
         parse_code(vec![doc! {"$match": {}}, doc! {"$documents": []}]),
         40602
@@ -780,8 +859,14 @@ fn window_rank_shift_and_document_number() {
         }}],
         cake_sales(),
     );
-    assert_eq!(ids(&out, "quantity"), [162, 145, 120, 140, 134, 104].map(Bson::Int32).to_vec());
-    assert_eq!(ids(&out, "rank"), [1, 2, 3, 1, 2, 3].map(Bson::Int64).to_vec());
+    assert_eq!(
+        ids(&out, "quantity"),
+        [162, 145, 120, 140, 134, 104].map(Bson::Int32).to_vec()
+    );
+    assert_eq!(
+        ids(&out, "rank"),
+        [1, 2, 3, 1, 2, 3].map(Bson::Int64).to_vec()
+    );
     assert_eq!(
         ids(&out, "prev"),
         vec![
@@ -811,12 +896,18 @@ fn window_rank_shift_and_document_number() {
     assert_eq!(ids(&out, "n"), [1, 2, 3, 4].map(Bson::Int64).to_vec());
     let w = |spec: Document| parse_code(vec![doc! {"$setWindowFields": spec}]);
     assert_eq!(w(doc! {"output": {"r": {"$rank": {}}}}), 5371602);
-    assert_eq!(w(doc! {"sortBy": {"a": 1}, "output": {"r": {"$nope": 1}}}), 9);
+    assert_eq!(
+        w(doc! {"sortBy": {"a": 1}, "output": {"r": {"$nope": 1}}}),
+        9
+    );
     assert_eq!(
         w(doc! {"sortBy": {"a": 1}, "output": {"r": {"$sum": 1, "window": {"documents": [1, 0]}}}}),
         5339900
     );
-    assert_eq!(w(doc! {"output": {"r": {"$sum": 1, "window": {"range": [0, 1]}}}}), 5339902);
+    assert_eq!(
+        w(doc! {"output": {"r": {"$sum": 1, "window": {"range": [0, 1]}}}}),
+        5339902
+    );
     assert_eq!(w(doc! {"sortBy": {"a": 1}}), 40414);
 }
 
@@ -828,10 +919,7 @@ fn densify_numbers_and_dates() {
         vec![doc! {"$densify": {"field": "v", "range": {"step": 2, "bounds": "full"}}}],
         vec![doc! {"v": 1}, doc! {"v": 7}, doc! {"v": 3}],
     );
-    assert_eq!(
-        ids(&out, "v"),
-        [1, 3, 5, 7].map(Bson::Int32).to_vec()
-    );
+    assert_eq!(ids(&out, "v"), [1, 3, 5, 7].map(Bson::Int32).to_vec());
     let weather = vec![
         doc! {"timestamp": date("2021-05-18T00:00:00Z"), "temp": 12},
         doc! {"timestamp": date("2021-05-18T04:00:00Z"), "temp": 11},
@@ -851,7 +939,9 @@ fn densify_numbers_and_dates() {
     assert_eq!(out[4].get_i32("temp").expect("temp"), 11);
     // Per partition.
     let out = ok(
-        vec![doc! {"$densify": {"field": "v", "partitionByFields": ["p"], "range": {"step": 1, "bounds": "partition"}}}],
+        vec![
+            doc! {"$densify": {"field": "v", "partitionByFields": ["p"], "range": {"step": 1, "bounds": "partition"}}},
+        ],
         vec![
             doc! {"p": "a", "v": 1},
             doc! {"p": "a", "v": 3},
@@ -862,7 +952,9 @@ fn densify_numbers_and_dates() {
     assert_eq!(out.len(), 6);
     assert_eq!(out[1], doc! {"p": "a", "v": 2});
     assert_eq!(
-        parse_code(vec![doc! {"$densify": {"field": "v", "range": {"step": 0, "bounds": "full"}}}]),
+        parse_code(vec![
+            doc! {"$densify": {"field": "v", "range": {"step": 0, "bounds": "full"}}}
+        ]),
         5733401
     );
 }
@@ -901,7 +993,9 @@ fn fill_value_locf_and_linear() {
         ]
     );
     assert_eq!(
-        parse_code(vec![doc! {"$fill": {"output": {"a": {"method": "linear"}}}}]),
+        parse_code(vec![
+            doc! {"$fill": {"output": {"a": {"method": "linear"}}}}
+        ]),
         6050204
     );
 }
@@ -910,8 +1004,14 @@ fn fill_value_locf_and_linear() {
 
 #[test]
 fn stage_positions_and_command_let() {
-    assert_eq!(parse_code(vec![doc! {"$out": "a"}, doc! {"$match": {}}]), 40601);
-    assert_eq!(parse_code(vec![doc! {"$merge": "a"}, doc! {"$match": {}}]), 40601);
+    assert_eq!(
+        parse_code(vec![doc! {"$out": "a"}, doc! {"$match": {}}]),
+        40601
+    );
+    assert_eq!(
+        parse_code(vec![doc! {"$merge": "a"}, doc! {"$match": {}}]),
+        40601
+    );
     assert_eq!(parse_code(vec![doc! {"$out": 1}]), 16990);
     assert_eq!(parse_code(vec![doc! {"$merge": 1}]), 51182);
     assert_eq!(parse_code(vec![doc! {"$merge": {"on": "a"}}]), 40414);
@@ -920,7 +1020,9 @@ fn stage_positions_and_command_let() {
         2
     );
     assert_eq!(
-        parse_code(vec![doc! {"$merge": {"into": "a", "whenMatched": [{"$group": {"_id": 1}}]}}]),
+        parse_code(vec![
+            doc! {"$merge": {"into": "a", "whenMatched": [{"$group": {"_id": 1}}]}}
+        ]),
         72
     );
     assert_eq!(
@@ -971,25 +1073,32 @@ fn merge_versions() {
     };
     let old = doc! {"_id": 1, "a": 1, "b": 1};
     let new = doc! {"_id": 1, "b": 2, "c": 3};
-    let m = |s: &MergeSpec, old: Option<&Document>, new: Document| {
-        merged_version(s, "db.t", old, new)
-    };
+    let m =
+        |s: &MergeSpec, old: Option<&Document>, new: Document| merged_version(s, "db.t", old, new);
     let s = spec(doc! {"into": "t"});
     assert_eq!(
         m(&s, Some(&old), new.clone()).expect("merge"),
         Some(doc! {"_id": 1, "a": 1, "b": 2, "c": 3})
     );
     let s = spec(doc! {"into": "t", "whenMatched": "replace"});
-    assert_eq!(m(&s, Some(&old), new.clone()).expect("replace"), Some(new.clone()));
+    assert_eq!(
+        m(&s, Some(&old), new.clone()).expect("replace"),
+        Some(new.clone())
+    );
     let s = spec(doc! {"into": "t", "whenMatched": "keepExisting", "whenNotMatched": "discard"});
     assert_eq!(m(&s, Some(&old), new.clone()).expect("keep"), None);
     assert_eq!(m(&s, None, new.clone()).expect("discard"), None);
     let s = spec(doc! {"into": "t", "whenMatched": "fail", "whenNotMatched": "fail"});
-    assert_eq!(m(&s, Some(&old), new.clone()).expect_err("fail").code(), 11000);
+    assert_eq!(
+        m(&s, Some(&old), new.clone()).expect_err("fail").code(),
+        11000
+    );
     assert_eq!(m(&s, None, new.clone()).expect_err("fail").code(), 13113);
     let s = spec(doc! {"into": "t", "on": "a", "whenMatched": "replace"});
     assert_eq!(
-        m(&s, Some(&old), doc! {"_id": 2, "a": 1}).expect_err("_id").code(),
+        m(&s, Some(&old), doc! {"_id": 2, "a": 1})
+            .expect_err("_id")
+            .code(),
         66
     );
     assert_eq!(
@@ -1001,7 +1110,8 @@ fn merge_versions() {
         m(&s, Some(&old), new.clone()).expect("pipeline"),
         Some(doc! {"_id": 1, "a": 1, "b": 3})
     );
-    let s = spec(doc! {"into": "t", "let": {"inc": "$c"}, "whenMatched": [{"$set": {"b": "$$inc"}}]});
+    let s =
+        spec(doc! {"into": "t", "let": {"inc": "$c"}, "whenMatched": [{"$set": {"b": "$$inc"}}]});
     assert_eq!(
         m(&s, Some(&old), new).expect("let"),
         Some(doc! {"_id": 1, "a": 1, "b": 3})

@@ -243,8 +243,7 @@ impl Window {
         let mut start = 0;
         while start < keyed.len() {
             let mut end = start + 1;
-            while end < keyed.len() && compare(&keyed[end].0, &keyed[start].0) == Ordering::Equal
-            {
+            while end < keyed.len() && compare(&keyed[end].0, &keyed[start].0) == Ordering::Equal {
                 end += 1;
             }
             let part = &keyed[start..end];
@@ -307,12 +306,20 @@ impl Window {
                 }
                 out
             }
-            Func::Shift { output, by, default } => {
+            Func::Shift {
+                output,
+                by,
+                default,
+            } => {
                 let mut out = Vec::with_capacity(n);
                 for i in 0..n {
                     let j = i as i64 + by;
                     out.push(if j >= 0 && (j as usize) < n {
-                        Some(output.eval(&Root::Doc(docs[j as usize]))?.unwrap_or(Bson::Null))
+                        Some(
+                            output
+                                .eval(&Root::Doc(docs[j as usize]))?
+                                .unwrap_or(Bson::Null),
+                        )
                     } else {
                         Some(default.clone())
                     });
@@ -418,15 +425,13 @@ impl Window {
                         ),
                     ))
                 }
-                _ => {
-                    return Err(coded(
-                        5429414,
-                        format!(
-                            "Invalid range: Expected the sortBy field to be a number, but it was {}",
-                            type_name(&v)
-                        ),
-                    ))
-                }
+                _ => return Err(coded(
+                    5429414,
+                    format!(
+                        "Invalid range: Expected the sortBy field to be a number, but it was {}",
+                        type_name(&v)
+                    ),
+                )),
             };
             out.push(x);
         }
@@ -471,8 +476,8 @@ impl Window {
         let mut out = Vec::with_capacity(n);
         // Windows starting at the partition's start grow monotonically:
         // accumulate incrementally.
-        let incremental = windows.iter().all(|(s, _)| *s == 0)
-            && windows.windows(2).all(|w| w[0].1 <= w[1].1);
+        let incremental =
+            windows.iter().all(|(s, _)| *s == 0) && windows.windows(2).all(|w| w[0].1 <= w[1].1);
         if incremental {
             let mut state = GroupState::default();
             let mut fed = 0;
@@ -519,7 +524,9 @@ impl Window {
                 Bound::Current => Some(x),
                 Bound::At(k) => Some(match unit {
                     None => x + k,
-                    Some(u) => u.add(x as i64, k as i64).map_or(f64::INFINITY, |v| v as f64),
+                    Some(u) => u
+                        .add(x as i64, k as i64)
+                        .map_or(f64::INFINITY, |v| v as f64),
                 }),
             }
         };
@@ -572,9 +579,7 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
         ));
     };
     if NO_WINDOW.contains(&name) && window.is_some() {
-        return Err(failed(format!(
-            "{name} does not accept a 'window' field"
-        )));
+        return Err(failed(format!("{name} does not accept a 'window' field")));
     }
     let need_sort = |what: &str, one: bool| -> Result<()> {
         match sort_by {
@@ -618,11 +623,13 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
                 match k.as_str() {
                     "output" => output = Some(ctx.expr(v)?),
                     "by" => {
-                        let n = num_of(v).map(|n| n.to_f64()).filter(|f| {
-                            f.fract() == 0.0 && f.abs() <= i32::MAX as f64
-                        });
+                        let n = num_of(v)
+                            .map(|n| n.to_f64())
+                            .filter(|f| f.fract() == 0.0 && f.abs() <= i32::MAX as f64);
                         by = Some(n.ok_or_else(|| {
-                            failed("'$shift:by' field must be an integer, but found an invalid value")
+                            failed(
+                                "'$shift:by' field must be an integer, but found an invalid value",
+                            )
                         })? as i64);
                     }
                     "default" => {
@@ -637,9 +644,7 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
                                 failed("'$shift:default' expression must yield a constant value.")
                             })?;
                     }
-                    other => {
-                        return Err(failed(format!("Unknown argument in $shift: {other}")))
-                    }
+                    other => return Err(failed(format!("Unknown argument in $shift: {other}"))),
                 }
             }
             let (Some(output), Some(by)) = (output, by) else {
@@ -716,7 +721,7 @@ fn parse_bounds(w: &Bson, sort_by: Option<&SortSpec>) -> Result<Bounds> {
             Ok(Bounds::Documents(lo, hi))
         }
         (None, Some((lo, hi))) => {
-            if !sort_by.is_some_and(|s| s.keys.len() == 1) {
+            if sort_by.is_none_or(|s| s.keys.len() != 1) {
                 return Err(coded(
                     5339902,
                     "Range-based bounds require sortBy a single field",
