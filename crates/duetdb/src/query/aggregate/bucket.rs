@@ -16,9 +16,9 @@
 
 use bson::{Bson, Document};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::query::aggregate::group::{Group, GroupState};
-use crate::query::aggregate::{coded, ParseCtx, Runtime, Stage};
+use crate::query::aggregate::{ParseCtx, Runtime, Stage};
 use crate::query::expr::{compare, num_of, type_name, Expr, Root};
 use crate::query::sort::SortSpec;
 
@@ -34,7 +34,7 @@ pub(super) fn parse_sort_by_count(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stag
         _ => false,
     };
     if !ok {
-        return Err(coded(
+        return Err(coded!(
             40148,
             "the sortByCount field must be defined as a $-prefixed path or an expression",
         ));
@@ -46,30 +46,17 @@ pub(super) fn parse_sort_by_count(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stag
     ])
 }
 
-/// A boundary or default: a constant (an expression that reads no document).
-fn constant(v: &Bson, ctx: &ParseCtx, code: i32, what: &str) -> Result<Bson> {
+/// A boundary or default: a constant (an expression that reads no
+/// document); `not_constant` makes the stage's error (40191 / 40195).
+fn constant(v: &Bson, ctx: &ParseCtx, not_constant: impl Fn(&Bson) -> Error) -> Result<Bson> {
+    if matches!(v, Bson::String(s) if s.starts_with('$')) {
+        return Err(not_constant(v));
+    }
     let e = ctx.expr(v)?;
     let empty = Document::new();
-    let not_constant = || {
-        coded(
-            code,
-            format!(
-                "The $bucket '{what}' field must be {}constant, but found: {}.",
-                if what == "boundaries" {
-                    "an array of "
-                } else {
-                    "a "
-                },
-                crate::error::render(v)
-            ),
-        )
-    };
-    if matches!(v, Bson::String(s) if s.starts_with('$')) {
-        return Err(not_constant());
-    }
     match e.eval(&Root::Doc(&empty)) {
         Ok(Some(b)) => Ok(b),
-        _ => Err(not_constant()),
+        _ => Err(not_constant(v)),
     }
 }
 
@@ -100,7 +87,7 @@ fn canonical_rank(v: &Bson) -> u8 {
 /// `$bucket: {groupBy, boundaries, default, output}` (codes 40191–40202).
 pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
     let Bson::Document(spec) = arg else {
-        return Err(coded(
+        return Err(coded!(
             40201,
             format!(
                 "Argument to $bucket stage must be an object, but found type: {}.",
@@ -121,7 +108,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                     _ => false,
                 };
                 if !ok {
-                    return Err(coded(
+                    return Err(coded!(
                         40202,
                         format!(
                             "The $bucket 'groupBy' field must be defined as a $-prefixed path or an expression, but found: {}.",
@@ -133,7 +120,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
             }
             "boundaries" => {
                 let Bson::Array(items) = v else {
-                    return Err(coded(
+                    return Err(coded!(
                         40200,
                         format!(
                             "The $bucket 'boundaries' field must be an array, but found type: {}.",
@@ -142,10 +129,18 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                     ));
                 };
                 for b in items {
-                    boundaries.push(constant(b, ctx, 40191, "boundaries")?);
+                    boundaries.push(constant(b, ctx, |v| {
+                        coded!(
+                            40191,
+                            format!(
+                                "The $bucket 'boundaries' field must be an array of constant values, but found value: {}.",
+                                crate::error::render(v)
+                            )
+                        )
+                    })?);
                 }
                 if boundaries.len() < 2 {
-                    return Err(coded(
+                    return Err(coded!(
                         40192,
                         format!(
                             "The $bucket 'boundaries' field must have at least 2 values, but found {} value(s).",
@@ -156,7 +151,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                 for i in 1..boundaries.len() {
                     let (lo, hi) = (&boundaries[i - 1], &boundaries[i]);
                     if canonical_rank(lo) != canonical_rank(hi) {
-                        return Err(coded(
+                        return Err(coded!(
                             40193,
                             format!(
                                 "All values in the the 'boundaries' option to $bucket must have the same type. Found conflicting types {} and {}.",
@@ -166,7 +161,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                         ));
                     }
                     if compare(lo, hi) != std::cmp::Ordering::Less {
-                        return Err(coded(
+                        return Err(coded!(
                             40194,
                             format!(
                                 "The 'boundaries' option to $bucket must be sorted, but elements {} and {i} are not in ascending order ({} is not less than {}).",
@@ -178,11 +173,21 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                     }
                 }
             }
-            "default" => default = Some(constant(v, ctx, 40195, "default")?),
+            "default" => {
+                default = Some(constant(v, ctx, |v| {
+                    coded!(
+                        40195,
+                        format!(
+                            "The $bucket 'default' field must be a constant expression, but found: {}.",
+                            crate::error::render(v)
+                        )
+                    )
+                })?)
+            }
             "output" => match v {
                 Bson::Document(d) => output = Some(d.clone()),
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40196,
                         format!(
                             "The $bucket 'output' field must be an object, but found type: {}.",
@@ -192,7 +197,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                 }
             },
             other => {
-                return Err(coded(
+                return Err(coded!(
                     40197,
                     format!("Unrecognized option to $bucket: {other}."),
                 ))
@@ -200,7 +205,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         }
     }
     let Some(group_by) = group_by.filter(|_| !boundaries.is_empty()) else {
-        return Err(coded(
+        return Err(coded!(
             40198,
             "$bucket requires 'groupBy' and 'boundaries' to be specified.",
         ));
@@ -211,7 +216,7 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
             && compare(d, first) != std::cmp::Ordering::Less
             && compare(d, last) == std::cmp::Ordering::Less
         {
-            return Err(coded(
+            return Err(coded!(
                 40199,
                 "The $bucket 'default' field must be less than the lowest boundary or greater than or equal to the highest boundary.",
             ));
@@ -260,7 +265,7 @@ pub(super) struct BucketAuto {
 impl BucketAuto {
     pub(super) fn parse(arg: &Bson, ctx: &ParseCtx) -> Result<BucketAuto> {
         let Bson::Document(spec) = arg else {
-            return Err(coded(
+            return Err(coded!(
                 40240,
                 format!(
                     "The argument to $bucketAuto must be an object, but found type: {}",
@@ -281,7 +286,7 @@ impl BucketAuto {
                         _ => false,
                     };
                     if !ok {
-                        return Err(coded(
+                        return Err(coded!(
                             40239,
                             format!(
                                 "The $bucketAuto 'groupBy' field must be defined as a $-prefixed path or an expression object, but found: {}",
@@ -293,7 +298,7 @@ impl BucketAuto {
                 }
                 "buckets" => {
                     let n = num_of(v).ok_or_else(|| {
-                        coded(
+                        coded!(
                             40241,
                             format!(
                                 "The $bucketAuto 'buckets' field must be a numeric value, but found type: {}",
@@ -303,7 +308,7 @@ impl BucketAuto {
                     })?;
                     let f = n.to_f64();
                     if f.fract() != 0.0 || f.abs() > f64::from(i32::MAX) {
-                        return Err(coded(
+                        return Err(coded!(
                             40242,
                             format!(
                                 "The $bucketAuto 'buckets' field must be representable as a 32-bit integer, but found {f}"
@@ -311,7 +316,7 @@ impl BucketAuto {
                         ));
                     }
                     if f <= 0.0 {
-                        return Err(coded(
+                        return Err(coded!(
                             40243,
                             format!(
                                 "The $bucketAuto 'buckets' field must be greater than 0, but found: {}",
@@ -324,7 +329,7 @@ impl BucketAuto {
                 "output" => match v {
                     Bson::Document(d) => output = Some(d.clone()),
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             40244,
                             format!(
                                 "The $bucketAuto 'output' field must be an object, but found type: {}",
@@ -336,7 +341,7 @@ impl BucketAuto {
                 "granularity" => match v {
                     Bson::String(s) => granularity = Some(Granularity::parse(s)?),
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             40261,
                             format!(
                                 "The $bucketAuto 'granularity' field must be a string, but found type: {}",
@@ -346,7 +351,7 @@ impl BucketAuto {
                     }
                 },
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40245,
                         format!("Unrecognized option to $bucketAuto: {other}"),
                     ))
@@ -354,7 +359,7 @@ impl BucketAuto {
             }
         }
         let (Some(group_by), Some(buckets)) = (group_by, buckets) else {
-            return Err(coded(
+            return Err(coded!(
                 40246,
                 "$bucketAuto requires 'groupBy' and 'buckets' to be specified",
             ));
@@ -523,7 +528,7 @@ impl Granularity {
             "E192" => E192,
             "POWERSOF2" => return Ok(Granularity::PowersOf2),
             other => {
-                return Err(coded(
+                return Err(coded!(
                     40257,
                     format!("Rounding granularity not recognized: {other}"),
                 ))
@@ -535,7 +540,7 @@ impl Granularity {
     /// Keys must be non-negative numbers (40258–40260).
     fn check_key(&self, k: &Bson) -> Result<()> {
         let Some(n) = num_of(k) else {
-            return Err(coded(
+            return Err(coded!(
                 40258,
                 format!(
                     "$bucketAuto can specify a 'granularity' with numeric boundaries only, but found a value with type: {}",
@@ -545,13 +550,13 @@ impl Granularity {
         };
         let f = n.to_f64();
         if f.is_nan() {
-            return Err(coded(
+            return Err(coded!(
                 40259,
                 "$bucketAuto can specify a 'granularity' with numeric boundaries only, but found a NaN",
             ));
         }
         if f < 0.0 {
-            return Err(coded(
+            return Err(coded!(
                 40260,
                 "$bucketAuto can specify a 'granularity' with non-negative numbers only, but found a negative number",
             ));

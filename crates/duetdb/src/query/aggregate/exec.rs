@@ -53,7 +53,7 @@ use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::facet::FacetRun;
 use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::stages::{per_document, Cur};
-use crate::query::aggregate::{coded, Runtime, Stage};
+use crate::query::aggregate::{Runtime, Stage};
 use crate::query::expr::{Expr, Root};
 use crate::query::limits::PAGE_DOCS;
 use crate::query::sorter::Sorter;
@@ -154,7 +154,7 @@ impl Out {
         if let Some((used, limit)) = &self.budget {
             let now = used.fetch_add(document_len(&d), Ordering::Relaxed) + document_len(&d);
             if now > *limit {
-                return Err(coded(
+                return Err(coded!(
                     4031700,
                     format!(
                         "document constructed by $facet is {now} bytes, which exceeds the limit of {limit} bytes"
@@ -524,7 +524,7 @@ pub(super) fn documents_of(e: &Expr) -> Result<Vec<Document>> {
             .into_iter()
             .map(|v| match v {
                 Bson::Document(d) => Ok(d),
-                other => Err(coded(
+                other => Err(coded!(
                     40228,
                     format!(
                         "'replacement document' must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'.",
@@ -534,7 +534,7 @@ pub(super) fn documents_of(e: &Expr) -> Result<Vec<Document>> {
                 )),
             })
             .collect(),
-        other => Err(coded(
+        other => Err(coded!(
             5858203,
             format!(
                 "an array is expected: $documents must evaluate to an array of objects, found {}",

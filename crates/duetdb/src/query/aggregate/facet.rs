@@ -19,7 +19,7 @@ use bson::{Bson, Document};
 
 use crate::error::Result;
 use crate::query::aggregate::exec::{Exec, Row};
-use crate::query::aggregate::{coded, ParseCtx, Pipeline, Runtime, Within};
+use crate::query::aggregate::{ParseCtx, Pipeline, Runtime, Within};
 use crate::query::expr::type_name;
 
 #[derive(Debug, Clone)]
@@ -32,7 +32,7 @@ impl Facet {
         let spec = match arg {
             Bson::Document(d) if !d.is_empty() => d,
             other => {
-                return Err(coded(
+                return Err(coded!(
                     40169,
                     format!(
                         "the $facet specification must be a non-empty object, but found: {}",
@@ -46,7 +46,7 @@ impl Facet {
         for (name, v) in spec {
             check_facet_name(name)?;
             let Bson::Array(items) = v else {
-                return Err(coded(
+                return Err(coded!(
                     40170,
                     format!(
                         "arguments to $facet must be arrays, {name} is type {}",
@@ -59,7 +59,7 @@ impl Facet {
                 match item {
                     Bson::Document(d) => raw.push(d.clone()),
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             40171,
                             format!(
                                 "elements of arrays in $facet spec must be non-empty objects, {name} argument contained an element of type {}: {}",
@@ -89,23 +89,28 @@ impl Facet {
 
 /// MongoDB's field name rules for a facet's name (`FieldPath::validateFieldName`).
 fn check_facet_name(name: &str) -> Result<()> {
-    let why = if name.is_empty() {
-        Some((15998, "FieldPath field names may not be empty strings."))
-    } else if name.starts_with('$') {
-        Some((16410, "FieldPath field names may not start with '$'."))
-    } else if name.contains('.') {
-        Some((16412, "FieldPath field names may not contain '.'."))
-    } else {
-        None
+    let why = |msg: &str| {
+        format!(
+            "$facet pipeline names must follow the naming rules of field path expressions. :: caused by :: {msg}"
+        )
     };
-    match why {
-        Some((code, msg)) => Err(coded(
-            code,
-            format!(
-                "$facet pipeline names must follow the naming rules of field path expressions. :: caused by :: {msg}"
-            ),
-        )),
-        None => Ok(()),
+    if name.is_empty() {
+        Err(coded!(
+            15998,
+            why("FieldPath field names may not be empty strings.")
+        ))
+    } else if name.starts_with('$') {
+        Err(coded!(
+            16410,
+            why("FieldPath field names may not start with '$'.")
+        ))
+    } else if name.contains('.') {
+        Err(coded!(
+            16412,
+            why("FieldPath field names may not contain '.'.")
+        ))
+    } else {
+        Ok(())
     }
 }
 

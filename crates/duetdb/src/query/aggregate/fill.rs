@@ -21,7 +21,7 @@ use bson::{Bson, Document};
 use crate::error::{Error, Result};
 use crate::query::aggregate::lookup::set_nested;
 use crate::query::aggregate::window::Window;
-use crate::query::aggregate::{coded, ParseCtx, Runtime, Stage};
+use crate::query::aggregate::{ParseCtx, Runtime, Stage};
 use crate::query::expr::{compare, num_of, parse_field_path, type_name, Root};
 use crate::query::sort::SortSpec;
 
@@ -30,11 +30,11 @@ use crate::query::sort::SortSpec;
 pub const MAX_DENSIFY_DOCS: usize = 500_000;
 
 fn failed(msg: impl Into<String>) -> Error {
-    coded(9, msg)
+    coded!(9, msg)
 }
 
 fn wrong_type(field: &str, v: &Bson, want: &str) -> Error {
-    coded(
+    coded!(
         14,
         format!(
             "BSON field '{field}' is the wrong type '{}', expected type '{want}'",
@@ -110,7 +110,7 @@ pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                 other => return Err(wrong_type("$fill.output", other, "object")),
             },
             other => {
-                return Err(coded(
+                return Err(coded!(
                     40415,
                     format!("BSON field '$fill.{other}' is an unknown field."),
                 ))
@@ -118,7 +118,7 @@ pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         }
     }
     let output = output.ok_or_else(|| {
-        coded(
+        coded!(
             40414,
             "BSON field '$fill.output' is missing but a required field",
         )
@@ -141,7 +141,7 @@ pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
             }
             (None, Some(Bson::String(m)), 1) if m == "linear" => {
                 if sort_by.is_none() {
-                    return Err(coded(
+                    return Err(coded!(
                         6050204,
                         "Method 'linear' requires a sortBy to be specified in $fill",
                     ));
@@ -262,7 +262,7 @@ impl Densify {
                 "field" => match v {
                     Bson::String(s) if !s.starts_with('$') => field = Some(parse_field_path(s)?),
                     Bson::String(_) => {
-                        return Err(coded(
+                        return Err(coded!(
                             16410,
                             "FieldPath field names may not start with '$'.",
                         ))
@@ -280,7 +280,7 @@ impl Densify {
                     other => return Err(wrong_type("$densify.range", other, "object")),
                 },
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40415,
                         format!("BSON field '$densify.{other}' is an unknown field."),
                     ))
@@ -288,13 +288,13 @@ impl Densify {
             }
         }
         let field = field.ok_or_else(|| {
-            coded(
+            coded!(
                 40414,
                 "BSON field '$densify.field' is missing but a required field",
             )
         })?;
         let range = range.ok_or_else(|| {
-            coded(
+            coded!(
                 40414,
                 "BSON field '$densify.range' is missing but a required field",
             )
@@ -309,7 +309,7 @@ impl Densify {
                         wrong_type("$densify.range.step", v, "number")
                     })?;
                     if f <= 0.0 || !f.is_finite() {
-                        return Err(coded(
+                        return Err(coded!(
                             5733401,
                             "the step parameter in a range statement must be a strictly positive numeric value",
                         ));
@@ -329,7 +329,7 @@ impl Densify {
                                 match b {
                                     Bson::DateTime(t) => Ok(t.timestamp_millis() as f64),
                                     other => num_of(other).map(|n| n.to_f64()).ok_or_else(|| {
-                                        coded(
+                                        coded!(
                                             5733402,
                                             "a bounding array must contain either both dates or both numeric types",
                                         )
@@ -338,14 +338,14 @@ impl Densify {
                             };
                             let dates = matches!(items[0], Bson::DateTime(_));
                             if dates != matches!(items[1], Bson::DateTime(_)) {
-                                return Err(coded(
+                                return Err(coded!(
                                     5733402,
                                     "a bounding array must contain either both dates or both numeric types",
                                 ));
                             }
                             let (lo, hi) = (as_num(&items[0])?, as_num(&items[1])?);
                             if lo > hi {
-                                return Err(coded(
+                                return Err(coded!(
                                     5733403,
                                     "a bounding array in a range statement must have the lower bound first",
                                 ));
@@ -353,7 +353,7 @@ impl Densify {
                             DensifyBounds::Explicit(lo, hi)
                         }
                         other => {
-                            return Err(coded(
+                            return Err(coded!(
                                 5946800,
                                 format!(
                                     "bounds must be 'full', 'partition' or an array of two values, found {}",
@@ -364,7 +364,7 @@ impl Densify {
                     })
                 }
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40415,
                         format!("BSON field '$densify.range.{other}' is an unknown field."),
                     ))
@@ -372,25 +372,25 @@ impl Densify {
             }
         }
         let step = step.ok_or_else(|| {
-            coded(
+            coded!(
                 40414,
                 "BSON field '$densify.range.step' is missing but a required field",
             )
         })?;
         let bounds = bounds.ok_or_else(|| {
-            coded(
+            coded!(
                 40414,
                 "BSON field '$densify.range.bounds' is missing but a required field",
             )
         })?;
         if unit.is_some() && step.fract() != 0.0 {
-            return Err(coded(
+            return Err(coded!(
                 5733402,
                 "the step must be an integer when a unit is given",
             ));
         }
         if matches!(bounds, DensifyBounds::Partition) && partition.is_empty() {
-            return Err(coded(
+            return Err(coded!(
                 5733408,
                 "one may not specify the bounds as 'partition' without specifying a non-empty array of partitionByFields",
             ));
@@ -411,14 +411,14 @@ impl Densify {
         Ok(match (&v, self.unit) {
             (Some(Bson::DateTime(t)), Some(_)) => Some(t.timestamp_millis() as f64),
             (Some(Bson::DateTime(_)), None) => {
-                return Err(coded(
+                return Err(coded!(
                     6053600,
                     "Encountered date field value in $densify without a unit",
                 ))
             }
             (Some(b), None) if num_of(b).is_some() => num_of(b).map(|n| n.to_f64()),
             (Some(b), Some(_)) if num_of(b).is_some() => {
-                return Err(coded(
+                return Err(coded!(
                     6053600,
                     "Encountered non-date field value in $densify with a unit",
                 ))
@@ -517,7 +517,7 @@ impl Densify {
                     }
                     generated += 1;
                     if generated > MAX_DENSIFY_DOCS {
-                        return Err(coded(
+                        return Err(coded!(
                             5897900,
                             format!(
                                 "Generated {generated} documents in $densify, which is over the limit of {MAX_DENSIFY_DOCS}. Increase the 'internalQueryMaxAllowedDensifyDocs' parameter to allow more generated documents"

@@ -37,13 +37,13 @@ use crate::error::{Error, Result};
 use crate::query::aggregate::exec::Exec;
 use crate::query::aggregate::stages::Cur;
 use crate::query::aggregate::{
-    coded, collection_name, plain_path, ParseCtx, Pipeline, Runtime, Stage, Within,
+    collection_name, plain_path, ParseCtx, Pipeline, Runtime, Stage, Within,
 };
 use crate::query::expr::{type_name, Expr, Root, Value};
 use crate::query::filter::Filter;
 
 fn failed(msg: impl Into<String>) -> Error {
-    coded(9, msg)
+    coded!(9, msg)
 }
 
 fn bson_type(v: &Bson) -> &'static str {
@@ -62,7 +62,7 @@ pub(super) struct SubPipeline {
 /// The stage documents of a `pipeline` argument.
 fn raw_pipeline(stage: &str, v: &Bson) -> Result<Vec<Document>> {
     let Bson::Array(items) = v else {
-        return Err(coded(
+        return Err(coded!(
             14,
             format!(
                 "BSON field '{stage}.pipeline' is the wrong type '{}', expected type 'array'",
@@ -74,7 +74,7 @@ fn raw_pipeline(stage: &str, v: &Bson) -> Result<Vec<Document>> {
         .iter()
         .map(|s| match s {
             Bson::Document(d) => Ok(d.clone()),
-            other => Err(coded(
+            other => Err(coded!(
                 14,
                 format!(
                     "Each element of the '{stage}.pipeline' array must be an object, found {}",
@@ -348,7 +348,7 @@ impl<'a> Matches<'a> {
     fn add(&mut self, d: Document) -> Result<()> {
         self.bytes += document_len(&d);
         if self.bytes > self.limit {
-            return Err(coded(
+            return Err(coded!(
                 4568,
                 format!(
                     "Total size of documents in {} matching pipeline's $lookup stage exceeds {} bytes",
@@ -561,7 +561,7 @@ impl UnionWith {
                             coll = Some(collection_name("$unionWith", s)?)
                         }
                         ("coll", other) => {
-                            return Err(coded(
+                            return Err(coded!(
                                 14,
                                 format!(
                                     "BSON field '$unionWith.coll' is the wrong type '{}', expected type 'string'",
@@ -571,7 +571,7 @@ impl UnionWith {
                         }
                         ("pipeline", _) => raw = raw_pipeline("$unionWith", v)?,
                         (other, _) => {
-                            return Err(coded(
+                            return Err(coded!(
                                 40415,
                                 format!("BSON field '$unionWith.{other}' is an unknown field."),
                             ))
@@ -646,14 +646,14 @@ impl GraphLookup {
                 "startWith" => start_with = Some(ctx.expr(v)?),
                 "maxDepth" => {
                     let n = crate::query::expr::num_of(v).ok_or_else(|| {
-                        coded(
+                        coded!(
                             40100,
                             format!("maxDepth must be numeric, found type: {}", bson_type(v)),
                         )
                     })?;
                     let f = n.to_f64();
                     if f < 0.0 {
-                        return Err(coded(
+                        return Err(coded!(
                             40101,
                             format!(
                                 "maxDepth requires a nonnegative argument, found: {}",
@@ -662,7 +662,7 @@ impl GraphLookup {
                         ));
                     }
                     if f.fract() != 0.0 || f > i64::MAX as f64 {
-                        return Err(coded(
+                        return Err(coded!(
                             40102,
                             format!("maxDepth could not be represented as a long long: {f}"),
                         ));
@@ -679,7 +679,7 @@ impl GraphLookup {
                         restrict = Some(d.clone());
                     }
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             40185,
                             format!(
                                 "restrictSearchWithMatch must be an object, found {}",
@@ -690,7 +690,7 @@ impl GraphLookup {
                 },
                 "from" | "as" | "connectFromField" | "connectToField" | "depthField" => {
                     let Bson::String(s) = v else {
-                        return Err(coded(
+                        return Err(coded!(
                             40103,
                             format!(
                                 "expected string as argument for {k}, found: {}",
@@ -707,7 +707,7 @@ impl GraphLookup {
                     }
                 }
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40104,
                         format!("Unknown argument to $graphLookup: {other}"),
                     ))
@@ -717,13 +717,13 @@ impl GraphLookup {
         let (Some(from), Some(as_field), Some(start_with), Some(cf), Some(ct)) =
             (from, as_field, start_with, connect_from, connect_to)
         else {
-            return Err(coded(
+            return Err(coded!(
                 40105,
                 "$graphLookup requires 'from', 'as', 'startWith', 'connectFromField', and 'connectToField' to be specified.",
             ));
         };
         if as_field.is_empty() || cf.is_empty() || ct.is_empty() {
-            return Err(coded(
+            return Err(coded!(
                 40105,
                 "$graphLookup requires 'from', 'as', 'startWith', 'connectFromField', and 'connectToField' to be specified.",
             ));
@@ -778,7 +778,7 @@ impl GraphLookup {
                 values_below(&Bson::Document(doc.clone()), &self.connect_from, &mut next);
                 bytes += document_len(&doc);
                 if bytes > limit {
-                    return Err(coded(
+                    return Err(coded!(
                         40099,
                         "$graphLookup reached maximum memory consumption",
                     ));
@@ -787,7 +787,7 @@ impl GraphLookup {
                 Ok(ControlFlow::Continue(()))
             })?;
             if failed_id.is_some() {
-                return Err(coded(
+                return Err(coded!(
                     40271,
                     format!(
                         "Documents in the '{}' namespace must contain an _id for de-duplication in $graphLookup",

@@ -58,6 +58,49 @@
 //!   memory limit.
 //! - Nothing here panics on user input.
 
+/// An error with one of MongoDB's codes: `FailedToParse`, `TypeMismatch`,
+/// `InvalidOptions`, ... by name, any other as its `Location<code>`.
+macro_rules! coded {
+    ($code:literal, $msg:expr $(,)?) => {
+        $crate::error::Error::Coded {
+            code: $code,
+            name: code_name!($code),
+            msg: ::std::convert::Into::<String>::into($msg),
+        }
+    };
+}
+
+/// The code name MongoDB reports for `code`.
+macro_rules! code_name {
+    (2) => {
+        "BadValue"
+    };
+    (9) => {
+        "FailedToParse"
+    };
+    (14) => {
+        "TypeMismatch"
+    };
+    (72) => {
+        "InvalidOptions"
+    };
+    (73) => {
+        "InvalidNamespace"
+    };
+    (115) => {
+        "CommandNotSupported"
+    };
+    (232) => {
+        "MaxSubPipelineDepthExceeded"
+    };
+    (13113) => {
+        "MergeStageNoMatchingDocument"
+    };
+    ($code:literal) => {
+        concat!("Location", stringify!($code))
+    };
+}
+
 mod bucket;
 mod exec;
 mod facet;
@@ -387,19 +430,30 @@ impl Pipeline {
 fn check_position(stage: &Stage, i: usize, len: usize, within: Within) -> Result<()> {
     let name = stage.name();
     if let Stage::Output(_) = stage {
-        let not_allowed = match within {
-            Within::Top => None,
-            Within::Lookup => Some((51047, "is not allowed within a $lookup's sub-pipeline")),
-            Within::UnionWith => Some((31441, "is not allowed within a $unionWith's sub-pipeline")),
-            Within::Facet | Within::MergeUpdate => {
-                Some((40600, "is not allowed to be used within a $facet stage"))
+        let why = |w: &str| format!("{name} {w}");
+        match within {
+            Within::Top => {}
+            Within::Lookup => {
+                return Err(coded!(
+                    51047,
+                    why("is not allowed within a $lookup's sub-pipeline")
+                ))
             }
-        };
-        if let Some((code, why)) = not_allowed {
-            return Err(coded(code, format!("{name} {why}")));
+            Within::UnionWith => {
+                return Err(coded!(
+                    31441,
+                    why("is not allowed within a $unionWith's sub-pipeline")
+                ))
+            }
+            Within::Facet | Within::MergeUpdate => {
+                return Err(coded!(
+                    40600,
+                    why("is not allowed to be used within a $facet stage")
+                ))
+            }
         }
         if i + 1 != len {
-            return Err(coded(
+            return Err(coded!(
                 40601,
                 format!("{name} can only be the final stage in the pipeline"),
             ));
@@ -407,14 +461,14 @@ fn check_position(stage: &Stage, i: usize, len: usize, within: Within) -> Result
     }
     if let Stage::Documents(_) = stage {
         if i != 0 || within == Within::Facet {
-            return Err(coded(
+            return Err(coded!(
                 40602,
                 format!("{name} is only valid as the first stage in a pipeline"),
             ));
         }
     }
     if within == Within::Facet && matches!(stage, Stage::Facet(_)) {
-        return Err(coded(
+        return Err(coded!(
             40600,
             "$facet is not allowed to be used within a $facet stage",
         ));
@@ -425,7 +479,7 @@ fn check_position(stage: &Stage, i: usize, len: usize, within: Within) -> Result
             Stage::AddFields(_) | Stage::Project(_) | Stage::Unset(_) | Stage::ReplaceRoot { .. }
         )
     {
-        return Err(coded(
+        return Err(coded!(
             72,
             format!(
                 "{name} is not allowed to be used within an update; only $addFields, $set, $project, $unset, $replaceRoot and $replaceWith are"
@@ -433,88 +487,6 @@ fn check_position(stage: &Stage, i: usize, len: usize, within: Within) -> Result
         ));
     }
     Ok(())
-}
-
-/// An error at one of MongoDB's numbered codes (`FailedToParse` and
-/// `InvalidOptions` by name, the rest as `Location<code>`).
-fn coded(code: i32, msg: impl Into<String>) -> Error {
-    let name = match code {
-        2 => "BadValue",
-        9 => "FailedToParse",
-        14 => "TypeMismatch",
-        72 => "InvalidOptions",
-        73 => "InvalidNamespace",
-        _ => location_name(code),
-    };
-    Error::Coded {
-        code,
-        name,
-        msg: msg.into(),
-    }
-}
-
-/// `Location<code>` for the codes this module raises (names are `&'static`).
-fn location_name(code: i32) -> &'static str {
-    match code {
-        4568 => "Location4568",
-        15955 => "Location15955",
-        16410 => "Location16410",
-        16436 => "Location16436",
-        17276 => "Location17276",
-        28745 => "Location28745",
-        28746 => "Location28746",
-        28747 => "Location28747",
-        28748 => "Location28748",
-        28749 => "Location28749",
-        31441 => "Location31441",
-        40066 => "Location40066",
-        40099 => "Location40099",
-        40100 => "Location40100",
-        40101 => "Location40101",
-        40102 => "Location40102",
-        40103 => "Location40103",
-        40104 => "Location40104",
-        40105 => "Location40105",
-        40147 => "Location40147",
-        40169 => "Location40169",
-        40170 => "Location40170",
-        40171 => "Location40171",
-        40185 => "Location40185",
-        40191 => "Location40191",
-        40192 => "Location40192",
-        40193 => "Location40193",
-        40194 => "Location40194",
-        40195 => "Location40195",
-        40196 => "Location40196",
-        40197 => "Location40197",
-        40198 => "Location40198",
-        40199 => "Location40199",
-        40200 => "Location40200",
-        40201 => "Location40201",
-        40202 => "Location40202",
-        40228 => "Location40228",
-        40231 => "Location40231",
-        40239 => "Location40239",
-        40240 => "Location40240",
-        40241 => "Location40241",
-        40242 => "Location40242",
-        40243 => "Location40243",
-        40244 => "Location40244",
-        40245 => "Location40245",
-        40246 => "Location40246",
-        40271 => "Location40271",
-        40414 => "Location40414",
-        40415 => "Location40415",
-        40600 => "Location40600",
-        40601 => "Location40601",
-        40602 => "Location40602",
-        51047 => "Location51047",
-        51132 => "Location51132",
-        51183 => "Location51183",
-        4031700 => "Location4031700",
-        5858203 => "Location5858203",
-        _ => "Location",
-    }
 }
 
 // ---------------------------------------------------------------- parsing
@@ -609,9 +581,10 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
             name: "CommandNotSupported",
             msg: "$planCacheStats is not supported by duetdb: it keeps no plan cache (every query is planned when it runs; see explain)".into(),
         }),
-        other => Err(Error::UnknownOperator(format!(
-            "Unrecognized pipeline stage name: '{other}'"
-        ))),
+        other => Err(coded!(
+            40324,
+            format!("Unrecognized pipeline stage name: '{other}'"),
+        )),
     }
 }
 
@@ -699,7 +672,7 @@ fn collection_name(stage: &str, name: &str) -> Result<String> {
         || name.starts_with("system.")
         || name.len() > 255;
     if bad {
-        return Err(coded(73, format!("invalid {stage} namespace: {name}")));
+        return Err(coded!(73, format!("invalid {stage} namespace: {name}")));
     }
     Ok(name.to_string())
 }
@@ -707,7 +680,7 @@ fn collection_name(stage: &str, name: &str) -> Result<String> {
 /// A dotted field path given as a plain string (`as`, `localField`, ...).
 fn plain_path(stage: &str, what: &str, s: &str) -> Result<Vec<String>> {
     if s.starts_with('$') {
-        return Err(coded(
+        return Err(coded!(
             16410,
             format!("{stage} '{what}': FieldPath field names may not start with '$': {s}"),
         ));

@@ -19,7 +19,7 @@ use bson::{Bson, Document};
 
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
-use crate::query::aggregate::{coded, collection_name, ParseCtx, Pipeline, Within};
+use crate::query::aggregate::{collection_name, ParseCtx, Pipeline, Within};
 use crate::query::expr::{type_name, Expr, Root};
 use crate::query::filter::Filter;
 use crate::query::planner;
@@ -81,7 +81,7 @@ fn target(stage: &str, v: &Bson) -> Result<(Option<String>, String)> {
                     ("db", Bson::String(s)) => db = Some(s.clone()),
                     ("coll", Bson::String(s)) => coll = Some(collection_name(stage, s)?),
                     ("db" | "coll", other) => {
-                        return Err(coded(
+                        return Err(coded!(
                             14,
                             format!(
                                 "BSON field '{stage}.{k}' is the wrong type '{}', expected type 'string'",
@@ -90,7 +90,7 @@ fn target(stage: &str, v: &Bson) -> Result<(Option<String>, String)> {
                         ))
                     }
                     (other, _) => {
-                        return Err(coded(
+                        return Err(coded!(
                             40415,
                             format!("BSON field '{stage}.{other}' is an unknown field."),
                         ))
@@ -98,14 +98,14 @@ fn target(stage: &str, v: &Bson) -> Result<(Option<String>, String)> {
                 }
             }
             let coll = coll.ok_or_else(|| {
-                coded(
+                coded!(
                     40414,
                     format!("BSON field '{stage}.coll' is missing but a required field"),
                 )
             })?;
             Ok((db, coll))
         }
-        other => Err(coded(
+        other => Err(coded!(
             14,
             format!(
                 "{stage} target must be a string or an object, not {}",
@@ -147,7 +147,7 @@ impl Output {
                 let (db, coll) = target("$out", arg)?;
                 Ok(Output::Out { db, coll })
             }
-            other => Err(coded(
+            other => Err(coded!(
                 16990,
                 format!(
                     "$out only supports a string or object argument, not {}",
@@ -174,7 +174,7 @@ impl Output {
             }
             Bson::Document(d) => d,
             other => {
-                return Err(coded(
+                return Err(coded!(
                     51182,
                     format!(
                         "$merge only supports a string or object argument, not {}",
@@ -192,7 +192,7 @@ impl Output {
                 "let" => match v {
                     Bson::Document(l) => let_doc = Some(l),
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             14,
                             format!(
                                 "BSON field '$merge.let' is the wrong type '{}', expected type 'object'",
@@ -220,7 +220,7 @@ impl Output {
                                 match i {
                                     Bson::Document(s) => raw.push(s.clone()),
                                     other => {
-                                        return Err(coded(
+                                        return Err(coded!(
                                             14,
                                             format!(
                                                 "each stage of the whenMatched pipeline must be an object, found {}",
@@ -233,7 +233,7 @@ impl Output {
                             WhenMatched::Pipeline(raw)
                         }
                         other => {
-                            return Err(coded(
+                            return Err(coded!(
                                 14,
                                 format!(
                                     "BSON field '$merge.whenMatched' is the wrong type '{}', expected types '[string, array]'",
@@ -256,7 +256,7 @@ impl Output {
                             }
                         },
                         other => {
-                            return Err(coded(
+                            return Err(coded!(
                                 14,
                                 format!(
                                     "BSON field '$merge.whenNotMatched' is the wrong type '{}', expected type 'string'",
@@ -267,7 +267,7 @@ impl Output {
                     }
                 }
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40415,
                         format!("BSON field '$merge.{other}' is an unknown field."),
                     ))
@@ -275,7 +275,7 @@ impl Output {
             }
         }
         let (db, coll) = into.ok_or_else(|| {
-            coded(
+            coded!(
                 40414,
                 "BSON field '$merge.into' is missing but a required field",
             )
@@ -298,7 +298,7 @@ impl Output {
                 Pipeline::parse_in(raw, &spec.ctx.with_vars(names)?)?;
             }
             (_, Some(_)) => {
-                return Err(coded(
+                return Err(coded!(
                     51199,
                     "Cannot use 'let' variables with 'whenMatched' mode other than a pipeline",
                 ))
@@ -317,20 +317,20 @@ fn parse_on(v: &Bson) -> Result<Vec<String>> {
             .iter()
             .map(|i| match i {
                 Bson::String(s) => Ok(s.clone()),
-                _ => Err(coded(
+                _ => Err(coded!(
                     51134,
                     "Array elements of the 'on' field must be strings",
                 )),
             })
             .collect::<Result<_>>()?,
         Bson::Array(_) => {
-            return Err(coded(
+            return Err(coded!(
                 51187,
                 "If explicitly specifying $merge 'on', must include at least one field",
             ))
         }
         _ => {
-            return Err(coded(
+            return Err(coded!(
                 51186,
                 "$merge 'on' field must be either a string or an array of strings",
             ))
@@ -343,7 +343,7 @@ fn parse_on(v: &Bson) -> Result<Vec<String>> {
     sorted.sort();
     sorted.dedup();
     if sorted.len() != fields.len() {
-        return Err(coded(31465, "Found a duplicate field in the 'on' list"));
+        return Err(coded!(31465, "Found a duplicate field in the 'on' list"));
     }
     Ok(fields)
 }
@@ -372,7 +372,7 @@ impl MergeSpec {
         if found {
             Ok(())
         } else {
-            Err(coded(
+            Err(coded!(
                 51183,
                 "Cannot find index to verify that join fields will be unique",
             ))
@@ -388,7 +388,7 @@ impl MergeSpec {
             let v = Root::Doc(new).get(&path)?;
             match v {
                 None | Some(Bson::Null) | Some(Bson::Undefined) | Some(Bson::Array(_)) => {
-                    return Err(coded(
+                    return Err(coded!(
                         51132,
                         format!(
                             "$merge write error: 'on' field '{f}' cannot be missing, null, undefined or an array"
@@ -436,7 +436,7 @@ pub fn merged_version(
         return match spec.when_not_matched {
             WhenNotMatched::Insert => Ok(Some(new)),
             WhenNotMatched::Discard => Ok(None),
-            WhenNotMatched::Fail => Err(coded(
+            WhenNotMatched::Fail => Err(coded!(
                 13113,
                 "$merge could not find a matching document in the target collection for at least one document in the source collection",
             )),

@@ -26,7 +26,7 @@ use crate::doc::size::{check_document, value_len, SizeBudget};
 use crate::error::{Error, Result};
 use crate::query::aggregate::exec::Exec;
 use crate::query::aggregate::group::GroupState;
-use crate::query::aggregate::{coded, ParseCtx, Runtime, Stage};
+use crate::query::aggregate::{ParseCtx, Runtime, Stage};
 use crate::query::expr::{num_of, parse_field_path, type_name, Expr, Root, Value};
 use crate::query::filter::Filter;
 
@@ -194,7 +194,7 @@ pub(super) fn run_stage(
 /// `$replaceRoot: {newRoot: <expr>}`.
 pub(super) fn parse_replace_root(arg: &Bson, ctx: &ParseCtx) -> Result<Stage> {
     let Bson::Document(d) = arg else {
-        return Err(coded(
+        return Err(coded!(
             40229,
             format!(
                 "expected an object as specification for $replaceRoot stage, got {}",
@@ -207,7 +207,7 @@ pub(super) fn parse_replace_root(arg: &Bson, ctx: &ParseCtx) -> Result<Stage> {
         match k.as_str() {
             "newRoot" => new_root = Some(ctx.expr(v)?),
             other => {
-                return Err(coded(
+                return Err(coded!(
                     40415,
                     format!("BSON field '$replaceRoot.{other}' is an unknown field."),
                 ))
@@ -215,7 +215,7 @@ pub(super) fn parse_replace_root(arg: &Bson, ctx: &ParseCtx) -> Result<Stage> {
         }
     }
     let expr = new_root.ok_or_else(|| {
-        coded(
+        coded!(
             40414,
             "BSON field '$replaceRoot.newRoot' is missing but a required field",
         )
@@ -233,7 +233,7 @@ fn replace_root(expr: &Expr, with: bool, cur: &Cur<'_>) -> Result<Document> {
             } else {
                 "'newRoot' expression "
             };
-            Err(coded(
+            Err(coded!(
                 40228,
                 format!(
                     "{what} must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'. Input document: {}",
@@ -253,7 +253,7 @@ fn replace_root(expr: &Expr, with: bool, cur: &Cur<'_>) -> Result<Document> {
 /// `$sample: {size: <n>}` (codes of MongoDB's `document_source_sample.cpp`).
 pub(super) fn parse_sample(arg: &Bson) -> Result<Stage> {
     let Bson::Document(d) = arg else {
-        return Err(coded(
+        return Err(coded!(
             28745,
             "the $sample stage specification must be an object",
         ));
@@ -264,10 +264,10 @@ pub(super) fn parse_sample(arg: &Bson) -> Result<Stage> {
             "size" => {
                 let n = match num_of(v) {
                     Some(n) => n.to_f64(),
-                    None => return Err(coded(28746, "size argument to $sample must be a number")),
+                    None => return Err(coded!(28746, "size argument to $sample must be a number")),
                 };
                 if n < 0.0 {
-                    return Err(coded(
+                    return Err(coded!(
                         28747,
                         "size argument to $sample must not be negative",
                     ));
@@ -279,14 +279,14 @@ pub(super) fn parse_sample(arg: &Bson) -> Result<Stage> {
                 });
             }
             other => {
-                return Err(coded(
+                return Err(coded!(
                     28748,
                     format!("unrecognized option to $sample: {other}"),
                 ))
             }
         }
     }
-    let n = size.ok_or_else(|| coded(28749, "$sample stage must specify a size"))?;
+    let n = size.ok_or_else(|| coded!(28749, "$sample stage must specify a size"))?;
     Ok(Stage::Sample(n))
 }
 

@@ -26,12 +26,12 @@ use bson::{Bson, Document};
 use crate::error::{Error, Result};
 use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::lookup::set_nested;
-use crate::query::aggregate::{coded, ParseCtx, Runtime};
+use crate::query::aggregate::{ParseCtx, Runtime};
 use crate::query::expr::{compare, num_of, parse_field_path, type_name, Expr, Root, Value};
 use crate::query::sort::{SortKey, SortSpec};
 
 fn failed(msg: impl Into<String>) -> Error {
-    coded(9, msg)
+    coded!(9, msg)
 }
 
 #[derive(Debug, Clone)]
@@ -164,7 +164,7 @@ impl Window {
                 "sortBy" => match v {
                     Bson::Document(d) if !d.is_empty() => sort_by = Some(SortSpec::parse(d)?),
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             14,
                             format!(
                                 "BSON field '$setWindowFields.sortBy' is the wrong type '{}', expected type 'object'",
@@ -176,7 +176,7 @@ impl Window {
                 "output" => match v {
                     Bson::Document(d) => output = Some(d),
                     other => {
-                        return Err(coded(
+                        return Err(coded!(
                             14,
                             format!(
                                 "BSON field '$setWindowFields.output' is the wrong type '{}', expected type 'object'",
@@ -186,7 +186,7 @@ impl Window {
                     }
                 },
                 other => {
-                    return Err(coded(
+                    return Err(coded!(
                         40415,
                         format!("BSON field '$setWindowFields.{other}' is an unknown field."),
                     ))
@@ -194,7 +194,7 @@ impl Window {
             }
         }
         let output = output.ok_or_else(|| {
-            coded(
+            coded!(
                 40414,
                 "BSON field '$setWindowFields.output' is missing but a required field",
             )
@@ -392,13 +392,13 @@ impl Window {
     /// checked against `unit`).
     fn sort_values(&self, docs: &[&Document], unit: Option<Unit>) -> Result<Vec<f64>> {
         let Some(sort) = &self.sort_by else {
-            return Err(coded(
+            return Err(coded!(
                 5339902,
                 "Range-based bounds require sortBy a single field",
             ));
         };
         if sort.keys.len() != 1 {
-            return Err(coded(
+            return Err(coded!(
                 5339902,
                 "Range-based bounds require sortBy a single field",
             ));
@@ -410,14 +410,14 @@ impl Window {
             let x = match (&v, unit) {
                 (Some(Bson::DateTime(t)), Some(_)) => t.timestamp_millis() as f64,
                 (Some(Bson::DateTime(_)), None) => {
-                    return Err(coded(
+                    return Err(coded!(
                         5429513,
                         "Invalid range: Expected the sortBy field to be a number, but it was Date",
                     ))
                 }
                 (Some(b), None) if num_of(b).is_some() => num_of(b).map_or(0.0, |n| n.to_f64()),
                 (_, Some(_)) => {
-                    return Err(coded(
+                    return Err(coded!(
                         5429513,
                         format!(
                             "Invalid range: Expected the sortBy field to be a Date, but it was {}",
@@ -425,13 +425,15 @@ impl Window {
                         ),
                     ))
                 }
-                _ => return Err(coded(
-                    5429414,
-                    format!(
+                _ => {
+                    return Err(coded!(
+                        5429414,
+                        format!(
                         "Invalid range: Expected the sortBy field to be a number, but it was {}",
                         type_name(&v)
                     ),
-                )),
+                    ))
+                }
             };
             out.push(x);
         }
@@ -584,7 +586,7 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
     let need_sort = |what: &str, one: bool| -> Result<()> {
         match sort_by {
             Some(s) if !one || s.keys.len() == 1 => Ok(()),
-            _ => Err(coded(
+            _ => Err(coded!(
                 5371602,
                 format!(
                     "{what} must be specified with a top level sortBy expression with exactly one element"
@@ -595,7 +597,7 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
     let empty_object = |what: &str| -> Result<()> {
         match arg {
             Bson::Document(a) if a.is_empty() => Ok(()),
-            _ => Err(coded(
+            _ => Err(coded!(
                 5371603,
                 format!("{what} must be specified with '{{}}' as the value"),
             )),
@@ -713,7 +715,7 @@ fn parse_bounds(w: &Bson, sort_by: Option<&SortSpec>) -> Result<Bounds> {
             }
             let positional = lo != Bound::Unbounded || hi != Bound::Unbounded;
             if positional && !sorted {
-                return Err(coded(
+                return Err(coded!(
                     5339901,
                     "Document-based bounds require a sortBy",
                 ));
@@ -722,7 +724,7 @@ fn parse_bounds(w: &Bson, sort_by: Option<&SortSpec>) -> Result<Bounds> {
         }
         (None, Some((lo, hi))) => {
             if sort_by.is_none_or(|s| s.keys.len() != 1) {
-                return Err(coded(
+                return Err(coded!(
                     5339902,
                     "Range-based bounds require sortBy a single field",
                 ));
@@ -777,7 +779,7 @@ fn pair(what: &str, v: &Bson, integral: bool) -> Result<(Bound, Bound)> {
     };
     if let (Some(l), Some(h)) = (pos(lo), pos(hi)) {
         if l > h {
-            return Err(coded(
+            return Err(coded!(
                 5339900,
                 format!("Lower bound must not exceed upper bound: [{l}, {h}]"),
             ));
