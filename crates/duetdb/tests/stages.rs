@@ -458,6 +458,28 @@ fn held_snapshots_and_database_aggregates() {
             .code(),
         73
     );
+    // `$documents` then `$out`, from a collection or the database: written.
+    db.collection("orders")
+        .aggregate(vec![
+            doc! {"$documents": [{"_id": 1}, {"_id": 2}]},
+            doc! {"$out": "from_documents"},
+        ])
+        .expect("$documents + $out");
+    db.aggregate(
+        vec![
+            doc! {"$documents": [{"_id": 3}]},
+            doc! {"$merge": {"into": "from_documents"}},
+        ],
+        &ReadLimits::default(),
+        None,
+    )
+    .expect("$documents + $merge");
+    assert_eq!(
+        db.collection("from_documents")
+            .count(doc! {})
+            .expect("count"),
+        3
+    );
 }
 
 #[test]

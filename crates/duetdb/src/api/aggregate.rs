@@ -129,6 +129,10 @@ impl Collection {
         if p.documents {
             let docs = self.database().run_documents(&p, limits)?;
             let explain = documents_explain(&p, self.database().csn());
+            if let Some(out) = p.output() {
+                self.database().write_output(out, docs)?;
+                return Ok((Vec::new(), explain));
+            }
             return Ok((docs, explain));
         }
         let choice = self.choose_for(&p, strategy)?;
