@@ -136,7 +136,8 @@ def test_errors_have_mongodb_codes(db, orders):
     cases = [
         ([{"$frobnicate": {}}], 40324),
         ([{"$match": {}, "$limit": 1}], 40323),
-        ([{"$out": "x"}], 115),
+        ([{"$out": 1}], 16990),
+        ([{"$collStats": {}}, {"$lookup": {"from": "x", "as": "y"}}], 115),
         ([{"$group": {"n": {"$sum": 1}}}], 2),
         ([{"$group": {"_id": None, "n": {"$median": "$qty"}}}], 5787801),
         ([{"$limit": 0}], 2),

@@ -27,6 +27,7 @@ pub mod result;
 pub mod stats;
 pub mod targets;
 pub mod tpch;
+pub mod tpch_pipeline;
 #[cfg(feature = "wire")]
 pub mod wire;
 pub mod workload;

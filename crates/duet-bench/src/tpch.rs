@@ -17,13 +17,9 @@
 //! NewOrder; see `chbench.rs`). All versions compute the same result on a
 //! quiesced database (tested against the `reference_*` evaluations).
 //!
-//! Where the aggregation pipeline plugs in (not written here): Q1 is
-//! `$match {ol_shipdate_day: {$lte}}` → `$group {_id: {flag, status}, $sum…,
-//! $avg…, $count}` → `$sort`; Q4 needs a per-order existence test (a `$lookup`
-//! into `order_line`, which the pipeline does not plan yet) so it stays an
-//! `olcp_query` with point ranges; Q17 is a two-level `$group` (per part, then
-//! a filtered sum) after a `$lookup` into `item`. Each pipeline version should
-//! be checked against the `reference_*` functions below.
+//! The same three queries as ordinary aggregation pipelines (`$lookup`
+//! joins, run as OLCP by the engine) are in `tpch_pipeline.rs`; the tests
+//! check them against the versions here and the `reference_*` functions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;

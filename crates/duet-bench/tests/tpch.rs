@@ -290,3 +290,84 @@ fn q1_as_an_aggregation_pipeline_equals_the_olcp_query() {
         assert_eq!(num(row, "count_order"), i128::from(g.count_order));
     }
 }
+
+/// Q1, Q4 and Q17 as ordinary pipelines (`$lookup` joins) give the OLCP
+/// versions' exact answers under every strategy; their scan parts are
+/// commutative, so `auto` runs them as OLCP, and the joined collection is
+/// read at the scan's csn.
+#[test]
+fn pipelines_match_the_olcp_versions_under_every_strategy() {
+    use duet_bench::tpch::{Answer, Query};
+    use duet_bench::tpch_pipeline::run_pipeline;
+    use duetdb::Strategy;
+    let (db, _) = loaded();
+    let (items, _, lines) = tpch::static_copy(&db.snapshot()).expect("copy");
+    let p17 = q17_params(&items, &lines);
+    let olcp = [
+        Answer::Q1(tpch::q1_olcp(&db, 2).expect("q1").0),
+        Answer::Q4(tpch::q4_olcp(&db, 2).expect("q4").0),
+        Answer::Q17(tpch::q17_olcp(&db, &p17, 2).expect("q17").0),
+    ];
+    for (query, want) in Query::ALL.into_iter().zip(&olcp) {
+        for s in [
+            Strategy::Auto,
+            Strategy::Cow,
+            Strategy::Vls,
+            Strategy::Olcp,
+            Strategy::None,
+        ] {
+            let (got, explain) = run_pipeline(&db, query, s, &p17).expect("pipeline");
+            assert_eq!(&got, want, "{query:?} under {s:?}");
+            assert_eq!(explain.foreign_csn, Some(explain.start_csn));
+            if s == Strategy::Auto {
+                assert!(explain.olcp_eligible, "{query:?}");
+                assert_eq!(explain.strategy, Strategy::Olcp, "{query:?}");
+            }
+        }
+    }
+    if let Answer::Q4(q4) = &olcp[1] {
+        assert!(q4.values().sum::<u64>() > 0);
+    }
+    if let Answer::Q17(q17) = &olcp[2] {
+        assert!(q17.parts >= 1);
+    }
+}
+
+/// The pipelines stay exact while answer-neutral updates run (OLCP hands
+/// superseded versions over; the joined collection is pinned at the start).
+#[test]
+fn pipelines_stay_exact_under_answer_neutral_updates() {
+    use duet_bench::tpch::{Answer, Query};
+    use duet_bench::tpch_pipeline::run_pipeline;
+    use duetdb::Strategy;
+    let (db, loaded) = loaded();
+    let (items, orders, lines) = tpch::static_copy(&db.snapshot()).expect("copy");
+    let p17 = q17_params(&items, &lines);
+    let want = [
+        Answer::Q1(tpch::reference_q1(&lines)),
+        Answer::Q4(tpch::reference_q4(&orders, &lines)),
+        Answer::Q17(tpch::reference_q17(&items, &lines, &p17)),
+    ];
+    let orders_n = loaded.orders as i64;
+    with_updates(
+        &db,
+        |db, rng| {
+            let o = rng.gen_range(0..orders_n);
+            let key = o * chbench::LINES_PER_KEY + 1;
+            db.collection(ORDER_LINE)
+                .update_one(doc! {"_id": key}, doc! {"$set": {"ol_note": "n"}})
+                .expect("update line");
+            db.collection(ORDERS)
+                .update_one(doc! {"_id": o}, doc! {"$set": {"o_comment": "touched"}})
+                .expect("update order");
+        },
+        || {
+            for s in [Strategy::Auto, Strategy::Vls] {
+                for (query, want) in Query::ALL.into_iter().zip(&want) {
+                    let (got, _) = run_pipeline(&db, query, s, &p17).expect("pipeline");
+                    assert_eq!(&got, want, "{query:?} under {s:?}");
+                }
+            }
+        },
+    );
+}

@@ -314,10 +314,10 @@ fn aggregate(r: &Request<'_>) -> CmdResult<Vec<Req>> {
     Ok(out)
 }
 
-/// How deep `$facet`/`$lookup`/`$unionWith` sub-pipelines are followed;
-/// deeper ones are parsed by nobody (the engine refuses those stages) and
-/// their collections still need `find` through the top-level stage.
-const MAX_PIPELINE_DEPTH: usize = 8;
+/// How deep `$facet`/`$lookup`/`$unionWith` sub-pipelines are followed: as
+/// deep as the engine runs them (`MAX_SUB_PIPELINE_DEPTH`, MongoDB's 20;
+/// deeper pipelines are refused with 232 before anything is read).
+const MAX_PIPELINE_DEPTH: usize = 20;
 
 fn pipeline(db: &str, base: &Resource, stages: &[Bson], depth: usize, out: &mut Vec<Req>) {
     for stage in stages {

@@ -355,33 +355,32 @@ const SUPPORTED_STAGES: &[&str] = &[
     "$limit",
     "$skip",
     "$count",
+    "$lookup",
+    "$graphLookup",
+    "$unionWith",
+    "$facet",
+    "$replaceRoot",
+    "$replaceWith",
+    "$sample",
+    "$bucket",
+    "$bucketAuto",
+    "$sortByCount",
+    "$setWindowFields",
+    "$densify",
+    "$fill",
+    "$documents",
+    "$out",
+    "$merge",
 ];
 
 /// Stages MongoDB has that we do not execute yet (refused with 115, not 40324).
 const KNOWN_UNSUPPORTED: &[&str] = &[
-    "$lookup",
-    "$facet",
-    "$bucket",
-    "$bucketAuto",
-    "$sortByCount",
-    "$replaceRoot",
-    "$replaceWith",
-    "$sample",
-    "$out",
-    "$merge",
     "$geoNear",
-    "$graphLookup",
     "$redact",
     "$collStats",
     "$indexStats",
-    "$densify",
-    "$fill",
-    "$setWindowFields",
-    "$unionWith",
-    "$documents",
     "$currentOp",
     "$listSessions",
-    "$planCacheStats",
     "$search",
 ];
 
@@ -403,6 +402,11 @@ fn pipeline_stages(pipeline: &[Bson]) -> CmdResult<Vec<Document>> {
             ));
         }
         let name = stage.keys().next().map(String::as_str).unwrap_or_default();
+        if name == "$planCacheStats" {
+            return Err(CommandError::not_supported(
+                "$planCacheStats is not supported by duetdb: it keeps no plan cache (every query is planned when it runs; use explain to see the plan)",
+            ));
+        }
         if !SUPPORTED_STAGES.contains(&name) {
             if KNOWN_UNSUPPORTED.contains(&name) {
                 return Err(CommandError::not_supported(format!(
@@ -447,15 +451,26 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             return super::changes::aggregate(ctx, cmd, coll, pipeline);
         }
     }
+    let let_vars = args::opt_doc(cmd, "let")?;
     let coll = match cmd.get("aggregate") {
         Some(Bson::String(s)) => s.as_str(),
         _ if target.in_transaction() => {
             return Err(super::txn::not_in_transaction("a database-level aggregate"))
         }
         _ => {
-            return Err(CommandError::not_supported(
-                "database-level aggregation ({aggregate: 1}) is not supported by duetdb",
-            ))
+            let stages = pipeline_of(cmd)?;
+            let documents = stages.first().is_some_and(|s| s.contains_key("$documents"));
+            if !documents {
+                return Err(CommandError::not_supported(
+                    "database-level aggregation ({aggregate: 1}) is supported by duetdb only for pipelines that start with $documents",
+                ));
+            }
+            let first =
+                first_batch_size(args::opt_doc(cmd, "cursor")?.unwrap_or(&Document::new()))?;
+            let limits = read_limits(ctx, cmd)?;
+            let docs = ctx.database()?.aggregate(stages, &limits, let_vars)?;
+            let cursor = Cursor::from_owned(ctx.ns("$cmd.aggregate"), ctx.conn.id, docs);
+            return cursor_reply(ctx, cursor, first, false, None);
         }
     };
     let stages = pipeline_of(cmd)?;
@@ -483,8 +498,27 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         return cursor_reply(ctx, cursor, first, false, None);
     }
     let limits = read_limits(ctx, cmd)?;
+    // `$out`/`$merge` write: they read the latest state (one root, as the
+    // default held snapshot would) and publish their output as one writer
+    // command; a named snapshot or a read concern still goes to the held
+    // source, which refuses to write.
+    let writes = stages
+        .last()
+        .is_some_and(|s| s.contains_key("$out") || s.contains_key("$merge"));
+    let held_on_purpose = args::opt_doc(cmd, "$duet")?
+        .is_some_and(|d| d.contains_key("snapshotName"))
+        || cmd.contains_key("readConcern")
+            && !matches!(super::read_concern(cmd)?, super::ReadConcern::Default);
+    if writes && !target.in_transaction() && !held_on_purpose {
+        let strategy = super::duet_strategy(cmd)?.unwrap_or(duetdb::Strategy::Cow);
+        ctx.database()?
+            .collection(coll)
+            .aggregate_let(stages, strategy, &limits, let_vars)?;
+        let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, Vec::new());
+        return cursor_reply(ctx, cursor, first, false, None);
+    }
     let source = read_source(ctx, cmd, coll, target)?;
-    let docs = source.aggregate(stages, &limits)?;
+    let docs = source.aggregate(stages, &limits, let_vars)?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
     cursor_reply(ctx, cursor, first, false, source.at())
 }

@@ -316,19 +316,23 @@ impl ReadSource<'_> {
         })
     }
 
-    /// Run a pipeline (its stages already checked); the result is materialized.
+    /// Run a pipeline (its stages already checked) with the command's `let`
+    /// variables; the result is materialized. Its `$lookup`s read the other
+    /// collections from the same source (the held snapshot, the live
+    /// scan's start, the transaction).
     pub fn aggregate(
         &self,
         stages: Vec<Document>,
         limits: &ReadLimits,
+        let_vars: Option<&Document>,
     ) -> CmdResult<Vec<Document>> {
         let limits = self.limits_for(limits);
         Ok(match self {
             ReadSource::Live { coll, strategy } => {
-                coll.aggregate_limited(stages, *strategy, &limits)?.0
+                coll.aggregate_let(stages, *strategy, &limits, let_vars)?.0
             }
-            ReadSource::Held { coll, .. } => coll.aggregate_limited(stages, &limits)?,
-            ReadSource::Txn(coll) => Crud::aggregate(coll, stages)?,
+            ReadSource::Held { coll, .. } => coll.aggregate_let(stages, &limits, let_vars)?,
+            ReadSource::Txn(coll) => coll.aggregate_let(stages, let_vars)?,
         })
     }
 

@@ -1,9 +1,21 @@
-//! Aggregation on live collections and held snapshots: the pipeline is
-//! prepared in `query::aggregate` (parse, commutative split), its strategy
-//! chosen by [`choose`], then the scanned documents are pushed through the
-//! pipeline's executor ([`crate::query::aggregate::Exec`]) one at a time — or,
-//! under OLCP, the commutative part runs on the map threads and its output is
-//! pushed through the rest.
+//! Aggregation on live collections, held snapshots and whole databases: the
+//! pipeline is prepared in `query::aggregate` (parse with the command's
+//! `let`, commutative split), its strategy chosen by [`choose`], then the
+//! scanned documents are pushed through the pipeline's executor
+//! ([`crate::query::aggregate::Exec`]) one at a time — or, under OLCP, the
+//! commutative part runs on the map threads and its output is pushed
+//! through the rest. A pipeline ending in `$out`/`$merge` then writes its
+//! output as one writer command (`api::out`).
+//!
+//! One snapshot per pipeline: every collection a pipeline reads besides its
+//! own (`$lookup`, `$graphLookup`, `$unionWith`, in sub-pipelines too) is
+//! pinned by the scan itself, from the very state it starts at (the `cow`
+//! root, or the VLS/OLCP registration boundary; `snapshot::scan::Capture`),
+//! before the first document is visited. So a `$lookup` sees the other
+//! collection at the same csn as the outer scan, under every strategy,
+//! although neither is held for the whole read under `vls`/`olcp`: only the
+//! pinned *other* collections are (their copy-on-write roots). MongoDB gives
+//! no such guarantee outside a transaction.
 //!
 //! Every aggregation runs under [`ReadLimits`]: the scan, the OLCP threads and
 //! the executor check its cancellation token once per page, a `$sort` is
@@ -12,17 +24,17 @@
 //! executor every page, so nothing is materialized before the rest's `$sort`.
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use bson::Document;
 
-use crate::api::{Collection, SnapshotCollection};
+use crate::api::{Collection, Database, SnapshotCollection};
 use crate::error::{Error, Result};
-use crate::query::aggregate::{prepare, Exec, PartialState, Prepared};
+use crate::query::aggregate::{prepare_with, Exec, PartialState, Pinned, Prepared, Runtime};
 use crate::query::limits::{ReadLimits, PAGE_DOCS};
 use crate::query::{planner, Filter};
 use crate::snapshot::olcp::{self, OlcpOptions};
+use crate::snapshot::scan::{self, Capture};
 use crate::snapshot::{choose, Choice, Read, Strategy};
 
 /// How an aggregation ran (or would run).
@@ -48,6 +60,9 @@ pub struct AggregateExplain {
     pub from_remset: u64,
     /// Whether the scan stopped early because of a leading `$limit`.
     pub stopped_early: bool,
+    /// The commit the other collections (`$lookup`, `$unionWith`, ...) were
+    /// read at: always `start_csn` (one snapshot per pipeline).
+    pub foreign_csn: Option<u64>,
 }
 
 impl AggregateExplain {
@@ -63,6 +78,7 @@ impl AggregateExplain {
             "winningPlan": self.plan.clone(),
             "fromRemset": self.from_remset as i64,
             "stoppedEarly": self.stopped_early,
+            "foreignCsn": self.foreign_csn.map(|c| c as i64),
         }
     }
 }
@@ -94,22 +110,75 @@ impl Collection {
         strategy: Strategy,
         limits: &ReadLimits,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
-        let mut p = prepare(&pipeline)?;
+        self.aggregate_let(pipeline, strategy, limits, None)
+    }
+
+    /// [`Collection::aggregate_limited`] with the command's `let` variables
+    /// (`$$name` in every stage's expressions and `$expr` filters). A
+    /// pipeline ending in `$out`/`$merge` writes its output (one writer
+    /// command) and returns no document.
+    pub fn aggregate_let(
+        &self,
+        pipeline: Vec<Document>,
+        strategy: Strategy,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<(Vec<Document>, AggregateExplain)> {
+        let mut p = prepare_with(&pipeline, let_vars)?;
         p.limit_memory(limits.memory_limit_bytes);
+        if p.documents {
+            let docs = self.database().run_documents(&p, limits)?;
+            let explain = documents_explain(&p, self.database().csn());
+            if let Some(out) = p.output() {
+                self.database().write_output(out, docs)?;
+                return Ok((Vec::new(), explain));
+            }
+            return Ok((docs, explain));
+        }
         let choice = self.choose_for(&p, strategy)?;
         let spill_dir = limits.spill_dir_or(self.database().spill_dir());
-        if choice.strategy == Strategy::Olcp {
-            return self.aggregate_olcp(p, choice.reason, limits, spill_dir);
+        let pinned: OnceLock<Pinned> = OnceLock::new();
+        let rt = Runtime::new(&pinned, limits.clone(), spill_dir);
+        let capture = Capture {
+            names: &p.foreign,
+            into: &pinned,
+        };
+        let (docs, explain) = if choice.strategy == Strategy::Olcp {
+            self.aggregate_olcp(&p, choice.reason, &rt, capture)?
+        } else {
+            self.aggregate_scan(&p, choice, &rt, capture)?
+        };
+        match p.output() {
+            Some(out) => {
+                self.database().write_output(out, docs)?;
+                Ok((Vec::new(), explain))
+            }
+            None => Ok((docs, explain)),
         }
-        let mut exec = p.exec(limits, spill_dir);
+    }
+
+    /// One scan under a non-OLCP strategy, every document pushed through
+    /// the whole pipeline as it comes.
+    fn aggregate_scan(
+        &self,
+        p: &Prepared,
+        choice: Choice,
+        rt: &Runtime<'_>,
+        capture: Capture<'_>,
+    ) -> Result<(Vec<Document>, AggregateExplain)> {
+        let mut exec = p.exec(rt);
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
-        let read = read_of(&p);
-        let outcome = self.scan_read(
-            p.filter.clone(),
+        let filter = Filter::parse(&p.filter)?;
+        let outcome = scan::scan_capturing(
+            self.database().writer(),
+            self.name(),
+            &filter,
+            |c| planner::plan(c, &filter, None, None),
             choice.strategy,
-            read,
-            &limits.cancel,
+            read_of(p),
+            &rt.limits.cancel,
+            Some(capture),
             |d| match exec.push_doc(d) {
                 Ok(ControlFlow::Continue(())) => ControlFlow::Continue(()),
                 Ok(ControlFlow::Break(())) => {
@@ -122,6 +191,7 @@ impl Collection {
                 }
             },
         )?;
+        self.database().note_read(outcome.strategy);
         if let Some(e) = failed {
             return Err(e);
         }
@@ -131,7 +201,7 @@ impl Collection {
             docs,
             AggregateExplain {
                 olcp_eligible: p.eligible,
-                scan_filter: p.filter,
+                scan_filter: p.filter.clone(),
                 commutative_stages,
                 rest_stages,
                 strategy: outcome.strategy,
@@ -140,6 +210,7 @@ impl Collection {
                 plan: outcome.plan.explain(),
                 from_remset: outcome.from_remset,
                 stopped_early,
+                foreign_csn: rt.foreign.csn(),
             },
         ))
     }
@@ -147,13 +218,15 @@ impl Collection {
     /// The commutative part as an OLCP query: one pass, map = feed on one state
     /// per thread, reduce = merge; superseded versions are handed over, not
     /// kept. Without a `$group`, each thread hands its documents to the shared
-    /// executor of the rest every page (so a `$sort` there bounds them).
+    /// executor of the rest every page (so a `$sort` there bounds them). The
+    /// other collections a `$lookup` reads are pinned at the query's
+    /// registration boundary, before any document is mapped.
     fn aggregate_olcp(
         &self,
-        p: Prepared,
+        p: &Prepared,
         reason: &'static str,
-        limits: &ReadLimits,
-        spill_dir: PathBuf,
+        rt: &Runtime<'_>,
+        capture: Capture<'_>,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -164,7 +237,7 @@ impl Collection {
             vec![p.filter.clone()]
         };
         let part = &p.part;
-        let rest = Mutex::new(p.rest_exec(limits, spill_dir));
+        let rest = Mutex::new(p.rest_exec(rt));
         let hand_over = |st: &mut PartialState| -> Result<()> {
             if let Some(docs) = st.take_docs() {
                 let mut exec = rest
@@ -189,7 +262,7 @@ impl Collection {
             || Ok(part.new_state()),
             |s: &mut Result<PartialState>, d, _| {
                 if let Ok(st) = s {
-                    let fed = part.feed(st, d).and_then(|()| {
+                    let fed = part.feed_with(st, d, rt).and_then(|()| {
                         if st.len() >= PAGE_DOCS {
                             hand_over(st)
                         } else {
@@ -207,7 +280,8 @@ impl Collection {
                 (Err(e), _) | (_, Err(e)) => Err(e),
             },
             OlcpOptions { threads },
-            &limits.cancel,
+            &rt.limits.cancel,
+            Some(capture),
         )?;
         let mut exec = rest
             .into_inner()
@@ -231,7 +305,7 @@ impl Collection {
             docs,
             AggregateExplain {
                 olcp_eligible: p.eligible,
-                scan_filter: p.filter,
+                scan_filter: p.filter.clone(),
                 commutative_stages,
                 rest_stages,
                 strategy: Strategy::Olcp,
@@ -240,13 +314,14 @@ impl Collection {
                 plan,
                 from_remset: 0,
                 stopped_early: false,
+                foreign_csn: rt.foreign.csn(),
             },
         ))
     }
 
     /// How [`Collection::aggregate`] would run `pipeline`, without running it.
     pub fn explain_aggregate(&self, pipeline: Vec<Document>) -> Result<Document> {
-        let p = prepare(&pipeline)?;
+        let p = prepare_with(&pipeline, None)?;
         let find = self.find(p.filter.clone()).explain()?;
         let requested = self.database().default_strategy();
         let choice = self.choose_for(&p, requested)?;
@@ -290,15 +365,38 @@ impl SnapshotCollection {
         pipeline: Vec<Document>,
         limits: &ReadLimits,
     ) -> Result<Vec<Document>> {
-        let p = prepare(&pipeline)?;
-        let mut exec: Exec<'_> = p.exec(limits, limits.spill_dir_or(None));
-        for d in self
-            .find(p.filter.clone())
-            .limits(limits.clone())
-            .stream()?
-        {
-            if exec.push_doc(&d?)?.is_break() {
-                break;
+        self.aggregate_let(pipeline, limits, None)
+    }
+
+    /// [`SnapshotCollection::aggregate_limited`] with the command's `let`
+    /// variables. The other collections are read from the same snapshot. A
+    /// held snapshot cannot write: `$out`/`$merge` are refused (run them on
+    /// the live collection).
+    pub fn aggregate_let(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<Vec<Document>> {
+        let p = prepare_with(&pipeline, let_vars)?;
+        if let Some(out) = p.output() {
+            return Err(Error::IllegalOperation(format!(
+                "{} cannot run on a held snapshot: it writes; run it on the live collection",
+                out.stage_name()
+            )));
+        }
+        let pinned = Pinned::from_state(self.state(), &p.foreign, limits.cancel.clone());
+        let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
+        let mut exec: Exec<'_> = p.exec(&rt);
+        if !p.documents {
+            for d in self
+                .find(p.filter.clone())
+                .limits(limits.clone())
+                .stream()?
+            {
+                if exec.push_doc(&d?)?.is_break() {
+                    break;
+                }
             }
         }
         exec.finish()
@@ -306,13 +404,81 @@ impl SnapshotCollection {
 
     /// How [`SnapshotCollection::aggregate`] would run `pipeline`.
     pub fn explain_aggregate(&self, pipeline: Vec<Document>) -> Result<Document> {
-        let p = prepare(&pipeline)?;
+        let p = prepare_with(&pipeline, None)?;
         let find = self.find(p.filter.clone()).explain()?;
         let held = Choice {
             strategy: Strategy::Cow,
             reason: "held snapshot",
         };
         Ok(explain_doc(&p, find, Strategy::Cow, held))
+    }
+}
+
+impl Database {
+    /// A database-level aggregation (`{aggregate: 1}`): a pipeline that
+    /// starts with `$documents` and reads no collection of its own (its
+    /// `$lookup`s and `$unionWith`s read the latest published state, one
+    /// snapshot). Ends in `$out`/`$merge`: written, nothing returned.
+    pub fn aggregate(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<Vec<Document>> {
+        let mut p = prepare_with(&pipeline, let_vars)?;
+        p.limit_memory(limits.memory_limit_bytes);
+        if !p.documents {
+            let first = pipeline
+                .first()
+                .and_then(|s| s.keys().next().cloned())
+                .unwrap_or_default();
+            return Err(Error::Coded {
+                code: 73,
+                name: "InvalidNamespace",
+                msg: format!(
+                    "{{aggregate: 1}} is not valid for '{first}'; a collection is required."
+                ),
+            });
+        }
+        let docs = self.run_documents(&p, limits)?;
+        match p.output() {
+            Some(out) => {
+                self.write_output(out, docs)?;
+                Ok(Vec::new())
+            }
+            None => Ok(docs),
+        }
+    }
+
+    /// A pipeline that starts with `$documents`, on the latest state.
+    pub(crate) fn run_documents(&self, p: &Prepared, limits: &ReadLimits) -> Result<Vec<Document>> {
+        let state = self.writer().published();
+        let pinned = Pinned::from_state(&state, &p.foreign, limits.cancel.clone());
+        drop(state);
+        let rt = Runtime::new(
+            &pinned,
+            limits.clone(),
+            limits.spill_dir_or(self.spill_dir()),
+        );
+        p.exec(&rt).finish()
+    }
+}
+
+/// What a `$documents` pipeline ran as (no scan).
+fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
+    let (commutative_stages, rest_stages) = p.names();
+    AggregateExplain {
+        olcp_eligible: false,
+        scan_filter: Document::new(),
+        commutative_stages,
+        rest_stages,
+        strategy: Strategy::Cow,
+        reason: "$documents reads no collection",
+        start_csn: csn,
+        plan: bson::doc! {"stage": "DOCUMENTS"},
+        from_remset: 0,
+        stopped_early: false,
+        foreign_csn: Some(csn),
     }
 }
 

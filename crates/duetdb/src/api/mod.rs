@@ -14,6 +14,7 @@ pub mod engine;
 pub mod find;
 pub mod named;
 pub mod olcp;
+pub mod out;
 pub mod snapshot;
 pub mod stats;
 pub mod text;

@@ -78,6 +78,7 @@ impl Database {
             reduce,
             options,
             cancel,
+            None,
         )
     }
 }

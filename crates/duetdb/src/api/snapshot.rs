@@ -112,4 +112,9 @@ impl SnapshotCollection {
     pub fn stats(&self) -> Option<CollStats> {
         self.state.collection(&self.name).map(stats_of)
     }
+
+    /// The held state (the other collections a pipeline reads come from it).
+    pub(crate) fn state(&self) -> &Arc<DbState> {
+        &self.state
+    }
 }

@@ -23,6 +23,7 @@ use crate::api::crud::{self, CheckedModify, CheckedUpdate, Crud, PreparedDoc};
 use crate::api::{Database, FindOptions, ReturnDocument};
 use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
+use crate::query::aggregate::{Foreign, Runtime};
 use crate::query::distinct::Distinct;
 use crate::query::planner;
 use crate::query::update::upsert_seed;
@@ -742,12 +743,76 @@ impl Crud for TxnCollection<'_> {
     /// the whole pipeline (that `$match` again included, harmlessly) then
     /// runs on it.
     fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
-        let scan = Pipeline::parse(&pipeline)?.split().scan_filter;
-        let input = self
-            .find_raw(scan.unwrap_or_default(), FindOptions::default())?
-            .iter()
-            .map(|d| doc::to_document(d))
-            .collect::<Result<Vec<_>>>()?;
-        Pipeline::parse(&pipeline)?.run_on(input)
+        self.aggregate_let(pipeline, None)
+    }
+}
+
+impl TxnCollection<'_> {
+    /// [`Crud::aggregate`] with the command's `let` variables. `$lookup`,
+    /// `$graphLookup` and `$unionWith` read the other collections as this
+    /// transaction sees them (its snapshot and its own writes; under
+    /// `serializable` those reads are validated at commit like any other).
+    /// `$out`/`$merge` are refused (263), as MongoDB refuses them.
+    pub fn aggregate_let(
+        &self,
+        pipeline: Vec<Document>,
+        let_vars: Option<&Document>,
+    ) -> Result<Vec<Document>> {
+        let p = Pipeline::parse_with_let(&pipeline, let_vars)?;
+        if let Some(out) = p.output() {
+            return Err(Error::Coded {
+                code: 263,
+                name: "OperationNotSupportedInTransaction",
+                msg: format!("{} cannot be used in a transaction", out.stage_name()),
+            });
+        }
+        let input = if p.starts_with_documents() {
+            Vec::new()
+        } else {
+            let scan = p.clone().split().scan_filter;
+            self.find_raw(scan.unwrap_or_default(), FindOptions::default())?
+                .iter()
+                .map(|d| doc::to_document(d))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut txn = self.txn()?;
+        let foreign = TxnForeign {
+            txn: std::sync::Mutex::new(&mut **txn),
+        };
+        let rt = Runtime::new(
+            &foreign,
+            crate::query::limits::ReadLimits::default(),
+            crate::query::limits::default_temp_spill_dir(),
+        );
+        p.run_on_with(input, &rt)
+    }
+}
+
+/// A transaction's view of the other collections of a pipeline.
+struct TxnForeign<'a> {
+    txn: std::sync::Mutex<&'a mut Transaction>,
+}
+
+impl Foreign for TxnForeign<'_> {
+    fn scan(
+        &self,
+        coll: &str,
+        filter: &Filter,
+        visit: &mut dyn FnMut(&DocRef) -> Result<ControlFlow<()>>,
+    ) -> Result<()> {
+        let docs = {
+            let mut txn = self
+                .txn
+                .lock()
+                .map_err(|_| Error::Internal("transaction lock poisoned".into()))?;
+            txn.check_active()?;
+            txn.matching(coll, filter)?
+        };
+        for d in &docs {
+            if visit(d)?.is_break() {
+                break;
+            }
+        }
+        Ok(())
     }
 }

@@ -22,7 +22,9 @@
 //!
 //! Point ranges are read "as of the start" from a copy-on-write root of the
 //! named collections taken at registration (only those collections are held;
-//! documents outside the declared ranges cannot be read).
+//! documents outside the declared ranges cannot be read). A [`Capture`]
+//! (a pipeline's `$lookup` targets) is pinned at the same registration
+//! boundary, before any document is mapped.
 //!
 //! Cancellation: every map thread checks the query's `CancelToken` once per
 //! page; a cancelled query ends its table pass incomplete (the slot's bits
@@ -42,7 +44,7 @@ use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
 use crate::query::planner;
 use crate::query::Filter;
-use crate::snapshot::scan::PAGE;
+use crate::snapshot::scan::{Capture, PAGE};
 use crate::snapshot::vls::{index_ref, index_rids, register_scan, ReadLog, Registered};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
@@ -126,6 +128,7 @@ pub fn olcp_query_with<S, I, M, R>(
     reduce: R,
     options: OlcpOptions,
     cancel: &CancelToken,
+    capture: Option<Capture<'_>>,
 ) -> Result<(S, OlcpReport)>
 where
     S: Send,
@@ -138,7 +141,7 @@ where
         .iter()
         .map(|p| Ok((p.coll.clone(), Filter::parse(&p.filter)?)))
         .collect::<Result<_>>()?;
-    let mut query = match start(writer, coll, &filter, &point_filters, cancel)? {
+    let mut query = match start(writer, coll, &filter, &point_filters, cancel, capture)? {
         Started::Absent { csn } => {
             let report = OlcpReport {
                 start_csn: csn,
@@ -253,16 +256,23 @@ fn start<'a>(
     filter: &Filter,
     point_filters: &[(String, Filter)],
     cancel: &CancelToken,
+    capture: Option<Capture<'_>>,
 ) -> Result<Started<'a>> {
     let published = writer.published();
     let Some(c) = published.collection(coll) else {
+        if let Some(cap) = capture {
+            cap.pin_from_state(&published, cancel);
+        }
         return Ok(Started::Absent { csn: published.csn });
     };
     let plan = planner::plan(c, filter, None, None)?;
     let vls = c.vls.clone();
     drop(published);
     let sink = Arc::new(OlcpSink::default());
-    let capture: Vec<String> = point_filters.iter().map(|(c, _)| c.clone()).collect();
+    let mut names: Vec<String> = point_filters.iter().map(|(c, _)| c.clone()).collect();
+    if let Some(cap) = capture {
+        names.extend(cap.names.iter().cloned());
+    }
     let index_ref = index_ref(&plan.access);
     let mut reg = register_scan(
         writer,
@@ -270,10 +280,17 @@ fn start<'a>(
         &vls,
         index_ref,
         Some(sink.clone()),
-        capture,
+        names,
         cancel,
     )?;
-    let points = point_reader(std::mem::take(&mut reg.captured), point_filters);
+    if let Some(cap) = capture {
+        cap.pin_from_captured(reg.start_csn, &reg.captured, cancel);
+    }
+    let captured = std::mem::take(&mut reg.captured)
+        .into_iter()
+        .filter(|(n, _)| point_filters.iter().any(|(p, _)| p == n))
+        .collect();
+    let points = point_reader(captured, point_filters);
     let work = match reg.index.take() {
         None => Work::Rids {
             end: reg.start_next_rid,

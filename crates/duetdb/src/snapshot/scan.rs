@@ -8,13 +8,20 @@
 //! `Error::Interrupted` within one page, after releasing what it holds (a
 //! VLS/OLCP slot goes through its ordinary end-of-scan path, so the status
 //! masks and the remset stay consistent).
+//!
+//! A scan may also pin other collections at its own snapshot ([`Capture`]:
+//! a pipeline's `$lookup`/`$unionWith` targets): taken from the root a
+//! `cow` scan walks, the first root a `none` scan reads, or the state at a
+//! VLS/OLCP registration boundary, and always before the first visit — so
+//! the scanned collection and the pinned ones are one csn.
 
 use std::ops::{Bound, ControlFlow};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Result};
+use crate::query::aggregate::Pinned;
 use crate::query::planner::{self, Access, Plan};
 use crate::query::Filter;
 use crate::snapshot::vls::vls_scan;
@@ -24,6 +31,7 @@ use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
 use crate::store::index::{IndexKey, ValueKey};
 use crate::store::vls::OlcpSink;
+use crate::store::DbState;
 use crate::write::writer::Writer;
 
 /// Records read from one published state before reloading the latest one: small
@@ -74,6 +82,37 @@ pub enum IndexRef {
     Secondary(String),
 }
 
+/// Other collections a scan pins at its own snapshot (see the module doc).
+#[derive(Debug, Clone, Copy)]
+pub struct Capture<'a> {
+    pub names: &'a [String],
+    /// Filled once, before the scan's first visit.
+    pub into: &'a OnceLock<Pinned>,
+}
+
+impl Capture<'_> {
+    /// Pin `names` from `state` (O(1) per name).
+    pub(crate) fn pin_from_state(&self, state: &DbState, cancel: &CancelToken) {
+        let _ = self
+            .into
+            .set(Pinned::from_state(state, self.names, cancel.clone()));
+    }
+
+    /// Pin the roots a registration boundary captured at `csn`.
+    pub(crate) fn pin_from_captured(
+        &self,
+        csn: u64,
+        captured: &[(String, CollectionState)],
+        cancel: &CancelToken,
+    ) {
+        let colls = captured
+            .iter()
+            .filter(|(n, _)| self.names.contains(n))
+            .map(|(n, c)| (n.clone(), Some(c.clone())));
+        let _ = self.into.set(Pinned::new(csn, colls, cancel.clone()));
+    }
+}
+
 /// Visit every document matching `filter` in collection `coll`, under the
 /// strategy [`choose`] picks for `requested` and `read` once the plan is
 /// known, until `visit` breaks or `cancel` is cancelled (then
@@ -88,6 +127,27 @@ pub fn scan<F>(
     requested: Strategy,
     read: Read,
     cancel: &CancelToken,
+    visit: F,
+) -> Result<ScanOutcome>
+where
+    F: FnMut(&DocRef) -> ControlFlow<()>,
+{
+    scan_capturing(
+        writer, coll, filter, plan_for, requested, read, cancel, None, visit,
+    )
+}
+
+/// [`scan`] that first pins `capture`'s collections at the scan's snapshot.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_capturing<F>(
+    writer: &Writer,
+    coll: &str,
+    filter: &Filter,
+    plan_for: impl Fn(&CollectionState) -> Result<Plan>,
+    requested: Strategy,
+    read: Read,
+    cancel: &CancelToken,
+    capture: Option<Capture<'_>>,
     mut visit: F,
 ) -> Result<ScanOutcome>
 where
@@ -95,6 +155,9 @@ where
 {
     let state = writer.published();
     let Some(c) = state.collection(coll) else {
+        if let Some(cap) = capture {
+            cap.pin_from_state(&state, cancel);
+        }
         let choice = choose(requested, read, None);
         return Ok(ScanOutcome {
             strategy: choice.strategy,
@@ -123,11 +186,17 @@ where
     };
     match choice.strategy {
         Strategy::Cow | Strategy::Auto => {
+            if let Some(cap) = capture {
+                cap.pin_from_state(&state, cancel);
+            }
             planner::execute_with(c, &plan, filter, cancel, |_, d| visit(d))?;
             Ok(done(state.csn, plan))
         }
         Strategy::None => {
             let start_csn = state.csn;
+            if let Some(cap) = capture {
+                cap.pin_from_state(&state, cancel);
+            }
             drop(state);
             none_scan(writer, coll, filter, &plan, cancel, &mut visit)?;
             // An `$expr` that failed on some document fails the whole read.
@@ -138,7 +207,9 @@ where
             let vls = c.vls.clone();
             drop(state);
             let sink = (choice.strategy == Strategy::Olcp).then(|| Arc::new(OlcpSink::default()));
-            let mut outcome = vls_scan(writer, coll, vls, filter, plan, sink, cancel, &mut visit)?;
+            let mut outcome = vls_scan(
+                writer, coll, vls, filter, plan, sink, cancel, capture, &mut visit,
+            )?;
             filter.check()?;
             outcome.reason = choice.reason;
             Ok(outcome)

@@ -36,7 +36,7 @@ use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
 use crate::query::planner::{Access, Plan};
 use crate::query::Filter;
-use crate::snapshot::scan::{IndexAtStart, IndexRef, ScanOutcome, PAGE};
+use crate::snapshot::scan::{Capture, IndexAtStart, IndexRef, ScanOutcome, PAGE};
 use crate::snapshot::Strategy;
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
@@ -241,6 +241,7 @@ pub(crate) fn vls_scan<F>(
     plan: Plan,
     sink: Option<Arc<OlcpSink>>,
     cancel: &CancelToken,
+    capture: Option<Capture<'_>>,
     visit: &mut F,
 ) -> Result<ScanOutcome>
 where
@@ -254,16 +255,21 @@ where
         start_next_rid,
         start_len,
         index,
-        ..
+        captured,
     } = register_scan(
         writer,
         coll,
         &vls,
         index_ref,
         sink.clone(),
-        Vec::new(),
+        capture.map(|c| c.names.to_vec()).unwrap_or_default(),
         cancel,
     )?;
+    // The other collections as of the registration boundary: the same
+    // commit as this scan's start, pinned before its first visit.
+    if let Some(cap) = capture {
+        cap.pin_from_captured(start_csn, &captured, cancel);
+    }
     let mut pass = ScanPass {
         writer,
         coll,

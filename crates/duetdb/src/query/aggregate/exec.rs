@@ -6,16 +6,25 @@
 //! time, blocking stages keep what they must and emit at [`Exec::finish`]).
 //!
 //! Why push: the scan drives (it calls back per document), so per-document
-//! stages, `$skip` and `$limit` hold nothing; `$limit` answers "stop" and
-//! the scan ends early; only the blocking stages hold documents, and each is
-//! bounded:
+//! stages (`$lookup` included: it reads the other collection at the
+//! pipeline's snapshot through the [`Runtime`]), `$skip` and `$limit` hold
+//! nothing; `$limit` answers "stop" and the scan ends early; only the
+//! blocking stages hold documents, and each is bounded:
 //! - `$sort` goes through a [`Sorter`]: at most the memory limit (100 MiB by
 //!   default), then spilled runs (or 292 when disk use is not allowed); a
 //!   `$sort` followed by `$skip*`/`$limit` keeps only `skip + limit`
 //!   documents (top-k);
 //! - `$group` keeps its state under the same limit and never spills: over
 //!   it, 292 whatever `allowDiskUse` says (the documented choice);
-//! - `$count` keeps a number.
+//! - `$count` keeps a number;
+//! - `$facet` runs one nested [`Exec`] per facet on every document (each
+//!   bounded the same way) and their outputs together by the memory limit
+//!   (4031700);
+//! - `$sample` keeps a reservoir of `size` documents (uniform without
+//!   replacement, no sort), `$bucketAuto`, `$setWindowFields`, `$densify`
+//!   and `$fill` keep their input; all under the memory limit (292);
+//! - `$unionWith` holds nothing: at the end of its input it runs its
+//!   sub-pipeline on the other collection and passes the results on.
 //!
 //! The final output (what the cursor gets) is collected as it is today: the
 //! result of a pipeline is materialized.
@@ -31,29 +40,33 @@
 //! [`Pipeline::run_on`]: crate::query::aggregate::Pipeline::run_on
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bson::{Bson, Document, RawDocumentBuf};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
+use crate::doc::size::document_len;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
+use crate::query::aggregate::facet::FacetRun;
 use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::stages::{per_document, Cur};
-use crate::query::aggregate::Stage;
-use crate::query::expr::Root;
-use crate::query::limits::{ReadLimits, PAGE_DOCS};
+use crate::query::aggregate::{Runtime, Stage};
+use crate::query::expr::{Expr, Root};
+use crate::query::limits::PAGE_DOCS;
 use crate::query::sorter::Sorter;
 
 /// A document flowing between nodes.
-enum Row {
+pub(super) enum Row {
     /// A stored document no stage has rewritten (shared, not copied).
     Shared(DocRef),
     Owned(Document),
 }
 
 impl Row {
-    fn into_document(self) -> Result<Document> {
+    pub(super) fn into_document(self) -> Result<Document> {
         match self {
             Row::Shared(d) => crate::doc::to_document(&d),
             Row::Owned(d) => Ok(d),
@@ -68,16 +81,49 @@ impl Row {
             )),
         }
     }
+
+    /// A copy for another consumer (`$facet`): shared rows cost a pointer.
+    pub(super) fn duplicate(&self) -> Row {
+        match self {
+            Row::Shared(d) => Row::Shared(d.clone()),
+            Row::Owned(d) => Row::Owned(d.clone()),
+        }
+    }
+
+    /// The bytes this row holds (its encoded size).
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Row::Shared(d) => d.as_bytes().len(),
+            Row::Owned(d) => document_len(d),
+        }
+    }
 }
 
 /// One stage's execution state.
 enum Node<'p> {
     PerDoc(&'p Stage),
-    Group { group: Group, state: GroupState },
+    Group {
+        group: Group,
+        state: GroupState,
+    },
     Sort(Option<Sorter>),
     Skip(u64),
     Limit(u64),
-    Count { field: &'p str, n: u64 },
+    Count {
+        field: &'p str,
+        n: u64,
+    },
+    /// `$unionWith`: passes its input on, then the other collection's.
+    UnionWith(&'p crate::query::aggregate::lookup::UnionWith),
+    Facet(Option<FacetRun<'p>>),
+    Sample(Reservoir),
+    /// A stage that needs its whole input (`$bucketAuto`,
+    /// `$setWindowFields` (and `$fill`'s methods), `$densify`).
+    Hold(Held<'p>),
+    /// `$documents`: emits its documents when the pipeline finishes.
+    Documents(&'p Expr),
+    /// `$out` / `$merge`: the API writes what reaches the end.
+    PassThrough,
 }
 
 /// Counts rows handed between nodes and checks the token every page.
@@ -96,10 +142,36 @@ impl Ticker {
     }
 }
 
+/// Where the pipeline's output goes, with an optional bound on its bytes
+/// (a `$facet`'s outputs share one).
+struct Out {
+    docs: Vec<Document>,
+    budget: Option<(Arc<AtomicUsize>, usize)>,
+}
+
+impl Out {
+    fn push(&mut self, d: Document) -> Result<()> {
+        if let Some((used, limit)) = &self.budget {
+            let now = used.fetch_add(document_len(&d), Ordering::Relaxed) + document_len(&d);
+            if now > *limit {
+                return Err(coded!(
+                    4031700,
+                    format!(
+                        "document constructed by $facet is {now} bytes, which exceeds the limit of {limit} bytes"
+                    ),
+                ));
+            }
+        }
+        self.docs.push(d);
+        Ok(())
+    }
+}
+
 /// A pipeline being executed; see the module documentation.
 pub struct Exec<'p> {
     nodes: Vec<Node<'p>>,
-    out: Vec<Document>,
+    rt: &'p Runtime<'p>,
+    out: Out,
     ticker: Ticker,
     /// A `$limit` was reached: nothing pushed from now on can matter.
     stopped: bool,
@@ -109,21 +181,21 @@ impl std::fmt::Debug for Exec<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Exec")
             .field("nodes", &self.nodes.len())
-            .field("out", &self.out.len())
+            .field("out", &self.out.docs.len())
             .finish()
     }
 }
 
 impl<'p> Exec<'p> {
     /// Execute `stages` in order (`group` is a `$group` inserted after them
-    /// all when given first: the commutative part's).
+    /// all when given first: the commutative part's), then `rest`.
     pub(super) fn new(
         stages: &'p [Stage],
         group: Option<&'p Group>,
         rest: &'p [Stage],
-        limits: &ReadLimits,
-        spill_dir: PathBuf,
+        rt: &'p Runtime<'p>,
     ) -> Exec<'p> {
+        let limits = &rt.limits;
         let mut all: Vec<StageRef<'p>> = stages.iter().map(StageRef::Stage).collect();
         if let Some(g) = group {
             all.push(StageRef::Group(g));
@@ -145,7 +217,7 @@ impl<'p> Exec<'p> {
                     Node::Sort(Some(Sorter::new(
                         spec.clone(),
                         limits,
-                        spill_dir.clone(),
+                        rt.spill_dir.clone(),
                         keep,
                     )))
                 }
@@ -155,19 +227,46 @@ impl<'p> Exec<'p> {
                     field: field.as_str(),
                     n: 0,
                 },
+                StageRef::Stage(Stage::UnionWith(u)) => Node::UnionWith(u),
+                StageRef::Stage(Stage::Facet(f)) => Node::Facet(Some(FacetRun::new(f, rt))),
+                StageRef::Stage(Stage::Sample(n)) => Node::Sample(Reservoir::new(*n)),
+                StageRef::Stage(
+                    stage @ (Stage::BucketAuto(_) | Stage::Window(_) | Stage::Densify(_)),
+                ) => Node::Hold(Held {
+                    stage,
+                    rows: Vec::new(),
+                    bytes: 0,
+                }),
+                StageRef::Stage(Stage::Documents(e)) => Node::Documents(e),
+                StageRef::Stage(Stage::Output(_)) => Node::PassThrough,
                 StageRef::Stage(stage) => Node::PerDoc(stage),
             };
             nodes.push(node);
         }
         Exec {
             nodes,
-            out: Vec::new(),
+            rt,
+            out: Out {
+                docs: Vec::new(),
+                budget: None,
+            },
             ticker: Ticker {
                 cancel: limits.cancel.clone(),
                 rows: 0,
             },
             stopped: false,
         }
+    }
+
+    /// Bound the bytes of this execution's output by `limit`, counted in
+    /// `used` (shared with the other facets of one `$facet`): 4031700 past it.
+    pub(super) fn limit_output(&mut self, used: Arc<AtomicUsize>, limit: usize) {
+        self.out.budget = Some((used, limit));
+    }
+
+    /// Has a `$limit` ended this execution (nothing pushed can matter)?
+    pub(super) fn is_stopped(&self) -> bool {
+        self.stopped
     }
 
     /// Push a stored document; `Break`: nothing more can change the answer.
@@ -180,11 +279,17 @@ impl<'p> Exec<'p> {
         self.push_row(Row::Owned(d))
     }
 
-    fn push_row(&mut self, row: Row) -> Result<ControlFlow<()>> {
+    pub(super) fn push_row(&mut self, row: Row) -> Result<ControlFlow<()>> {
         if self.stopped {
             return Ok(ControlFlow::Break(()));
         }
-        let flow = push_at(&mut self.nodes, &mut self.out, &mut self.ticker, row)?;
+        let flow = push_at(
+            self.rt,
+            &mut self.nodes,
+            &mut self.out,
+            &mut self.ticker,
+            row,
+        )?;
         if flow.is_break() {
             self.stopped = true;
         }
@@ -194,14 +299,15 @@ impl<'p> Exec<'p> {
     /// Flush the blocking stages in order; the pipeline's output.
     pub fn finish(mut self) -> Result<Vec<Document>> {
         self.ticker.cancel.check()?;
+        let rt = self.rt;
         for i in 0..self.nodes.len() {
             let (head, rest) = self.nodes.split_at_mut(i + 1);
             let (out, ticker) = (&mut self.out, &mut self.ticker);
+            let mut emit = |row: Row| push_at(rt, rest, out, ticker, row);
             match &mut head[i] {
                 Node::Group { group, state } => {
-                    let docs = group.finish(std::mem::take(state))?;
-                    for d in docs {
-                        if push_at(rest, out, ticker, Row::Owned(d))?.is_break() {
+                    for d in group.finish(std::mem::take(state))? {
+                        if emit(Row::Owned(d))?.is_break() {
                             break;
                         }
                     }
@@ -211,7 +317,7 @@ impl<'p> Exec<'p> {
                         continue;
                     };
                     for d in sorter.finish()? {
-                        if push_at(rest, out, ticker, Row::Shared(d?))?.is_break() {
+                        if emit(Row::Shared(d?))?.is_break() {
                             break;
                         }
                     }
@@ -221,13 +327,41 @@ impl<'p> Exec<'p> {
                         let v = i32::try_from(*n)
                             .map(Bson::Int32)
                             .unwrap_or(Bson::Int64(*n as i64));
-                        let _ = push_at(rest, out, ticker, Row::Owned(bson::doc! {*field: v}))?;
+                        let _ = emit(Row::Owned(bson::doc! {*field: v}))?;
                     }
                 }
-                Node::PerDoc(_) | Node::Skip(_) | Node::Limit(_) => {}
+                Node::UnionWith(u) => u.run(rt, &mut |d| emit(Row::Owned(d)))?,
+                Node::Facet(run) => {
+                    if let Some(run) = run.take() {
+                        let _ = emit(Row::Owned(run.finish()?))?;
+                    }
+                }
+                Node::Sample(res) => {
+                    for row in res.take() {
+                        if emit(row)?.is_break() {
+                            break;
+                        }
+                    }
+                }
+                Node::Hold(held) => {
+                    let rows = std::mem::take(&mut held.rows);
+                    for d in finish_held(held.stage, rows, rt)? {
+                        if emit(Row::Owned(d))?.is_break() {
+                            break;
+                        }
+                    }
+                }
+                Node::Documents(e) => {
+                    for d in documents_of(e)? {
+                        if emit(Row::Owned(d))?.is_break() {
+                            break;
+                        }
+                    }
+                }
+                Node::PerDoc(_) | Node::Skip(_) | Node::Limit(_) | Node::PassThrough => {}
             }
         }
-        Ok(self.out)
+        Ok(self.out.docs)
     }
 }
 
@@ -257,14 +391,15 @@ fn top_k(after: &[StageRef<'_>]) -> Option<usize> {
 
 /// Push `row` into the first of `nodes` (or the output when none is left).
 fn push_at(
+    rt: &Runtime<'_>,
     nodes: &mut [Node<'_>],
-    out: &mut Vec<Document>,
+    out: &mut Out,
     ticker: &mut Ticker,
     row: Row,
 ) -> Result<ControlFlow<()>> {
     ticker.tick()?;
     let Some((node, rest)) = nodes.split_first_mut() else {
-        out.push(row.into_document()?);
+        out.push(row.into_document()?)?;
         return Ok(ControlFlow::Continue(()));
     };
     match node {
@@ -280,14 +415,16 @@ fn push_at(
                     (Cur::Raw(_), Some(d)) => Row::Shared(d.clone()),
                     (cur, _) => Row::Owned(cur.into_document()?),
                 };
-                flow = push_at(rest, out, ticker, next)?;
+                flow = push_at(rt, rest, out, ticker, next)?;
                 Ok(())
             };
             match row {
                 Row::Shared(d) => {
-                    per_document(stages, Cur::Raw(&d), &mut |c| emit(c, Some(&d)))?;
+                    per_document(stages, Cur::Raw(&d), rt, &mut |c| emit(c, Some(&d)))?;
                 }
-                Row::Owned(doc) => per_document(stages, Cur::Owned(doc), &mut |c| emit(c, None))?,
+                Row::Owned(doc) => {
+                    per_document(stages, Cur::Owned(doc), rt, &mut |c| emit(c, None))?
+                }
             }
             Ok(flow)
         }
@@ -310,14 +447,14 @@ fn push_at(
                 *left -= 1;
                 return Ok(ControlFlow::Continue(()));
             }
-            push_at(rest, out, ticker, row)
+            push_at(rt, rest, out, ticker, row)
         }
         Node::Limit(left) => {
             if *left == 0 {
                 return Ok(ControlFlow::Break(()));
             }
             *left -= 1;
-            let flow = push_at(rest, out, ticker, row)?;
+            let flow = push_at(rt, rest, out, ticker, row)?;
             if *left == 0 {
                 return Ok(ControlFlow::Break(()));
             }
@@ -327,5 +464,135 @@ fn push_at(
             *n += 1;
             Ok(ControlFlow::Continue(()))
         }
+        Node::UnionWith(_) | Node::PassThrough => push_at(rt, rest, out, ticker, row),
+        Node::Facet(run) => {
+            let run = run
+                .as_mut()
+                .ok_or_else(|| Error::Internal("push into a finished $facet".into()))?;
+            run.push(row)
+        }
+        Node::Sample(res) => {
+            res.push(row, rt.limits.memory_limit_bytes)?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Node::Hold(held) => {
+            held.bytes += row.bytes();
+            if held.bytes > rt.limits.memory_limit_bytes {
+                return Err(over_memory(held.stage.name(), rt.limits.memory_limit_bytes));
+            }
+            held.rows.push(row.into_document()?);
+            Ok(ControlFlow::Continue(()))
+        }
+        // `$documents` replaces its input.
+        Node::Documents(_) => Ok(ControlFlow::Continue(())),
+    }
+}
+
+/// 292 for a stage that holds documents past the read's memory limit.
+fn over_memory(stage: &str, limit: usize) -> Error {
+    Error::ExceededMemoryLimit(format!(
+        "{stage} exceeded the memory limit of {limit} bytes; it holds its input in memory and does not spill to disk in duetdb"
+    ))
+}
+
+/// The input of a stage that needs all of it, with its byte count.
+struct Held<'p> {
+    stage: &'p Stage,
+    rows: Vec<Document>,
+    bytes: usize,
+}
+
+/// What a holding stage outputs once its input is complete.
+fn finish_held(stage: &Stage, rows: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
+    match stage {
+        Stage::BucketAuto(b) => b.run(rows, rt),
+        Stage::Window(w) => w.run(rows, rt),
+        Stage::Densify(d) => d.run(rows, rt),
+        other => Err(Error::Internal(format!(
+            "{} does not hold its input",
+            other.name()
+        ))),
+    }
+}
+
+/// `$documents`: the expression (evaluated against no document) must be an
+/// array of documents.
+pub(super) fn documents_of(e: &Expr) -> Result<Vec<Document>> {
+    let empty = Document::new();
+    match e.eval(&Root::Doc(&empty))? {
+        Some(Bson::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Bson::Document(d) => Ok(d),
+                other => Err(coded!(
+                    40228,
+                    format!(
+                        "'replacement document' must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'.",
+                        crate::error::render(&other),
+                        crate::doc::types::type_name(&other)
+                    ),
+                )),
+            })
+            .collect(),
+        other => Err(coded!(
+            5858203,
+            format!(
+                "an array is expected: $documents must evaluate to an array of objects, found {}",
+                other
+                    .as_ref()
+                    .map_or_else(|| "missing".to_string(), crate::error::render)
+            ),
+        )),
+    }
+}
+
+/// `$sample`: a uniform sample without replacement of `n` rows (Algorithm
+/// R), emitted in random order. Holds at most `n` rows; never sorts.
+pub(super) struct Reservoir {
+    n: u64,
+    seen: u64,
+    rows: Vec<Row>,
+    bytes: usize,
+    rng: StdRng,
+}
+
+impl Reservoir {
+    fn new(n: u64) -> Reservoir {
+        Reservoir {
+            n,
+            seen: 0,
+            rows: Vec::new(),
+            bytes: 0,
+            rng: StdRng::from_entropy(),
+        }
+    }
+
+    fn push(&mut self, row: Row, limit: usize) -> Result<()> {
+        self.seen += 1;
+        if (self.rows.len() as u64) < self.n {
+            self.bytes += row.bytes();
+            self.rows.push(row);
+        } else {
+            let j = self.rng.gen_range(0..self.seen);
+            if j < self.n {
+                let slot = &mut self.rows[j as usize];
+                self.bytes = self.bytes - slot.bytes() + row.bytes();
+                *slot = row;
+            }
+        }
+        if self.bytes > limit {
+            return Err(over_memory("$sample", limit));
+        }
+        Ok(())
+    }
+
+    /// The sample in random order (the reservoir keeps arrival positions).
+    fn take(&mut self) -> Vec<Row> {
+        let mut rows = std::mem::take(&mut self.rows);
+        for i in (1..rows.len()).rev() {
+            let j = self.rng.gen_range(0..=i);
+            rows.swap(i, j);
+        }
+        rows
     }
 }

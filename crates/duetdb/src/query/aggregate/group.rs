@@ -34,7 +34,7 @@ use crate::doc::size::check_document;
 use crate::doc::MAX_DOC_SIZE;
 use crate::error::{Error, Result};
 use crate::query::aggregate::GROUP_MEMORY_LIMIT;
-use crate::query::expr::{compare, compare_values, decimal, Expr, Root, SortBy, Value};
+use crate::query::expr::{compare, compare_values, decimal, Expr, Root, Scope, SortBy, Value};
 
 #[derive(Debug, Clone)]
 pub(super) struct Group {
@@ -270,11 +270,12 @@ impl GroupState {
 const GROUP_ENTRY_OVERHEAD: usize = 64;
 
 impl Group {
-    pub(super) fn parse(spec: &Document) -> Result<Group> {
+    /// Parse a `$group` whose expressions may use the variables of `scope`.
+    pub(super) fn parse(spec: &Document, scope: &Scope) -> Result<Group> {
         let id = spec
             .get("_id")
             .ok_or_else(|| Error::bad_value("a group specification must include an _id"))?;
-        let id = Expr::parse(id)?;
+        let id = ex(id, scope)?;
         let mut fields = Vec::new();
         for (k, v) in spec.iter().filter(|(k, _)| k.as_str() != "_id") {
             if k.starts_with('$') {
@@ -301,19 +302,19 @@ impl Group {
                 return Err(Error::Internal("empty accumulator".into()));
             };
             let (op, arg) = match op.as_str() {
-                "$sum" => (AccOp::Sum, Expr::parse(arg)?),
-                "$avg" => (AccOp::Avg, Expr::parse(arg)?),
-                "$min" => (AccOp::Min, Expr::parse(arg)?),
-                "$max" => (AccOp::Max, Expr::parse(arg)?),
-                "$first" => (AccOp::First, Expr::parse(arg)?),
-                "$last" => (AccOp::Last, Expr::parse(arg)?),
-                "$push" => (AccOp::Push, Expr::parse(arg)?),
-                "$addToSet" => (AccOp::AddToSet, Expr::parse(arg)?),
-                "$mergeObjects" => (AccOp::MergeObjects, Expr::parse(arg)?),
-                "$stdDevPop" => (AccOp::StdDev { samp: false }, Expr::parse(arg)?),
-                "$stdDevSamp" => (AccOp::StdDev { samp: true }, Expr::parse(arg)?),
+                "$sum" => (AccOp::Sum, ex(arg, scope)?),
+                "$avg" => (AccOp::Avg, ex(arg, scope)?),
+                "$min" => (AccOp::Min, ex(arg, scope)?),
+                "$max" => (AccOp::Max, ex(arg, scope)?),
+                "$first" => (AccOp::First, ex(arg, scope)?),
+                "$last" => (AccOp::Last, ex(arg, scope)?),
+                "$push" => (AccOp::Push, ex(arg, scope)?),
+                "$addToSet" => (AccOp::AddToSet, ex(arg, scope)?),
+                "$mergeObjects" => (AccOp::MergeObjects, ex(arg, scope)?),
+                "$stdDevPop" => (AccOp::StdDev { samp: false }, ex(arg, scope)?),
+                "$stdDevSamp" => (AccOp::StdDev { samp: true }, ex(arg, scope)?),
                 "$top" | "$bottom" | "$topN" | "$bottomN" | "$firstN" | "$lastN" | "$maxN"
-                | "$minN" | "$median" | "$percentile" => parse_n_acc(op, arg)?,
+                | "$minN" | "$median" | "$percentile" => parse_n_acc(op, arg, scope)?,
                 "$accumulator" | "$function" => {
                     return Err(Error::bad_value(format!(
                         "{op} is not supported by duetdb: it runs JavaScript"
@@ -449,6 +450,17 @@ impl Group {
         Ok(big)
     }
 
+    /// The output fields of a group that received no document (what a window
+    /// function answers for an empty window: 0 for `$sum`, null for `$avg`,
+    /// `[]` for `$push`, ...), without `_id`.
+    pub(super) fn empty_result(&self) -> Document {
+        let mut d = Document::new();
+        for ((name, op, _), acc) in self.fields.iter().zip(self.new_accs()) {
+            d.insert(name.clone(), finish_acc(acc, op));
+        }
+        d
+    }
+
     pub(super) fn finish(&self, gs: GroupState) -> Result<Vec<Document>> {
         let mut out = Vec::with_capacity(gs.groups.len());
         for (key, accs) in gs.groups {
@@ -463,6 +475,11 @@ impl Group {
         }
         Ok(out)
     }
+}
+
+/// Parse one expression of the stage in (a copy of) `scope`.
+fn ex(v: &Bson, scope: &Scope) -> Result<Expr> {
+    Expr::parse_in(v, &mut scope.clone())
 }
 
 /// Keep the canonical representative of a group key (see [`canonical_cmp`]).
@@ -673,7 +690,7 @@ fn feed_top(acc: &mut Acc, key: Vec<Value>, out: Bson, n: usize, dirs: &[bool]) 
 /// Parse `$top $bottom $topN $bottomN $firstN $lastN $maxN $minN $median
 /// $percentile` (their argument is an object of named parameters; `n` and
 /// `p` must be constants).
-fn parse_n_acc(op: &str, arg: &Bson) -> Result<(AccOp, Expr)> {
+fn parse_n_acc(op: &str, arg: &Bson, scope: &Scope) -> Result<(AccOp, Expr)> {
     let Bson::Document(d) = arg else {
         return Err(Error::Coded {
             code: 5787801,
@@ -707,7 +724,7 @@ fn parse_n_acc(op: &str, arg: &Bson) -> Result<(AccOp, Expr)> {
     };
     let constant = |k: &str| -> Result<Value> {
         let empty = Document::new();
-        Expr::parse(need(k)?)?.eval(&Root::Doc(&empty))
+        ex(need(k)?, scope)?.eval(&Root::Doc(&empty))
     };
     let n = |single: bool| -> Result<usize> {
         if single {
@@ -744,17 +761,17 @@ fn parse_n_acc(op: &str, arg: &Bson) -> Result<(AccOp, Expr)> {
                     bottom: matches!(op, "$bottom" | "$bottomN"),
                     single,
                 },
-                Expr::parse(need("output")?)?,
+                ex(need("output")?, scope)?,
             )
         }
-        "$firstN" => (AccOp::FirstN(n(false)?), Expr::parse(need("input")?)?),
-        "$lastN" => (AccOp::LastN(n(false)?), Expr::parse(need("input")?)?),
+        "$firstN" => (AccOp::FirstN(n(false)?), ex(need("input")?, scope)?),
+        "$lastN" => (AccOp::LastN(n(false)?), ex(need("input")?, scope)?),
         "$maxN" | "$minN" => (
             AccOp::MinMaxN {
                 n: n(false)?,
                 max: op == "$maxN",
             },
-            Expr::parse(need("input")?)?,
+            ex(need("input")?, scope)?,
         ),
         _ => {
             match need("method")? {
@@ -772,10 +789,7 @@ fn parse_n_acc(op: &str, arg: &Bson) -> Result<(AccOp, Expr)> {
             } else {
                 crate::query::expr::percentiles_arg(&constant("p")?, op)?
             };
-            (
-                AccOp::Percentile { ps, single },
-                Expr::parse(need("input")?)?,
-            )
+            (AccOp::Percentile { ps, single }, ex(need("input")?, scope)?)
         }
     })
 }

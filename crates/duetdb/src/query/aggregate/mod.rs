@@ -1,22 +1,35 @@
 //! The aggregation pipeline: parsing, the split into a commutative scan part
 //! and an ordered rest, and evaluation on documents.
 //!
-//! Owns: [`Pipeline`] (parsed stages) and its stage parser (here), the
+//! Owns: [`Pipeline`] (parsed stages), its stage parser and the parse context
+//! [`ParseCtx`] (the command's and an enclosing `$lookup`'s `let` variables,
+//! the sub-pipeline depth and where a stage may stand) — here; the
 //! per-document and whole-set stages (`stages.rs`), `$group` and its
-//! accumulators (`group.rs`), and the split into a commutative scan part with
-//! a mergeable state (`split.rs`: [`Split`], [`CommutativePart`],
+//! accumulators (`group.rs`), `$lookup`/`$graphLookup`/`$unionWith` and the
+//! sub-pipelines they run on other collections (`lookup.rs`), `$facet`
+//! (`facet.rs`), `$bucket`/`$bucketAuto`/`$sortByCount` (`bucket.rs`),
+//! `$setWindowFields` (`window.rs`), `$densify`/`$fill` (`fill.rs`),
+//! `$out`/`$merge` (`output.rs`: the specs and how a merged document is
+//! built; the write itself is the API's), what a pipeline reads besides its
+//! own collection and shares while it runs (`foreign.rs`: [`Foreign`],
+//! [`Pinned`], [`Runtime`]), and the split into a commutative scan part with a
+//! mergeable state (`split.rs`: [`Split`], [`CommutativePart`],
 //! [`PartialState`], [`prepare`]). `$project` and `$unset` are projections of
-//! `query::projection` (the one implementation find uses too, in its `$project`
-//! dialect). Executing a pipeline on a collection (choosing a scan, OLCP)
-//! belongs to `api::aggregate`, which pushes the scanned documents through
-//! [`Exec`] (`exec.rs`: push-based execution under the read's limits).
+//! `query::projection` (the one implementation find uses too, in its
+//! `$project` dialect). Executing a pipeline on a collection (choosing a scan,
+//! OLCP, pinning the other collections, writing `$out`/`$merge`) belongs to
+//! `api::aggregate`, which pushes the scanned documents through [`Exec`]
+//! (`exec.rs`: push-based execution under the read's limits).
 //!
 //! Why the split: an OLCP scan (and any parallel scan) hands documents to the
 //! query in an arbitrary order, possibly on several threads. A prefix of
-//! per-document stages (`$match $project $addFields $set $unset $unwind`)
-//! optionally closed by one `$group` whose accumulators are all mergeable can be
-//! computed per thread and merged, whatever the order; the rest runs afterwards
-//! on the (small) merged output.
+//! per-document stages (`$match $project $addFields $set $unset $unwind
+//! $replaceRoot $replaceWith $lookup $graphLookup`) optionally closed by one
+//! `$group` whose accumulators are all mergeable can be computed per thread
+//! and merged, whatever the order; the rest runs afterwards on the (small)
+//! merged output. `$lookup` and `$graphLookup` are per-document because they
+//! read the other collection at the pipeline's one snapshot ([`Pinned`]),
+//! which no arrival order changes.
 //!
 //! Invariants:
 //! - `merge` is associative and commutative on the *finished* result: feeding any
@@ -32,38 +45,107 @@
 //!   by arrival order, so it too is independent of the merge shape.
 //! - `feed` assumes the document already passed the split's `scan_filter` (the
 //!   scan applies it); it never re-checks it.
+//! - Every collection a pipeline reads is named before it runs
+//!   ([`Pipeline::foreign_names`], sub-pipelines included), so the scan can
+//!   pin all of them at its own start (one snapshot per pipeline).
 //! - Memory: a `$group`'s state is bounded ([`GROUP_MEMORY_LIMIT`], or the
 //!   read's lower limit; error 292, never spilled); a `$push`/`$addToSet`
 //!   array by the 16 MiB document size (error 10334); a `$sort` run by
-//!   [`Exec`] by the read's memory limit (spilled, or 292).
+//!   [`Exec`] by the read's memory limit (spilled, or 292); a `$lookup`'s
+//!   matches (4568), `$facet`'s outputs (4031700), `$graphLookup`'s visited
+//!   set (40099) and the documents `$sample`, `$bucketAuto`,
+//!   `$setWindowFields`, `$densify` and `$fill` hold (292) by the read's
+//!   memory limit.
 //! - Nothing here panics on user input.
 
+/// An error with one of MongoDB's codes: `FailedToParse`, `TypeMismatch`,
+/// `InvalidOptions`, ... by name, any other as its `Location<code>`.
+macro_rules! coded {
+    ($code:literal, $msg:expr $(,)?) => {
+        $crate::error::Error::Coded {
+            code: $code,
+            name: code_name!($code),
+            msg: ::std::convert::Into::<String>::into($msg),
+        }
+    };
+}
+
+/// The code name MongoDB reports for `code`.
+macro_rules! code_name {
+    (2) => {
+        "BadValue"
+    };
+    (9) => {
+        "FailedToParse"
+    };
+    (14) => {
+        "TypeMismatch"
+    };
+    (72) => {
+        "InvalidOptions"
+    };
+    (73) => {
+        "InvalidNamespace"
+    };
+    (115) => {
+        "CommandNotSupported"
+    };
+    (232) => {
+        "MaxSubPipelineDepthExceeded"
+    };
+    (13113) => {
+        "MergeStageNoMatchingDocument"
+    };
+    ($code:literal) => {
+        concat!("Location", stringify!($code))
+    };
+}
+
+mod bucket;
 mod exec;
+mod facet;
+mod fill;
+mod foreign;
 mod group;
+mod lookup;
+mod output;
 mod split;
 mod stages;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_stages;
+mod window;
 
 use bson::{Bson, Document};
 
 use crate::error::{Error, Result};
-use crate::query::expr::{num_of, parse_field_path, type_name, Expr, Num};
+use crate::query::expr::{num_of, parse_field_path, type_name, Expr, Num, Scope};
 use crate::query::filter::Filter;
 use crate::query::projection::Projection;
 use crate::query::sort::SortSpec;
 
+use bucket::BucketAuto;
+use facet::Facet;
+use fill::Densify;
 use group::Group;
-use stages::{run_stage, Unwind};
+use lookup::{GraphLookup, Lookup, UnionWith};
+use stages::Unwind;
+use window::Window;
 
 pub use exec::Exec;
+pub use foreign::{Foreign, Pinned, Runtime};
 pub use group::canonical_cmp;
-pub use split::{prepare, CommutativePart, PartialState, Prepared, Split};
+pub use output::{merged_version, MergeSpec, Output};
+pub use split::{prepare, prepare_with, CommutativePart, PartialState, Prepared, Split};
 
 /// Most stages in one pipeline (MongoDB's default `internalPipelineLengthLimit`).
 pub const MAX_PIPELINE_STAGES: usize = 1000;
 /// Most memory one `$group` may hold (MongoDB's 100 MB without `allowDiskUse`).
 pub const GROUP_MEMORY_LIMIT: usize = 100 * 1024 * 1024;
+/// Most nested sub-pipelines (`$lookup`, `$unionWith`, `$facet` inside one
+/// another): MongoDB's `kMaxSubPipelineDepth`; deeper is 232.
+pub const MAX_SUB_PIPELINE_DEPTH: usize = 20;
 
 /// A parsed pipeline.
 #[derive(Debug, Clone)]
@@ -87,6 +169,24 @@ enum Stage {
     Limit(u64),
     Skip(u64),
     Count(String),
+    /// `$replaceRoot` (`with: false`) / `$replaceWith`.
+    ReplaceRoot {
+        expr: Expr,
+        with: bool,
+    },
+    Lookup(Box<Lookup>),
+    GraphLookup(Box<GraphLookup>),
+    UnionWith(Box<UnionWith>),
+    Facet(Box<Facet>),
+    /// `$sample: {size}`.
+    Sample(u64),
+    BucketAuto(Box<BucketAuto>),
+    Window(Box<Window>),
+    Densify(Box<Densify>),
+    /// `$documents`: the pipeline's input, evaluated once.
+    Documents(Expr),
+    /// `$out` / `$merge`: the last stage; the API writes what reaches it.
+    Output(Box<Output>),
 }
 
 impl Stage {
@@ -102,10 +202,23 @@ impl Stage {
             Stage::Limit(_) => "$limit",
             Stage::Skip(_) => "$skip",
             Stage::Count(_) => "$count",
+            Stage::ReplaceRoot { with: false, .. } => "$replaceRoot",
+            Stage::ReplaceRoot { with: true, .. } => "$replaceWith",
+            Stage::Lookup(_) => "$lookup",
+            Stage::GraphLookup(_) => "$graphLookup",
+            Stage::UnionWith(_) => "$unionWith",
+            Stage::Facet(_) => "$facet",
+            Stage::Sample(_) => "$sample",
+            Stage::BucketAuto(_) => "$bucketAuto",
+            Stage::Window(_) => "$setWindowFields",
+            Stage::Densify(_) => "$densify",
+            Stage::Documents(_) => "$documents",
+            Stage::Output(o) => o.stage_name(),
         }
     }
 
-    /// A stage that maps one document to zero or more, independently of others.
+    /// A stage that maps one document to zero or more, independently of
+    /// others and of the order they arrive in.
     fn is_per_document(&self) -> bool {
         matches!(
             self,
@@ -114,7 +227,106 @@ impl Stage {
                 | Stage::AddFields(_)
                 | Stage::Unset(_)
                 | Stage::Unwind(_)
+                | Stage::ReplaceRoot { .. }
+                | Stage::Lookup(_)
+                | Stage::GraphLookup(_)
         )
+    }
+
+    /// Collections this stage reads besides its input (sub-pipelines included).
+    fn foreign_names(&self, out: &mut Vec<String>) {
+        match self {
+            Stage::Lookup(l) => l.foreign_names(out),
+            Stage::GraphLookup(g) => g.foreign_names(out),
+            Stage::UnionWith(u) => u.foreign_names(out),
+            Stage::Facet(f) => f.foreign_names(out),
+            _ => {}
+        }
+    }
+}
+
+/// Where a pipeline being parsed stands: which stages it may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Within {
+    /// The command's pipeline.
+    Top,
+    Lookup,
+    Facet,
+    UnionWith,
+    /// A `$merge` `whenMatched` pipeline (update stages only).
+    MergeUpdate,
+}
+
+/// What parsing a stage needs besides the stage: the variables in scope (the
+/// command's `let`, an enclosing `$lookup`'s `let`), how deep in
+/// sub-pipelines it is, and where it stands.
+#[derive(Debug, Clone)]
+pub struct ParseCtx {
+    scope: Scope,
+    depth: usize,
+    within: Within,
+}
+
+impl ParseCtx {
+    /// The context of a command's pipeline with its `let` variables (each
+    /// evaluated once, here).
+    pub fn new(let_vars: Option<&Document>) -> Result<ParseCtx> {
+        Ok(ParseCtx {
+            scope: Scope::with_let(let_vars)?,
+            depth: 0,
+            within: Within::Top,
+        })
+    }
+
+    fn expr(&self, v: &Bson) -> Result<Expr> {
+        Expr::parse_in(v, &mut self.scope.clone())
+    }
+
+    /// The variables as a filter's `let` document (values as literals).
+    fn let_doc(&self) -> Option<Document> {
+        let consts = self.scope.consts();
+        if consts.is_empty() {
+            return None;
+        }
+        let mut d = Document::new();
+        for (name, v) in consts {
+            let lit = match v {
+                Some(v) => Bson::Document(bson::doc! {"$literal": v.clone()}),
+                None => Bson::String("$$REMOVE".into()),
+            };
+            d.insert(name.clone(), lit);
+        }
+        Some(d)
+    }
+
+    fn filter(&self, spec: &Document) -> Result<Filter> {
+        Filter::parse_with_let(spec, self.let_doc().as_ref())
+    }
+
+    /// The context of a sub-pipeline of this one (232 past
+    /// [`MAX_SUB_PIPELINE_DEPTH`]).
+    fn nested(&self, within: Within) -> Result<ParseCtx> {
+        if self.depth + 1 > MAX_SUB_PIPELINE_DEPTH {
+            return Err(Error::Coded {
+                code: 232,
+                name: "MaxSubPipelineDepthExceeded",
+                msg: format!(
+                    "Maximum number of nested sub-pipelines exceeded. Limit is {MAX_SUB_PIPELINE_DEPTH}"
+                ),
+            });
+        }
+        Ok(ParseCtx {
+            scope: self.scope.clone(),
+            depth: self.depth + 1,
+            within,
+        })
+    }
+
+    /// This context with `vars` bound as constants (a `$lookup`'s `let`).
+    fn with_vars(&self, vars: Vec<(String, Option<Bson>)>) -> Result<ParseCtx> {
+        let mut ctx = self.clone();
+        ctx.scope.bind_consts(vars)?;
+        Ok(ctx)
     }
 }
 
@@ -122,13 +334,31 @@ impl Pipeline {
     /// Parse a pipeline. Unknown stages, malformed arguments and pipelines longer
     /// than [`MAX_PIPELINE_STAGES`] are errors.
     pub fn parse(stages: &[Document]) -> Result<Pipeline> {
+        Pipeline::parse_in(stages, &ParseCtx::new(None)?)
+    }
+
+    /// Parse a pipeline whose expressions and `$expr` filters may use the
+    /// command's `let` variables (each evaluated once).
+    pub fn parse_with_let(stages: &[Document], let_vars: Option<&Document>) -> Result<Pipeline> {
+        Pipeline::parse_in(stages, &ParseCtx::new(let_vars)?)
+    }
+
+    /// Parse in `ctx`, checking where each stage may stand.
+    pub fn parse_in(stages: &[Document], ctx: &ParseCtx) -> Result<Pipeline> {
         if stages.len() > MAX_PIPELINE_STAGES {
             return Err(Error::bad_value(format!(
                 "Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages"
             )));
         }
-        let stages = stages.iter().map(parse_stage).collect::<Result<_>>()?;
-        Ok(Pipeline { stages })
+        let mut out = Vec::with_capacity(stages.len());
+        for (i, s) in stages.iter().enumerate() {
+            let parsed = parse_stage(s, ctx)?;
+            for stage in &parsed {
+                check_position(stage, i, stages.len(), ctx.within)?;
+            }
+            out.extend(parsed);
+        }
+        Ok(Pipeline { stages: out })
     }
 
     /// Lower the `$group` memory limit (tests; a server knob later).
@@ -153,20 +383,115 @@ impl Pipeline {
         self.stages.iter().map(Stage::name).collect()
     }
 
+    /// Every collection the pipeline reads besides its input (`$lookup`,
+    /// `$graphLookup`, `$unionWith`, in sub-pipelines too), sorted, once each.
+    pub fn foreign_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in &self.stages {
+            s.foreign_names(&mut out);
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The final `$out`/`$merge`, if the pipeline ends with one.
+    pub fn output(&self) -> Option<&Output> {
+        match self.stages.last() {
+            Some(Stage::Output(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Does the pipeline start with `$documents` (it then reads no collection)?
+    pub fn starts_with_documents(&self) -> bool {
+        matches!(self.stages.first(), Some(Stage::Documents(_)))
+    }
+
     /// Evaluate every stage in order on materialized documents (the reference
-    /// evaluation, and the "reduce" side after a commutative part).
+    /// evaluation; no other collection is readable).
     pub fn run_on(&self, docs: Vec<Document>) -> Result<Vec<Document>> {
+        self.run_on_with(docs, &Runtime::standalone())
+    }
+
+    /// [`Pipeline::run_on`] with `rt`'s other collections and limits.
+    pub fn run_on_with(&self, docs: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
         let mut docs = docs;
         for stage in &self.stages {
-            docs = run_stage(stage, docs)?;
+            docs = stages::run_stage(stage, docs, rt)?;
         }
         Ok(docs)
     }
 }
 
+/// MongoDB's rules of where stages stand: `$out`/`$merge` last and never in a
+/// sub-pipeline, `$documents` first, no `$facet` inside `$facet`, only
+/// update stages in a `$merge` pipeline.
+fn check_position(stage: &Stage, i: usize, len: usize, within: Within) -> Result<()> {
+    let name = stage.name();
+    if let Stage::Output(_) = stage {
+        let why = |w: &str| format!("{name} {w}");
+        match within {
+            Within::Top => {}
+            Within::Lookup => {
+                return Err(coded!(
+                    51047,
+                    why("is not allowed within a $lookup's sub-pipeline")
+                ))
+            }
+            Within::UnionWith => {
+                return Err(coded!(
+                    31441,
+                    why("is not allowed within a $unionWith's sub-pipeline")
+                ))
+            }
+            Within::Facet | Within::MergeUpdate => {
+                return Err(coded!(
+                    40600,
+                    why("is not allowed to be used within a $facet stage")
+                ))
+            }
+        }
+        if i + 1 != len {
+            return Err(coded!(
+                40601,
+                format!("{name} can only be the final stage in the pipeline"),
+            ));
+        }
+    }
+    if let Stage::Documents(_) = stage {
+        if i != 0 || within == Within::Facet {
+            return Err(coded!(
+                40602,
+                format!("{name} is only valid as the first stage in a pipeline"),
+            ));
+        }
+    }
+    if within == Within::Facet && matches!(stage, Stage::Facet(_)) {
+        return Err(coded!(
+            40600,
+            "$facet is not allowed to be used within a $facet stage",
+        ));
+    }
+    if within == Within::MergeUpdate
+        && !matches!(
+            stage,
+            Stage::AddFields(_) | Stage::Project(_) | Stage::Unset(_) | Stage::ReplaceRoot { .. }
+        )
+    {
+        return Err(coded!(
+            72,
+            format!(
+                "{name} is not allowed to be used within an update; only $addFields, $set, $project, $unset, $replaceRoot and $replaceWith are"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------- parsing
 
-fn parse_stage(stage: &Document) -> Result<Stage> {
+fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
     if stage.len() != 1 {
         return Err(Error::bad_value(
             "A pipeline stage specification object must contain exactly one field.",
@@ -184,19 +509,26 @@ fn parse_stage(stage: &Document) -> Result<Stage> {
             ))),
         }
     };
+    let one = |s: Stage| Ok(vec![s]);
     match name.as_str() {
         "$match" => {
-            let spec = want_doc()?.clone();
-            Ok(Stage::Match {
-                filter: Filter::parse(&spec)?,
-                spec,
+            let spec = want_doc()?;
+            // The spec carries its variables: a leading `$match` becomes the
+            // scan filter and is parsed again there.
+            let bound = Filter::bind_let(spec, ctx.let_doc().as_ref())?;
+            one(Stage::Match {
+                filter: ctx.filter(spec)?,
+                spec: bound,
             })
         }
-        "$project" => Ok(Stage::Project(Projection::parse_stage(want_doc()?)?)),
-        "$addFields" | "$set" => parse_add_fields(name, want_doc()?),
-        "$unset" => parse_unset(arg),
-        "$unwind" => Ok(Stage::Unwind(Unwind::parse(arg)?)),
-        "$group" => Ok(Stage::Group(Group::parse(want_doc()?)?)),
+        "$project" => one(Stage::Project(Projection::parse_stage_in(
+            want_doc()?,
+            &ctx.scope,
+        )?)),
+        "$addFields" | "$set" => one(parse_add_fields(name, want_doc()?, ctx)?),
+        "$unset" => one(parse_unset(arg)?),
+        "$unwind" => one(Stage::Unwind(Unwind::parse(arg)?)),
+        "$group" => one(Stage::Group(Group::parse(want_doc()?, &ctx.scope)?)),
         "$sort" => {
             let spec = want_doc()?;
             if spec.is_empty() {
@@ -204,7 +536,7 @@ fn parse_stage(stage: &Document) -> Result<Stage> {
                     "$sort stage must have at least one sort key",
                 ));
             }
-            Ok(Stage::Sort(SortSpec::parse(spec)?))
+            one(Stage::Sort(SortSpec::parse(spec)?))
         }
         "$limit" => {
             let n = whole_number(name, arg)?;
@@ -213,7 +545,7 @@ fn parse_stage(stage: &Document) -> Result<Stage> {
                     "the limit must be positive, got {n}"
                 )));
             }
-            Ok(Stage::Limit(n as u64))
+            one(Stage::Limit(n as u64))
         }
         "$skip" => {
             let n = whole_number(name, arg)?;
@@ -222,22 +554,47 @@ fn parse_stage(stage: &Document) -> Result<Stage> {
                     "invalid argument to $skip stage: Expected a non-negative number, got {n}"
                 )));
             }
-            Ok(Stage::Skip(n as u64))
+            one(Stage::Skip(n as u64))
         }
-        "$count" => parse_count(arg),
-        other => Err(Error::UnknownOperator(format!(
-            "Unrecognized pipeline stage name: '{other}'"
-        ))),
+        "$count" => one(parse_count(arg)?),
+        "$replaceRoot" => one(stages::parse_replace_root(arg, ctx)?),
+        "$replaceWith" => one(Stage::ReplaceRoot {
+            expr: ctx.expr(arg)?,
+            with: true,
+        }),
+        "$lookup" => one(Stage::Lookup(Box::new(Lookup::parse(arg, ctx)?))),
+        "$graphLookup" => one(Stage::GraphLookup(Box::new(GraphLookup::parse(arg, ctx)?))),
+        "$unionWith" => one(Stage::UnionWith(Box::new(UnionWith::parse(arg, ctx)?))),
+        "$facet" => one(Stage::Facet(Box::new(Facet::parse(arg, ctx)?))),
+        "$sample" => one(stages::parse_sample(arg)?),
+        "$sortByCount" => bucket::parse_sort_by_count(arg, ctx),
+        "$bucket" => bucket::parse_bucket(arg, ctx),
+        "$bucketAuto" => one(Stage::BucketAuto(Box::new(BucketAuto::parse(arg, ctx)?))),
+        "$setWindowFields" => one(Stage::Window(Box::new(Window::parse(arg, ctx)?))),
+        "$densify" => one(Stage::Densify(Box::new(Densify::parse(arg)?))),
+        "$fill" => fill::parse_fill(arg, ctx),
+        "$documents" => one(Stage::Documents(ctx.expr(arg)?)),
+        "$out" => one(Stage::Output(Box::new(Output::parse_out(arg)?))),
+        "$merge" => one(Stage::Output(Box::new(Output::parse_merge(arg, ctx)?))),
+        "$planCacheStats" => Err(Error::Coded {
+            code: 115,
+            name: "CommandNotSupported",
+            msg: "$planCacheStats is not supported by duetdb: it keeps no plan cache (every query is planned when it runs; see explain)".into(),
+        }),
+        other => Err(coded!(
+            40324,
+            format!("Unrecognized pipeline stage name: '{other}'"),
+        )),
     }
 }
 
 /// `$addFields` / `$set` (`name` is the one used, for messages).
-fn parse_add_fields(name: &str, spec: &Document) -> Result<Stage> {
+fn parse_add_fields(name: &str, spec: &Document, ctx: &ParseCtx) -> Result<Stage> {
     let mut fields = Vec::with_capacity(spec.len());
     for (k, v) in spec {
         let path = parse_field_path(k)
             .map_err(|e| Error::bad_value(format!("Invalid {name} :: caused by :: {e}")))?;
-        fields.push((path, Expr::parse(v)?));
+        fields.push((path, ctx.expr(v)?));
     }
     if fields.is_empty() {
         return Err(Error::bad_value(format!(
@@ -303,4 +660,30 @@ fn whole_number(stage: &str, v: &Bson) -> Result<i64> {
             crate::error::render(v)
         ))),
     }
+}
+
+/// A collection name given to a stage (`from`, `coll`, `into`): MongoDB's
+/// rules, InvalidNamespace (73) otherwise.
+fn collection_name(stage: &str, name: &str) -> Result<String> {
+    let bad = name.is_empty()
+        || name.contains('\0')
+        || name.contains('$')
+        || name.starts_with('.')
+        || name.starts_with("system.")
+        || name.len() > 255;
+    if bad {
+        return Err(coded!(73, format!("invalid {stage} namespace: {name}")));
+    }
+    Ok(name.to_string())
+}
+
+/// A dotted field path given as a plain string (`as`, `localField`, ...).
+fn plain_path(stage: &str, what: &str, s: &str) -> Result<Vec<String>> {
+    if s.starts_with('$') {
+        return Err(coded!(
+            16410,
+            format!("{stage} '{what}': FieldPath field names may not start with '$': {s}"),
+        ));
+    }
+    parse_field_path(s)
 }

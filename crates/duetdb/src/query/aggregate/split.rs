@@ -14,14 +14,11 @@
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
-use std::path::PathBuf;
-
 use crate::error::{Error, Result};
 use crate::query::aggregate::exec::Exec;
 use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::stages::{per_document, Cur};
-use crate::query::aggregate::{Pipeline, Stage};
-use crate::query::limits::ReadLimits;
+use crate::query::aggregate::{ParseCtx, Pipeline, Runtime, Stage};
 
 impl Pipeline {
     /// Split into the scan filter (leading `$match` stages), the commutative part
@@ -91,10 +88,17 @@ impl Pipeline {
 
     /// Does the result depend on the order documents arrive in (before any
     /// `$sort` re-establishes one)?
-    fn is_order_sensitive(&self) -> bool {
+    pub(super) fn is_order_sensitive(&self) -> bool {
         for s in &self.stages {
             match s {
-                Stage::Sort(_) => return false,
+                // These re-establish an order (or, `$sample`, make it random
+                // whatever it was).
+                Stage::Sort(_) | Stage::BucketAuto(_) | Stage::Densify(_) | Stage::Sample(_) => {
+                    return false
+                }
+                Stage::Window(w) => return !w.is_sorted(),
+                // One output document: what follows cannot see an order.
+                Stage::Facet(f) => return f.is_order_sensitive(),
                 Stage::Limit(_) | Stage::Skip(_) => return true,
                 Stage::Group(g) if !g.is_mergeable() => return true,
                 _ => {}
@@ -197,12 +201,25 @@ impl CommutativePart {
         })
     }
 
-    /// Apply the per-document stages to `doc` and accumulate the result.
+    /// Apply the per-document stages to `doc` and accumulate the result
+    /// (no other collection readable: see [`CommutativePart::feed_with`]).
     pub fn feed(&self, state: &mut PartialState, doc: &RawDocument) -> Result<()> {
+        self.feed_with(state, doc, &Runtime::standalone())
+    }
+
+    /// [`CommutativePart::feed`] with `rt`'s other collections (a `$lookup`
+    /// in the part) and limits.
+    pub fn feed_with(
+        &self,
+        state: &mut PartialState,
+        doc: &RawDocument,
+        rt: &Runtime<'_>,
+    ) -> Result<()> {
         let group = self.group.as_ref();
         per_document(
             &self.stages,
             Cur::Raw(doc),
+            rt,
             &mut |cur| match (&mut state.0, group) {
                 (StateInner::Groups(gs), Some(g)) => g.accumulate(gs, cur.root()),
                 (StateInner::Docs(out), None) => {
@@ -254,11 +271,23 @@ pub struct Prepared {
     pub stop_after: Option<usize>,
     /// [`Split::olcp_eligible`].
     pub eligible: bool,
+    /// [`Pipeline::foreign_names`]: what the scan pins at its start.
+    pub foreign: Vec<String>,
+    /// The pipeline starts with `$documents`: it reads no collection.
+    pub documents: bool,
 }
 
 /// Parse and split `pipeline` for execution.
 pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
-    let split = Pipeline::parse(pipeline)?.split();
+    prepare_with(pipeline, None)
+}
+
+/// [`prepare`] with the command's `let` variables.
+pub fn prepare_with(pipeline: &[Document], let_vars: Option<&Document>) -> Result<Prepared> {
+    let parsed = Pipeline::parse_in(pipeline, &ParseCtx::new(let_vars)?)?;
+    let foreign = parsed.foreign_names();
+    let documents = parsed.starts_with_documents();
+    let split = parsed.split();
     let eligible = split.olcp_eligible();
     let part = split
         .commutative
@@ -276,7 +305,9 @@ pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
         part,
         rest: split.rest,
         stop_after,
-        eligible,
+        eligible: eligible && !documents,
+        foreign,
+        documents,
     })
 }
 
@@ -291,21 +322,25 @@ impl Prepared {
     }
 
     /// Push-based execution of everything after the scan filter (the
-    /// commutative part, then the rest) under `limits`.
-    pub fn exec(&self, limits: &ReadLimits, spill_dir: PathBuf) -> Exec<'_> {
+    /// commutative part, then the rest) under `rt`.
+    pub fn exec<'p>(&'p self, rt: &'p Runtime<'p>) -> Exec<'p> {
         Exec::new(
             &self.part.stages,
             self.part.group.as_ref(),
             &self.rest.stages,
-            limits,
-            spill_dir,
+            rt,
         )
     }
 
     /// Push-based execution of the rest only (after a commutative part run
     /// elsewhere, e.g. by OLCP threads).
-    pub fn rest_exec(&self, limits: &ReadLimits, spill_dir: PathBuf) -> Exec<'_> {
-        Exec::new(&[], None, &self.rest.stages, limits, spill_dir)
+    pub fn rest_exec<'p>(&'p self, rt: &'p Runtime<'p>) -> Exec<'p> {
+        Exec::new(&[], None, &self.rest.stages, rt)
+    }
+
+    /// The final `$out`/`$merge`, if any.
+    pub fn output(&self) -> Option<&crate::query::aggregate::Output> {
+        self.rest.output()
     }
 
     /// The stage names of the commutative part and of the rest.

@@ -1,13 +1,16 @@
 //! The stages that are not `$group`: the per-document ones (`$match`,
-//! `$project`/`$unset`, `$addFields`/`$set`, `$unwind`), which map one document
-//! to zero or more independently of the others, and the whole-set ones
-//! (`$sort`, `$skip`, `$limit`, `$count`), which only run after the
+//! `$project`/`$unset`, `$addFields`/`$set`, `$unwind`,
+//! `$replaceRoot`/`$replaceWith`, and `$lookup`/`$graphLookup` through
+//! `lookup.rs`), which map one document to zero or more independently of the
+//! others, and the whole-set ones (`$sort`, `$skip`, `$limit`, `$count`, and
+//! the blocking stages of the other files), which only run after the
 //! commutative part.
 //!
 //! Owns: the document flowing through per-document stages ([`Cur`], read in
 //! place until a stage rewrites it), their evaluation ([`per_document`]), the
 //! in-order evaluation of any one stage ([`run_stage`]), `$addFields` with its
-//! setter, and `$unwind`.
+//! setter, `$unwind`, `$replaceRoot`/`$replaceWith` and the parsing of
+//! `$sample`.
 //!
 //! Invariants: `$sort` is stable (ties keep their input order); a `$addFields`
 //! expression sees the input document, never a field the same stage adds;
@@ -21,9 +24,10 @@ use bson::{Bson, Document};
 
 use crate::doc::size::{check_document, value_len, SizeBudget};
 use crate::error::{Error, Result};
+use crate::query::aggregate::exec::Exec;
 use crate::query::aggregate::group::GroupState;
-use crate::query::aggregate::Stage;
-use crate::query::expr::{parse_field_path, Expr, Root, Value};
+use crate::query::aggregate::{ParseCtx, Runtime, Stage};
+use crate::query::expr::{num_of, parse_field_path, type_name, Expr, Root, Value};
 use crate::query::filter::Filter;
 
 /// The document flowing through per-document stages: read in place while no
@@ -67,6 +71,7 @@ fn to_raw_doc(d: &Document) -> Result<RawDocumentBuf> {
 pub(super) fn per_document(
     stages: &[Stage],
     cur: Cur<'_>,
+    rt: &Runtime<'_>,
     out: &mut dyn FnMut(Cur<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut cur = cur;
@@ -87,10 +92,18 @@ pub(super) fn per_document(
             Stage::Unwind(u) => {
                 let doc = cur.into_document()?;
                 for d in u.apply(doc)? {
-                    per_document(&stages[i + 1..], Cur::Owned(checked("$unwind", d)?), out)?;
+                    per_document(
+                        &stages[i + 1..],
+                        Cur::Owned(checked("$unwind", d)?),
+                        rt,
+                        out,
+                    )?;
                 }
                 return Ok(());
             }
+            Stage::ReplaceRoot { expr, with } => Cur::Owned(replace_root(expr, *with, &cur)?),
+            Stage::Lookup(l) => Cur::Owned(l.apply(cur, rt)?),
+            Stage::GraphLookup(g) => Cur::Owned(g.apply(cur, rt)?),
             other => {
                 return Err(Error::Internal(format!(
                     "{} is not a per-document stage",
@@ -109,17 +122,19 @@ fn checked(stage: &'static str, d: Document) -> Result<Document> {
     Ok(d)
 }
 
-pub(super) fn run_stage(stage: &Stage, docs: Vec<Document>) -> Result<Vec<Document>> {
+/// Evaluate one stage on materialized documents, in order (the reference
+/// evaluation). The stages of the other files run as a one-stage [`Exec`].
+pub(super) fn run_stage(
+    stage: &Stage,
+    docs: Vec<Document>,
+    rt: &Runtime<'_>,
+) -> Result<Vec<Document>> {
     Ok(match stage {
-        Stage::Match { .. }
-        | Stage::Project(_)
-        | Stage::AddFields(_)
-        | Stage::Unset(_)
-        | Stage::Unwind(_) => {
+        s if s.is_per_document() => {
             let mut out = Vec::new();
             let stages = std::slice::from_ref(stage);
             for d in docs {
-                per_document(stages, Cur::Owned(d), &mut |c| {
+                per_document(stages, Cur::Owned(d), rt, &mut |c| {
                     out.push(c.into_document()?);
                     Ok(())
                 })?;
@@ -162,7 +177,117 @@ pub(super) fn run_stage(stage: &Stage, docs: Vec<Document>) -> Result<Vec<Docume
                 vec![bson::doc! {field.as_str(): v}]
             }
         }
+        _ => {
+            let mut exec = Exec::new(std::slice::from_ref(stage), None, &[], rt);
+            for d in docs {
+                if exec.push_document(d)?.is_break() {
+                    break;
+                }
+            }
+            exec.finish()?
+        }
     })
+}
+
+// ---------------------------------------------------------------- $replaceRoot
+
+/// `$replaceRoot: {newRoot: <expr>}`.
+pub(super) fn parse_replace_root(arg: &Bson, ctx: &ParseCtx) -> Result<Stage> {
+    let Bson::Document(d) = arg else {
+        return Err(coded!(
+            40229,
+            format!(
+                "expected an object as specification for $replaceRoot stage, got {}",
+                type_name(&Some(arg.clone()))
+            ),
+        ));
+    };
+    let mut new_root = None;
+    for (k, v) in d {
+        match k.as_str() {
+            "newRoot" => new_root = Some(ctx.expr(v)?),
+            other => {
+                return Err(coded!(
+                    40415,
+                    format!("BSON field '$replaceRoot.{other}' is an unknown field."),
+                ))
+            }
+        }
+    }
+    let expr = new_root.ok_or_else(|| {
+        coded!(
+            40414,
+            "BSON field '$replaceRoot.newRoot' is missing but a required field",
+        )
+    })?;
+    Ok(Stage::ReplaceRoot { expr, with: false })
+}
+
+/// The new root: the expression's value, which must be a document (40228).
+fn replace_root(expr: &Expr, with: bool, cur: &Cur<'_>) -> Result<Document> {
+    match expr.eval(&cur.root())? {
+        Some(Bson::Document(d)) => Ok(d),
+        other => {
+            let what = if with {
+                "'replacement document'"
+            } else {
+                "'newRoot' expression "
+            };
+            Err(coded!(
+                40228,
+                format!(
+                    "{what} must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'. Input document: {}",
+                    other
+                        .as_ref()
+                        .map_or_else(|| "MISSING".to_string(), crate::error::render),
+                    type_name(&other),
+                    crate::error::render(&cur.root().whole()?),
+                ),
+            ))
+        }
+    }
+}
+
+// ---------------------------------------------------------------- $sample
+
+/// `$sample: {size: <n>}` (codes of MongoDB's `document_source_sample.cpp`).
+pub(super) fn parse_sample(arg: &Bson) -> Result<Stage> {
+    let Bson::Document(d) = arg else {
+        return Err(coded!(
+            28745,
+            "the $sample stage specification must be an object",
+        ));
+    };
+    let mut size = None;
+    for (k, v) in d {
+        match k.as_str() {
+            "size" => {
+                let n = match num_of(v) {
+                    Some(n) => n.to_f64(),
+                    None => return Err(coded!(28746, "size argument to $sample must be a number")),
+                };
+                if n < 0.0 {
+                    return Err(coded!(
+                        28747,
+                        "size argument to $sample must not be negative",
+                    ));
+                }
+                size = Some(if n >= u64::MAX as f64 {
+                    u64::MAX
+                } else {
+                    n as u64
+                });
+            }
+            other => {
+                return Err(coded!(
+                    28748,
+                    format!("unrecognized option to $sample: {other}"),
+                ))
+            }
+        }
+    }
+    let n = size.ok_or_else(|| coded!(28749, "$sample stage must specify a size"))?;
+    Ok(Stage::Sample(n))
 }
 
 // ---------------------------------------------------------------- $addFields

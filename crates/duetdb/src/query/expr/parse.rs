@@ -24,8 +24,9 @@ pub struct Scope {
     /// User variables bound by enclosing operators, innermost last.
     vars: Vec<(String, u32)>,
     next_id: u32,
-    /// The command's `let` variables, already evaluated.
-    consts: Vec<(String, Bson)>,
+    /// The command's `let` variables (and an enclosing `$lookup`'s), already
+    /// evaluated; `None` is a variable bound to missing.
+    consts: Vec<(String, Option<Bson>)>,
     now: bson::DateTime,
 }
 
@@ -64,11 +65,29 @@ impl Scope {
                     "Command let Expression tried to access a field, but this is not allowed because command let expressions run before the query examines any documents."
                 ));
             }
-            let value = e.eval(&Root::Doc(&empty))?.unwrap_or(Bson::Null);
+            let value = e.eval(&Root::Doc(&empty))?;
             scope.consts.retain(|(n, _)| n != name);
             scope.consts.push((name.clone(), value));
         }
         Ok(scope)
+    }
+
+    /// Bind already evaluated variables (a `$lookup`'s `let`, evaluated per
+    /// input document) on top of this scope's; names follow the user rule
+    /// (16866–16868) and shadow earlier ones. `$$NOW` stays this scope's.
+    pub fn bind_consts(&mut self, vars: Vec<(String, Option<Bson>)>) -> Result<()> {
+        for (name, value) in vars {
+            check_var_name(&name)?;
+            self.consts.retain(|(n, _)| *n != name);
+            self.consts.push((name, value));
+        }
+        Ok(())
+    }
+
+    /// The constant variables in scope (command `let`, `$lookup` `let`), in
+    /// binding order; `None` is missing.
+    pub fn consts(&self) -> &[(String, Option<Bson>)] {
+        &self.consts
     }
 
     /// Bind `name` for the expressions parsed until [`Scope::unbind`].
@@ -166,7 +185,10 @@ fn parse_variable(v: &str, scope: &Scope) -> Result<Expr> {
         return Ok(Expr::Var(id, path));
     }
     if let Some((_, value)) = scope.consts.iter().rev().find(|(n, _)| n == name) {
-        return Ok(literal_path(value, &path));
+        return Ok(match value {
+            Some(v) => literal_path(v, &path),
+            None => Expr::Remove,
+        });
     }
     match name {
         "ROOT" | "CURRENT" => Ok(Expr::Root(path)),

@@ -45,7 +45,7 @@ use bson::{Bson, Document};
 use crate::doc::path;
 use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
-use crate::query::expr::{truthy_bson, Expr};
+use crate::query::expr::{truthy_bson, Expr, Scope};
 use crate::query::update::ElemCond;
 
 /// A parsed projection.
@@ -141,28 +141,37 @@ struct State {
     has_operator: bool,
     root: Node,
     elem_matches: Vec<(String, ElemCond)>,
+    /// Variables computed fields may use (a pipeline's `let`).
+    scope: Scope,
 }
 
 impl Projection {
     /// Parse a find projection document.
     pub fn parse(spec: &Document) -> Result<Projection> {
-        parse(spec, Dialect::Find)
+        parse(spec, Dialect::Find, Scope::new())
     }
 
     /// Parse the argument of a `$project` stage (and of `$unset`, given as
     /// the exclusion of its paths).
     pub fn parse_stage(spec: &Document) -> Result<Projection> {
+        Projection::parse_stage_in(spec, &Scope::new())
+    }
+
+    /// [`Projection::parse_stage`] whose computed fields may use the
+    /// variables of `scope` (a pipeline's `let`).
+    pub fn parse_stage_in(spec: &Document, scope: &Scope) -> Result<Projection> {
         if spec.is_empty() {
             return Err(
                 Dialect::Stage.error("projection specification must have at least one field")
             );
         }
-        parse(spec, Dialect::Stage)
+        parse(spec, Dialect::Stage, scope.clone())
     }
 }
 
-fn parse(spec: &Document, dialect: Dialect) -> Result<Projection> {
+fn parse(spec: &Document, dialect: Dialect, scope: Scope) -> Result<Projection> {
     let mut st = State {
+        scope,
         dialect,
         has_include: false,
         has_exclude: false,
@@ -261,7 +270,7 @@ fn parse_leaf(v: &Bson, full: &[String], st: &mut State) -> Result<Leaf> {
         } else {
             Leaf::Exclude
         }),
-        _ if st.dialect == Dialect::Stage => Ok(Leaf::Computed(Expr::parse(v)?)),
+        _ if st.dialect == Dialect::Stage => Ok(Leaf::Computed(Expr::parse_in(v, &mut st.scope)?)),
         Bson::Document(sub) => parse_find_operator(sub, v, full, st),
         other => Err(Error::bad_value(format!(
             "projection value {} for field {} is not supported (use 1/true to \

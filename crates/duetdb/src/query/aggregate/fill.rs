@@ -1,0 +1,551 @@
+//! `$fill` and `$densify`.
+//!
+//! Owns: `$fill`'s desugaring (as MongoDB's: `method` outputs become one
+//! `$setWindowFields` with `$locf`/`$linearFill`, `value` outputs an
+//! `$addFields` of `$ifNull`; a `sortBy` without methods a `$sort`), and
+//! [`Densify`]: missing values of a numeric or date field generated at
+//! `step` intervals, per partition, within `full`, `partition` or explicit
+//! `[lower, upper)` bounds.
+//!
+//! Invariants: `$densify` emits every input document once, partitions in
+//! partition-key order and each partition by its field (documents without
+//! a numeric/date field first, as they came); a generated document holds
+//! only the field and the partition fields; at most
+//! [`MAX_DENSIFY_DOCS`] documents are generated per stage (5897900), and the
+//! input is held under the read's memory limit (292).
+
+use std::cmp::Ordering;
+
+use bson::{Bson, Document};
+
+use crate::error::{Error, Result};
+use crate::query::aggregate::lookup::set_nested;
+use crate::query::aggregate::window::Window;
+use crate::query::aggregate::{ParseCtx, Runtime, Stage};
+use crate::query::expr::{compare, num_of, parse_field_path, type_name, Root};
+use crate::query::sort::SortSpec;
+
+/// Most documents one `$densify` generates (MongoDB's
+/// `internalQueryMaxAllowedDensifyDocs`).
+pub const MAX_DENSIFY_DOCS: usize = 500_000;
+
+fn failed(msg: impl Into<String>) -> Error {
+    coded!(9, msg)
+}
+
+fn wrong_type(field: &str, v: &Bson, want: &str) -> Error {
+    coded!(
+        14,
+        format!(
+            "BSON field '{field}' is the wrong type '{}', expected type '{want}'",
+            type_name(&Some(v.clone()))
+        ),
+    )
+}
+
+/// `partitionByFields: ["a", "b.c"]` as the expression `{a: "$a", ...}` and
+/// the paths.
+fn partition_fields(stage: &str, v: &Bson) -> Result<Vec<String>> {
+    let Bson::Array(items) = v else {
+        return Err(wrong_type(
+            &format!("{stage}.partitionByFields"),
+            v,
+            "array",
+        ));
+    };
+    items
+        .iter()
+        .map(|i| match i {
+            Bson::String(s) if !s.starts_with('$') => {
+                parse_field_path(s)?;
+                Ok(s.clone())
+            }
+            other => Err(failed(format!(
+                "{stage} partitionByFields must be field names, found {}",
+                crate::error::render(other)
+            ))),
+        })
+        .collect()
+}
+
+/// `$fill` as the stages it stands for (see the module doc).
+pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
+    let Bson::Document(spec) = arg else {
+        return Err(failed(format!(
+            "$fill specification must be an object, found {}",
+            type_name(&Some(arg.clone()))
+        )));
+    };
+    let mut partition_by: Option<Bson> = None;
+    let mut sort_by: Option<Document> = None;
+    let mut output: Option<&Document> = None;
+    for (k, v) in spec {
+        match k.as_str() {
+            "partitionBy" => {
+                if partition_by.is_some() {
+                    return Err(failed(
+                        "Only one of 'partitionBy' and 'partitionByFields' may be specified in $fill",
+                    ));
+                }
+                partition_by = Some(v.clone());
+            }
+            "partitionByFields" => {
+                if partition_by.is_some() {
+                    return Err(failed(
+                        "Only one of 'partitionBy' and 'partitionByFields' may be specified in $fill",
+                    ));
+                }
+                let mut d = Document::new();
+                for f in partition_fields("$fill", v)? {
+                    d.insert(f.replace('.', "_"), format!("${f}"));
+                }
+                partition_by = Some(Bson::Document(d));
+            }
+            "sortBy" => match v {
+                Bson::Document(d) => sort_by = Some(d.clone()),
+                other => return Err(wrong_type("$fill.sortBy", other, "object")),
+            },
+            "output" => match v {
+                Bson::Document(d) => output = Some(d),
+                other => return Err(wrong_type("$fill.output", other, "object")),
+            },
+            other => {
+                return Err(coded!(
+                    40415,
+                    format!("BSON field '$fill.{other}' is an unknown field."),
+                ))
+            }
+        }
+    }
+    let output = output.ok_or_else(|| {
+        coded!(
+            40414,
+            "BSON field '$fill.output' is missing but a required field",
+        )
+    })?;
+    let mut window_out = Document::new();
+    let mut values = Document::new();
+    for (field, how) in output {
+        let Bson::Document(how) = how else {
+            return Err(wrong_type(&format!("$fill.output.{field}"), how, "object"));
+        };
+        match (how.get("value"), how.get("method"), how.len()) {
+            (Some(v), None, 1) => {
+                values.insert(
+                    field.clone(),
+                    bson::doc! {"$ifNull": [format!("${field}"), v.clone()]},
+                );
+            }
+            (None, Some(Bson::String(m)), 1) if m == "locf" => {
+                window_out.insert(field.clone(), bson::doc! {"$locf": format!("${field}")});
+            }
+            (None, Some(Bson::String(m)), 1) if m == "linear" => {
+                if sort_by.is_none() {
+                    return Err(coded!(
+                        6050204,
+                        "Method 'linear' requires a sortBy to be specified in $fill",
+                    ));
+                }
+                window_out.insert(
+                    field.clone(),
+                    bson::doc! {"$linearFill": format!("${field}")},
+                );
+            }
+            _ => {
+                return Err(failed(format!(
+                    "Each fill output specification must have exactly one of 'value' or 'method' ('locf' or 'linear'): {field}"
+                )))
+            }
+        }
+    }
+    let mut stages = Vec::new();
+    if !window_out.is_empty() {
+        let mut w = bson::doc! {"output": window_out};
+        if let Some(p) = &partition_by {
+            w.insert("partitionBy", p.clone());
+        }
+        if let Some(s) = &sort_by {
+            w.insert("sortBy", s.clone());
+        }
+        stages.push(Stage::Window(Box::new(Window::parse(
+            &Bson::Document(w),
+            ctx,
+        )?)));
+    } else if let Some(s) = &sort_by {
+        stages.push(Stage::Sort(SortSpec::parse(s)?));
+    }
+    if !values.is_empty() {
+        let mut fields = Vec::with_capacity(values.len());
+        for (k, v) in &values {
+            fields.push((parse_field_path(k)?, ctx.expr(v)?));
+        }
+        stages.push(Stage::AddFields(fields));
+    }
+    Ok(stages)
+}
+
+// ---------------------------------------------------------------- $densify
+
+#[derive(Debug, Clone)]
+pub(super) struct Densify {
+    field: Vec<String>,
+    partition: Vec<Vec<String>>,
+    step: f64,
+    unit: Option<DateUnit>,
+    bounds: DensifyBounds,
+}
+
+#[derive(Debug, Clone)]
+enum DensifyBounds {
+    Full,
+    Partition,
+    /// `[lower, upper)`, as numbers or milliseconds.
+    Explicit(f64, f64),
+}
+
+/// A time unit of `$densify` (calendar arithmetic for months and up).
+#[derive(Debug, Clone, Copy)]
+struct DateUnit {
+    ms: Option<i64>,
+    months: i64,
+}
+
+impl DateUnit {
+    fn parse(s: &str) -> Result<DateUnit> {
+        let (ms, months) = match s {
+            "millisecond" => (Some(1), 0),
+            "second" => (Some(1000), 0),
+            "minute" => (Some(60_000), 0),
+            "hour" => (Some(3_600_000), 0),
+            "day" => (Some(86_400_000), 0),
+            "week" => (Some(604_800_000), 0),
+            "month" => (None, 1),
+            "quarter" => (None, 3),
+            "year" => (None, 12),
+            other => return Err(failed(format!("unknown time unit value: {other}"))),
+        };
+        Ok(DateUnit { ms, months })
+    }
+
+    /// `t` plus `steps` units.
+    fn add(self, t: i64, steps: i64) -> Option<i64> {
+        match self.ms {
+            Some(ms) => t.checked_add(ms.checked_mul(steps)?),
+            None => {
+                let months = self.months.checked_mul(steps)?;
+                let d = chrono::DateTime::from_timestamp_millis(t)?;
+                let m = chrono::Months::new(u32::try_from(months.unsigned_abs()).ok()?);
+                let moved = if months >= 0 {
+                    d.checked_add_months(m)?
+                } else {
+                    d.checked_sub_months(m)?
+                };
+                Some(moved.timestamp_millis())
+            }
+        }
+    }
+}
+
+impl Densify {
+    pub(super) fn parse(arg: &Bson) -> Result<Densify> {
+        let Bson::Document(spec) = arg else {
+            return Err(failed(format!(
+                "The $densify stage specification must be an object, found {}",
+                type_name(&Some(arg.clone()))
+            )));
+        };
+        let mut field = None;
+        let mut partition = Vec::new();
+        let mut range = None;
+        for (k, v) in spec {
+            match k.as_str() {
+                "field" => match v {
+                    Bson::String(s) if !s.starts_with('$') => field = Some(parse_field_path(s)?),
+                    Bson::String(_) => {
+                        return Err(coded!(
+                            16410,
+                            "FieldPath field names may not start with '$'.",
+                        ))
+                    }
+                    other => return Err(wrong_type("$densify.field", other, "string")),
+                },
+                "partitionByFields" => {
+                    partition = partition_fields("$densify", v)?
+                        .iter()
+                        .map(|f| parse_field_path(f))
+                        .collect::<Result<_>>()?
+                }
+                "range" => match v {
+                    Bson::Document(d) => range = Some(d),
+                    other => return Err(wrong_type("$densify.range", other, "object")),
+                },
+                other => {
+                    return Err(coded!(
+                        40415,
+                        format!("BSON field '$densify.{other}' is an unknown field."),
+                    ))
+                }
+            }
+        }
+        let field = field.ok_or_else(|| {
+            coded!(
+                40414,
+                "BSON field '$densify.field' is missing but a required field",
+            )
+        })?;
+        let range = range.ok_or_else(|| {
+            coded!(
+                40414,
+                "BSON field '$densify.range' is missing but a required field",
+            )
+        })?;
+        let mut step = None;
+        let mut unit = None;
+        let mut bounds = None;
+        for (k, v) in range {
+            match k.as_str() {
+                "step" => {
+                    let f = num_of(v).map(|n| n.to_f64()).ok_or_else(|| {
+                        wrong_type("$densify.range.step", v, "number")
+                    })?;
+                    if f <= 0.0 || !f.is_finite() {
+                        return Err(coded!(
+                            5733401,
+                            "the step parameter in a range statement must be a strictly positive numeric value",
+                        ));
+                    }
+                    step = Some(f);
+                }
+                "unit" => match v {
+                    Bson::String(s) => unit = Some(DateUnit::parse(s)?),
+                    other => return Err(wrong_type("$densify.range.unit", other, "string")),
+                },
+                "bounds" => {
+                    bounds = Some(match v {
+                        Bson::String(s) if s == "full" => DensifyBounds::Full,
+                        Bson::String(s) if s == "partition" => DensifyBounds::Partition,
+                        Bson::Array(items) if items.len() == 2 => {
+                            let as_num = |b: &Bson| -> Result<f64> {
+                                match b {
+                                    Bson::DateTime(t) => Ok(t.timestamp_millis() as f64),
+                                    other => num_of(other).map(|n| n.to_f64()).ok_or_else(|| {
+                                        coded!(
+                                            5733402,
+                                            "a bounding array must contain either both dates or both numeric types",
+                                        )
+                                    }),
+                                }
+                            };
+                            let dates = matches!(items[0], Bson::DateTime(_));
+                            if dates != matches!(items[1], Bson::DateTime(_)) {
+                                return Err(coded!(
+                                    5733402,
+                                    "a bounding array must contain either both dates or both numeric types",
+                                ));
+                            }
+                            let (lo, hi) = (as_num(&items[0])?, as_num(&items[1])?);
+                            if lo > hi {
+                                return Err(coded!(
+                                    5733403,
+                                    "a bounding array in a range statement must have the lower bound first",
+                                ));
+                            }
+                            DensifyBounds::Explicit(lo, hi)
+                        }
+                        other => {
+                            return Err(coded!(
+                                5946800,
+                                format!(
+                                    "bounds must be 'full', 'partition' or an array of two values, found {}",
+                                    crate::error::render(other)
+                                ),
+                            ))
+                        }
+                    })
+                }
+                other => {
+                    return Err(coded!(
+                        40415,
+                        format!("BSON field '$densify.range.{other}' is an unknown field."),
+                    ))
+                }
+            }
+        }
+        let step = step.ok_or_else(|| {
+            coded!(
+                40414,
+                "BSON field '$densify.range.step' is missing but a required field",
+            )
+        })?;
+        let bounds = bounds.ok_or_else(|| {
+            coded!(
+                40414,
+                "BSON field '$densify.range.bounds' is missing but a required field",
+            )
+        })?;
+        if unit.is_some() && step.fract() != 0.0 {
+            return Err(coded!(
+                5733402,
+                "the step must be an integer when a unit is given",
+            ));
+        }
+        if matches!(bounds, DensifyBounds::Partition) && partition.is_empty() {
+            return Err(coded!(
+                5733408,
+                "one may not specify the bounds as 'partition' without specifying a non-empty array of partitionByFields",
+            ));
+        }
+        Ok(Densify {
+            field,
+            partition,
+            step,
+            unit,
+            bounds,
+        })
+    }
+
+    /// The field's value as a number (dates as milliseconds when `unit` is
+    /// given); `None` for documents without a densifiable value.
+    fn value_of(&self, d: &Document) -> Result<Option<f64>> {
+        let v = Root::Doc(d).get(&self.field)?;
+        Ok(match (&v, self.unit) {
+            (Some(Bson::DateTime(t)), Some(_)) => Some(t.timestamp_millis() as f64),
+            (Some(Bson::DateTime(_)), None) => {
+                return Err(coded!(
+                    6053600,
+                    "Encountered date field value in $densify without a unit",
+                ))
+            }
+            (Some(b), None) if num_of(b).is_some() => num_of(b).map(|n| n.to_f64()),
+            (Some(b), Some(_)) if num_of(b).is_some() => {
+                return Err(coded!(
+                    6053600,
+                    "Encountered non-date field value in $densify with a unit",
+                ))
+            }
+            _ => None,
+        })
+    }
+
+    /// The value after `x` by `steps` steps from `origin`.
+    fn at(&self, origin: f64, steps: i64) -> Option<f64> {
+        match self.unit {
+            None => Some(origin + self.step * steps as f64),
+            Some(u) => u
+                .add(origin as i64, (self.step as i64).checked_mul(steps)?)
+                .map(|t| t as f64),
+        }
+    }
+
+    fn make(&self, value: f64, part: &[(Vec<String>, Bson)]) -> Document {
+        let mut d = Document::new();
+        for (p, v) in part {
+            set_nested(&mut d, p, v.clone());
+        }
+        let v = match self.unit {
+            Some(_) => Bson::DateTime(bson::DateTime::from_millis(value as i64)),
+            None if value.fract() == 0.0 && value.abs() < 2f64.powi(31) => {
+                Bson::Int32(value as i32)
+            }
+            None => Bson::Double(value),
+        };
+        set_nested(&mut d, &self.field, v);
+        d
+    }
+
+    pub(super) fn run(&self, rows: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
+        /// Key, the partition fields' values, the documents with their value.
+        type Partition = (Bson, Vec<(Vec<String>, Bson)>, Vec<(Option<f64>, Document)>);
+        // Partition by the partition fields' values.
+        let mut parts: Vec<Partition> = Vec::new();
+        let (mut gmin, mut gmax) = (f64::INFINITY, f64::NEG_INFINITY);
+        for d in rows {
+            let mut key = Vec::with_capacity(self.partition.len());
+            let mut fields = Vec::with_capacity(self.partition.len());
+            for p in &self.partition {
+                let v = Root::Doc(&d).get(p)?.unwrap_or(Bson::Null);
+                key.push(v.clone());
+                fields.push((p.clone(), v));
+            }
+            let key = Bson::Array(key);
+            let x = self.value_of(&d)?;
+            if let Some(x) = x {
+                gmin = gmin.min(x);
+                gmax = gmax.max(x);
+            }
+            match parts
+                .iter_mut()
+                .find(|(k, _, _)| compare(k, &key) == Ordering::Equal)
+            {
+                Some(p) => p.2.push((x, d)),
+                None => parts.push((key, fields, vec![(x, d)])),
+            }
+        }
+        parts.sort_by(|a, b| compare(&a.0, &b.0));
+        let mut out = Vec::new();
+        let mut generated = 0usize;
+        for (_, fields, mut docs) in parts {
+            // Documents without a value first, in input order; then by value.
+            docs.sort_by(|a, b| match (a.0, b.0) {
+                (None, None) => Ordering::Equal,
+                (None, Some(_)) => Ordering::Less,
+                (Some(_), None) => Ordering::Greater,
+                (Some(x), Some(y)) => x.total_cmp(&y),
+            });
+            let (pmin, pmax) = docs
+                .iter()
+                .filter_map(|(x, _)| *x)
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+                    (lo.min(x), hi.max(x))
+                });
+            let (origin, upper, inclusive) = match self.bounds {
+                DensifyBounds::Full => (gmin, gmax, true),
+                DensifyBounds::Partition => (pmin, pmax, true),
+                DensifyBounds::Explicit(lo, hi) => (lo, hi, false),
+            };
+            let below = |v: f64| if inclusive { v <= upper } else { v < upper };
+            let mut k: i64 = 0;
+            let mut emit_until = |limit: f64,
+                                  strict: bool,
+                                  k: &mut i64,
+                                  out: &mut Vec<Document>|
+             -> Result<()> {
+                while let Some(v) = self.at(origin, *k) {
+                    let before = if strict { v < limit } else { v <= limit };
+                    if !(before && below(v) && origin.is_finite()) {
+                        break;
+                    }
+                    generated += 1;
+                    if generated > MAX_DENSIFY_DOCS {
+                        return Err(coded!(
+                            5897900,
+                            format!(
+                                "Generated {generated} documents in $densify, which is over the limit of {MAX_DENSIFY_DOCS}. Increase the 'internalQueryMaxAllowedDensifyDocs' parameter to allow more generated documents"
+                            ),
+                        ));
+                    }
+                    out.push(self.make(v, &fields));
+                    *k += 1;
+                }
+                Ok(())
+            };
+            for (x, d) in docs {
+                if let Some(x) = x {
+                    if x >= origin {
+                        emit_until(x, true, &mut k, &mut out)?;
+                        // Skip the aligned values this document covers.
+                        while self.at(origin, k).is_some_and(|v| v <= x) {
+                            k += 1;
+                        }
+                    }
+                }
+                out.push(d);
+            }
+            if origin.is_finite() {
+                emit_until(upper, !inclusive, &mut k, &mut out)?;
+            }
+            rt.limits.cancel.check()?;
+        }
+        Ok(out)
+    }
+}
