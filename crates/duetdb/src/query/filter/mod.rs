@@ -119,6 +119,17 @@ impl Filter {
         self.root.eval(Ctx::Doc(doc))
     }
 
+    /// Does `doc` match, and through which array position? `Some(Some(i))`:
+    /// it matched and a leaf of the top-level conjunction matched through
+    /// element `i` of the outermost array on its path (the last such leaf);
+    /// `Some(None)`: it matched through no array position; `None`: no match.
+    /// What a positional `$` in an update stands for, as MongoDB's
+    /// `elemMatchKey`.
+    pub fn match_position(&self, doc: &RawDocument) -> Option<Option<usize>> {
+        let mut pos = None;
+        self.root.eval_pos(doc, &mut pos).then_some(pos)
+    }
+
     /// Index-answerable predicates of the top-level conjunction, per path.
     ///
     /// Only conditions every matching document satisfies are returned: top-level
