@@ -159,7 +159,7 @@ fn wrong_type(field: &str, want: &str, got: &Bson) -> CommandError {
 
 /// The `arrayFilters` of a statement or a findAndModify (`field` is its IDL
 /// path for messages): an array of documents, else 14 for the whole command.
-fn array_filters(holder: &Document, field: &str) -> CmdResult<Option<Vec<Document>>> {
+pub(super) fn array_filters(holder: &Document, field: &str) -> CmdResult<Option<Vec<Document>>> {
     match holder.get("arrayFilters") {
         None | Some(Bson::Null) => Ok(None),
         Some(Bson::Array(items)) => items
@@ -178,7 +178,7 @@ fn array_filters(holder: &Document, field: &str) -> CmdResult<Option<Vec<Documen
 /// Parse an update's `u` (operators, a replacement, or a pipeline) with its
 /// array filters and the variables of the command's `let` and the
 /// statement's `c` (pipelines only: 51198 otherwise, as MongoDB).
-fn update_spec(
+pub(super) fn update_spec(
     u: Option<&Bson>,
     filters: &[Document],
     let_vars: Option<&Document>,

@@ -105,23 +105,24 @@ impl Collection {
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
         let read = read_of(&p);
-        let outcome = self.scan_read(
-            p.filter.clone(),
-            choice.strategy,
-            read,
-            &limits.cancel,
-            |d| match exec.push_doc(d) {
-                Ok(ControlFlow::Continue(())) => ControlFlow::Continue(()),
-                Ok(ControlFlow::Break(())) => {
-                    stopped_early = true;
-                    ControlFlow::Break(())
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    ControlFlow::Break(())
-                }
-            },
-        )?;
+        let outcome =
+            self.scan_read(
+                p.filter.clone(),
+                choice.strategy,
+                read,
+                limits,
+                |d| match exec.push_doc(d) {
+                    Ok(ControlFlow::Continue(())) => ControlFlow::Continue(()),
+                    Ok(ControlFlow::Break(())) => {
+                        stopped_early = true;
+                        ControlFlow::Break(())
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        ControlFlow::Break(())
+                    }
+                },
+            )?;
         if let Some(e) = failed {
             return Err(e);
         }

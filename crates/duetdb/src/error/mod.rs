@@ -311,7 +311,7 @@ pub(crate) fn render(v: &Bson) -> String {
 /// matching on MongoDB's text sees the same text. Long output is cut at
 /// 1,000 bytes with `…` (MongoDB prints the whole value; a hostile document
 /// must not make an error message huge).
-pub(crate) fn render_shell(v: &Bson) -> String {
+pub fn render_shell(v: &Bson) -> String {
     let mut out = String::new();
     shell_into(v, &mut out, 0);
     if out.len() > 1000 {

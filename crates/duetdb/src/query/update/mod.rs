@@ -49,6 +49,7 @@ use crate::doc::path::numeric_component;
 use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
 use crate::query::sort::SortSpec;
+use crate::query::Filter;
 
 pub(crate) use elem_cond::ElemCond;
 pub use positional::ArrayFilters;
@@ -211,6 +212,25 @@ impl UpdateSpec {
     /// Does applying need the array position the query matched (a positional `$`)?
     pub fn needs_position(&self) -> bool {
         self.positional
+    }
+
+    /// Would applying this update to `old` (a stored document `filter`
+    /// matched) change it? Computed as the write computes it; nothing is
+    /// written (explain of an update reports `nWouldModify`).
+    pub fn would_modify(&self, old: &bson::RawDocument, filter: &Filter) -> Result<bool> {
+        let doc = crate::doc::to_document(old)?;
+        let position = if self.positional {
+            filter.match_position(old).flatten()
+        } else {
+            None
+        };
+        let ctx = ApplyContext {
+            is_upsert_insert: false,
+            now: DateTime::now(),
+            position,
+        };
+        let new = self.apply(&doc, &ctx)?;
+        Ok(crate::doc::to_raw_document(&new)?.as_bytes() != old.as_bytes())
     }
 
     /// The new version of `doc`.

@@ -207,8 +207,8 @@ fn check_conflicts(out: &[(Vec<String>, &FieldOp)]) -> Result<()> {
 fn runtime_conflict(a: &[String], a_pat: &[String], b: &[String], b_pat: &[String]) -> Error {
     let n = a.len().min(b.len());
     let last_diff = (0..n)
-        .filter(|&i| a_pat.get(i) != b_pat.get(i))
-        .last()
+        .rev()
+        .find(|&i| a_pat.get(i) != b_pat.get(i))
         .unwrap_or(n.saturating_sub(1));
     let mut at: Vec<&str> = a[..=last_diff.min(n.saturating_sub(1))]
         .iter()
