@@ -159,12 +159,12 @@ def test_explain_and_strategies(db, orders):
     pipeline = [{"$match": {"status": "open"}}, {"$group": {"_id": "$cust", "n": {"$sum": 1}}},
                 {"$sort": {"_id": 1}}]
     ex = db.command({"aggregate": "o", "pipeline": pipeline, "explain": True})
-    assert ex["olcpEligible"] is True
-    assert ex["commutativeStages"] == ["$group"] and ex["restStages"] == ["$sort"]
-    assert ex["scanFilter"] == {"status": "open"}
-    assert "queryPlanner" in ex
+    assert ex["duet"]["olcpEligible"] is True
+    assert ex["duet"]["commutativeStages"] == ["$group"] and ex["duet"]["restStages"] == ["$sort"]
+    assert ex["duet"]["scanFilter"] == {"status": "open"}
+    assert "queryPlanner" in ex["stages"][0]["$cursor"]
     ex = db.command({"explain": {"aggregate": "o", "pipeline": pipeline, "cursor": {}}})
-    assert ex["ok"] == 1.0 and "queryPlanner" in ex
+    assert ex["ok"] == 1.0 and "queryPlanner" in ex["stages"][0]["$cursor"]
     want = list(db.o.aggregate(pipeline))
     for strategy in ("vls", "cow", "none", "auto"):
         r = db.command({"aggregate": "o", "pipeline": pipeline, "cursor": {},
@@ -172,4 +172,4 @@ def test_explain_and_strategies(db, orders):
         assert r["cursor"]["firstBatch"] == want, strategy
     ex = db.command({"aggregate": "o", "pipeline": [{"$group": {"_id": None, "f": {"$first": "$qty"}}}],
                      "explain": True})
-    assert ex["olcpEligible"] is False
+    assert ex["duet"]["olcpEligible"] is False

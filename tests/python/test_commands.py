@@ -22,9 +22,8 @@ def test_create_list_rename_drop(db, client):
     db.c.rename("b", dropTarget=True)
     assert db.list_collection_names() == ["b"] and db.b.count_documents({}) == 0
     assert db.command({"drop": "b"})["ok"] == 1.0
-    with pytest.raises(OperationFailure) as e:
-        db.command({"drop": "b"})
-    assert e.value.code == 26
+    # MongoDB 7.0: dropping a collection that does not exist succeeds.
+    assert db.command({"drop": "b"})["ok"] == 1.0
     with pytest.raises(OperationFailure) as e:
         db.command({"create": "capped", "capped": True, "size": 100})
     assert e.value.code == 115
@@ -96,12 +95,12 @@ def test_update_forms(db):
     with pytest.raises(OperationFailure) as e:
         db.c.update_one({"_id": 2}, {"$set": {"_id": 5}})
     assert e.value.code == 66
+    # Array updates and pipeline updates run (test_exact_answers.py has the rest).
     with pytest.raises(OperationFailure) as e:
         db.c.update_one({"_id": 2}, {"$set": {"a.$[x]": 1}}, array_filters=[{"x": 1}])
-    assert e.value.code == 115
-    with pytest.raises(OperationFailure) as e:
-        db.c.update_one({"_id": 2}, [{"$set": {"a": 1}}])
-    assert e.value.code == 115
+    assert e.value.code == 2  # the path 'a' must exist
+    r = db.c.update_one({"_id": 2}, [{"$set": {"a": 1}}])
+    assert r.modified_count == 1 and db.c.find_one({"_id": 2})["a"] == 1
 
 
 def test_bulk_write_and_delete(db):
@@ -206,7 +205,7 @@ def test_aggregate_basics(db):
         list(db.c.aggregate([{"$frobnicate": {}}]))
     assert e.value.code == 40324
     ex = db.command({"aggregate": "c", "pipeline": [{"$match": {"g": 1}}], "explain": True})
-    assert "queryPlanner" in ex
+    assert "queryPlanner" in ex["stages"][0]["$cursor"]
 
 
 def test_max_time_ms_is_enforced(db):

@@ -67,17 +67,21 @@ def test_each_read_runs_the_requested_strategy(db, coll, strategy, shape):
         after = reads(db)
         assert correct(r), (name, r)
         assert moved(before, after) == {strategy: 1}, (name, before, after)
-        e = db.command({"explain": cmd})
-        assert e["strategy"] == strategy, (name, e)
-        assert e["strategyReason"] == "requested", (name, e)
-        # Explaining runs nothing.
+        e = db.command({"explain": cmd, "verbosity": "queryPlanner"})
+        assert e["duet"]["strategy"] == strategy, (name, e)
+        assert e["duet"]["strategyReason"] == "requested", (name, e)
+        # Explaining the plan runs nothing.
         assert reads(db) == after, name
+        # Explaining with execution statistics runs the read once, as the command would.
+        e = db.command({"explain": cmd, "verbosity": "executionStats"})
+        assert e["duet"]["strategy"] == strategy, (name, e)
+        assert moved(after, reads(db)) == {strategy: 1}, name
 
 
 def test_aggregate_explain_flag_reports_the_strategy(db, coll):
     for strategy in STRATEGIES:
         cmd = commands(strategy)["aggregate"][0]
-        e = db.command(dict(cmd, explain=True))
+        e = db.command(dict(cmd, explain=True))["duet"]
         assert e["strategy"] == strategy and e["requestedStrategy"] == strategy, e
 
 
@@ -92,6 +96,7 @@ def test_olcp_on_an_order_dependent_pipeline_runs_vls_and_says_why(db, coll):
     assert r["cursor"]["firstBatch"] == [{"n": 5}]
     assert moved(before, after) == {"vls": 1}
     for e in (db.command({"explain": cmd}), db.command(dict(cmd, explain=True))):
+        e = e["duet"]
         assert e["strategy"] == "vls" and e["requestedStrategy"] == "olcp", e
         assert "order" in e["strategyReason"], e
 
@@ -103,7 +108,7 @@ def test_auto_is_resolved_by_the_engine(db, coll):
     after = reads(db)
     assert r["n"] == N
     assert moved(before, after) == {"cow": 1}  # a count of everything: one root's size
-    e = db.command({"explain": {"count": "s", "query": {}, "$duet": {"snapshot": "auto"}}})
+    e = db.command({"explain": {"count": "s", "query": {}, "$duet": {"snapshot": "auto"}}})["duet"]
     assert e["strategy"] == "cow" and e["strategyReason"].startswith("auto")
 
 
@@ -116,7 +121,7 @@ def test_default_and_snapshot_reads_hold_a_snapshot_and_are_not_live_reads(db, c
     d = db.command({"distinct": "s", "key": "g", "readConcern": {"level": "snapshot"}})
     assert d["values"] == [0, 1, 2] and "atClusterTime" in d
     assert reads(db) == before
-    e = db.command({"explain": {"distinct": "s", "key": "g", "query": {}}})
+    e = db.command({"explain": {"distinct": "s", "key": "g", "query": {}}})["duet"]
     assert e["strategy"] == "cow" and e["strategyReason"] == "held snapshot"
 
 

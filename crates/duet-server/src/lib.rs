@@ -2,7 +2,8 @@
 //!
 //! Modules, one concept each:
 //! - `wire`: message framing and limits; `opmsg`: OP_MSG; `opquery`: legacy
-//!   OP_QUERY/OP_REPLY handshake;
+//!   OP_QUERY/OP_REPLY handshake; `dupfields`: repeated field names kept
+//!   apart while a command is decoded (filters, inserted documents);
 //! - `connection`: one client; `server`: listener, connection limit, shutdown;
 //!   `tls`: `--tls-mode`, certificates, the plain-or-TLS stream;
 //! - `auth`: SCRAM authentication, users, the `--auth` gate, failed
@@ -30,6 +31,7 @@ pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod cursor;
+pub mod dupfields;
 pub mod error;
 pub mod logs;
 pub mod metrics;

@@ -226,6 +226,7 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
                 let (raw, next) = document_at(body, at, end, MAX_MESSAGE_DEPTH)?;
                 let mut doc = to_doc(raw)?;
                 mark_duplicate_ids(raw, None, &mut doc);
+                crate::dupfields::keep_duplicates(raw, None, &mut doc)?;
                 command = Some(doc);
                 at = next;
             }
@@ -247,6 +248,7 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
                         document_at(body, p, sec_end, MAX_MESSAGE_DEPTH - SEQUENCE_NESTING)?;
                     let mut doc = to_doc(raw)?;
                     mark_duplicate_ids(raw, Some(ident), &mut doc);
+                    crate::dupfields::keep_duplicates(raw, Some(ident), &mut doc)?;
                     docs.push(Bson::Document(doc));
                     p = next;
                 }

@@ -175,6 +175,7 @@ async fn count_runs_the_requested_strategy() {
             .run_command(doc! {"explain": count})
             .await
             .expect("explain");
+        let e = e.get_document("duet").expect("duet");
         assert_eq!(e.get_str("strategy").ok(), Some(strategy), "{e:?}");
         assert_eq!(e.get_str("strategyReason").ok(), Some("requested"), "{e:?}");
     }

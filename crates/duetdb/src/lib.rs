@@ -77,8 +77,9 @@ pub mod raw {
     pub use crate::doc::value::{compare, equal};
     pub use crate::doc::{
         has_duplicate_id, id_of, prepare_insert, to_document, to_raw_document, validate_raw,
-        validate_raw_depth, DocRef, DUPLICATE_ID_MARK, MAX_DEPTH, MAX_DOC_SIZE,
+        validate_raw_depth, DocRef, DUPLICATE_ID_MARK, MAX_DEPTH, MAX_DOC_SIZE, RAW_DOCUMENT_MARK,
     };
+    pub use crate::error::render_shell;
     pub use crate::store::hashed::hash64 as hashed_index_key;
 }
 
@@ -87,6 +88,7 @@ pub mod raw {
 pub mod lang {
     pub use crate::query::aggregate::canonical_cmp;
     pub use crate::query::distinct::Distinct;
+    pub use crate::query::filter::Examined;
     pub use crate::query::{
         CommutativePart, Filter, PartialState, Pipeline, Projection, Split, UpdateSpec,
     };

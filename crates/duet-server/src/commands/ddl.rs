@@ -118,7 +118,8 @@ pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     if db.drop_collection(name)? {
         Ok(doc! {"ns": ctx.ns(name), "nIndexesWas": n_indexes, "ok": 1.0})
     } else {
-        Err(CommandError::ns_not_found("ns not found"))
+        // MongoDB 7.0: dropping a collection that does not exist succeeds.
+        Ok(doc! {"ok": 1.0})
     }
 }
 

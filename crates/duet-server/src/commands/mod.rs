@@ -34,6 +34,7 @@ pub mod admin;
 pub mod changes;
 pub mod currentop;
 pub mod ddl;
+pub mod explain;
 pub mod handshake;
 pub mod named;
 pub mod oplog;
@@ -295,7 +296,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "test hook (--enable-test-knobs): run one TTL monitor pass now",
     ),
     ("dropIndexes", "drop indexes"),
-    ("explain", "query plan of find/count/distinct/aggregate"),
+    (
+        "explain",
+        "plan and execution statistics of find/count/distinct/aggregate/update/delete/findAndModify",
+    ),
     (
         "commitTransaction",
         "commit the session's multi-document transaction",

@@ -32,15 +32,14 @@
 //! `aggregate` runs the engine's pipeline. Stage names are checked here
 //! first: stages MongoDB has but duetdb does not run are refused with
 //! CommandNotSupported (115), unknown names with 40324, malformed stage
-//! documents with 40323, as MongoDB does. `explain` reports the engine's
-//! plan and the strategy that would run (`strategy`, `strategyReason`).
+//! documents with 40323, as MongoDB does. `explain` is `explain.rs`.
 
 use bson::{doc, Bson, Document, Timestamp};
 use duetdb::lang::Projection;
 use duetdb::raw::DocRef;
 use duetdb::FindOptions;
 
-use super::source::{read_limits, read_source, Explained, Target};
+use super::source::{read_limits, read_source, Target};
 use super::Ctx;
 use crate::args;
 use crate::cursor::{Cursor, FindSource, Killed, DEFAULT_FIRST_BATCH};
@@ -63,6 +62,16 @@ impl FindPlan {
                     "collations are not supported by duetdb",
                 ));
             }
+        }
+        // Booleans of the find command are strict, as MongoDB's IDL parses them.
+        for field in [
+            "singleBatch",
+            "showRecordId",
+            "returnKey",
+            "tailable",
+            "awaitData",
+        ] {
+            strict_bool(cmd, "find", field)?;
         }
         for unsupported in [
             "min",
@@ -111,6 +120,19 @@ impl FindPlan {
     }
 }
 
+/// A boolean field of command `cmd_name` (absent: false); any other type —
+/// numbers, null — is 14, as MongoDB's IDL answers.
+fn strict_bool(cmd: &Document, cmd_name: &str, field: &str) -> CmdResult<bool> {
+    match cmd.get(field) {
+        None => Ok(false),
+        Some(Bson::Boolean(b)) => Ok(*b),
+        Some(other) => Err(CommandError::type_mismatch(format!(
+            "BSON field '{cmd_name}.{field}' is the wrong type '{}', expected type 'bool'",
+            duetdb::raw::type_name(other)
+        ))),
+    }
+}
+
 /// First-batch size: `batchSize` when given (0 allowed), else 101.
 fn first_batch_size(cmd: &Document) -> CmdResult<usize> {
     Ok(args::opt_count(cmd, "batchSize")?
@@ -118,17 +140,32 @@ fn first_batch_size(cmd: &Document) -> CmdResult<usize> {
         .unwrap_or(DEFAULT_FIRST_BATCH))
 }
 
-/// Build a cursor reply from the first batch; registers the cursor when more remains.
+/// When a cursor whose first batch is full but which has nothing more stays
+/// open (MongoDB's `!exec->isEOF()`: a full batch is returned without
+/// looking past its last document, so the cursor lives until a `getMore`
+/// finds nothing), or closes at once.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AtEnd {
+    /// Open while the batch was full: a streamed find, an aggregate.
+    KeepWhenFull,
+    /// Closed as soon as exhausted: a find whose limit was reached or whose
+    /// sort ran in memory (the stage knows it has returned everything).
+    Close,
+}
+
+/// Build a cursor reply from the first batch; registers the cursor when more
+/// may remain (see [`AtEnd`]).
 fn cursor_reply(
     ctx: &Ctx<'_>,
     mut cursor: Cursor,
-    first: usize,
+    (first, at_end): (usize, AtEnd),
     single_batch: bool,
     at: Option<Timestamp>,
 ) -> CmdResult {
     let ns = cursor.ns.clone();
     let batch = cursor.next_batch(first)?;
-    let id = if single_batch || cursor.is_exhausted() {
+    let full = batch.len() == first && at_end == AtEnd::KeepWhenFull;
+    let id = if single_batch || (cursor.is_exhausted() && !full) {
         0
     } else {
         let owner = ctx.cursor_owner();
@@ -146,7 +183,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     OpCounters::bump(&ctx.state.ops.query, 1);
     let plan = FindPlan::from_find(cmd)?;
     let first = first_batch_size(cmd)?;
-    let single_batch = args::flag(cmd, "singleBatch")?;
+    let single_batch = strict_bool(cmd, "find", "singleBatch")?;
     if plan.filter.contains_key("$text") {
         return text_find(ctx, coll, plan, first, single_batch);
     }
@@ -154,6 +191,15 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
     let stream = source.find_stream(&plan, &limits)?;
+    let o = &plan.options;
+    let sorted_in_memory =
+        o.sort.is_some() && !duetdb::FindStream::scan(&stream).plan.provides_sort;
+    let limit_reached = o.limit > 0 && o.limit <= first as u64;
+    let at_end = if sorted_in_memory || limit_reached {
+        AtEnd::Close
+    } else {
+        AtEnd::KeepWhenFull
+    };
     // The stream holds the collection version it reads; keeping the whole
     // snapshot as well would pin every other collection.
     let cursor = Cursor::new(
@@ -162,7 +208,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
         None,
         Box::new(FindSource::new(stream, projection)),
     );
-    cursor_reply(ctx, cursor, first, single_batch, source.at())
+    cursor_reply(ctx, cursor, (first, at_end), single_batch, source.at())
 }
 
 /// A find with `$text` (text indexes, `{$meta: "textScore"}`): run by the
@@ -185,7 +231,7 @@ fn text_find(
         .collection(coll)
         .text_find(&plan.filter, options)?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-    cursor_reply(ctx, cursor, first, single_batch, None)
+    cursor_reply(ctx, cursor, (first, AtEnd::Close), single_batch, None)
 }
 
 pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
@@ -246,8 +292,14 @@ pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         .ok_or_else(|| CommandError::bad_value("killCursors requires 'cursors'"))?;
     let who = ctx.cursor_owner();
     let (mut killed, mut not_found) = (Vec::new(), Vec::new());
-    for v in ids {
-        let id = args::as_i64("cursors", v)?;
+    for (i, v) in ids.iter().enumerate() {
+        // Cursor ids are longs (an int32 is 14, as MongoDB's IDL answers).
+        let Bson::Int64(id) = *v else {
+            return Err(CommandError::type_mismatch(format!(
+                "BSON field 'killCursors.cursors.{i}' is the wrong type '{}', expected type 'long'",
+                duetdb::raw::type_name(v)
+            )));
+        };
         match ctx.state.cursors.kill(id, &who, &ns) {
             Killed::Killed => killed.push(Bson::Int64(id)),
             Killed::NotFound => not_found.push(Bson::Int64(id)),
@@ -425,7 +477,7 @@ fn pipeline_stages(pipeline: &[Bson]) -> CmdResult<Vec<Document>> {
     Ok(out)
 }
 
-fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
+pub(super) fn pipeline_of(cmd: &Document) -> CmdResult<Vec<Document>> {
     pipeline_stages(
         args::opt_array(cmd, "pipeline")?
             .ok_or_else(|| CommandError::bad_value("aggregate requires 'pipeline'"))?,
@@ -470,15 +522,13 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             let limits = read_limits(ctx, cmd)?;
             let docs = ctx.database()?.aggregate(stages, &limits, let_vars)?;
             let cursor = Cursor::from_owned(ctx.ns("$cmd.aggregate"), ctx.conn.id, docs);
-            return cursor_reply(ctx, cursor, first, false, None);
+            return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
         }
     };
     let stages = pipeline_of(cmd)?;
     if args::flag(cmd, "explain")? {
         let source = read_source(ctx, cmd, coll, target)?;
-        let mut e = source.explain(Explained::Aggregate(stages))?;
-        e.insert("ok", 1.0);
-        return Ok(e);
+        return super::explain::aggregate_explain_flag(ctx, cmd, coll, &source, stages);
     }
     let cursor_opts = args::opt_doc(cmd, "cursor")?.ok_or_else(|| {
         CommandError::new(
@@ -495,7 +545,7 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
     if text_first {
         let docs = ctx.database()?.collection(coll).text_aggregate(&stages)?;
         let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-        return cursor_reply(ctx, cursor, first, false, None);
+        return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
     }
     let limits = read_limits(ctx, cmd)?;
     // `$out`/`$merge` write: they read the latest state (one root, as the
@@ -515,51 +565,21 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             .collection(coll)
             .aggregate_let(stages, strategy, &limits, let_vars)?;
         let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, Vec::new());
-        return cursor_reply(ctx, cursor, first, false, None);
+        return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
     }
     let source = read_source(ctx, cmd, coll, target)?;
     let docs = source.aggregate(stages, &limits, let_vars)?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-    cursor_reply(ctx, cursor, first, false, source.at())
+    cursor_reply(
+        ctx,
+        cursor,
+        (first, AtEnd::KeepWhenFull),
+        false,
+        source.at(),
+    )
 }
 
-/// `explain` of find, count, distinct or aggregate (never in a transaction):
-/// what the inner command would run, on the source it would read. `$duet`
-/// options are the inner command's, or the outer's when the inner has none.
+/// `explain` (never in a transaction): see `explain.rs`.
 pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
-    let inner = args::opt_doc(cmd, "explain")?
-        .ok_or_else(|| CommandError::bad_value("explain requires a command document"))?;
-    let name = super::command_name(inner).unwrap_or_default();
-    let coll = args::collection_name(inner, name)?;
-    let query = || -> CmdResult<Document> {
-        Ok(args::opt_doc(inner, "query")?.cloned().unwrap_or_default())
-    };
-    let find;
-    let what = match name {
-        "aggregate" => Explained::Aggregate(pipeline_of(inner)?),
-        "find" => {
-            find = FindPlan::from_find(inner)?;
-            Explained::Find(&find)
-        }
-        "count" => Explained::Count(query()?),
-        "distinct" => Explained::Distinct(query()?),
-        other => {
-            return Err(CommandError::not_supported(format!(
-                "explain of '{other}' is not supported by duetdb (find, count, distinct, aggregate)"
-            )))
-        }
-    };
-    let options = if inner.contains_key("$duet") || !cmd.contains_key("$duet") {
-        inner
-    } else {
-        cmd
-    };
-    let mut e = read_source(ctx, options, coll, &mut Target::Live)?.explain(what)?;
-    e.insert("command", inner.clone());
-    e.insert(
-        "serverInfo",
-        doc! {"host": "localhost", "version": super::admin::COMPAT_VERSION},
-    );
-    e.insert("ok", 1.0);
-    Ok(e)
+    super::explain::explain(ctx, cmd)
 }

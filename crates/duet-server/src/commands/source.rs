@@ -175,6 +175,7 @@ pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
         memory_limit_bytes: params.query_memory_limit_bytes(),
         allow_disk_use,
         spill_dir: None,
+        examined: None,
     })
 }
 
@@ -333,6 +334,24 @@ impl ReadSource<'_> {
             }
             ReadSource::Held { coll, .. } => coll.aggregate_let(stages, &limits, let_vars)?,
             ReadSource::Txn(coll) => coll.aggregate_let(stages, let_vars)?,
+        })
+    }
+
+    /// [`ReadSource::aggregate`] and, for a live run, the engine's account
+    /// of it (`AggregateExplain`: strategy, plan, OLCP pass counters).
+    pub fn aggregate_run(
+        &self,
+        stages: Vec<Document>,
+        limits: &ReadLimits,
+    ) -> CmdResult<(Vec<Document>, Option<Document>)> {
+        let limits = self.limits_for(limits);
+        Ok(match self {
+            ReadSource::Live { coll, strategy } => {
+                let (docs, report) = coll.aggregate_limited(stages, *strategy, &limits)?;
+                (docs, Some(report.to_document()))
+            }
+            ReadSource::Held { coll, .. } => (coll.aggregate_limited(stages, &limits)?, None),
+            ReadSource::Txn(coll) => (Crud::aggregate(coll, stages)?, None),
         })
     }
 

@@ -90,26 +90,26 @@ impl From<CommandError> for StmtError {
     }
 }
 
-/// Run each statement of `field` ("updates", "deletes") in order, counted
-/// in `counter`: `run` gets the statement and its query `q`, `done` each
+/// Run each statement in order, counted in `counter`: `run` gets the
+/// statement's position, the statement and its query `q`, `done` each
 /// result; returns the `writeErrors`. An ordered batch stops at the first
 /// failure; an error that ends the transaction fails the whole command.
 fn each_statement<T>(
     stmts: &[&Document],
     (ordered, let_vars): (bool, Option<&Document>),
-    (field, counter): (&str, &AtomicU64),
-    mut run: impl FnMut(&Document, Document) -> Result<T, StmtError>,
+    counter: &AtomicU64,
+    mut run: impl FnMut(usize, &Document, Document) -> Result<T, StmtError>,
     mut done: impl FnMut(usize, T),
 ) -> CmdResult<Vec<Bson>> {
     let mut errors = Vec::new();
     for (i, stmt) in stmts.iter().enumerate() {
         OpCounters::bump(counter, 1);
         let mut one = || -> Result<T, StmtError> {
-            refuse_unsupported(stmt, field)?;
+            refuse_unsupported(stmt)?;
             let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
             // The command's `let` variables, bound around the filter's `$expr`s.
             let q = duetdb::lang::Filter::bind_let(&q, let_vars).map_err(StmtError::Engine)?;
-            run(stmt, q)
+            run(i, stmt, q)
         };
         let e = match one() {
             Ok(v) => {
@@ -149,27 +149,75 @@ pub fn insert(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
     }
 }
 
-/// Parse an update statement's `u` (operators or a replacement).
-fn update_spec(u: Option<&Bson>) -> CmdResult<UpdateSpec> {
-    match u {
-        Some(Bson::Document(d)) => Ok(UpdateSpec::parse(d)?),
-        Some(Bson::Array(_)) => Err(CommandError::not_supported(
-            "pipeline-style updates are not supported by duetdb yet",
-        )),
-        Some(other) => Err(CommandError::type_mismatch(format!(
-            "update 'u' must be a document, not {:?}",
-            other.element_type()
-        ))),
-        None => Err(CommandError::bad_value("update statement has no 'u'")),
+/// MongoDB's IDL type error for a command field (14).
+fn wrong_type(field: &str, want: &str, got: &Bson) -> CommandError {
+    CommandError::type_mismatch(format!(
+        "BSON field '{field}' is the wrong type '{}', expected type '{want}'",
+        duetdb::raw::type_name(got)
+    ))
+}
+
+/// The `arrayFilters` of a statement or a findAndModify (`field` is its IDL
+/// path for messages): an array of documents, else 14 for the whole command.
+pub(super) fn array_filters(holder: &Document, field: &str) -> CmdResult<Option<Vec<Document>>> {
+    match holder.get("arrayFilters") {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Bson::Document(d) => Ok(d.clone()),
+                other => Err(wrong_type(&format!("{field}.{i}"), "object", other)),
+            })
+            .collect::<CmdResult<Vec<_>>>()
+            .map(Some),
+        Some(other) => Err(wrong_type(field, "array", other)),
     }
 }
 
-fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
-    if stmt.contains_key("arrayFilters") {
-        return Err(CommandError::not_supported(format!(
-            "arrayFilters in {what} are not supported by duetdb yet"
-        )));
+/// Parse an update's `u` (operators, a replacement, or a pipeline) with its
+/// array filters and the variables of the command's `let` and the
+/// statement's `c` (pipelines only: 51198 otherwise, as MongoDB).
+pub(super) fn update_spec(
+    u: Option<&Bson>,
+    filters: &[Document],
+    let_vars: Option<&Document>,
+    constants: Option<&Document>,
+) -> CmdResult<UpdateSpec> {
+    if constants.is_some() && !matches!(u, Some(Bson::Array(_))) {
+        return Err(CommandError::new(
+            51198,
+            "Location51198",
+            "Constant values may only be specified for pipeline updates",
+        ));
     }
+    match u {
+        Some(Bson::Document(d)) => Ok(UpdateSpec::parse_with(d, filters)?),
+        Some(Bson::Array(stages)) => {
+            let vars = match (let_vars, constants) {
+                (None, None) => None,
+                (a, b) => {
+                    let mut v = a.cloned().unwrap_or_default();
+                    v.extend(b.cloned().unwrap_or_default());
+                    Some(v)
+                }
+            };
+            Ok(UpdateSpec::parse_pipeline(stages, vars.as_ref(), filters)?)
+        }
+        Some(_) => Err(CommandError::new(
+            9,
+            "FailedToParse",
+            "Update argument must be either an object or an array",
+        )),
+        None => Err(CommandError::new(
+            40414,
+            "Location40414",
+            "BSON field 'update.updates.u' is missing but a required field",
+        )),
+    }
+}
+
+fn refuse_unsupported(stmt: &Document) -> CmdResult<()> {
     if let Some(c) = args::opt_doc(stmt, "collation")? {
         if c.get_str("locale").ok() != Some("simple") {
             return Err(CommandError::not_supported(
@@ -183,8 +231,19 @@ fn refuse_unsupported(stmt: &Document, what: &str) -> CmdResult<()> {
 pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let (name, stmts, ordered) = batch(cmd, "update", "updates")?;
     let coll = target.collection(ctx, name)?;
-    let one = |stmt: &Document, q| -> Result<UpdateResult, StmtError> {
-        let spec = update_spec(stmt.get("u"))?;
+    let let_vars = args::opt_doc(cmd, "let")?;
+    // IDL type errors fail the whole command, before any statement runs.
+    let mut filters = Vec::with_capacity(stmts.len());
+    for stmt in &stmts {
+        filters.push(array_filters(stmt, "update.updates.arrayFilters")?);
+        args::opt_doc(stmt, "c")?;
+    }
+    let one = |i: usize, stmt: &Document, q| -> Result<UpdateResult, StmtError> {
+        let af = filters
+            .get(i)
+            .and_then(Option::as_deref)
+            .unwrap_or_default();
+        let spec = update_spec(stmt.get("u"), af, let_vars, args::opt_doc(stmt, "c")?)?;
         let options = UpdateOptions {
             upsert: args::flag(stmt, "upsert")?,
             hint: stmt.get("hint").cloned(),
@@ -192,8 +251,7 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
         Ok(coll.update_with_spec(q, spec, args::flag(stmt, "multi")?, options)?)
     };
     let (mut n, mut modified, mut upserted) = (0i64, 0i64, Vec::new());
-    let counted = ("updates", &ctx.state.ops.update);
-    let let_vars = args::opt_doc(cmd, "let")?;
+    let counted = &ctx.state.ops.update;
     let errors = each_statement(&stmts, (ordered, let_vars), counted, one, |i, r| {
         n += r.matched as i64;
         modified += r.modified as i64;
@@ -212,7 +270,17 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
 pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let (name, stmts, ordered) = batch(cmd, "delete", "deletes")?;
     let coll = target.collection(ctx, name)?;
-    let one = |stmt: &Document, q| -> Result<u64, StmtError> {
+    // `limit` is required (IDL), checked for every statement first.
+    for stmt in &stmts {
+        if stmt.get("limit").is_none() {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                "BSON field 'delete.deletes.limit' is missing but a required field",
+            ));
+        }
+    }
+    let one = |_: usize, stmt: &Document, q| -> Result<u64, StmtError> {
         match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
             0 => Ok(coll.delete_many(q)?),
             1 => Ok(coll.delete_one(q)?),
@@ -225,7 +293,7 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
         }
     };
     let mut n = 0i64;
-    let counted = ("deletes", &ctx.state.ops.delete);
+    let counted = &ctx.state.ops.delete;
     let let_vars = args::opt_doc(cmd, "let")?;
     let errors = each_statement(&stmts, (ordered, let_vars), counted, one, |_, k| {
         n += k as i64
@@ -250,29 +318,47 @@ fn find_and_modify_args<'a>(
     name_field: &str,
 ) -> CmdResult<FindAndModifyArgs<'a>> {
     let coll = args::collection_name(cmd, name_field)?;
-    refuse_unsupported(cmd, "findAndModify")?;
+    refuse_unsupported(cmd)?;
+    let let_vars = args::opt_doc(cmd, "let")?;
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
-    let query = duetdb::lang::Filter::bind_let(&query, args::opt_doc(cmd, "let")?)?;
+    let query = duetdb::lang::Filter::bind_let(&query, let_vars)?;
     let remove = args::flag(cmd, "remove")?;
     let return_new = args::flag(cmd, "new")?;
     let upsert = args::flag(cmd, "upsert")?;
-    let has_update = cmd.get("update").is_some_and(|u| !matches!(u, Bson::Null));
+    let filters = array_filters(cmd, "findAndModify.arrayFilters")?;
+    let update = cmd.get("update").filter(|u| !matches!(u, Bson::Null));
+    // MongoDB's checks, in its order and words.
     let fail = |m: &str| Err(CommandError::new(9, "FailedToParse", m.to_string()));
-    if remove && has_update {
-        return fail("Cannot specify both an update and remove=true");
-    }
-    if !remove && !has_update {
+    if !remove && update.is_none() {
         return fail("Either an update or remove=true must be specified");
     }
-    if remove && (return_new || upsert) {
-        return fail("Cannot specify both new=true/upsert=true and remove=true");
+    if remove {
+        if update.is_some() {
+            return fail("Cannot specify both an update and remove=true");
+        }
+        if upsert {
+            return fail("Cannot specify both upsert=true and remove=true ");
+        }
+        if return_new {
+            return fail(
+                "Cannot specify both new=true and remove=true; 'remove' always returns the \
+                 deleted document",
+            );
+        }
+        if filters.is_some() {
+            return fail("Cannot specify arrayFilters and remove=true");
+        }
+    }
+    if matches!(update, Some(Bson::Array(_))) && filters.is_some() {
+        return fail("Cannot specify arrayFilters and a pipeline update");
     }
     let spec = if remove {
         OpCounters::bump(&ctx.state.ops.delete, 1);
         None
     } else {
         OpCounters::bump(&ctx.state.ops.update, 1);
-        Some(update_spec(cmd.get("update"))?)
+        let af = filters.as_deref().unwrap_or_default();
+        Some(update_spec(update, af, let_vars, None)?)
     };
     Ok(FindAndModifyArgs {
         coll,

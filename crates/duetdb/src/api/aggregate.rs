@@ -169,7 +169,9 @@ impl Collection {
         let mut exec = p.exec(rt);
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
-        let filter = Filter::parse(&p.filter)?;
+        let mut filter = Filter::parse(&p.filter)?;
+        // explain's executionStats counters (`ReadLimits::examined`).
+        rt.limits.counting(&mut filter);
         let outcome = scan::scan_capturing(
             self.database().writer(),
             self.name(),

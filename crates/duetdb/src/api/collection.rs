@@ -15,7 +15,7 @@ use crate::api::snapshot::stats_of;
 use crate::api::*;
 use crate::doc::DocRef;
 use crate::durability::effect::Effect;
-use crate::error::{CancelToken, Error, Result};
+use crate::error::{Error, Result};
 use crate::query::aggregate::prepare;
 use crate::query::distinct::Distinct;
 use crate::query::limits::ReadLimits;
@@ -279,7 +279,7 @@ impl Collection {
         visit: impl FnMut(&DocRef) -> ControlFlow<()>,
     ) -> Result<ScanOutcome> {
         let read = Read::Count { match_all: false };
-        self.scan_read(filter, strategy, read, &limits.cancel, visit)
+        self.scan_read(filter, strategy, read, limits, visit)
     }
 
     /// [`Collection::scan_with`] for a given kind of read (the choice of
@@ -289,10 +289,11 @@ impl Collection {
         filter: Document,
         strategy: Strategy,
         read: Read,
-        cancel: &CancelToken,
+        limits: &ReadLimits,
         mut visit: impl FnMut(&DocRef) -> ControlFlow<()>,
     ) -> Result<ScanOutcome> {
-        let parsed = Filter::parse(&filter)?;
+        let mut parsed = Filter::parse(&filter)?;
+        limits.counting(&mut parsed);
         let outcome = scan::scan(
             self.db.writer(),
             &self.name,
@@ -300,7 +301,7 @@ impl Collection {
             |c| planner::plan(c, &parsed, None, None),
             strategy,
             read,
-            cancel,
+            &limits.cancel,
             |d| visit(d),
         )?;
         self.db.note_read(outcome.strategy);
@@ -335,7 +336,11 @@ impl Collection {
         strategy: Strategy,
         limits: &ReadLimits,
     ) -> Result<(u64, ScanOutcome)> {
-        let parsed = Filter::parse(&filter)?;
+        let mut parsed = Filter::parse(&filter)?;
+        // Counting everything examines nothing under `cow` (one root's size).
+        if !parsed.is_match_all() {
+            limits.counting(&mut parsed);
+        }
         let (n, outcome) = scan::count(
             self.db.writer(),
             &self.name,

@@ -196,9 +196,11 @@ pub trait Crud: sealed::Sealed {
     ) -> Result<UpdateResult> {
         validate_collection_name(self.name())?;
         if multi && update.is_replacement() {
-            return Err(Error::bad_value(
-                "multi update is not supported for replacement-style update",
-            ));
+            return Err(Error::Coded {
+                code: 9,
+                name: "FailedToParse",
+                msg: "multi update is not supported for replacement-style update".into(),
+            });
         }
         self.update_checked(CheckedUpdate {
             filter,

@@ -398,8 +398,11 @@ impl Find {
     }
 
     fn spec(&self) -> Result<(FindSpec, Option<Projection>)> {
+        let mut filter = Filter::parse(&self.filter)?;
+        // explain's executionStats: count what this read examines.
+        self.limits.counting(&mut filter);
         let spec = FindSpec {
-            filter: Some(Filter::parse(&self.filter)?),
+            filter: Some(filter),
             sort: self
                 .options
                 .sort

@@ -437,6 +437,7 @@ impl Transaction {
         let context = ApplyContext {
             is_upsert_insert: true,
             now: DateTime::now(),
+            position: None,
         };
         let (raw, id) = doc::prepare_insert(&update.apply(&seed, &context)?)?;
         let stored = Arc::new(raw);
@@ -493,7 +494,7 @@ impl Transaction {
         let now = DateTime::now();
         let mut changes = Vec::new();
         for old in &found {
-            if let Some(new) = updated_version(old, update, now)? {
+            if let Some(new) = updated_version(old, update, &parsed, now)? {
                 changes.push((id_key(old)?, Arc::new(new)));
             }
         }
@@ -562,7 +563,8 @@ impl Transaction {
                 removed: true,
             });
         };
-        let new = updated_version(&old, &update, DateTime::now())?.map(Arc::new);
+        let parsed = Filter::parse(&filter)?;
+        let new = updated_version(&old, &update, &parsed, DateTime::now())?.map(Arc::new);
         if let Some(n) = &new {
             self.buffer(coll, key, Some(n.clone()))?;
         }

@@ -56,10 +56,23 @@ pub fn check_single_id(doc: &Document) -> Result<()> {
     Ok(())
 }
 
+/// The key a decoder adds to a document to be inserted whose raw form
+/// repeats a field name, holding the document's bytes (binary): BSON allows
+/// repeated names and MongoDB stores such a document as sent, which a
+/// `Document` (the last of two equal keys wins) cannot hold.
+/// [`prepare_insert`] stores those bytes instead. NUL cannot appear in a
+/// BSON key, so no client can send the mark itself.
+pub const RAW_DOCUMENT_MARK: &str = "\0raw document";
+
 /// Turn a user document into its stored form: `_id` first (generated when absent),
-/// limits checked. Returns the raw document and its `_id`.
+/// limits checked. Returns the raw document and its `_id`. A document
+/// carrying [`RAW_DOCUMENT_MARK`] is stored from its raw bytes, every
+/// element kept in order.
 pub fn prepare_insert(doc: &Document) -> Result<(RawDocumentBuf, RawBson)> {
     check_single_id(doc)?;
+    if let Some(Bson::Binary(b)) = doc.get(RAW_DOCUMENT_MARK) {
+        return prepare_insert_raw(&b.bytes);
+    }
     check_depth(doc)?;
     let id = match doc.get("_id") {
         Some(id) => {
@@ -79,6 +92,48 @@ pub fn prepare_insert(doc: &Document) -> Result<(RawDocumentBuf, RawBson)> {
     let raw_id =
         crate::doc::value::to_raw(&id).ok_or_else(|| Error::InvalidId("invalid _id".into()))?;
     Ok((raw, raw_id))
+}
+
+/// [`prepare_insert`] of a document kept as sent: its elements in order
+/// (repeated names included) with `_id` moved first or generated; validated
+/// as a stored document (size, depth, one `_id` of an allowed type).
+fn prepare_insert_raw(bytes: &[u8]) -> Result<(RawDocumentBuf, RawBson)> {
+    let raw = RawDocument::from_bytes(bytes).map_err(|e| Error::InvalidBson(e.to_string()))?;
+    validate_raw(raw)?;
+    if has_duplicate_id(raw) {
+        return Err(Error::bad_value(
+            "can't have multiple _id fields in one document",
+        ));
+    }
+    let id = match raw
+        .get("_id")
+        .map_err(|e| Error::InvalidBson(e.to_string()))?
+    {
+        Some(v) => {
+            let id = Bson::try_from(v).map_err(|e| Error::InvalidBson(e.to_string()))?;
+            check_id(&id)?;
+            id
+        }
+        None => Bson::ObjectId(ObjectId::new()),
+    };
+    let raw_id =
+        crate::doc::value::to_raw(&id).ok_or_else(|| Error::InvalidId("invalid _id".into()))?;
+    let mut out = RawDocumentBuf::new();
+    out.append(bson::raw::cstr!("_id"), raw_id.clone());
+    for e in raw.iter() {
+        let (k, v) = e.map_err(|e| Error::InvalidBson(e.to_string()))?;
+        if k != "_id" {
+            out.append(k, v);
+        }
+    }
+    let size = out.as_bytes().len();
+    if size > MAX_DOC_SIZE {
+        return Err(Error::DocumentTooLarge {
+            size,
+            limit: MAX_DOC_SIZE,
+        });
+    }
+    Ok((out, raw_id))
 }
 
 /// Serialize a document, enforcing the size limit and rejecting keys BSON cannot hold.

@@ -10,7 +10,7 @@
 use bson::raw::{RawArray, RawDocument};
 use bson::{Bson, Document, RawBsonRef};
 
-use crate::error::{render, Error};
+use crate::error::{render_shell, Error};
 
 /// Upper bound on path components; deeper paths cannot reach anything because
 /// documents nest at most [`crate::doc::MAX_DEPTH`] levels.
@@ -221,7 +221,7 @@ pub fn not_viable(path: &[String], at: usize, parent: &Bson) -> Error {
     Error::PathNotViable(format!(
         "Cannot create field '{name}' in element {{{}: {}}}",
         parent_name.unwrap_or(""),
-        render(parent)
+        render_shell(parent)
     ))
 }
 

@@ -304,6 +304,127 @@ pub(crate) fn render(v: &Bson) -> String {
     }
 }
 
+/// A BSON value as MongoDB's `BSONElement::toString` prints it in error
+/// messages (`{ a: 1, b: "x" }`, `[ 1.0, 2 ]`, `ObjectId('…')`): field names
+/// unquoted, doubles with a fraction (`5.0`), strings in double quotes.
+/// Messages that quote a document the way MongoDB does use this, so a client
+/// matching on MongoDB's text sees the same text. Long output is cut at
+/// 1,000 bytes with `…` (MongoDB prints the whole value; a hostile document
+/// must not make an error message huge).
+pub fn render_shell(v: &Bson) -> String {
+    let mut out = String::new();
+    shell_into(v, &mut out, 0);
+    if out.len() > 1000 {
+        let mut end = 1000;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push('…');
+    }
+    out
+}
+
+/// `render_shell` of a whole document.
+pub(crate) fn render_shell_doc(d: &bson::Document) -> String {
+    let mut out = String::new();
+    shell_doc_into(d, &mut out, 0);
+    out
+}
+
+/// Past this depth (or 2,000 bytes) the rest of a value is elided; bounds the
+/// recursion on hostile input.
+const SHELL_MAX_DEPTH: usize = 32;
+
+fn shell_doc_into(d: &bson::Document, out: &mut String, depth: usize) {
+    if d.is_empty() {
+        out.push_str("{}");
+        return;
+    }
+    out.push_str("{ ");
+    for (i, (k, v)) in d.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        if out.len() > 2000 || depth > SHELL_MAX_DEPTH {
+            out.push_str("...");
+            break;
+        }
+        out.push_str(k);
+        out.push_str(": ");
+        shell_into(v, out, depth + 1);
+    }
+    out.push_str(" }");
+}
+
+fn shell_into(v: &Bson, out: &mut String, depth: usize) {
+    use std::fmt::Write;
+    match v {
+        Bson::Double(f) => {
+            if f.is_nan() {
+                out.push_str("nan.0");
+            } else if f.is_infinite() {
+                out.push_str(if *f > 0.0 { "inf.0" } else { "-inf.0" });
+            } else if f.fract() == 0.0 && f.abs() < 1e16 {
+                let _ = write!(out, "{f:.1}");
+            } else {
+                let _ = write!(out, "{f}");
+            }
+        }
+        Bson::String(s) => {
+            out.push('"');
+            out.push_str(s);
+            out.push('"');
+        }
+        Bson::Document(d) => shell_doc_into(d, out, depth),
+        Bson::Array(a) => {
+            if a.is_empty() {
+                out.push_str("[]");
+                return;
+            }
+            out.push_str("[ ");
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                if out.len() > 2000 || depth > SHELL_MAX_DEPTH {
+                    out.push_str("...");
+                    break;
+                }
+                shell_into(x, out, depth + 1);
+            }
+            out.push_str(" ]");
+        }
+        Bson::Boolean(b) => out.push_str(if *b { "true" } else { "false" }),
+        Bson::Null => out.push_str("null"),
+        Bson::Undefined => out.push_str("undefined"),
+        Bson::Int32(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Bson::Int64(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Bson::ObjectId(o) => {
+            let _ = write!(out, "ObjectId('{o}')");
+        }
+        Bson::DateTime(d) => {
+            let _ = write!(out, "new Date({})", d.timestamp_millis());
+        }
+        Bson::Timestamp(t) => {
+            let _ = write!(out, "Timestamp({}, {})", t.time, t.increment);
+        }
+        Bson::Decimal128(d) => {
+            let _ = write!(out, "NumberDecimal(\"{d}\")");
+        }
+        Bson::RegularExpression(r) => {
+            let _ = write!(out, "/{}/{}", r.pattern, r.options);
+        }
+        Bson::MinKey => out.push_str("MinKey"),
+        Bson::MaxKey => out.push_str("MaxKey"),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 /// Per-document errors of an `insert_many` (MongoDB's `writeErrors`).
 #[derive(Debug, Clone)]
 pub struct BulkWriteFailure {

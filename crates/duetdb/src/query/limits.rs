@@ -8,8 +8,10 @@
 //! fails with 292 whatever `allowDiskUse` says (see `query::aggregate`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::CancelToken;
+use crate::query::filter::Examined;
 
 /// Documents (or index entries) examined between two cancellation checks:
 /// small enough that a cancelled read stops within milliseconds, large enough
@@ -35,6 +37,13 @@ pub struct ReadLimits {
     /// its data directory), or the OS temporary directory for an in-memory
     /// database or a snapshot that does not know its database.
     pub spill_dir: Option<PathBuf>,
+    /// When set, the read counts the index keys and documents it examines
+    /// here as it runs (explain's `executionStats`; see
+    /// [`crate::query::Filter::count_into`]). Counted on every path that
+    /// tests documents with the read's filter: finds, counts, distincts and
+    /// pipeline scans under `cow`, `vls` and `none` (an OLCP pipeline
+    /// reports its own pass counters instead).
+    pub examined: Option<Arc<Examined>>,
 }
 
 impl Default for ReadLimits {
@@ -44,6 +53,7 @@ impl Default for ReadLimits {
             memory_limit_bytes: DEFAULT_MEMORY_LIMIT,
             allow_disk_use: true,
             spill_dir: None,
+            examined: None,
         }
     }
 }
@@ -54,6 +64,13 @@ impl ReadLimits {
         ReadLimits {
             cancel,
             ..ReadLimits::default()
+        }
+    }
+
+    /// `filter` counting into this read's counters, if it has any.
+    pub(crate) fn counting(&self, filter: &mut crate::query::Filter) {
+        if let Some(c) = &self.examined {
+            filter.count_into(c.clone());
         }
     }
 

@@ -91,8 +91,10 @@ pub enum Access {
         intervals: Vec<(Bound<EntryKey>, Bound<EntryKey>)>,
         reverse: bool,
         dedup: bool,
-        /// Human-readable bounds for `explain`.
+        /// `indexBounds` for `explain` (field → interval strings).
         bounds: Document,
+        /// The index's other explain fields (`keyPattern`, `isMultiKey`, …).
+        facts: Document,
     },
 }
 
@@ -104,43 +106,67 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The `queryPlanner.winningPlan` of MongoDB's explain output, simplified.
+    /// The access path as the leaf stages of MongoDB's `winningPlan`:
+    /// `COLLSCAN`, `IDHACK`, or `FETCH` over an `IXSCAN` with MongoDB's
+    /// fields (`keyPattern`, `indexName`, `isMultiKey`, `isUnique`,
+    /// `isSparse`, `isPartial`, `indexVersion`, `direction`, `indexBounds`
+    /// as interval strings like `"[1, 5)"`). `blockingSortIfRequested: true`
+    /// marks a plan that does not yield the sort order (a caller adds the
+    /// `SORT` stage and removes the mark).
     pub fn explain(&self) -> Document {
+        let dir = |reverse: bool| if reverse { "backward" } else { "forward" };
         let mut stage = match &self.access {
             Access::CollScan { reverse } => doc! {
                 "stage": "COLLSCAN",
-                "direction": if *reverse { "backward" } else { "forward" },
+                "direction": dir(*reverse),
             },
-            Access::IdPoints { ids } => doc! {
-                "stage": "IDHACK",
-                "indexName": ID_INDEX_NAME,
-                "keys": ids.len() as i64,
-            },
-            Access::IdRange { reverse, .. } => doc! {
-                "stage": "FETCH",
-                "inputStage": {
-                    "stage": "IXSCAN",
-                    "indexName": ID_INDEX_NAME,
-                    "keyPattern": {"_id": 1},
-                    "direction": if *reverse { "backward" } else { "forward" },
-                },
-            },
+            Access::IdPoints { .. } => doc! {"stage": "IDHACK"},
+            Access::IdRange {
+                lower,
+                upper,
+                reverse,
+            } => {
+                let lo = lower.as_ref().map(|k| k.0.clone());
+                let hi = upper.as_ref().map(|k| k.0.clone());
+                doc! {
+                    "stage": "FETCH",
+                    "inputStage": {
+                        "stage": "IXSCAN",
+                        "keyPattern": {"_id": 1},
+                        "indexName": ID_INDEX_NAME,
+                        "isMultiKey": false,
+                        "isUnique": true,
+                        "isSparse": false,
+                        "isPartial": false,
+                        "indexVersion": 2,
+                        "direction": dir(*reverse),
+                        "indexBounds": {"_id": [interval(lo.as_ref(), hi.as_ref())]},
+                    },
+                }
+            }
             Access::IndexScan {
                 index,
                 reverse,
                 bounds,
-                intervals,
+                facts,
                 ..
-            } => doc! {
-                "stage": "FETCH",
-                "inputStage": {
-                    "stage": "IXSCAN",
-                    "indexName": index.clone(),
-                    "direction": if *reverse { "backward" } else { "forward" },
-                    "intervals": intervals.len() as i64,
-                    "indexBounds": bounds.clone(),
-                },
-            },
+            } => {
+                let mut ix = doc! {"stage": "IXSCAN"};
+                ix.insert(
+                    "keyPattern",
+                    facts.get("keyPattern").cloned().unwrap_or(Bson::Null),
+                );
+                ix.insert("indexName", index.clone());
+                for (k, v) in facts {
+                    if k != "keyPattern" {
+                        ix.insert(k.clone(), v.clone());
+                    }
+                }
+                ix.insert("indexVersion", 2);
+                ix.insert("direction", dir(*reverse));
+                ix.insert("indexBounds", bounds.clone());
+                doc! {"stage": "FETCH", "inputStage": ix}
+            }
         };
         if !self.provides_sort {
             stage.insert("blockingSortIfRequested", true);
@@ -285,10 +311,48 @@ fn key_interval(
     (lo, hi)
 }
 
-fn render_bound(b: &ValueBound) -> Bson {
-    match b {
-        Bound::Included(v) | Bound::Excluded(v) => Bson::try_from(v.clone()).unwrap_or(Bson::Null),
-        Bound::Unbounded => Bson::String("unbounded".into()),
+/// An index interval as MongoDB prints it in `indexBounds`: `[1, 1]`,
+/// `(5, inf.0]`, `[MinKey, MaxKey]` (an unbounded side is MinKey/MaxKey,
+/// inclusive).
+fn interval(lo: Bound<&RawBson>, hi: Bound<&RawBson>) -> Bson {
+    let side = |b: Bound<&RawBson>, unbounded: &str| -> (bool, String) {
+        match b {
+            Bound::Included(v) => (true, bound_value(v)),
+            Bound::Excluded(v) => (false, bound_value(v)),
+            Bound::Unbounded => (true, unbounded.to_string()),
+        }
+    };
+    let (li, l) = side(lo, "MinKey");
+    let (hi_inc, h) = side(hi, "MaxKey");
+    Bson::String(format!(
+        "{}{l}, {h}{}",
+        if li { '[' } else { '(' },
+        if hi_inc { ']' } else { ')' }
+    ))
+}
+
+fn bound_value(v: &RawBson) -> String {
+    match Bson::try_from(v.clone()) {
+        Ok(Bson::MinKey) => "MinKey".into(),
+        Ok(Bson::MaxKey) => "MaxKey".into(),
+        Ok(b) => crate::error::render_shell(&b),
+        Err(_) => "?".into(),
+    }
+}
+
+fn render_interval((l, u): &(ValueBound, ValueBound)) -> Bson {
+    interval(l.as_ref(), u.as_ref())
+}
+
+/// What explain says of an index besides its bounds (MongoDB's IXSCAN fields).
+fn index_facts(index: &IndexState) -> Document {
+    let spec = &index.spec;
+    doc! {
+        "keyPattern": spec.key_pattern(),
+        "isMultiKey": index.multikey,
+        "isUnique": spec.unique,
+        "isSparse": spec.sparse,
+        "isPartial": spec.partial.is_some(),
     }
 }
 
@@ -349,8 +413,10 @@ fn plan_index(
         match field_sargs[k].as_ref() {
             Some(Sarg::Eq(v)) if !matches!(v, RawBson::Null) => {
                 prefix.push(KeyPart::Val(v.clone()));
-                let b = render_bound(&Bound::Included(v.clone()));
-                bounds.insert(spec.fields[k].0.clone(), vec![b.clone(), b]);
+                bounds.insert(
+                    spec.fields[k].0.clone(),
+                    vec![interval(Bound::Included(v), Bound::Included(v))],
+                );
                 k += 1;
             }
             _ => break,
@@ -370,9 +436,7 @@ fn plan_index(
                 };
                 bounds.insert(
                     path.clone(),
-                    vi.iter()
-                        .map(|(l, u)| Bson::Array(vec![render_bound(l), render_bound(u)]))
-                        .collect::<Vec<_>>(),
+                    vi.iter().map(render_interval).collect::<Vec<_>>(),
                 );
                 if !asc {
                     vi.reverse();
@@ -398,6 +462,12 @@ fn plan_index(
     };
     if spec.unique && eq_len == spec.fields.len() {
         score += 8;
+    }
+    // Fields the query does not constrain are scanned whole.
+    for (path, _) in &spec.fields {
+        if !bounds.contains_key(path) {
+            bounds.insert(path.clone(), vec![Bson::String("[MinKey, MaxKey]".into())]);
+        }
     }
     // The index yields sort order when the sort keys continue its equality prefix,
     // all in its direction or all against it, and no document is in it twice.
@@ -432,6 +502,7 @@ fn plan_index(
             intervals,
             reverse,
             bounds,
+            facts: index_facts(index),
         },
         score,
         provides_sort,
@@ -486,13 +557,11 @@ fn plan_wildcard(
         let mut bounds = Document::new();
         bounds.insert(
             "$_path",
-            vec![Bson::String(path.clone()), Bson::String(path.clone())],
+            vec![Bson::String(format!("[\"{path}\", \"{path}\"]"))],
         );
         bounds.insert(
             path.clone(),
-            vi.iter()
-                .map(|(l, u)| Bson::Array(vec![render_bound(l), render_bound(u)]))
-                .collect::<Vec<_>>(),
+            vi.iter().map(render_interval).collect::<Vec<_>>(),
         );
         let intervals = vi
             .into_iter()
@@ -505,6 +574,7 @@ fn plan_wildcard(
                 reverse: false,
                 dedup: true,
                 bounds,
+                facts: index_facts(index),
             },
             score,
             provides_sort: false,
@@ -717,7 +787,9 @@ where
 }
 
 /// [`execute`], checking `cancel` every [`PAGE_DOCS`] entries examined
-/// (matching or not), so a cancelled walk stops within one page.
+/// (matching or not), so a cancelled walk stops within one page. Index
+/// entries and `_id` lookups are counted into a counting filter's keys
+/// (explain's `keysExamined`; [`Filter::count_into`]).
 pub fn execute_with<F>(
     coll: &CollectionState,
     plan: &Plan,
@@ -766,6 +838,7 @@ where
             for id in ids {
                 tick()?;
                 if let Some(rid) = coll.rid_of_id(id) {
+                    filter.count_key();
                     if let Some(doc) = coll.heap.get(rid) {
                         if emit(rid, doc).is_break() {
                             break;
@@ -781,6 +854,7 @@ where
         } => {
             for (_, rid) in id_range(coll, lower.as_ref(), upper.as_ref(), *reverse) {
                 tick()?;
+                filter.count_key();
                 if let Some(doc) = coll.heap.get(*rid) {
                     if emit(*rid, doc).is_break() {
                         break;
@@ -816,6 +890,7 @@ where
                 };
                 for ((_, rid), _) in entries {
                     tick()?;
+                    filter.count_key();
                     if *dedup && !seen.insert(*rid) {
                         continue;
                     }

@@ -194,6 +194,7 @@ impl Walk {
                     let id = &ids[*i];
                     *i += 1;
                     if let Some(rid) = coll.rid_of_id(id) {
+                        filter.count_key();
                         if let Some(d) = coll.heap.get(rid) {
                             if emit(rid, d).is_break() {
                                 stop = true;
@@ -215,6 +216,7 @@ impl Walk {
                 let mut last: Option<ValueKey> = None;
                 for (k, rid) in entries {
                     n += 1;
+                    filter.count_key();
                     last = Some(k.clone());
                     if let Some(d) = coll.heap.get(*rid) {
                         if emit(*rid, d).is_break() {
@@ -266,6 +268,7 @@ impl Walk {
                         };
                         for (key, _) in entries {
                             n += 1;
+                            filter.count_key();
                             in_interval += 1;
                             last = Some(key.clone());
                             let rid = key.1;

@@ -289,7 +289,12 @@ where
             pass.full_table(start_next_rid);
             None
         }
-        Some(index) => Some(pass.index_table(&index_rids(&index, &plan))),
+        Some(index) => {
+            let rids = index_rids(&index, &plan);
+            // explain's keysExamined: the pass reads every entry of its intervals.
+            filter.count_keys(rids.len() as u64);
+            Some(pass.index_table(&rids))
+        }
     };
     let complete = !pass.stopped && record_set.is_none();
     guard.finish_table(complete)?;

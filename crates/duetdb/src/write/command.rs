@@ -381,19 +381,28 @@ fn matching(
     Ok(out)
 }
 
-/// The new version of `old` under `update`, validated for storage; `None` when
-/// the update changes nothing. (Also used by transactions.)
+/// The new version of `old` (which `filter` matched) under `update`,
+/// validated for storage; `None` when the update changes nothing. (Also used
+/// by transactions.)
 pub(crate) fn updated_version(
     old: &DocRef,
     update: &UpdateSpec,
+    filter: &Filter,
     now: DateTime,
 ) -> Result<Option<RawDocumentBuf>> {
     let old_doc = doc::to_document(old)?;
+    // The array position the query matched, for a positional `$`.
+    let position = if update.needs_position() {
+        filter.match_position(old).flatten()
+    } else {
+        None
+    };
     let new_doc = update.apply(
         &old_doc,
         &ApplyContext {
             is_upsert_insert: false,
             now,
+            position,
         },
     )?;
     doc::check_depth(&new_doc)?;
@@ -454,6 +463,7 @@ fn upsert_doc(
         &ApplyContext {
             is_upsert_insert: true,
             now,
+            position: None,
         },
     )?;
     doc::prepare_insert(&new_doc)
@@ -473,7 +483,7 @@ fn update(state: &mut DbState, fx: &mut Effects, u: UpdateCommand) -> Result<Rep
     }
     let mut changes = Vec::new();
     for (rid, old) in &found {
-        if let Some(new) = updated_version(old, &u.update, now)? {
+        if let Some(new) = updated_version(old, &u.update, &u.filter, now)? {
             changes.push((*rid, old.clone(), Arc::new(new)));
         }
     }
@@ -588,7 +598,7 @@ fn find_and_modify(
             }))
         }
         Some(update) => {
-            let new = updated_version(&old, update, now)?;
+            let new = updated_version(&old, update, &f.filter, now)?;
             let (modified, new_ref) = match new {
                 Some(raw) => {
                     let r: DocRef = Arc::new(raw);

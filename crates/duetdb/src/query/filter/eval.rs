@@ -20,7 +20,7 @@ use bson::raw::RawDocument;
 use bson::RawBsonRef;
 
 use super::tree::{type_bit, CmpKind, InSet, Leaf, Node, Op, RegexOp};
-use super::walk::walk_doc;
+use super::walk::{walk_doc, walk_doc_at};
 use crate::doc::value::{self, Num};
 
 /// What a node is evaluated against.
@@ -53,7 +53,54 @@ impl Node {
     }
 }
 
+impl Node {
+    /// [`Node::eval`] on a document that also records, in `pos`, the array
+    /// position a leaf matched through (MongoDB's `MatchDetails`
+    /// `elemMatchKey`): conjunctions pass it down and the last leaf that
+    /// matched through an array sets it; `$or`, `$nor`, negations, `$expr`
+    /// and `$jsonSchema` record nothing, as MongoDB's do.
+    pub(super) fn eval_pos(&self, doc: &RawDocument, pos: &mut Option<usize>) -> bool {
+        match self {
+            Node::And(children) => children.iter().all(|c| c.eval_pos(doc, pos)),
+            Node::Leaf(leaf) => leaf.eval_pos(doc, pos),
+            other => other.eval(Ctx::Doc(doc)),
+        }
+    }
+}
+
 impl Leaf {
+    fn eval_pos(&self, doc: &RawDocument, pos: &mut Option<usize>) -> bool {
+        let Some(path) = &self.path else {
+            return false;
+        };
+        let op = &self.op;
+        let mut found = None;
+        let hit = walk_doc_at(
+            doc,
+            &path.parts,
+            op.expands_arrays(),
+            true,
+            None,
+            &mut |item, at| {
+                if let Some(k) = op.elem_match_position(item) {
+                    found = at.or(Some(k));
+                    return true;
+                }
+                if !matches!(op, Op::ElemMatchObject(_) | Op::ElemMatchValue(_))
+                    && op.matches_item(item)
+                {
+                    found = at;
+                    return true;
+                }
+                false
+            },
+        );
+        if hit && found.is_some() {
+            *pos = found;
+        }
+        hit
+    }
+
     fn eval(&self, ctx: Ctx<'_>) -> bool {
         match (&self.path, ctx) {
             (Some(path), Ctx::Doc(doc)) => {
@@ -77,6 +124,27 @@ impl Op {
             self,
             Op::Exists | Op::Size(_) | Op::ElemMatchObject(_) | Op::ElemMatchValue(_)
         )
+    }
+
+    /// For `$elemMatch`: the position of the first element of the array
+    /// `item` that matches, `None` otherwise (and for every other operator).
+    fn elem_match_position(&self, item: Option<RawBsonRef<'_>>) -> Option<usize> {
+        let Some(RawBsonRef::Array(a)) = item else {
+            return None;
+        };
+        let mut elems = a
+            .into_iter()
+            .enumerate()
+            .filter_map(|(k, e)| e.ok().map(|e| (k, e)));
+        match self {
+            Op::ElemMatchObject(node) => elems
+                .find(|(_, e)| matches!(e, RawBsonRef::Document(d) if node.eval(Ctx::Doc(d))))
+                .map(|(k, _)| k),
+            Op::ElemMatchValue(node) => elems
+                .find(|(_, e)| node.eval(Ctx::Elem(*e)))
+                .map(|(k, _)| k),
+            _ => None,
+        }
     }
 
     /// Does one candidate (`None` = missing) satisfy the operator?

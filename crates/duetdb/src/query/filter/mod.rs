@@ -34,6 +34,9 @@
 //! for the planner), `expr` (`$expr`), `bits` (`$bits*`), `schema`
 //! (`$jsonSchema`), `tests`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use bson::raw::RawDocument;
 use bson::Document;
 
@@ -65,6 +68,33 @@ pub struct Filter {
     root: Node,
     /// The error slots of its `$expr`s (empty without one).
     expr_errors: Vec<expr::ErrorSlot>,
+    /// Counters of what the read examined (explain's `executionStats`),
+    /// when asked for: carried by the filter because every executor — the
+    /// planner's walks, VLS, OLCP, `none` — holds it and tests each examined
+    /// document with [`Filter::matches`] exactly once.
+    examined: Option<Arc<Examined>>,
+}
+
+/// What a read examined, counted as it runs (see [`Filter::count_into`]).
+#[derive(Debug, Default)]
+pub struct Examined {
+    /// Documents tested against the filter (MongoDB's `docsExamined`).
+    pub docs: AtomicU64,
+    /// Index entries (and `_id` lookups) visited (`keysExamined`).
+    pub keys: AtomicU64,
+    /// Documents that matched (what the scan stage returned).
+    pub matched: AtomicU64,
+}
+
+impl Examined {
+    /// `(keys, docs, matched)` so far.
+    pub fn get(&self) -> (u64, u64, u64) {
+        (
+            self.keys.load(Ordering::Relaxed),
+            self.docs.load(Ordering::Relaxed),
+            self.matched.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl Filter {
@@ -80,7 +110,33 @@ impl Filter {
         let mut expr_errors = Vec::new();
         let mut scope = None;
         compile_exprs(&mut root, let_vars, &mut scope, &mut expr_errors)?;
-        Ok(Filter { root, expr_errors })
+        Ok(Filter {
+            root,
+            expr_errors,
+            examined: None,
+        })
+    }
+
+    /// Count what reads with this filter examine into `counters`: each
+    /// [`Filter::matches`] is a document examined, each
+    /// [`Filter::count_key`] an index entry. A counting filter is never
+    /// "match all", so executors test (and count) every document.
+    pub fn count_into(&mut self, counters: Arc<Examined>) {
+        self.examined = Some(counters);
+    }
+
+    /// An executor visited one index entry (or `_id` lookup).
+    #[inline]
+    pub fn count_key(&self) {
+        self.count_keys(1);
+    }
+
+    /// An executor visited `n` index entries.
+    #[inline]
+    pub fn count_keys(&self, n: u64) {
+        if let Some(c) = &self.examined {
+            c.keys.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// `spec` with the command's `let` variables bound around each of its
@@ -109,14 +165,33 @@ impl Filter {
         Ok(())
     }
 
-    /// True when the filter matches every document (`{}`).
+    /// True when the filter matches every document (`{}`) and need not be
+    /// tested (a counting filter always is, see [`Filter::count_into`]).
     pub fn is_match_all(&self) -> bool {
-        self.root.is_always_true()
+        self.examined.is_none() && self.root.is_always_true()
     }
 
     /// Does `doc` match?
     pub fn matches(&self, doc: &RawDocument) -> bool {
-        self.root.eval(Ctx::Doc(doc))
+        let m = self.root.eval(Ctx::Doc(doc));
+        if let Some(c) = &self.examined {
+            c.docs.fetch_add(1, Ordering::Relaxed);
+            if m {
+                c.matched.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        m
+    }
+
+    /// Does `doc` match, and through which array position? `Some(Some(i))`:
+    /// it matched and a leaf of the top-level conjunction matched through
+    /// element `i` of the outermost array on its path (the last such leaf);
+    /// `Some(None)`: it matched through no array position; `None`: no match.
+    /// What a positional `$` in an update stands for, as MongoDB's
+    /// `elemMatchKey`.
+    pub fn match_position(&self, doc: &RawDocument) -> Option<Option<usize>> {
+        let mut pos = None;
+        self.root.eval_pos(doc, &mut pos).then_some(pos)
     }
 
     /// Index-answerable predicates of the top-level conjunction, per path.

@@ -10,7 +10,9 @@
 //! - a path that cannot be created (through a scalar, or by name into an array)
 //!   fails only for operators that would create something there (code 28);
 //!   removing or keeping such a path is a no-op, as in MongoDB;
-//! - `$rename` never goes through an array on either side (code 2);
+//! - `$rename` never goes through an array on either side (code 2), and a
+//!   source path that cannot exist (through a scalar, or by name into an
+//!   array) is code 28, as MongoDB's `findLongestPrefix` reports it;
 //! - removing an array element leaves a null, so positions stay stable.
 
 use bson::{Bson, Document, Timestamp};
@@ -19,7 +21,7 @@ use crate::doc::path::{self, numeric_component};
 use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
 
-use super::{arithmetic, array, id_render, Action, ApplyContext, FieldOp, Op};
+use super::{arithmetic, array, Action, ApplyContext, FieldOp, Op};
 
 /// A replacement keeps the old `_id` (added first when the replacement has
 /// none) and refuses a different one (code 66).
@@ -72,15 +74,16 @@ pub(super) fn id_first(doc: &mut Document) {
     }
 }
 
-/// Apply one operator to `doc` (the update so far); `orig` is the input
-/// document, named in error messages.
+/// Apply one operator at `path` (its own path, or one its dynamic path
+/// resolved to) to `doc` (the update so far); `orig` is the input document,
+/// named in error messages.
 pub(super) fn apply_op(
     fop: &FieldOp,
+    path: &[String],
     doc: &mut Document,
     orig: &Document,
     ctx: &ApplyContext,
 ) -> Result<()> {
-    let path = &fop.path;
     let field = path.join(".");
     match &fop.op {
         Op::Rename { from, .. } => apply_rename(doc, from, path, orig),
@@ -108,6 +111,7 @@ fn compute(
         Op::Min(arg) => arithmetic::min_or_max(arg, true, cur),
         Op::Max(arg) => arithmetic::min_or_max(arg, false, cur),
         Op::CurrentDate(ts) => Action::Set(current_date(*ts, ctx)),
+        Op::Bit(ops) => arithmetic::bit(ops, cur, field, orig)?,
         Op::Push(args) => array::push(args, cur, field, orig)?,
         Op::AddToSet(each) => array::add_to_set(each, cur, field)?,
         Op::Pop(first) => array::pop(*first, cur, field)?,
@@ -132,25 +136,36 @@ fn current_date(timestamp: bool, ctx: &ApplyContext) -> Bson {
     }
 }
 
-/// Move the value at `from` to `to`; a missing source is a no-op.
+/// Move the value at `from` to `to`; a missing source is a no-op, a source
+/// path through a scalar (or by name into an array) is 28, and neither side
+/// may go through an array (2), with MongoDB's messages (`RenameNode`).
 fn apply_rename(doc: &mut Document, from: &[String], to: &[String], orig: &Document) -> Result<()> {
-    // Neither side may go through an array (MongoDB refuses rather than guess).
     let value = match lookup(doc, from) {
         Lookup::Found(v) => v.clone(),
-        Lookup::Missing | Lookup::Blocked { .. } => return Ok(()),
+        Lookup::Missing => return Ok(()),
+        Lookup::Blocked { at, parent } => {
+            let part = from.get(at - 1).map(String::as_str).unwrap_or("");
+            return Err(Error::PathNotViable(format!(
+                "cannot use the part ({part} of {}) to traverse the element ({{{part}: {}}})",
+                from.join("."),
+                crate::error::render_shell(parent)
+            )));
+        }
     };
-    if through_array(doc, from) {
+    if let Some(array) = array_ancestor(doc, from, false) {
         return Err(Error::bad_value(format!(
-            "The source field cannot be an array element, '{}' in doc with {}",
+            "The source field cannot be an array element, '{}' in doc with {} has an array \
+             field called '{array}'",
             from.join("."),
-            id_render(orig)
+            id_element(orig)
         )));
     }
-    if through_array(doc, to) {
+    if let Some(array) = array_ancestor(doc, to, true) {
         return Err(Error::bad_value(format!(
-            "The destination field cannot be an array element, '{}' in doc with {}",
+            "The destination field cannot be an array element, '{}' in doc with {} has an \
+             array field called '{array}'",
             to.join("."),
-            id_render(orig)
+            id_element(orig)
         )));
     }
     path::set_creating(doc, to, value)?;
@@ -158,24 +173,41 @@ fn apply_rename(doc: &mut Document, from: &[String], to: &[String], orig: &Docum
     Ok(())
 }
 
-/// Does any existing proper prefix of `path` hold an array?
-fn through_array(doc: &Document, path: &[String]) -> bool {
+/// `_id: <value>` as MongoDB prints the element, or `no id`.
+fn id_element(doc: &Document) -> String {
+    match doc.get("_id") {
+        Some(id) => format!("_id: {}", crate::error::render_shell(id)),
+        None => "no id".to_string(),
+    }
+}
+
+/// The name of the deepest array among the existing proper ancestors of
+/// `path` — and, with `to_create`, of the deepest existing element when the
+/// path does not fully exist (the element a rename would create under).
+fn array_ancestor(doc: &Document, path: &[String], to_create: bool) -> Option<String> {
+    let mut found: Vec<(&String, &Bson)> = Vec::new();
     let mut cur: Option<&Bson> = None;
-    for (i, part) in path.iter().enumerate() {
+    for part in path {
         let next = match cur {
             None => doc.get(part),
             Some(Bson::Document(d)) => d.get(part),
+            Some(Bson::Array(a)) => numeric_component(part).and_then(|i| a.get(i)),
             Some(_) => None,
         };
-        let Some(next) = next else {
-            return false;
-        };
-        if i + 1 < path.len() && matches!(next, Bson::Array(_)) {
-            return true;
-        }
+        let Some(next) = next else { break };
+        found.push((part, next));
         cur = Some(next);
     }
-    false
+    let ancestors = if found.len() == path.len() || !to_create {
+        &found[..found.len().saturating_sub(1)]
+    } else {
+        &found[..]
+    };
+    ancestors
+        .iter()
+        .rev()
+        .find(|(_, v)| matches!(v, Bson::Array(_)))
+        .map(|(name, _)| (*name).clone())
 }
 
 enum Lookup<'a> {

@@ -17,7 +17,7 @@ use crate::doc::types::type_name;
 use crate::doc::value;
 use crate::error::{render, Error, Result};
 
-use super::{id_render, Action};
+use super::{id_render, Action, BitOp};
 
 /// `$inc` (`add`) or `$mul` of `arg` on the current value `cur` of `field`.
 pub(super) fn inc_or_mul(
@@ -55,6 +55,56 @@ pub(super) fn inc_or_mul(
                 )))
             }
         },
+    })
+}
+
+/// `$bit`: the operations applied in order to the current integer (int32 or
+/// int64; a missing field starts from int32 0). An int32 meeting an int64
+/// operand widens to int64, as MongoDB's `SafeNum` does; an unchanged value
+/// (same type and bits) is a no-op.
+pub(super) fn bit(
+    ops: &[(BitOp, Bson)],
+    cur: Option<&Bson>,
+    field: &str,
+    orig: &Document,
+) -> Result<Action> {
+    let start = match cur {
+        None => Bson::Int32(0),
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_))) => v.clone(),
+        Some(other) => {
+            let id = orig
+                .get("_id")
+                .map(|id| format!("_id: {}", crate::error::render_shell(id)))
+                .unwrap_or_default();
+            let name = field.rsplit('.').next().unwrap_or(field);
+            return Err(Error::bad_value(format!(
+                "Cannot apply $bit to a value of non-integral type.{id} has the field {name} of \
+                 non-integer type {}",
+                type_name(other)
+            )));
+        }
+    };
+    let mut v = start;
+    for (op, operand) in ops {
+        let f = |a: i64, b: i64| match op {
+            BitOp::And => a & b,
+            BitOp::Or => a | b,
+            BitOp::Xor => a ^ b,
+        };
+        v = match (&v, operand) {
+            (Bson::Int32(a), Bson::Int32(b)) => {
+                // Bitwise operations of two int32s stay within int32.
+                Bson::Int32(f(i64::from(*a), i64::from(*b)) as i32)
+            }
+            (Bson::Int32(a), Bson::Int64(b)) => Bson::Int64(f(i64::from(*a), *b)),
+            (Bson::Int64(a), Bson::Int32(b)) => Bson::Int64(f(*a, i64::from(*b))),
+            (Bson::Int64(a), Bson::Int64(b)) => Bson::Int64(f(*a, *b)),
+            _ => return Err(Error::Internal("$bit operand is not an integer".into())),
+        };
+    }
+    Ok(match cur {
+        Some(c) if *c == v => Action::Keep,
+        _ => Action::Set(v),
     })
 }
 

@@ -9,14 +9,20 @@
 //! - `arithmetic`: `$inc`, `$mul` and `$min`/`$max`;
 //! - `array`: `$push` and its modifiers, `$addToSet`, `$pop`, `$pull`, `$pullAll`;
 //! - `elem_cond`: conditions on one array element (`$pull`, `$elemMatch` projection);
-//! - `upsert`: the document an upsert starts from.
+//! - `upsert`: the document an upsert starts from;
+//! - `conflict`: parse-time path conflicts, as MongoDB's update tree finds them;
+//! - `positional`: `arrayFilters` and the per-document resolution of `$`,
+//!   `$[]` and `$[<identifier>]`;
+//! - `pipeline`: pipeline-style updates (`u: [{$set: …}, …]`).
 //!
 //! Invariants:
 //! - `apply` never mutates its input; it returns the new version or an error, so a
 //!   failed update leaves nothing half-applied.
 //! - Parsing rejects conflicting paths (one path equal to or a prefix of another,
 //!   across all operators, `$rename` sources included) with code 40, so the
-//!   operators of one update commute and may be applied one after another.
+//!   operators of one update commute and may be applied one after another;
+//!   dynamic paths are resolved per document first, and resolved paths that
+//!   meet are refused (40) before anything is applied.
 //! - Operators are applied in path order (numeric components numerically, others
 //!   bytewise), as MongoDB 5.0+ does; existing fields keep their position and new
 //!   fields are appended in that order.
@@ -30,8 +36,11 @@
 mod apply;
 mod arithmetic;
 mod array;
+mod conflict;
 mod elem_cond;
 mod parse;
+mod pipeline;
+mod positional;
 mod upsert;
 
 use bson::{Bson, DateTime, Document};
@@ -40,8 +49,10 @@ use crate::doc::path::numeric_component;
 use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
 use crate::query::sort::SortSpec;
+use crate::query::Filter;
 
 pub(crate) use elem_cond::ElemCond;
+pub use positional::ArrayFilters;
 pub use upsert::upsert_seed;
 
 /// Inputs of one update application besides the document.
@@ -51,19 +62,28 @@ pub struct ApplyContext {
     pub is_upsert_insert: bool,
     /// The time `$currentDate` writes.
     pub now: DateTime,
+    /// The array position the query matched (MongoDB's `elemMatchKey`), which
+    /// a positional `$` stands for; see [`crate::query::Filter::match_position`].
+    pub position: Option<usize>,
 }
 
 /// A parsed update: operators (`{$set: …}`) or a replacement document.
 #[derive(Debug, Clone)]
 pub struct UpdateSpec {
     kind: Kind,
+    filters: ArrayFilters,
+    /// Some operator path has a `$`, `$[]` or `$[<identifier>]` component.
+    dynamic: bool,
+    /// Some operator path has a positional `$`.
+    positional: bool,
 }
 
 #[derive(Debug, Clone)]
 enum Kind {
     Replacement(Document),
-    /// Sorted by target path (see [`parse::cmp_paths`]).
+    /// Sorted by target path (see [`parse::cmp_paths`]); paths as written.
     Operators(Vec<FieldOp>),
+    Pipeline(pipeline::UpdatePipeline),
 }
 
 /// One operator applied to one path.
@@ -85,7 +105,6 @@ enum Op {
     /// `path` of the [`FieldOp`] is the destination.
     Rename {
         from: Vec<String>,
-        to: Vec<String>,
     },
     Push(PushArgs),
     AddToSet(Vec<Bson>),
@@ -95,6 +114,15 @@ enum Op {
     PullAll(Vec<Bson>),
     /// `true` for a timestamp, `false` for a date.
     CurrentDate(bool),
+    /// `$bit`: the operations in order, each with an int32/int64 operand.
+    Bit(Vec<(BitOp, Bson)>),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum BitOp {
+    And,
+    Or,
+    Xor,
 }
 
 #[derive(Debug, Clone)]
@@ -123,8 +151,50 @@ enum Action {
 impl UpdateSpec {
     /// Parse an update document: all keys `$`-prefixed (operators) or none (replacement).
     pub fn parse(spec: &Document) -> Result<UpdateSpec> {
+        UpdateSpec::parse_with(spec, &[])
+    }
+
+    /// Parse an update document with the statement's `arrayFilters` (each
+    /// must be used by a `$[<identifier>]` of an operator update; a
+    /// replacement ignores them, as MongoDB's does).
+    pub fn parse_with(spec: &Document, array_filters: &[Document]) -> Result<UpdateSpec> {
+        let filters = ArrayFilters::parse(array_filters)?;
+        let kind = parse::kind(spec, &filters)?;
+        let (dynamic, positional) = match &kind {
+            Kind::Operators(ops) => (
+                ops.iter()
+                    .any(|o| o.path.iter().any(|p| parse::is_dynamic(p))),
+                ops.iter().any(|o| o.path.iter().any(|p| p == "$")),
+            ),
+            _ => (false, false),
+        };
         Ok(UpdateSpec {
-            kind: parse::kind(spec)?,
+            kind,
+            filters,
+            dynamic,
+            positional,
+        })
+    }
+
+    /// Parse a pipeline-style update (`u: [{$set: …}, …]`): `$addFields`,
+    /// `$set`, `$project`, `$unset`, `$replaceRoot`, `$replaceWith`, their
+    /// expressions seeing `let_vars` (the command's `let` and the
+    /// statement's `c`). `arrayFilters` are refused with it (9).
+    pub fn parse_pipeline(
+        stages: &[Bson],
+        let_vars: Option<&Document>,
+        array_filters: &[Document],
+    ) -> Result<UpdateSpec> {
+        if !array_filters.is_empty() {
+            return Err(parse::failed_to_parse(
+                "arrayFilters may not be specified for pipeline-style updates",
+            ));
+        }
+        Ok(UpdateSpec {
+            kind: Kind::Pipeline(pipeline::UpdatePipeline::parse(stages, let_vars)?),
+            filters: ArrayFilters::default(),
+            dynamic: false,
+            positional: false,
         })
     }
 
@@ -133,14 +203,52 @@ impl UpdateSpec {
         matches!(self.kind, Kind::Replacement(_))
     }
 
+    /// A pipeline-style update? (It may rewrite the whole document, like a
+    /// replacement.)
+    pub fn is_pipeline(&self) -> bool {
+        matches!(self.kind, Kind::Pipeline(_))
+    }
+
+    /// Does applying need the array position the query matched (a positional `$`)?
+    pub fn needs_position(&self) -> bool {
+        self.positional
+    }
+
+    /// Would applying this update to `old` (a stored document `filter`
+    /// matched) change it? Computed as the write computes it; nothing is
+    /// written (explain of an update reports `nWouldModify`).
+    pub fn would_modify(&self, old: &bson::RawDocument, filter: &Filter) -> Result<bool> {
+        let doc = crate::doc::to_document(old)?;
+        let position = if self.positional {
+            filter.match_position(old).flatten()
+        } else {
+            None
+        };
+        let ctx = ApplyContext {
+            is_upsert_insert: false,
+            now: DateTime::now(),
+            position,
+        };
+        let new = self.apply(&doc, &ctx)?;
+        Ok(crate::doc::to_raw_document(&new)?.as_bytes() != old.as_bytes())
+    }
+
     /// The new version of `doc`.
     pub fn apply(&self, doc: &Document, ctx: &ApplyContext) -> Result<Document> {
         let mut out = match &self.kind {
             Kind::Replacement(repl) => apply::apply_replacement(repl, doc)?,
+            Kind::Pipeline(p) => apply::apply_replacement(&p.run(doc)?, doc)?,
             Kind::Operators(ops) => {
                 let mut out = doc.clone();
-                for op in ops {
-                    apply::apply_op(op, &mut out, doc, ctx)?;
+                if self.dynamic {
+                    let plan = positional::resolve_all(ops, doc, ctx.position, &self.filters)?;
+                    for (path, op) in plan {
+                        apply::apply_op(op, &path, &mut out, doc, ctx)?;
+                    }
+                } else {
+                    for op in ops {
+                        apply::apply_op(op, &op.path, &mut out, doc, ctx)?;
+                    }
                 }
                 apply::check_id_unchanged(doc, &out)?;
                 out
@@ -159,6 +267,7 @@ impl UpdateSpec {
     /// prefix of every path. Use [`UpdateSpec::may_affect`] to test an index path.
     pub fn modified_paths(&self) -> Vec<String> {
         let Kind::Operators(ops) = &self.kind else {
+            // A replacement or a pipeline may change anything.
             return vec![String::new()];
         };
         let mut out: Vec<String> = Vec::new();
@@ -192,14 +301,15 @@ impl UpdateSpec {
     }
 }
 
-/// `p` up to (not including) its first numeric component after the first: an
-/// index on `a.b` sees a change to `a.0.b`, so both must compare as `a`.
+/// `p` up to (not including) its first numeric or dynamic (`$`, `$[…]`)
+/// component after the first: an index on `a.b` sees a change to `a.0.b` or
+/// `a.$[].b`, so all must compare as `a`.
 fn cut_at_numeric(p: &[String]) -> &[String] {
     let end = p
         .iter()
         .enumerate()
         .skip(1)
-        .find(|(_, c)| numeric_component(c).is_some())
+        .find(|(_, c)| numeric_component(c).is_some() || parse::is_dynamic(c))
         .map(|(i, _)| i)
         .unwrap_or(p.len());
     &p[..end]
@@ -216,3 +326,5 @@ fn id_render(doc: &Document) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_array;

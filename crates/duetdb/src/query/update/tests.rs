@@ -11,6 +11,7 @@ fn ctx() -> ApplyContext {
     ApplyContext {
         is_upsert_insert: false,
         now: DateTime::from_millis(1_700_000_000_123),
+        position: None,
     }
 }
 
@@ -79,14 +80,17 @@ fn input_is_not_mutated() {
 #[test]
 fn parse_errors() {
     for (spec, c) in [
-        (doc! {"$foo": {"a": 1}}, 2),
-        (doc! {"$set": {"a": 1}, "b": 1}, 2),
-        (doc! {"$set": 1}, 2),
-        (doc! {"$set": {"": 1}}, 2),
-        (doc! {"$set": {"a..b": 1}}, 2),
-        (doc! {"$set": {"a.$": 1}}, 2),
-        (doc! {"$set": {"a.$[]": 1}}, 2),
+        (doc! {"$foo": {"a": 1}}, 9),
+        (doc! {"$set": {"a": 1}, "b": 1}, 9),
+        (doc! {"$set": 1}, 9),
+        (doc! {"$set": {"": 1}}, 56),
+        (doc! {"$set": {"a..b": 1}}, 56),
+        (doc! {"$set": {"$.a": 1}}, 2),
+        (doc! {"$set": {"a.$.b.$": 1}}, 2),
+        (doc! {"$set": {"$[].a": 1}}, 2),
+        (doc! {"$set": {"a.$[i]": 1}}, 2),
         (doc! {"$set": {"$x": 1}}, 2),
+        (doc! {"a": 1, "$set": {"b": 1}}, 52),
         (doc! {"$inc": {"a": "x"}}, 14),
         (doc! {"$mul": {"a": null}}, 14),
         (doc! {"$pop": {"a": 2}}, 2),
