@@ -37,6 +37,7 @@ pub mod ddl;
 pub mod handshake;
 pub mod named;
 pub mod read;
+pub mod snapdb;
 pub mod source;
 pub mod stats;
 pub mod txn;
@@ -78,8 +79,25 @@ pub struct Ctx<'a> {
 impl Ctx<'_> {
     /// The command's database: created when the command may create it,
     /// else the existing one or an empty stand-in that is never registered.
+    /// (`db@snapshot`, a named snapshot read as a database: its database,
+    /// see `snapdb.rs`.)
     pub fn database(&self) -> CmdResult<Database> {
-        self.database_named(self.db)
+        self.database_named(snapdb::base(self.db))
+    }
+
+    /// The named snapshot the database name selects (`db@snapshot`).
+    pub fn snapshot_name(&self) -> Option<&str> {
+        snapdb::split(self.db).ok().flatten().map(|(_, s)| s)
+    }
+
+    /// The state metadata reads (listCollections, listIndexes, stats) see:
+    /// the named snapshot of `db@snapshot`, else the latest published one.
+    pub fn read_snapshot(&self) -> CmdResult<duetdb::Snapshot> {
+        let db = self.database()?;
+        Ok(match self.snapshot_name() {
+            Some(name) => db.named_snapshot(name)?,
+            None => db.snapshot(),
+        })
     }
 
     /// [`Ctx::database`] for a database named in the command (renameCollection).
@@ -501,7 +519,13 @@ fn dispatch(
             format!("no such command: '{name}'"),
         ));
     };
-    crate::auth::check(state, conn, db, name, canonical, cmd)?;
+    // `db@snapshot` reads a named snapshot: authorized as its database,
+    // reads only (`snapdb.rs`).
+    let held = snapdb::split(db)?;
+    crate::auth::check(state, conn, snapdb::base(db), name, canonical, cmd)?;
+    if let Some((_, snap)) = held {
+        snapdb::admit(db, snap, canonical, cmd, &SessionArgs::parse(cmd)?)?;
+    }
     duet_strategy(cmd)?;
     if name != "count" && duet_work_ns(cmd)?.is_some() {
         return Err(CommandError::bad_value(format!(
