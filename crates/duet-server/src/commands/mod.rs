@@ -31,6 +31,7 @@
 //! but committed nothing (a failed insert) forgets it again.
 
 pub mod admin;
+pub mod backup;
 pub mod changes;
 pub mod currentop;
 pub mod ddl;
@@ -237,6 +238,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "checkpoint every database; lock: true makes writes wait (admin)",
     ),
     ("fsyncUnlock", "release an fsync lock (admin)"),
+    (
+        "duetBackup",
+        "hot backup of every database into a new directory (admin)",
+    ),
     (
         "replSetGetStatus",
         "status of the one-member replica set (admin)",
@@ -624,6 +629,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "shutdown" => admin::shutdown(ctx, cmd),
         "fsync" => admin::fsync(ctx, cmd),
         "fsyncUnlock" => admin::fsync_unlock(ctx),
+        "duetBackup" => backup::duet_backup(ctx, cmd),
         "replSetGetStatus" => admin::repl_set_get_status(ctx),
         "replSetGetConfig" => admin::repl_set_get_config(ctx),
         "validate" => stats::validate(ctx, cmd),
