@@ -22,6 +22,7 @@ use duetdb::{Collection, Database, Durability, DurabilityOptions, Engine, IndexO
 
 mod durability_bench;
 mod hostile;
+mod progress;
 
 // The engine allocates many small short-lived objects (copy-on-write nodes,
 // index keys); mimalloc handles that pattern far better than glibc malloc.
@@ -334,8 +335,10 @@ fn import(c: &Collection, file: &Path, unordered: bool) -> Result<u64> {
     let reader: Box<dyn BufRead> = if file == Path::new("-") {
         Box::new(BufReader::new(std::io::stdin()))
     } else {
+        let f = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         Box::new(BufReader::new(
-            File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
+            progress::bar(len, "reading", true).wrap_read(f),
         ))
     };
     let mut docs = Vec::new();
@@ -373,7 +376,10 @@ fn import(c: &Collection, file: &Path, unordered: bool) -> Result<u64> {
         docs.push(parse_json_doc(&line, &format!("line {n}"))?);
     }
     let total = docs.len() as u64;
-    match c.insert_many(docs, !unordered) {
+    let spinner = progress::spinner(&format!("inserting {total} documents"));
+    let inserted = c.insert_many(docs, !unordered);
+    spinner.finish_and_clear();
+    match inserted {
         Ok(_) => Ok(total),
         Err(duetdb::Error::BulkWrite(f)) => {
             for (i, e) in f.errors.iter().take(10) {
@@ -629,9 +635,14 @@ fn backup(data_dir: &Path, to: &Path, out: &mut impl Write) -> Result<()> {
             data_dir.display()
         )
     })?;
+    let pb = progress::bar(0, "backing up databases", false);
     let info = engine
-        .backup_to(to, |_, _| {})
+        .backup_to(to, |done, total| {
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+        })
         .with_context(|| format!("backup to {} failed", to.display()))?;
+    pb.finish_and_clear();
     for b in &info.databases {
         writeln!(
             out,
@@ -664,6 +675,7 @@ fn restore(from: &Path, data_dir: &Path, out: &mut impl Write) -> Result<()> {
         );
     }
     std::fs::create_dir_all(data_dir)?;
+    let pb = progress::bar(listing.lines().count() as u64, "restoring databases", false);
     for line in listing.lines() {
         let Some((name, _csn)) = line.split_once(' ') else {
             bail!("bad line in {}: {line:?}", from.join("BACKUP").display());
@@ -676,7 +688,9 @@ fn restore(from: &Path, data_dir: &Path, out: &mut impl Write) -> Result<()> {
             std::fs::copy(entry.path(), dst.join(entry.file_name()))
                 .with_context(|| format!("copy {}", entry.path().display()))?;
         }
+        pb.inc(1);
     }
+    pb.finish_and_clear();
     let engine = Engine::open(data_dir).with_context(|| {
         format!(
             "the restored directory {} does not open",
