@@ -22,6 +22,7 @@ use duetdb::{Collection, Database, Durability, DurabilityOptions, Engine, IndexO
 
 mod durability_bench;
 mod hostile;
+mod progress;
 
 // The engine allocates many small short-lived objects (copy-on-write nodes,
 // index keys); mimalloc handles that pattern far better than glibc malloc.
@@ -108,6 +109,27 @@ enum Command {
         /// Only this database (default: every database).
         #[arg(long)]
         db: Option<String>,
+    },
+    /// Hot backup, offline form: copy every database of a data directory that
+    /// no server has open into a new directory (a running server: use the
+    /// `duetBackup` admin command instead, the directory is locked).
+    Backup {
+        /// The data directory to back up.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The new (or empty) directory to write; itself a data directory.
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// Restore a backup into a new data directory (or serve the backup
+    /// directory itself: `duet serve --data-dir <backup>`).
+    Restore {
+        /// The backup directory (`duet backup` or `duetBackup`).
+        #[arg(long)]
+        from: PathBuf,
+        /// The new (or empty) data directory to create.
+        #[arg(long)]
+        data_dir: PathBuf,
     },
     /// The child of `duet check crash` (writes until killed).
     #[command(hide = true)]
@@ -313,8 +335,10 @@ fn import(c: &Collection, file: &Path, unordered: bool) -> Result<u64> {
     let reader: Box<dyn BufRead> = if file == Path::new("-") {
         Box::new(BufReader::new(std::io::stdin()))
     } else {
+        let f = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         Box::new(BufReader::new(
-            File::open(file).with_context(|| format!("cannot open {}", file.display()))?,
+            progress::bar(len, "reading", true).wrap_read(f),
         ))
     };
     let mut docs = Vec::new();
@@ -352,7 +376,10 @@ fn import(c: &Collection, file: &Path, unordered: bool) -> Result<u64> {
         docs.push(parse_json_doc(&line, &format!("line {n}"))?);
     }
     let total = docs.len() as u64;
-    match c.insert_many(docs, !unordered) {
+    let spinner = progress::spinner(&format!("inserting {total} documents"));
+    let inserted = c.insert_many(docs, !unordered);
+    spinner.finish_and_clear();
+    match inserted {
         Ok(_) => Ok(total),
         Err(duetdb::Error::BulkWrite(f)) => {
             for (i, e) in f.errors.iter().take(10) {
@@ -524,6 +551,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Checkpoint { data_dir, db } => checkpoint(&data_dir, db.as_deref(), &mut out),
+        Command::Backup { data_dir, to } => backup(&data_dir, &to, &mut out),
+        Command::Restore { from, data_dir } => restore(&from, &data_dir, &mut out),
         Command::CrashChild {
             data_dir,
             run,
@@ -596,6 +625,88 @@ fn run(cli: Cli) -> Result<()> {
             &mut out,
         ),
     }
+}
+
+/// `duet backup`: `Engine::backup_to` on a data directory opened here.
+fn backup(data_dir: &Path, to: &Path, out: &mut impl Write) -> Result<()> {
+    let engine = Engine::open(data_dir).with_context(|| {
+        format!(
+            "cannot open data directory {} (while a server runs on it, send it {{duetBackup: 1, to: <path>}} instead)",
+            data_dir.display()
+        )
+    })?;
+    let pb = progress::bar(0, "backing up databases", false);
+    let info = engine
+        .backup_to(to, |done, total| {
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+        })
+        .with_context(|| format!("backup to {} failed", to.display()))?;
+    pb.finish_and_clear();
+    for b in &info.databases {
+        writeln!(
+            out,
+            "{}: csn {}: {} documents, {} bytes",
+            b.name, b.csn, b.documents, b.bytes
+        )?;
+    }
+    writeln!(
+        out,
+        "backup of {} database(s) in {}",
+        info.databases.len(),
+        to.display()
+    )?;
+    Ok(())
+}
+
+/// `duet restore`: copy the databases a backup lists into a new data
+/// directory, then open it to check that every database loads.
+fn restore(from: &Path, data_dir: &Path, out: &mut impl Write) -> Result<()> {
+    let listing = std::fs::read_to_string(from.join("BACKUP")).with_context(|| {
+        format!(
+            "{} is not a complete backup (no BACKUP file)",
+            from.display()
+        )
+    })?;
+    if data_dir.exists() && std::fs::read_dir(data_dir)?.next().is_some() {
+        bail!(
+            "{} exists and is not empty: restore into a new directory",
+            data_dir.display()
+        );
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let pb = progress::bar(listing.lines().count() as u64, "restoring databases", false);
+    for line in listing.lines() {
+        let Some((name, _csn)) = line.split_once(' ') else {
+            bail!("bad line in {}: {line:?}", from.join("BACKUP").display());
+        };
+        duetdb::validate_db_name(name)?;
+        let (src, dst) = (from.join(name), data_dir.join(name));
+        std::fs::create_dir_all(&dst)?;
+        for entry in std::fs::read_dir(&src)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), dst.join(entry.file_name()))
+                .with_context(|| format!("copy {}", entry.path().display()))?;
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let engine = Engine::open(data_dir).with_context(|| {
+        format!(
+            "the restored directory {} does not open",
+            data_dir.display()
+        )
+    })?;
+    for (name, db) in engine.list_databases() {
+        writeln!(out, "{name}: csn {}", db.stats().csn)?;
+    }
+    writeln!(
+        out,
+        "restored {} into {}",
+        from.display(),
+        data_dir.display()
+    )?;
+    Ok(())
 }
 
 /// `duet checkpoint`: checkpoint database `only`, or every database.

@@ -37,11 +37,11 @@ pub use bson;
 pub use api::engine::validate_db_name;
 pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
-    AggregateExplain, AnalyticCollection, AnalyticSession, CollStats, Collection, Database,
-    DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions, FindOutcome, FindStream,
-    IndexOptions, IndexSize, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection,
-    StorageStats, TextFindOptions, Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions,
-    Validation, DEFAULT_TTL_SLEEP,
+    AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
+    Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
+    FindOutcome, FindStream, IndexOptions, IndexSize, IndexTarget, ReturnDocument, Snapshot,
+    SnapshotCollection, StorageStats, TextFindOptions, Transaction, TtlCounters, TtlMonitor,
+    TtlPass, UpdateOptions, Validation, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;

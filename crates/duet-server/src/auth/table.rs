@@ -185,6 +185,7 @@ pub const TABLE: &[(&str, Rule)] = &[
     ("shutdown", Rule::Cluster(&[Shutdown])),
     ("fsync", Rule::Cluster(&[Fsync])),
     ("fsyncUnlock", Rule::Cluster(&[Unlock])),
+    ("duetBackup", Rule::Cluster(&[Fsync])),
     ("replSetGetStatus", Rule::Cluster(&[ReplSetGetStatus])),
     ("replSetGetConfig", Rule::Cluster(&[ReplSetGetConfig])),
     (

@@ -48,14 +48,15 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let filter = args::opt_doc(cmd, "filter")?
         .map(duetdb::lang::Filter::parse)
         .transpose()?;
-    let snap = ctx.database()?.snapshot();
+    let snap = ctx.read_snapshot()?;
+    let read_only = ctx.snapshot_name().is_some();
     let mut out = Vec::new();
     for name in snap.list_collection_names() {
         let full = doc! {
             "name": name.clone(),
             "type": "collection",
             "options": {},
-            "info": {"readOnly": false},
+            "info": {"readOnly": read_only},
             "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
         };
         if let Some(f) = &filter {
@@ -229,7 +230,7 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 pub fn list_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "listIndexes")?;
     let idx = ctx
-        .database()?
+        .read_snapshot()?
         .collection(name)
         .list_indexes()
         .map_err(|_| CommandError::ns_not_found(format!("ns does not exist: {}", ctx.ns(name))))?;

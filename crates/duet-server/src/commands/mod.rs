@@ -31,6 +31,7 @@
 //! but committed nothing (a failed insert) forgets it again.
 
 pub mod admin;
+pub mod backup;
 pub mod changes;
 pub mod currentop;
 pub mod ddl;
@@ -40,6 +41,7 @@ pub mod named;
 pub mod oplog;
 pub mod read;
 pub mod repl;
+pub mod snapdb;
 pub mod source;
 pub mod stats;
 pub mod txn;
@@ -85,8 +87,25 @@ pub struct Ctx<'a> {
 impl Ctx<'_> {
     /// The command's database: created when the command may create it,
     /// else the existing one or an empty stand-in that is never registered.
+    /// (`db@snapshot`, a named snapshot read as a database: its database,
+    /// see `snapdb.rs`.)
     pub fn database(&self) -> CmdResult<Database> {
-        self.database_named(self.db)
+        self.database_named(snapdb::base(self.db))
+    }
+
+    /// The named snapshot the database name selects (`db@snapshot`).
+    pub fn snapshot_name(&self) -> Option<&str> {
+        snapdb::split(self.db).ok().flatten().map(|(_, s)| s)
+    }
+
+    /// The state metadata reads (listCollections, listIndexes, stats) see:
+    /// the named snapshot of `db@snapshot`, else the latest published one.
+    pub fn read_snapshot(&self) -> CmdResult<duetdb::Snapshot> {
+        let db = self.database()?;
+        Ok(match self.snapshot_name() {
+            Some(name) => db.named_snapshot(name)?,
+            None => db.snapshot(),
+        })
     }
 
     /// [`Ctx::database`] for a database named in the command (renameCollection).
@@ -231,6 +250,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "checkpoint every database; lock: true makes writes wait (admin)",
     ),
     ("fsyncUnlock", "release an fsync lock (admin)"),
+    (
+        "duetBackup",
+        "hot backup of every database into a new directory (admin)",
+    ),
     ("whatsmyuri", "the client's address"),
     ("connectionStatus", "the authenticated user and its roles"),
     ("logout", "forget the connection's authentication"),
@@ -524,7 +547,13 @@ fn dispatch(
             format!("no such command: '{name}'"),
         ));
     };
-    crate::auth::check(state, conn, db, name, canonical, cmd)?;
+    // `db@snapshot` reads a named snapshot: authorized as its database,
+    // reads only (`snapdb.rs`).
+    let held = snapdb::split(db)?;
+    crate::auth::check(state, conn, snapdb::base(db), name, canonical, cmd)?;
+    if let Some((_, snap)) = held {
+        snapdb::admit(db, snap, canonical, cmd, &SessionArgs::parse(cmd)?)?;
+    }
     duet_strategy(cmd)?;
     if name != "count" && duet_work_ns(cmd)?.is_some() {
         return Err(CommandError::bad_value(format!(
@@ -632,6 +661,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "shutdown" => admin::shutdown(ctx, cmd),
         "fsync" => admin::fsync(ctx, cmd),
         "fsyncUnlock" => admin::fsync_unlock(ctx),
+        "duetBackup" => backup::duet_backup(ctx, cmd),
         "validate" => stats::validate(ctx, cmd),
         "whatsmyuri" => Ok(doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         "connectionStatus" => auth::commands::connection_status(ctx, cmd),

@@ -128,7 +128,10 @@ fn choose_source<'s>(
             strategy,
         });
     }
-    let named = crate::args::opt_doc(cmd, "$duet")?.and_then(|d| d.get_str("snapshotName").ok());
+    // `db@snapshot` (snapdb.rs) names the snapshot as the database.
+    let named = crate::args::opt_doc(cmd, "$duet")?
+        .and_then(|d| d.get_str("snapshotName").ok())
+        .or(ctx.snapshot_name());
     let (snap, at) = match (named, read_concern(cmd)?) {
         (Some(_), ReadConcern::Snapshot(_)) => {
             return Err(CommandError::bad_value(

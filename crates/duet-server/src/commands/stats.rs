@@ -77,10 +77,11 @@ fn retained_by_snapshots(db: &duetdb::Database, coll: &str) -> (u64, u64, u64) {
 /// `storageStats` of `$collStats` and the body of `collStats`.
 fn storage_stats(ctx: &Ctx<'_>, coll: &str, scale: u64) -> CmdResult<Document> {
     let db = ctx.database()?;
-    let s = db
-        .collection(coll)
-        .storage_stats()
-        .map_err(|_| not_found(ctx, coll))?;
+    let s = match ctx.snapshot_name() {
+        Some(_) => ctx.read_snapshot()?.collection(coll).storage_stats(),
+        None => db.collection(coll).storage_stats(),
+    }
+    .map_err(|_| not_found(ctx, coll))?;
     let storage = s.data_bytes + s.heap_bytes;
     let total_index: u64 = s.indexes.iter().map(|i| i.bytes).sum();
     let mut index_sizes = Document::new();
@@ -145,8 +146,20 @@ pub fn db_stats(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let (mut data, mut storage, mut index, mut indexes, mut objects) = (0u64, 0, 0, 0, 0);
     let (mut remset, mut retained_versions) = (0u64, 0u64);
     let mut collections = 0u64;
-    for name in db.list_collection_names() {
-        let Ok(s) = db.collection(&name).storage_stats() else {
+    let held = match ctx.snapshot_name() {
+        Some(_) => Some(ctx.read_snapshot()?),
+        None => None,
+    };
+    let names = match &held {
+        Some(snap) => snap.list_collection_names(),
+        None => db.list_collection_names(),
+    };
+    for name in names {
+        let stats = match &held {
+            Some(snap) => snap.collection(&name).storage_stats(),
+            None => db.collection(&name).storage_stats(),
+        };
+        let Ok(s) = stats else {
             continue; // dropped meanwhile
         };
         collections += 1;
@@ -176,7 +189,7 @@ pub fn db_stats(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         "totalSize": ((storage + index) / scale) as f64,
         "scaleFactor": num(scale),
         "duet": {
-            "csn": st.csn.min(i64::MAX as u64) as i64,
+            "csn": held.as_ref().map_or(st.csn, |s| s.csn()).min(i64::MAX as u64) as i64,
             "remsetEntries": num(remset),
             "namedSnapshots": num(snaps.len() as u64),
             "retainedBySnapshots": {"versions": num(retained_versions), "bytes": num(retained_bytes / scale)},

@@ -546,13 +546,7 @@ impl Collection {
 
     /// Index descriptions as MongoDB's `listIndexes` returns them.
     pub fn list_indexes(&self) -> Result<Vec<Document>> {
-        let state = self.state();
-        let c = state
-            .collection(&self.name)
-            .ok_or_else(|| Error::NamespaceNotFound(self.name.clone()))?;
-        let mut out = vec![bson::doc! {"v": 2, "key": {"_id": 1}, "name": ID_INDEX_NAME}];
-        out.extend(c.indexes.iter().map(|i| i.spec.to_document()));
-        Ok(out)
+        list_indexes_in(&self.state(), &self.name)
     }
 
     pub fn stats(&self) -> Result<CollStats> {
@@ -578,4 +572,15 @@ fn with_choice(mut explain: Document, requested: Strategy, choice: Choice) -> Do
     explain.insert("strategyReason", choice.reason);
     explain.insert("requestedStrategy", requested.name());
     explain
+}
+
+/// The index specifications of collection `name` in `state`, `_id` first
+/// (live collections and held snapshots alike).
+pub(crate) fn list_indexes_in(state: &crate::store::DbState, name: &str) -> Result<Vec<Document>> {
+    let c = state
+        .collection(name)
+        .ok_or_else(|| Error::NamespaceNotFound(name.to_string()))?;
+    let mut out = vec![bson::doc! {"v": 2, "key": {"_id": 1}, "name": ID_INDEX_NAME}];
+    out.extend(c.indexes.iter().map(|i| i.spec.to_document()));
+    Ok(out)
 }

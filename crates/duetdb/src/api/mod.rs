@@ -6,6 +6,7 @@
 
 pub mod aggregate;
 pub mod analytics;
+pub mod backup;
 pub mod changes;
 pub mod collection;
 pub mod crud;
@@ -23,6 +24,7 @@ pub mod ttl;
 
 pub use aggregate::AggregateExplain;
 pub use analytics::{AnalyticCollection, AnalyticSession};
+pub use backup::{BackedUp, BackupInfo};
 pub use changes::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use collection::{Collection, IndexOptions, IndexTarget};
 pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};

@@ -117,4 +117,16 @@ impl SnapshotCollection {
     pub(crate) fn state(&self) -> &Arc<DbState> {
         &self.state
     }
+
+    /// The index specifications as of the snapshot, `_id` first;
+    /// NamespaceNotFound when the collection is not in it.
+    pub fn list_indexes(&self) -> Result<Vec<Document>> {
+        crate::api::collection::list_indexes_in(&self.state, &self.name)
+    }
+
+    /// [`Collection::storage_stats`] of the version the snapshot holds (the
+    /// VLS figures are the collection's, shared by every version).
+    pub fn storage_stats(&self) -> Result<crate::api::stats::StorageStats> {
+        crate::api::stats::storage_stats_in(&self.state, &self.name)
+    }
 }

@@ -74,50 +74,54 @@ fn asserted(what: &str, check: impl FnOnce()) -> Option<String> {
         })
 }
 
+/// [`Collection::storage_stats`] of collection `name` in `state` (the
+/// latest version, or a held snapshot's: `SnapshotCollection::storage_stats`).
+pub(crate) fn storage_stats_in(state: &crate::store::DbState, name: &str) -> Result<StorageStats> {
+    let c = state
+        .collection(name)
+        .ok_or_else(|| Error::NamespaceNotFound(name.to_string()))?;
+    let none = HashSet::new();
+    let (heap_nodes, heap_bytes) = c.heap.walk_unknown(&none, &mut |_| {});
+    let (_, id_bytes) = c
+        .id_index
+        .walk_unknown(&none, &|k: &crate::store::index::ValueKey| {
+            raw_bson_out_of_line(&k.0)
+        });
+    let mut indexes = vec![IndexSize {
+        name: ID_INDEX_NAME.to_string(),
+        entries: c.id_index.len() as u64,
+        bytes: id_bytes as u64,
+    }];
+    for i in &c.indexes {
+        let (_, bytes) = i.tree.walk_unknown(&none, &|k: &(
+            crate::store::index::IndexKey,
+            crate::store::heap::RecordId,
+        )| { index_key_out_of_line(&k.0) });
+        indexes.push(IndexSize {
+            name: i.spec.name.clone(),
+            entries: i.tree.len() as u64,
+            bytes: bytes as u64,
+        });
+    }
+    let vls = c.vls.stats();
+    Ok(StorageStats {
+        csn: state.csn,
+        count: c.len() as u64,
+        data_bytes: c.data_bytes,
+        heap_nodes: heap_nodes as u64,
+        heap_bytes: heap_bytes as u64,
+        indexes,
+        remset_entries: vls.remset.entries,
+        remset_bytes: vls.remset.bytes,
+        scans_active: vls.scans_active,
+    })
+}
+
 impl Collection {
     /// Sizes of the collection at the latest commit (see the module doc for
     /// the cost); NamespaceNotFound when it does not exist.
     pub fn storage_stats(&self) -> Result<StorageStats> {
-        let state = self.database().writer().published();
-        let c = state
-            .collection(self.name())
-            .ok_or_else(|| Error::NamespaceNotFound(self.name().to_string()))?;
-        let none = HashSet::new();
-        let (heap_nodes, heap_bytes) = c.heap.walk_unknown(&none, &mut |_| {});
-        let (_, id_bytes) = c
-            .id_index
-            .walk_unknown(&none, &|k: &crate::store::index::ValueKey| {
-                raw_bson_out_of_line(&k.0)
-            });
-        let mut indexes = vec![IndexSize {
-            name: ID_INDEX_NAME.to_string(),
-            entries: c.id_index.len() as u64,
-            bytes: id_bytes as u64,
-        }];
-        for i in &c.indexes {
-            let (_, bytes) =
-                i.tree.walk_unknown(&none, &|k: &(
-                    crate::store::index::IndexKey,
-                    crate::store::heap::RecordId,
-                )| { index_key_out_of_line(&k.0) });
-            indexes.push(IndexSize {
-                name: i.spec.name.clone(),
-                entries: i.tree.len() as u64,
-                bytes: bytes as u64,
-            });
-        }
-        let vls = c.vls.stats();
-        Ok(StorageStats {
-            csn: state.csn,
-            count: c.len() as u64,
-            data_bytes: c.data_bytes,
-            heap_nodes: heap_nodes as u64,
-            heap_bytes: heap_bytes as u64,
-            indexes,
-            remset_entries: vls.remset.entries,
-            remset_bytes: vls.remset.bytes,
-            scans_active: vls.scans_active,
-        })
+        storage_stats_in(&self.database().writer().published(), self.name())
     }
 
     /// The VLS figures of this collection alone (scans, remset: the old

@@ -1,0 +1,30 @@
+# duetdb server image: `docker build -t duet .` then
+#   docker run -p 27017:27017 -v duet-data:/data duet
+# (add `--auth` after the image name, and create the first user from inside
+# the container's loopback, to require authentication).
+#
+# Stage 1 builds the release binary (no debug info: see [profile.release]);
+# stage 2 is a small runtime with only that binary, run as a non-root user
+# whose data directory is the /data volume.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
+# `--locked`: exactly the dependency versions of Cargo.lock.
+RUN cargo build --release --locked -p duet \
+    && cp target/release/duet /usr/local/bin/duet
+
+FROM debian:bookworm-slim
+RUN groupadd --system --gid 10001 duet \
+    && useradd --system --uid 10001 --gid duet --home-dir /data --shell /usr/sbin/nologin duet \
+    && mkdir -p /data \
+    && chown duet:duet /data \
+    && chmod 0700 /data
+COPY --from=build /usr/local/bin/duet /usr/local/bin/duet
+USER duet:duet
+VOLUME ["/data"]
+EXPOSE 27017
+# Listen on every interface inside the container (the host decides what is
+# published); SIGTERM (docker stop) shuts down cleanly.
+ENTRYPOINT ["/usr/local/bin/duet", "serve", "--bind", "0.0.0.0", "--port", "27017", "--data-dir", "/data"]
