@@ -114,6 +114,12 @@ pub enum ChangeKind {
         coll: String,
         name: String,
     },
+    /// The collection's options changed (`collMod`; MongoDB's `modify`
+    /// event): `options` is the whole new `listCollections` options document.
+    Modify {
+        coll: String,
+        options: Document,
+    },
     DropDatabase,
 }
 
@@ -128,7 +134,8 @@ impl ChangeKind {
             | ChangeKind::Create { coll }
             | ChangeKind::Drop { coll }
             | ChangeKind::CreateIndex { coll, .. }
-            | ChangeKind::DropIndex { coll, .. } => Some(coll),
+            | ChangeKind::DropIndex { coll, .. }
+            | ChangeKind::Modify { coll, .. } => Some(coll),
             ChangeKind::Rename { from, .. } => Some(from),
             ChangeKind::DropDatabase => None,
         }
@@ -145,6 +152,10 @@ pub struct ChangeEvent {
     /// The transaction's origin metadata (`Transaction::set_origin`) when
     /// the change was part of one.
     pub txn: Option<Arc<RawDocumentBuf>>,
+    /// The document before an update, replace or delete (its pre-image),
+    /// recorded when the collection had `changeStreamPreAndPostImages`
+    /// enabled at the time of the change; `None` otherwise.
+    pub before: Option<DocRef>,
 }
 
 /// A batch of events and where to continue.
@@ -179,7 +190,11 @@ fn events_of(
         ChangeScope::Collection { coll, .. } => Some(coll.as_str()),
         _ => None,
     };
-    let mut push = |index: u32, kind: ChangeKind, txn: Option<Arc<RawDocumentBuf>>| -> bool {
+    let mut push = |index: u32,
+                    kind: ChangeKind,
+                    txn: Option<Arc<RawDocumentBuf>>,
+                    before: Option<DocRef>|
+     -> bool {
         let pos = ChangePosition { ts: rec.ts, index };
         if pos <= after {
             return false;
@@ -196,22 +211,39 @@ fn events_of(
             db: rec.db.clone(),
             kind,
             txn,
+            before,
         });
         false
     };
     if rec.kind == RecordKind::DropDatabase {
-        // A collection stream sees its collection dropped with the database.
-        let kind = match coll_scope {
-            Some(c) => ChangeKind::Drop {
-                coll: c.to_string(),
-            },
-            None => ChangeKind::DropDatabase,
-        };
-        return push(0, kind, None);
+        // As MongoDB's: a `drop` per collection it held (a collection
+        // stream sees only its own, then is invalidated), then the
+        // `dropDatabase` (not on collection streams).
+        for (i, e) in rec.effects.iter().enumerate() {
+            if let Effect::DropCollection { name } = e {
+                let kind = ChangeKind::Drop { coll: name.clone() };
+                if push(i as u32, kind, None, None) {
+                    return true;
+                }
+            }
+        }
+        if coll_scope.is_some() {
+            return false;
+        }
+        return push(
+            rec.effects.len() as u32,
+            ChangeKind::DropDatabase,
+            None,
+            None,
+        );
     }
     let mut txn: Option<Arc<RawDocumentBuf>> = None;
+    // A collection created with options is one `create` event: its
+    // `SetOptions` right after the `CreateCollection` is no `modify`.
+    let mut created: Option<&str> = None;
     for (i, e) in rec.effects.iter().enumerate() {
         let index = i as u32;
+        let just_created = created.take();
         let kind = match e {
             Effect::TxnBegin { origin } => {
                 // An engine transaction without origin has an empty one.
@@ -226,22 +258,32 @@ fn events_of(
                 coll: coll.clone(),
                 doc: doc.clone(),
             },
-            Effect::Update { coll, doc, desc } => ChangeKind::Update {
+            Effect::Update {
+                coll, doc, desc, ..
+            } => ChangeKind::Update {
                 coll: coll.clone(),
                 doc: doc.clone(),
                 desc: desc.clone(),
             },
             // Version-1 puts (kind unknown) never reach here: they have no
             // time. Report one as a replacement all the same.
-            Effect::Replace { coll, doc } | Effect::Put { coll, doc } => ChangeKind::Replace {
+            Effect::Replace { coll, doc, .. } | Effect::Put { coll, doc } => ChangeKind::Replace {
                 coll: coll.clone(),
                 doc: doc.clone(),
             },
-            Effect::Delete { coll, id } => ChangeKind::Delete {
+            Effect::Delete { coll, id, .. } => ChangeKind::Delete {
                 coll: coll.clone(),
                 id: Bson::try_from(id.clone()).unwrap_or(Bson::Null),
             },
-            Effect::CreateCollection { name } => ChangeKind::Create { coll: name.clone() },
+            Effect::SetOptions { coll, .. } if just_created == Some(coll.as_str()) => continue,
+            Effect::SetOptions { coll, options } => ChangeKind::Modify {
+                coll: coll.clone(),
+                options: options.to_document(),
+            },
+            Effect::CreateCollection { name } => {
+                created = Some(name);
+                ChangeKind::Create { coll: name.clone() }
+            }
             Effect::DropCollection { name } => ChangeKind::Drop { coll: name.clone() },
             Effect::Rename { from, to } => ChangeKind::Rename {
                 from: from.clone(),
@@ -256,11 +298,24 @@ fn events_of(
                 name: name.clone(),
             },
         };
-        if push(index, kind, txn.clone()) {
+        if push(index, kind, txn.clone(), e.pre_image().cloned()) {
             return true;
         }
     }
     false
+}
+
+fn show_time(ts: u64) -> String {
+    let (s, i) = crate::durability::changes::clock::parts(ts);
+    format!("Timestamp({s}, {i})")
+}
+
+fn history_lost(after: ChangePosition, why: &str) -> Error {
+    Error::ChangeStreamHistoryLost(format!(
+        "Resume of change stream was not possible, as the resume point may no longer be in \
+         the oplog: {why}, and the stream asked for changes after {}",
+        show_time(after.ts)
+    ))
 }
 
 /// Turn time-sorted records into a batch after `after`, reading up to
@@ -356,15 +411,44 @@ impl Engine {
                 _ => hub.evicted_upto(),
             };
             if after.ts < floor {
-                let (s, i) = crate::durability::changes::clock::parts(after.ts);
-                let (fs, fi) = crate::durability::changes::clock::parts(floor);
-                return Err(Error::ChangeStreamHistoryLost(format!(
-                    "Resume of change stream was not possible, as the resume point may no longer \
-                     be in the oplog: database '{}' retains changes after Timestamp({fs}, {fi}) \
-                     only, and the stream asked for changes after Timestamp({s}, {i})",
-                    db.name()
-                )));
+                return Err(history_lost(
+                    after,
+                    &format!(
+                        "database '{}' retains changes after {} only",
+                        db.name(),
+                        show_time(floor)
+                    ),
+                ));
             }
+        }
+        // A dropped database's log went with it: events between `after`
+        // and its last one before the drop cannot be read any more.
+        let drops = self.drops();
+        for e in drops.entries() {
+            let last = ChangePosition {
+                ts: e.last_ts,
+                index: e.last_index,
+            };
+            if e.ts > after.ts && e.last_ts > 0 && after < last && in_scope(scope, &e.db) {
+                return Err(history_lost(
+                    after,
+                    &format!(
+                        "database '{}' was dropped at {} with its changes up to {}",
+                        e.db,
+                        show_time(e.ts),
+                        show_time(e.last_ts)
+                    ),
+                ));
+            }
+        }
+        if after.ts < drops.floor() {
+            return Err(history_lost(
+                after,
+                &format!(
+                    "database drops are kept after {} only",
+                    show_time(drops.floor())
+                ),
+            ));
         }
         Ok(())
     }
@@ -417,6 +501,12 @@ impl Engine {
                 }
             }
             recs.extend(got.into_iter().map(Arc::new));
+        }
+        // Dropped databases: their drop events, from the drop log.
+        for e in self.drops().entries() {
+            if e.ts > from && e.ts <= bound && in_scope(scope, &e.db) {
+                recs.push(Arc::new(e.record()));
+            }
         }
         recs.sort_by_key(|r| r.ts);
         let mut batch = batch_of(&recs, scope, after, bound, max);
