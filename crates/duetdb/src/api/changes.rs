@@ -28,7 +28,8 @@ use bson::{Bson, Document};
 
 use crate::api::{Database, Engine};
 use crate::doc::DocRef;
-use crate::durability::changes::{ChangeRecord, RecordKind};
+use crate::durability::changes::dropped::DropLog;
+use crate::durability::changes::{ChangeHub, ChangeRecord, RecordKind};
 use crate::durability::effect::Effect;
 use crate::error::{Error, Result};
 
@@ -378,12 +379,16 @@ impl Engine {
         self.hub().tail_stats()
     }
 
-    fn scope_dbs(&self, scope: &ChangeScope) -> Result<Vec<Database>> {
-        Ok(match scope {
-            ChangeScope::Cluster => self.all_databases(),
-            ChangeScope::Database(d) | ChangeScope::Collection { db: d, .. } => {
-                self.get(d)?.into_iter().collect()
-            }
+    fn sources(&self, scope: &ChangeScope) -> Result<Sources<'_>> {
+        Ok(Sources {
+            hub: self.hub(),
+            dbs: match scope {
+                ChangeScope::Cluster => self.all_databases(),
+                ChangeScope::Database(d) | ChangeScope::Collection { db: d, .. } => {
+                    self.get(d)?.into_iter().collect()
+                }
+            },
+            drops: Some(self.drops()),
         })
     }
 
@@ -400,11 +405,58 @@ impl Engine {
     /// Fail with ChangeStreamHistoryLost (286) unless every change of
     /// `scope` after `after` can still be read.
     pub fn check_change_history(&self, scope: &ChangeScope, after: ChangePosition) -> Result<()> {
-        let hub = self.hub();
+        self.sources(scope)?.check(scope, after)
+    }
+
+    /// The next events of `scope` after `after`, at most `max` (≥ 1). Never
+    /// waits; see [`Engine::wait_for_changes`].
+    pub fn read_changes(
+        &self,
+        scope: &ChangeScope,
+        after: ChangePosition,
+        max: usize,
+    ) -> Result<ChangeBatch> {
+        self.sources(scope)?.read(scope, after, max)
+    }
+}
+
+impl Database {
+    /// [`Engine::open_change_stream`] for a database opened on its own (its
+    /// own clock and tail).
+    pub fn open_change_stream(&self) -> ChangePosition {
+        let hub = self.writer().hub();
+        hub.activate();
+        ChangePosition::after_time(hub.clock.last())
+    }
+
+    /// [`Engine::read_changes`] of this database (scope: the database) for a
+    /// database opened on its own; through an Engine, use the Engine's.
+    pub fn read_changes(&self, after: ChangePosition, max: usize) -> Result<ChangeBatch> {
+        let scope = ChangeScope::Database(self.name().to_string());
+        Sources {
+            hub: self.writer().hub(),
+            dbs: vec![self.clone()],
+            drops: None,
+        }
+        .read(&scope, after, max)
+    }
+}
+
+/// Where a read finds the changes of a scope: the tail, the logs of the
+/// scope's databases, and the drop log.
+struct Sources<'a> {
+    hub: &'a ChangeHub,
+    dbs: Vec<Database>,
+    drops: Option<&'a DropLog>,
+}
+
+impl Sources<'_> {
+    fn check(&self, scope: &ChangeScope, after: ChangePosition) -> Result<()> {
+        let hub = self.hub;
         if after.ts >= hub.covers_from() {
             return Ok(());
         }
-        for db in self.scope_dbs(scope)? {
+        for db in &self.dbs {
             let floor = match db.durable() {
                 Some(d) if d.wal().is_some() => d.history_floor()?,
                 // No log: the tail was its only history.
@@ -421,9 +473,11 @@ impl Engine {
                 ));
             }
         }
+        let Some(drops) = self.drops else {
+            return Ok(());
+        };
         // A dropped database's log went with it: events between `after`
         // and its last one before the drop cannot be read any more.
-        let drops = self.drops();
         for e in drops.entries() {
             let last = ChangePosition {
                 ts: e.last_ts,
@@ -453,16 +507,9 @@ impl Engine {
         Ok(())
     }
 
-    /// The next events of `scope` after `after`, at most `max` (≥ 1). Never
-    /// waits; see [`Engine::wait_for_changes`].
-    pub fn read_changes(
-        &self,
-        scope: &ChangeScope,
-        after: ChangePosition,
-        max: usize,
-    ) -> Result<ChangeBatch> {
+    fn read(&self, scope: &ChangeScope, after: ChangePosition, max: usize) -> Result<ChangeBatch> {
         let max = max.max(1);
-        let hub = self.hub();
+        let hub = self.hub;
         let stable = hub.clock.stable();
         if after.ts > stable {
             return Ok(ChangeBatch {
@@ -485,11 +532,11 @@ impl Engine {
             return Ok(batch_of(&recs, scope, after, bound, max));
         }
         // Older than the tail: each durable database's log, merged by time.
-        self.check_change_history(scope, after)?;
+        self.check(scope, after)?;
         let covers = hub.covers_from();
         let mut bound = covers.min(stable);
         let mut recs: Vec<Arc<ChangeRecord>> = Vec::new();
-        for db in self.scope_dbs(scope)? {
+        for db in &self.dbs {
             let Some(d) = db.durable().filter(|d| d.wal().is_some()) else {
                 continue;
             };
@@ -503,7 +550,7 @@ impl Engine {
             recs.extend(got.into_iter().map(Arc::new));
         }
         // Dropped databases: their drop events, from the drop log.
-        for e in self.drops().entries() {
+        for e in self.drops.map(DropLog::entries).unwrap_or_default() {
             if e.ts > from && e.ts <= bound && in_scope(scope, &e.db) {
                 recs.push(Arc::new(e.record()));
             }
