@@ -101,7 +101,8 @@ def test_database_and_client_watch(client, db):
             ("insert", db.name), ("insert", other.name), ("rename", db.name),
             ("drop", db.name)]
         client.drop_database(other.name)
-        assert drain(cs, 1)[0]["operationType"] == "dropDatabase"
+        assert [(e["operationType"], e["ns"]) for e in drain(cs, 2)] == [
+            ("drop", {"db": other.name, "coll": "b"}), ("dropDatabase", {"db": other.name})]
 
 
 def test_resume_after_every_token_and_start_after_invalidate(db):
@@ -186,8 +187,13 @@ def test_expanded_events(db):
         db.create_collection("x")
         db.x.create_index("k")
         db.x.drop_index("k_1")
-        ev = drain(s, 3)
-    assert [e["operationType"] for e in ev] == ["create", "createIndexes", "dropIndexes"]
+        # A create with options is one `create`; collMod is `modify`.
+        db.create_collection("y", changeStreamPreAndPostImages={"enabled": True})
+        db.command("collMod", "x", changeStreamPreAndPostImages={"enabled": True})
+        ev = drain(s, 5)
+    assert [e["operationType"] for e in ev] == [
+        "create", "createIndexes", "dropIndexes", "create", "modify"]
+    assert ev[4]["operationDescription"] == {"changeStreamPreAndPostImages": {"enabled": True}}
 
 
 def test_bad_options(db):
@@ -345,10 +351,11 @@ def test_get_more_max_time_ms_only_on_await_cursors(db):
     assert time.time() - t0 >= 0.25
 
 
-def test_full_document_before_change(db):
-    """No pre-images are recorded: whenAvailable reports null, and required
-    fails on the first update/replace/delete event with NoMatchingDocument
-    (47), as MongoDB's when a pre-image is missing; inserts pass."""
+def test_full_document_before_change_without_pre_images(db):
+    """A collection without changeStreamPreAndPostImages records no
+    pre-images: whenAvailable reports null, and required fails on the first
+    update/replace/delete event with NoMatchingDocument (47), as MongoDB's;
+    inserts pass."""
     coll = db.pre
     coll.insert_one({"_id": 0})
     with coll.watch(full_document_before_change="whenAvailable", max_await_time_ms=200) as s:
@@ -362,3 +369,154 @@ def test_full_document_before_change(db):
         with pytest.raises(OperationFailure) as e:
             drain(s, 1)
         assert e.value.code == 47
+
+
+def pre_image_events(stream, n):
+    return [(e["operationType"], e.get("fullDocumentBeforeChange", "absent"))
+            for e in drain(stream, n)]
+
+
+def test_pre_and_post_images(db):
+    """changeStreamPreAndPostImages (create option and collMod, reported by
+    listCollections as MongoDB does): update, replace and delete events
+    carry the version they changed; inserts have none; fullDocument
+    whenAvailable/required carry the version an update wrote."""
+    db.create_collection("pi", changeStreamPreAndPostImages={"enabled": True})
+    info = next(db.list_collections(filter={"name": "pi"}))
+    assert info["options"] == {"changeStreamPreAndPostImages": {"enabled": True}}
+    coll = db.pi
+    with coll.watch(full_document_before_change="required", full_document="required",
+                    max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 1, "v": 1})
+        coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        coll.replace_one({"_id": 1}, {"w": 1})
+        coll.delete_one({"_id": 1})
+        ev = drain(s, 4)
+    assert [(e["operationType"], e.get("fullDocumentBeforeChange", "absent")) for e in ev] == [
+        ("insert", "absent"),
+        ("update", {"_id": 1, "v": 1}),
+        ("replace", {"_id": 1, "v": 2}),
+        ("delete", {"_id": 1, "w": 1}),
+    ]
+    assert ev[1]["fullDocument"] == {"_id": 1, "v": 2}
+    # collMod turns it off: whenAvailable reports null from then on, and an
+    # existing collection can be turned on by collMod too.
+    db.command("collMod", "pi", changeStreamPreAndPostImages={"enabled": False})
+    info = next(db.list_collections(filter={"name": "pi"}))
+    assert info["options"] == {}
+    db.plain.insert_one({"_id": 5, "v": 5})
+    with db.watch(full_document_before_change="whenAvailable", max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 2})
+        coll.delete_one({"_id": 2})
+        db.command("collMod", "plain", changeStreamPreAndPostImages={"enabled": True})
+        db.plain.update_one({"_id": 5}, {"$set": {"v": 6}})
+        assert pre_image_events(s, 3) == [
+            ("insert", "absent"), ("delete", None), ("update", {"_id": 5, "v": 5})]
+    # Creating it again: the same options succeed, other options are 48.
+    db.create_collection("plain", changeStreamPreAndPostImages={"enabled": True},
+                         check_exists=False)
+    with pytest.raises(OperationFailure) as e:
+        db.create_collection("plain", check_exists=False)
+    assert e.value.code == 48
+    for bad, code in [(1, 14), ({}, 40414), ({"enabled": 1}, 14),
+                      ({"enabled": True, "x": 1}, 40415)]:
+        with pytest.raises(OperationFailure) as e:
+            db.command("collMod", "plain", changeStreamPreAndPostImages=bad)
+        assert e.value.code == code, bad
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_pre_images_survive_a_restart(make_server, sig):
+    """Pre-images are in the WAL effects: a stream resumed after a restart
+    (SIGKILL included) still gets them, and the option itself survives."""
+    srv = make_server()
+    c = srv.client()
+    c.d.create_collection("p", changeStreamPreAndPostImages={"enabled": True})
+    coll = c.d.p
+    with coll.watch(max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 1, "v": 1})
+        token = drain(s, 1)[0]["_id"]
+    coll.update_one({"_id": 1}, {"$set": {"v": 2}})
+    coll.delete_one({"_id": 1})
+    c.close()
+    srv.stop(sig)
+    srv2 = make_server()
+    c2 = srv2.client()
+    info = next(c2.d.list_collections(filter={"name": "p"}))
+    assert info["options"] == {"changeStreamPreAndPostImages": {"enabled": True}}
+    with c2.d.p.watch(resume_after=token, full_document_before_change="required",
+                      max_await_time_ms=200) as r:
+        c2.d.p.insert_one({"_id": 2, "v": 7})
+        c2.d.p.replace_one({"_id": 2}, {"v": 8})
+        assert pre_image_events(r, 4) == [
+            ("update", {"_id": 1, "v": 1}), ("delete", {"_id": 1, "v": 2}),
+            ("insert", "absent"), ("replace", {"_id": 2, "v": 7})]
+    c2.close()
+
+
+def test_resume_past_retention_is_history_lost_286(make_server, tmp_path):
+    """Item 6 end to end: with tiny segments, frequent checkpoints and no
+    retained history, the segment holding a token expires; after a restart
+    (the in-memory tail no longer holds it) resumeAfter that token and
+    startAtOperationTime before it fail with ChangeStreamHistoryLost (286),
+    never skip silently."""
+    flags = ("--wal-segment-mb", "0.01", "--checkpoint-wal-mb", "0.02",
+             "--change-retention-mb", "0")
+    srv = make_server(*flags)
+    c = srv.client()
+    coll = c.d.h
+    with coll.watch(max_await_time_ms=200) as s:
+        coll.insert_one({"_id": 0})
+        first = drain(s, 1)[0]
+    token, at = first["_id"], first["clusterTime"]
+    first_segment = tmp_path / "data" / "d" / ("wal-%020d.log" % 1)
+    deadline = time.time() + 30
+    i = 1
+    while first_segment.exists():
+        assert time.time() < deadline, "the token's segment never expired"
+        coll.insert_many([{"_id": i + k, "pad": "x" * 500} for k in range(50)])
+        i += 50
+        time.sleep(0.3)
+    c.close()
+    srv.stop()
+    srv = make_server(*flags)
+    c = srv.client()
+    coll = c.d.h
+    with pytest.raises(OperationFailure) as e:
+        coll.watch(resume_after=token)
+    assert e.value.code == 286, e.value.details
+    assert e.value.details.get("codeName") == "ChangeStreamHistoryLost"
+    with pytest.raises(OperationFailure) as e:
+        coll.watch(start_at_operation_time=at)
+    assert e.value.code == 286
+    # A stream from now still works.
+    with coll.watch(max_await_time_ms=200) as s:
+        coll.insert_one({"_id": "late"})
+        assert drain(s, 1)[0]["documentKey"] == {"_id": "late"}
+    c.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_drop_database_events_survive_a_restart(make_server, sig):
+    """The dropped database's WAL is gone, but the data directory's drop
+    log keeps its events: a database stream resumed after a restart from a
+    token before the drop gets drop, dropDatabase and invalidate, in order;
+    a collection stream drop and invalidate."""
+    srv = make_server()
+    c = srv.client()
+    with c.gone.watch(max_await_time_ms=200) as s:
+        c.gone.a.insert_one({"_id": 1})
+        c.gone.b.insert_one({"_id": 2})
+        token = drain(s, 2)[-1]["_id"]
+    c.drop_database("gone")
+    c.close()
+    srv.stop(sig)
+    srv2 = make_server()
+    c2 = srv2.client()
+    with c2.gone.watch(resume_after=token, max_await_time_ms=200) as r:
+        ev = drain(r, 4)
+    assert [(e["operationType"], e["ns"].get("coll")) if "ns" in e else e["operationType"]
+            for e in ev] == [("drop", "a"), ("drop", "b"), ("dropDatabase", None), "invalidate"]
+    with c2.gone.b.watch(resume_after=token, max_await_time_ms=200) as r:
+        assert [e["operationType"] for e in drain(r, 2)] == ["drop", "invalidate"]
+    c2.close()

@@ -208,6 +208,14 @@ pub struct ServeArgs {
     /// At most this many MiB of such segments per database (oldest dropped first).
     #[arg(long, default_value_t = (duetdb::DEFAULT_CHANGE_RETENTION_BYTES >> 20) as f64)]
     pub change_retention_mb: f64,
+    /// Size of a WAL segment in MiB (a full segment is closed and a new one
+    /// started; retention drops whole segments).
+    #[arg(long, default_value_t = 64.0)]
+    pub wal_segment_mb: f64,
+    /// Checkpoint a database once this many MiB of WAL were written since
+    /// its last checkpoint.
+    #[arg(long, default_value_t = 256.0)]
+    pub checkpoint_wal_mb: f64,
     // --- TTL monitor (issue #18) ---
     /// Seconds between passes of the TTL monitor, which deletes documents
     /// of TTL indexes (`expireAfterSeconds`) once expired (MongoDB's
@@ -351,6 +359,9 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
             "change-retention-hours",
         )?,
         change_retention_bytes: mib(args.change_retention_mb, "change-retention-mb")? as u64,
+        // At least one page: a segment must hold its header and a record.
+        segment_bytes: (mib(args.wal_segment_mb, "wal-segment-mb")? as u64).max(4096),
+        checkpoint_wal_bytes: (mib(args.checkpoint_wal_mb, "checkpoint-wal-mb")? as u64).max(1),
         ..Default::default()
     };
     let engine = std::sync::Arc::new(match &config.data_dir {

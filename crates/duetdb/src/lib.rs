@@ -61,6 +61,7 @@ pub use snapshot::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use snapshot::retained::{CollectionCost, RetainedCost};
 pub use snapshot::scan::ScanOutcome;
 pub use snapshot::{Choice, ReadStats, Strategy};
+pub use store::options::CollectionOptions;
 pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};
 pub use txn::{CommitInfo, CommitOutcome, Isolation, TxnOptions, DEFAULT_LIFETIME};

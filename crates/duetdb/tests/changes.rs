@@ -202,8 +202,109 @@ fn drop_database_is_an_event() {
     assert!(engine.drop_database("z"));
     assert_eq!(
         kinds(&engine, &ChangeScope::Cluster, ChangePosition::default()),
-        ["z:insert c", "z:dropDatabase"]
+        ["z:insert c", "z:drop c", "z:dropDatabase"]
     );
+}
+
+fn drop_scenario(engine: &Engine) -> (ChangePosition, ChangePosition) {
+    let z = engine.database("z").expect("z");
+    z.collection("a").insert_one(doc! {"_id": 1}).expect("a");
+    let early = engine.stable_cluster_time();
+    z.collection("b").insert_one(doc! {"_id": 2}).expect("b");
+    let b = engine
+        .read_changes(&ChangeScope::Cluster, ChangePosition::after_time(early), 10)
+        .expect("read");
+    let token = b.events.last().expect("the insert into b").pos;
+    assert!(engine.drop_database("z"));
+    engine
+        .database("other")
+        .expect("other")
+        .collection("o")
+        .insert_one(doc! {"_id": 3})
+        .expect("o");
+    (ChangePosition::after_time(early.saturating_sub(3)), token)
+}
+
+/// A dropDatabase survives a restart: its database's WAL is gone, but the
+/// drop log keeps the `drop` and `dropDatabase` events, in order; a resume
+/// point older than the dropped database's last event is 286 (its events
+/// are gone with its log), never a silent skip.
+#[test]
+fn drop_database_events_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (early, token) = {
+        let engine = Engine::open(dir.path()).expect("open");
+        engine.open_change_stream();
+        drop_scenario(&engine)
+    };
+    let engine = Engine::open(dir.path()).expect("reopen");
+    let expected = ["z:drop a", "z:drop b", "z:dropDatabase", "other:insert o"];
+    assert_eq!(kinds(&engine, &ChangeScope::Cluster, token), expected);
+    assert_eq!(
+        kinds(&engine, &ChangeScope::Database("z".into()), token),
+        expected[..3]
+    );
+    let coll = ChangeScope::Collection {
+        db: "z".into(),
+        coll: "b".into(),
+    };
+    assert_eq!(kinds(&engine, &coll, token), ["z:drop b"]);
+    let e = engine
+        .read_changes(&ChangeScope::Cluster, early, 10)
+        .expect_err("the dropped database's inserts are gone");
+    assert_eq!(e.code(), 286, "{e}");
+    // Streams of other databases do not care.
+    assert!(
+        kinds(&engine, &ChangeScope::Database("other".into()), early)
+            .contains(&"other:insert o".to_string())
+    );
+    // New times are above the drop's; a recreated database is new.
+    engine
+        .database("z")
+        .expect("z again")
+        .collection("n")
+        .insert_one(doc! {"_id": 4})
+        .expect("n");
+    let all = kinds(&engine, &ChangeScope::Cluster, token);
+    assert_eq!(all.last().map(String::as_str), Some("z:insert n"));
+    drop(engine);
+    let engine = Engine::open(dir.path()).expect("reopen with z recreated");
+    let z = engine
+        .get("z")
+        .expect("name")
+        .expect("the recreated z is kept");
+    assert_eq!(z.collection("n").count(doc! {}).expect("count"), 1);
+    assert_eq!(kinds(&engine, &ChangeScope::Cluster, token).len(), 5);
+}
+
+/// Without leaving the process, a position older than the tail (read from
+/// the logs) also gets the drop events, and 286 for the lost inserts.
+#[test]
+fn drop_database_events_from_the_log_path_in_one_process() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let engine = Engine::open(dir.path()).expect("open");
+    // No stream open: the tail keeps nothing, every read goes to the logs.
+    let (early, token) = {
+        let z = engine.database("z").expect("z");
+        z.collection("a").insert_one(doc! {"_id": 1}).expect("a");
+        let early = ChangePosition::after_time(engine.stable_cluster_time().saturating_sub(3));
+        z.collection("b").insert_one(doc! {"_id": 2}).expect("b");
+        let token = ChangePosition {
+            ts: engine.stable_cluster_time(),
+            index: 0,
+        };
+        assert!(engine.drop_database("z"));
+        (early, token)
+    };
+    engine.open_change_stream();
+    assert_eq!(
+        kinds(&engine, &ChangeScope::Cluster, token),
+        ["z:drop a", "z:drop b", "z:dropDatabase"]
+    );
+    let e = engine
+        .read_changes(&ChangeScope::Database("z".into()), early, 10)
+        .expect_err("lost");
+    assert_eq!(e.code(), 286, "{e}");
 }
 
 fn small_segments(retention_bytes: u64) -> duetdb::DurabilityOptions {
@@ -339,4 +440,183 @@ fn without_a_stream_nothing_is_kept_and_older_history_is_lost_not_skipped() {
         .read_changes(&ChangeScope::Cluster, ChangePosition::default(), 10)
         .expect_err("history before the first stream of a WAL-less database");
     assert!(err.to_string().contains("Resume of change stream"), "{err}");
+}
+
+fn pre_images(engine: &Engine, after: ChangePosition) -> Vec<(String, Option<bson::Document>)> {
+    let b = engine
+        .read_changes(&ChangeScope::Cluster, after, 10_000)
+        .expect("read");
+    b.events
+        .iter()
+        .map(|e| {
+            let what = match &e.kind {
+                ChangeKind::Insert { coll, .. } => format!("insert {coll}"),
+                ChangeKind::Update { coll, .. } => format!("update {coll}"),
+                ChangeKind::Replace { coll, .. } => format!("replace {coll}"),
+                ChangeKind::Delete { coll, .. } => format!("delete {coll}"),
+                ChangeKind::Create { coll } => format!("create {coll}"),
+                ChangeKind::Modify { coll, options } => format!("modify {coll} {options}"),
+                other => format!("{other:?}"),
+            };
+            let before = e
+                .before
+                .as_ref()
+                .map(|d| duetdb::raw::to_document(d).expect("pre-image"));
+            (what, before)
+        })
+        .collect()
+}
+
+fn pre_image_workload(engine: &Engine) {
+    let db = engine.database("d").expect("db");
+    db.create_collection_with(
+        "p",
+        duetdb::CollectionOptions {
+            pre_and_post_images: true,
+        },
+    )
+    .expect("create with pre-images");
+    let p = db.collection("p");
+    let plain = db.collection("q");
+    for c in [&p, &plain] {
+        c.insert_one(doc! {"_id": 1, "v": 1}).expect("insert");
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 2}})
+            .expect("update");
+        c.replace_one(doc! {"_id": 1}, doc! {"w": 3})
+            .expect("replace");
+        c.delete_one(doc! {"_id": 1}).expect("delete");
+    }
+    // Transactions record pre-images too.
+    p.insert_one(doc! {"_id": 2, "v": 1}).expect("insert");
+    p.insert_one(doc! {"_id": 3, "v": 1}).expect("insert");
+    let mut tx = db.begin(TxnOptions::default());
+    tx.update_one("p", doc! {"_id": 2}, doc! {"$inc": {"v": 1}})
+        .expect("txn update");
+    tx.delete_one("p", doc! {"_id": 3}).expect("txn delete");
+    tx.commit().expect("commit");
+    // Turned off: later changes have none.
+    assert!(p.set_pre_and_post_images(false).expect("off"));
+    p.delete_one(doc! {"_id": 2}).expect("delete");
+}
+
+fn expected_pre_images() -> Vec<(String, Option<bson::Document>)> {
+    let s = |x: &str| x.to_string();
+    vec![
+        (s("create p"), None),
+        (s("insert p"), None),
+        (s("update p"), Some(doc! {"_id": 1, "v": 1})),
+        (s("replace p"), Some(doc! {"_id": 1, "v": 2})),
+        (s("delete p"), Some(doc! {"_id": 1, "w": 3})),
+        (s("insert q"), None),
+        (s("update q"), None),
+        (s("replace q"), None),
+        (s("delete q"), None),
+        (s("insert p"), None),
+        (s("insert p"), None),
+        (s("update p"), Some(doc! {"_id": 2, "v": 1})),
+        (s("delete p"), Some(doc! {"_id": 3, "v": 1})),
+        (s("modify p {}"), None),
+        (s("delete p"), None),
+    ]
+}
+
+/// Collections with `changeStreamPreAndPostImages` record the version each
+/// update, replace and delete changed; the option and the pre-images come
+/// back after a restart (from the WAL, and the option from a checkpoint).
+#[test]
+fn pre_images_are_recorded_for_enabled_collections_and_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tmp");
+    {
+        let engine = Engine::open(dir.path()).expect("open");
+        engine.open_change_stream();
+        pre_image_workload(&engine);
+        assert_eq!(
+            pre_images(&engine, ChangePosition::default()),
+            expected_pre_images(),
+            "from the tail"
+        );
+    }
+    let engine = Engine::open(dir.path()).expect("reopen");
+    assert_eq!(
+        pre_images(&engine, ChangePosition::default()),
+        expected_pre_images(),
+        "from the WAL"
+    );
+    // The option survives a restart and a checkpoint (format version 3).
+    let db = engine.database("d").expect("db");
+    let p = db.collection("p");
+    assert!(!p.options().expect("options").pre_and_post_images);
+    assert!(!p.set_pre_and_post_images(true).expect("on again"));
+    db.checkpoint().expect("checkpoint");
+    drop((p, db, engine));
+    let engine = Engine::open(dir.path()).expect("reopen after checkpoint");
+    let start = engine.open_change_stream();
+    let p = engine.database("d").expect("db").collection("p");
+    assert!(p.options().expect("options").pre_and_post_images);
+    p.insert_one(doc! {"_id": 9, "v": 9}).expect("insert");
+    p.delete_one(doc! {"_id": 9}).expect("delete");
+    let got = pre_images(&engine, start);
+    assert_eq!(
+        got.last(),
+        Some(&("delete p".to_string(), Some(doc! {"_id": 9, "v": 9})))
+    );
+}
+
+#[test]
+fn create_with_options_is_one_create_event_and_existing_names_conflict() {
+    let engine = Engine::in_memory();
+    let start = engine.open_change_stream();
+    let db = engine.database("d").expect("db");
+    let on = duetdb::CollectionOptions {
+        pre_and_post_images: true,
+    };
+    db.create_collection_with("p", on.clone()).expect("create");
+    let e = db
+        .create_collection_with("p", on)
+        .expect_err("exists already");
+    assert!(matches!(e, duetdb::Error::NamespaceExists(_)), "{e}");
+    assert_eq!(pre_images(&engine, start), [("create p".to_string(), None)]);
+    assert!(db.collection("nope").set_pre_and_post_images(true).is_err());
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("list") {
+        let e = e.expect("entry");
+        if e.file_name() != "LOCK" {
+            std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+        }
+    }
+}
+
+/// The drop is logged before the directory is touched, so a crash that
+/// kept the directory (its deletion not durable yet) or left a tombstone
+/// is finished at the next open: the database stays dropped.
+#[test]
+fn an_interrupted_drop_is_finished_at_open() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let saved = tempfile::tempdir().expect("tmp");
+    {
+        let engine = Engine::open(dir.path()).expect("open");
+        let z = engine.database("z").expect("z");
+        z.collection("a").insert_one(doc! {"_id": 1}).expect("a");
+        drop(z);
+        copy_dir(&dir.path().join("z"), saved.path());
+        assert!(engine.drop_database("z"));
+    }
+    // As if the crash lost the deletion, and left a tombstone of another.
+    copy_dir(saved.path(), &dir.path().join("z"));
+    copy_dir(saved.path(), &dir.path().join("y.dropped-1-0"));
+    let engine = Engine::open(dir.path()).expect("reopen");
+    assert!(
+        engine.get("z").expect("name").is_none(),
+        "the drop was finished"
+    );
+    assert!(!dir.path().join("z").exists());
+    assert!(!dir.path().join("y.dropped-1-0").exists());
+    // The insert went with the database's log: reading from before it is 286.
+    let e = engine
+        .read_changes(&ChangeScope::Cluster, ChangePosition::default(), 10)
+        .expect_err("lost");
+    assert_eq!(e.code(), 286, "{e}");
 }

@@ -7,7 +7,9 @@
 //! resume token), `operationType`, `clusterTime`, `wallTime`, `ns`,
 //! `documentKey`, `fullDocument`, `updateDescription`, `to`, `lsid`/
 //! `txnNumber` for transactions, `operationDescription` for the expanded
-//! events (`showExpandedEvents`: `create`, `createIndexes`, `dropIndexes`).
+//! events (`showExpandedEvents`: `create`, `createIndexes`, `dropIndexes`,
+//! `modify`), `fullDocumentBeforeChange` (the pre-image the writer recorded
+//! for collections with `changeStreamPreAndPostImages`).
 //! A collection stream is invalidated by its collection's drop or rename
 //! (and its database's drop), a database stream by the database's drop: the
 //! `invalidate` event comes last and the cursor closes.
@@ -153,15 +155,17 @@ enum FullDocument {
     PostImage,
 }
 
-/// `fullDocumentBeforeChange`. Pre-images are not recorded
-/// (`changeStreamPreAndPostImages` is not built), so none is ever available.
+/// `fullDocumentBeforeChange`. A pre-image is available for a change made
+/// while its collection had `changeStreamPreAndPostImages` enabled: the
+/// writer recorded the old version in the change's WAL effect (so it lasts
+/// exactly as long as the event itself, restarts included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BeforeChange {
     Off,
-    /// The field is null.
+    /// The pre-image, or null when there is none.
     WhenAvailable,
-    /// An update, replace or delete event fails with NoMatchingDocument
-    /// (47), as MongoDB's when the pre-image is missing.
+    /// The pre-image; an update, replace or delete event without one fails
+    /// the stream with NoMatchingDocument (47), as MongoDB's.
     Required,
 }
 
@@ -547,6 +551,7 @@ fn event_doc(engine: &Engine, spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<
         ChangeKind::Create { .. } if spec.expanded => "create",
         ChangeKind::CreateIndex { .. } if spec.expanded => "createIndexes",
         ChangeKind::DropIndex { .. } if spec.expanded => "dropIndexes",
+        ChangeKind::Modify { .. } if spec.expanded => "modify",
         _ => return Ok(None),
     };
     d.insert("operationType", op);
@@ -598,27 +603,41 @@ fn event_doc(engine: &Engine, spec: &Spec, e: &ChangeEvent) -> CmdResult<Option<
                 doc! {"indexes": [{"name": name.clone()}]},
             );
         }
+        ChangeKind::Modify { options, .. } => {
+            // The collection's options after the change (MongoDB reports
+            // the collMod's own fields; for the one option duetdb has,
+            // the same document).
+            d.insert("operationDescription", options.clone());
+        }
         _ => {}
     }
     let changes_a_doc = matches!(
         e.kind,
         ChangeKind::Update { .. } | ChangeKind::Replace { .. } | ChangeKind::Delete { .. }
     );
-    match spec.before_change {
-        BeforeChange::Off => {}
+    match (spec.before_change, &e.before) {
+        (BeforeChange::Off, _) => {}
         _ if !changes_a_doc => {}
-        BeforeChange::WhenAvailable => {
+        (_, Some(pre)) => {
+            d.insert("fullDocumentBeforeChange", full(pre)?);
+        }
+        (BeforeChange::WhenAvailable, None) => {
             d.insert("fullDocumentBeforeChange", Bson::Null);
         }
-        BeforeChange::Required => {
+        (BeforeChange::Required, None) => {
             return Err(CommandError::new(
                 47,
                 "NoMatchingDocument",
                 format!(
                     "Change stream was configured to require a pre-image for all update, \
-                     delete and replace events, but the pre-image was not found for the {op} \
-                     event on {db}.{} (duetdb does not record pre-images)",
-                    e.kind.coll().unwrap_or_default()
+                     delete and replace events, but the pre-image was not found for event: \
+                     {{operationType: \"{op}\", ns: {{db: \"{db}\", coll: \"{}\"}}, \
+                     documentKey: {}}} (pre-images are recorded only while the collection \
+                     has changeStreamPreAndPostImages enabled)",
+                    e.kind.coll().unwrap_or_default(),
+                    d.get("documentKey")
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
                 ),
             ));
         }

@@ -52,10 +52,11 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let read_only = ctx.snapshot_name().is_some();
     let mut out = Vec::new();
     for name in snap.list_collection_names() {
+        let options = snap.collection_options(&name).unwrap_or_default();
         let full = doc! {
             "name": name.clone(),
             "type": "collection",
-            "options": {},
+            "options": options.to_document(),
             "info": {"readOnly": read_only},
             "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
         };
@@ -88,22 +89,59 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     ))
 }
 
+/// The `changeStreamPreAndPostImages` value of a `create` or `collMod`
+/// (`{enabled: <bool>}`; as MongoDB's parser: a wrong type is TypeMismatch
+/// (14), a missing `enabled` 40414, an unknown field 40415).
+fn pre_and_post_images(cmd: &Document) -> CmdResult<Option<bool>> {
+    let Some(v) = cmd.get(duetdb::CollectionOptions::PRE_AND_POST_IMAGES) else {
+        return Ok(None);
+    };
+    duetdb::CollectionOptions::parse_pre_and_post_images(v)
+        .map(Some)
+        .map_err(|why| {
+            let code = if why.contains("unknown field") {
+                (40415, "Location40415")
+            } else if why.contains("missing") {
+                (40414, "Location40414")
+            } else {
+                (14, "TypeMismatch")
+            };
+            CommandError::new(code.0, code.1, why)
+        })
+}
+
 pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "create")?;
-    if let Some((k, _)) = cmd
-        .iter()
-        .skip(1)
-        .find(|(k, _)| !is_generic(k) && k.as_str() != "idIndex")
-    {
+    if let Some((k, _)) = cmd.iter().skip(1).find(|(k, _)| {
+        !is_generic(k)
+            && k.as_str() != "idIndex"
+            && k.as_str() != duetdb::CollectionOptions::PRE_AND_POST_IMAGES
+    }) {
         return Err(CommandError::not_supported(format!(
             "create option '{k}' is not supported by duetdb"
         )));
     }
+    let options = duetdb::CollectionOptions {
+        pre_and_post_images: pre_and_post_images(cmd)?.unwrap_or(false),
+    };
     let db = ctx.database()?;
-    match db.create_collection(name) {
+    match db.create_collection_with(name, options.clone()) {
+        Ok(()) => Ok(doc! {"ok": 1.0}),
         // As MongoDB 7.0: creating an existing collection with the same
-        // (default) options succeeds.
-        Ok(()) | Err(duetdb::Error::NamespaceExists(_)) => Ok(doc! {"ok": 1.0}),
+        // options succeeds; with other options it is NamespaceExists (48).
+        Err(duetdb::Error::NamespaceExists(_))
+            if db.collection(name).options().ok() == Some(options) =>
+        {
+            Ok(doc! {"ok": 1.0})
+        }
+        Err(duetdb::Error::NamespaceExists(_)) => Err(CommandError::new(
+            48,
+            "NamespaceExists",
+            format!(
+                "Collection {} already exists with different options",
+                ctx.ns(name)
+            ),
+        )),
         Err(e) => Err(e.into()),
     }
 }
@@ -132,7 +170,7 @@ pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult {
             m.drop_database(ctx.db)?;
         }
         None => {
-            ctx.state.engine.drop_database(ctx.db);
+            ctx.state.engine.try_drop_database(ctx.db)?;
         }
     }
     Ok(doc! {"dropped": ctx.db, "ok": 1.0})
@@ -302,18 +340,21 @@ pub fn drop_indexes(ctx: &Ctx<'_>, command: &str, cmd: &Document) -> CmdResult {
 }
 
 /// `collMod`: MongoDB's `index: {keyPattern | name, expireAfterSeconds}`
-/// changes (or sets) an index's TTL. Other options are refused (115).
+/// changes (or sets) an index's TTL; `changeStreamPreAndPostImages:
+/// {enabled}` turns pre-image recording on or off. Other options are
+/// refused (115).
 pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "collMod")?;
-    if let Some((k, _)) = cmd
-        .iter()
-        .skip(1)
-        .find(|(k, _)| !is_generic(k) && k.as_str() != "index")
-    {
+    if let Some((k, _)) = cmd.iter().skip(1).find(|(k, _)| {
+        !is_generic(k)
+            && k.as_str() != "index"
+            && k.as_str() != duetdb::CollectionOptions::PRE_AND_POST_IMAGES
+    }) {
         return Err(CommandError::not_supported(format!(
             "collMod option '{k}' is not supported by duetdb"
         )));
     }
+    let pre_images = pre_and_post_images(cmd)?;
     let db = ctx.database()?;
     let coll = db.collection(name);
     if coll.list_indexes().is_err() {
@@ -322,7 +363,14 @@ pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             ctx.ns(name)
         )));
     }
+    let set_pre_images = || -> CmdResult<()> {
+        if let Some(enabled) = pre_images {
+            coll.set_pre_and_post_images(enabled)?;
+        }
+        Ok(())
+    };
     let Some(index) = args::opt_doc(cmd, "index")? else {
+        set_pre_images()?;
         return Ok(doc! {"ok": 1.0});
     };
     if let Some((k, _)) = index
@@ -381,6 +429,8 @@ pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     } else {
         reply.insert("expireAfterSeconds_new", as_bson(new));
     }
+    // After the index change succeeded, so a failing collMod changes nothing.
+    set_pre_images()?;
     reply.insert("ok", 1.0);
     Ok(reply)
 }

@@ -28,7 +28,8 @@ use bson::{Bson, Document};
 
 use crate::api::{Database, Engine};
 use crate::doc::DocRef;
-use crate::durability::changes::{ChangeRecord, RecordKind};
+use crate::durability::changes::dropped::DropLog;
+use crate::durability::changes::{ChangeHub, ChangeRecord, RecordKind};
 use crate::durability::effect::Effect;
 use crate::error::{Error, Result};
 
@@ -114,6 +115,12 @@ pub enum ChangeKind {
         coll: String,
         name: String,
     },
+    /// The collection's options changed (`collMod`; MongoDB's `modify`
+    /// event): `options` is the whole new `listCollections` options document.
+    Modify {
+        coll: String,
+        options: Document,
+    },
     DropDatabase,
 }
 
@@ -128,7 +135,8 @@ impl ChangeKind {
             | ChangeKind::Create { coll }
             | ChangeKind::Drop { coll }
             | ChangeKind::CreateIndex { coll, .. }
-            | ChangeKind::DropIndex { coll, .. } => Some(coll),
+            | ChangeKind::DropIndex { coll, .. }
+            | ChangeKind::Modify { coll, .. } => Some(coll),
             ChangeKind::Rename { from, .. } => Some(from),
             ChangeKind::DropDatabase => None,
         }
@@ -145,6 +153,10 @@ pub struct ChangeEvent {
     /// The transaction's origin metadata (`Transaction::set_origin`) when
     /// the change was part of one.
     pub txn: Option<Arc<RawDocumentBuf>>,
+    /// The document before an update, replace or delete (its pre-image),
+    /// recorded when the collection had `changeStreamPreAndPostImages`
+    /// enabled at the time of the change; `None` otherwise.
+    pub before: Option<DocRef>,
 }
 
 /// A batch of events and where to continue.
@@ -179,7 +191,11 @@ fn events_of(
         ChangeScope::Collection { coll, .. } => Some(coll.as_str()),
         _ => None,
     };
-    let mut push = |index: u32, kind: ChangeKind, txn: Option<Arc<RawDocumentBuf>>| -> bool {
+    let mut push = |index: u32,
+                    kind: ChangeKind,
+                    txn: Option<Arc<RawDocumentBuf>>,
+                    before: Option<DocRef>|
+     -> bool {
         let pos = ChangePosition { ts: rec.ts, index };
         if pos <= after {
             return false;
@@ -196,22 +212,39 @@ fn events_of(
             db: rec.db.clone(),
             kind,
             txn,
+            before,
         });
         false
     };
     if rec.kind == RecordKind::DropDatabase {
-        // A collection stream sees its collection dropped with the database.
-        let kind = match coll_scope {
-            Some(c) => ChangeKind::Drop {
-                coll: c.to_string(),
-            },
-            None => ChangeKind::DropDatabase,
-        };
-        return push(0, kind, None);
+        // As MongoDB's: a `drop` per collection it held (a collection
+        // stream sees only its own, then is invalidated), then the
+        // `dropDatabase` (not on collection streams).
+        for (i, e) in rec.effects.iter().enumerate() {
+            if let Effect::DropCollection { name } = e {
+                let kind = ChangeKind::Drop { coll: name.clone() };
+                if push(i as u32, kind, None, None) {
+                    return true;
+                }
+            }
+        }
+        if coll_scope.is_some() {
+            return false;
+        }
+        return push(
+            rec.effects.len() as u32,
+            ChangeKind::DropDatabase,
+            None,
+            None,
+        );
     }
     let mut txn: Option<Arc<RawDocumentBuf>> = None;
+    // A collection created with options is one `create` event: its
+    // `SetOptions` right after the `CreateCollection` is no `modify`.
+    let mut created: Option<&str> = None;
     for (i, e) in rec.effects.iter().enumerate() {
         let index = i as u32;
+        let just_created = created.take();
         let kind = match e {
             Effect::TxnBegin { origin } => {
                 // An engine transaction without origin has an empty one.
@@ -226,22 +259,32 @@ fn events_of(
                 coll: coll.clone(),
                 doc: doc.clone(),
             },
-            Effect::Update { coll, doc, desc } => ChangeKind::Update {
+            Effect::Update {
+                coll, doc, desc, ..
+            } => ChangeKind::Update {
                 coll: coll.clone(),
                 doc: doc.clone(),
                 desc: desc.clone(),
             },
             // Version-1 puts (kind unknown) never reach here: they have no
             // time. Report one as a replacement all the same.
-            Effect::Replace { coll, doc } | Effect::Put { coll, doc } => ChangeKind::Replace {
+            Effect::Replace { coll, doc, .. } | Effect::Put { coll, doc } => ChangeKind::Replace {
                 coll: coll.clone(),
                 doc: doc.clone(),
             },
-            Effect::Delete { coll, id } => ChangeKind::Delete {
+            Effect::Delete { coll, id, .. } => ChangeKind::Delete {
                 coll: coll.clone(),
                 id: Bson::try_from(id.clone()).unwrap_or(Bson::Null),
             },
-            Effect::CreateCollection { name } => ChangeKind::Create { coll: name.clone() },
+            Effect::SetOptions { coll, .. } if just_created == Some(coll.as_str()) => continue,
+            Effect::SetOptions { coll, options } => ChangeKind::Modify {
+                coll: coll.clone(),
+                options: options.to_document(),
+            },
+            Effect::CreateCollection { name } => {
+                created = Some(name);
+                ChangeKind::Create { coll: name.clone() }
+            }
             Effect::DropCollection { name } => ChangeKind::Drop { coll: name.clone() },
             Effect::Rename { from, to } => ChangeKind::Rename {
                 from: from.clone(),
@@ -256,11 +299,24 @@ fn events_of(
                 name: name.clone(),
             },
         };
-        if push(index, kind, txn.clone()) {
+        if push(index, kind, txn.clone(), e.pre_image().cloned()) {
             return true;
         }
     }
     false
+}
+
+fn show_time(ts: u64) -> String {
+    let (s, i) = crate::durability::changes::clock::parts(ts);
+    format!("Timestamp({s}, {i})")
+}
+
+fn history_lost(after: ChangePosition, why: &str) -> Error {
+    Error::ChangeStreamHistoryLost(format!(
+        "Resume of change stream was not possible, as the resume point may no longer be in \
+         the oplog: {why}, and the stream asked for changes after {}",
+        show_time(after.ts)
+    ))
 }
 
 /// Turn time-sorted records into a batch after `after`, reading up to
@@ -323,12 +379,16 @@ impl Engine {
         self.hub().tail_stats()
     }
 
-    fn scope_dbs(&self, scope: &ChangeScope) -> Result<Vec<Database>> {
-        Ok(match scope {
-            ChangeScope::Cluster => self.all_databases(),
-            ChangeScope::Database(d) | ChangeScope::Collection { db: d, .. } => {
-                self.get(d)?.into_iter().collect()
-            }
+    fn sources(&self, scope: &ChangeScope) -> Result<Sources<'_>> {
+        Ok(Sources {
+            hub: self.hub(),
+            dbs: match scope {
+                ChangeScope::Cluster => self.all_databases(),
+                ChangeScope::Database(d) | ChangeScope::Collection { db: d, .. } => {
+                    self.get(d)?.into_iter().collect()
+                }
+            },
+            drops: Some(self.drops()),
         })
     }
 
@@ -345,28 +405,7 @@ impl Engine {
     /// Fail with ChangeStreamHistoryLost (286) unless every change of
     /// `scope` after `after` can still be read.
     pub fn check_change_history(&self, scope: &ChangeScope, after: ChangePosition) -> Result<()> {
-        let hub = self.hub();
-        if after.ts >= hub.covers_from() {
-            return Ok(());
-        }
-        for db in self.scope_dbs(scope)? {
-            let floor = match db.durable() {
-                Some(d) if d.wal().is_some() => d.history_floor()?,
-                // No log: the tail was its only history.
-                _ => hub.evicted_upto(),
-            };
-            if after.ts < floor {
-                let (s, i) = crate::durability::changes::clock::parts(after.ts);
-                let (fs, fi) = crate::durability::changes::clock::parts(floor);
-                return Err(Error::ChangeStreamHistoryLost(format!(
-                    "Resume of change stream was not possible, as the resume point may no longer \
-                     be in the oplog: database '{}' retains changes after Timestamp({fs}, {fi}) \
-                     only, and the stream asked for changes after Timestamp({s}, {i})",
-                    db.name()
-                )));
-            }
-        }
-        Ok(())
+        self.sources(scope)?.check(scope, after)
     }
 
     /// The cluster time after which every change of `scope` can still be
@@ -376,7 +415,7 @@ impl Engine {
     pub fn change_history_floor(&self, scope: &ChangeScope) -> Result<u64> {
         let hub = self.hub();
         let mut floor = 0;
-        for db in self.scope_dbs(scope)? {
+        for db in self.sources(scope)?.dbs {
             floor = floor.max(match db.durable() {
                 Some(d) if d.wal().is_some() => d.history_floor()?,
                 _ => hub.evicted_upto(),
@@ -394,8 +433,100 @@ impl Engine {
         after: ChangePosition,
         max: usize,
     ) -> Result<ChangeBatch> {
+        self.sources(scope)?.read(scope, after, max)
+    }
+}
+
+impl Database {
+    /// [`Engine::open_change_stream`] for a database opened on its own (its
+    /// own clock and tail).
+    pub fn open_change_stream(&self) -> ChangePosition {
+        let hub = self.writer().hub();
+        hub.activate();
+        ChangePosition::after_time(hub.clock.last())
+    }
+
+    /// [`Engine::read_changes`] of this database (scope: the database) for a
+    /// database opened on its own; through an Engine, use the Engine's.
+    pub fn read_changes(&self, after: ChangePosition, max: usize) -> Result<ChangeBatch> {
+        let scope = ChangeScope::Database(self.name().to_string());
+        Sources {
+            hub: self.writer().hub(),
+            dbs: vec![self.clone()],
+            drops: None,
+        }
+        .read(&scope, after, max)
+    }
+}
+
+/// Where a read finds the changes of a scope: the tail, the logs of the
+/// scope's databases, and the drop log.
+struct Sources<'a> {
+    hub: &'a ChangeHub,
+    dbs: Vec<Database>,
+    drops: Option<&'a DropLog>,
+}
+
+impl Sources<'_> {
+    fn check(&self, scope: &ChangeScope, after: ChangePosition) -> Result<()> {
+        let hub = self.hub;
+        if after.ts >= hub.covers_from() {
+            return Ok(());
+        }
+        for db in &self.dbs {
+            let floor = match db.durable() {
+                Some(d) if d.wal().is_some() => d.history_floor()?,
+                // No log: the tail was its only history.
+                _ => hub.evicted_upto(),
+            };
+            if after.ts < floor {
+                return Err(history_lost(
+                    after,
+                    &format!(
+                        "database '{}' retains changes after {} only",
+                        db.name(),
+                        show_time(floor)
+                    ),
+                ));
+            }
+        }
+        let Some(drops) = self.drops else {
+            return Ok(());
+        };
+        // A dropped database's log went with it: events between `after`
+        // and its last one before the drop cannot be read any more.
+        for e in drops.entries() {
+            let last = ChangePosition {
+                ts: e.last_ts,
+                index: e.last_index,
+            };
+            if e.ts > after.ts && e.last_ts > 0 && after < last && in_scope(scope, &e.db) {
+                return Err(history_lost(
+                    after,
+                    &format!(
+                        "database '{}' was dropped at {} with its changes up to {}",
+                        e.db,
+                        show_time(e.ts),
+                        show_time(e.last_ts)
+                    ),
+                ));
+            }
+        }
+        if after.ts < drops.floor() {
+            return Err(history_lost(
+                after,
+                &format!(
+                    "database drops are kept after {} only",
+                    show_time(drops.floor())
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn read(&self, scope: &ChangeScope, after: ChangePosition, max: usize) -> Result<ChangeBatch> {
         let max = max.max(1);
-        let hub = self.hub();
+        let hub = self.hub;
         let stable = hub.clock.stable();
         if after.ts > stable {
             return Ok(ChangeBatch {
@@ -418,11 +549,11 @@ impl Engine {
             return Ok(batch_of(&recs, scope, after, bound, max));
         }
         // Older than the tail: each durable database's log, merged by time.
-        self.check_change_history(scope, after)?;
+        self.check(scope, after)?;
         let covers = hub.covers_from();
         let mut bound = covers.min(stable);
         let mut recs: Vec<Arc<ChangeRecord>> = Vec::new();
-        for db in self.scope_dbs(scope)? {
+        for db in &self.dbs {
             let Some(d) = db.durable().filter(|d| d.wal().is_some()) else {
                 continue;
             };
@@ -434,6 +565,12 @@ impl Engine {
                 }
             }
             recs.extend(got.into_iter().map(Arc::new));
+        }
+        // Dropped databases: their drop events, from the drop log.
+        for e in self.drops.map(DropLog::entries).unwrap_or_default() {
+            if e.ts > from && e.ts <= bound && in_scope(scope, &e.db) {
+                recs.push(Arc::new(e.record()));
+            }
         }
         recs.sort_by_key(|r| r.ts);
         let mut batch = batch_of(&recs, scope, after, bound, max);

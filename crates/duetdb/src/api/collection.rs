@@ -24,6 +24,7 @@ use crate::query::{Filter, SortSpec};
 use crate::snapshot::scan::{self, ScanOutcome};
 use crate::snapshot::{choose, Choice, Read, Strategy};
 use crate::store::collection::ID_INDEX_NAME;
+use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 use crate::write::command::{
     Command, FindAndModifyCommand, FindAndModifyOutcome, InsertOutcome, Reply, UpdateCommand,
@@ -532,6 +533,35 @@ impl Collection {
                 });
             }
             Ok((old, secs))
+        })
+    }
+
+    /// The collection's `create`/`collMod` options (NamespaceNotFound when
+    /// it does not exist).
+    pub fn options(&self) -> Result<CollectionOptions> {
+        self.state()
+            .collection(&self.name)
+            .map(|c| c.options.clone())
+            .ok_or_else(|| Error::NamespaceNotFound(self.name.clone()))
+    }
+
+    /// Turn `changeStreamPreAndPostImages` on or off (`collMod`): from the
+    /// next write on, updates, replacements and deletes record (or stop
+    /// recording) the version they change, for change streams'
+    /// `fullDocumentBeforeChange`. Returns the previous setting.
+    pub fn set_pre_and_post_images(&self, enabled: bool) -> Result<bool> {
+        let coll = self.name.clone();
+        self.db.writer().at_boundary(move |state, fx| {
+            let c = state
+                .collection_mut(&coll)
+                .ok_or_else(|| Error::NamespaceNotFound(coll.clone()))?;
+            let old = c.options.pre_and_post_images;
+            if old != enabled {
+                c.options.pre_and_post_images = enabled;
+                let options = c.options.clone();
+                fx.record(|| Effect::SetOptions { coll, options });
+            }
+            Ok(old)
         })
     }
 

@@ -11,11 +11,14 @@ use std::sync::Arc;
 use crate::api::*;
 use crate::durability::background::Registration;
 use crate::durability::changes::ChangeHub;
+use crate::durability::effect::Effect;
 use crate::durability::{
     CheckpointInfo, Durability, DurabilityOptions, Durable, Locking, RecoveryReport,
 };
 use crate::error::{Error, Result};
 use crate::snapshot::{ReadCounts, ReadStats, Strategy};
+use crate::store::collection::CollectionState;
+use crate::store::options::CollectionOptions;
 use crate::store::vls::{VlsOptions, VlsStats};
 use crate::store::DbState;
 use crate::write::command::{Command, Reply};
@@ -382,6 +385,30 @@ impl Database {
             name: name.to_string(),
         })
         .map(|_| ())
+    }
+
+    /// Create an empty collection with `options` (`create`'s options, logged
+    /// with it as one change); NamespaceExists when it exists.
+    pub fn create_collection_with(&self, name: &str, options: CollectionOptions) -> Result<()> {
+        if options.is_default() {
+            return self.create_collection(name);
+        }
+        validate_collection_name(name)?;
+        let name = name.to_string();
+        self.writer().at_boundary(move |state, fx| {
+            if state.collection(&name).is_some() {
+                return Err(Error::NamespaceExists(name));
+            }
+            let mut c = CollectionState::new(&format!("{}.{name}", state.db), state.vls_options);
+            c.options = options.clone();
+            Arc::make_mut(&mut state.collections).insert(name.clone(), c);
+            fx.record(|| Effect::CreateCollection { name: name.clone() });
+            fx.record(|| Effect::SetOptions {
+                coll: name,
+                options,
+            });
+            Ok(())
+        })
     }
 
     /// Drop a collection; `Ok(false)` when it did not exist.

@@ -20,7 +20,13 @@
 //!   of the name map, so a directory is never deleted while a database of
 //!   the same name is being created in it;
 //! - no two databases' names differ only in case (DatabaseDifferCase, as
-//!   MongoDB: their directories would collide on case-insensitive disks).
+//!   MongoDB: their directories would collide on case-insensitive disks);
+//! - a drop is recorded in the drop log (durably, with a data directory)
+//!   before the directory is touched, and the directory is renamed to a
+//!   tombstone (`<name>.dropped-<n>`, not a database name) before it is
+//!   deleted: after a crash a database's directory is whole or gone, and an
+//!   open finishes a drop the log records (tombstones removed, a directory
+//!   whose state is not newer than the recorded drop deleted).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +35,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::api::Database;
+use crate::durability::changes::dropped::{DropEntry, DropLog};
 use crate::durability::changes::ChangeHub;
 use crate::durability::io::{create_private_dir_all, DirLock};
 use crate::durability::replicate::Replicate;
@@ -50,6 +57,8 @@ pub struct Engine {
     /// The replica set every database's groups are committed by
     /// ([`Engine::set_replicator`]).
     replicator: RwLock<Option<Arc<dyn Replicate>>>,
+    /// The `dropDatabase` events (a dropped database's WAL is gone).
+    drops: DropLog,
 }
 
 impl std::fmt::Debug for Engine {
@@ -70,6 +79,7 @@ impl Engine {
             lock: None,
             hub: Arc::new(ChangeHub::default()),
             replicator: RwLock::new(None),
+            drops: DropLog::in_memory(crate::durability::DEFAULT_CHANGE_RETENTION),
         }
     }
 
@@ -92,6 +102,8 @@ impl Engine {
         })?;
         let lock = lock_dir(&*options.vfs, dir)?;
         refuse_single_database_layout(dir)?;
+        remove_tombstones(dir);
+        let drops = DropLog::open(options.vfs.clone(), dir, options.change_retention)?;
         let mut dbs = BTreeMap::new();
         let entries = std::fs::read_dir(dir).map_err(|e| {
             Error::Internal(format!("cannot list data directory {}: {e}", dir.display()))
@@ -111,6 +123,19 @@ impl Engine {
                 dbs.insert(name, db);
             }
         }
+        for e in drops.entries() {
+            hub.clock.observe(e.ts);
+            // A drop the crash interrupted after logging it: finish it.
+            let dropped_incarnation = dbs
+                .get(&*e.db)
+                .is_some_and(|db: &Database| db.writer().published().ts <= e.last_ts);
+            if dropped_incarnation {
+                if let Some(db) = dbs.remove(&*e.db) {
+                    tracing::info!(db = %e.db, "finishing a drop interrupted by a crash");
+                    delete_database(db);
+                }
+            }
+        }
         // Every recovered time is observed: the tail starts above them all.
         hub.start_after_recovery();
         Ok(Engine {
@@ -120,6 +145,7 @@ impl Engine {
             lock: Some(lock),
             hub,
             replicator: RwLock::new(None),
+            drops,
         })
     }
 
@@ -199,19 +225,52 @@ impl Engine {
             .collect()
     }
 
-    /// Drop a whole database; `false` when it did not exist. Its directory
-    /// is deleted now; handles cloned out earlier fail their next write to
-    /// disk (the files are gone) and no longer checkpoint in the background.
+    /// Drop a whole database; `false` when it did not exist, or when the
+    /// drop could not be recorded (logged; see [`Engine::try_drop_database`]).
     pub fn drop_database(&self, name: &str) -> bool {
+        self.try_drop_database(name).unwrap_or_else(|e| {
+            tracing::warn!(db = name, error = %e, "database not dropped");
+            false
+        })
+    }
+
+    /// Drop a whole database; `Ok(false)` when it did not exist. The drop is
+    /// recorded in the drop log first (synced; change streams read its
+    /// `drop`/`dropDatabase` events from there after a restart) — if that
+    /// fails, nothing is dropped. Its directory is deleted now; handles
+    /// cloned out earlier fail their next write to disk (the files are
+    /// gone) and no longer checkpoint in the background.
+    pub fn try_drop_database(&self, name: &str) -> Result<bool> {
         let mut dbs = self.dbs.write();
-        let Some(db) = dbs.remove(name) else {
-            return false;
+        let Some(db) = dbs.get(name).cloned() else {
+            return Ok(false);
         };
-        self.delete(db);
+        let state = db.writer().published();
+        let last_index = last_event_index(&db, state.ts);
         // Under the name map's lock, so a database created again under the
         // name gets later times than its drop.
-        self.hub.publish_drop_database(Arc::from(name));
-        true
+        let stamp = self.hub.clock.tick();
+        let entry = DropEntry {
+            db: Arc::from(name),
+            ts: stamp.ts,
+            wall_ms: stamp.wall_ms,
+            last_ts: state.ts,
+            last_index,
+            colls: state.collections.keys().cloned().collect(),
+        };
+        if let Err(e) = self.drops.record(entry.clone()) {
+            self.hub.abandon(stamp.ts);
+            return Err(e.into());
+        }
+        dbs.remove(name);
+        self.delete(db);
+        self.hub.publish(entry.record());
+        Ok(true)
+    }
+
+    /// The drop log (`dropDatabase` events within the change retention).
+    pub(crate) fn drops(&self) -> &DropLog {
+        &self.drops
     }
 
     /// The cluster clock and change tail of this engine's databases.
@@ -243,12 +302,80 @@ impl Engine {
     /// Close `db` and delete its directory. Requires: the name map's write
     /// lock is held (so no database of that name is being created meanwhile).
     fn delete(&self, db: Database) {
-        let path = db.path().map(Path::to_path_buf);
-        db.stop_background();
-        drop(db);
-        if let Some(p) = path {
-            if let Err(e) = std::fs::remove_dir_all(&p) {
-                tracing::warn!(path = %p.display(), error = %e, "could not delete dropped database");
+        delete_database(db);
+    }
+}
+
+/// The index of the last event of the group of time `ts` in `db`'s log
+/// (`u32::MAX` when unknown: no log, or the record cannot be read), so the
+/// drop log knows which resume points the deleted log leaves complete.
+fn last_event_index(db: &Database, ts: u64) -> u32 {
+    let Some(d) = db.durable().filter(|d| d.wal().is_some()) else {
+        return u32::MAX;
+    };
+    let name: Arc<str> = Arc::from(db.name());
+    match d.read_changes(&name, ts.saturating_sub(1), ts, 1) {
+        Ok((recs, _)) => recs
+            .iter()
+            .find(|r| r.ts == ts)
+            .and_then(|r| {
+                r.effects.iter().rposition(|e| {
+                    !matches!(
+                        e,
+                        crate::durability::effect::Effect::TxnBegin { .. }
+                            | crate::durability::effect::Effect::TxnEnd
+                    )
+                })
+            })
+            .map_or(u32::MAX, |i| i as u32),
+        Err(_) => u32::MAX,
+    }
+}
+
+/// Suffix of a dropped database's directory while it is being deleted (a
+/// `.` makes it no database name, so an open never takes it for one).
+const TOMBSTONE: &str = ".dropped-";
+
+/// Close `db`, rename its directory to a tombstone and delete that: the
+/// directory of a name is thus whole or gone after a crash.
+fn delete_database(db: Database) {
+    let path = db.path().map(Path::to_path_buf);
+    db.stop_background();
+    drop(db);
+    let Some(p) = path else {
+        return;
+    };
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let mut tomb = p.clone().into_os_string();
+    tomb.push(format!("{TOMBSTONE}{nanos:x}-{n}"));
+    let target = match std::fs::rename(&p, &tomb) {
+        Ok(()) => PathBuf::from(tomb),
+        Err(e) => {
+            tracing::warn!(path = %p.display(), error = %e, "could not rename dropped database; deleting in place");
+            p
+        }
+    };
+    if let Err(e) = std::fs::remove_dir_all(&target) {
+        tracing::warn!(path = %target.display(), error = %e, "could not delete dropped database");
+    }
+}
+
+/// Delete the tombstones of drops a crash interrupted while deleting.
+fn remove_tombstones(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.contains(TOMBSTONE) && e.path().is_dir() {
+            tracing::info!(path = %e.path().display(), "removing the rest of a dropped database");
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!(path = %e.path().display(), error = %err, "could not delete dropped database");
             }
         }
     }

@@ -52,6 +52,14 @@ impl Snapshot {
         self.state.collections.keys().cloned().collect()
     }
 
+    /// The `create`/`collMod` options of collection `name`, if it exists.
+    pub fn collection_options(
+        &self,
+        name: &str,
+    ) -> Option<crate::store::options::CollectionOptions> {
+        self.state.collection(name).map(|c| c.options.clone())
+    }
+
     /// The underlying state (for the query layers built on snapshots).
     pub fn state(&self) -> &Arc<DbState> {
         &self.state

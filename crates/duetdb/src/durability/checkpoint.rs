@@ -3,11 +3,13 @@
 //!
 //! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §13.4): a sequence
 //! of WAL-style frames `[len u32][crc32c u32][payload]`:
-//! - `H`: magic `DUETCKP\x01`, format version u32 (2), csn u64, collection
+//! - `H`: magic `DUETCKP\x01`, format version u32 (3), csn u64, collection
 //!   count u32, cluster time u64 of the state (version 1, still read, has no
 //!   time: it loads as 0);
 //! - per collection `C`: name, document count u64, index spec count u32, specs
-//!   (BSON `{key, name, unique}`); then `D` frames of up to ~1 MiB of documents
+//!   (BSON, the `listIndexes` form), and (version 3) the collection options
+//!   (BSON, the `listCollections` form; versions 1 and 2, still read, have
+//!   none: defaults); then `D` frames of up to ~1 MiB of documents
 //!   (count u32, BSON documents) in record order;
 //! - `E`: csn u64 and total documents u64; the file ends right after it.
 //!
@@ -26,15 +28,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::effect::{put_spec, put_str, read_spec, DecodeError, Reader};
+use super::effect::{put_options, put_spec, put_str, read_options, read_spec, DecodeError, Reader};
 use super::io::Vfs;
 use super::wal::{frame, read_frame};
 use crate::error::StorageError;
 use crate::store::collection::CollectionState;
+use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 
 const MAGIC: &[u8; 8] = b"DUETCKP\x01";
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Documents are framed in chunks of about this many bytes.
 const CHUNK: usize = 1 << 20;
 /// Sync the file every this many bytes (RocksDB's `bytes_per_sync`): a
@@ -124,6 +127,7 @@ pub fn write_as(
             for i in &c.indexes {
                 put_spec(&mut p, &i.spec);
             }
+            put_options(&mut p, &c.options);
             frame(&p, &mut out);
             let mut chunk: Vec<u8> = Vec::with_capacity(CHUNK);
             let mut n = 0u32;
@@ -204,7 +208,7 @@ pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError
         return Err(corrupt(at, "not a duetdb checkpoint (bad header)".into()));
     }
     let version = r.u32().map_err(dec(at))?;
-    if version != FORMAT_VERSION && version != 1 {
+    if !(1..=FORMAT_VERSION).contains(&version) {
         return Err(corrupt(
             at,
             format!("format version {version}, this build reads {FORMAT_VERSION}"),
@@ -239,7 +243,13 @@ pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError
         for _ in 0..n_specs {
             specs.push(read_spec(&mut r).map_err(dec(at))?);
         }
+        let options = if version >= 3 {
+            read_options(&mut r).map_err(dec(at))?
+        } else {
+            CollectionOptions::default()
+        };
         let mut c = CollectionState::new(&format!("{db}.{name}"), Default::default());
+        c.options = options;
         let mut loaded = 0u64;
         while loaded < n_docs {
             let (p, at) = next(&mut pos)?;

@@ -33,6 +33,7 @@ use bson::{Bson, Document, RawBson};
 use crate::doc::{self, DocRef};
 use crate::store::collection::CollectionState;
 use crate::store::index::IndexSpec;
+use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 
 /// One physical change.
@@ -44,9 +45,12 @@ pub enum Effect {
         coll: String,
         doc: DocRef,
     },
+    /// `pre`: the deleted version, recorded only for collections with
+    /// `changeStreamPreAndPostImages` (change streams' pre-image).
     Delete {
         coll: String,
         id: RawBson,
+        pre: Option<DocRef>,
     },
     CreateCollection {
         name: String,
@@ -77,14 +81,24 @@ pub enum Effect {
     Replace {
         coll: String,
         doc: DocRef,
+        pre: Option<DocRef>,
     },
     /// A put made by update operators (replays as `Put`); `desc` is the
     /// change in MongoDB's `updateDescription` shape, computed by the writer
-    /// from the old and new versions (`changes::diff`).
+    /// from the old and new versions (`changes::diff`). `pre` (as for
+    /// `Replace`): the old version, kept only when the collection records
+    /// pre-images.
     Update {
         coll: String,
         doc: DocRef,
         desc: Arc<RawDocumentBuf>,
+        pre: Option<DocRef>,
+    },
+    /// The collection's options are now `options` (`create` with options,
+    /// `collMod`); the collection exists.
+    SetOptions {
+        coll: String,
+        options: CollectionOptions,
     },
     /// The effects up to the next `TxnEnd` are one transaction's; `origin` is
     /// the opaque metadata its client gave (the server's `lsid`/`txnNumber`).
@@ -96,12 +110,22 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// The version a change replaced or deleted, when it was recorded.
+    pub fn pre_image(&self) -> Option<&DocRef> {
+        match self {
+            Effect::Update { pre, .. }
+            | Effect::Replace { pre, .. }
+            | Effect::Delete { pre, .. } => pre.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The collection and new version of any put kind.
     pub fn as_put(&self) -> Option<(&str, &DocRef)> {
         match self {
             Effect::Put { coll, doc }
             | Effect::Insert { coll, doc }
-            | Effect::Replace { coll, doc }
+            | Effect::Replace { coll, doc, .. }
             | Effect::Update { coll, doc, .. } => Some((coll, doc)),
             _ => None,
         }
@@ -176,9 +200,18 @@ impl Effects {
 
     /// Record that `new` replaced `old` in `coll`: by update operators
     /// (`operators`, with the update description computed here) or as a
-    /// whole replacement.
-    pub fn replace(&mut self, coll: &str, old: &DocRef, new: &DocRef, operators: bool) {
+    /// whole replacement; `old` is kept as the pre-image when `pre_images`
+    /// (the collection's `changeStreamPreAndPostImages`).
+    pub fn replace(
+        &mut self,
+        coll: &str,
+        old: &DocRef,
+        new: &DocRef,
+        operators: bool,
+        pre_images: bool,
+    ) {
         self.record(|| {
+            let pre = pre_images.then(|| old.clone());
             if operators {
                 Effect::Update {
                     coll: coll.to_string(),
@@ -186,21 +219,25 @@ impl Effects {
                     desc: Arc::new(crate::durability::changes::diff::update_description(
                         old, new,
                     )),
+                    pre,
                 }
             } else {
                 Effect::Replace {
                     coll: coll.to_string(),
                     doc: new.clone(),
+                    pre,
                 }
             }
         });
     }
 
-    /// Record the delete of `doc` (by its `_id`) from `coll`.
-    pub fn delete(&mut self, coll: &str, doc: &DocRef) {
+    /// Record the delete of `doc` (by its `_id`) from `coll`, keeping `doc`
+    /// as the pre-image when `pre_images`.
+    pub fn delete(&mut self, coll: &str, doc: &DocRef, pre_images: bool) {
         self.record(|| Effect::Delete {
             coll: coll.to_string(),
             id: doc::id_of(doc).map_or(RawBson::Null, Into::into),
+            pre: pre_images.then(|| doc.clone()),
         });
     }
 }
@@ -220,6 +257,12 @@ const T_REPLACE: u8 = 9;
 const T_UPDATE: u8 = 10;
 const T_TXN_BEGIN: u8 = 11;
 const T_TXN_END: u8 = 12;
+// Pre-images (collections with `changeStreamPreAndPostImages`) and
+// collection options. Records without them decode as before.
+const T_SET_OPTIONS: u8 = 13;
+const T_UPDATE_PRE: u8 = 14;
+const T_REPLACE_PRE: u8 = 15;
+const T_DELETE_PRE: u8 = 16;
 
 /// A decoding failure: what was wrong (the caller adds file and offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,6 +346,20 @@ fn put_document(out: &mut Vec<u8>, d: &Document) {
     }
 }
 
+/// Encode collection options (the `listCollections` form).
+pub fn put_options(out: &mut Vec<u8>, options: &CollectionOptions) {
+    put_document(out, &options.to_document());
+}
+
+/// Decode collection options written by [`put_options`].
+pub fn read_options(r: &mut Reader<'_>) -> Result<CollectionOptions, DecodeError> {
+    let raw = r.doc()?;
+    let d =
+        doc::to_document(&raw).map_err(|e| DecodeError(format!("bad collection options: {e}")))?;
+    CollectionOptions::from_document(&d)
+        .map_err(|e| DecodeError(format!("bad collection options: {e}")))
+}
+
 /// Decode an index spec: every version's form (the first stored only
 /// `{key, name, unique}`; later ones every option `listIndexes` reports).
 pub fn read_spec(r: &mut Reader<'_>) -> Result<IndexSpec, DecodeError> {
@@ -319,12 +376,19 @@ pub fn encode(e: &Effect, out: &mut Vec<u8>) {
             put_str(out, coll);
             out.extend_from_slice(doc.as_bytes());
         }
-        Effect::Delete { coll, id } => {
-            out.push(T_DELETE);
+        Effect::Delete { coll, id, pre } => {
+            out.push(if pre.is_some() {
+                T_DELETE_PRE
+            } else {
+                T_DELETE
+            });
             put_str(out, coll);
             let mut d = Document::new();
             d.insert("_id", Bson::try_from(id.clone()).unwrap_or(Bson::Null));
             put_document(out, &d);
+            if let Some(p) = pre {
+                out.extend_from_slice(p.as_bytes());
+            }
         }
         Effect::CreateCollection { name } => {
             out.push(T_CREATE_COLL);
@@ -354,16 +418,40 @@ pub fn encode(e: &Effect, out: &mut Vec<u8>) {
             put_str(out, coll);
             out.extend_from_slice(doc.as_bytes());
         }
-        Effect::Replace { coll, doc } => {
-            out.push(T_REPLACE);
+        Effect::Replace { coll, doc, pre } => {
+            out.push(if pre.is_some() {
+                T_REPLACE_PRE
+            } else {
+                T_REPLACE
+            });
             put_str(out, coll);
             out.extend_from_slice(doc.as_bytes());
+            if let Some(p) = pre {
+                out.extend_from_slice(p.as_bytes());
+            }
         }
-        Effect::Update { coll, doc, desc } => {
-            out.push(T_UPDATE);
+        Effect::Update {
+            coll,
+            doc,
+            desc,
+            pre,
+        } => {
+            out.push(if pre.is_some() {
+                T_UPDATE_PRE
+            } else {
+                T_UPDATE
+            });
             put_str(out, coll);
             out.extend_from_slice(doc.as_bytes());
             out.extend_from_slice(desc.as_bytes());
+            if let Some(p) = pre {
+                out.extend_from_slice(p.as_bytes());
+            }
+        }
+        Effect::SetOptions { coll, options } => {
+            out.push(T_SET_OPTIONS);
+            put_str(out, coll);
+            put_options(out, options);
         }
         Effect::TxnBegin { origin } => {
             out.push(T_TXN_BEGIN);
@@ -380,18 +468,21 @@ pub fn decode(r: &mut Reader<'_>) -> Result<Effect, DecodeError> {
             coll: r.str()?,
             doc: Arc::new(r.doc()?),
         },
-        T_DELETE => {
+        t @ (T_DELETE | T_DELETE_PRE) => {
             let coll = r.str()?;
             let d = r.doc()?;
             let id = d
                 .get("_id")
                 .ok()
                 .flatten()
-                .ok_or_else(|| DecodeError("delete without _id".into()))?;
-            Effect::Delete {
-                coll,
-                id: id.into(),
-            }
+                .ok_or_else(|| DecodeError("delete without _id".into()))?
+                .into();
+            let pre = if t == T_DELETE_PRE {
+                Some(Arc::new(r.doc()?))
+            } else {
+                None
+            };
+            Effect::Delete { coll, id, pre }
         }
         T_CREATE_COLL => Effect::CreateCollection { name: r.str()? },
         T_DROP_COLL => Effect::DropCollection { name: r.str()? },
@@ -411,14 +502,28 @@ pub fn decode(r: &mut Reader<'_>) -> Result<Effect, DecodeError> {
             coll: r.str()?,
             doc: Arc::new(r.doc()?),
         },
-        T_REPLACE => Effect::Replace {
+        t @ (T_REPLACE | T_REPLACE_PRE) => Effect::Replace {
             coll: r.str()?,
             doc: Arc::new(r.doc()?),
+            pre: if t == T_REPLACE_PRE {
+                Some(Arc::new(r.doc()?))
+            } else {
+                None
+            },
         },
-        T_UPDATE => Effect::Update {
+        t @ (T_UPDATE | T_UPDATE_PRE) => Effect::Update {
             coll: r.str()?,
             doc: Arc::new(r.doc()?),
             desc: Arc::new(r.doc()?),
+            pre: if t == T_UPDATE_PRE {
+                Some(Arc::new(r.doc()?))
+            } else {
+                None
+            },
+        },
+        T_SET_OPTIONS => Effect::SetOptions {
+            coll: r.str()?,
+            options: read_options(r)?,
         },
         T_TXN_BEGIN => Effect::TxnBegin {
             origin: Arc::new(r.doc()?),
@@ -477,7 +582,7 @@ fn apply_txn_block(state: &mut DbState, list: Vec<Effect>) -> Result<(), String>
             Effect::Delete { .. } => apply(state, e)?,
             Effect::Put { coll, doc }
             | Effect::Insert { coll, doc }
-            | Effect::Replace { coll, doc }
+            | Effect::Replace { coll, doc, .. }
             | Effect::Update { coll, doc, .. } => {
                 let id: RawBson = doc::id_of(&doc)
                     .ok_or("put of a document without _id")?
@@ -506,7 +611,7 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
     match e {
         Effect::Put { coll, doc }
         | Effect::Insert { coll, doc }
-        | Effect::Replace { coll, doc }
+        | Effect::Replace { coll, doc, .. }
         | Effect::Update { coll, doc, .. } => {
             let id: RawBson = doc::id_of(&doc)
                 .ok_or("put of a document without _id")?
@@ -519,7 +624,7 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
                 }
             }
         }
-        Effect::Delete { coll, id } => {
+        Effect::Delete { coll, id, .. } => {
             let c = state
                 .collection_mut(&coll)
                 .ok_or_else(|| format!("delete in missing collection {coll}"))?;
@@ -530,6 +635,12 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
         }
         Effect::CreateCollection { name } => {
             ensure(state, &name);
+        }
+        Effect::SetOptions { coll, options } => {
+            state
+                .collection_mut(&coll)
+                .ok_or_else(|| format!("options of missing collection {coll}"))?
+                .options = options;
         }
         Effect::DropCollection { name } => {
             Arc::make_mut(&mut state.collections).remove(&name);
@@ -558,4 +669,124 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
         Effect::TxnBegin { .. } | Effect::TxnEnd => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    fn round_trip(e: &Effect) -> Effect {
+        let mut out = Vec::new();
+        encode(e, &mut out);
+        let mut r = Reader::new(&out);
+        let back = decode(&mut r).expect("decode");
+        assert!(r.done(), "{e:?} left bytes");
+        back
+    }
+
+    /// Records written before pre-images existed (tags 2, 9, 10 without a
+    /// trailing document) still decode, with no pre-image; the new tags
+    /// carry it, and replay ignores it.
+    #[test]
+    fn pre_images_round_trip_and_old_effects_still_decode() {
+        let old = Arc::new(rawdoc! {"_id": 1, "v": 1});
+        let new = Arc::new(rawdoc! {"_id": 1, "v": 2});
+        let desc = Arc::new(rawdoc! {"updatedFields": {"v": 2}});
+        for pre in [None, Some(old.clone())] {
+            let effects = [
+                Effect::Update {
+                    coll: "c".into(),
+                    doc: new.clone(),
+                    desc: desc.clone(),
+                    pre: pre.clone(),
+                },
+                Effect::Replace {
+                    coll: "c".into(),
+                    doc: new.clone(),
+                    pre: pre.clone(),
+                },
+                Effect::Delete {
+                    coll: "c".into(),
+                    id: RawBson::Int32(1),
+                    pre: pre.clone(),
+                },
+            ];
+            for e in &effects {
+                let back = round_trip(e);
+                assert_eq!(
+                    back.pre_image().map(|d| d.as_bytes().to_vec()),
+                    pre.as_ref().map(|d| d.as_bytes().to_vec()),
+                    "{e:?}"
+                );
+            }
+        }
+        // The pre-image-less encodings are byte for byte what version-2
+        // records hold: tag, name, documents.
+        let mut plain = Vec::new();
+        encode(
+            &Effect::Replace {
+                coll: "c".into(),
+                doc: new.clone(),
+                pre: None,
+            },
+            &mut plain,
+        );
+        let mut expect = vec![T_REPLACE];
+        put_str(&mut expect, "c");
+        expect.extend_from_slice(new.as_bytes());
+        assert_eq!(plain, expect);
+        let opts = Effect::SetOptions {
+            coll: "c".into(),
+            options: CollectionOptions {
+                pre_and_post_images: true,
+            },
+        };
+        match round_trip(&opts) {
+            Effect::SetOptions { coll, options } => {
+                assert_eq!(coll, "c");
+                assert!(options.pre_and_post_images);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_sets_options_and_ignores_pre_images() {
+        let mut state = DbState::default();
+        apply_all(
+            &mut state,
+            vec![
+                Effect::CreateCollection { name: "c".into() },
+                Effect::SetOptions {
+                    coll: "c".into(),
+                    options: CollectionOptions {
+                        pre_and_post_images: true,
+                    },
+                },
+                Effect::Insert {
+                    coll: "c".into(),
+                    doc: Arc::new(rawdoc! {"_id": 1}),
+                },
+                Effect::Delete {
+                    coll: "c".into(),
+                    id: RawBson::Int32(1),
+                    pre: Some(Arc::new(rawdoc! {"_id": 1})),
+                },
+            ],
+        )
+        .expect("replay");
+        let c = state.collection("c").expect("c");
+        assert!(c.options.pre_and_post_images);
+        assert!(c.is_empty());
+        let mut missing = DbState::default();
+        assert!(apply(
+            &mut missing,
+            Effect::SetOptions {
+                coll: "x".into(),
+                options: CollectionOptions::default(),
+            }
+        )
+        .is_err());
+    }
 }

@@ -443,20 +443,35 @@ impl Durable {
     /// one is still in the log (`Ok(0)`: the whole history). Conservative by
     /// at most one time step: the record before the oldest retained one had
     /// a time at most 2 below it (times are even and strictly increasing).
+    ///
+    /// A history segment that is gone (a crash kept the deletion of an
+    /// expired segment but not the manifest that un-named it; recovery does
+    /// not need it) shortens the history to the segments after it.
     pub fn history_floor(&self) -> Result<u64, StorageError> {
         let segments = self.log_segments();
-        let Some(&oldest) = segments.first() else {
+        let start = self.first_present(&segments);
+        let Some(&oldest) = segments.get(start) else {
             return Ok(0);
         };
         if oldest <= 1 {
             return Ok(0);
         }
-        let active = segments.len() == 1;
+        let active = start + 1 == segments.len();
         Ok(match self.segment_first_time(oldest, active)? {
             Some(t) => t.saturating_sub(2),
             // Version-1 records only (or none): nothing older had a time.
             None => 0,
         })
+    }
+
+    /// The index of the oldest segment of `segments` from which on every
+    /// segment is on disk (the live ones always are: recovery checked).
+    fn first_present(&self, segments: &[u64]) -> usize {
+        let vfs = &*self.opts.vfs;
+        segments
+            .iter()
+            .rposition(|f| !vfs.exists(&self.dir.join(wal::segment_name(*f))))
+            .map_or(0, |i| i + 1)
     }
 
     /// The change records of this database (named `db`) with a time in
@@ -471,8 +486,11 @@ impl Durable {
     ) -> Result<(Vec<changes::ChangeRecord>, bool), StorageError> {
         let segments = self.log_segments();
         let n = segments.len();
-        let mut start = 0;
-        for i in (0..n).rev() {
+        // Callers check `history_floor` first: nothing they ask for is in a
+        // missing segment or before it.
+        let present = self.first_present(&segments);
+        let mut start = present;
+        for i in (present..n).rev() {
             match self.segment_first_time(segments[i], i + 1 == n)? {
                 Some(t) if t <= after => {
                     start = i;

@@ -25,6 +25,7 @@ use crate::error::{DuplicateKey, Error, Result};
 use crate::store::btree::BTree;
 use crate::store::heap::{Heap, RecordId};
 use crate::store::index::{IndexKey, IndexKind, IndexSpec, IndexState, ValueKey};
+use crate::store::options::CollectionOptions;
 use crate::store::vls::{CollectionVls, VlsOptions};
 
 /// Name of the primary index, as MongoDB.
@@ -74,6 +75,8 @@ pub struct CollectionState {
     /// VLS bookkeeping (status masks, remset): beside the heap, shared by every
     /// version of this collection, updated by the writer before each change.
     pub vls: Arc<CollectionVls>,
+    /// `create`/`collMod` options (checkpointed, logged by `SetOptions`).
+    pub options: CollectionOptions,
 }
 
 impl CollectionState {
@@ -86,6 +89,7 @@ impl CollectionState {
             next_rid: 0,
             data_bytes: 0,
             vls: Arc::new(CollectionVls::new(vls)),
+            options: CollectionOptions::default(),
         }
     }
 

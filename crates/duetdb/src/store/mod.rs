@@ -6,6 +6,7 @@
 //! - `index`: index specs, key extraction, key order; `hashed`: MongoDB's
 //!   hash of a value (hashed indexes); `wildcard`: wildcard index coverage and keys; `text`: text index terms and scores;
 //! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
+//!   `options`: its `create`/`collMod` options (`changeStreamPreAndPostImages`);
 //! - `state`: one version of a database (`DbState`);
 //! - `vls`, `remset`: the VLS status masks and shared remset kept beside the
 //!   heap; the writer updates them before each change, scans (in `snapshot`)
@@ -16,6 +17,7 @@ pub mod collection;
 pub mod hashed;
 pub mod heap;
 pub mod index;
+pub mod options;
 pub mod remset;
 pub mod state;
 pub mod text;

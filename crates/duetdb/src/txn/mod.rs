@@ -510,10 +510,12 @@ fn apply_writes_inner(
             if p.new.is_none() {
                 if let Some(rid) = c.rid_of_id(&id.0) {
                     let old = c.delete(rid)?;
+                    let pre = c.options.pre_and_post_images.then(|| old.clone());
                     undo.push(Undo::Deleted(coll.clone(), old, id.0.clone()));
                     fx.record(|| Effect::Delete {
                         coll: coll.clone(),
                         id: id.0.clone(),
+                        pre,
                     });
                     order.push(p.seq);
                     outcome.deleted += 1;
@@ -530,7 +532,7 @@ fn apply_writes_inner(
                 c.replace(rid, new.clone())?;
                 // A transaction buffers final versions, not operators: its
                 // replacements are reported as updates with the diff.
-                fx.replace(coll, &old, new, true);
+                fx.replace(coll, &old, new, true, c.options.pre_and_post_images);
                 order.push(p.seq);
                 undo.push(Undo::Replaced(coll.clone(), rid, old));
                 outcome.updated += 1;

@@ -438,7 +438,13 @@ fn replace_all(
     for (rid, old, new) in changes {
         // Recorded before the attempt; on failure the writer drops the
         // command's effects along with its changes.
-        fx.replace(coll, &old, &new, !update.is_replacement());
+        fx.replace(
+            coll,
+            &old,
+            &new,
+            !update.is_replacement(),
+            c.options.pre_and_post_images,
+        );
         if let Err(e) = c.replace_where(rid, new, |spec| affected.contains(&spec.name)) {
             for (rid, old) in done.into_iter().rev() {
                 // Restoring a version that was consistent before cannot conflict.
@@ -538,7 +544,7 @@ fn delete(
     let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
     for (rid, d) in &found {
         c.delete(*rid)?;
-        fx.delete(coll, d);
+        fx.delete(coll, d, c.options.pre_and_post_images);
     }
     Ok(Reply::Deleted(found.len() as u64))
 }
@@ -587,7 +593,7 @@ fn find_and_modify(
     match &f.update {
         None => {
             c.delete(rid)?;
-            fx.delete(&f.coll, &old);
+            fx.delete(&f.coll, &old, c.options.pre_and_post_images);
             Ok(Reply::FoundAndModified(FindAndModifyOutcome {
                 doc: Some(old),
                 update: UpdateResult {
@@ -603,7 +609,13 @@ fn find_and_modify(
                 Some(raw) => {
                     let r: DocRef = Arc::new(raw);
                     c.replace(rid, r.clone())?;
-                    fx.replace(&f.coll, &old, &r, !update.is_replacement());
+                    fx.replace(
+                        &f.coll,
+                        &old,
+                        &r,
+                        !update.is_replacement(),
+                        c.options.pre_and_post_images,
+                    );
                     (1, r)
                 }
                 None => (0, old.clone()),

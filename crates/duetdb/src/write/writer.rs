@@ -157,6 +157,11 @@ pub struct WriterStats {
 }
 
 impl Writer {
+    /// The change hub this writer's groups go to.
+    pub(crate) fn hub(&self) -> &Arc<ChangeHub> {
+        &self.hub
+    }
+
     /// A writer with a change hub of its own (a database outside an Engine).
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn new(db_name: &str, initial: DbState) -> Writer {

@@ -8,7 +8,9 @@
 //!   woken. It is the only history of databases without a WAL;
 //! - the **WAL** of each durable database ([`history`]): version-2 records
 //!   carry the time and wall time, so older positions (and everything
-//!   before a restart) are read back from the retained segments.
+//!   before a restart) are read back from the retained segments;
+//! - the engine's **drop log** ([`dropped`]): `dropDatabase` records, whose
+//!   database's WAL is gone.
 //!
 //! Invariants:
 //! - the tail is sorted by time, and every final record (time `<=`
@@ -28,6 +30,7 @@
 
 pub mod clock;
 pub mod diff;
+pub mod dropped;
 pub mod history;
 
 use std::collections::VecDeque;
@@ -50,7 +53,10 @@ pub const DEFAULT_TAIL_BYTES: usize = 64 << 20;
 pub enum RecordKind {
     /// A writer group (its effects).
     Group,
-    /// The database was dropped (never in a WAL: its directory went with it).
+    /// The database was dropped (never in a WAL: its directory went with
+    /// it; the engine's drop log keeps it, `dropped.rs`). Its effects are a
+    /// `DropCollection` per collection it held, reported before the
+    /// `dropDatabase` event.
     DropDatabase,
 }
 
@@ -81,11 +87,13 @@ impl ChangeRecord {
 }
 
 fn effect_bytes(e: &Effect) -> usize {
-    64 + match e {
-        Effect::Update { doc, desc, .. } => doc.as_bytes().len() + desc.as_bytes().len(),
-        Effect::TxnBegin { origin } => origin.as_bytes().len(),
-        other => other.as_put().map_or(0, |(_, d)| d.as_bytes().len()),
-    }
+    let pre = e.pre_image().map_or(0, |d| d.as_bytes().len());
+    64 + pre
+        + match e {
+            Effect::Update { doc, desc, .. } => doc.as_bytes().len() + desc.as_bytes().len(),
+            Effect::TxnBegin { origin } => origin.as_bytes().len(),
+            other => other.as_put().map_or(0, |(_, d)| d.as_bytes().len()),
+        }
 }
 
 struct Tail {
@@ -202,19 +210,6 @@ impl ChangeHub {
     fn forget(t: &mut Tail, ts: u64) {
         t.covers_from = t.covers_from.max(ts);
         t.evicted_upto = t.evicted_upto.max(ts);
-    }
-
-    /// Record that database `db` was dropped (a time of its own).
-    pub fn publish_drop_database(&self, db: Arc<str>) {
-        let stamp = self.clock.tick();
-        self.publish(ChangeRecord {
-            db,
-            ts: stamp.ts,
-            wall_ms: stamp.wall_ms,
-            kind: RecordKind::DropDatabase,
-            effects: Vec::new(),
-            bytes: 96,
-        });
     }
 
     /// A time taken by `tick` whose group was not published (its append
