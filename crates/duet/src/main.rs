@@ -94,7 +94,7 @@ enum Command {
     /// "Operating duet" sections). `--config FILE` reads these flags from a
     /// TOML file; flags on the command line override it.
     #[command(args_override_self = true)]
-    Serve(duet_server::ServeArgs),
+    Serve(Box<duet_server::ServeArgs>),
     /// Benchmarks: ycsb, htap, snapshot workloads; `report` regenerates BENCHMARKS.md.
     Bench {
         #[command(subcommand)]
@@ -409,7 +409,7 @@ fn run(cli: Cli) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
-        Command::Serve(args) => duet_server::serve_cli(args).map_err(|e| anyhow::anyhow!(e)),
+        Command::Serve(args) => duet_server::serve_cli(*args).map_err(|e| anyhow::anyhow!(e)),
         Command::Demo { docs } => demo(docs, &mut out),
         Command::Bench { command } => {
             drop(out);

@@ -315,11 +315,15 @@ impl Explainer<'_, '_, '_> {
             },
             projection: None,
         };
-        let fast = query.is_empty() && hint.is_none();
         let (base, _, mut duet) = self.plan(&find)?;
         if let Ok(e) = self.source.explain(Explained::Count(query.clone())) {
             duet = duet_facts(&e);
         }
+        // Counting everything is O(1) only on a held root (`cow`): the other
+        // strategies walk the collection.
+        let fast = query.is_empty()
+            && hint.is_none()
+            && duet.get_str("strategy").map_or(true, |s| s == "cow");
         let run = if self.executes() {
             let (n, c) = self.counted(|limits| {
                 self.source

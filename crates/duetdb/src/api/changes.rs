@@ -413,16 +413,7 @@ impl Engine {
     /// (or any later position) never fails with ChangeStreamHistoryLost.
     /// The oplog view starts its scans here (MongoDB's oldest oplog entry).
     pub fn change_history_floor(&self, scope: &ChangeScope) -> Result<u64> {
-        let hub = self.hub();
-        let mut floor = 0;
-        for db in self.sources(scope)?.dbs {
-            floor = floor.max(match db.durable() {
-                Some(d) if d.wal().is_some() => d.history_floor()?,
-                _ => hub.evicted_upto(),
-            });
-        }
-        // Everything after the tail's coverage is readable whatever the logs hold.
-        Ok(floor.min(hub.covers_from()))
+        self.sources(scope)?.floor(scope)
     }
 
     /// The next events of `scope` after `after`, at most `max` (≥ 1). Never
@@ -468,6 +459,30 @@ struct Sources<'a> {
 }
 
 impl Sources<'_> {
+    /// The earliest time after which [`Sources::check`] passes: the latest
+    /// of every database's retained history, the last event of each dropped
+    /// database in scope (its log went with it) and the drop log's own
+    /// retention; everything the in-memory tail covers is readable anyway.
+    fn floor(&self, scope: &ChangeScope) -> Result<u64> {
+        let hub = self.hub;
+        let mut floor = 0;
+        for db in &self.dbs {
+            floor = floor.max(match db.durable() {
+                Some(d) if d.wal().is_some() => d.history_floor()?,
+                _ => hub.evicted_upto(),
+            });
+        }
+        if let Some(drops) = self.drops {
+            floor = floor.max(drops.floor());
+            for e in drops.entries() {
+                if e.last_ts > 0 && in_scope(scope, &e.db) {
+                    floor = floor.max(e.last_ts);
+                }
+            }
+        }
+        Ok(floor.min(hub.covers_from()))
+    }
+
     fn check(&self, scope: &ChangeScope, after: ChangePosition) -> Result<()> {
         let hub = self.hub;
         if after.ts >= hub.covers_from() {
