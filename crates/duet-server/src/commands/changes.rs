@@ -830,18 +830,19 @@ pub fn aggregate(
     })
 }
 
-/// Holds one of the [`MAX_WAITING_GETMORES`] wait slots.
-struct WaitSlot;
+/// Holds one of the [`MAX_WAITING_GETMORES`] wait slots counted by
+/// `counter` (change streams and oplog cursors count apart).
+pub(super) struct WaitSlot(&'static AtomicUsize);
 
 impl WaitSlot {
-    fn take() -> Option<WaitSlot> {
-        let mut n = WAITING.load(Ordering::Relaxed);
+    pub(super) fn take_from(counter: &'static AtomicUsize) -> Option<WaitSlot> {
+        let mut n = counter.load(Ordering::Relaxed);
         loop {
             if n >= MAX_WAITING_GETMORES {
                 return None;
             }
-            match WAITING.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Some(WaitSlot),
+            match counter.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(WaitSlot(counter)),
                 Err(now) => n = now,
             }
         }
@@ -850,7 +851,7 @@ impl WaitSlot {
 
 impl Drop for WaitSlot {
     fn drop(&mut self) {
-        WAITING.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -886,7 +887,7 @@ pub fn get_more(
             break batch;
         }
         if slot.is_none() {
-            slot = WaitSlot::take();
+            slot = WaitSlot::take_from(&WAITING);
             if slot.is_none() {
                 break batch;
             }

@@ -42,7 +42,7 @@
 //!   bounded by [`MAX_MATERIALIZED_BYTES`] (ExceededMemoryLimit, 146).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document, RawDocument, Timestamp};
@@ -50,7 +50,7 @@ use duetdb::lang::{Filter, Pipeline, Projection};
 use duetdb::raw::{array_element_len, document_len};
 use duetdb::{ChangeEvent, ChangeKind, ChangePosition, ChangeScope, Engine};
 
-use super::changes::{packed, timestamp, DEFAULT_AWAIT, MAX_WAITING_GETMORES};
+use super::changes::{packed, timestamp, WaitSlot, DEFAULT_AWAIT};
 use super::Ctx;
 use crate::args;
 use crate::cursor::{owned_document_bytes, Cursor, CursorSource, MAX_BATCH_BYTES};
@@ -74,7 +74,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 const REPORTED_SIZE: i64 = 50 << 30;
 
 /// `getMore`s of tailable oplog cursors waiting at once (at most
-/// [`MAX_WAITING_GETMORES`], the change streams' limit, counted apart).
+/// [`super::changes::MAX_WAITING_GETMORES`], the change streams' limit, counted apart).
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether `db.coll` is the oplog view.
@@ -1039,30 +1039,6 @@ fn aggregate(ctx: &Ctx<'_>, cmd: &Document, coll: &str) -> CmdResult {
     Ok(doc! {"cursor": {"firstBatch": batch, "id": id, "ns": ns}, "ok": 1.0})
 }
 
-/// Holds one of the [`MAX_WAITING_GETMORES`] wait slots of oplog cursors.
-struct WaitSlot;
-
-impl WaitSlot {
-    fn take() -> Option<WaitSlot> {
-        let mut n = WAITING.load(Ordering::Relaxed);
-        loop {
-            if n >= MAX_WAITING_GETMORES {
-                return None;
-            }
-            match WAITING.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Some(WaitSlot),
-                Err(now) => n = now,
-            }
-        }
-    }
-}
-
-impl Drop for WaitSlot {
-    fn drop(&mut self) {
-        WAITING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// A `getMore` on an oplog cursor: the next entries; a tailable awaitData
 /// cursor waits up to the command's `maxTimeMS` (default 1 s) for some,
 /// woken by the writers' publish. The cursor is marked exhausted when no
@@ -1099,7 +1075,7 @@ pub fn get_more(
             break batch;
         }
         if slot.is_none() {
-            slot = WaitSlot::take();
+            slot = WaitSlot::take_from(&WAITING);
             if slot.is_none() {
                 break batch;
             }
