@@ -127,7 +127,8 @@ async fn max_time_ms_answers_50_after_the_work_stopped() {
         assert_eq!(code(e), 50, "{cmd}");
         // The reply came after the command's engine call returned: nothing
         // of it is still running.
-        assert!(others_in_flight(&admin).await.is_empty(), "{cmd}");
+        let left = others_in_flight(&admin).await;
+        assert!(left.is_empty(), "{cmd}: still in flight {left:?}");
     }
     let after = status(&admin).await;
     assert!(

@@ -116,7 +116,8 @@ pub fn plan_summary(
         report: None,
         origin: None,
     };
-    let explain = super::read::explain(&ctx, &doc! {"explain": inner}).ok()?;
+    let explain =
+        super::read::explain(&ctx, &doc! {"explain": inner, "verbosity": "queryPlanner"}).ok()?;
     let mut stages = Vec::new();
     summarize(&Bson::Document(explain.clone()), &mut stages);
     // The engine's explain names an index; MongoDB's summary shows its keys.
