@@ -4,9 +4,12 @@
 //! dropDatabase).
 //!
 //! The set is static: `--members` lists every member's MongoDB address in
-//! order, and member N is the N-th (from 0). Every member initializes the
-//! Raft group with that same list when its Raft log is empty (openraft
-//! accepts the same initialization on several members).
+//! order, and member N is the N-th (from 0). Member 0 initializes the Raft
+//! group with that list when its Raft log is empty (MongoDB's
+//! `rs.initiate()`); the others wait to hear from the leader. Were every
+//! member to initialize, one started after the first election would
+//! campaign at the leader's own term and depose it a few seconds into the
+//! set's life (seen as NotWritablePrimary in the middle of a write stream).
 //!
 //! The Raft leader is the primary, but it accepts writes only once it has
 //! applied its own term's first entry (MongoDB's drain mode): before that,
@@ -175,7 +178,7 @@ impl Member {
             .is_initialized()
             .await
             .map_err(|e| format!("Raft: {e}"))?;
-        if !initialized {
+        if !initialized && me == 0 {
             let nodes: BTreeMap<NodeId, BasicNode> = opts
                 .members
                 .iter()
@@ -183,7 +186,6 @@ impl Member {
                 .map(|(i, a)| (i as NodeId, BasicNode::new(a)))
                 .collect();
             if let Err(e) = raft.initialize(nodes).await {
-                // Another member's initialization reached us first.
                 tracing::info!(error = %e, "Raft group already initialized");
             }
         }
