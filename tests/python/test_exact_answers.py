@@ -6,6 +6,7 @@ code names and messages taken from MongoDB's source and test suite)."""
 
 import pytest
 from bson import Int64, SON
+from bson.decimal128 import Decimal128
 from pymongo import ReturnDocument, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, WriteError
 
@@ -122,6 +123,15 @@ def test_pipeline_updates(db):
     assert (code, name, msg) == (72, "InvalidOptions", "$group is not allowed to be used within an update")
     code, _, _ = err(lambda: db.o.update_one({"_id": 1}, [{"$set": {"_id": 9}}]))
     assert code == 66
+
+
+def test_inc_and_mul_on_decimal128_are_exact(db):
+    db.dec.insert_one({"_id": 1, "price": Decimal128("0.10"), "n": 3})
+    db.dec.update_one({"_id": 1}, {"$inc": {"price": Decimal128("0.20")}, "$mul": {"n": Decimal128("1.5")}})
+    d = db.dec.find_one({"_id": 1})
+    assert d["price"] == Decimal128("0.30") and d["n"] == Decimal128("4.5")
+    db.dec.update_one({"_id": 1}, {"$mul": {"missing": Decimal128("2")}})
+    assert db.dec.find_one({"_id": 1})["missing"] == Decimal128("0")
 
 
 def test_bit_and_unknown_modifiers(db):

@@ -5,7 +5,9 @@
 //!   an int64 overflow is an error (code 2), never a wrap or a silent double;
 //! - `$inc` on a missing field sets the increment; `$mul` sets zero of the
 //!   multiplier's type; a non-numeric current value is a type mismatch (code 14);
-//! - Decimal128 is refused (code 2), never converted;
+//! - a Decimal128 operand makes the operation exact decimal128 (rounded once
+//!   at 34 digits, half to even); a double meeting a decimal becomes a decimal
+//!   of 15 significant digits first, as MongoDB's `SafeNum` does;
 //! - `$min`/`$max` compare across types with [`crate::doc::value::compare_bson`],
 //!   the order filters and indexes use.
 
@@ -16,6 +18,7 @@ use bson::{Bson, Document};
 use crate::doc::types::type_name;
 use crate::doc::value;
 use crate::error::{render, Error, Result};
+use crate::query::expr::decimal;
 
 use super::{id_render, Action, BitOp};
 
@@ -33,6 +36,7 @@ pub(super) fn inc_or_mul(
         None => Action::Set(match arg {
             Bson::Int32(_) => Bson::Int32(0),
             Bson::Int64(_) => Bson::Int64(0),
+            Bson::Decimal128(_) => Bson::Decimal128(decimal::to_bson(decimal::Dec::ZERO)),
             _ => Bson::Double(0.0),
         }),
         Some(c) if !is_num(c) => {
@@ -123,8 +127,7 @@ pub(super) fn min_or_max(arg: &Bson, min: bool, cur: Option<&Bson>) -> Action {
     }
 }
 
-/// A number of any BSON numeric type (Decimal128 included, so that it is
-/// reported as unsupported rather than as not a number).
+/// A number of any BSON numeric type.
 pub(super) fn is_num(v: &Bson) -> bool {
     matches!(
         v,
@@ -132,9 +135,13 @@ pub(super) fn is_num(v: &Bson) -> bool {
     )
 }
 
-/// The engine has no decimal arithmetic: `$inc`/`$mul` refuse Decimal128 (code 2).
-pub(super) fn decimal_unsupported(name: &str) -> Error {
-    Error::bad_value(format!("{name} on Decimal128 values is not supported"))
+/// A numeric operand as decimal128 (doubles rounded to 15 significant digits).
+fn as_decimal(v: &Bson) -> decimal::Dec {
+    match v {
+        Bson::Decimal128(d) => decimal::from_bson(*d),
+        Bson::Double(f) => decimal::from_f64(*f),
+        other => decimal::Dec::from(as_i64(other)),
+    }
 }
 
 /// `cur + arg` or `cur * arg` with MongoDB's promotion: int32 overflowing becomes
@@ -146,7 +153,13 @@ fn arithmetic(cur: &Bson, arg: &Bson, add: bool) -> Result<Option<Bson>> {
     let f = |x: f64, y: f64| if add { x + y } else { x * y };
     Ok(match (cur, arg) {
         (Bson::Decimal128(_), _) | (_, Bson::Decimal128(_)) => {
-            return Err(decimal_unsupported(name))
+            let (x, y) = (as_decimal(cur), as_decimal(arg));
+            let mut cx = decimal::cx();
+            Some(Bson::Decimal128(decimal::to_bson(if add {
+                cx.add(x, y)
+            } else {
+                cx.mul(x, y)
+            })))
         }
         (Int32(x), Int32(y)) => {
             let r = if add {

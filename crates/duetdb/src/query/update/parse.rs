@@ -29,7 +29,7 @@ use crate::error::{render, render_shell, render_shell_doc, Error, Result};
 use crate::query::sort::SortSpec;
 
 use super::apply::too_deep_doc;
-use super::arithmetic::{decimal_unsupported, is_num};
+use super::arithmetic::is_num;
 use super::conflict::Trie;
 use super::positional::{array_filter_ident, ArrayFilters};
 use super::{BitOp, ElemCond, FieldOp, Kind, Op, PushArgs, PushSort};
@@ -225,8 +225,7 @@ fn parse_op(name: &str, field: &str, v: &Bson) -> Result<Op> {
     })
 }
 
-/// `$inc` / `$mul`: a number (code 14 otherwise); Decimal128 is refused because
-/// the engine has no decimal arithmetic.
+/// `$inc` / `$mul`: a number (code 14 otherwise).
 fn parse_inc_mul(name: &str, field: &str, v: &Bson) -> Result<Op> {
     if !is_num(v) {
         let verb = if name == "$inc" {
@@ -238,9 +237,6 @@ fn parse_inc_mul(name: &str, field: &str, v: &Bson) -> Result<Op> {
             "Cannot {verb} with non-numeric argument: {{{field}: {}}}",
             render(v)
         )));
-    }
-    if matches!(v, Bson::Decimal128(_)) {
-        return Err(decimal_unsupported(name));
     }
     Ok(if name == "$inc" {
         Op::Inc(v.clone())

@@ -542,3 +542,25 @@ proptest! {
         prop_assert_eq!(kept, sorted);
     }
 }
+
+#[test]
+fn inc_and_mul_on_decimal128_are_exact() {
+    let dec = |s: &str| Bson::Decimal128(s.parse().expect("decimal"));
+    // 0.1 + 0.2 is exactly 0.3 in decimal (a double would give 0.30000000000000004).
+    let d = ok(doc! {"$inc": {"a": dec("0.2")}}, doc! {"_id": 1, "a": dec("0.1")});
+    assert_eq!(d.get("a"), Some(&dec("0.3")));
+    // An integer meeting a decimal becomes a decimal.
+    let d = ok(doc! {"$inc": {"a": dec("1.5")}}, doc! {"_id": 1, "a": 2});
+    assert_eq!(d.get("a"), Some(&dec("3.5")));
+    // A double meeting a decimal is first rounded to 15 significant digits.
+    let d = ok(doc! {"$mul": {"a": dec("10")}}, doc! {"_id": 1, "a": 0.1});
+    assert_eq!(d.get("a"), Some(&dec("1.000000000000000")));
+    // $mul on a missing field sets zero of the multiplier's type.
+    let d = ok(doc! {"$mul": {"a": dec("3")}}, doc! {"_id": 1});
+    assert_eq!(d.get("a"), Some(&dec("0")));
+    // $inc on a missing field sets the increment itself.
+    let d = ok(doc! {"$inc": {"a": dec("-7.25")}}, doc! {"_id": 1});
+    assert_eq!(d.get("a"), Some(&dec("-7.25")));
+    // A non-numeric current value is still a type mismatch.
+    assert_eq!(code(doc! {"$inc": {"a": dec("1")}}, doc! {"_id": 1, "a": "x"}), 14);
+}
