@@ -151,6 +151,35 @@ def test_windows(db):
     assert [d["rank"] for d in out if d["store"] == "a"] == list(range(1, 7))
 
 
+def test_numeric_window_functions(db):
+    t0 = datetime.datetime(2020, 5, 18, 14, 10, 30)
+    miles = [1295.1, 1295.63, 1296.25, 1298.9]
+    db.fleet.insert_many([{"_id": i, "t": t0 + datetime.timedelta(seconds=30 * i), "miles": m}
+                          for i, m in enumerate(miles)])
+    out = list(db.fleet.aggregate([
+        {"$setWindowFields": {"sortBy": {"t": 1}, "output": {
+            "mph": {"$derivative": {"input": "$miles", "unit": "hour"},
+                    "window": {"documents": [-1, 0]}},
+            "ema": {"$expMovingAvg": {"input": "$miles", "N": 3}},
+            "cov": {"$covarianceSamp": ["$_id", "$miles"]},
+        }}},
+    ]))
+    assert out[0]["mph"] is None
+    for i in range(1, 4):
+        assert out[i]["mph"] == pytest.approx((miles[i] - miles[i - 1]) * 120)
+    ema = miles[0]
+    for d, m in zip(out, miles):
+        ema = m if d["_id"] == 0 else m * 0.5 + ema * 0.5
+        assert d["ema"] == pytest.approx(ema)
+    mean_i, mean_m = 1.5, sum(miles) / 4
+    cov = sum((i - mean_i) * (m - mean_m) for i, m in enumerate(miles)) / 3
+    assert all(d["cov"] == pytest.approx(cov) for d in out)
+    with pytest.raises(OperationFailure) as e:
+        list(db.fleet.aggregate([{"$setWindowFields": {"sortBy": {"t": 1}, "output": {
+            "d": {"$derivative": {"input": "$miles"}}}}}]))
+    assert e.value.code == 9 and "explicit window bounds" in str(e.value)
+
+
 def test_out_and_merge_publish_at_once(db, shop):
     _, _, orders = shop
     db.summary.insert_many([{"_id": "stale", "n": 0}])

@@ -102,6 +102,7 @@ macro_rules! code_name {
 }
 
 mod bucket;
+mod calculus;
 mod exec;
 mod facet;
 mod fill;

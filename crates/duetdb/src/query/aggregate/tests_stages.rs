@@ -911,6 +911,314 @@ fn window_rank_shift_and_document_number() {
     assert_eq!(w(doc! {"sortBy": {"a": 1}}), 40414);
 }
 
+fn f64s(docs: &[Document], field: &str) -> Vec<f64> {
+    docs.iter()
+        .map(|d| d.get_f64(field).unwrap_or(f64::NAN))
+        .collect()
+}
+
+fn close(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 1e-9 * w.abs().max(1.0),
+            "{got:?} vs {want:?}"
+        );
+    }
+}
+
+#[test]
+fn window_derivative_and_integral_as_documented() {
+    // MongoDB's documented examples: truck speeds from odometer readings and
+    // kilowatt-hours from power readings, 30 s apart.
+    let t = [
+        "2020-05-18T14:10:30Z",
+        "2020-05-18T14:11:00Z",
+        "2020-05-18T14:11:30Z",
+        "2020-05-18T14:12:00Z",
+    ];
+    let mut fleet = Vec::new();
+    for (id, miles) in [
+        ("1", [1295.1, 1295.63, 1296.25, 1298.9]),
+        ("2", [10234.1, 10234.33, 10234.73, 10235.13]),
+    ] {
+        for (ts, m) in t.iter().zip(miles) {
+            fleet.push(doc! {"truckID": id, "timeStamp": date(ts), "miles": m});
+        }
+    }
+    let out = ok(
+        vec![doc! {"$setWindowFields": {
+            "partitionBy": "$truckID", "sortBy": {"timeStamp": 1},
+            "output": {"speed": {"$derivative": {"input": "$miles", "unit": "hour"},
+                                 "window": {"range": [-30, 0], "unit": "second"}}}
+        }}],
+        fleet.clone(),
+    );
+    assert_eq!(
+        out[0].get("speed"),
+        Some(&Bson::Null),
+        "one reading: no rate"
+    );
+    let mph = |a: f64, b: f64| (b - a) * 120.0;
+    close(
+        &f64s(&out[1..4], "speed"),
+        &[
+            mph(1295.1, 1295.63),
+            mph(1295.63, 1296.25),
+            mph(1296.25, 1298.9),
+        ],
+    );
+    let mut power = Vec::new();
+    for (id, kw) in [
+        ("1", [2.95, 2.7, 2.6, 2.98]),
+        ("2", [2.5, 2.25, 2.75, 2.82]),
+    ] {
+        for (ts, k) in t.iter().zip(kw) {
+            power.push(doc! {"powerMeterID": id, "timeStamp": date(ts), "kilowatts": k});
+        }
+    }
+    let out = ok(
+        vec![doc! {"$setWindowFields": {
+            "partitionBy": "$powerMeterID", "sortBy": {"timeStamp": 1},
+            "output": {"kwh": {"$integral": {"input": "$kilowatts", "unit": "hour"},
+                               "window": {"range": ["unbounded", "current"], "unit": "minute"}}}
+        }}],
+        power,
+    );
+    // 30 s trapezoids in hours: (k0 + k1) / 2 * 30 / 3600, accumulated.
+    let trap = |a: f64, b: f64| (a + b) / 2.0 * 30.0 / 3600.0;
+    let (a, b, c) = (trap(2.95, 2.7), trap(2.7, 2.6), trap(2.6, 2.98));
+    close(&f64s(&out[..4], "kwh"), &[0.0, a, a + b, a + b + c]);
+    assert!(
+        (a - 0.0235416666666666).abs() < 1e-12,
+        "MongoDB's documented first step"
+    );
+    // Without a unit the x axis is the number itself; a sliding integral.
+    let pts = vec![
+        doc! {"x": 0, "y": 0},
+        doc! {"x": 2, "y": 2},
+        doc! {"x": 3, "y": 0},
+        doc! {"x": 5, "y": 4},
+    ];
+    let out = ok(
+        vec![doc! {"$setWindowFields": {"sortBy": {"x": 1}, "output": {
+            "area": {"$integral": {"input": "$y"}},
+            "slide": {"$integral": {"input": "$y"}, "window": {"documents": [-1, 0]}},
+            "d": {"$derivative": {"input": "$y"}, "window": {"documents": [-1, 1]}},
+        }}}],
+        pts,
+    );
+    close(&f64s(&out, "area"), &[7.0, 7.0, 7.0, 7.0]);
+    close(&f64s(&out, "slide"), &[0.0, 2.0, 1.0, 4.0]);
+    close(&f64s(&out, "d"), &[1.0, 0.0, 2.0 / 3.0, 2.0]);
+    // MongoDB's errors.
+    let w = |spec: Document| parse_code(vec![doc! {"$setWindowFields": spec}]);
+    assert_eq!(
+        w(doc! {"sortBy": {"x": 1}, "output": {"d": {"$derivative": {"input": "$y"}}}}),
+        9
+    );
+    assert_eq!(w(doc! {"output": {"d": {"$integral": {"input": "$y"}}}}), 9);
+    assert_eq!(
+        w(doc! {"sortBy": {"x": 1, "y": 1}, "output": {"d": {"$integral": {"input": "$y"}}}}),
+        9
+    );
+    assert_eq!(
+        w(
+            doc! {"sortBy": {"x": 1}, "output": {"d": {"$integral": {"input": "$y", "unit": "month"}}}}
+        ),
+        5490710
+    );
+    assert_eq!(
+        w(doc! {"sortBy": {"x": 1}, "output": {"d": {"$integral": {"input": "$y", "bogus": 1}}}}),
+        9
+    );
+    let run = |out: Document, docs: Vec<Document>| {
+        code(
+            vec![doc! {"$setWindowFields": {"sortBy": {"x": 1}, "output": out}}],
+            docs,
+        )
+    };
+    let dated = vec![
+        doc! {"x": date("2020-01-01T00:00:00Z"), "y": 1},
+        doc! {"x": date("2020-01-02T00:00:00Z"), "y": 2},
+    ];
+    assert_eq!(
+        run(
+            doc! {"d": {"$derivative": {"input": "$y"}, "window": {"documents": [-1, 0]}}},
+            dated.clone()
+        ),
+        5624901
+    );
+    assert_eq!(
+        run(doc! {"d": {"$integral": {"input": "$y"}}}, dated),
+        5423902
+    );
+    let numeric = vec![doc! {"x": 1, "y": 1}, doc! {"x": 2, "y": 2}];
+    assert_eq!(
+        run(
+            doc! {"d": {"$integral": {"input": "$y", "unit": "day"}}},
+            numeric.clone()
+        ),
+        5423901
+    );
+    assert_eq!(
+        run(
+            doc! {"d": {"$derivative": {"input": "$y", "unit": "day"}, "window": {"documents": [-1, 0]}}},
+            numeric
+        ),
+        5624900
+    );
+    let missing = vec![doc! {"x": 1, "y": 1}, doc! {"x": 2}];
+    assert_eq!(
+        run(
+            doc! {"d": {"$derivative": {"input": "$y"}, "window": {"documents": [-1, 0]}}},
+            missing.clone()
+        ),
+        5624903
+    );
+    assert_eq!(
+        run(doc! {"d": {"$integral": {"input": "$y"}}}, missing),
+        5423900
+    );
+}
+
+#[test]
+fn window_exp_moving_avg_as_documented() {
+    let mut prices = Vec::new();
+    for (stock, p) in [
+        ("MDB", [13.0, 15.4, 12.0, 11.7]),
+        ("MSFT", [82.0, 45.2, 22.0, 23.7]),
+    ] {
+        for (day, v) in p.iter().enumerate() {
+            prices.push(doc! {"stock": stock, "day": day as i32, "price": v});
+        }
+    }
+    let out = ok(
+        vec![
+            doc! {"$setWindowFields": {"partitionBy": "$stock", "sortBy": {"day": 1}, "output": {
+                "n2": {"$expMovingAvg": {"input": "$price", "N": 2}},
+                "a75": {"$expMovingAvg": {"input": "$price", "alpha": 0.75}},
+            }}},
+        ],
+        prices,
+    );
+    let ema = |xs: &[f64], a: f64| {
+        let mut r = xs[0];
+        let mut v = vec![r];
+        for x in &xs[1..] {
+            r = x * a + r * (1.0 - a);
+            v.push(r);
+        }
+        v
+    };
+    close(
+        &f64s(&out[..4], "n2"),
+        &ema(&[13.0, 15.4, 12.0, 11.7], 2.0 / 3.0),
+    );
+    close(
+        &f64s(&out[4..], "a75"),
+        &ema(&[82.0, 45.2, 22.0, 23.7], 0.75),
+    );
+    // Non-numeric inputs are skipped: the average so far is repeated.
+    let out = ok(
+        vec![
+            doc! {"$setWindowFields": {"sortBy": {"d": 1}, "output": {"e": {"$expMovingAvg": {"input": "$v", "alpha": 0.5}}}}},
+        ],
+        vec![
+            doc! {"d": 1, "v": "x"},
+            doc! {"d": 2, "v": 4},
+            doc! {"d": 3},
+            doc! {"d": 4, "v": 8},
+        ],
+    );
+    assert_eq!(out[0].get("e"), Some(&Bson::Null));
+    close(&f64s(&out[1..], "e"), &[4.0, 4.0, 6.0]);
+    let w = |spec: Document| parse_code(vec![doc! {"$setWindowFields": spec}]);
+    let e = |arg: Document| w(doc! {"sortBy": {"d": 1}, "output": {"e": {"$expMovingAvg": arg}}});
+    assert_eq!(e(doc! {"input": "$v"}), 9);
+    assert_eq!(e(doc! {"input": "$v", "N": 2, "alpha": 0.5}), 9);
+    assert_eq!(e(doc! {"input": "$v", "N": 0}), 9);
+    assert_eq!(e(doc! {"input": "$v", "N": 2.5}), 9);
+    assert_eq!(e(doc! {"input": "$v", "alpha": 1}), 9);
+    assert_eq!(
+        w(doc! {"output": {"e": {"$expMovingAvg": {"input": "$v", "N": 2}}}}),
+        9
+    );
+    assert_eq!(
+        w(
+            doc! {"sortBy": {"d": 1}, "output": {"e": {"$expMovingAvg": {"input": "$v", "N": 2}, "window": {"documents": [-1, 0]}}}}
+        ),
+        9
+    );
+}
+
+#[test]
+fn window_covariance_matches_a_direct_computation() {
+    let out = ok(
+        vec![doc! {"$setWindowFields": {
+            "partitionBy": "$state", "sortBy": {"orderDate": 1},
+            "output": {
+                "pop": {"$covariancePop": [{"$year": "$orderDate"}, "$quantity"], "window": {"documents": ["unbounded", "current"]}},
+                "samp": {"$covarianceSamp": [{"$year": "$orderDate"}, "$quantity"], "window": {"documents": ["unbounded", "current"]}},
+                "whole": {"$covariancePop": ["$price", "$quantity"]},
+            }
+        }}],
+        cake_sales(),
+    );
+    let cov = |pts: &[(f64, f64)], sample: bool| {
+        let n = pts.len() as f64;
+        let (mx, my) = (
+            pts.iter().map(|p| p.0).sum::<f64>() / n,
+            pts.iter().map(|p| p.1).sum::<f64>() / n,
+        );
+        pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / if sample { n - 1.0 } else { n }
+    };
+    for part in [&out[..3], &out[3..]] {
+        let pts: Vec<(f64, f64)> = part
+            .iter()
+            .map(|d| {
+                let ms = d
+                    .get_datetime("orderDate")
+                    .expect("date")
+                    .timestamp_millis();
+                let y = chrono::DateTime::from_timestamp_millis(ms)
+                    .expect("ms")
+                    .format("%Y")
+                    .to_string();
+                (
+                    y.parse::<f64>().expect("year"),
+                    f64::from(d.get_i32("quantity").expect("q")),
+                )
+            })
+            .collect();
+        let pops: Vec<f64> = (1..=3).map(|k| cov(&pts[..k], false)).collect();
+        close(&f64s(part, "pop"), &pops);
+        assert_eq!(
+            part[0].get("samp"),
+            Some(&Bson::Null),
+            "one pair: no sample covariance"
+        );
+        let samps: Vec<f64> = (2..=3).map(|k| cov(&pts[..k], true)).collect();
+        close(&f64s(&part[1..], "samp"), &samps);
+        let whole: Vec<(f64, f64)> = part
+            .iter()
+            .map(|d| {
+                (
+                    f64::from(d.get_i32("price").expect("p")),
+                    f64::from(d.get_i32("quantity").expect("q")),
+                )
+            })
+            .collect();
+        close(&f64s(part, "whole"), &[cov(&whole, false); 3]);
+    }
+    // Pairs that are not two numbers are skipped; no pair at all is null.
+    let out = ok(
+        vec![doc! {"$setWindowFields": {"output": {"c": {"$covariancePop": ["$x", "$y"]}}}}],
+        vec![doc! {"x": 1, "y": "a"}, doc! {"x": 2}],
+    );
+    assert_eq!(out[0].get("c"), Some(&Bson::Null));
+}
+
 // ---------------------------------------------------------------- $densify, $fill
 
 #[test]

@@ -8,7 +8,9 @@
 //! $stdDevPop $stdDevSamp $top $bottom $topN $bottomN $firstN $lastN $maxN
 //! $minN $median $percentile $mergeObjects`) over a window, the rank
 //! functions `$rank $denseRank $documentNumber`, `$shift`, `$locf` and
-//! `$linearFill` (which `$fill` uses).
+//! `$linearFill` (which `$fill` uses); the numeric functions `$derivative
+//! $integral $expMovingAvg $covariancePop $covarianceSamp` are in
+//! `calculus.rs`.
 //!
 //! Invariants: the output is the input sorted by (partition, sortBy), ties
 //! in input order; an accumulator's window `[lo, hi]` is clipped to the
@@ -24,6 +26,7 @@ use std::cmp::Ordering;
 use bson::{Bson, Document};
 
 use crate::error::{Error, Result};
+use crate::query::aggregate::calculus::{self, Calc};
 use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::lookup::set_nested;
 use crate::query::aggregate::{ParseCtx, Runtime};
@@ -61,6 +64,7 @@ enum Func {
     },
     Locf(Expr),
     LinearFill(Expr),
+    Calc(Calc, Bounds),
 }
 
 /// One end of a window.
@@ -340,6 +344,14 @@ impl Window {
             }
             Func::LinearFill(e) => self.linear_fill(e, docs)?,
             Func::Acc(group, bounds) => self.accumulate(group, bounds, docs, rt)?,
+            Func::Calc(calc, bounds) => {
+                let (xs, windows) = if calc.windowed() {
+                    (self.sort_field_values(docs)?, self.windows(bounds, docs)?)
+                } else {
+                    (Vec::new(), Vec::new())
+                };
+                calc.compute(docs, &xs, &windows)?
+            }
         })
     }
 
@@ -440,16 +452,20 @@ impl Window {
         Ok(out)
     }
 
-    /// An accumulator over each document's window.
-    fn accumulate(
-        &self,
-        group: &Group,
-        bounds: &Bounds,
-        docs: &[&Document],
-        rt: &Runtime<'_>,
-    ) -> Result<Vec<Value>> {
+    /// The single sortBy field's raw values (parsing made sure there is
+    /// exactly one field).
+    fn sort_field_values(&self, docs: &[&Document]) -> Result<Vec<Value>> {
+        let Some(field) = self.sort_by.as_ref().and_then(|s| s.keys.first()) else {
+            return Ok(vec![None; docs.len()]);
+        };
+        let path = parse_field_path(&field.0)?;
+        docs.iter().map(|d| Root::Doc(d).get(&path)).collect()
+    }
+
+    /// `[start, end)` of each document's window.
+    fn windows(&self, bounds: &Bounds, docs: &[&Document]) -> Result<Vec<(usize, usize)>> {
         let n = docs.len();
-        let windows: Vec<(usize, usize)> = match bounds {
+        Ok(match bounds {
             Bounds::Documents(lo, hi) => (0..n)
                 .map(|i| {
                     let at = |b: &Bound, unbounded: usize| -> i64 {
@@ -465,7 +481,19 @@ impl Window {
                 })
                 .collect(),
             Bounds::Range(lo, hi, unit) => self.range_windows(docs, *lo, *hi, *unit)?,
-        };
+        })
+    }
+
+    /// An accumulator over each document's window.
+    fn accumulate(
+        &self,
+        group: &Group,
+        bounds: &Bounds,
+        docs: &[&Document],
+        rt: &Runtime<'_>,
+    ) -> Result<Vec<Value>> {
+        let n = docs.len();
+        let windows = self.windows(bounds, docs)?;
         let mut group = group.clone();
         group.memory_limit = group.memory_limit.min(rt.limits.memory_limit_bytes);
         let value_of = |state: GroupState, group: &Group| -> Result<Value> {
@@ -663,24 +691,42 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
             need_sort("$linearFill", true)?;
             Ok(Func::LinearFill(ctx.expr(arg)?))
         }
-        "$derivative" | "$integral" | "$expMovingAvg" | "$covariancePop" | "$covarianceSamp" => {
-            Err(Error::Coded {
-                code: 115,
-                name: "CommandNotSupported",
-                msg: format!("window function {name} is not supported by duetdb yet"),
-            })
+        "$derivative" | "$integral" => {
+            let calc = calculus::parse_with_unit(
+                name,
+                arg,
+                sort_by.map(|s| s.keys.len()),
+                window.is_some(),
+                ctx,
+            )?;
+            Ok(Func::Calc(calc, bounds_or_whole(window, sort_by)?))
         }
+        "$expMovingAvg" => Ok(Func::Calc(
+            calculus::parse_exp_moving_avg(arg, sort_by.is_some(), window.is_some(), ctx)?,
+            Bounds::Documents(Bound::Unbounded, Bound::Current),
+        )),
+        "$covariancePop" | "$covarianceSamp" => Ok(Func::Calc(
+            calculus::parse_covariance(name, arg, ctx)?,
+            bounds_or_whole(window, sort_by)?,
+        )),
         _ => {
             let mut group_spec = bson::doc! {"_id": null};
             group_spec.insert("v", bson::doc! {name: arg.clone()});
             let group = Group::parse(&group_spec, &ctx.scope)
                 .map_err(|_| failed(format!("Unrecognized window function, {name}")))?;
-            let bounds = match window {
-                None => Bounds::Documents(Bound::Unbounded, Bound::Unbounded),
-                Some(w) => parse_bounds(w, sort_by)?,
-            };
-            Ok(Func::Acc(Box::new(group), bounds))
+            Ok(Func::Acc(
+                Box::new(group),
+                bounds_or_whole(window, sort_by)?,
+            ))
         }
+    }
+}
+
+/// The `window` given, or the whole partition.
+fn bounds_or_whole(window: Option<&Bson>, sort_by: Option<&SortSpec>) -> Result<Bounds> {
+    match window {
+        None => Ok(Bounds::Documents(Bound::Unbounded, Bound::Unbounded)),
+        Some(w) => parse_bounds(w, sort_by),
     }
 }
 

@@ -547,7 +547,10 @@ proptest! {
 fn inc_and_mul_on_decimal128_are_exact() {
     let dec = |s: &str| Bson::Decimal128(s.parse().expect("decimal"));
     // 0.1 + 0.2 is exactly 0.3 in decimal (a double would give 0.30000000000000004).
-    let d = ok(doc! {"$inc": {"a": dec("0.2")}}, doc! {"_id": 1, "a": dec("0.1")});
+    let d = ok(
+        doc! {"$inc": {"a": dec("0.2")}},
+        doc! {"_id": 1, "a": dec("0.1")},
+    );
     assert_eq!(d.get("a"), Some(&dec("0.3")));
     // An integer meeting a decimal becomes a decimal.
     let d = ok(doc! {"$inc": {"a": dec("1.5")}}, doc! {"_id": 1, "a": 2});
@@ -562,5 +565,8 @@ fn inc_and_mul_on_decimal128_are_exact() {
     let d = ok(doc! {"$inc": {"a": dec("-7.25")}}, doc! {"_id": 1});
     assert_eq!(d.get("a"), Some(&dec("-7.25")));
     // A non-numeric current value is still a type mismatch.
-    assert_eq!(code(doc! {"$inc": {"a": dec("1")}}, doc! {"_id": 1, "a": "x"}), 14);
+    assert_eq!(
+        code(doc! {"$inc": {"a": dec("1")}}, doc! {"_id": 1, "a": "x"}),
+        14
+    );
 }
