@@ -133,6 +133,11 @@ pub struct HtapArgs {
     /// remsets), scan-end (no immediate reclamation).
     #[arg(long, value_delimiter = ',', default_value = "shared")]
     pub remset: Vec<String>,
+    /// Scan starts: staggered (each thread rescans as soon as it finishes)
+    /// or aligned (every round of K scans starts together: fully overlapping
+    /// scans, the VLS paper's remset set-up).
+    #[arg(long, value_enum, default_value = "staggered")]
+    pub scan_start: htap::ScanStart,
 }
 
 #[derive(Args, Debug)]
@@ -418,6 +423,7 @@ fn htap(a: &HtapArgs) -> Result<BenchResult> {
         update_rate: a.update_rate,
         seed: c.run.seed,
         repeat: c.repeat.max(1),
+        scan_start: a.scan_start,
     };
     let mut remset_modes = Vec::new();
     for mode in &a.remset {

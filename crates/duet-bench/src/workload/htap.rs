@@ -5,13 +5,18 @@
 //! update throughput, p50/p95/p99 update latency, scan duration, and space
 //! (resident memory, or the peer's own size figures) at start and at peak.
 //!
+//! Scans start either staggered (each thread starts its next scan when its
+//! last one ends, so concurrent scans drift apart) or aligned (every round
+//! of K scans starts together, the VLS paper's fully overlapping scans, where
+//! one shared remset entry serves all K scans).
+//!
 //! Every scan's count is checked: a full count must see exactly `records`
 //! documents and a range count exactly the range width (updates never change
 //! `v`), so a target that loses or double-counts documents under updates shows
 //! up in the notes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
@@ -58,6 +63,71 @@ impl ScanKind {
     }
 }
 
+/// How the K analytic threads start their scans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanStart {
+    /// Each thread starts its next scan when its previous one ends.
+    #[default]
+    Staggered,
+    /// Rounds: all K scans of a round start together (fully overlapping).
+    Aligned,
+}
+
+/// A reusable barrier for aligned scan rounds that threads may leave: a
+/// thread that stops scanning no longer holds the others back.
+struct Rounds {
+    state: Mutex<(u64, usize, usize)>, // (round, waiting, active)
+    cv: Condvar,
+}
+
+impl Rounds {
+    fn new(active: usize) -> Rounds {
+        Rounds {
+            state: Mutex::new((0, 0, active)),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Wait until every active thread arrived, then all start together.
+    fn arrive(&self) -> Result<()> {
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| anyhow!("scan rounds poisoned"))?;
+        st.1 += 1;
+        if st.1 >= st.2 {
+            st.0 += 1;
+            st.1 = 0;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let round = st.0;
+        while st.0 == round {
+            st = self
+                .cv
+                .wait(st)
+                .map_err(|_| anyhow!("scan rounds poisoned"))?;
+        }
+        Ok(())
+    }
+
+    /// This thread scans no more.
+    fn leave(&self) -> Result<()> {
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| anyhow!("scan rounds poisoned"))?;
+        st.2 = st.2.saturating_sub(1);
+        if st.1 > 0 && st.1 >= st.2 {
+            st.0 += 1;
+            st.1 = 0;
+            self.cv.notify_all();
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Params {
     pub records: u64,
@@ -72,6 +142,7 @@ pub struct Params {
     pub update_rate: u64,
     pub seed: u64,
     pub repeat: usize,
+    pub scan_start: ScanStart,
 }
 
 struct CellOut {
@@ -104,6 +175,7 @@ fn run_cell(
         strategy.name(),
         scan.name()
     );
+    let rounds = (p.scan_start == ScanStart::Aligned).then(|| Rounds::new(k));
     let run = std::thread::scope(|s| {
         let sampler = s.spawn(|| sample_space(target, &space_peak, &done));
         let run = timed_cell(
@@ -112,14 +184,17 @@ fn run_cell(
                 update_stream(target, p, seed ^ (t as u64) << 8, threads, clock)
             }),
             (k, |t, clock: &CellClock| {
-                scan_loop(
+                let out = scan_loop(
                     target,
                     p,
-                    strategy,
-                    scan,
+                    (strategy, scan, rounds.as_ref()),
                     seed ^ 0x5ca9 ^ (t as u64) << 8,
                     clock,
-                )
+                );
+                if let Some(r) = &rounds {
+                    r.leave()?;
+                }
+                out
             }),
         );
         done.store(true, Ordering::Release);
@@ -184,8 +259,7 @@ fn update_stream(
 fn scan_loop(
     target: &dyn HtapTarget,
     p: &Params,
-    strategy: Strategy,
-    scan: ScanKind,
+    (strategy, scan, rounds): (Strategy, ScanKind, Option<&Rounds>),
     seed: u64,
     clock: &CellClock,
 ) -> Result<(Vec<f64>, u64)> {
@@ -194,6 +268,9 @@ fn scan_loop(
     let mut durations = Vec::new();
     let mut wrong = 0;
     while clock.reading(durations.len()) {
+        if let Some(r) = rounds {
+            r.arrive()?;
+        }
         let t0 = Instant::now();
         let (got, want) = match scan {
             ScanKind::Full => (sess.full_scan_count(strategy)?, p.records),
@@ -356,5 +433,43 @@ fn strategy_case(target: &dyn HtapTarget, s: Strategy) -> String {
         "native".into()
     } else {
         s.name().into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rounds;
+
+    /// Every active thread is released in every round, together; a thread
+    /// that leaves early never holds the others back.
+    #[test]
+    fn aligned_rounds_release_every_active_thread_together() {
+        let threads = 4;
+        let rounds = Rounds::new(threads);
+        let seen: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    let rounds = &rounds;
+                    s.spawn(move || {
+                        // Thread t scans 20 + 10·t rounds, then leaves.
+                        let mut got = Vec::new();
+                        for _ in 0..20 + 10 * t {
+                            rounds.arrive().expect("arrive");
+                            got.push(rounds.state.lock().expect("lock").0);
+                        }
+                        rounds.leave().expect("leave");
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("join")).collect()
+        });
+        for (t, got) in seen.iter().enumerate() {
+            let want: Vec<u64> = (1..=(20 + 10 * t) as u64).collect();
+            assert_eq!(
+                got, &want,
+                "thread {t} was released in every round, in order"
+            );
+        }
     }
 }
