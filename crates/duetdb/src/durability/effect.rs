@@ -740,6 +740,7 @@ mod tests {
             coll: "c".into(),
             options: CollectionOptions {
                 pre_and_post_images: true,
+                ..Default::default()
             },
         };
         match round_trip(&opts) {
@@ -747,6 +748,50 @@ mod tests {
                 assert_eq!(coll, "c");
                 assert!(options.pre_and_post_images);
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `SetOptions` records of builds before validation (options holding
+    /// only `changeStreamPreAndPostImages`) decode unchanged, and the
+    /// validation options ride in the same record (same tag, same layout).
+    #[test]
+    fn set_options_records_of_earlier_builds_load() {
+        let mut old = vec![T_SET_OPTIONS];
+        put_str(&mut old, "c");
+        old.extend_from_slice(rawdoc! {"changeStreamPreAndPostImages": {"enabled": true}}.as_bytes());
+        let mut r = Reader::new(&old);
+        let pre_only = CollectionOptions {
+            pre_and_post_images: true,
+            ..Default::default()
+        };
+        match decode(&mut r).expect("decodes") {
+            Effect::SetOptions { coll, options } => {
+                assert_eq!(coll, "c");
+                assert_eq!(options, pre_only);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut again = Vec::new();
+        encode(
+            &Effect::SetOptions {
+                coll: "c".into(),
+                options: pre_only,
+            },
+            &mut again,
+        );
+        assert_eq!(again, old);
+        let full = CollectionOptions {
+            pre_and_post_images: false,
+            validator: Some(Arc::new(bson::doc! {"$jsonSchema": {"required": ["a"]}})),
+            validation_level: Some(crate::store::options::ValidationLevel::Off),
+            validation_action: Some(crate::store::options::ValidationAction::Warn),
+        };
+        match round_trip(&Effect::SetOptions {
+            coll: "c".into(),
+            options: full.clone(),
+        }) {
+            Effect::SetOptions { options, .. } => assert_eq!(options, full),
             other => panic!("{other:?}"),
         }
     }
@@ -762,6 +807,7 @@ mod tests {
                     coll: "c".into(),
                     options: CollectionOptions {
                         pre_and_post_images: true,
+                        ..Default::default()
                     },
                 },
                 Effect::Insert {

@@ -5,31 +5,130 @@
 //!
 //! The stored and logged form is the document `listCollections` reports as
 //! `options` (`{}` when every option has its default), so adding an option
-//! later changes no format: an older build that meets an option it does not
-//! know refuses the document instead of silently dropping it.
+//! changes no format: records and checkpoints written before an option
+//! existed still load (they do not name it), and an older build that meets
+//! an option it does not know refuses the document instead of silently
+//! dropping it.
 //!
 //! Options:
 //! - `changeStreamPreAndPostImages: {enabled: bool}` — writes record the
 //!   version each update, replace and delete changed (the pre-image) in their
 //!   effect, for change streams' `fullDocumentBeforeChange`.
+//! - `validator` (a filter document), `validationLevel`
+//!   (`strict`/`moderate`/`off`), `validationAction` (`error`/`warn`) —
+//!   document validation. This layer keeps the validator as given; the
+//!   query layer (`query::validator`) compiles it, and the API checks that
+//!   it compiles before storing it, so every stored validator compiles. With
+//!   a validator set, a missing level or action is stored as its default
+//!   ([`CollectionOptions::with_defaults`]), as MongoDB reports them.
+
+use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
+/// `validationLevel`: which writes the validator judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValidationLevel {
+    /// Every insert and update.
+    Strict,
+    /// Inserts, and updates of documents that pass before the update.
+    Moderate,
+    /// None.
+    Off,
+}
+
+/// `validationAction`: what a failed validation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValidationAction {
+    /// Refuse the write (121 DocumentValidationFailure).
+    Error,
+    /// Log the failure and accept the write.
+    Warn,
+}
+
+impl ValidationLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            ValidationLevel::Strict => "strict",
+            ValidationLevel::Moderate => "moderate",
+            ValidationLevel::Off => "off",
+        }
+    }
+}
+
+impl ValidationAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            ValidationAction::Error => "error",
+            ValidationAction::Warn => "warn",
+        }
+    }
+}
+
+/// A malformed option: MongoDB's code and code name for it, and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    pub code: i32,
+    pub code_name: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for OptionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn type_mismatch(message: String) -> OptionError {
+    OptionError {
+        code: 14,
+        code_name: "TypeMismatch",
+        message,
+    }
+}
+
+fn bad_value(message: String) -> OptionError {
+    OptionError {
+        code: 2,
+        code_name: "BadValue",
+        message,
+    }
+}
+
 /// The options of one collection (all defaults: none set).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CollectionOptions {
     /// `changeStreamPreAndPostImages: {enabled: true}`.
     pub pre_and_post_images: bool,
+    /// `validator`, as given.
+    pub validator: Option<Arc<Document>>,
+    /// `validationLevel` (`None`: not set, strict).
+    pub validation_level: Option<ValidationLevel>,
+    /// `validationAction` (`None`: not set, error).
+    pub validation_action: Option<ValidationAction>,
 }
 
 const PRE_AND_POST_IMAGES: &str = "changeStreamPreAndPostImages";
+const VALIDATOR: &str = "validator";
+const VALIDATION_LEVEL: &str = "validationLevel";
+const VALIDATION_ACTION: &str = "validationAction";
 
 impl CollectionOptions {
     /// The option's name in `create`, `collMod` and `listCollections`.
     pub const PRE_AND_POST_IMAGES: &'static str = PRE_AND_POST_IMAGES;
+    pub const VALIDATOR: &'static str = VALIDATOR;
+    pub const VALIDATION_LEVEL: &'static str = VALIDATION_LEVEL;
+    pub const VALIDATION_ACTION: &'static str = VALIDATION_ACTION;
+    /// Every option name this build knows, in `listCollections` order.
+    pub const NAMES: &'static [&'static str] = &[
+        PRE_AND_POST_IMAGES,
+        VALIDATOR,
+        VALIDATION_LEVEL,
+        VALIDATION_ACTION,
+    ];
 
     /// The value of `changeStreamPreAndPostImages`: `{enabled: <bool>}`.
-    pub fn parse_pre_and_post_images(v: &Bson) -> Result<bool, String> {
+    pub fn parse_pre_and_post_images(v: &Bson) -> Result<bool, OptionError> {
         parse_pre_and_post_images(v)
     }
 
@@ -38,55 +137,137 @@ impl CollectionOptions {
         *self == CollectionOptions::default()
     }
 
+    /// These options with the defaults MongoDB stores beside a validator
+    /// (`validationLevel: "strict"`, `validationAction: "error"`) filled in.
+    pub fn with_defaults(mut self) -> CollectionOptions {
+        if self.validator.is_some() {
+            self.validation_level.get_or_insert(ValidationLevel::Strict);
+            self.validation_action
+                .get_or_insert(ValidationAction::Error);
+        }
+        self
+    }
+
+    /// Set the option `name` from its `create`/`collMod` value; an option
+    /// this build does not know is an error naming it.
+    pub fn set(&mut self, name: &str, v: &Bson) -> Result<(), OptionError> {
+        match name {
+            PRE_AND_POST_IMAGES => self.pre_and_post_images = parse_pre_and_post_images(v)?,
+            VALIDATOR => match v {
+                Bson::Document(d) => self.validator = Some(Arc::new(d.clone())),
+                other => {
+                    return Err(type_mismatch(format!(
+                        "'{VALIDATOR}' option must be an object, not {}",
+                        type_name(other)
+                    )))
+                }
+            },
+            VALIDATION_LEVEL => {
+                self.validation_level = Some(match v {
+                    Bson::String(s) if s == "strict" => ValidationLevel::Strict,
+                    Bson::String(s) if s == "moderate" => ValidationLevel::Moderate,
+                    Bson::String(s) if s == "off" => ValidationLevel::Off,
+                    other => return Err(enumeration(VALIDATION_LEVEL, other)),
+                })
+            }
+            VALIDATION_ACTION => {
+                self.validation_action = Some(match v {
+                    Bson::String(s) if s == "error" => ValidationAction::Error,
+                    Bson::String(s) if s == "warn" => ValidationAction::Warn,
+                    other => return Err(enumeration(VALIDATION_ACTION, other)),
+                })
+            }
+            other => {
+                return Err(OptionError {
+                    code: 40415,
+                    code_name: "Location40415",
+                    message: format!("unknown collection option '{other}'"),
+                })
+            }
+        }
+        Ok(())
+    }
+
     /// The `options` document of `listCollections` (empty for defaults).
     pub fn to_document(&self) -> Document {
         let mut d = Document::new();
         if self.pre_and_post_images {
             d.insert(PRE_AND_POST_IMAGES, doc! {"enabled": true});
         }
+        if let Some(v) = &self.validator {
+            d.insert(VALIDATOR, (**v).clone());
+        }
+        if let Some(l) = self.validation_level {
+            d.insert(VALIDATION_LEVEL, l.name());
+        }
+        if let Some(a) = self.validation_action {
+            d.insert(VALIDATION_ACTION, a.name());
+        }
         d
     }
 
     /// Parse the form [`Self::to_document`] writes; an unknown option or a
     /// malformed value is an error naming it.
-    pub fn from_document(d: &Document) -> Result<CollectionOptions, String> {
+    pub fn from_document(d: &Document) -> Result<CollectionOptions, OptionError> {
         let mut out = CollectionOptions::default();
         for (k, v) in d {
-            match k.as_str() {
-                PRE_AND_POST_IMAGES => out.pre_and_post_images = parse_pre_and_post_images(v)?,
-                other => return Err(format!("unknown collection option '{other}'")),
-            }
+            out.set(k, v)?;
         }
         Ok(out)
     }
 }
 
+fn type_name(v: &Bson) -> String {
+    format!("{:?}", v.element_type())
+}
+
+fn enumeration(field: &str, v: &Bson) -> OptionError {
+    match v {
+        Bson::String(s) => bad_value(format!(
+            "Enumeration value '{s}' for field '{field}' is not a valid value."
+        )),
+        other => type_mismatch(format!(
+            "'{field}' must be a string, not {}",
+            type_name(other)
+        )),
+    }
+}
+
 /// The value of `changeStreamPreAndPostImages`: `{enabled: <bool>}`, nothing
-/// else (MongoDB's rule, also for `create` and `collMod`).
-fn parse_pre_and_post_images(v: &Bson) -> Result<bool, String> {
+/// else (MongoDB's rule, also for `create` and `collMod`: a wrong type is
+/// TypeMismatch (14), a missing `enabled` 40414, an unknown field 40415).
+fn parse_pre_and_post_images(v: &Bson) -> Result<bool, OptionError> {
     let Bson::Document(d) = v else {
-        return Err(format!(
+        return Err(type_mismatch(format!(
             "'{PRE_AND_POST_IMAGES}' must be an object, not {v}"
-        ));
+        )));
     };
     let mut enabled = None;
     for (k, v) in d {
         match (k.as_str(), v) {
             ("enabled", Bson::Boolean(b)) => enabled = Some(*b),
             ("enabled", other) => {
-                return Err(format!(
+                return Err(type_mismatch(format!(
                     "'{PRE_AND_POST_IMAGES}.enabled' must be a boolean, not {other}"
-                ))
+                )))
             }
             (other, _) => {
-                return Err(format!(
-                    "BSON field '{PRE_AND_POST_IMAGES}.{other}' is an unknown field."
-                ))
+                return Err(OptionError {
+                    code: 40415,
+                    code_name: "Location40415",
+                    message: format!(
+                        "BSON field '{PRE_AND_POST_IMAGES}.{other}' is an unknown field."
+                    ),
+                })
             }
         }
     }
-    enabled.ok_or_else(|| {
-        format!("BSON field '{PRE_AND_POST_IMAGES}.enabled' is missing but a required field")
+    enabled.ok_or_else(|| OptionError {
+        code: 40414,
+        code_name: "Location40414",
+        message: format!(
+            "BSON field '{PRE_AND_POST_IMAGES}.enabled' is missing but a required field"
+        ),
     })
 }
 
@@ -100,6 +281,22 @@ mod tests {
             CollectionOptions::default(),
             CollectionOptions {
                 pre_and_post_images: true,
+                ..Default::default()
+            },
+            CollectionOptions {
+                validator: Some(Arc::new(doc! {"a": {"$gt": 1}})),
+                ..Default::default()
+            }
+            .with_defaults(),
+            CollectionOptions {
+                pre_and_post_images: true,
+                validator: Some(Arc::new(doc! {"$jsonSchema": {"required": ["a"]}})),
+                validation_level: Some(ValidationLevel::Moderate),
+                validation_action: Some(ValidationAction::Warn),
+            },
+            CollectionOptions {
+                validation_level: Some(ValidationLevel::Off),
+                ..Default::default()
             },
         ] {
             assert_eq!(CollectionOptions::from_document(&o.to_document()), Ok(o));
@@ -118,5 +315,31 @@ mod tests {
             parse_pre_and_post_images(&Bson::Document(doc! {"enabled": false})),
             Ok(false)
         );
+    }
+
+    #[test]
+    fn validation_options_are_checked_with_mongodb_codes() {
+        let code = |d: Document| {
+            CollectionOptions::from_document(&d)
+                .expect_err("refused")
+                .code
+        };
+        assert_eq!(code(doc! {"validator": 1}), 14);
+        assert_eq!(code(doc! {"validationLevel": "loose"}), 2);
+        assert_eq!(code(doc! {"validationLevel": 1}), 14);
+        assert_eq!(code(doc! {"validationAction": "log"}), 2);
+        // With a validator, level and action are stored with their defaults.
+        let o = CollectionOptions::from_document(&doc! {"validator": {"a": 1}})
+            .expect("test value")
+            .with_defaults();
+        assert_eq!(
+            o.to_document(),
+            doc! {"validator": {"a": 1}, "validationLevel": "strict", "validationAction": "error"}
+        );
+        // Without one, nothing is filled in.
+        let o = CollectionOptions::from_document(&doc! {"validationAction": "warn"})
+            .expect("test value")
+            .with_defaults();
+        assert_eq!(o.to_document(), doc! {"validationAction": "warn"});
     }
 }
