@@ -120,3 +120,80 @@ def test_validator_survives_restart(make_server):
         c.admin.command("fsync")
         c.close()
         assert srv.stop(sig=sig) == 0
+
+
+def test_defaults_shown_beside_a_validator(db):
+    # As MongoDB: with a validator, listCollections shows the level and
+    # action it applies.
+    db.create_collection("c", validator={"a": {"$type": "int"}})
+    info = db.command("listCollections", filter={"name": "c"})["cursor"]["firstBatch"][0]
+    assert info["options"] == {"validator": {"a": {"$type": "int"}},
+                               "validationLevel": "strict", "validationAction": "error"}
+    # Creating it again with the same validator is fine (the defaults are implied).
+    db.command("create", "c", validator={"a": {"$type": "int"}})
+    # Pre-images and validation share the options document.
+    db.command("collMod", "c", changeStreamPreAndPostImages={"enabled": True})
+    info = db.command("listCollections", filter={"name": "c"})["cursor"]["firstBatch"][0]
+    assert info["options"]["changeStreamPreAndPostImages"] == {"enabled": True}
+    assert info["options"]["validationLevel"] == "strict"
+
+
+def test_validation_inside_transactions(db):
+    db.create_collection("c", validator={"a": {"$gte": 0}})
+    db.c.insert_one({"_id": 1, "a": 1})
+    with db.client.start_session() as s:
+        s.start_transaction()
+        db.c.insert_one({"_id": 2, "a": 2}, session=s)
+        for bad in (lambda: db.c.insert_one({"_id": 3, "a": -1}, session=s),
+                    lambda: db.c.update_one({"_id": 1}, {"$set": {"a": -1}}, session=s)):
+            with pytest.raises(WriteError) as e:
+                bad()
+            assert e.value.code == 121
+            assert e.value.details["errInfo"]["details"]["operatorName"] == "$gte"
+            # As MongoDB, a write error aborts the transaction.
+            with pytest.raises(OperationFailure) as e:
+                s.commit_transaction()
+            assert e.value.code == 251
+            s.start_transaction()
+        with pytest.raises(OperationFailure) as e:
+            db.c.find_one_and_update({"_id": 1}, {"$set": {"a": -5}}, session=s)
+        assert e.value.code == 121
+        s.abort_transaction()
+        # Valid writes, and bypassDocumentValidation, commit.
+        s.start_transaction()
+        db.c.insert_one({"_id": 4, "a": 4}, session=s)
+        db.c.insert_one({"_id": 5, "a": -5}, session=s, bypass_document_validation=True)
+        db.c.update_one({"_id": 1}, {"$set": {"a": -1}}, session=s,
+                        bypass_document_validation=True)
+        s.commit_transaction()
+    assert sorted((d["_id"], d["a"]) for d in db.c.find()) == [(1, -1), (4, 4), (5, -5)]
+
+
+def test_bypass_needs_its_action_under_auth(make_server):
+    from test_auth import authed, create_first_user
+    mech = "SCRAM-SHA-256"
+    srv = make_server("--auth")
+    create_first_user(srv)
+    root = authed(srv, "root", "s3cret", mech)
+    root.app.create_collection("c", validator={"a": {"$type": "int"}})
+    root.app.command("createUser", "rw", pwd="pw", roles=["readWrite"], mechanisms=[mech])
+    root.app.command("createUser", "own", pwd="pw", roles=["dbOwner"], mechanisms=[mech])
+    rw = authed(srv, "rw", "pw", mech, source="app")
+    rw.app.c.insert_one({"_id": 1, "a": 1})
+    for bypassing in (
+            lambda: rw.app.c.insert_one({"_id": 2, "a": "x"}, bypass_document_validation=True),
+            lambda: rw.app.c.update_one({"_id": 1}, {"$set": {"a": "x"}},
+                                        bypass_document_validation=True),
+            lambda: rw.app.command("findAndModify", "c", query={"_id": 1},
+                                   update={"$set": {"a": "x"}}, bypassDocumentValidation=True)):
+        with pytest.raises(OperationFailure) as e:
+            bypassing()
+        assert e.value.code == 13
+    # bypassDocumentValidation: false asks for nothing more.
+    rw.app.c.insert_one({"_id": 3, "a": 3}, bypass_document_validation=False)
+    # dbOwner includes dbAdmin, which has the action (as MongoDB).
+    own = authed(srv, "own", "pw", mech, source="app")
+    own.app.c.insert_one({"_id": 2, "a": "x"}, bypass_document_validation=True)
+    assert root.app.c.count_documents({}) == 3
+    for c in (rw, own, root):
+        c.close()

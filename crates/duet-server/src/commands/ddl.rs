@@ -117,6 +117,7 @@ fn collection_options(
         options.set(k, v).map_err(option_error)?;
         given.push((k.clone(), v.clone()));
     }
+    options.check_combination().map_err(option_error)?;
     duetdb::check_collection_options(&options)?;
     Ok((given, options))
 }
@@ -359,7 +360,12 @@ pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     if let Some((k, _)) = cmd
         .iter()
         .skip(1)
-        .find(|(k, _)| !is_generic(k) && k.as_str() != "index" && !is_collection_option(k))
+        .find(|(k, _)| {
+            !is_generic(k)
+                && k.as_str() != "index"
+                && (!is_collection_option(k)
+                    || duetdb::CollectionOptions::CREATE_ONLY.contains(&k.as_str()))
+        })
     {
         return Err(CommandError::not_supported(format!(
             "collMod option '{k}' is not supported by duetdb"

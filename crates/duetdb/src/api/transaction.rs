@@ -389,6 +389,21 @@ impl Transaction {
     /// Buffer `new` as the final version of `id` (`None` deletes). Checks the
     /// write-set limits first, so a refused write changes nothing.
     fn buffer(&mut self, coll: &str, id: ValueKey, new: Option<DocRef>) -> Result<()> {
+        if let Some(c) = self.snapshot.collection(coll) {
+            // As MongoDB: capped collections trim in insertion order at
+            // the writer, which a transaction's buffered writes cannot
+            // honour.
+            if c.options.capped {
+                return Err(Error::Coded {
+                    code: 263,
+                    name: "OperationNotSupportedInTransaction",
+                    msg: format!(
+                        "Collection '{}' is a capped collection. Writes in transactions are not allowed on capped collections.",
+                        c.ns
+                    ),
+                });
+            }
+        }
         let new_len = new.as_ref().map_or(0, |d| d.as_bytes().len());
         let existing = self.writes.get(coll).and_then(|w| w.get(&id));
         let old_len = existing

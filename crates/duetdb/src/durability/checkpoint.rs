@@ -321,6 +321,7 @@ mod tests {
             validator: Some(Arc::new(doc! {"a": {"$gt": 1}})),
             validation_level: Some(ValidationLevel::Moderate),
             validation_action: Some(ValidationAction::Warn),
+            ..Default::default()
         };
         let fs = SimFs::new();
         let dir = Path::new("/d");

@@ -621,6 +621,8 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
                 Some(rid) => c.replace(rid, doc).map_err(|e| e.to_string())?,
                 None => {
                     c.insert(doc, id).map_err(|e| e.to_string())?;
+                    // As the writer did after this insert (not logged).
+                    c.trim_capped().map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -786,6 +788,7 @@ mod tests {
             validator: Some(Arc::new(bson::doc! {"$jsonSchema": {"required": ["a"]}})),
             validation_level: Some(crate::store::options::ValidationLevel::Off),
             validation_action: Some(crate::store::options::ValidationAction::Warn),
+            ..Default::default()
         };
         match round_trip(&Effect::SetOptions {
             coll: "c".into(),

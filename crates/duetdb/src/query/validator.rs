@@ -16,9 +16,17 @@ use crate::error::{Error, Result};
 use crate::query::Filter;
 use crate::store::options::{CollectionOptions, ValidationAction, ValidationLevel};
 
-/// Check that the validator of `options` (if any) compiles: what the API
-/// runs before storing options, so every stored validator compiles.
+/// Check `options` as a whole (capped `size`/`max` with `capped`, 72) and
+/// that the validator (if any) compiles: what the API runs before storing
+/// options, so every stored validator compiles.
 pub fn check(options: &CollectionOptions) -> Result<()> {
+    options
+        .check_combination()
+        .map_err(|e| Error::Coded {
+            code: e.code,
+            name: e.code_name,
+            msg: e.message,
+        })?;
     match &options.validator {
         Some(v) => compile(v).map(|_| ()),
         None => Ok(()),

@@ -21,6 +21,11 @@
 //!   it compiles before storing it, so every stored validator compiles. With
 //!   a validator set, a missing level or action is stored as its default
 //!   ([`CollectionOptions::with_defaults`]), as MongoDB reports them.
+//! - `capped: true, size, max` (on `create` only) — a capped collection:
+//!   documents stay in insertion order and the oldest are removed when an
+//!   insert takes the collection past `size` bytes or `max` documents
+//!   (`store::collection::CollectionState::trim_capped`). `size` is rounded
+//!   as MongoDB rounds it (at least 4096, else up to a multiple of 256).
 
 use std::sync::Arc;
 
@@ -106,12 +111,53 @@ pub struct CollectionOptions {
     pub validation_level: Option<ValidationLevel>,
     /// `validationAction` (`None`: not set, error).
     pub validation_action: Option<ValidationAction>,
+    /// `capped: true`.
+    pub capped: bool,
+    /// `size` of a capped collection, in bytes (rounded).
+    pub capped_size: Option<u64>,
+    /// `max` documents of a capped collection.
+    pub capped_max: Option<u64>,
+}
+
+/// The largest `size` of a capped collection (MongoDB's 1 PB).
+pub const MAX_CAPPED_SIZE: u64 = 1 << 50;
+
+/// MongoDB's rounding of a capped `size`: at least 4096 bytes, else up to a
+/// multiple of 256.
+fn round_capped_size(n: u64) -> u64 {
+    if n <= 4096 {
+        4096
+    } else {
+        n.div_ceil(256) * 256
+    }
+}
+
+/// A non-negative whole number (any numeric type with an integral value).
+fn whole(field: &str, v: &Bson) -> Result<u64, OptionError> {
+    let n = match v {
+        Bson::Int32(n) => i64::from(*n),
+        Bson::Int64(n) => *n,
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => *f as i64,
+        Bson::Double(_) => {
+            return Err(bad_value(format!("'{field}' must be a whole number, not {v}")))
+        }
+        other => {
+            return Err(type_mismatch(format!(
+                "'{field}' must be a number, not {}",
+                type_name(other)
+            )))
+        }
+    };
+    u64::try_from(n).map_err(|_| bad_value(format!("'{field}' must not be negative, not {n}")))
 }
 
 const PRE_AND_POST_IMAGES: &str = "changeStreamPreAndPostImages";
 const VALIDATOR: &str = "validator";
 const VALIDATION_LEVEL: &str = "validationLevel";
 const VALIDATION_ACTION: &str = "validationAction";
+const CAPPED: &str = "capped";
+const SIZE: &str = "size";
+const MAX: &str = "max";
 
 impl CollectionOptions {
     /// The option's name in `create`, `collMod` and `listCollections`.
@@ -121,11 +167,16 @@ impl CollectionOptions {
     pub const VALIDATION_ACTION: &'static str = VALIDATION_ACTION;
     /// Every option name this build knows, in `listCollections` order.
     pub const NAMES: &'static [&'static str] = &[
+        CAPPED,
+        SIZE,
+        MAX,
         PRE_AND_POST_IMAGES,
         VALIDATOR,
         VALIDATION_LEVEL,
         VALIDATION_ACTION,
     ];
+    /// The options only `create` sets (a capped collection stays as made).
+    pub const CREATE_ONLY: &'static [&'static str] = &[CAPPED, SIZE, MAX];
 
     /// The value of `changeStreamPreAndPostImages`: `{enabled: <bool>}`.
     pub fn parse_pre_and_post_images(v: &Bson) -> Result<bool, OptionError> {
@@ -177,6 +228,33 @@ impl CollectionOptions {
                     other => return Err(enumeration(VALIDATION_ACTION, other)),
                 })
             }
+            CAPPED => match v {
+                Bson::Boolean(b) => self.capped = *b,
+                other => {
+                    return Err(type_mismatch(format!(
+                        "'{CAPPED}' must be a boolean, not {}",
+                        type_name(other)
+                    )))
+                }
+            },
+            SIZE => {
+                let n = whole(SIZE, v)?;
+                if n > MAX_CAPPED_SIZE {
+                    return Err(bad_value(format!(
+                        "capped size {n} is above the limit of {MAX_CAPPED_SIZE} bytes"
+                    )));
+                }
+                self.capped_size = Some(round_capped_size(n));
+            }
+            // MongoDB: a `max` of 0 or less means no limit on the count.
+            MAX => {
+                self.capped_max = match v {
+                    Bson::Int32(n) if *n <= 0 => None,
+                    Bson::Int64(n) if *n <= 0 => None,
+                    Bson::Double(f) if *f <= 0.0 => None,
+                    _ => Some(whole(MAX, v)?),
+                }
+            }
             other => {
                 return Err(OptionError {
                     code: 40415,
@@ -188,9 +266,43 @@ impl CollectionOptions {
         Ok(())
     }
 
+    /// Check the options together: `capped: true` needs a `size`, and
+    /// `size`/`max` need `capped: true` (72 InvalidOptions).
+    pub fn check_combination(&self) -> Result<(), OptionError> {
+        let invalid = |message: &str| OptionError {
+            code: 72,
+            code_name: "InvalidOptions",
+            message: message.to_string(),
+        };
+        if self.capped && self.capped_size.is_none() {
+            return Err(invalid("the 'size' field is required when 'capped' is true"));
+        }
+        if !self.capped && (self.capped_size.is_some() || self.capped_max.is_some()) {
+            return Err(invalid("'size' and 'max' apply only with 'capped: true'"));
+        }
+        Ok(())
+    }
+
+    /// Whether an insert has taken a capped collection of `count`
+    /// documents and `bytes` bytes past its limits.
+    pub fn over_capped_limits(&self, count: u64, bytes: u64) -> bool {
+        self.capped
+            && (self.capped_size.is_some_and(|s| bytes > s)
+                || self.capped_max.is_some_and(|m| count > m))
+    }
+
     /// The `options` document of `listCollections` (empty for defaults).
     pub fn to_document(&self) -> Document {
         let mut d = Document::new();
+        if self.capped {
+            d.insert(CAPPED, true);
+            if let Some(n) = self.capped_size {
+                d.insert(SIZE, i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            if let Some(n) = self.capped_max {
+                d.insert(MAX, i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
         if self.pre_and_post_images {
             d.insert(PRE_AND_POST_IMAGES, doc! {"enabled": true});
         }
@@ -213,6 +325,7 @@ impl CollectionOptions {
         for (k, v) in d {
             out.set(k, v)?;
         }
+        out.check_combination()?;
         Ok(out)
     }
 }
@@ -293,6 +406,13 @@ mod tests {
                 validator: Some(Arc::new(doc! {"$jsonSchema": {"required": ["a"]}})),
                 validation_level: Some(ValidationLevel::Moderate),
                 validation_action: Some(ValidationAction::Warn),
+                ..Default::default()
+            },
+            CollectionOptions {
+                capped: true,
+                capped_size: Some(8192),
+                capped_max: Some(3),
+                ..Default::default()
             },
             CollectionOptions {
                 validation_level: Some(ValidationLevel::Off),
@@ -303,6 +423,7 @@ mod tests {
         }
         assert!(CollectionOptions::default().to_document().is_empty());
         assert!(CollectionOptions::from_document(&doc! {"capped": true}).is_err());
+        assert!(CollectionOptions::from_document(&doc! {"bogus": true}).is_err());
         for bad in [
             Bson::Int32(1),
             Bson::Document(doc! {}),
@@ -315,6 +436,29 @@ mod tests {
             parse_pre_and_post_images(&Bson::Document(doc! {"enabled": false})),
             Ok(false)
         );
+    }
+
+    #[test]
+    fn capped_options() {
+        let o = |d: Document| CollectionOptions::from_document(&d);
+        let c = o(doc! {"capped": true, "size": 1}).expect("test value");
+        assert_eq!(c.capped_size, Some(4096));
+        assert_eq!(
+            o(doc! {"capped": true, "size": 5000.0, "max": 0})
+                .expect("test value")
+                .to_document(),
+            doc! {"capped": true, "size": 5120_i64}
+        );
+        assert_eq!(o(doc! {"capped": true}).expect_err("refused").code, 72);
+        assert_eq!(o(doc! {"size": 4096}).expect_err("refused").code, 72);
+        assert_eq!(o(doc! {"capped": true, "size": -1}).expect_err("refused").code, 2);
+        assert_eq!(o(doc! {"capped": true, "size": "x"}).expect_err("refused").code, 14);
+        assert_eq!(o(doc! {"capped": 1, "size": 1}).expect_err("refused").code, 14);
+        let c = o(doc! {"capped": true, "size": 4096, "max": 2}).expect("test value");
+        assert!(!c.over_capped_limits(2, 4096));
+        assert!(c.over_capped_limits(3, 10));
+        assert!(c.over_capped_limits(1, 4097));
+        assert!(!CollectionOptions::default().over_capped_limits(u64::MAX, u64::MAX));
     }
 
     #[test]

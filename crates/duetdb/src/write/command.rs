@@ -365,6 +365,8 @@ fn insert(
         match c.insert(d.clone(), id) {
             Ok(_) => {
                 fx.insert(coll, &d);
+                // Unlogged: replaying the insert trims the same way.
+                c.trim_capped()?;
                 out.inserted.push((i, id_bson))
             }
             Err(e) => {
@@ -566,6 +568,7 @@ fn upsert_into(
         return Err(e);
     }
     fx.insert(coll, &d);
+    c.trim_capped()?;
     Ok(UpdateResult {
         matched: 0,
         modified: 0,
@@ -622,6 +625,7 @@ fn find_and_modify(
                     return Err(e);
                 }
                 fx.insert(&f.coll, &stored);
+                c.trim_capped()?;
                 Ok(Reply::FoundAndModified(FindAndModifyOutcome {
                     doc: f.return_new.then_some(stored),
                     update: UpdateResult {
