@@ -799,6 +799,40 @@ mod tests {
         }
     }
 
+    /// Replaying inserts into a capped collection trims it as the writer
+    /// did (the removals are not logged).
+    #[test]
+    fn replay_trims_capped_collections() {
+        let mut state = DbState::default();
+        let mut effects = vec![
+            Effect::CreateCollection { name: "c".into() },
+            Effect::SetOptions {
+                coll: "c".into(),
+                options: CollectionOptions {
+                    capped: true,
+                    capped_size: Some(4096),
+                    capped_max: Some(2),
+                    ..Default::default()
+                },
+            },
+        ];
+        for i in 0..5 {
+            effects.push(Effect::Insert {
+                coll: "c".into(),
+                doc: Arc::new(rawdoc! {"_id": i}),
+            });
+        }
+        apply_all(&mut state, effects).expect("replay");
+        let c = state.collection("c").expect("c");
+        let kept: Vec<i32> = c
+            .heap
+            .iter()
+            .map(|(_, d)| d.get_i32("_id").expect("test value"))
+            .collect();
+        assert_eq!(kept, [3, 4]);
+        c.check_invariants().expect("consistent");
+    }
+
     #[test]
     fn replay_sets_options_and_ignores_pre_images() {
         let mut state = DbState::default();
