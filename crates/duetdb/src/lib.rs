@@ -53,8 +53,8 @@ pub use error::{
     BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
 };
 pub use query::limits::{ReadLimits, DEFAULT_MEMORY_LIMIT};
-pub use query::validator::check as check_collection_options;
 pub use query::spill::{spill_stats, SpillStats};
+pub use query::validator::check as check_collection_options;
 pub use snapshot::named::{
     AnalyticsSnapshot, Clock, ManualClock, SnapshotInfo, SnapshotOptions, MAX_NAMED_SNAPSHOTS,
 };

@@ -357,16 +357,12 @@ pub fn drop_indexes(ctx: &Ctx<'_>, command: &str, cmd: &Document) -> CmdResult {
 /// Other options are refused (115).
 pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "collMod")?;
-    if let Some((k, _)) = cmd
-        .iter()
-        .skip(1)
-        .find(|(k, _)| {
-            !is_generic(k)
-                && k.as_str() != "index"
-                && (!is_collection_option(k)
-                    || duetdb::CollectionOptions::CREATE_ONLY.contains(&k.as_str()))
-        })
-    {
+    if let Some((k, _)) = cmd.iter().skip(1).find(|(k, _)| {
+        !is_generic(k)
+            && k.as_str() != "index"
+            && (!is_collection_option(k)
+                || duetdb::CollectionOptions::CREATE_ONLY.contains(&k.as_str()))
+    }) {
         return Err(CommandError::not_supported(format!(
             "collMod option '{k}' is not supported by duetdb"
         )));

@@ -94,7 +94,10 @@ impl FindPlan {
         let mut sort = args::opt_doc(cmd, "sort")?
             .cloned()
             .filter(|s| !s.is_empty());
-        let mut hint = cmd.get("hint").cloned().filter(|h| !matches!(h, Bson::Null));
+        let mut hint = cmd
+            .get("hint")
+            .cloned()
+            .filter(|h| !matches!(h, Bson::Null));
         // `sort: {$natural: ±1}` is the collection scan in (reverse)
         // insertion order: the `$natural` hint, no sort.
         if let Some(natural) = sort

@@ -778,15 +778,14 @@ impl Crud for TxnCollection<'_> {
 
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
         let upsert = u.options.upsert;
-        self.txn()?
-            .update_in(
-                &self.name,
-                u.filter,
-                &u.spec,
-                u.multi,
-                upsert,
-                self.bypass_validation,
-            )
+        self.txn()?.update_in(
+            &self.name,
+            u.filter,
+            &u.spec,
+            u.multi,
+            upsert,
+            self.bypass_validation,
+        )
     }
 
     fn delete(&self, filter: Document, multi: bool) -> Result<u64> {

@@ -761,7 +761,9 @@ mod tests {
     fn set_options_records_of_earlier_builds_load() {
         let mut old = vec![T_SET_OPTIONS];
         put_str(&mut old, "c");
-        old.extend_from_slice(rawdoc! {"changeStreamPreAndPostImages": {"enabled": true}}.as_bytes());
+        old.extend_from_slice(
+            rawdoc! {"changeStreamPreAndPostImages": {"enabled": true}}.as_bytes(),
+        );
         let mut r = Reader::new(&old);
         let pre_only = CollectionOptions {
             pre_and_post_images: true,

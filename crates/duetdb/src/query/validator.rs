@@ -20,13 +20,11 @@ use crate::store::options::{CollectionOptions, ValidationAction, ValidationLevel
 /// that the validator (if any) compiles: what the API runs before storing
 /// options, so every stored validator compiles.
 pub fn check(options: &CollectionOptions) -> Result<()> {
-    options
-        .check_combination()
-        .map_err(|e| Error::Coded {
-            code: e.code,
-            name: e.code_name,
-            msg: e.message,
-        })?;
+    options.check_combination().map_err(|e| Error::Coded {
+        code: e.code,
+        name: e.code_name,
+        msg: e.message,
+    })?;
     match &options.validator {
         Some(v) => compile(v).map(|_| ()),
         None => Ok(()),
@@ -227,7 +225,8 @@ mod tests {
 
     #[test]
     fn strict_moderate_off_and_warn() {
-        let v = Validator::of(&opts(doc! {"validator": {"a": {"$gt": 1}}}))            .expect("test value")
+        let v = Validator::of(&opts(doc! {"validator": {"a": {"$gt": 1}}}))
+            .expect("test value")
             .expect("test value");
         assert!(v.check("t.c", None, &raw(doc! {"_id": 1, "a": 2})).is_ok());
         let e = v
@@ -251,9 +250,11 @@ mod tests {
         assert!(v
             .check("t.c", Some(&bad_old), &raw(doc! {"_id": 1, "a": -1}))
             .is_err());
-        let m =
-            Validator::of(&opts(doc! {"validator": {"a": {"$gt": 1}}, "validationLevel": "moderate"}))                .expect("test value")
-                .expect("test value");
+        let m = Validator::of(&opts(
+            doc! {"validator": {"a": {"$gt": 1}}, "validationLevel": "moderate"},
+        ))
+        .expect("test value")
+        .expect("test value");
         assert!(m
             .check("t.c", Some(&bad_old), &raw(doc! {"_id": 1, "a": -1}))
             .is_ok());
@@ -264,12 +265,16 @@ mod tests {
         assert!(m
             .check("t.c", None, &raw(doc! {"_id": 1, "a": -1}))
             .is_err());
-        assert!(
-            Validator::of(&opts(doc! {"validator": {"a": 1}, "validationLevel": "off"}))                .expect("test value")
-                .is_none()
-        );
-        let w = Validator::of(&opts(doc! {"validator": {"a": 1}, "validationAction": "warn"}))            .expect("test value")
-            .expect("test value");
+        assert!(Validator::of(&opts(
+            doc! {"validator": {"a": 1}, "validationLevel": "off"}
+        ))
+        .expect("test value")
+        .is_none());
+        let w = Validator::of(&opts(
+            doc! {"validator": {"a": 1}, "validationAction": "warn"},
+        ))
+        .expect("test value")
+        .expect("test value");
         assert!(w.check("t.c", None, &raw(doc! {"_id": 1})).is_ok());
     }
 
@@ -278,7 +283,8 @@ mod tests {
         let v = Validator::of(&opts(doc! {"validator": {"$jsonSchema": {
             "bsonType": "object", "required": ["name", "age"],
             "properties": {"age": {"bsonType": "int", "minimum": 0}, "name": {"bsonType": "string"}}
-        }}}))        .expect("test value")
+        }}}))
+        .expect("test value")
         .expect("test value");
         let Err(Error::DocumentValidationFailure(info)) =
             v.check("t.c", None, &raw(doc! {"_id": 7, "age": -3}))

@@ -139,7 +139,9 @@ fn whole(field: &str, v: &Bson) -> Result<u64, OptionError> {
         Bson::Int64(n) => *n,
         Bson::Double(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => *f as i64,
         Bson::Double(_) => {
-            return Err(bad_value(format!("'{field}' must be a whole number, not {v}")))
+            return Err(bad_value(format!(
+                "'{field}' must be a whole number, not {v}"
+            )))
         }
         other => {
             return Err(type_mismatch(format!(
@@ -275,7 +277,9 @@ impl CollectionOptions {
             message: message.to_string(),
         };
         if self.capped && self.capped_size.is_none() {
-            return Err(invalid("the 'size' field is required when 'capped' is true"));
+            return Err(invalid(
+                "the 'size' field is required when 'capped' is true",
+            ));
         }
         if !self.capped && (self.capped_size.is_some() || self.capped_max.is_some()) {
             return Err(invalid("'size' and 'max' apply only with 'capped: true'"));
@@ -451,9 +455,22 @@ mod tests {
         );
         assert_eq!(o(doc! {"capped": true}).expect_err("refused").code, 72);
         assert_eq!(o(doc! {"size": 4096}).expect_err("refused").code, 72);
-        assert_eq!(o(doc! {"capped": true, "size": -1}).expect_err("refused").code, 2);
-        assert_eq!(o(doc! {"capped": true, "size": "x"}).expect_err("refused").code, 14);
-        assert_eq!(o(doc! {"capped": 1, "size": 1}).expect_err("refused").code, 14);
+        assert_eq!(
+            o(doc! {"capped": true, "size": -1})
+                .expect_err("refused")
+                .code,
+            2
+        );
+        assert_eq!(
+            o(doc! {"capped": true, "size": "x"})
+                .expect_err("refused")
+                .code,
+            14
+        );
+        assert_eq!(
+            o(doc! {"capped": 1, "size": 1}).expect_err("refused").code,
+            14
+        );
         let c = o(doc! {"capped": true, "size": 4096, "max": 2}).expect("test value");
         assert!(!c.over_capped_limits(2, 4096));
         assert!(c.over_capped_limits(3, 10));
