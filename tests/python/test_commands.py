@@ -25,7 +25,7 @@ def test_create_list_rename_drop(db, client):
     # MongoDB 7.0: dropping a collection that does not exist succeeds.
     assert db.command({"drop": "b"})["ok"] == 1.0
     with pytest.raises(OperationFailure) as e:
-        db.command({"create": "capped", "capped": True, "size": 100})
+        db.command({"create": "ts", "timeseries": {"timeField": "t"}})
     assert e.value.code == 115
 
 

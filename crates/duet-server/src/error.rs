@@ -105,6 +105,9 @@ impl From<duetdb::Error> for CommandError {
                 "keyValue": dk.key_value.clone(),
             }));
         }
+        if let duetdb::Error::DocumentValidationFailure(info) = &e {
+            out.extra = Some(Box::new(doc! {"errInfo": (**info).clone()}));
+        }
         out
     }
 }

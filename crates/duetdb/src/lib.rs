@@ -54,6 +54,7 @@ pub use error::{
 };
 pub use query::limits::{ReadLimits, DEFAULT_MEMORY_LIMIT};
 pub use query::spill::{spill_stats, SpillStats};
+pub use query::validator::check as check_collection_options;
 pub use snapshot::named::{
     AnalyticsSnapshot, Clock, ManualClock, SnapshotInfo, SnapshotOptions, MAX_NAMED_SNAPSHOTS,
 };
@@ -61,7 +62,7 @@ pub use snapshot::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use snapshot::retained::{CollectionCost, RetainedCost};
 pub use snapshot::scan::ScanOutcome;
 pub use snapshot::{Choice, ReadStats, Strategy};
-pub use store::options::CollectionOptions;
+pub use store::options::{CollectionOptions, OptionError, ValidationAction, ValidationLevel};
 pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};
 pub use txn::{CommitInfo, CommitOutcome, Isolation, TxnOptions, DEFAULT_LIFETIME};

@@ -473,6 +473,7 @@ fn pre_image_workload(engine: &Engine) {
         "p",
         duetdb::CollectionOptions {
             pre_and_post_images: true,
+            ..Default::default()
         },
     )
     .expect("create with pre-images");
@@ -569,6 +570,7 @@ fn create_with_options_is_one_create_event_and_existing_names_conflict() {
     let db = engine.database("d").expect("db");
     let on = duetdb::CollectionOptions {
         pre_and_post_images: true,
+        ..Default::default()
     };
     db.create_collection_with("p", on.clone()).expect("create");
     let e = db

@@ -297,6 +297,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             PRE,
             CollectionOptions {
                 pre_and_post_images: true,
+                ..Default::default()
             },
         )
         .expect("create p");

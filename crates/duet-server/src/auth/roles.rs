@@ -30,6 +30,7 @@ use super::users::{USERS_COLLECTION, USERS_DB};
 /// A privilege action (MongoDB's names; the snapshot ones are duet's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Action {
+    BypassDocumentValidation,
     ChangePassword,
     ChangeStream,
     CollMod,
@@ -80,6 +81,7 @@ pub enum Action {
 impl Action {
     /// Every action, in name order.
     pub const ALL: &'static [Action] = &[
+        Action::BypassDocumentValidation,
         Action::ChangePassword,
         Action::ChangeStream,
         Action::CollMod,
@@ -130,6 +132,7 @@ impl Action {
     /// MongoDB's name of the action.
     pub fn name(self) -> &'static str {
         match self {
+            Action::BypassDocumentValidation => "bypassDocumentValidation",
             Action::ChangePassword => "changePassword",
             Action::ChangeStream => "changeStream",
             Action::CollMod => "collMod",
@@ -294,6 +297,7 @@ const READ_WRITE: &[Action] = &[
 /// dbAdmin reads no documents: it manages collections, indexes and the space
 /// named snapshots retain (it may drop them, not create them).
 const DB_ADMIN: &[Action] = &[
+    BypassDocumentValidation,
     CollMod,
     CollStats,
     CreateCollection,
@@ -487,6 +491,7 @@ pub const ROLES: &[Role] = &[
             (
                 Scope::AnyDb,
                 &[
+                    BypassDocumentValidation,
                     ChangePassword,
                     CreateCollection,
                     CreateIndex,

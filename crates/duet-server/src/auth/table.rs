@@ -100,12 +100,18 @@ pub const TABLE: &[(&str, Rule)] = &[
         "explain",
         Rule::Computed(explain, "what the explained command needs"),
     ),
-    ("insert", Rule::Collection(&[Insert])),
+    (
+        "insert",
+        Rule::Computed(
+            insert,
+            "insert on the collection (bypassDocumentValidation too with `bypassDocumentValidation: true`)",
+        ),
+    ),
     (
         "update",
         Rule::Computed(
             update,
-            "update on the collection, and insert when a statement upserts",
+            "update on the collection, and insert when a statement upserts (bypassDocumentValidation too with `bypassDocumentValidation: true`)",
         ),
     ),
     ("delete", Rule::Collection(&[Remove])),
@@ -113,7 +119,7 @@ pub const TABLE: &[(&str, Rule)] = &[
         "findAndModify",
         Rule::Computed(
             find_and_modify,
-            "find + update on the collection (remove instead of update with `remove: true`; insert too with `upsert: true`)",
+            "find + update on the collection (remove instead of update with `remove: true`; insert too with `upsert: true`; bypassDocumentValidation too with `bypassDocumentValidation: true`)",
         ),
     ),
     ("create", Rule::Collection(&[CreateCollection])),
@@ -427,6 +433,21 @@ fn explain(r: &Request<'_>) -> CmdResult<Vec<Req>> {
     )
 }
 
+/// `bypassDocumentValidation: true` needs its own action (MongoDB's: dbAdmin
+/// and restore have it, readWrite does not).
+fn bypass(r: &Request<'_>, coll: &Resource, out: &mut Vec<Req>) {
+    if maybe(r.cmd, "bypassDocumentValidation") {
+        out.push(Req::Priv(coll.clone(), BypassDocumentValidation));
+    }
+}
+
+fn insert(r: &Request<'_>) -> CmdResult<Vec<Req>> {
+    let coll = r.collection()?;
+    let mut out = vec![Req::Priv(coll.clone(), Insert)];
+    bypass(r, &coll, &mut out);
+    Ok(out)
+}
+
 fn update(r: &Request<'_>) -> CmdResult<Vec<Req>> {
     let coll = r.collection()?;
     let upserts = match r.cmd.get("updates") {
@@ -437,6 +458,7 @@ fn update(r: &Request<'_>) -> CmdResult<Vec<Req>> {
         _ => false,
     };
     let mut out = vec![Req::Priv(coll.clone(), Update)];
+    bypass(r, &coll, &mut out);
     if upserts {
         out.push(Req::Priv(coll, Insert));
     }
@@ -446,6 +468,7 @@ fn update(r: &Request<'_>) -> CmdResult<Vec<Req>> {
 fn find_and_modify(r: &Request<'_>) -> CmdResult<Vec<Req>> {
     let coll = r.collection()?;
     let mut out = vec![Req::Priv(coll.clone(), Find)];
+    bypass(r, &coll, &mut out);
     let remove = maybe(r.cmd, "remove");
     if remove {
         out.push(Req::Priv(coll.clone(), Remove));

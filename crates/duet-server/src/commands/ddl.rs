@@ -1,13 +1,18 @@
 //! Namespace and index commands: listCollections, create, drop, dropDatabase,
 //! renameCollection, createIndexes, listIndexes,
-//! dropIndexes, collMod (an index's `expireAfterSeconds`).
+//! dropIndexes, collMod (an index's `expireAfterSeconds`; collection options).
+//!
+//! Collection options the engine honours (on `create` and `collMod`, durable,
+//! shown by `listCollections`; `duetdb::CollectionOptions`):
+//! `changeStreamPreAndPostImages`, `validator`, `validationLevel`,
+//! `validationAction`.
 //!
 //! Index options the engine honours: `unique`, `sparse`,
 //! `partialFilterExpression`, `expireAfterSeconds` (TTL), `wildcardProjection`,
 //! text indexes' `weights`, `default_language`, `language_override`,
 //! `textIndexVersion`; hashed, wildcard and text key patterns; `v`,
 //! `background` and `ns` are accepted and ignored, as MongoDB. Options the
-//! engine cannot honor (capped, validators, views, time series, collations,
+//! engine cannot honor (capped, views, time series, collations,
 //! geo indexes, hidden indexes, …) are refused with CommandNotSupported (115),
 //! never silently dropped.
 
@@ -89,41 +94,47 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     ))
 }
 
-/// The `changeStreamPreAndPostImages` value of a `create` or `collMod`
-/// (`{enabled: <bool>}`; as MongoDB's parser: a wrong type is TypeMismatch
-/// (14), a missing `enabled` 40414, an unknown field 40415).
-fn pre_and_post_images(cmd: &Document) -> CmdResult<Option<bool>> {
-    let Some(v) = cmd.get(duetdb::CollectionOptions::PRE_AND_POST_IMAGES) else {
-        return Ok(None);
-    };
-    duetdb::CollectionOptions::parse_pre_and_post_images(v)
-        .map(Some)
-        .map_err(|why| {
-            let code = if why.contains("unknown field") {
-                (40415, "Location40415")
-            } else if why.contains("missing") {
-                (40414, "Location40414")
-            } else {
-                (14, "TypeMismatch")
-            };
-            CommandError::new(code.0, code.1, why)
-        })
+fn is_collection_option(k: &str) -> bool {
+    duetdb::CollectionOptions::NAMES.contains(&k)
+}
+
+fn option_error(e: duetdb::OptionError) -> CommandError {
+    CommandError::new(e.code, e.code_name, e.message)
+}
+
+/// The collection options a `create` or `collMod` names, parsed (each with
+/// MongoDB's code when malformed: a wrong type is TypeMismatch (14), a bad
+/// enumeration value BadValue (2), `changeStreamPreAndPostImages` without
+/// `enabled` 40414, with an unknown field 40415) and checked (a validator
+/// must compile), before anything changes. Returns the given ones (name and
+/// value) and the options they make on their own.
+fn collection_options(
+    cmd: &Document,
+) -> CmdResult<(Vec<(String, Bson)>, duetdb::CollectionOptions)> {
+    let mut given = Vec::new();
+    let mut options = duetdb::CollectionOptions::default();
+    for (k, v) in cmd.iter().filter(|(k, _)| is_collection_option(k)) {
+        options.set(k, v).map_err(option_error)?;
+        given.push((k.clone(), v.clone()));
+    }
+    options.check_combination().map_err(option_error)?;
+    duetdb::check_collection_options(&options)?;
+    Ok((given, options))
 }
 
 pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "create")?;
-    if let Some((k, _)) = cmd.iter().skip(1).find(|(k, _)| {
-        !is_generic(k)
-            && k.as_str() != "idIndex"
-            && k.as_str() != duetdb::CollectionOptions::PRE_AND_POST_IMAGES
-    }) {
+    if let Some((k, _)) = cmd
+        .iter()
+        .skip(1)
+        .find(|(k, _)| !is_generic(k) && k.as_str() != "idIndex" && !is_collection_option(k))
+    {
         return Err(CommandError::not_supported(format!(
             "create option '{k}' is not supported by duetdb"
         )));
     }
-    let options = duetdb::CollectionOptions {
-        pre_and_post_images: pre_and_post_images(cmd)?.unwrap_or(false),
-    };
+    let (_, options) = collection_options(cmd)?;
+    let options = options.with_defaults();
     let db = ctx.database()?;
     match db.create_collection_with(name, options.clone()) {
         Ok(()) => Ok(doc! {"ok": 1.0}),
@@ -340,21 +351,23 @@ pub fn drop_indexes(ctx: &Ctx<'_>, command: &str, cmd: &Document) -> CmdResult {
 }
 
 /// `collMod`: MongoDB's `index: {keyPattern | name, expireAfterSeconds}`
-/// changes (or sets) an index's TTL; `changeStreamPreAndPostImages:
-/// {enabled}` turns pre-image recording on or off. Other options are
-/// refused (115).
+/// changes (or sets) an index's TTL; the collection options
+/// (`changeStreamPreAndPostImages`, `validator`, `validationLevel`,
+/// `validationAction`) given replace the stored ones, the others are kept.
+/// Other options are refused (115).
 pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let name = args::collection_name(cmd, "collMod")?;
     if let Some((k, _)) = cmd.iter().skip(1).find(|(k, _)| {
         !is_generic(k)
             && k.as_str() != "index"
-            && k.as_str() != duetdb::CollectionOptions::PRE_AND_POST_IMAGES
+            && (!is_collection_option(k)
+                || duetdb::CollectionOptions::CREATE_ONLY.contains(&k.as_str()))
     }) {
         return Err(CommandError::not_supported(format!(
             "collMod option '{k}' is not supported by duetdb"
         )));
     }
-    let pre_images = pre_and_post_images(cmd)?;
+    let (given, _) = collection_options(cmd)?;
     let db = ctx.database()?;
     let coll = db.collection(name);
     if coll.list_indexes().is_err() {
@@ -363,14 +376,20 @@ pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             ctx.ns(name)
         )));
     }
-    let set_pre_images = || -> CmdResult<()> {
-        if let Some(enabled) = pre_images {
-            coll.set_pre_and_post_images(enabled)?;
+    let set_options = || -> CmdResult<()> {
+        if !given.is_empty() {
+            let given = given.clone();
+            coll.set_options(move |o| {
+                for (k, v) in &given {
+                    // Parsed above: the same value cannot fail here.
+                    let _ = o.set(k, v);
+                }
+            })?;
         }
         Ok(())
     };
     let Some(index) = args::opt_doc(cmd, "index")? else {
-        set_pre_images()?;
+        set_options()?;
         return Ok(doc! {"ok": 1.0});
     };
     if let Some((k, _)) = index
@@ -430,7 +449,7 @@ pub fn coll_mod(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         reply.insert("expireAfterSeconds_new", as_bson(new));
     }
     // After the index change succeeded, so a failing collMod changes nothing.
-    set_pre_images()?;
+    set_options()?;
     reply.insert("ok", 1.0);
     Ok(reply)
 }

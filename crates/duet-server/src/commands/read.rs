@@ -91,20 +91,33 @@ impl FindPlan {
             }
         }
         let filter = args::opt_doc(cmd, "filter")?.cloned().unwrap_or_default();
+        let mut sort = args::opt_doc(cmd, "sort")?
+            .cloned()
+            .filter(|s| !s.is_empty());
+        let mut hint = cmd
+            .get("hint")
+            .cloned()
+            .filter(|h| !matches!(h, Bson::Null));
+        // `sort: {$natural: ±1}` is the collection scan in (reverse)
+        // insertion order: the `$natural` hint, no sort.
+        if let Some(natural) = sort
+            .as_ref()
+            .filter(|s| s.len() == 1)
+            .and_then(|s| s.get("$natural"))
+            .cloned()
+        {
+            sort = None;
+            hint = Some(Bson::Document(doc! {"$natural": natural}));
+        }
         Ok(FindPlan {
             // The command's `let` variables, bound around the filter's `$expr`s.
             filter: duetdb::lang::Filter::bind_let(&filter, args::opt_doc(cmd, "let")?)?,
             options: FindOptions {
-                sort: args::opt_doc(cmd, "sort")?
-                    .cloned()
-                    .filter(|s| !s.is_empty()),
+                sort,
                 projection: None,
                 skip: args::opt_count(cmd, "skip")?.unwrap_or(0),
                 limit: args::opt_count(cmd, "limit")?.unwrap_or(0),
-                hint: cmd
-                    .get("hint")
-                    .cloned()
-                    .filter(|h| !matches!(h, Bson::Null)),
+                hint,
             },
             projection: args::opt_doc(cmd, "projection")?.cloned(),
         })

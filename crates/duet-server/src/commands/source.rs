@@ -59,9 +59,24 @@ impl Target<'_> {
         ctx: &Ctx<'_>,
         name: &str,
     ) -> CmdResult<Box<dyn Crud + 's>> {
+        self.collection_with(ctx, name, false)
+    }
+
+    /// [`Target::collection`] for a command that may set
+    /// `bypassDocumentValidation` (`bypass`: the validator is not run).
+    pub fn collection_with<'s>(
+        &'s mut self,
+        ctx: &Ctx<'_>,
+        name: &str,
+        bypass: bool,
+    ) -> CmdResult<Box<dyn Crud + 's>> {
         Ok(match self {
-            Target::Live => Box::new(ctx.database()?.collection(name)),
-            Target::Txn(txn) => Box::new(txn.collection(name)),
+            Target::Live => Box::new(
+                ctx.database()?
+                    .collection(name)
+                    .bypass_document_validation(bypass),
+            ),
+            Target::Txn(txn) => Box::new(txn.collection(name).bypass_document_validation(bypass)),
         })
     }
 }

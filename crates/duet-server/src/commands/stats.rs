@@ -93,14 +93,15 @@ fn storage_stats(ctx: &Ctx<'_>, coll: &str, scale: u64) -> CmdResult<Document> {
         details.insert(i.name.clone(), doc! {"entries": num(i.entries)});
     }
     let (snapshots, versions, bytes) = retained_by_snapshots(&db, coll);
-    Ok(doc! {
+    let options = db.collection(coll).options().unwrap_or_default();
+    let mut out = doc! {
         "size": num(s.data_bytes / scale),
         "count": num(s.count),
         "avgObjSize": num(s.data_bytes.checked_div(s.count).unwrap_or(0)),
         "numOrphanDocs": 0,
         "storageSize": num(storage / scale),
         "freeStorageSize": 0,
-        "capped": false,
+        "capped": options.capped,
         "nindexes": num(s.indexes.len() as u64),
         "indexDetails": details,
         "indexBuilds": [],
@@ -124,7 +125,14 @@ fn storage_stats(ctx: &Ctx<'_>, coll: &str, scale: u64) -> CmdResult<Document> {
                 "bytes": num(bytes / scale),
             },
         },
-    })
+    };
+    // As MongoDB's, for a capped collection: its `max` (0: none) and
+    // `maxSize` (scaled).
+    if options.capped {
+        out.insert("max", num(options.capped_max.unwrap_or(0)));
+        out.insert("maxSize", num(options.capped_size.unwrap_or(0) / scale));
+    }
+    Ok(out)
 }
 
 /// `{collStats: <coll>, scale?}` (deprecated in MongoDB 6.2 but still sent

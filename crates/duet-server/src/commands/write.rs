@@ -131,7 +131,7 @@ fn each_statement<T>(
 pub fn insert(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let (name, docs, ordered) = batch(cmd, "insert", "documents")?;
     OpCounters::bump(&ctx.state.ops.insert, docs.len() as u64);
-    let coll = target.collection(ctx, name)?;
+    let coll = target.collection_with(ctx, name, args::flag(cmd, "bypassDocumentValidation")?)?;
     match coll.insert_many(docs.into_iter().cloned().collect(), ordered) {
         Ok(ids) => Ok(write_reply(ids.len() as i64, Document::new(), vec![])),
         Err(duetdb::Error::BulkWrite(f)) => {
@@ -230,7 +230,7 @@ fn refuse_unsupported(stmt: &Document) -> CmdResult<()> {
 
 pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let (name, stmts, ordered) = batch(cmd, "update", "updates")?;
-    let coll = target.collection(ctx, name)?;
+    let coll = target.collection_with(ctx, name, args::flag(cmd, "bypassDocumentValidation")?)?;
     let let_vars = args::opt_doc(cmd, "let")?;
     // IDL type errors fail the whole command, before any statement runs.
     let mut filters = Vec::with_capacity(stmts.len());
@@ -395,7 +395,7 @@ pub fn find_and_modify(
         },
         hint: cmd.get("hint").cloned(),
     };
-    let coll = target.collection(ctx, name)?;
+    let coll = target.collection_with(ctx, name, args::flag(cmd, "bypassDocumentValidation")?)?;
     let (value, out) = coll.find_and_modify_with_spec(query, spec, options)?;
     let last_error = if remove {
         doc! {"n": i32::from(out.removed)}

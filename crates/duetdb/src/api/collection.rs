@@ -59,6 +59,9 @@ pub enum IndexTarget {
 pub struct Collection {
     pub(crate) db: Database,
     pub(crate) name: String,
+    /// Writes through this handle skip the validator
+    /// (`bypassDocumentValidation`).
+    pub(crate) bypass_validation: bool,
 }
 
 // The CRUD methods callers use most, inherent so that they need no trait in
@@ -154,6 +157,7 @@ impl Crud for Collection {
             coll: self.name.clone(),
             docs,
             ordered,
+            bypass_validation: self.bypass_validation,
         }) {
             Ok(Reply::Inserted(out)) => Ok(out),
             Ok(other) => Err(unexpected(other)),
@@ -174,6 +178,7 @@ impl Crud for Collection {
             update: u.spec,
             multi: u.multi,
             upsert: u.options.upsert,
+            bypass_validation: self.bypass_validation,
             hint: u.options.hint.as_ref().map(Hint::from_bson).transpose()?,
         };
         match self.db.submit(Command::Update(cmd))? {
@@ -206,6 +211,7 @@ impl Crud for Collection {
             hint: o.hint.as_ref().map(Hint::from_bson).transpose()?,
             filter_doc: m.filter,
             update: m.update,
+            bypass_validation: self.bypass_validation,
         };
         match self.db.submit(Command::FindAndModify(cmd))? {
             Reply::FoundAndModified(out) => Ok(out),
@@ -550,19 +556,45 @@ impl Collection {
     /// recording) the version they change, for change streams'
     /// `fullDocumentBeforeChange`. Returns the previous setting.
     pub fn set_pre_and_post_images(&self, enabled: bool) -> Result<bool> {
+        self.set_options(move |o| o.pre_and_post_images = enabled)
+            .map(|old| old.pre_and_post_images)
+    }
+
+    /// Change the collection's options (`collMod`): `edit` changes a copy,
+    /// which is checked (a validator must compile: query operators,
+    /// `$jsonSchema`, `$expr`; `$where`, `$near`, `$text` refused, 2) and
+    /// completed with the defaults MongoDB stores beside a validator, then
+    /// stored and logged as one `SetOptions` effect at a command boundary.
+    /// NamespaceNotFound when the collection does not exist; a refused
+    /// change changes nothing. Existing documents are not revalidated, as
+    /// MongoDB. Returns the previous options.
+    pub fn set_options(
+        &self,
+        edit: impl FnOnce(&mut CollectionOptions) + Send + 'static,
+    ) -> Result<CollectionOptions> {
         let coll = self.name.clone();
         self.db.writer().at_boundary(move |state, fx| {
             let c = state
                 .collection_mut(&coll)
                 .ok_or_else(|| Error::NamespaceNotFound(coll.clone()))?;
-            let old = c.options.pre_and_post_images;
-            if old != enabled {
-                c.options.pre_and_post_images = enabled;
-                let options = c.options.clone();
-                fx.record(|| Effect::SetOptions { coll, options });
+            let old = c.options.clone();
+            let mut new = old.clone();
+            edit(&mut new);
+            let new = new.with_defaults();
+            crate::query::validator::check(&new)?;
+            if new != old {
+                c.options = new.clone();
+                fx.record(|| Effect::SetOptions { coll, options: new });
             }
             Ok(old)
         })
+    }
+
+    /// This handle with `bypassDocumentValidation` set: its inserts and
+    /// updates skip the collection's validator.
+    pub fn bypass_document_validation(mut self, bypass: bool) -> Collection {
+        self.bypass_validation = bypass;
+        self
     }
 
     pub fn drop_index(&self, name: &str) -> Result<()> {

@@ -313,6 +313,7 @@ impl Database {
         Collection {
             db: self.clone(),
             name: name.to_string(),
+            bypass_validation: false,
         }
     }
 
@@ -390,10 +391,12 @@ impl Database {
     /// Create an empty collection with `options` (`create`'s options, logged
     /// with it as one change); NamespaceExists when it exists.
     pub fn create_collection_with(&self, name: &str, options: CollectionOptions) -> Result<()> {
+        let options = options.with_defaults();
         if options.is_default() {
             return self.create_collection(name);
         }
         validate_collection_name(name)?;
+        crate::query::validator::check(&options)?;
         let name = name.to_string();
         self.writer().at_boundary(move |state, fx| {
             if state.collection(&name).is_some() {

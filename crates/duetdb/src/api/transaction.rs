@@ -9,7 +9,8 @@
 //! buffered writes (read-your-writes); nothing reaches stored data before
 //! `commit`; every operation first checks that the transaction is still
 //! active (not aborted, within its lifetime); a refused write (too large, a
-//! duplicate `_id`, a failing update) leaves the buffer as it was.
+//! duplicate `_id`, a failing update, a failed validation: 121, judged by
+//! the snapshot's collection options) leaves the buffer as it was.
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use crate::query::aggregate::{Foreign, Runtime};
 use crate::query::distinct::Distinct;
 use crate::query::planner;
 use crate::query::update::upsert_seed;
+use crate::query::validator::Validator;
 use crate::query::{ApplyContext, Filter, Pipeline, SortSpec, UpdateSpec};
 use crate::store::collection::ID_INDEX_NAME;
 use crate::store::heap::RecordId;
@@ -311,6 +313,7 @@ impl Transaction {
         TxnCollection {
             txn: RefCell::new(self),
             name: coll.to_string(),
+            bypass_validation: false,
         }
     }
 
@@ -386,6 +389,21 @@ impl Transaction {
     /// Buffer `new` as the final version of `id` (`None` deletes). Checks the
     /// write-set limits first, so a refused write changes nothing.
     fn buffer(&mut self, coll: &str, id: ValueKey, new: Option<DocRef>) -> Result<()> {
+        if let Some(c) = self.snapshot.collection(coll) {
+            // As MongoDB: capped collections trim in insertion order at
+            // the writer, which a transaction's buffered writes cannot
+            // honour.
+            if c.options.capped {
+                return Err(Error::Coded {
+                    code: 263,
+                    name: "OperationNotSupportedInTransaction",
+                    msg: format!(
+                        "Collection '{}' is a capped collection. Writes in transactions are not allowed on capped collections.",
+                        c.ns
+                    ),
+                });
+            }
+        }
         let new_len = new.as_ref().map_or(0, |d| d.as_bytes().len());
         let existing = self.writes.get(coll).and_then(|w| w.get(&id));
         let old_len = existing
@@ -413,9 +431,40 @@ impl Transaction {
         Ok(())
     }
 
-    /// Buffer a new document whose `_id` is `id`; a `_id` this transaction
-    /// already sees fails with DuplicateKey.
-    fn insert_stored(&mut self, coll: &str, stored: DocRef, id: RawBson) -> Result<Bson> {
+    /// Judge `new` (replacing `old`, `None` for an insert) by the validator
+    /// of `coll` as this transaction's snapshot has it (the options a
+    /// transaction sees are those of its snapshot, as its documents are):
+    /// 121 DocumentValidationFailure refuses the write, before anything is
+    /// buffered. `bypass`: `bypassDocumentValidation`.
+    fn validate(
+        &self,
+        coll: &str,
+        bypass: bool,
+        old: Option<&DocRef>,
+        new: &bson::RawDocument,
+    ) -> Result<()> {
+        let Some(c) = self.snapshot.collection(coll) else {
+            return Ok(());
+        };
+        if bypass || c.options.validator.is_none() {
+            return Ok(());
+        }
+        match Validator::of(&c.options)? {
+            Some(v) => v.check(&c.ns, old.map(|o| o.as_ref().as_ref()), new),
+            None => Ok(()),
+        }
+    }
+
+    /// Buffer a new document whose `_id` is `id` (after validation); a
+    /// `_id` this transaction already sees fails with DuplicateKey.
+    fn insert_stored(
+        &mut self,
+        coll: &str,
+        stored: DocRef,
+        id: RawBson,
+        bypass: bool,
+    ) -> Result<Bson> {
+        self.validate(coll, bypass, None, &stored)?;
         let key = ValueKey(id.clone());
         let id_bson = Bson::try_from(id).unwrap_or(Bson::Null);
         if self.read_point(coll, &key).is_some() {
@@ -432,6 +481,7 @@ impl Transaction {
         coll: &str,
         filter: &Document,
         update: &UpdateSpec,
+        bypass: bool,
     ) -> Result<(Bson, DocRef)> {
         let seed = upsert_seed(filter)?;
         let context = ApplyContext {
@@ -441,7 +491,7 @@ impl Transaction {
         };
         let (raw, id) = doc::prepare_insert(&update.apply(&seed, &context)?)?;
         let stored = Arc::new(raw);
-        let id = self.insert_stored(coll, stored.clone(), id)?;
+        let id = self.insert_stored(coll, stored.clone(), id, bypass)?;
         Ok((id, stored))
     }
 
@@ -473,6 +523,7 @@ impl Transaction {
         update: &UpdateSpec,
         multi: bool,
         upsert: bool,
+        bypass: bool,
     ) -> Result<UpdateResult> {
         self.check_active()?;
         let parsed = Filter::parse(&filter)?;
@@ -484,7 +535,7 @@ impl Transaction {
             if !upsert {
                 return Ok(UpdateResult::default());
             }
-            let (id, _) = self.upsert(coll, &filter, update)?;
+            let (id, _) = self.upsert(coll, &filter, update, bypass)?;
             return Ok(UpdateResult {
                 matched: 0,
                 modified: 0,
@@ -495,6 +546,7 @@ impl Transaction {
         let mut changes = Vec::new();
         for old in &found {
             if let Some(new) = updated_version(old, update, &parsed, now)? {
+                self.validate(coll, bypass, Some(old), &new)?;
                 changes.push((id_key(old)?, Arc::new(new)));
             }
         }
@@ -525,7 +577,12 @@ impl Transaction {
     /// findAndModify as the first match (in `options.sort` order) updated or
     /// deleted in the buffer, or an upsert: as atomic as the rest of the
     /// transaction. `hint` is ignored (the read is planned on the snapshot).
-    fn modify_first_in(&mut self, coll: &str, m: CheckedModify) -> Result<FindAndModifyOutcome> {
+    fn modify_first_in(
+        &mut self,
+        coll: &str,
+        m: CheckedModify,
+        bypass: bool,
+    ) -> Result<FindAndModifyOutcome> {
         let CheckedModify {
             filter,
             update,
@@ -541,7 +598,7 @@ impl Transaction {
             let Some(update) = update.filter(|_| options.upsert) else {
                 return Ok(FindAndModifyOutcome::default());
             };
-            let (id, stored) = self.upsert(coll, &filter, &update)?;
+            let (id, stored) = self.upsert(coll, &filter, &update, bypass)?;
             return Ok(FindAndModifyOutcome {
                 doc: after.then_some(stored),
                 update: UpdateResult {
@@ -566,6 +623,7 @@ impl Transaction {
         let parsed = Filter::parse(&filter)?;
         let new = updated_version(&old, &update, &parsed, DateTime::now())?.map(Arc::new);
         if let Some(n) = &new {
+            self.validate(coll, bypass, Some(&old), n)?;
             self.buffer(coll, key, Some(n.clone()))?;
         }
         let modified = u64::from(new.is_some());
@@ -668,6 +726,8 @@ pub struct TxnCollection<'t> {
     // calls another, so the borrow cannot fail in practice.
     txn: RefCell<&'t mut Transaction>,
     name: String,
+    /// `bypassDocumentValidation` for this view's writes.
+    bypass_validation: bool,
 }
 
 impl std::fmt::Debug for TxnCollection<'_> {
@@ -679,6 +739,13 @@ impl std::fmt::Debug for TxnCollection<'_> {
 }
 
 impl<'t> TxnCollection<'t> {
+    /// This view with `bypassDocumentValidation` set: its inserts and
+    /// updates skip the collection's validator.
+    pub fn bypass_document_validation(mut self, bypass: bool) -> TxnCollection<'t> {
+        self.bypass_validation = bypass;
+        self
+    }
+
     fn txn(&self) -> Result<RefMut<'_, &'t mut Transaction>> {
         self.txn
             .try_borrow_mut()
@@ -696,7 +763,7 @@ impl Crud for TxnCollection<'_> {
         txn.check_active()?;
         let mut out = InsertOutcome::default();
         for (i, (raw, id)) in docs.into_iter().enumerate() {
-            match txn.insert_stored(&self.name, Arc::new(raw), id) {
+            match txn.insert_stored(&self.name, Arc::new(raw), id, self.bypass_validation) {
                 Ok(id) => out.inserted.push((i, id)),
                 Err(e) => {
                     out.errors.push((i, e));
@@ -711,8 +778,14 @@ impl Crud for TxnCollection<'_> {
 
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
         let upsert = u.options.upsert;
-        self.txn()?
-            .update_in(&self.name, u.filter, &u.spec, u.multi, upsert)
+        self.txn()?.update_in(
+            &self.name,
+            u.filter,
+            &u.spec,
+            u.multi,
+            upsert,
+            self.bypass_validation,
+        )
     }
 
     fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
@@ -720,7 +793,8 @@ impl Crud for TxnCollection<'_> {
     }
 
     fn modify_first(&self, m: CheckedModify) -> Result<FindAndModifyOutcome> {
-        self.txn()?.modify_first_in(&self.name, m)
+        self.txn()?
+            .modify_first_in(&self.name, m, self.bypass_validation)
     }
 
     fn find_raw(&self, filter: Document, options: FindOptions) -> Result<Vec<DocRef>> {

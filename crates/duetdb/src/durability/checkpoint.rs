@@ -294,3 +294,79 @@ pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError
     }
     Ok(state)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durability::io::SimFs;
+    use crate::store::options::{ValidationAction, ValidationLevel};
+    use bson::doc;
+
+    fn state_with(options: CollectionOptions) -> DbState {
+        let mut state = DbState {
+            db: Arc::from("t"),
+            csn: 3,
+            ..Default::default()
+        };
+        let mut c = CollectionState::new("t.c", Default::default());
+        c.options = options;
+        Arc::make_mut(&mut state.collections).insert("c".into(), c);
+        state
+    }
+
+    #[test]
+    fn validation_options_round_trip() {
+        let options = CollectionOptions {
+            pre_and_post_images: true,
+            validator: Some(Arc::new(doc! {"a": {"$gt": 1}})),
+            validation_level: Some(ValidationLevel::Moderate),
+            validation_action: Some(ValidationAction::Warn),
+            ..Default::default()
+        };
+        let fs = SimFs::new();
+        let dir = Path::new("/d");
+        let info = write(&fs, dir, &state_with(options.clone())).expect("test value");
+        let back = load(&fs, &info.path, "t").expect("test value");
+        assert_eq!(back.collection("c").expect("test value").options, options);
+    }
+
+    /// A format-3 image as builds before validation wrote it (options
+    /// holding only `changeStreamPreAndPostImages`) loads unchanged: the
+    /// validation options extend the options document, not the format.
+    #[test]
+    fn images_of_earlier_builds_load() {
+        let mut out = Vec::new();
+        let mut p = vec![b'H'];
+        p.extend_from_slice(MAGIC);
+        p.extend_from_slice(&3u32.to_le_bytes());
+        p.extend_from_slice(&3u64.to_le_bytes());
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&0u64.to_le_bytes());
+        frame(&p, &mut out);
+        let mut p = vec![b'C'];
+        put_str(&mut p, "c");
+        p.extend_from_slice(&0u64.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        let opts = bson::rawdoc! {"changeStreamPreAndPostImages": {"enabled": true}};
+        p.extend_from_slice(opts.as_bytes());
+        frame(&p, &mut out);
+        let mut p = vec![b'E'];
+        p.extend_from_slice(&3u64.to_le_bytes());
+        p.extend_from_slice(&0u64.to_le_bytes());
+        frame(&p, &mut out);
+        let state = decode(&out, Path::new("old.ckpt"), "t").expect("test value");
+        let c = state.collection("c").expect("test value");
+        assert_eq!(
+            c.options,
+            CollectionOptions {
+                pre_and_post_images: true,
+                ..Default::default()
+            }
+        );
+        // And what this build writes for those options is that image.
+        let fs = SimFs::new();
+        let info = write(&fs, Path::new("/d"), &state_with(c.options.clone())).expect("test value");
+        let written = fs.read(&info.path).expect("test value");
+        assert_eq!(written, out);
+    }
+}

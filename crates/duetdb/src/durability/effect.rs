@@ -621,6 +621,8 @@ pub fn apply(state: &mut DbState, e: Effect) -> Result<(), String> {
                 Some(rid) => c.replace(rid, doc).map_err(|e| e.to_string())?,
                 None => {
                     c.insert(doc, id).map_err(|e| e.to_string())?;
+                    // As the writer did after this insert (not logged).
+                    c.trim_capped().map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -740,6 +742,7 @@ mod tests {
             coll: "c".into(),
             options: CollectionOptions {
                 pre_and_post_images: true,
+                ..Default::default()
             },
         };
         match round_trip(&opts) {
@@ -749,6 +752,87 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// `SetOptions` records of builds before validation (options holding
+    /// only `changeStreamPreAndPostImages`) decode unchanged, and the
+    /// validation options ride in the same record (same tag, same layout).
+    #[test]
+    fn set_options_records_of_earlier_builds_load() {
+        let mut old = vec![T_SET_OPTIONS];
+        put_str(&mut old, "c");
+        old.extend_from_slice(
+            rawdoc! {"changeStreamPreAndPostImages": {"enabled": true}}.as_bytes(),
+        );
+        let mut r = Reader::new(&old);
+        let pre_only = CollectionOptions {
+            pre_and_post_images: true,
+            ..Default::default()
+        };
+        match decode(&mut r).expect("decodes") {
+            Effect::SetOptions { coll, options } => {
+                assert_eq!(coll, "c");
+                assert_eq!(options, pre_only);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut again = Vec::new();
+        encode(
+            &Effect::SetOptions {
+                coll: "c".into(),
+                options: pre_only,
+            },
+            &mut again,
+        );
+        assert_eq!(again, old);
+        let full = CollectionOptions {
+            pre_and_post_images: false,
+            validator: Some(Arc::new(bson::doc! {"$jsonSchema": {"required": ["a"]}})),
+            validation_level: Some(crate::store::options::ValidationLevel::Off),
+            validation_action: Some(crate::store::options::ValidationAction::Warn),
+            ..Default::default()
+        };
+        match round_trip(&Effect::SetOptions {
+            coll: "c".into(),
+            options: full.clone(),
+        }) {
+            Effect::SetOptions { options, .. } => assert_eq!(options, full),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Replaying inserts into a capped collection trims it as the writer
+    /// did (the removals are not logged).
+    #[test]
+    fn replay_trims_capped_collections() {
+        let mut state = DbState::default();
+        let mut effects = vec![
+            Effect::CreateCollection { name: "c".into() },
+            Effect::SetOptions {
+                coll: "c".into(),
+                options: CollectionOptions {
+                    capped: true,
+                    capped_size: Some(4096),
+                    capped_max: Some(2),
+                    ..Default::default()
+                },
+            },
+        ];
+        for i in 0..5 {
+            effects.push(Effect::Insert {
+                coll: "c".into(),
+                doc: Arc::new(rawdoc! {"_id": i}),
+            });
+        }
+        apply_all(&mut state, effects).expect("replay");
+        let c = state.collection("c").expect("c");
+        let kept: Vec<i32> = c
+            .heap
+            .iter()
+            .map(|(_, d)| d.get_i32("_id").expect("test value"))
+            .collect();
+        assert_eq!(kept, [3, 4]);
+        c.check_invariants().expect("consistent");
     }
 
     #[test]
@@ -762,6 +846,7 @@ mod tests {
                     coll: "c".into(),
                     options: CollectionOptions {
                         pre_and_post_images: true,
+                        ..Default::default()
                     },
                 },
                 Effect::Insert {

@@ -153,6 +153,10 @@ pub enum Error {
     /// never skipped silently.
     #[error("{0}")]
     ChangeStreamHistoryLost(String),
+    /// A write failed the collection's validator. MongoDB code 121; the
+    /// document is MongoDB's `errInfo` (`failingDocumentId`, `details`).
+    #[error("Document failed validation")]
+    DocumentValidationFailure(Box<bson::Document>),
     /// An error MongoDB raises with a specific code of its own: a named code
     /// (241 ConversionFailure, 9 FailedToParse, ...) or a numbered assertion
     /// location (`Location16554`), as the expression language's operators do.
@@ -203,6 +207,7 @@ impl Error {
             Error::TransactionTooLarge(_) => 257,
             Error::ValueTooLarge { .. } => 10334,
             Error::ChangeStreamHistoryLost(_) => 286,
+            Error::DocumentValidationFailure(_) => 121,
             Error::Coded { code, .. } => *code,
         }
     }
@@ -227,6 +232,7 @@ impl Error {
             Error::IndexConflict(_) => "IndexKeySpecsConflict",
             Error::IndexOptionsConflict(_) => "IndexOptionsConflict",
             Error::HashedArray(_) => "Location16766",
+            Error::DocumentValidationFailure(_) => "DocumentValidationFailure",
             Error::TextLanguage(_) => "Location17262",
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
             Error::IllegalOperation(_) => "IllegalOperation",

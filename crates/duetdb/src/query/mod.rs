@@ -15,6 +15,7 @@ pub mod sorter;
 pub mod spill;
 pub mod text;
 pub mod update;
+pub mod validator;
 pub mod walk;
 
 pub use aggregate::{CommutativePart, PartialState, Pipeline, Split};

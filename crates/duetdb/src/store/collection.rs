@@ -321,6 +321,28 @@ impl CollectionState {
         Ok(old)
     }
 
+    /// A capped collection past its `size` or `max` after an insert:
+    /// remove the oldest documents (lowest record ids, insertion order)
+    /// until it is within both again, never the newest one (MongoDB keeps a
+    /// document larger than `size` alone). Returns the removed documents.
+    /// Deterministic in the collection's state, so recovery and replication
+    /// replaying an insert trim exactly as the writer did (the removals are
+    /// not logged: MongoDB's oplog and change streams show none either).
+    pub fn trim_capped(&mut self) -> Result<Vec<DocRef>> {
+        let mut removed = Vec::new();
+        while self.len() > 1
+            && self
+                .options
+                .over_capped_limits(self.len() as u64, self.data_bytes)
+        {
+            let Some((rid, _)) = self.heap.iter().next() else {
+                break;
+            };
+            removed.push(self.delete(rid)?);
+        }
+        Ok(removed)
+    }
+
     /// Build a new index over the existing documents. Errors (duplicate keys,
     /// parallel arrays) leave the collection unchanged. Returns false when an
     /// identical index exists (or `spec` is the primary key pattern).

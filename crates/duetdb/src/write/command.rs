@@ -28,6 +28,7 @@ use crate::durability::effect::{Effect, Effects};
 use crate::error::{Error, Result};
 use crate::query::planner::{self, FindSpec, Hint};
 use crate::query::update::upsert_seed;
+use crate::query::validator::Validator;
 use crate::query::{ApplyContext, Filter, SortSpec, UpdateSpec};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
@@ -57,6 +58,8 @@ pub enum Command {
         coll: String,
         docs: Vec<(RawDocumentBuf, RawBson)>,
         ordered: bool,
+        /// `bypassDocumentValidation`: the collection's validator is not run.
+        bypass_validation: bool,
     },
     Update(UpdateCommand),
     Delete {
@@ -92,6 +95,8 @@ pub struct UpdateCommand {
     pub multi: bool,
     pub upsert: bool,
     pub hint: Option<Hint>,
+    /// `bypassDocumentValidation`.
+    pub bypass_validation: bool,
 }
 
 #[derive(Debug)]
@@ -106,6 +111,8 @@ pub struct FindAndModifyCommand {
     /// Return the new version instead of the old one.
     pub return_new: bool,
     pub hint: Option<Hint>,
+    /// `bypassDocumentValidation`.
+    pub bypass_validation: bool,
 }
 
 impl Command {
@@ -240,7 +247,8 @@ pub fn apply_command(state: &mut DbState, fx: &mut Effects, cmd: Command) -> Res
             coll,
             docs,
             ordered,
-        } => insert(state, fx, &coll, docs, ordered),
+            bypass_validation,
+        } => insert(state, fx, &coll, docs, ordered, bypass_validation),
         Command::Update(u) => update(state, fx, u),
         Command::Delete {
             coll,
@@ -287,6 +295,28 @@ fn missing(coll: &str) -> Error {
     Error::Internal(format!("collection {coll} vanished inside a command"))
 }
 
+/// The collection's validator unless bypassed or absent (compiled once per
+/// command; the stored options were checked when set).
+fn validator_of(c: &CollectionState, bypass: bool) -> Result<Option<Validator>> {
+    if bypass || c.options.validator.is_none() {
+        return Ok(None);
+    }
+    Validator::of(&c.options)
+}
+
+/// Run `v` (if any) on the version a write stores.
+fn validate(
+    v: &Option<Validator>,
+    c: &CollectionState,
+    old: Option<&DocRef>,
+    new: &RawDocumentBuf,
+) -> Result<()> {
+    match v {
+        Some(v) => v.check(&c.ns, old.map(|o| o.as_ref().as_ref()), new),
+        None => Ok(()),
+    }
+}
+
 /// Create `name` if absent; true when it was created.
 fn ensure_collection(state: &mut DbState, name: &str) -> bool {
     if state.collection(name).is_some() {
@@ -310,6 +340,7 @@ fn insert(
     coll: &str,
     docs: Vec<(RawDocumentBuf, RawBson)>,
     ordered: bool,
+    bypass: bool,
 ) -> Result<Reply> {
     if docs.len() > MAX_WRITE_BATCH {
         return Err(Error::bad_value(format!(
@@ -319,13 +350,23 @@ fn insert(
     }
     let created = ensure_collection(state, coll);
     let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
+    let v = validator_of(c, bypass)?;
     let mut out = InsertOutcome::default();
     for (i, (raw, id)) in docs.into_iter().enumerate() {
+        if let Err(e) = validate(&v, c, None, &raw) {
+            out.errors.push((i, e));
+            if ordered {
+                break;
+            }
+            continue;
+        }
         let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
         let d: DocRef = Arc::new(raw);
         match c.insert(d.clone(), id) {
             Ok(_) => {
                 fx.insert(coll, &d);
+                // Unlogged: replaying the insert trims the same way.
+                c.trim_capped()?;
                 out.inserted.push((i, id_bson))
             }
             Err(e) => {
@@ -481,15 +522,17 @@ fn update(state: &mut DbState, fx: &mut Effects, u: UpdateCommand) -> Result<Rep
         if !u.upsert {
             return Ok(Reply::Updated(UpdateResult::default()));
         }
-        return upsert_into(state, fx, &u.coll, &u.filter_doc, &u.update, now).map(Reply::Updated);
+        return upsert_into(state, fx, &u, now).map(Reply::Updated);
     };
     let found = matching(c, &u.filter, None, u.multi, u.hint.as_ref())?;
     if found.is_empty() && u.upsert {
-        return upsert_into(state, fx, &u.coll, &u.filter_doc, &u.update, now).map(Reply::Updated);
+        return upsert_into(state, fx, &u, now).map(Reply::Updated);
     }
+    let v = validator_of(c, u.bypass_validation)?;
     let mut changes = Vec::new();
     for (rid, old) in &found {
         if let Some(new) = updated_version(old, &u.update, &u.filter, now)? {
+            validate(&v, c, Some(old), &new)?;
             changes.push((*rid, old.clone(), Arc::new(new)));
         }
     }
@@ -507,14 +550,17 @@ fn update(state: &mut DbState, fx: &mut Effects, u: UpdateCommand) -> Result<Rep
 fn upsert_into(
     state: &mut DbState,
     fx: &mut Effects,
-    coll: &str,
-    filter_doc: &Document,
-    update: &UpdateSpec,
+    u: &UpdateCommand,
     now: DateTime,
 ) -> Result<UpdateResult> {
-    let (raw, id) = upsert_doc(filter_doc, update, now)?;
+    let coll = u.coll.as_str();
+    let (raw, id) = upsert_doc(&u.filter_doc, &u.update, now)?;
     let created = ensure_collection(state, coll);
     let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
+    if let Err(e) = validate(&validator_of(c, u.bypass_validation)?, c, None, &raw) {
+        undo_create(state, coll, created);
+        return Err(e);
+    }
     let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
     let d: DocRef = Arc::new(raw);
     if let Err(e) = c.insert(d.clone(), id) {
@@ -522,6 +568,7 @@ fn upsert_into(
         return Err(e);
     }
     fx.insert(coll, &d);
+    c.trim_capped()?;
     Ok(UpdateResult {
         matched: 0,
         modified: 0,
@@ -568,12 +615,17 @@ fn find_and_modify(
                 let c = state
                     .collection_mut(&f.coll)
                     .ok_or_else(|| missing(&f.coll))?;
+                if let Err(e) = validate(&validator_of(c, f.bypass_validation)?, c, None, &stored) {
+                    undo_create(state, &f.coll, created);
+                    return Err(e);
+                }
                 let id_bson = Bson::try_from(id.clone()).unwrap_or(Bson::Null);
                 if let Err(e) = c.insert(stored.clone(), id) {
                     undo_create(state, &f.coll, created);
                     return Err(e);
                 }
                 fx.insert(&f.coll, &stored);
+                c.trim_capped()?;
                 Ok(Reply::FoundAndModified(FindAndModifyOutcome {
                     doc: f.return_new.then_some(stored),
                     update: UpdateResult {
@@ -607,6 +659,7 @@ fn find_and_modify(
             let new = updated_version(&old, update, &f.filter, now)?;
             let (modified, new_ref) = match new {
                 Some(raw) => {
+                    validate(&validator_of(c, f.bypass_validation)?, c, Some(&old), &raw)?;
                     let r: DocRef = Arc::new(raw);
                     c.replace(rid, r.clone())?;
                     fx.replace(

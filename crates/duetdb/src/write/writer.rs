@@ -678,6 +678,7 @@ mod tests {
             coll: "c".into(),
             docs: vec![prepared],
             ordered: true,
+            bypass_validation: false,
         })
     }
 
