@@ -35,7 +35,12 @@
 //!   "Slow query" with its namespace, duration, plan summary and snapshot
 //!   strategy;
 //! - a client closing its connection (between messages, or with a reset) is
-//!   logged at debug level, never as a warning.
+//!   logged at debug level, never as a warning;
+//! - an `OP_COMPRESSED` request is unwrapped before anything else
+//!   (`compression.rs`); one that cannot be (a compressor not offered, a
+//!   size that does not match) closes the connection like an unreadable
+//!   frame; its reply goes back compressed with the same compressor unless
+//!   the command is one the specification keeps uncompressed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,8 +54,8 @@ use crate::commands;
 use crate::error::CommandError;
 use crate::state::{ConnInfo, ServerState};
 use crate::tls::Stream;
-use crate::wire::{self, Frame, FrameError, OP_MSG, OP_QUERY, OP_REPLY};
-use crate::{opmsg, opquery};
+use crate::wire::{self, Frame, FrameError, OP_COMPRESSED, OP_MSG, OP_QUERY, OP_REPLY};
+use crate::{compression, opmsg, opquery};
 
 /// Serve one connection (plain or TLS, after its handshake) to completion.
 pub async fn serve(
@@ -91,10 +96,22 @@ pub async fn serve(
                 break;
             }
         };
+        let (frame, compressor) = if frame.header.op_code == OP_COMPRESSED {
+            match compression::decompress(&frame, &state.config.compressors) {
+                Ok((inner, c)) => (inner, Some(c)),
+                Err(e) => {
+                    tracing::warn!(conn = conn.id, peer = %conn.peer, reason = %e,
+                        "closing connection: unreadable OP_COMPRESSED message");
+                    break;
+                }
+            }
+        } else {
+            (frame, None)
+        };
         let op_code = frame.header.op_code;
         if op_code != OP_MSG && op_code != OP_QUERY {
             tracing::warn!(conn = conn.id, peer = %conn.peer, op_code,
-                "closing connection: unsupported opcode (OP_COMPRESSED is not offered; legacy opcodes other than OP_QUERY are not served)");
+                "closing connection: unsupported opcode (legacy opcodes other than OP_QUERY are not served)");
             break;
         }
         let handled = async {
@@ -114,11 +131,27 @@ pub async fn serve(
                 break;
             }
         };
-        let Some((op_code, payload)) = reply else {
+        let Some(reply) = reply else {
             continue;
         };
-        let bytes = wire::frame_reply(next_reply_id, frame.header.request_id, op_code, &payload);
+        let (reply_id, response_to) = (next_reply_id, frame.header.request_id);
         next_reply_id = next_reply_id.wrapping_add(1);
+        // A reply is compressed as its request was (the specification's
+        // rule), except for the handshake and authentication commands.
+        let bytes = compressor
+            .filter(|_| reply.compressible)
+            .and_then(|c| {
+                compression::frame_compressed(
+                    c,
+                    reply_id,
+                    response_to,
+                    reply.op_code,
+                    &reply.payload,
+                )
+            })
+            .unwrap_or_else(|| {
+                wire::frame_reply(reply_id, response_to, reply.op_code, &reply.payload)
+            });
         drop(frame);
         // TLS buffers records: the flush sends them (a no-op on plain TCP).
         let written = async {
@@ -181,16 +214,28 @@ fn serialize(doc: &Document) -> Vec<u8> {
     fallback
 }
 
-async fn handle_msg(
-    state: &Arc<ServerState>,
-    conn: &ConnInfo,
-    frame: &Frame,
-) -> Option<(i32, Vec<u8>)> {
+/// A reply's bytes after its header, and whether they may be compressed.
+struct Reply {
+    op_code: i32,
+    payload: Vec<u8>,
+    /// False for the commands the compression specification keeps
+    /// uncompressed (`compression::must_not_compress`).
+    compressible: bool,
+}
+
+/// Whether the reply to `cmd` may be compressed.
+fn compressible(cmd: &Document) -> bool {
+    commands::command_name(cmd).is_none_or(|n| !compression::must_not_compress(n))
+}
+
+async fn handle_msg(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) -> Option<Reply> {
     let more_to_come = opmsg::peek_flags(&frame.body) & opmsg::FLAG_MORE_TO_COME != 0;
+    let mut may_compress = true;
     let reply = match opmsg::decode(&frame.header, &frame.body) {
         Ok(req) => match req.command.get("$db") {
             Some(Bson::String(db)) => {
                 let db = db.clone();
+                may_compress = compressible(&req.command);
                 run_command(state, conn, db, req.command).await
             }
             _ => CommandError::new(
@@ -208,16 +253,20 @@ async fn handle_msg(
     if more_to_come {
         return None;
     }
-    Some((OP_MSG, opmsg::encode_reply(&serialize(&reply))))
+    Some(Reply {
+        op_code: OP_MSG,
+        payload: opmsg::encode_reply(&serialize(&reply)),
+        compressible: may_compress,
+    })
 }
 
-async fn handle_query(
-    state: &Arc<ServerState>,
-    conn: &ConnInfo,
-    frame: &Frame,
-) -> Option<(i32, Vec<u8>)> {
+async fn handle_query(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) -> Option<Reply> {
+    let mut may_compress = true;
     let (flags, reply) = match opquery::decode(&frame.body) {
-        Ok(q) => (0, run_command(state, conn, q.db, q.command).await),
+        Ok(q) => {
+            may_compress = compressible(&q.command);
+            (0, run_command(state, conn, q.db, q.command).await)
+        }
         Err(e) => {
             tracing::debug!(conn = conn.id, error = %e.message, "malformed OP_QUERY");
             (
@@ -226,7 +275,11 @@ async fn handle_query(
             )
         }
     };
-    Some((OP_REPLY, opquery::encode_reply(flags, &serialize(&reply))))
+    Some(Reply {
+        op_code: OP_REPLY,
+        payload: opquery::encode_reply(flags, &serialize(&reply)),
+        compressible: may_compress,
+    })
 }
 
 /// Count a finished command (`top`, metrics) and log it when slow.
