@@ -36,8 +36,32 @@ pub enum BenchCommand {
     /// commit-to-delivery lag with 1, 8, 64 streams, and the writer's
     /// throughput with 64 streams vs none (embedded engine).
     Changes(ChangesArgs),
+    /// Group commit across connections: N clients × `insert_one` with
+    /// `j: true` over the wire on a durable server; inserts/s, latency and
+    /// WAL fsyncs per write for each N.
+    #[cfg(feature = "wire")]
+    #[command(name = "group-commit")]
+    GroupCommit(GroupCommitArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
+}
+
+#[cfg(feature = "wire")]
+#[derive(Args, Debug)]
+pub struct GroupCommitArgs {
+    /// Client counts, one run each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub clients: Vec<usize>,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// `self-durable` (a `duet serve` on a temporary data directory in this
+    /// process) or the `mongodb://` URI of a durable duetdb server.
+    #[arg(long, default_value = "self-durable")]
+    pub uri: String,
+    /// Directory for `group-commit.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
 }
 
 /// Flags every workload takes.
@@ -326,6 +350,18 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
         BenchCommand::YcsbT(a) => ycsb_t(&a).map(Some),
         BenchCommand::Tpcch(a) => tpcch(&a).map(Some),
         BenchCommand::Changes(a) => changes(&a).map(Some),
+        #[cfg(feature = "wire")]
+        BenchCommand::GroupCommit(a) => {
+            let (rows, md) = crate::wire::group_commit::run(&a.uri, &a.clients, a.seconds)?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("group-commit.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            std::fs::write(a.out.join("group-commit.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
         BenchCommand::Report(a) => {
             crate::report::regenerate(&a.results, &a.out, &a.charts)?;
             Ok(None)

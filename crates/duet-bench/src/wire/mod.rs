@@ -29,6 +29,7 @@
 //! runtime is dropped, and all lanes before a spawned server is stopped, so no
 //! driver task outlives what it talks to.
 
+pub mod group_commit;
 mod htap;
 mod snapshot;
 mod space;
