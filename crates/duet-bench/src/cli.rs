@@ -42,8 +42,28 @@ pub enum BenchCommand {
     #[cfg(feature = "wire")]
     #[command(name = "group-commit")]
     GroupCommit(GroupCommitArgs),
+    /// Raw OP_MSG round trips (ping, find by _id, insert, update) against a
+    /// spawned `duet serve`, beside a TCP echo server in the same run.
+    #[cfg(feature = "wire")]
+    #[command(name = "wire-latency")]
+    WireLatency(WireLatencyArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
+}
+
+#[cfg(feature = "wire")]
+#[derive(Args, Debug)]
+pub struct WireLatencyArgs {
+    /// Measured requests per kind.
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: u64,
+    /// Serve a durable engine (temporary data directory, fsync per write)
+    /// instead of an in-memory one.
+    #[arg(long)]
+    pub durable: bool,
+    /// Directory for `wire-latency.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
 }
 
 #[cfg(feature = "wire")]
@@ -359,6 +379,18 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 serde_json::to_string_pretty(&rows)?,
             )?;
             std::fs::write(a.out.join("group-commit.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
+        #[cfg(feature = "wire")]
+        BenchCommand::WireLatency(a) => {
+            let (rows, md) = crate::wire::latency::run(a.durable, a.ops.max(1))?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("wire-latency.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            std::fs::write(a.out.join("wire-latency.md"), &md)?;
             println!("{md}");
             Ok(None)
         }

@@ -31,6 +31,7 @@
 
 pub mod group_commit;
 mod htap;
+pub mod latency;
 mod snapshot;
 mod space;
 mod spawn;
