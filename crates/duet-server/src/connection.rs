@@ -6,8 +6,10 @@
 //!   connection goes on (frame boundaries are still known); an unreadable frame
 //!   (bad length, truncation, timeout) or an unknown opcode closes the
 //!   connection, with the reason logged;
-//! - commands run on blocking threads (`spawn_blocking`); a panic there (a
-//!   bug) becomes an InternalError reply, never a crashed server;
+//! - commands run on blocking threads (`spawn_blocking`), except the few
+//!   that never wait, scan or write (`ping`, the handshake: [`runs_inline`]),
+//!   which run on the connection's task; a panic in either (a bug) becomes
+//!   an InternalError reply, never a crashed server;
 //! - every command runs under a cancellation token, listed in the server's
 //!   operation registry (`currentOp`) until its blocking thread returns. The
 //!   token carries the `maxTimeMS` deadline (the engine's reads check it once
@@ -329,6 +331,21 @@ fn finished(
     );
 }
 
+/// Whether a command runs on the connection's task instead of a blocking
+/// thread: only commands that never wait, scan or write (the handshake and
+/// `ping`, what drivers' monitors and pools send most), never with a
+/// `speculativeAuthenticate` (SCRAM's work), and never inside a transaction
+/// or retryable write (a session's commands may wait for each other there).
+fn runs_inline(name: &str, cmd: &Document) -> bool {
+    matches!(
+        name,
+        "ping" | "hello" | "isMaster" | "ismaster" | "buildInfo" | "buildinfo" | "whatsmyuri"
+    ) && !cmd.contains_key("speculativeAuthenticate")
+        && !cmd.contains_key("txnNumber")
+        && !cmd.contains_key("autocommit")
+        && !cmd.contains_key("startTransaction")
+}
+
 /// How long a reply past `maxTimeMS` waits for its cancelled command to end.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
@@ -359,6 +376,20 @@ async fn run_command(
         None => CancelToken::new(),
     };
     let op = state.operations.register(conn, &db, &cmd, token.clone());
+    if state.config.inline_commands && runs_inline(&name, &cmd) {
+        // Microseconds of work: the hand-off to a blocking thread would
+        // cost more than the command itself.
+        let started = Instant::now();
+        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commands::execute_op(state, conn, &db, &cmd, &token, Some(op.report()))
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(conn = conn.id, command = %name, "command panicked (a bug)");
+            CommandError::internal(format!("command '{name}' failed internally")).to_reply()
+        });
+        finished(state, conn, &db, &cmd, &name, &reply, started, op.report());
+        return reply;
+    }
     let mut task = {
         let state = state.clone();
         let conn = conn.clone();
@@ -417,5 +448,25 @@ async fn run_command(
             tracing::error!(conn = conn.id, command = %name, error = %e, "command panicked (a bug)");
             CommandError::internal(format!("command '{name}' failed internally")).to_reply()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_commands_that_never_wait_run_inline() {
+        assert!(runs_inline("ping", &doc! {"ping": 1}));
+        assert!(runs_inline("hello", &doc! {"hello": 1, "lsid": {"id": 1}}));
+        for name in ["find", "insert", "saslStart", "getMore", "aggregate"] {
+            assert!(!runs_inline(name, &doc! {name: 1}), "{name}");
+        }
+        assert!(!runs_inline("ping", &doc! {"ping": 1, "txnNumber": 1i64}));
+        assert!(!runs_inline("ping", &doc! {"ping": 1, "autocommit": false}));
+        assert!(!runs_inline(
+            "hello",
+            &doc! {"hello": 1, "speculativeAuthenticate": {"saslStart": 1}}
+        ));
     }
 }

@@ -108,6 +108,10 @@ pub struct Config {
     /// Compressors offered to clients in `hello` and accepted in
     /// `OP_COMPRESSED` (`--network-message-compressors`; empty: none).
     pub compressors: Vec<crate::compression::Compressor>,
+    /// Run the commands that never wait (`ping`, the handshake) on the
+    /// connection's task instead of a blocking thread (`connection.rs`);
+    /// off only to measure the difference (`duet bench wire-latency`).
+    pub inline_commands: bool,
 }
 
 impl Default for Config {
@@ -147,6 +151,7 @@ impl Default for Config {
             effective: bson::Document::new(),
             compressors: crate::compression::parse_list(crate::compression::DEFAULT_COMPRESSORS)
                 .unwrap_or_default(),
+            inline_commands: true,
         }
     }
 }

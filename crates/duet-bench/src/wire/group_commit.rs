@@ -62,7 +62,10 @@ fn counters(t: &WireTarget) -> Result<(u64, u64)> {
         .get_document("wal")
         .map(|w| n(w, "fsyncs"))
         .map_err(|_| anyhow!("{WIRE_DB} has no WAL: the server is not durable"))?;
-    let groups = db.get_document("writer").map(|w| n(w, "groups")).unwrap_or(0);
+    let groups = db
+        .get_document("writer")
+        .map(|w| n(w, "groups"))
+        .unwrap_or(0);
     Ok((fsyncs, groups))
 }
 
@@ -110,7 +113,10 @@ fn one(t: &WireTarget, clients: usize, seconds: f64) -> Result<Row> {
         stop.store(true, Ordering::Relaxed);
         let mut hists = Vec::new();
         for h in handles {
-            hists.push(h.join().map_err(|_| anyhow!("a client thread panicked"))??);
+            hists.push(
+                h.join()
+                    .map_err(|_| anyhow!("a client thread panicked"))??,
+            );
         }
         Ok((before, t0.elapsed(), hists))
     })?;

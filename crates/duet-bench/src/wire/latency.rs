@@ -140,11 +140,12 @@ fn row(op: &str, h: &Histogram<u64>) -> Row {
     }
 }
 
-/// Run every kind `ops` times (after `ops / 10` unmeasured warm-up requests
-/// each); a Markdown table with each kind's p50 over the echo's.
-pub fn run(durable: bool, ops: u64) -> Result<(Vec<Row>, String)> {
-    let server = SpawnedServer::start(durable)?;
-    let echo = echo_server()?;
+/// Every kind against one server: the echo first, then the server's kinds.
+fn kinds(
+    server: &SpawnedServer,
+    echo: SocketAddr,
+    ops: u64,
+) -> Result<Vec<(String, Histogram<u64>)>> {
     let mut s = connect(server.addr)?;
     let mut e = connect(echo)?;
     let warm = (ops / 10).max(1);
@@ -158,16 +159,19 @@ pub fn run(durable: bool, ops: u64) -> Result<(Vec<Row>, String)> {
     let docs: Vec<Document> = (0..RECORDS).map(|i| doc! {"_id": i, "x": 0i64}).collect();
     let load = op_msg(next(), &doc! {"insert": COLL, "documents": docs, "$db": DB})?;
     measure(&mut s, 1, |_| Ok(load.clone()), true)?;
-
-    let echo_frame = ping.clone();
-    let mut kinds: Vec<(&str, Histogram<u64>)> = Vec::new();
-    for (name, phase) in [("echo", 0), ("ping", 1), ("find", 2), ("insert", 3), ("update", 4)] {
+    let mut out = Vec::new();
+    for (name, phase) in [
+        ("echo", 0),
+        ("ping", 1),
+        ("find", 2),
+        ("insert", 3),
+        ("update", 4),
+    ] {
         let mut insert_id = RECORDS;
         let mut make = |i: u64| -> Result<Vec<u8>> {
             let k = (i as i64 * 7919) % RECORDS;
             match phase {
-                0 => Ok(echo_frame.clone()),
-                1 => Ok(ping.clone()),
+                0 | 1 => Ok(ping.clone()),
                 2 => op_msg(
                     next(),
                     &doc! {"find": COLL, "filter": {"_id": k}, "limit": 1, "singleBatch": true, "$db": DB},
@@ -188,28 +192,46 @@ pub fn run(durable: bool, ops: u64) -> Result<(Vec<Row>, String)> {
         let sock = if phase == 0 { &mut e } else { &mut s };
         measure(sock, warm, &mut make, phase != 0)?;
         let h = measure(sock, ops, &mut make, phase != 0)?;
-        kinds.push((name, h));
+        out.push((name.to_string(), h));
     }
-    drop(s);
-    let rows: Vec<Row> = kinds.iter().map(|(n, h)| row(n, h)).collect();
-    let echo_p50 = rows.first().map_or(0.0, |r| r.p50_us);
+    Ok(out)
+}
+
+/// The request paths compared in one run: the server as it was (every
+/// command on a blocking thread) and as it is (short commands inline).
+const PATHS: [(&str, bool); 2] = [("spawn_blocking", false), ("inline", true)];
+
+/// Run every kind `ops` times (after `ops / 10` unmeasured warm-up requests
+/// each) on each request path, a fresh server each; a Markdown table with
+/// each kind's p50 over the echo's of the same pass.
+pub fn run(durable: bool, ops: u64) -> Result<(Vec<Row>, String)> {
+    let echo = echo_server()?;
+    let mut rows = Vec::new();
     let mut md = format!(
-        "Server: `duet serve` spawned in this process on {} ({}); client: one blocking loopback socket sending raw OP_MSG frames, one request at a time; echo: a thread-per-connection TCP echo server in the same process answering the ping frame ({} bytes). {} requests per kind after {} warm-up.\n\n| request | p50 µs | p99 µs | mean µs | p50 over echo µs |\n|---|---:|---:|---:|---:|\n",
-        server.addr,
+        "Servers: `duet serve` spawned in this process ({}), one per request path; client: one blocking loopback socket sending raw OP_MSG frames, one request at a time; echo: a thread-per-connection TCP echo server in the same process answering the `ping` frame, measured in each pass. {ops} requests per kind after {} warm-up.\n\n| path | request | p50 µs | p99 µs | mean µs | p50 over echo µs |\n|---|---|---:|---:|---:|---:|\n",
         if durable { "durable: WAL, fsync per acknowledged write" } else { "in-memory engine" },
-        ping.len(),
-        ops,
-        warm,
+        (ops / 10).max(1),
     );
-    for r in &rows {
-        md.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
-            r.op,
-            r.p50_us,
-            r.p99_us,
-            r.mean_us,
-            r.p50_us - echo_p50
-        ));
+    for (path, inline) in PATHS {
+        let server = SpawnedServer::start_with(durable, |c| c.inline_commands = inline)?;
+        let measured = kinds(&server, echo, ops)?;
+        drop(server);
+        let echo_p50 = measured
+            .first()
+            .map_or(0, |(_, h)| h.value_at_quantile(0.5)) as f64
+            / 1000.0;
+        for (name, h) in &measured {
+            let mut r = row(name, h);
+            r.op = format!("{path}/{name}");
+            md.push_str(&format!(
+                "| {path} | {name} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                r.p50_us,
+                r.p99_us,
+                r.mean_us,
+                r.p50_us - echo_p50
+            ));
+            rows.push(r);
+        }
     }
     Ok((rows, md))
 }
