@@ -36,8 +36,52 @@ pub enum BenchCommand {
     /// commit-to-delivery lag with 1, 8, 64 streams, and the writer's
     /// throughput with 64 streams vs none (embedded engine).
     Changes(ChangesArgs),
+    /// Group commit across connections: N clients × `insert_one` with
+    /// `j: true` over the wire on a durable server; inserts/s, latency and
+    /// WAL fsyncs per write for each N.
+    #[cfg(feature = "wire")]
+    #[command(name = "group-commit")]
+    GroupCommit(GroupCommitArgs),
+    /// Raw OP_MSG round trips (ping, find by _id, insert, update) against a
+    /// spawned `duet serve`, beside a TCP echo server in the same run.
+    #[cfg(feature = "wire")]
+    #[command(name = "wire-latency")]
+    WireLatency(WireLatencyArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
+}
+
+#[cfg(feature = "wire")]
+#[derive(Args, Debug)]
+pub struct WireLatencyArgs {
+    /// Measured requests per kind.
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: u64,
+    /// Serve a durable engine (temporary data directory, fsync per write)
+    /// instead of an in-memory one.
+    #[arg(long)]
+    pub durable: bool,
+    /// Directory for `wire-latency.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+}
+
+#[cfg(feature = "wire")]
+#[derive(Args, Debug)]
+pub struct GroupCommitArgs {
+    /// Client counts, one run each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub clients: Vec<usize>,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// `self-durable` (a `duet serve` on a temporary data directory in this
+    /// process) or the `mongodb://` URI of a durable duetdb server.
+    #[arg(long, default_value = "self-durable")]
+    pub uri: String,
+    /// Directory for `group-commit.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
 }
 
 /// Flags every workload takes.
@@ -331,6 +375,30 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
         BenchCommand::YcsbT(a) => ycsb_t(&a).map(Some),
         BenchCommand::Tpcch(a) => tpcch(&a).map(Some),
         BenchCommand::Changes(a) => changes(&a).map(Some),
+        #[cfg(feature = "wire")]
+        BenchCommand::GroupCommit(a) => {
+            let (rows, md) = crate::wire::group_commit::run(&a.uri, &a.clients, a.seconds)?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("group-commit.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            std::fs::write(a.out.join("group-commit.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
+        #[cfg(feature = "wire")]
+        BenchCommand::WireLatency(a) => {
+            let (rows, md) = crate::wire::latency::run(a.durable, a.ops.max(1))?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("wire-latency.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            std::fs::write(a.out.join("wire-latency.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
         BenchCommand::Report(a) => {
             crate::report::regenerate(&a.results, &a.out, &a.charts)?;
             Ok(None)

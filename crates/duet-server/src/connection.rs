@@ -6,8 +6,10 @@
 //!   connection goes on (frame boundaries are still known); an unreadable frame
 //!   (bad length, truncation, timeout) or an unknown opcode closes the
 //!   connection, with the reason logged;
-//! - commands run on blocking threads (`spawn_blocking`); a panic there (a
-//!   bug) becomes an InternalError reply, never a crashed server;
+//! - commands run on blocking threads (`spawn_blocking`), except the few
+//!   that never wait, scan or write (`ping`, the handshake: [`runs_inline`]),
+//!   which run on the connection's task; a panic in either (a bug) becomes
+//!   an InternalError reply, never a crashed server;
 //! - every command runs under a cancellation token, listed in the server's
 //!   operation registry (`currentOp`) until its blocking thread returns. The
 //!   token carries the `maxTimeMS` deadline (the engine's reads check it once
@@ -35,7 +37,12 @@
 //!   "Slow query" with its namespace, duration, plan summary and snapshot
 //!   strategy;
 //! - a client closing its connection (between messages, or with a reset) is
-//!   logged at debug level, never as a warning.
+//!   logged at debug level, never as a warning;
+//! - an `OP_COMPRESSED` request is unwrapped before anything else
+//!   (`compression.rs`); one that cannot be (a compressor not offered, a
+//!   size that does not match) closes the connection like an unreadable
+//!   frame; its reply goes back compressed with the same compressor unless
+//!   the command is one the specification keeps uncompressed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,8 +56,8 @@ use crate::commands;
 use crate::error::CommandError;
 use crate::state::{ConnInfo, ServerState};
 use crate::tls::Stream;
-use crate::wire::{self, Frame, FrameError, OP_MSG, OP_QUERY, OP_REPLY};
-use crate::{opmsg, opquery};
+use crate::wire::{self, Frame, FrameError, OP_COMPRESSED, OP_MSG, OP_QUERY, OP_REPLY};
+use crate::{compression, opmsg, opquery};
 
 /// Serve one connection (plain or TLS, after its handshake) to completion.
 pub async fn serve(
@@ -91,10 +98,22 @@ pub async fn serve(
                 break;
             }
         };
+        let (frame, compressor) = if frame.header.op_code == OP_COMPRESSED {
+            match compression::decompress(&frame, &state.config.compressors) {
+                Ok((inner, c)) => (inner, Some(c)),
+                Err(e) => {
+                    tracing::warn!(conn = conn.id, peer = %conn.peer, reason = %e,
+                        "closing connection: unreadable OP_COMPRESSED message");
+                    break;
+                }
+            }
+        } else {
+            (frame, None)
+        };
         let op_code = frame.header.op_code;
         if op_code != OP_MSG && op_code != OP_QUERY {
             tracing::warn!(conn = conn.id, peer = %conn.peer, op_code,
-                "closing connection: unsupported opcode (OP_COMPRESSED is not offered; legacy opcodes other than OP_QUERY are not served)");
+                "closing connection: unsupported opcode (legacy opcodes other than OP_QUERY are not served)");
             break;
         }
         let handled = async {
@@ -114,11 +133,27 @@ pub async fn serve(
                 break;
             }
         };
-        let Some((op_code, payload)) = reply else {
+        let Some(reply) = reply else {
             continue;
         };
-        let bytes = wire::frame_reply(next_reply_id, frame.header.request_id, op_code, &payload);
+        let (reply_id, response_to) = (next_reply_id, frame.header.request_id);
         next_reply_id = next_reply_id.wrapping_add(1);
+        // A reply is compressed as its request was (the specification's
+        // rule), except for the handshake and authentication commands.
+        let bytes = compressor
+            .filter(|_| reply.compressible)
+            .and_then(|c| {
+                compression::frame_compressed(
+                    c,
+                    reply_id,
+                    response_to,
+                    reply.op_code,
+                    &reply.payload,
+                )
+            })
+            .unwrap_or_else(|| {
+                wire::frame_reply(reply_id, response_to, reply.op_code, &reply.payload)
+            });
         drop(frame);
         // TLS buffers records: the flush sends them (a no-op on plain TCP).
         let written = async {
@@ -181,16 +216,28 @@ fn serialize(doc: &Document) -> Vec<u8> {
     fallback
 }
 
-async fn handle_msg(
-    state: &Arc<ServerState>,
-    conn: &ConnInfo,
-    frame: &Frame,
-) -> Option<(i32, Vec<u8>)> {
+/// A reply's bytes after its header, and whether they may be compressed.
+struct Reply {
+    op_code: i32,
+    payload: Vec<u8>,
+    /// False for the commands the compression specification keeps
+    /// uncompressed (`compression::must_not_compress`).
+    compressible: bool,
+}
+
+/// Whether the reply to `cmd` may be compressed.
+fn compressible(cmd: &Document) -> bool {
+    commands::command_name(cmd).is_none_or(|n| !compression::must_not_compress(n))
+}
+
+async fn handle_msg(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) -> Option<Reply> {
     let more_to_come = opmsg::peek_flags(&frame.body) & opmsg::FLAG_MORE_TO_COME != 0;
+    let mut may_compress = true;
     let reply = match opmsg::decode(&frame.header, &frame.body) {
         Ok(req) => match req.command.get("$db") {
             Some(Bson::String(db)) => {
                 let db = db.clone();
+                may_compress = compressible(&req.command);
                 run_command(state, conn, db, req.command).await
             }
             _ => CommandError::new(
@@ -208,16 +255,20 @@ async fn handle_msg(
     if more_to_come {
         return None;
     }
-    Some((OP_MSG, opmsg::encode_reply(&serialize(&reply))))
+    Some(Reply {
+        op_code: OP_MSG,
+        payload: opmsg::encode_reply(&serialize(&reply)),
+        compressible: may_compress,
+    })
 }
 
-async fn handle_query(
-    state: &Arc<ServerState>,
-    conn: &ConnInfo,
-    frame: &Frame,
-) -> Option<(i32, Vec<u8>)> {
+async fn handle_query(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) -> Option<Reply> {
+    let mut may_compress = true;
     let (flags, reply) = match opquery::decode(&frame.body) {
-        Ok(q) => (0, run_command(state, conn, q.db, q.command).await),
+        Ok(q) => {
+            may_compress = compressible(&q.command);
+            (0, run_command(state, conn, q.db, q.command).await)
+        }
         Err(e) => {
             tracing::debug!(conn = conn.id, error = %e.message, "malformed OP_QUERY");
             (
@@ -226,7 +277,11 @@ async fn handle_query(
             )
         }
     };
-    Some((OP_REPLY, opquery::encode_reply(flags, &serialize(&reply))))
+    Some(Reply {
+        op_code: OP_REPLY,
+        payload: opquery::encode_reply(flags, &serialize(&reply)),
+        compressible: may_compress,
+    })
 }
 
 /// Count a finished command (`top`, metrics) and log it when slow.
@@ -276,6 +331,21 @@ fn finished(
     );
 }
 
+/// Whether a command runs on the connection's task instead of a blocking
+/// thread: only commands that never wait, scan or write (the handshake and
+/// `ping`, what drivers' monitors and pools send most), never with a
+/// `speculativeAuthenticate` (SCRAM's work), and never inside a transaction
+/// or retryable write (a session's commands may wait for each other there).
+fn runs_inline(name: &str, cmd: &Document) -> bool {
+    matches!(
+        name,
+        "ping" | "hello" | "isMaster" | "ismaster" | "buildInfo" | "buildinfo" | "whatsmyuri"
+    ) && !cmd.contains_key("speculativeAuthenticate")
+        && !cmd.contains_key("txnNumber")
+        && !cmd.contains_key("autocommit")
+        && !cmd.contains_key("startTransaction")
+}
+
 /// How long a reply past `maxTimeMS` waits for its cancelled command to end.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
@@ -306,6 +376,20 @@ async fn run_command(
         None => CancelToken::new(),
     };
     let op = state.operations.register(conn, &db, &cmd, token.clone());
+    if state.config.inline_commands && runs_inline(&name, &cmd) {
+        // Microseconds of work: the hand-off to a blocking thread would
+        // cost more than the command itself.
+        let started = Instant::now();
+        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commands::execute_op(state, conn, &db, &cmd, &token, Some(op.report()))
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(conn = conn.id, command = %name, "command panicked (a bug)");
+            CommandError::internal(format!("command '{name}' failed internally")).to_reply()
+        });
+        finished(state, conn, &db, &cmd, &name, &reply, started, op.report());
+        return reply;
+    }
     let mut task = {
         let state = state.clone();
         let conn = conn.clone();
@@ -364,5 +448,25 @@ async fn run_command(
             tracing::error!(conn = conn.id, command = %name, error = %e, "command panicked (a bug)");
             CommandError::internal(format!("command '{name}' failed internally")).to_reply()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_commands_that_never_wait_run_inline() {
+        assert!(runs_inline("ping", &doc! {"ping": 1}));
+        assert!(runs_inline("hello", &doc! {"hello": 1, "lsid": {"id": 1}}));
+        for name in ["find", "insert", "saslStart", "getMore", "aggregate"] {
+            assert!(!runs_inline(name, &doc! {name: 1}), "{name}");
+        }
+        assert!(!runs_inline("ping", &doc! {"ping": 1, "txnNumber": 1i64}));
+        assert!(!runs_inline("ping", &doc! {"ping": 1, "autocommit": false}));
+        assert!(!runs_inline(
+            "hello",
+            &doc! {"hello": 1, "speculativeAuthenticate": {"saslStart": 1}}
+        ));
     }
 }

@@ -1,7 +1,8 @@
 //! duet-server: duetdb over the MongoDB wire protocol (`duet serve`).
 //!
 //! Modules, one concept each:
-//! - `wire`: message framing and limits; `opmsg`: OP_MSG; `opquery`: legacy
+//! - `wire`: message framing and limits; `compression`: OP_COMPRESSED and
+//!   its negotiation; `opmsg`: OP_MSG; `opquery`: legacy
 //!   OP_QUERY/OP_REPLY handshake; `dupfields`: repeated field names kept
 //!   apart while a command is decoded (filters, inserted documents);
 //! - `connection`: one client; `server`: listener, connection limit, shutdown;
@@ -21,13 +22,15 @@
 //! server instead. Both accept transactions. With `--members` the server is
 //! one member of a real replica set (the `duet-repl` crate; `commands/repl.rs`).
 //!
-//! Not built: roles enforced per command, MONGODB-X509, OP_COMPRESSED (not
-//! advertised), transactions spanning several databases, `$clusterTime`
+//! Wire compression: `compression` (OP_COMPRESSED with snappy, zstd, zlib).
+//!
+//! Not built: roles enforced per command, MONGODB-X509, transactions spanning several databases, `$clusterTime`
 //! gossip (one node: causal consistency holds without it).
 
 pub mod args;
 pub mod auth;
 pub mod commands;
+pub mod compression;
 pub mod config;
 pub mod connection;
 pub mod cursor;
@@ -241,6 +244,12 @@ pub struct ServeArgs {
     /// write fails with WriteConcernFailed (64) and its outcome is unknown.
     #[arg(long, default_value_t = duet_repl::DEFAULT_COMMIT_TIMEOUT.as_secs_f64())]
     pub repl_commit_timeout_secs: f64,
+    // --- wire compression (issue #20) ---
+    /// Compressors offered to drivers for OP_COMPRESSED, in order of
+    /// preference (comma-separated: snappy, zstd, zlib), or `disabled`
+    /// (mongod's networkMessageCompressors).
+    #[arg(long, default_value = compression::DEFAULT_COMPRESSORS)]
+    pub network_message_compressors: String,
 }
 
 /// The replica-set member `args` ask for (`--members`), checked against
@@ -349,6 +358,7 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         ttl_monitor_sleep: secs(args.ttl_monitor_sleep_secs, "ttl-monitor-sleep-secs")?,
         slow_ms: args.slow_ms,
         effective: config::effective_of_process(),
+        compressors: compression::parse_list(&args.network_message_compressors)?,
         ..Config::default()
     };
     let metrics_addr = args.metrics_addr;

@@ -105,6 +105,13 @@ pub struct Config {
     /// The effective configuration, every flag by its name (`getCmdLineOpts`'
     /// `parsed`); empty for servers built in tests.
     pub effective: bson::Document,
+    /// Compressors offered to clients in `hello` and accepted in
+    /// `OP_COMPRESSED` (`--network-message-compressors`; empty: none).
+    pub compressors: Vec<crate::compression::Compressor>,
+    /// Run the commands that never wait (`ping`, the handshake) on the
+    /// connection's task instead of a blocking thread (`connection.rs`);
+    /// off only to measure the difference (`duet bench wire-latency`).
+    pub inline_commands: bool,
 }
 
 impl Default for Config {
@@ -142,6 +149,9 @@ impl Default for Config {
             ttl_monitor_sleep: duetdb::DEFAULT_TTL_SLEEP,
             slow_ms: crate::runtime::DEFAULT_SLOW_MS,
             effective: bson::Document::new(),
+            compressors: crate::compression::parse_list(crate::compression::DEFAULT_COMPRESSORS)
+                .unwrap_or_default(),
+            inline_commands: true,
         }
     }
 }

@@ -273,14 +273,14 @@ pub enum Body {
 }
 
 impl Body {
-    fn for_length(want: usize) -> Result<Body, FrameError> {
+    pub(crate) fn for_length(want: usize) -> Result<Body, FrameError> {
         if want <= UNCHARGED_MESSAGE_BYTES {
             return Ok(Body::Heap(vec![0u8; want]));
         }
         Ok(Body::Mapped(memmap2::MmapMut::map_anon(want)?))
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         match self {
             Body::Heap(v) => v,
             Body::Mapped(m) => m,

@@ -70,7 +70,7 @@ async fn hostile_frames_close_or_error_and_never_hurt_others() {
         c.write_all(&h).await.expect("write");
         assert!(closed(&mut c).await, "length {len} must close");
     }
-    // Unknown opcode and OP_COMPRESSED (not offered).
+    // Unknown opcode, and OP_COMPRESSED with the noop compressor (not offered).
     for op in [4242, 2012] {
         let mut c = TcpStream::connect(addr).await.expect("connect");
         c.write_all(&frame(op, &[0u8; 16])).await.expect("write");

@@ -29,7 +29,9 @@
 //! runtime is dropped, and all lanes before a spawned server is stopped, so no
 //! driver task outlives what it talks to.
 
+pub mod group_commit;
 mod htap;
+pub mod latency;
 mod snapshot;
 mod space;
 mod spawn;

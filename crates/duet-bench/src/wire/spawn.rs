@@ -38,6 +38,11 @@ pub struct SpawnedServer {
 impl SpawnedServer {
     /// Start `duet serve` on 127.0.0.1 with a port the OS picks.
     pub fn start(durable: bool) -> Result<SpawnedServer> {
+        SpawnedServer::start_with(durable, |_| {})
+    }
+
+    /// [`SpawnedServer::start`] with the configuration changed by `configure`.
+    pub fn start_with(durable: bool, configure: impl FnOnce(&mut Config)) -> Result<SpawnedServer> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("duet-serve")
@@ -58,7 +63,7 @@ impl SpawnedServer {
                 .with_context(|| format!("opening a data directory at {}", dir.display()))?,
             None => duetdb::Engine::in_memory(),
         };
-        let config = Config {
+        let mut config = Config {
             bind: "127.0.0.1".into(),
             port: 0,
             data_dir: data_dir.clone(),
@@ -66,6 +71,7 @@ impl SpawnedServer {
             enable_test_knobs: true,
             ..Config::default()
         };
+        configure(&mut config);
         let state = ServerState::new(engine, config);
         let server = rt
             .block_on(Server::bind(state.clone()))

@@ -15,9 +15,12 @@
 //! A member of a multi-member replica set (`--members`) describes the set
 //! as it knows it instead: `commands/repl.rs`.
 //!
+//! `compression` answers the client's list with the compressors of it this
+//! server offers (`--network-message-compressors`), in the client's order,
+//! and is left out when there are none in common (`compression.rs`).
+//!
 //! Left out on purpose: `topologyVersion` (so drivers poll instead of using
-//! the streaming protocol), `compression` (OP_COMPRESSED is declined by not
-//! offering it). Every reply (this one included) carries `operationTime` and
+//! the streaming protocol). Every reply (this one included) carries `operationTime` and
 //! `$clusterTime` from the engine's cluster clock (`commands::cluster_time`):
 //! drivers need them for `startAtOperationTime`; the `afterClusterTime` they
 //! then send with causally consistent reads is accepted and needs no wait,
@@ -26,6 +29,7 @@
 use bson::{doc, oid::ObjectId, DateTime, Document};
 
 use super::Ctx;
+use crate::error::CmdResult;
 
 pub const MAX_BSON_OBJECT_SIZE: i32 = 16 * 1024 * 1024;
 pub const MAX_MESSAGE_SIZE_BYTES: i32 = crate::wire::MAX_MESSAGE_BYTES as i32;
@@ -48,7 +52,8 @@ pub fn member_address(ctx: &Ctx<'_>) -> String {
     }
 }
 
-pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Document {
+pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult<Document> {
+    let compression = crate::compression::negotiate(&ctx.state.config.compressors, cmd)?;
     let mut d = Document::new();
     if let Some(m) = super::repl::member(ctx) {
         super::repl::hello(m, name == "hello", &mut d);
@@ -81,7 +86,10 @@ pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Document {
         "maxWireVersion": MAX_WIRE_VERSION,
         "readOnly": false,
     });
+    if let Some(list) = compression {
+        d.insert("compression", list);
+    }
     crate::auth::hello_fields(ctx, cmd, &mut d);
     d.insert("ok", 1.0);
-    d
+    Ok(d)
 }

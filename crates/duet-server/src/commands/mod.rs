@@ -649,7 +649,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         return reply;
     }
     match name {
-        "hello" | "isMaster" | "ismaster" => Ok(handshake::hello(ctx, name, cmd)),
+        "hello" | "isMaster" | "ismaster" => handshake::hello(ctx, name, cmd),
         "ping" => Ok(doc! {"ok": 1.0}),
         "buildInfo" | "buildinfo" => Ok(admin::build_info()),
         "hostInfo" => Ok(admin::host_info()),
