@@ -11,6 +11,14 @@
 //!
 //! Limits: a frame above [`MAX_FRAME`] is refused (the connection is
 //! closed), so a peer cannot make a member allocate without bound.
+//!
+//! A member with an empty Raft log (a new member, or one that lost its
+//! disk) grants no vote to a candidate whose log holds entries: having lost
+//! its log and its vote, it could otherwise help elect a candidate that
+//! lacks entries committed while it held them (Raft's safety assumes stable
+//! storage). Once it has received entries or a snapshot it votes normally;
+//! a set forming (every log empty but the initial membership) still
+//! elects.
 
 use std::time::Duration;
 
@@ -207,6 +215,14 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Whether this member's log holds nothing but (at most) the initial
+/// membership, and no snapshot (see the module documentation).
+fn amnesiac(raft: &Raft) -> bool {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    m.last_log_index.unwrap_or(0) == 0 && m.snapshot.is_none()
+}
+
 /// Answer Raft RPCs arriving on `listener` until the task is dropped
 /// (which also ends every connection it serves).
 pub async fn serve(listener: TcpListener, raft: Raft) {
@@ -243,6 +259,16 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                 };
                 let reply = match req {
                     RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+                    RpcRequest::Vote(r)
+                        if amnesiac(&raft) && r.last_log_id.is_some_and(|l| l.index > 0) =>
+                    {
+                        tracing::info!(%peer, "no vote: this member's Raft log is empty");
+                        RpcReply::Vote(Ok(VoteResponse {
+                            vote: r.vote,
+                            vote_granted: false,
+                            last_log_id: None,
+                        }))
+                    }
                     RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                     RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
                 };
