@@ -316,6 +316,29 @@ impl Member {
         self.shared.applied_index.load(Ordering::Acquire)
     }
 
+    /// The highest cluster time of the groups this member applied (group
+    /// times are the primary's, carried in the replicated records, so a time
+    /// means the same write on every member).
+    pub fn applied_time(&self) -> u64 {
+        self.shared.last_write_ts.load(Ordering::Acquire)
+    }
+
+    /// Wait (blocking, polling) until this member applied a group of cluster
+    /// time `ts` or later — read concern `afterClusterTime`/`atClusterTime`
+    /// on any member — or `cancelled()` says stop (`maxTimeMS`, `killOp`,
+    /// disconnect). Whether it got there.
+    pub fn wait_for_time(&self, ts: u64, cancelled: impl Fn() -> bool) -> bool {
+        loop {
+            if self.applied_time() >= ts {
+                return true;
+            }
+            if cancelled() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Wait (blocking) until `w` members hold entry `index` in their Raft
     /// log, at most `timeout` (`None`: no limit). `Ok(false)` on time-out.
     /// Requires: called from a thread outside the runtime (a command's

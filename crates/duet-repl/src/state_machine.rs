@@ -55,8 +55,10 @@ pub struct Shared {
     pub pending: Pending,
     /// Retryable writes applied (`retries.rs`).
     pub retries: crate::retries::Retries,
-    /// Index of the last applied entry, and the cluster time and wall-clock
-    /// milliseconds of the last applied group (`hello.lastWrite`).
+    /// Index of the last applied entry, and the cluster time (the highest of
+    /// the groups applied: a group's time is the primary's, carried in its
+    /// record) and wall-clock milliseconds of the last applied group
+    /// (`hello.lastWrite`, `Member::wait_for_time`).
     pub applied_index: AtomicU64,
     pub last_write_ts: AtomicU64,
     pub last_write_wall_ms: AtomicU64,
@@ -173,14 +175,11 @@ impl StateMachine {
                         "a group entry without a record header",
                     ));
                 };
-                if payload.len() >= 36 {
+                let stamp = (payload.len() >= 36).then(|| {
                     let ts = u64::from_le_bytes(payload[20..28].try_into().unwrap_or_default());
                     let wall = u64::from_le_bytes(payload[28..36].try_into().unwrap_or_default());
-                    self.shared.last_write_ts.store(ts, Ordering::Relaxed);
-                    self.shared
-                        .last_write_wall_ms
-                        .store(wall, Ordering::Relaxed);
-                }
+                    (ts, wall)
+                });
                 let mine = origin.member == self.shared.me
                     && origin.incarnation == self.shared.incarnation;
                 let pending = mine
@@ -202,6 +201,14 @@ impl StateMachine {
                     for tag in &retries {
                         self.shared.retries.record(tag);
                     }
+                }
+                // After the group is published here (or skipped): a read
+                // waiting for this time (`Member::wait_for_time`) may go.
+                if let Some((ts, wall)) = stamp {
+                    self.shared
+                        .last_write_wall_ms
+                        .store(wall, Ordering::Relaxed);
+                    self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
                 }
                 Ok((response, false))
             }
