@@ -7,6 +7,7 @@ on the newly elected primary.
 """
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -245,6 +246,13 @@ def test_status_config_and_step_down(cluster):
         with pytest.raises(OperationFailure) as e:
             d.app.command("replSetGetStatus")
         assert e.value.code == 13
+        # Membership changes are not built: refused, saying so.
+        conf["version"] += 1
+        conf["members"] = conf["members"][:2]
+        with pytest.raises(OperationFailure) as e:
+            d.admin.command("replSetReconfig", conf)
+        assert e.value.code == 115 and "--members" in str(e.value), e.value.details
+        assert d.admin.command("replSetGetConfig")["config"]["version"] == 1
         d.admin.command("replSetStepDown", 30, secondaryCatchUpPeriodSecs=10)
     q = primary_of(cluster)
     assert q is not p
@@ -405,7 +413,6 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
                  lambda: victim.direct().d.c.with_options(
                      read_preference=ReadPreference.SECONDARY).count_documents({}) == n // 2)
         victim.stop()
-        import shutil
         shutil.rmtree(victim.dir)
         step = n // 2 // 100
         for b in range(n // 2, n, step):

@@ -46,6 +46,11 @@ pub const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
 /// Most entries kept in the log below the last snapshot (a member that far
 /// behind still catches up from the log; further behind, from a snapshot).
 pub const MAX_LOGS_KEPT: u64 = 1_000;
+/// Most entries in one AppendEntries RPC (openraft's default is 300). openraft
+/// gives each RPC one heartbeat interval (250 ms); 300 large groups to a
+/// member far behind on a loaded machine took longer every time, and the
+/// member never caught up.
+pub const MAX_PAYLOAD_ENTRIES: u64 = 32;
 /// How long sending one snapshot chunk may take, the last one's install
 /// on the receiver included (openraft's `install_snapshot_timeout`; the
 /// install opens every database of the snapshot, index builds included).
@@ -193,6 +198,7 @@ impl Member {
             },
             replication_lag_threshold: opts.snapshot_entries.saturating_mul(2).max(5000),
             install_snapshot_timeout: SNAPSHOT_INSTALL_TIMEOUT_MS,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         }
         .validate()

@@ -1,7 +1,7 @@
 //! What drivers see of a replica set (`--members`, the `duet-repl` crate):
 //! the topology in `hello`, the member's role enforced on every command,
 //! write concerns, and `replSetGetStatus` / `replSetGetConfig` /
-//! `replSetStepDown`.
+//! `replSetStepDown`; `replSetReconfig` is refused (the members are fixed).
 //!
 //! Rules, as MongoDB's:
 //! - on a member that is not the writable primary, writes fail with
@@ -637,4 +637,21 @@ pub fn step_down(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         Duration::from_secs(catch_up.max(1) as u64),
     )?;
     Ok(doc! {"ok": 1.0})
+}
+
+/// `replSetReconfig` (mongosh `rs.add`/`rs.remove`/`rs.reconfig`): refused.
+/// Membership changes are not built: the members are fixed by `--members`
+/// (a member's position there is its Raft id), so a different list would
+/// not agree with the membership every member's Raft log holds.
+pub fn reconfig(ctx: &Ctx<'_>) -> CmdResult {
+    admin_only(ctx, "replSetReconfig")?;
+    status_of(ctx)?;
+    Err(CommandError::new(
+        115,
+        "CommandNotSupported",
+        "replSetReconfig is not supported: the replica set's members are fixed by --members \
+         (adding or removing members is not built); a member that lost its disk rejoins \
+         with its own --member-id and an empty data directory and catches up from a Raft \
+         snapshot",
+    ))
 }
