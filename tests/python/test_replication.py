@@ -7,6 +7,7 @@ on the newly elected primary.
 """
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,8 +51,9 @@ def free_ports(n):
 
 
 class Member:
-    def __init__(self, tmp: Path, i: int, ports):
+    def __init__(self, tmp: Path, i: int, ports, extra=()):
         self.i, self.port = i, ports[i]
+        self.extra = list(extra)
         self.members = ",".join(f"127.0.0.1:{p}" for p in ports)
         self.dir = tmp / f"m{i}"
         self.log_path = tmp / f"m{i}.log"
@@ -63,7 +65,8 @@ class Member:
         self.proc = subprocess.Popen(
             [str(DUET), "serve", "--bind", "127.0.0.1", "--port", str(self.port),
              "--data-dir", str(self.dir), "--log-level", "info",
-             "--replica-set", SET, "--members", self.members, "--member-id", str(self.i)],
+             "--replica-set", SET, "--members", self.members, "--member-id", str(self.i),
+             *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 20
@@ -243,6 +246,13 @@ def test_status_config_and_step_down(cluster):
         with pytest.raises(OperationFailure) as e:
             d.app.command("replSetGetStatus")
         assert e.value.code == 13
+        # Membership changes are not built: refused, saying so.
+        conf["version"] += 1
+        conf["members"] = conf["members"][:2]
+        with pytest.raises(OperationFailure) as e:
+            d.admin.command("replSetReconfig", conf)
+        assert e.value.code == 115 and "--members" in str(e.value), e.value.details
+        assert d.admin.command("replSetGetConfig")["config"]["version"] == 1
         d.admin.command("replSetStepDown", 30, secondaryCatchUpPeriodSecs=10)
     q = primary_of(cluster)
     assert q is not p
@@ -374,3 +384,101 @@ def test_named_snapshot_is_the_same_on_every_member_and_survives_restarts(cluste
         with m.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
             wait_for("member %d to drop the snapshot" % m.i, lambda: not d.app.command(
                 "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"])
+
+
+def status(m):
+    with m.direct() as c:
+        return c.admin.command("replSetGetStatus")
+
+
+def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
+    """With a Raft snapshot every 50 entries the log is purged; a member
+    whose data directory is wiped comes back empty, receives a snapshot
+    (every database's checkpoint image, in chunks), then the log, and holds
+    every document; its own restart then starts from its files."""
+    ports = free_ports(3)
+    members = [Member(tmp_path, i, ports, ["--repl-snapshot-entries", "50"]) for i in range(3)]
+    try:
+        p = primary_of(members)
+        client = set_client(members)
+        coll = client.d.c
+        # DUET_CATCHUP_DOCS measures larger sets (docs/design.md §19).
+        n = int(os.environ.get("DUET_CATCHUP_DOCS", "2000")) // 200 * 200
+        step = max(100, n // 2 // 50)
+        for b in range(0, n // 2, step):
+            coll.insert_many([{"_id": i, "pad": "x" * 100} for i in range(b, b + step)])
+        client.e.x.insert_one({"_id": 1})
+        victim = next(m for m in members if m is not p)
+        wait_for("replication before the wipe",
+                 lambda: victim.direct().d.c.with_options(
+                     read_preference=ReadPreference.SECONDARY).count_documents({}) == n // 2)
+        victim.stop()
+        shutil.rmtree(victim.dir)
+        step = n // 2 // 100
+        for b in range(n // 2, n, step):
+            coll.insert_many([{"_id": i, "pad": "y" * 100} for i in range(b, b + step)])
+        wait_for("a purged log on the primary",
+                 lambda: status(p)["duet"]["raftPurgedIndex"] > 0)
+        started = time.time()
+        victim.start()
+        sec = lambda: victim.direct().d.c.with_options(  # noqa: E731
+            read_preference=ReadPreference.SECONDARY)
+        wait_for("the wiped member to catch up", lambda: sec().count_documents({}) == n, 300)
+        took = time.time() - started
+        print(f"catch-up of {n} documents from a snapshot: {took:.2f} s")
+        st = status(victim)["duet"]
+        assert st["snapshotsInstalled"] >= 1, st
+        assert victim.direct().e.x.with_options(
+            read_preference=ReadPreference.SECONDARY).count_documents({}) == 1
+        assert sorted(d["_id"] for d in sec().find({}, {"_id": 1})) == list(range(n))
+        # It keeps up from the log afterwards, and restarts from its files.
+        coll.insert_one({"_id": n})
+        wait_for("a write after the catch-up", lambda: sec().count_documents({}) == n + 1)
+        assert victim.stop() == 0
+        victim.start()
+        wait_for("the restarted member", lambda: sec().count_documents({}) == n + 1)
+        client.close()
+    finally:
+        for m in members:
+            m.stop()
+
+
+def test_cluster_time_reads_wait_on_a_secondary(cluster):
+    """Group times are the primary's, carried in every member's copy of the
+    record: a time a reply on the primary gave names the same write on a
+    secondary. afterClusterTime / atClusterTime on a secondary wait until it
+    applied that write; a time not reached fails after maxTimeMS with 50."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    sec = next(m for m in cluster if m is not p)
+    on_sec = dict(read_preference=ReadPreference.SECONDARY_PREFERRED)
+    with sec.direct() as c:
+        for i in range(5):
+            r = client.d.command("insert", "c", documents=[{"_id": i}])
+            t = r["operationTime"]
+            got = c.d.command("find", "c", filter={"_id": i},
+                              readConcern={"afterClusterTime": t}, **on_sec)
+            assert got["cursor"]["firstBatch"] == [{"_id": i}], (i, got)
+            assert got["operationTime"] >= t
+        # A snapshot read on the primary; the same time on the secondary.
+        snap = client.d.command("find", "c", filter={}, readConcern={"level": "snapshot"})
+        at = snap["cursor"]["atClusterTime"]
+        got = c.d.command("find", "c", filter={},
+                          readConcern={"level": "snapshot", "atClusterTime": at}, **on_sec)
+        assert got["cursor"]["firstBatch"] == snap["cursor"]["firstBatch"]
+        assert got["cursor"]["atClusterTime"] == at
+        # A time the set has not reached: waits, then MaxTimeMSExpired.
+        future = bson.Timestamp(t.time + 3600, 1)
+        for rc in ({"afterClusterTime": future},
+                   {"level": "snapshot", "atClusterTime": bson.Timestamp(t.time + 3600, 3)}):
+            started = time.time()
+            with pytest.raises(OperationFailure) as e:
+                c.d.command("find", "c", filter={}, readConcern=rc, maxTimeMS=300, **on_sec)
+            assert e.value.code == 50, e.value.details
+            assert time.time() - started >= 0.3
+        # The primary answers such a read at once (it published every write
+        # it acknowledged), as a one-member set does.
+        got = client.d.command("find", "c", filter={"_id": 0},
+                               readConcern={"afterClusterTime": future}, maxTimeMS=300)
+        assert got["cursor"]["firstBatch"] == [{"_id": 0}]
+    client.close()

@@ -8,6 +8,7 @@
 //! - `state_machine`: applying committed entries to the engine;
 //! - `pending`: this member's writer groups waiting for their commit;
 //! - `retries`: which retryable writes the set applied (failover dedup);
+//! - `snapshot`: Raft snapshots (every database's checkpoint image);
 //! - `replicator`: the engine's `Replicate` hook (writer → Raft);
 //! - `network`: Raft RPCs over TCP between members;
 //! - `member`: one running member and what the server asks of it.
@@ -30,7 +31,8 @@ pub mod network;
 pub mod pending;
 pub mod replicator;
 pub mod retries;
+pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
-pub use member::{Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT};
+pub use member::{Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT, DEFAULT_SNAPSHOT_ENTRIES};

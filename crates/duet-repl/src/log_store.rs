@@ -5,7 +5,10 @@
 //! - `log`: append-only operations, each framed `len u32 | crc32c u32 |
 //!   bincode(op)`, little-endian; an op appends entries, truncates the log
 //!   from an index on (a new leader overwrote a conflicting suffix) or
-//!   purges it up to a log id. Opening replays the ops into memory.
+//!   purges it up to a log id. Opening replays the ops into memory. A purge
+//!   (openraft's, below a Raft snapshot) rewrites the file as its purge op
+//!   and the entries left (`log.tmp`, synced, renamed), so the file stays
+//!   about as large as the entries kept.
 //! - `vote`: the last vote, replaced atomically (tmp, fsync, rename, fsync
 //!   of the directory).
 //! - `set`: the replica-set name and this member's id; a data directory
@@ -20,8 +23,9 @@
 //!   tore: it is cut off (warned); it was never acknowledged;
 //! - the in-memory entries are exactly those the ops on disk leave.
 //!
-//! Entries are kept in memory too (the log is never purged: Raft snapshots
-//! are not built yet, so a lagging member catches up from the log).
+//! Entries are kept in memory too: the log holds what the last Raft
+//! snapshot does not (`snapshot.rs`) plus the few entries openraft keeps
+//! below it (`max_in_snapshot_log_to_keep`).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -68,6 +72,8 @@ enum Done {
 /// An encoded op for the log's writer thread.
 struct Job {
     framed: Vec<u8>,
+    /// A purge: the whole log after it (replaces the file).
+    rewrite: Option<Vec<u8>>,
     done: Done,
 }
 
@@ -96,7 +102,10 @@ fn run_writer(mut file: File, path: PathBuf, jobs: std::sync::mpsc::Receiver<Job
         if failed.is_none() {
             let written = batch
                 .iter()
-                .try_for_each(|j| file.write_all(&j.framed))
+                .try_for_each(|j| match &j.rewrite {
+                    None => file.write_all(&j.framed),
+                    Some(image) => rewrite(&path, image).map(|f| file = f),
+                })
                 .and_then(|_| file.sync_data());
             if let Err(e) = written {
                 tracing::error!(file = %path.display(), error = %e, "Raft log write failed; the member stops");
@@ -116,6 +125,25 @@ fn run_writer(mut file: File, path: PathBuf, jobs: std::sync::mpsc::Receiver<Job
             }
         }
     }
+}
+
+/// Replace the log file at `path` with `image` (every op it must hold),
+/// durably; the new file, opened for appending.
+fn rewrite(path: &Path, image: &[u8]) -> std::io::Result<File> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join("log.tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(image)?;
+    f.sync_data()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    fsync_dir(dir)?;
+    OpenOptions::new().append(true).open(path)
+}
+
+/// Make the names in directory `dir` durable.
+pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 fn io_err(subject: ErrorSubject<u64>, verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
@@ -156,7 +184,7 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()>
     f.sync_data()?;
     drop(f);
     std::fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
+    fsync_dir(dir)
 }
 
 fn frame(payload: &[u8]) -> Vec<u8> {
@@ -262,8 +290,24 @@ impl LogStore {
     /// writer in the order they were applied).
     fn submit(&self, inner: &mut Inner, op: LogOp, done: Done) -> Result<(), StorageError> {
         let framed = Self::encode(&op)?;
+        let purge = matches!(op, LogOp::Purge(_));
         apply_op(&mut inner.entries, &mut inner.last_purged, op);
-        self.writer.send(Job { framed, done }).map_err(|_| {
+        let rewrite = if purge {
+            let left: Vec<Entry> = inner.entries.values().cloned().collect();
+            let mut image = framed.clone();
+            if !left.is_empty() {
+                image.extend_from_slice(&Self::encode(&LogOp::Append(left))?);
+            }
+            Some(image)
+        } else {
+            None
+        };
+        let job = Job {
+            framed,
+            rewrite,
+            done,
+        };
+        self.writer.send(job).map_err(|_| {
             io_err(
                 ErrorSubject::Logs,
                 ErrorVerb::Write,
@@ -429,6 +473,37 @@ mod tests {
             .len();
         let (_, end) = frames(&std::fs::read(dir.path().join("log")).expect("read"));
         assert_eq!(len, end as u64, "the torn frame was cut");
+    }
+
+    #[test]
+    fn a_purge_rewrites_the_file_to_the_entries_left() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = LogStore::open(dir.path()).expect("open");
+        write(
+            &store,
+            LogOp::Append((1..=100).map(|i| entry(1, i)).collect()),
+        );
+        let before = std::fs::metadata(dir.path().join("log"))
+            .expect("len")
+            .len();
+        write(
+            &store,
+            LogOp::Purge(LogId::new(CommittedLeaderId::new(1, 0), 95)),
+        );
+        write(&store, LogOp::Append(vec![entry(1, 101)]));
+        let after = std::fs::metadata(dir.path().join("log"))
+            .expect("len")
+            .len();
+        assert!(
+            after * 4 < before,
+            "{after} bytes after the purge, {before} before"
+        );
+        drop(store);
+        let store = LogStore::open(dir.path()).expect("reopen");
+        let inner = store.inner.lock();
+        let got: Vec<u64> = inner.entries.keys().copied().collect();
+        assert_eq!(got, (96..=101).collect::<Vec<_>>());
+        assert_eq!(inner.last_purged.map(|l| l.index), Some(95));
     }
 
     #[test]

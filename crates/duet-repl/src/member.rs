@@ -41,6 +41,20 @@ pub const HEARTBEAT_MS: u64 = 250;
 pub const ELECTION_TIMEOUT_MS: (u64, u64) = (2500, 5000);
 /// How long a writer waits for its group's commit (`--repl-commit-timeout-secs`).
 pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Log entries applied between two Raft snapshots (`--repl-snapshot-entries`).
+pub const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
+/// Most entries kept in the log below the last snapshot (a member that far
+/// behind still catches up from the log; further behind, from a snapshot).
+pub const MAX_LOGS_KEPT: u64 = 1_000;
+/// Most entries in one AppendEntries RPC (openraft's default is 300). openraft
+/// gives each RPC one heartbeat interval (250 ms); 300 large groups to a
+/// member far behind on a loaded machine took longer every time, and the
+/// member never caught up.
+pub const MAX_PAYLOAD_ENTRIES: u64 = 32;
+/// How long sending one snapshot chunk may take, the last one's install
+/// on the receiver included (openraft's `install_snapshot_timeout`; the
+/// install opens every database of the snapshot, index builds included).
+pub const SNAPSHOT_INSTALL_TIMEOUT_MS: u64 = 300_000;
 
 /// How to start a member.
 #[derive(Debug, Clone)]
@@ -52,6 +66,10 @@ pub struct Options {
     pub members: Vec<String>,
     pub data_dir: PathBuf,
     pub commit_timeout: Duration,
+    /// Build a Raft snapshot every this many applied entries, and purge the
+    /// log below it but for `min(this / 10, MAX_LOGS_KEPT)` entries
+    /// (0: never; the log then grows without bound).
+    pub snapshot_entries: u64,
 }
 
 /// A member's role as MongoDB names it.
@@ -96,6 +114,13 @@ pub struct Status {
     /// Cluster time and wall-clock ms of the last applied write.
     pub last_write_ts: u64,
     pub last_write_wall_ms: u64,
+    /// Index of the last entry in this member's Raft snapshot, and the
+    /// last index purged from its log (0: none).
+    pub snapshot_index: u64,
+    pub purged_index: u64,
+    /// Raft snapshots this process built, and installed (sent by the leader).
+    pub snapshots_built: u64,
+    pub snapshots_installed: u64,
 }
 
 impl Status {
@@ -153,6 +178,9 @@ impl Member {
             applied_index: AtomicU64::new(0),
             last_write_ts: AtomicU64::new(0),
             last_write_wall_ms: AtomicU64::new(0),
+            snapshots: Default::default(),
+            snapshots_built: AtomicU64::new(0),
+            snapshots_installed: AtomicU64::new(0),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
@@ -160,8 +188,17 @@ impl Member {
             heartbeat_interval: HEARTBEAT_MS,
             election_timeout_min: ELECTION_TIMEOUT_MS.0,
             election_timeout_max: ELECTION_TIMEOUT_MS.1,
-            snapshot_policy: SnapshotPolicy::Never,
-            max_in_snapshot_log_to_keep: u64::MAX,
+            snapshot_policy: match opts.snapshot_entries {
+                0 => SnapshotPolicy::Never,
+                n => SnapshotPolicy::LogsSinceLast(n),
+            },
+            max_in_snapshot_log_to_keep: match opts.snapshot_entries {
+                0 => u64::MAX,
+                n => (n / 10).min(MAX_LOGS_KEPT),
+            },
+            replication_lag_threshold: opts.snapshot_entries.saturating_mul(2).max(5000),
+            install_snapshot_timeout: SNAPSHOT_INSTALL_TIMEOUT_MS,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             ..Default::default()
         }
         .validate()
@@ -262,6 +299,10 @@ impl Member {
             matched,
             last_write_ts: self.shared.last_write_ts.load(Ordering::Relaxed),
             last_write_wall_ms: self.shared.last_write_wall_ms.load(Ordering::Relaxed),
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            purged_index: m.purged.map_or(0, |l| l.index),
+            snapshots_built: self.shared.snapshots_built.load(Ordering::Relaxed),
+            snapshots_installed: self.shared.snapshots_installed.load(Ordering::Relaxed),
         }
     }
 
@@ -279,6 +320,29 @@ impl Member {
     /// member is at or below it).
     pub fn applied_index(&self) -> u64 {
         self.shared.applied_index.load(Ordering::Acquire)
+    }
+
+    /// The highest cluster time of the groups this member applied (group
+    /// times are the primary's, carried in the replicated records, so a time
+    /// means the same write on every member).
+    pub fn applied_time(&self) -> u64 {
+        self.shared.last_write_ts.load(Ordering::Acquire)
+    }
+
+    /// Wait (blocking, polling) until this member applied a group of cluster
+    /// time `ts` or later — read concern `afterClusterTime`/`atClusterTime`
+    /// on any member — or `cancelled()` says stop (`maxTimeMS`, `killOp`,
+    /// disconnect). Whether it got there.
+    pub fn wait_for_time(&self, ts: u64, cancelled: impl Fn() -> bool) -> bool {
+        loop {
+            if self.applied_time() >= ts {
+                return true;
+            }
+            if cancelled() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Wait (blocking) until `w` members hold entry `index` in their Raft

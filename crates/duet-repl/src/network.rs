@@ -11,6 +11,14 @@
 //!
 //! Limits: a frame above [`MAX_FRAME`] is refused (the connection is
 //! closed), so a peer cannot make a member allocate without bound.
+//!
+//! A member with an empty Raft log (a new member, or one that lost its
+//! disk) grants no vote to a candidate whose log holds entries: having lost
+//! its log and its vote, it could otherwise help elect a candidate that
+//! lacks entries committed while it held them (Raft's safety assumes stable
+//! storage). Once it has received entries or a snapshot it votes normally;
+//! a set forming (every log empty but the initial membership) still
+//! elects.
 
 use std::time::Duration;
 
@@ -110,29 +118,38 @@ pub struct Peer {
 type RpcErr<E = RaftError<NodeId>> = RPCError<NodeId, BasicNode, E>;
 
 impl Peer {
+    /// One request and its reply. The connection is taken out of `self`
+    /// for the exchange and put back only after the whole reply was read:
+    /// openraft drops this future when its own deadline passes (one
+    /// heartbeat interval for an append), and a connection left with a
+    /// reply still in flight would hand that stale reply to the next
+    /// request — a reply to another range of entries (seen as openraft's
+    /// "prev_log_id=None never conflict" panic under load).
     async fn call(&mut self, req: &RpcRequest, ttl: Duration) -> std::io::Result<RpcReply> {
         let bytes = bincode::serialize(req).map_err(std::io::Error::other)?;
-        let exchange = async {
-            if self.conn.is_none() {
-                let addr = self.addr.clone().map_err(std::io::Error::other)?;
-                let s = TcpStream::connect(addr).await?;
-                s.set_nodelay(true)?;
-                self.conn = Some(s);
-            }
-            let Some(s) = self.conn.as_mut() else {
-                return Err(std::io::Error::other("no connection"));
+        let conn = self.conn.take();
+        let addr = self.addr.clone();
+        let exchange = async move {
+            let mut s = match conn {
+                Some(s) => s,
+                None => {
+                    let addr = addr.map_err(std::io::Error::other)?;
+                    let s = TcpStream::connect(addr).await?;
+                    s.set_nodelay(true)?;
+                    s
+                }
             };
-            write_frame(s, &bytes).await?;
-            read_frame(s).await
+            write_frame(&mut s, &bytes).await?;
+            let reply = read_frame(&mut s).await?;
+            Ok::<_, std::io::Error>((s, reply))
         };
         let reply = match tokio::time::timeout(ttl, exchange).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                self.conn = None;
-                return Err(e);
+            Ok(Ok((s, r))) => {
+                self.conn = Some(s);
+                r
             }
+            Ok(Err(e)) => return Err(e),
             Err(_) => {
-                self.conn = None;
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "Raft RPC timed out",
@@ -207,6 +224,14 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Whether this member's log holds nothing but (at most) the initial
+/// membership, and no snapshot (see the module documentation).
+fn amnesiac(raft: &Raft) -> bool {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    m.last_log_index.unwrap_or(0) == 0 && m.snapshot.is_none()
+}
+
 /// Answer Raft RPCs arriving on `listener` until the task is dropped
 /// (which also ends every connection it serves).
 pub async fn serve(listener: TcpListener, raft: Raft) {
@@ -243,6 +268,16 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                 };
                 let reply = match req {
                     RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+                    RpcRequest::Vote(r)
+                        if amnesiac(&raft) && r.last_log_id.is_some_and(|l| l.index > 0) =>
+                    {
+                        tracing::info!(%peer, "no vote: this member's Raft log is empty");
+                        RpcReply::Vote(Ok(VoteResponse {
+                            vote: r.vote,
+                            vote_granted: false,
+                            last_log_id: None,
+                        }))
+                    }
                     RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                     RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
                 };
@@ -254,5 +289,65 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::Vote;
+
+    fn vote(term: u64) -> RpcRequest {
+        RpcRequest::Vote(VoteRequest {
+            vote: Vote::new(term, 0),
+            last_log_id: None,
+        })
+    }
+
+    /// A caller that gives up on a request (openraft's deadline drops the
+    /// call) must not get that request's late reply for its next one.
+    #[tokio::test]
+    async fn an_abandoned_call_leaves_no_reply_for_the_next() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    while let Ok(b) = read_frame(&mut s).await {
+                        let Ok(RpcRequest::Vote(r)) = bincode::deserialize(&b) else {
+                            return;
+                        };
+                        if r.vote.leader_id().term == 1 {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        let reply = RpcReply::Vote(Ok(VoteResponse {
+                            vote: r.vote,
+                            vote_granted: true,
+                            last_log_id: None,
+                        }));
+                        let out = bincode::serialize(&reply).expect("encode");
+                        if write_frame(&mut s, &out).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let mut peer = Peer {
+            target: 1,
+            addr: Ok(addr),
+            conn: None,
+        };
+        let first = tokio::time::timeout(
+            Duration::from_millis(50),
+            peer.call(&vote(1), Duration::from_secs(5)),
+        )
+        .await;
+        assert!(first.is_err(), "the first call is abandoned");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match peer.call(&vote(2), Duration::from_secs(5)).await {
+            Ok(RpcReply::Vote(Ok(r))) => assert_eq!(r.vote.leader_id().term, 2),
+            _ => panic!("no reply to the second call"),
+        }
     }
 }

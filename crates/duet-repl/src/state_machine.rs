@@ -19,10 +19,14 @@
 //! databases after a crash; re-applying a group is then a skip (its csns
 //! are already there), so a restart converges to the same state.
 //!
-//! Raft snapshots are not built (the log is kept whole; see docs/design.md
-//! "Replication"), so `build_snapshot` and `install_snapshot` refuse.
+//! Raft snapshots (`snapshot.rs`): the builder takes every database's
+//! published state when openraft asks for it (between two applies, so the
+//! states are exactly those after the last applied entry) and writes them
+//! on a task of its own; an installed snapshot replaces the databases and
+//! the applied position. A `snapshot` file of a later position than
+//! `applied` (a crash in the middle of an install) is installed again at
+//! open, before openraft starts.
 
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -36,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::log_store::write_atomic;
 use crate::pending::{Outcome, Pending};
+use crate::snapshot::{self, Capture, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
 use crate::types::{
     record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership,
     TypeConfig,
@@ -50,11 +55,18 @@ pub struct Shared {
     pub pending: Pending,
     /// Retryable writes applied (`retries.rs`).
     pub retries: crate::retries::Retries,
-    /// Index of the last applied entry, and the cluster time and wall-clock
-    /// milliseconds of the last applied group (`hello.lastWrite`).
+    /// Index of the last applied entry, and the cluster time (the highest of
+    /// the groups applied: a group's time is the primary's, carried in its
+    /// record) and wall-clock milliseconds of the last applied group
+    /// (`hello.lastWrite`, `Member::wait_for_time`).
     pub applied_index: AtomicU64,
     pub last_write_ts: AtomicU64,
     pub last_write_wall_ms: AtomicU64,
+    /// Raft snapshot builds and installs (`snapshot.rs`).
+    pub snapshots: Snapshots,
+    /// Snapshots built and installed by this process (`replSetGetStatus`).
+    pub snapshots_built: AtomicU64,
+    pub snapshots_installed: AtomicU64,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -87,14 +99,47 @@ impl StateMachine {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Applied::default(),
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
-        if let Some(l) = applied.last {
-            shared.applied_index.store(l.index, Ordering::Release);
-        }
-        Ok(StateMachine {
+        snapshot::clear_work(&dir);
+        let mut sm = StateMachine {
             shared,
             dir,
             applied,
-        })
+        };
+        let snap = snapshot::current_position(&sm.dir)
+            .map_err(|e| format!("{}: {e}", sm.dir.join(SNAPSHOT_FILE).display()))?;
+        if let Some(meta) = snap.filter(|m| m.last_log_id > sm.applied.last) {
+            tracing::warn!(snapshot = %meta.snapshot_id,
+                "installing the Raft snapshot again (an install was interrupted)");
+            let engine = sm.engine().map_err(|e| e.to_string())?;
+            let meta = snapshot::install(&engine, &sm.dir)
+                .map_err(|e| format!("cannot install the Raft snapshot: {e}"))?;
+            sm.installed(&meta, &engine).map_err(|e| e.to_string())?;
+        }
+        if let Some(l) = sm.applied.last {
+            sm.shared.applied_index.store(l.index, Ordering::Release);
+        }
+        Ok(sm)
+    }
+
+    /// The databases now hold snapshot `meta`: it is the applied position.
+    fn installed(&mut self, meta: &Meta, engine: &Engine) -> Result<(), StorageError> {
+        self.applied.last = meta.last_log_id;
+        self.applied.membership = meta.last_membership.clone();
+        self.save(true)?;
+        if let Some(l) = meta.last_log_id {
+            self.shared.applied_index.store(l.index, Ordering::Release);
+        }
+        let ts = engine
+            .all_databases()
+            .iter()
+            .map(|d| d.snapshot().state().ts)
+            .max()
+            .unwrap_or(0);
+        self.shared.last_write_ts.fetch_max(ts, Ordering::Relaxed);
+        self.shared
+            .snapshots_installed
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn save(&self, sync: bool) -> Result<(), StorageError> {
@@ -130,14 +175,11 @@ impl StateMachine {
                         "a group entry without a record header",
                     ));
                 };
-                if payload.len() >= 36 {
+                let stamp = (payload.len() >= 36).then(|| {
                     let ts = u64::from_le_bytes(payload[20..28].try_into().unwrap_or_default());
                     let wall = u64::from_le_bytes(payload[28..36].try_into().unwrap_or_default());
-                    self.shared.last_write_ts.store(ts, Ordering::Relaxed);
-                    self.shared
-                        .last_write_wall_ms
-                        .store(wall, Ordering::Relaxed);
-                }
+                    (ts, wall)
+                });
                 let mine = origin.member == self.shared.me
                     && origin.incarnation == self.shared.incarnation;
                 let pending = mine
@@ -159,6 +201,14 @@ impl StateMachine {
                     for tag in &retries {
                         self.shared.retries.record(tag);
                     }
+                }
+                // After the group is published here (or skipped): a read
+                // waiting for this time (`Member::wait_for_time`) may go.
+                if let Some((ts, wall)) = stamp {
+                    self.shared
+                        .last_write_wall_ms
+                        .store(wall, Ordering::Relaxed);
+                    self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
                 }
                 Ok((response, false))
             }
@@ -279,7 +329,7 @@ fn apply_group(
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotBuilder = Builder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
         Ok((self.applied.last, self.applied.membership.clone()))
@@ -317,38 +367,136 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        NoSnapshots
+        // Called between two applies: the published states are those after
+        // the last applied entry (see the module documentation).
+        let capture = self.shared.engine.upgrade().map(|engine| {
+            let last = self.applied.last;
+            Capture {
+                meta: Meta {
+                    last_log_id: last,
+                    last_membership: self.applied.membership.clone(),
+                    snapshot_id: format!(
+                        "{}-{}-{:08x}",
+                        last.map_or(0, |l| l.leader_id.term),
+                        last.map_or(0, |l| l.index),
+                        rand::random::<u32>()
+                    ),
+                },
+                dbs: engine
+                    .all_databases()
+                    .into_iter()
+                    .map(|d| (d.name().to_string(), d.snapshot()))
+                    .filter(|(_, s)| s.csn() > 0)
+                    .collect(),
+            }
+        });
+        Builder {
+            dir: self.dir.clone(),
+            shared: self.shared.clone(),
+            capture,
+        }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let f = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.dir.join(INCOMING_FILE))
+            .await
+            .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        Ok(Box::new(f))
     }
 
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        mut data: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        Err(sm_err(
-            ErrorVerb::Write,
-            "Raft snapshots are not supported yet: members catch up from the log",
-        ))
+        use tokio::io::AsyncWriteExt;
+        data.flush()
+            .await
+            .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        data.sync_all()
+            .await
+            .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        drop(data);
+        let engine = self.engine()?;
+        let dir = self.dir.clone();
+        let shared = self.shared.clone();
+        let want = meta.last_log_id;
+        let started = std::time::Instant::now();
+        let got = tokio::task::spawn_blocking(move || -> std::io::Result<Meta> {
+            let _g = shared.snapshots.lock.lock();
+            let got = snapshot::read_meta(&dir.join(INCOMING_FILE))?;
+            if got.last_log_id != want {
+                return Err(std::io::Error::other(format!(
+                    "the snapshot received is at {:?}, its metadata says {want:?}",
+                    got.last_log_id
+                )));
+            }
+            std::fs::rename(dir.join(INCOMING_FILE), dir.join(SNAPSHOT_FILE))?;
+            crate::log_store::fsync_dir(&dir)?;
+            snapshot::install(&engine, &dir)
+        })
+        .await
+        .map_err(|e| snap_err(ErrorVerb::Write, e))?
+        .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        let engine = self.engine()?;
+        self.installed(&got, &engine)?;
+        tracing::info!(snapshot = %got.snapshot_id, secs = started.elapsed().as_secs_f64(),
+            "installed a Raft snapshot");
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        Ok(None)
+        match snapshot::open_current(&self.dir) {
+            Ok(Some((meta, f))) => Ok(Some(Snapshot {
+                meta,
+                snapshot: Box::new(tokio::fs::File::from_std(f)),
+            })),
+            Ok(None) => Ok(None),
+            Err(e) => Err(snap_err(ErrorVerb::Read, e)),
+        }
     }
 }
 
-/// Snapshots are never built: the snapshot policy is `Never` and the log is
-/// never purged, so openraft never asks.
-pub struct NoSnapshots;
+fn snap_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    StorageError::from_io_error(
+        ErrorSubject::Snapshot(None),
+        verb,
+        std::io::Error::other(e.to_string()),
+    )
+}
 
-impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+/// Writes the snapshot captured by `get_snapshot_builder` (on a task of
+/// its own: applies go on meanwhile).
+pub struct Builder {
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    capture: Option<Capture>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        Err(sm_err(
-            ErrorVerb::Read,
-            "Raft snapshots are not supported yet: members catch up from the log",
-        ))
+        let Some(capture) = self.capture.take() else {
+            return Err(snap_err(ErrorVerb::Read, "the server is shutting down"));
+        };
+        let dir = self.dir.clone();
+        let shared = self.shared.clone();
+        let started = std::time::Instant::now();
+        let (meta, f) =
+            tokio::task::spawn_blocking(move || snapshot::build(&dir, &shared.snapshots, capture))
+                .await
+                .map_err(|e| snap_err(ErrorVerb::Write, e))?
+                .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        self.shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(snapshot = %meta.snapshot_id, secs = started.elapsed().as_secs_f64(),
+            "built a Raft snapshot");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(f)),
+        })
     }
 }

@@ -16,7 +16,8 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
+        // A Raft snapshot is a file (`snapshot.rs`), sent in chunks.
+        SnapshotData = tokio::fs::File,
 );
 
 pub type NodeId = u64;

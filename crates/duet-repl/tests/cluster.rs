@@ -9,7 +9,10 @@
 //! - after the primary stops, another member is elected and takes writes,
 //!   and every write acknowledged before is on the new primary;
 //! - a restarted member catches up from the Raft log and skips what its
-//!   databases already hold.
+//!   databases already hold;
+//! - with Raft snapshots every few entries, the log is purged, and a member
+//!   whose disk was wiped catches up from a snapshot (then from the log),
+//!   also across its own restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,6 +41,10 @@ fn free_ports(n: usize) -> Vec<u16> {
 }
 
 async fn start(dir: &Path, id: u64, members: &[String]) -> Node {
+    start_with(dir, id, members, 0).await
+}
+
+async fn start_with(dir: &Path, id: u64, members: &[String], snapshot_entries: u64) -> Node {
     let engine = Arc::new(Engine::open(dir).expect("engine"));
     let member = Member::start(
         Options {
@@ -46,6 +53,7 @@ async fn start(dir: &Path, id: u64, members: &[String]) -> Node {
             members: members.to_vec(),
             data_dir: dir.to_path_buf(),
             commit_timeout: Duration::from_secs(10),
+            snapshot_entries,
         },
         &engine,
     )
@@ -207,6 +215,135 @@ fn three_members_replicate_fail_over_and_catch_up() {
             d.display()
         );
     }
+    for n in nodes.iter().flatten() {
+        rt.block_on(n.member.shutdown());
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The documents of `d.c` on `n`, sorted by `_id`.
+fn documents(n: &Node) -> Vec<bson::Document> {
+    let Some(db) = n.engine.get("d").expect("name") else {
+        return Vec::new();
+    };
+    let mut docs: Vec<bson::Document> = db
+        .snapshot()
+        .collection("c")
+        .find(doc! {})
+        .run()
+        .expect("find");
+    docs.sort_by_key(|d| d.get_i32("_id").unwrap_or(-1));
+    docs
+}
+
+#[test]
+fn a_wiped_member_catches_up_from_a_snapshot() {
+    let rt = runtime();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ports = free_ports(3);
+    let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("m{i}"))).collect();
+    const EVERY: u64 = 20;
+    let mut nodes: Vec<Option<Node>> = rt.block_on(async {
+        let mut v = Vec::new();
+        for (i, d) in dirs.iter().enumerate() {
+            v.push(Some(start_with(d, i as u64, &members, EVERY).await));
+        }
+        v
+    });
+    let p = primary(&nodes);
+    let pe = nodes[p].as_ref().expect("p").engine.clone();
+    let db = pe.database("d").expect("db");
+    let coll = db.collection("c");
+    coll.create_index(doc! {"v": 1}, duetdb::IndexOptions::default())
+        .expect("index");
+    for i in 0..40 {
+        coll.insert_one(doc! {"_id": i, "v": i}).expect("insert");
+    }
+    // Another database the wiped member must get too, and one dropped.
+    pe.database("e")
+        .expect("e")
+        .collection("x")
+        .insert_one(doc! {"_id": 1})
+        .expect("insert e");
+    pe.database("gone")
+        .expect("gone")
+        .collection("x")
+        .insert_one(doc! {"_id": 1})
+        .expect("insert gone");
+    let s = (p + 1) % 3;
+    wait_until("replication before the wipe", || {
+        documents(nodes[s].as_ref().expect("s")).len() == 40
+    });
+
+    // Member s loses its disk; the set goes on writing and purges its log.
+    let lost = nodes[s].take().expect("s");
+    rt.block_on(lost.member.shutdown());
+    drop(lost);
+    // A snapshot build the member started may still be finishing its files.
+    wait_until("the wipe", || std::fs::remove_dir_all(&dirs[s]).is_ok());
+    nodes[p]
+        .as_ref()
+        .expect("p")
+        .member
+        .drop_database("gone")
+        .expect("drop gone");
+    coll.update_many(doc! {"_id": {"$lt": 10}}, doc! {"$set": {"u": true}})
+        .expect("update");
+    for i in 40..100 {
+        coll.insert_one(doc! {"_id": i, "v": i}).expect("insert");
+    }
+    let pm = nodes[p].as_ref().expect("p").member.clone();
+    wait_until("a snapshot and a purge on the primary", || {
+        let st = pm.status();
+        st.snapshots_built > 0 && st.purged_index > 0
+    });
+    let st = pm.status();
+    assert!(st.snapshot_index >= EVERY, "{}", st.snapshot_index);
+
+    // It comes back empty: a snapshot, then the log.
+    let back = rt.block_on(start_with(&dirs[s], s as u64, &members, EVERY));
+    let want = documents(nodes[p].as_ref().expect("p"));
+    assert_eq!(want.len(), 100);
+    wait_until("the wiped member to catch up", || documents(&back) == want);
+    assert!(back.member.status().snapshots_installed >= 1);
+    assert!(back.engine.get("gone").expect("name").is_none());
+    let e = back.engine.get("e").expect("name").expect("e").snapshot();
+    assert_eq!(e.collection("x").count(doc! {}).expect("count"), 1);
+    let idx = back
+        .engine
+        .get("d")
+        .expect("name")
+        .expect("d")
+        .collection("c")
+        .list_indexes()
+        .expect("indexes");
+    assert_eq!(idx.len(), 2, "the index came with the snapshot: {idx:?}");
+    nodes[s] = Some(back);
+    for i in 100..110 {
+        coll.insert_one(doc! {"_id": i, "v": i})
+            .expect("insert after");
+    }
+    let want = documents(nodes[p].as_ref().expect("p"));
+    for n in nodes.iter().flatten() {
+        wait_until("every member after the catch-up", || documents(n) == want);
+    }
+
+    // The snapshot-installed member restarts from its own files.
+    let again = nodes[s].take().expect("s");
+    rt.block_on(again.member.shutdown());
+    drop(again);
+    let back = rt.block_on(start_with(&dirs[s], s as u64, &members, EVERY));
+    assert_eq!(documents(&back), want, "at once, from its own disk");
+    nodes[s] = Some(back);
+    drop((coll, db, pe));
     for n in nodes.iter().flatten() {
         rt.block_on(n.member.shutdown());
     }

@@ -244,6 +244,12 @@ pub struct ServeArgs {
     /// write fails with WriteConcernFailed (64) and its outcome is unknown.
     #[arg(long, default_value_t = duet_repl::DEFAULT_COMMIT_TIMEOUT.as_secs_f64())]
     pub repl_commit_timeout_secs: f64,
+    /// Take a Raft snapshot (every database's checkpoint image) every this
+    /// many replicated entries and drop the Raft log below it, so a new or
+    /// far-behind member catches up from the snapshot (0: never; the log
+    /// then grows without bound).
+    #[arg(long, default_value_t = duet_repl::DEFAULT_SNAPSHOT_ENTRIES)]
+    pub repl_snapshot_entries: u64,
     // --- wire compression (issue #20) ---
     /// Compressors offered to drivers for OP_COMPRESSED, in order of
     /// preference (comma-separated: snappy, zstd, zlib), or `disabled`
@@ -277,6 +283,7 @@ fn repl_options(args: &ServeArgs) -> Result<Option<duet_repl::Options>, String> 
         members: args.members.clone(),
         data_dir: args.data_dir.clone(),
         commit_timeout: secs(args.repl_commit_timeout_secs, "repl-commit-timeout-secs")?,
+        snapshot_entries: args.repl_snapshot_entries,
     }))
 }
 

@@ -110,6 +110,7 @@ pub mod structures {
 
 /// The seam a replica set plugs into (`durability::replicate`).
 pub mod replication {
+    pub use crate::api::backup::write_image;
     pub use crate::durability::replicate::{Commit, GroupRecord, Replicate};
 }
 

@@ -218,6 +218,7 @@ pub const TABLE: &[(&str, Rule)] = &[
     ),
     ("killAllSessions", Rule::Cluster(&[KillAnySession])),
     ("replSetStepDown", Rule::Cluster(&[ReplSetStateChange])),
+    ("replSetReconfig", Rule::Cluster(&[ReplSetConfigure])),
     // Each operation runs through the ordinary dispatch as the command it
     // stands for (insert/update/delete/create/...), checked there.
     ("applyOps", Rule::Authenticated),

@@ -350,6 +350,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "make the primary step down so another member is elected",
     ),
     (
+        "replSetReconfig",
+        "change the replica-set members (refused: the set is fixed by --members)",
+    ),
+    (
         "applyOps",
         "apply oplog entries (mongorestore --oplogReplay), one by one",
     ),
@@ -706,6 +710,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "replSetGetStatus" => repl::get_status(ctx),
         "replSetGetConfig" => repl::get_config(ctx),
         "replSetStepDown" => repl::step_down(ctx, cmd),
+        "replSetReconfig" => repl::reconfig(ctx),
         "applyOps" => oplog::apply_ops(ctx, cmd),
         other => Err(CommandError::new(
             59,

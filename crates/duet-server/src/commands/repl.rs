@@ -1,7 +1,7 @@
 //! What drivers see of a replica set (`--members`, the `duet-repl` crate):
 //! the topology in `hello`, the member's role enforced on every command,
 //! write concerns, and `replSetGetStatus` / `replSetGetConfig` /
-//! `replSetStepDown`.
+//! `replSetStepDown`; `replSetReconfig` is refused (the members are fixed).
 //!
 //! Rules, as MongoDB's:
 //! - on a member that is not the writable primary, writes fail with
@@ -22,7 +22,9 @@
 //!   UnknownReplWriteConcern;
 //! - read concern: `local` and `majority` are the same here (members apply
 //!   only committed entries); `linearizable` checks with a majority that
-//!   this member still leads (ReadIndex) and is primary-only.
+//!   this member still leads (ReadIndex) and is primary-only;
+//!   `afterClusterTime`/`atClusterTime` wait until this member applied the
+//!   group of that time, up to `maxTimeMS` (50 MaxTimeMSExpired).
 //!
 //! Without `--members` the server is a one-member set (or a standalone with
 //! `--standalone`); these commands then describe that one member (or fail
@@ -226,7 +228,37 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
         }
         m.ensure_linearizable()?;
     }
-    Ok(())
+    if writable {
+        // The primary published every write it acknowledged.
+        return Ok(());
+    }
+    wait_for_cluster_time(ctx, m, cmd)
+}
+
+/// Read concern `afterClusterTime` (or `atClusterTime`) names a cluster
+/// time: this member serves the read once it has applied the group of that
+/// time (group times are the primary's, carried in every member's copy of
+/// the record, so a time read on one member names the same write on all),
+/// waiting for it under the command's cancellation (`maxTimeMS`: 50
+/// MaxTimeMSExpired). `atClusterTime` `t` names the state just after the
+/// group of time `t - 1` (`snapshots.rs`). A time no group has (a
+/// `dropDatabase`'s, taken locally) is reached by the next group's.
+fn wait_for_cluster_time(ctx: &Ctx<'_>, m: &Member, cmd: &Document) -> CmdResult<()> {
+    let Some(rc) = crate::args::opt_doc(cmd, "readConcern")? else {
+        return Ok(());
+    };
+    let want = match (rc.get("afterClusterTime"), rc.get("atClusterTime")) {
+        (Some(Bson::Timestamp(t)), _) => super::changes::packed(*t),
+        (_, Some(Bson::Timestamp(t))) => super::changes::packed(*t).saturating_sub(1),
+        _ => return Ok(()),
+    };
+    if m.wait_for_time(want, || ctx.cancel.is_cancelled()) {
+        return Ok(());
+    }
+    Err(match ctx.cancel.reason() {
+        Some(r) => CommandError::new(r.code(), r.code_name(), r.message()),
+        None => CommandError::max_time_expired(),
+    })
 }
 
 /// The origin tag of a retryable write on a replica-set member: `txnNumber`
@@ -422,6 +454,10 @@ fn one_member(ctx: &Ctx<'_>, set: &str) -> Status {
         matched: Default::default(),
         last_write_ts: last,
         last_write_wall_ms: (last >> 32) * 1000,
+        snapshot_index: 0,
+        purged_index: 0,
+        snapshots_built: 0,
+        snapshots_installed: 0,
     }
 }
 
@@ -511,6 +547,14 @@ pub fn get_status(ctx: &Ctx<'_>) -> CmdResult {
             "durableOpTime": optime(&s),
         },
         "members": members,
+        // This member's Raft snapshot (every database's checkpoint image)
+        // and log purge (docs/design.md §19).
+        "duet": {
+            "raftSnapshotIndex": s.snapshot_index as i64,
+            "raftPurgedIndex": s.purged_index as i64,
+            "snapshotsBuilt": s.snapshots_built as i64,
+            "snapshotsInstalled": s.snapshots_installed as i64,
+        },
         "ok": 1.0,
     })
 }
@@ -593,4 +637,21 @@ pub fn step_down(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         Duration::from_secs(catch_up.max(1) as u64),
     )?;
     Ok(doc! {"ok": 1.0})
+}
+
+/// `replSetReconfig` (mongosh `rs.add`/`rs.remove`/`rs.reconfig`): refused.
+/// Membership changes are not built: the members are fixed by `--members`
+/// (a member's position there is its Raft id), so a different list would
+/// not agree with the membership every member's Raft log holds.
+pub fn reconfig(ctx: &Ctx<'_>) -> CmdResult {
+    admin_only(ctx, "replSetReconfig")?;
+    status_of(ctx)?;
+    Err(CommandError::new(
+        115,
+        "CommandNotSupported",
+        "replSetReconfig is not supported: the replica set's members are fixed by --members \
+         (adding or removing members is not built); a member that lost its disk rejoins \
+         with its own --member-id and an empty data directory and catches up from a Raft \
+         snapshot",
+    ))
 }

@@ -11,6 +11,10 @@
 //! held roots only keep old versions alive while they are written; writes
 //! go on meanwhile and copy the paths they touch as always.
 //!
+//! [`write_image`] writes one database's directory this way; a replica-set
+//! member builds its Raft snapshots with it and installs them with
+//! `Engine::restore_database` (docs/design.md §19).
+//!
 //! Invariants: each database's copy is exactly its state at the csn
 //! reported in [`BackupInfo`] (every command acknowledged before the call,
 //! none partially); databases have separate writers, so the copies are
@@ -80,27 +84,12 @@ impl Engine {
             .map(|(name, db)| (name, db.snapshot()))
             .collect();
         create_private_dir_all(to).map_err(|e| io("create directory", &e))?;
-        let vfs = RealFs;
         let mut out = Vec::with_capacity(snaps.len());
         for (i, (name, snap)) in snaps.iter().enumerate() {
-            let dir = to.join(name);
-            create_private_dir_all(&dir)
-                .map_err(|e| StorageError::io("create directory", &dir, &e))?;
-            let info = checkpoint::write(&vfs, &dir, snap.state())?;
-            let manifest = Manifest {
-                current: info.csn,
-                segments: Some(Vec::new()),
-                ..Manifest::default()
-            };
-            manifest.install(&vfs, &dir, false)?;
-            out.push(BackedUp {
-                name: name.clone(),
-                csn: info.csn,
-                bytes: info.bytes,
-                documents: info.documents,
-            });
+            out.push(write_image(name, snap, &to.join(name))?);
             progress(i + 1, snaps.len());
         }
+        let vfs = RealFs;
         let list: String = out
             .iter()
             .map(|b| format!("{} {}\n", b.name, b.csn))
@@ -123,4 +112,27 @@ impl Engine {
             databases: out,
         })
     }
+}
+
+/// Write the state `snap` holds as a database directory `dir` (created; a
+/// checkpoint and a `MANIFEST` naming it, an empty log): what
+/// `Engine::open` or [`Engine::restore_database`] opens as database `name`
+/// at exactly that state. A backup writes one per database, a replica-set
+/// member one per database of a Raft snapshot.
+pub fn write_image(name: &str, snap: &crate::api::Snapshot, dir: &Path) -> Result<BackedUp> {
+    let vfs = RealFs;
+    create_private_dir_all(dir).map_err(|e| StorageError::io("create directory", dir, &e))?;
+    let info = checkpoint::write(&vfs, dir, snap.state())?;
+    let manifest = Manifest {
+        current: info.csn,
+        segments: Some(Vec::new()),
+        ..Manifest::default()
+    };
+    manifest.install(&vfs, dir, false)?;
+    Ok(BackedUp {
+        name: name.to_string(),
+        csn: info.csn,
+        bytes: info.bytes,
+        documents: info.documents,
+    })
 }

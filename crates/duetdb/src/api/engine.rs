@@ -242,6 +242,11 @@ impl Engine {
     /// gone) and no longer checkpoint in the background.
     pub fn try_drop_database(&self, name: &str) -> Result<bool> {
         let mut dbs = self.dbs.write();
+        self.drop_locked(&mut dbs, name)
+    }
+
+    /// [`Engine::try_drop_database`] under the name map's write lock.
+    fn drop_locked(&self, dbs: &mut BTreeMap<String, Database>, name: &str) -> Result<bool> {
         let Some(db) = dbs.get(name).cloned() else {
             return Ok(false);
         };
@@ -266,6 +271,50 @@ impl Engine {
         self.delete(db);
         self.hub.publish(entry.record());
         Ok(true)
+    }
+
+    /// Replace database `name` with the database directory `image` (as
+    /// [`crate::api::backup::write_image`] writes one; moved into place,
+    /// not copied; it must be on the data directory's file system): an
+    /// existing database of that name is dropped first (as
+    /// [`Engine::try_drop_database`]), then the image is renamed to its
+    /// directory and opened. How a replica-set member installs a Raft
+    /// snapshot (docs/design.md §19).
+    pub fn restore_database(&self, name: &str, image: &Path) -> Result<Database> {
+        validate_db_name(name)?;
+        let (Some(dir), Some(lock)) = (&self.dir, &self.lock) else {
+            return Err(Error::Internal(
+                "restoring a database needs a data directory".into(),
+            ));
+        };
+        let mut dbs = self.dbs.write();
+        self.drop_locked(&mut dbs, name)?;
+        if let Some(existing) = dbs.keys().find(|k| k.eq_ignore_ascii_case(name)) {
+            return Err(Error::DatabaseDifferCase(
+                existing.clone(),
+                name.to_string(),
+            ));
+        }
+        let path = dir.join(name);
+        std::fs::rename(image, &path)
+            .and_then(|()| self.options.vfs.sync_dir(dir))
+            .map_err(|e| {
+                Error::Internal(format!(
+                    "cannot move {} to {}: {e}",
+                    image.display(),
+                    path.display()
+                ))
+            })?;
+        let db = Database::open_locked(
+            name,
+            &path,
+            self.options.clone(),
+            &Locking::Held(lock.clone()),
+            self.hub.clone(),
+        )?;
+        db.set_replicator(self.replicator.read().clone());
+        dbs.insert(name.to_string(), db.clone());
+        Ok(db)
     }
 
     /// The drop log (`dropDatabase` events within the change retention).
