@@ -89,7 +89,9 @@ fn reader(
             let ChangeKind::Insert { doc, .. } = &e.kind else {
                 panic!("unexpected event {:?}", e.kind);
             };
-            let id = doc.get_i64("_id").or_else(|_| doc.get_i32("_id").map(i64::from));
+            let id = doc
+                .get_i64("_id")
+                .or_else(|_| doc.get_i32("_id").map(i64::from));
             r.seen.push((e.pos, e.db.to_string(), id.expect("_id")));
         }
         if !b.events.is_empty() {

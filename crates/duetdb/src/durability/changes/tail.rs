@@ -151,7 +151,7 @@ impl Tail {
             return;
         }
         let idx = w.len;
-        if idx % CHUNK == 0 {
+        if idx.is_multiple_of(CHUNK) {
             w.chunks.push(Arc::new(Chunk::new(idx)));
             self.chunks.store(Arc::new(w.chunks.clone()));
         }
@@ -180,7 +180,7 @@ impl Tail {
         }
         slot.store(None);
         w.first += 1;
-        if w.first % CHUNK == 0 {
+        if w.first.is_multiple_of(CHUNK) {
             w.chunks.remove(0);
             self.chunks.store(Arc::new(w.chunks.clone()));
         }
@@ -315,7 +315,9 @@ mod tests {
         let oldest_live = times[times.len() - 100];
         assert_eq!(tail.covers_from(), oldest_live - 2);
         assert!(tail.records_after(times[0], upto, 10).is_none());
-        let got = tail.records_after(oldest_live - 2, upto, 1000).expect("covered");
+        let got = tail
+            .records_after(oldest_live - 2, upto, 1000)
+            .expect("covered");
         assert_eq!(got.len(), 100);
         assert!(got.windows(2).all(|w| w[0].ts < w[1].ts));
         assert_eq!(got[0].ts, oldest_live);
@@ -334,7 +336,17 @@ mod tests {
         // A replicated group adopted below `a`.
         let old = a.ts - 10;
         clock.adopt(old);
-        tail.finish(&clock, old, Some(rec(Stamp { ts: old, wall_ms: 0 }, 10)));
+        tail.finish(
+            &clock,
+            old,
+            Some(rec(
+                Stamp {
+                    ts: old,
+                    wall_ms: 0,
+                },
+                10,
+            )),
+        );
         assert_eq!(tail.covers_from(), old);
         assert!(tail.records_after(old - 2, a.ts, 10).is_none());
         assert_eq!(tail.records_after(old, a.ts, 10).map(|v| v.len()), Some(1));

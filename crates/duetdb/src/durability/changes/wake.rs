@@ -210,15 +210,16 @@ mod model {
     //! untimed waits must see every bump (a lost wake-up deadlocks, which
     //! shuttle reports), whatever the interleaving.
 
+    #[allow(dead_code)] // `wake_all` is the engine's, not the model's.
     mod shuttled {
         use shuttle::sync;
         wake_body!();
     }
 
-    use shuttled::Wake;
     use shuttle::sync::atomic::{AtomicU64, Ordering::SeqCst};
     use shuttle::sync::Arc;
     use shuttle::thread;
+    use shuttled::Wake;
 
     /// `readers` readers each wait until they saw `publishes` publishes of a
     /// writer (the published count is the "log": a reader reads it after
