@@ -10,9 +10,10 @@
 //! to continue from.
 //!
 //! Invariants:
-//! - events are delivered in `(time, index)` order and only up to the clock's
-//!   stable time, so a group still in flight (a lower time than one already
-//!   visible) is never skipped;
+//! - events are delivered in `(time, index)` order and only up to the
+//!   change hub's readable time (at most the clock's stable time), so a
+//!   group still in flight (a lower time than one already visible) is never
+//!   skipped;
 //! - reading from a position whose history is gone — older than a durable
 //!   database's retained log, or than what the tail forgot of a database
 //!   without a log — fails with ChangeStreamHistoryLost (286); it never
@@ -352,9 +353,10 @@ impl Engine {
     }
 
     /// Every commit with a time at or below this is visible (or will never
-    /// exist): what a snapshot-then-stream hand-off may rely on.
+    /// exist) and readable by [`Engine::read_changes`]: what a
+    /// snapshot-then-stream hand-off and the oplog view's scans may rely on.
     pub fn stable_cluster_time(&self) -> u64 {
-        self.hub().clock.stable()
+        self.hub().readable_upto()
     }
 
     /// A counter that changes whenever a change is published (pass it to
@@ -365,6 +367,10 @@ impl Engine {
 
     /// Sleep until a change is published after `seen` (a
     /// [`Engine::change_seq`] value) or `timeout` passes; true if one was.
+    /// Wake-ups are coalesced (`durability/changes/wake.rs`): under a steady
+    /// stream of publishes a waiter wakes at most about once a millisecond,
+    /// and then reads everything published so far in one go; the writer
+    /// never waits for it.
     pub fn wait_for_changes(&self, seen: u64, timeout: Duration) -> bool {
         self.hub().wait(seen, timeout)
     }
@@ -542,7 +548,8 @@ impl Sources<'_> {
     fn read(&self, scope: &ChangeScope, after: ChangePosition, max: usize) -> Result<ChangeBatch> {
         let max = max.max(1);
         let hub = self.hub;
-        let stable = hub.clock.stable();
+        // Final and in the tail's log (or forgotten by it) up to here.
+        let stable = hub.readable_upto();
         if after.ts > stable {
             return Ok(ChangeBatch {
                 events: Vec::new(),

@@ -19,8 +19,13 @@
 //!   either visible (in the change tail and its database's published state)
 //!   or will never exist. A reader that stops at `stable()` can never later
 //!   find a group it skipped.
+//! - `stable()` and `last()` read atomics the mutex's holder keeps equal to
+//!   what the mutex guards (stored before it is released): change-stream
+//!   readers call them on every read and must not contend with the writers'
+//!   `tick`/`done`.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -41,6 +46,19 @@ struct Inner {
 #[derive(Default)]
 pub struct ClusterClock {
     inner: Mutex<Inner>,
+    /// `Inner::stable()`, stored under `inner` at every change.
+    stable: AtomicU64,
+    /// `Inner::last`, likewise.
+    last: AtomicU64,
+}
+
+impl Inner {
+    fn stable(&self) -> u64 {
+        match self.in_flight.first() {
+            Some(first) => first - 1,
+            None => self.last,
+        }
+    }
 }
 
 /// `(seconds, increment)` of a packed time.
@@ -72,6 +90,14 @@ impl ClusterClock {
         // Keep `last` even: the next tick is `last + 2` at least.
         let even = ts + (ts & 1);
         g.last = g.last.max(even);
+        self.publish(&g);
+    }
+
+    /// Make `g`'s figures visible to the lock-free readers. Requires: called
+    /// with the lock held, after every change of `g`.
+    fn publish(&self, g: &Inner) {
+        self.last.store(g.last, Ordering::SeqCst);
+        self.stable.store(g.stable(), Ordering::SeqCst);
     }
 
     /// The next group time, registered as in flight until [`Self::done`].
@@ -83,6 +109,7 @@ impl ClusterClock {
         debug_assert!(ts & 1 == 0 && ts > g.last);
         g.last = ts;
         g.in_flight.insert(ts);
+        self.publish(&g);
         Stamp { ts, wall_ms }
     }
 
@@ -96,26 +123,25 @@ impl ClusterClock {
         g.last = g.last.max(ts + (ts & 1));
         let fresh = g.in_flight.insert(ts);
         debug_assert!(fresh, "time {ts} adopted while in flight");
+        self.publish(&g);
     }
 
     /// The group of time `ts` was published or abandoned.
     pub fn done(&self, ts: u64) {
-        let removed = self.inner.lock().in_flight.remove(&ts);
+        let mut g = self.inner.lock();
+        let removed = g.in_flight.remove(&ts);
         debug_assert!(removed, "time {ts} finished twice or never started");
+        self.publish(&g);
     }
 
     /// Every group with a time `<=` this is final (see the module invariants).
     pub fn stable(&self) -> u64 {
-        let g = self.inner.lock();
-        match g.in_flight.first() {
-            Some(first) => first - 1,
-            None => g.last,
-        }
+        self.stable.load(Ordering::SeqCst)
     }
 
     /// The last time handed out (or observed): a reply's `operationTime`.
     pub fn last(&self) -> u64 {
-        self.inner.lock().last
+        self.last.load(Ordering::SeqCst)
     }
 }
 
