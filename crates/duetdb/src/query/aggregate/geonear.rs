@@ -187,27 +187,34 @@ impl GeoNear {
     }
 }
 
-/// `pipeline` with its leading `$geoNear`'s `key` filled in from the
-/// collection's 2dsphere fields (`geo_paths`) when it has none: exactly one
-/// must exist (else 27 IndexNotFound, as MongoDB).
+/// `pipeline` with its `$geoNear`s' `key` filled in from the collection's
+/// 2dsphere fields (`geo_paths`) where they have none: exactly one must
+/// exist (else 27 IndexNotFound, as MongoDB). Every stage is looked at, so
+/// a misplaced `$geoNear` still gets its own error (40603).
 pub fn resolve_key(pipeline: &mut [Document], geo_paths: &[String]) -> Result<()> {
-    let Some(Bson::Document(spec)) = pipeline.first_mut().and_then(|s| s.get_mut("$geoNear"))
-    else {
-        return Ok(());
-    };
-    if spec.contains_key("key") {
-        return Ok(());
-    }
-    match geo_paths {
-        [one] => {
-            spec.insert("key", one.clone());
-            Ok(())
+    for stage in pipeline.iter_mut() {
+        let Some(Bson::Document(spec)) = stage.get_mut("$geoNear") else {
+            continue;
+        };
+        if spec.contains_key("key") {
+            continue;
         }
-        [] => Err(Error::IndexNotFound(
-            "$geoNear requires a 2d or 2dsphere index, but none were found".into(),
-        )),
-        _ => Err(Error::IndexNotFound(
-            "There is more than one 2dsphere index; unsure which to use for $geoNear".into(),
-        )),
+        match geo_paths {
+            [one] => {
+                spec.insert("key", one.clone());
+            }
+            [] => {
+                return Err(Error::IndexNotFound(
+                    "$geoNear requires a 2d or 2dsphere index, but none were found".into(),
+                ))
+            }
+            _ => {
+                return Err(Error::IndexNotFound(
+                    "There is more than one 2dsphere index; unsure which to use for $geoNear"
+                        .into(),
+                ))
+            }
+        }
     }
+    Ok(())
 }
