@@ -29,7 +29,9 @@ fn index_used(c: &Collection, filter: Document) -> Option<String> {
 }
 
 fn ids_of(docs: &[Document]) -> Vec<i32> {
-    docs.iter().map(|d| d.get_i32("_id").expect("_id")).collect()
+    docs.iter()
+        .map(|d| d.get_i32("_id").expect("_id"))
+        .collect()
 }
 
 fn sorted_ids(c: &Collection, filter: Document, natural: bool) -> Vec<i32> {
@@ -69,7 +71,7 @@ fn random_location(rng: &mut StdRng) -> Option<Bson> {
         2 => Bson::Array(vec![Bson::Double(c.0), Bson::Double(c.1)]),
         3 => Bson::Document(doc! {"lng": c.0, "lat": c.1}),
         4 => Bson::Document(doc! {"type": "LineString", "coordinates": [
-            [c.0, c.1], [c.0 + rng.gen_range(-1.0..1.0), c.1 + rng.gen_range(-1.0..1.0)]]}),
+        [c.0, c.1], [c.0 + rng.gen_range(-1.0..1.0), c.1 + rng.gen_range(-1.0..1.0)]]}),
         5 => Bson::Document(doc! {"type": "Polygon", "coordinates": [ring(c, 0.8, rng)]}),
         6 => Bson::Array(vec![
             Bson::Document(point(c)),
@@ -84,7 +86,9 @@ fn random_query(rng: &mut StdRng) -> Document {
     match rng.gen_range(0..5) {
         0 => doc! {"loc": {"$geoWithin": {"$geometry":
         {"type": "Polygon", "coordinates": [ring(c, rng.gen_range(0.5..5.0), rng)]}}}},
-        1 => doc! {"loc": {"$geoWithin": {"$centerSphere": [[c.0, c.1], rng.gen_range(0.001..0.06)]}}},
+        1 => {
+            doc! {"loc": {"$geoWithin": {"$centerSphere": [[c.0, c.1], rng.gen_range(0.001..0.06)]}}}
+        }
         2 => doc! {"loc": {"$geoIntersects": {"$geometry":
         {"type": "Polygon", "coordinates": [ring(c, rng.gen_range(0.5..4.0), rng)]}}}},
         3 => doc! {"loc": {"$geoIntersects": {"$geometry": {"type": "LineString",
@@ -122,7 +126,11 @@ fn index_scans_equal_collection_scans_on_random_shapes() {
     let mut nonempty = 0;
     for _ in 0..120 {
         let q = random_query(&mut rng);
-        assert_eq!(index_used(&c, q.clone()).as_deref(), Some("loc_2dsphere"), "{q}");
+        assert_eq!(
+            index_used(&c, q.clone()).as_deref(),
+            Some("loc_2dsphere"),
+            "{q}"
+        );
         let via_index = sorted_ids(&c, q.clone(), false);
         let scanned = sorted_ids(&c, q.clone(), true);
         assert_eq!(via_index, scanned, "{q}");
@@ -230,14 +238,17 @@ fn near_orders_by_haversine_distance() {
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
         v
     };
-    assert_eq!(first, all.iter().take(3).map(|(_, i)| *i).collect::<Vec<_>>());
+    assert_eq!(
+        first,
+        all.iter().take(3).map(|(_, i)| *i).collect::<Vec<_>>()
+    );
 
     // $geoNear: distances, multiplier, includeLocs, query, key inferred.
     let out = c
         .aggregate(vec![doc! {"$geoNear": {
-            "near": point(here), "distanceField": "dist.m", "includeLocs": "where",
-            "minDistance": min, "maxDistance": max, "query": {"odd": true},
-            "distanceMultiplier": 0.001, "spherical": true}}])
+        "near": point(here), "distanceField": "dist.m", "includeLocs": "where",
+        "minDistance": min, "maxDistance": max, "query": {"odd": true},
+        "distanceMultiplier": 0.001, "spherical": true}}])
         .expect("geoNear");
     let want_odd: Vec<&(f64, i32)> = want.iter().filter(|(_, i)| i % 2 == 1).collect();
     assert_eq!(out.len(), want_odd.len());
@@ -248,7 +259,10 @@ fn near_orders_by_haversine_distance() {
             .and_then(|x| x.get_f64("m"))
             .expect("distance");
         let want_km = dist / 1000.0;
-        assert!((got - want_km).abs() <= 1e-6 * want_km, "{got} vs {want_km}");
+        assert!(
+            (got - want_km).abs() <= 1e-6 * want_km,
+            "{got} vs {want_km}"
+        );
         assert_eq!(
             d.get_document("where").expect("includeLocs"),
             &point(pts[*id as usize])
@@ -263,8 +277,10 @@ fn near_orders_by_haversine_distance() {
         .expect_err("not first");
     assert_eq!(e.code(), 40603);
     let e = c
-        .aggregate(vec![doc! {"$geoNear": {"near": point(here), "distanceField": "d",
-        "query": {"loc": {"$near": {"$geometry": point(here)}}}}}])
+        .aggregate(vec![
+            doc! {"$geoNear": {"near": point(here), "distanceField": "d",
+            "query": {"loc": {"$near": {"$geometry": point(here)}}}}},
+        ])
         .expect_err("two near");
     assert_eq!(e.code(), 2);
 }
@@ -299,7 +315,8 @@ fn geo_errors_are_mongodbs() {
     }
     assert_eq!(c.count(doc! {}).expect("count"), 0);
     c.insert_one(doc! {"_id": 2}).expect("missing loc");
-    c.insert_one(doc! {"_id": 3, "loc": Bson::Null}).expect("null loc");
+    c.insert_one(doc! {"_id": 3, "loc": Bson::Null})
+        .expect("null loc");
     // A compound query: equality on the other field, geo on the 2dsphere one.
     c.insert_one(doc! {"_id": 4, "loc": point((1.0, 1.0)), "cat": "a"})
         .expect("ok");

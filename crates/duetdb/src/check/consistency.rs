@@ -84,7 +84,7 @@ fn geo_point(k: i64) -> Document {
 fn geo_box(l: i64, h: i64) -> Document {
     let (x0, x1) = (l as f64 * 0.1 - 50.05, h as f64 * 0.1 - 50.05);
     doc! {"g": {"$geoWithin": {"$geometry": {"type": "Polygon",
-        "coordinates": [[[x0, -1.0], [x1, -1.0], [x1, 1.0], [x0, 1.0], [x0, -1.0]]]}}}}
+    "coordinates": [[[x0, -1.0], [x1, -1.0], [x1, 1.0], [x0, 1.0], [x0, -1.0]]]}}}}
 }
 
 impl CheckIndex {
@@ -103,7 +103,9 @@ impl CheckIndex {
             .into_iter()
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
             .ok_or_else(|| {
-                format!("unknown index kind '{name}': plain, partial, sparse, hashed, wildcard or geo")
+                format!(
+                    "unknown index kind '{name}': plain, partial, sparse, hashed, wildcard or geo"
+                )
             })
     }
 

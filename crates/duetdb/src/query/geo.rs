@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use bson::{Bson, Document, RawBsonRef};
 use geo::{
-    Coord, CoordsIter, Distance, Geometry, HaversineClosestPoint, HaversineMeasure,
-    Intersects, Point, Polygon, Relate,
+    Coord, CoordsIter, Distance, Geometry, HaversineClosestPoint, HaversineMeasure, Intersects,
+    Point, Polygon, Relate,
 };
 use s2::cap::Cap;
 use s2::s1::{Angle, Rad};
@@ -145,10 +145,7 @@ impl GeoQuery {
                             center.x, center.y
                         )));
                     }
-                    Within::CenterSphere {
-                        center,
-                        radians: r,
-                    }
+                    Within::CenterSphere { center, radians: r }
                 }
             }
             "$box" => match v {
@@ -241,15 +238,11 @@ impl GeoQuery {
                         "$minDistance" => min = Some(dist(k, v)?),
                         "$maxDistance" => max = Some(dist(k, v)?),
                         other => {
-                            return Err(bad(format!(
-                                "invalid argument in geo near query: {other}"
-                            )))
+                            return Err(bad(format!("invalid argument in geo near query: {other}")))
                         }
                     }
                 }
-                let g = d
-                    .get("$geometry")
-                    .ok_or_else(|| bad("$geometry missing"))?;
+                let g = d.get("$geometry").ok_or_else(|| bad("$geometry missing"))?;
                 match geometry(g)? {
                     Geometry::Point(p) => (p.0, false, false),
                     _ => {
@@ -265,9 +258,7 @@ impl GeoQuery {
                 (p, true, op == "$near")
             }
         };
-        if !planar
-            && (!(-180.0..=180.0).contains(&point.x) || !(-90.0..=90.0).contains(&point.y))
-        {
+        if !planar && (!(-180.0..=180.0).contains(&point.x) || !(-90.0..=90.0).contains(&point.y)) {
             return Err(bad(format!(
                 "longitude/latitude is out of bounds, lng: {} lat: {}",
                 point.x, point.y
@@ -309,7 +300,10 @@ impl GeoQuery {
     pub fn ranges(&self) -> Option<Vec<(u64, u64)>> {
         // A hair more than the radius, against rounding in the conversions.
         let cap = |c: &Coord<f64>, radians: f64| {
-            Cap::from_center_angle(&s2_point(c), &Angle::from(Rad(radians * (1.0 + 1e-9) + 1e-12)))
+            Cap::from_center_angle(
+                &s2_point(c),
+                &Angle::from(Rad(radians * (1.0 + 1e-9) + 1e-12)),
+            )
         };
         match self {
             GeoQuery::Within(Within::Shape(s)) | GeoQuery::Intersects(s) => {
@@ -437,7 +431,9 @@ impl NearSort {
             }
             // An array of locations: the element that was nearest.
             let loc = match v {
-                RawBsonRef::Array(a) if shapes_of(v).map(|s| s.len()).unwrap_or(0) > 1 || !is_pair(v) => {
+                RawBsonRef::Array(a)
+                    if shapes_of(v).map(|s| s.len()).unwrap_or(0) > 1 || !is_pair(v) =>
+                {
                     a.into_iter().flatten().nth(i).unwrap_or(v)
                 }
                 _ => v,
@@ -453,7 +449,10 @@ fn is_pair(v: RawBsonRef<'_>) -> bool {
     match v {
         RawBsonRef::Array(a) => matches!(
             a.into_iter().next(),
-            Some(Ok(RawBsonRef::Double(_) | RawBsonRef::Int32(_) | RawBsonRef::Int64(_) | RawBsonRef::Decimal128(_)))
+            Some(Ok(RawBsonRef::Double(_)
+                | RawBsonRef::Int32(_)
+                | RawBsonRef::Int64(_)
+                | RawBsonRef::Decimal128(_)))
         ),
         _ => false,
     }

@@ -29,8 +29,8 @@
 //!   distance order is a sort ([`SortSpec::near`]), never an index order.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
 
 use bson::spec::BinarySubtype;
 use bson::{doc, Bson, Document, RawBson};
@@ -38,8 +38,8 @@ use bson::{doc, Bson, Document, RawBson};
 use crate::doc::value;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
-use crate::query::limits::PAGE_DOCS;
 use crate::query::geo::GeoQuery;
+use crate::query::limits::PAGE_DOCS;
 use crate::query::{Filter, Sarg, SortSpec};
 use crate::store::collection::{CollectionState, ID_INDEX_NAME};
 use crate::store::heap::RecordId;

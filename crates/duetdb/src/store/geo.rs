@@ -201,7 +201,9 @@ fn legacy_doc_point(d: &RawDocument) -> Result<Coord<f64>, String> {
     let mut it = d.into_iter();
     let mut next = || -> Result<f64, String> {
         match it.next() {
-            Some(Ok((_, v))) => num(v).ok_or_else(|| "Point must only contain numeric elements".into()),
+            Some(Ok((_, v))) => {
+                num(v).ok_or_else(|| "Point must only contain numeric elements".into())
+            }
             _ => Err("Point must contain at least two numeric elements".into()),
         }
     };
@@ -284,7 +286,8 @@ pub fn bound(s: &Shape) -> Rect {
         out = out.union(&planar);
     }
     // A hair of slack against rounding in the conversions.
-    out.expanded(&LatLng::from_radians(1e-9, 1e-9)).polar_closure()
+    out.expanded(&LatLng::from_radians(1e-9, 1e-9))
+        .polar_closure()
 }
 
 /// The key cells of one shape, sorted and deduplicated.
@@ -362,12 +365,14 @@ mod tests {
         assert_eq!(shapes_of(v).expect("pair").len(), 1);
         let d = rawdoc! {"type": "Point", "coordinates": [-200.0, 40.0]};
         assert!(parse_geojson(&d)
-            .unwrap_err()
+            .expect_err("invalid")
             .contains("longitude/latitude is out of bounds"));
         let d = rawdoc! {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1]]]};
         assert!(parse_geojson(&d).is_err());
         let d = rawdoc! {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 0.5]]]};
-        assert!(parse_geojson(&d).unwrap_err().contains("not closed"));
+        assert!(parse_geojson(&d)
+            .expect_err("invalid")
+            .contains("not closed"));
         let d = rawdoc! {"type": "Blob", "coordinates": []};
         assert!(parse_geojson(&d).is_err());
     }
@@ -387,10 +392,8 @@ mod tests {
     fn a_point_key_falls_in_the_covering_of_a_cap_around_it() {
         let c = Coord { x: 2.35, y: 48.85 };
         let key = key_cells(&Geometry::Point(Point(c)))[0];
-        let cap = s2::cap::Cap::from_center_angle(
-            &s2_point(&c),
-            &s2::s1::Angle::from(s2::s1::Rad(1e-6)),
-        );
+        let cap =
+            s2::cap::Cap::from_center_angle(&s2_point(&c), &s2::s1::Angle::from(s2::s1::Rad(1e-6)));
         let ranges = covering_ranges(&cap);
         assert!(ranges.iter().any(|(lo, hi)| *lo <= key && key <= *hi));
     }

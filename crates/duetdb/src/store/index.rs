@@ -688,7 +688,12 @@ impl IndexSpec {
         let mut per_field: Vec<Vec<RawBson>> = Vec::with_capacity(self.fields.len());
         for (i, (path, _)) in self.fields.iter().enumerate() {
             if i == pos {
-                per_field.push(cells.iter().map(|c| crate::store::geo::cell_key(*c)).collect());
+                per_field.push(
+                    cells
+                        .iter()
+                        .map(|c| crate::store::geo::cell_key(*c))
+                        .collect(),
+                );
             } else {
                 per_field.push(Self::field_values(doc, path));
             }

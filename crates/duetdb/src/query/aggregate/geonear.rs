@@ -60,9 +60,7 @@ fn field_path(name: &str, v: &Bson) -> Result<Vec<String>> {
 /// Parse a `$geoNear` stage into its three stages (see the module doc).
 pub(super) fn parse(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
     let Bson::Document(spec) = arg else {
-        return Err(Error::type_mismatch(
-            "$geoNear argument must be an object",
-        ));
+        return Err(Error::type_mismatch("$geoNear argument must be an object"));
     };
     let mut near = None;
     let mut distance_field = None;
@@ -151,10 +149,7 @@ pub(super) fn parse(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         .ok_or_else(|| Error::Internal("$geoNear's filter lost its $near".into()))?;
     let spec = Filter::bind_let(&filter_doc, ctx.let_doc().as_ref())?;
     Ok(vec![
-        Stage::Match {
-            spec,
-            filter,
-        },
+        Stage::Match { spec, filter },
         Stage::Sort(SortSpec::near(sort.clone())),
         Stage::GeoNear(Box::new(GeoNear {
             sort,
@@ -178,7 +173,11 @@ impl GeoNear {
         };
         let mut doc = cur.into_document()?;
         if let Some((d, loc)) = nearest {
-            set_mapping_arrays(&mut doc, &self.distance_field, Some(Bson::Double(d * self.multiplier)));
+            set_mapping_arrays(
+                &mut doc,
+                &self.distance_field,
+                Some(Bson::Double(d * self.multiplier)),
+            );
             if let Some(path) = &self.include_locs {
                 set_mapping_arrays(&mut doc, path, Some(loc));
             }

@@ -122,11 +122,7 @@ impl Op {
     fn expands_arrays(&self) -> bool {
         !matches!(
             self,
-            Op::Exists
-                | Op::Size(_)
-                | Op::ElemMatchObject(_)
-                | Op::ElemMatchValue(_)
-                | Op::Geo(_)
+            Op::Exists | Op::Size(_) | Op::ElemMatchObject(_) | Op::ElemMatchValue(_) | Op::Geo(_)
         )
     }
 

@@ -111,14 +111,18 @@ impl Filter {
         // MongoDB's rules for `$near`: one, in the top-level conjunction.
         let near = sarg::count_near(&root);
         if near > 1 {
-            return Err(crate::error::Error::bad_value("Too many geoNear expressions"));
+            return Err(crate::error::Error::bad_value(
+                "Too many geoNear expressions",
+            ));
         }
         if near == 1
             && !sarg::geo_sargs(&root)
                 .iter()
                 .any(|(_, g)| g.as_near().is_some())
         {
-            return Err(crate::error::Error::bad_value("geo near must be top-level expr"));
+            return Err(crate::error::Error::bad_value(
+                "geo near must be top-level expr",
+            ));
         }
         let mut root = root;
         let mut expr_errors = Vec::new();

@@ -69,13 +69,7 @@ fn unsupported_top_level(op: &str) -> bool {
 
 /// Field-level operators MongoDB has that this engine does not implement.
 fn unsupported_field_level(op: &str) -> bool {
-    matches!(
-        op,
-        "$jsonSchema"
-            | "$text"
-            | "$where"
-            | "$expr"
-    )
+    matches!(op, "$jsonSchema" | "$text" | "$where" | "$expr")
 }
 
 /// Operators that take no path; an `$elemMatch` whose first key is one of these

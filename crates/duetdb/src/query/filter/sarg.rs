@@ -17,8 +17,8 @@ use bson::RawBson;
 use std::sync::Arc;
 
 use super::tree::{CmpKind, Leaf, Node, Op};
-use crate::query::geo::GeoQuery;
 use crate::doc::value;
+use crate::query::geo::GeoQuery;
 
 /// A predicate on one path that an ordered index can answer (a superset is fine:
 /// the executor re-checks every fetched document against the whole filter).
@@ -82,9 +82,7 @@ pub(super) fn count_near(node: &Node) -> usize {
     match node {
         Node::And(c) | Node::Or(c) | Node::Nor(c) => c.iter().map(count_near).sum(),
         Node::Not(n) => count_near(n),
-        Node::Leaf(Leaf {
-            op: Op::Geo(g), ..
-        }) => usize::from(g.as_near().is_some()),
+        Node::Leaf(Leaf { op: Op::Geo(g), .. }) => usize::from(g.as_near().is_some()),
         Node::Leaf(Leaf {
             op: Op::ElemMatchObject(n) | Op::ElemMatchValue(n),
             ..

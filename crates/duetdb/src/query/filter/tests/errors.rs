@@ -16,8 +16,10 @@ fn parse_errors() {
     assert!(err(doc! {"$text": {"$search": "x"}}).contains("not supported"));
     assert!(err(doc! {"$expr": {"$eq": [1]}}).contains("takes exactly 2 arguments"));
     assert!(err(doc! {"a": {"$near": "here"}}).contains("invalid point in geo near query"));
-    assert!(err(doc! {"a": {"$geoWithin": {"$geometry": {"type": "Point", "coordinates": [0, 0]}}}})
-        .contains("$geoWithin not supported with provided geometry"));
+    assert!(err(
+        doc! {"a": {"$geoWithin": {"$geometry": {"type": "Point", "coordinates": [0, 0]}}}}
+    )
+    .contains("$geoWithin not supported with provided geometry"));
     assert!(err(doc! {"a": {"$near": [0, 0]}, "b": {"$near": [0, 0]}})
         .contains("Too many geoNear expressions"));
     assert!(err(doc! {"$nor": [{"a": {"$nearSphere": [0, 0]}}]})
