@@ -307,6 +307,8 @@ fn geo_errors_are_mongodbs() {
         doc! {"_id": 1, "loc": {"type": "Point", "coordinates": [200.0, 0.0]}},
         doc! {"_id": 1, "loc": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 1]]]}},
         doc! {"_id": 1, "loc": "here"},
+        // A self-intersecting loop (a bow tie).
+        doc! {"_id": 1, "loc": {"type": "Polygon", "coordinates": [[[0, 0], [2, 2], [2, 0], [0, 2], [0, 0]]]}},
         doc! {"_id": 1, "loc": {"type": "Pointy", "coordinates": [1, 1]}},
     ] {
         let e = c.insert_one(bad.clone()).expect_err("invalid");

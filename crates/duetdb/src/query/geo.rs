@@ -282,8 +282,15 @@ impl GeoQuery {
         shapes.iter().any(|s| self.matches(s))
     }
 
-    /// The exact predicate on one shape.
+    /// The exact predicate on one shape. The `geo` crate's relate may still
+    /// panic on inputs it finds degenerate (rounding near a vertex): such a
+    /// pair does not match, and the query goes on.
     pub fn matches(&self, s: &Shape) -> bool {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.matches_inner(s)))
+            .unwrap_or(false)
+    }
+
+    fn matches_inner(&self, s: &Shape) -> bool {
         match self {
             GeoQuery::Within(w) => w.contains(s),
             GeoQuery::Intersects(q) => q.intersects(s),
@@ -363,6 +370,13 @@ impl Near {
     /// query's unit (meters, or radians for a legacy `$nearSphere`): 0 when
     /// `s` holds the point.
     pub fn distance(&self, s: &Shape) -> f64 {
+        // As `GeoQuery::matches`: a shape the `geo` crate chokes on is
+        // infinitely far (it never matches a `$near`).
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.distance_inner(s)))
+            .unwrap_or(f64::INFINITY)
+    }
+
+    fn distance_inner(&self, s: &Shape) -> f64 {
         let meters = HaversineMeasure::new(EARTH_RADIUS_METERS);
         let p = Point(self.point);
         let d = match s {
@@ -455,5 +469,72 @@ fn is_pair(v: RawBsonRef<'_>) -> bool {
                 | RawBsonRef::Decimal128(_)))
         ),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, Bson};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn coord(rng: &mut StdRng) -> Bson {
+        let pick = |rng: &mut StdRng, lim: f64, c: f64| -> f64 {
+            match rng.gen_range(0..8) {
+                0 => lim,
+                1 => -lim,
+                2 => c,
+                _ => (c + rng.gen_range(-2.0..2.0)).clamp(-lim, lim),
+            }
+        };
+        Bson::Array(vec![
+            Bson::Double(pick(rng, 180.0, 10.0)),
+            Bson::Double(pick(rng, 90.0, 10.0)),
+        ])
+    }
+
+    fn shape(rng: &mut StdRng) -> Option<Shape> {
+        let n = rng.gen_range(1..6);
+        let pts: Vec<Bson> = (0..n).map(|_| coord(rng)).collect();
+        let mut ring = pts.clone();
+        ring.push(pts[0].clone());
+        let d = match rng.gen_range(0..4) {
+            0 => doc! {"type": "LineString", "coordinates": pts},
+            1 => doc! {"type": "Polygon", "coordinates": [ring]},
+            2 => doc! {"type": "MultiPoint", "coordinates": pts},
+            _ => doc! {"type": "Point", "coordinates": pts[0].clone()},
+        };
+        parse_geojson(&bson::RawDocumentBuf::try_from(&d).ok()?).ok()
+    }
+
+    /// The predicates and distances on random degenerate shapes (repeated
+    /// and collinear vertices, zero-area rings, poles) never panic.
+    #[test]
+    fn predicates_on_degenerate_shapes_never_panic() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for _ in 0..3000 {
+            let (Some(a), Some(b)) = (shape(&mut rng), shape(&mut rng)) else {
+                continue;
+            };
+            let Geometry::Point(p) =
+                shape(&mut rng).unwrap_or(Geometry::Point(Point::new(0.0, 0.0)))
+            else {
+                continue;
+            };
+            let near = Near {
+                point: p.0,
+                min: None,
+                max: None,
+                radians: false,
+                planar: false,
+            };
+            let _ = near.distance(&a);
+            let _ = GeoQuery::Intersects(a.clone()).matches(&b);
+            if matches!(a, Geometry::Polygon(_)) {
+                let _ = GeoQuery::Within(Within::Shape(a.clone())).matches(&b);
+                let _ = GeoQuery::Within(Within::Shape(a)).ranges();
+            }
+        }
     }
 }

@@ -17,13 +17,15 @@
 //!   bounding box (the predicates of `query::geo` are planar), so a query
 //!   covering that meets the shape's bound meets one of its cells;
 //! - parsing never panics; every coordinate is finite, longitudes in
-//!   [-180, 180], latitudes in [-90, 90] (else the error MongoDB gives).
+//!   [-180, 180], latitudes in [-90, 90] (else the error MongoDB gives);
+//!   polygons are valid (closed rings, no self-intersection, holes inside):
+//!   `query::geo`'s predicates rely on it.
 
 use bson::raw::RawDocument;
 use bson::{RawBson, RawBsonRef};
 use geo::{
     BoundingRect, Coord, Geometry, GeometryCollection, LineString, MultiLineString, MultiPoint,
-    MultiPolygon, Point, Polygon,
+    MultiPolygon, Point, Polygon, Validation,
 };
 use s2::cellid::CellID;
 use s2::latlng::LatLng;
@@ -142,7 +144,12 @@ fn polygon(v: RawBsonRef<'_>) -> Result<Polygon<f64>, String> {
         return Err("Polygon has no loops".into());
     }
     let outer = rings.remove(0);
-    Ok(Polygon::new(outer, rings))
+    let p = Polygon::new(outer, rings);
+    // MongoDB refuses self-intersecting loops and misplaced holes too; the
+    // planar predicates are only defined on valid polygons.
+    p.check_validation()
+        .map_err(|e| format!("Polygon is not valid: {e}"))?;
+    Ok(p)
 }
 
 /// Parse a GeoJSON geometry document.
@@ -396,5 +403,55 @@ mod tests {
             s2::cap::Cap::from_center_angle(&s2_point(&c), &s2::s1::Angle::from(s2::s1::Rad(1e-6)));
         let ranges = covering_ranges(&cap);
         assert!(ranges.iter().any(|(lo, hi)| *lo <= key && key <= *hi));
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use bson::{doc, Bson};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn coord(rng: &mut StdRng) -> Bson {
+        let pick = |rng: &mut StdRng, lim: f64| -> f64 {
+            match rng.gen_range(0..6) {
+                0 => lim,
+                1 => -lim,
+                2 => 0.0,
+                _ => rng.gen_range(-lim..=lim),
+            }
+        };
+        Bson::Array(vec![
+            Bson::Double(pick(rng, 180.0)),
+            Bson::Double(pick(rng, 90.0)),
+        ])
+    }
+
+    /// Random (often degenerate) shapes: parsing, keys and bounds never
+    /// panic, whatever the coordinates (poles, antimeridian, repeats).
+    #[test]
+    fn degenerate_shapes_never_panic() {
+        let mut rng = StdRng::seed_from_u64(17);
+        for _ in 0..3000 {
+            let n = rng.gen_range(1..6);
+            let mut pts: Vec<Bson> = (0..n).map(|_| coord(&mut rng)).collect();
+            if rng.gen_bool(0.3) {
+                pts.push(pts[0].clone());
+            }
+            let mut ring = pts.clone();
+            ring.push(pts[0].clone());
+            let d = match rng.gen_range(0..4) {
+                0 => doc! {"type": "LineString", "coordinates": pts},
+                1 => doc! {"type": "Polygon", "coordinates": [ring]},
+                2 => doc! {"type": "MultiPoint", "coordinates": pts},
+                _ => doc! {"type": "Point", "coordinates": pts[0].clone()},
+            };
+            let raw = bson::RawDocumentBuf::try_from(&d).expect("raw");
+            if let Ok(s) = parse_geojson(&raw) {
+                let _ = key_cells(&s);
+                let _ = covering_ranges(&bound(&s));
+            }
+        }
     }
 }
