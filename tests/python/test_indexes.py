@@ -158,9 +158,9 @@ def test_index_conflicts(db):
     with pytest.raises(OperationFailure) as e:
         db.c.create_index("a", name="a_1", unique=True)
     assert e.value.code == 85
-    # Geo indexes and collations are refused clearly.
+    # Flat 2d geo indexes and collations are refused clearly.
     with pytest.raises(OperationFailure) as e:
-        db.c.create_index([("g", "2dsphere")])
+        db.c.create_index([("g", "2d")])
     assert e.value.code == 67
     with pytest.raises(OperationFailure) as e:
         db.c.create_index("b", collation={"locale": "fr"})

@@ -172,7 +172,7 @@ enum CheckCommand {
         slots: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Kind of the index scans use: plain, partial, sparse, hashed or wildcard.
+        /// Kind of the index scans use: plain, partial, sparse, hashed, wildcard or geo.
         #[arg(long, default_value = "plain")]
         index: String,
     },

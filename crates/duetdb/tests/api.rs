@@ -294,7 +294,7 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(c.find(doc! {}).sort(doc! {"a": 2}).run().is_err());
     assert!(c.find(doc! {}).hint("nope").run().is_err());
     assert!(c
-        .create_index(doc! {"a": "2dsphere"}, IndexOptions::default())
+        .create_index(doc! {"a": "2d"}, IndexOptions::default())
         .is_err());
     c.check_invariants().expect("untouched");
     assert_eq!(c.count(doc! {}).expect("count"), 3);

@@ -73,6 +73,23 @@ fn checker_catches_the_anomalies_of_none() {
     );
 }
 
+/// The 2dsphere configuration can fail too: under `none` its scans
+/// (`$geoWithin` boxes through the index among them) see anomalies.
+#[test]
+fn checker_catches_none_with_a_geo_index() {
+    let cfg = CheckConfig {
+        rounds: 40,
+        stop_on_violation: true,
+        index: check::CheckIndex::Geo,
+        ..config(Strategy::None)
+    };
+    let report = check::run(&cfg, |_| {});
+    assert!(
+        report.violations > 0,
+        "the checker missed none's anomalies: {report:?}"
+    );
+}
+
 #[test]
 fn checker_with_128_slots_and_more_scans_than_slots() {
     let cfg = CheckConfig {
@@ -357,7 +374,7 @@ fn early_stop_releases_everything() {
 }
 
 /// Every index kind is a secondary structure of the same copy-on-write
-/// state: scans through partial, sparse, hashed and wildcard indexes see
+/// state: scans through partial, sparse, hashed, wildcard and 2dsphere indexes see
 /// exactly their start state under `vls` and `cow` too.
 #[test]
 fn checker_finds_no_violation_with_every_index_kind() {

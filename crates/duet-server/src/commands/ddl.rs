@@ -10,10 +10,11 @@
 //! Index options the engine honours: `unique`, `sparse`,
 //! `partialFilterExpression`, `expireAfterSeconds` (TTL), `wildcardProjection`,
 //! text indexes' `weights`, `default_language`, `language_override`,
-//! `textIndexVersion`; hashed, wildcard and text key patterns; `v`,
+//! `textIndexVersion`, 2dsphere indexes' `2dsphereIndexVersion`; hashed,
+//! wildcard, text and 2dsphere key patterns; `v`,
 //! `background` and `ns` are accepted and ignored, as MongoDB. Options the
-//! engine cannot honor (capped, views, time series, collations,
-//! geo indexes, hidden indexes, …) are refused with CommandNotSupported (115),
+//! engine cannot honor (views, time series, collations,
+//! `2d` indexes, hidden indexes, …) are refused with CommandNotSupported (115),
 //! never silently dropped.
 
 use bson::{doc, Bson, Document};
@@ -237,6 +238,7 @@ const INDEX_OPTIONS_OK: &[&str] = &[
     "default_language",
     "language_override",
     "textIndexVersion",
+    "2dsphereIndexVersion",
 ];
 
 pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {

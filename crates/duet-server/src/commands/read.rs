@@ -434,13 +434,13 @@ const SUPPORTED_STAGES: &[&str] = &[
     "$densify",
     "$fill",
     "$documents",
+    "$geoNear",
     "$out",
     "$merge",
 ];
 
 /// Stages MongoDB has that we do not execute yet (refused with 115, not 40324).
 const KNOWN_UNSUPPORTED: &[&str] = &[
-    "$geoNear",
     "$redact",
     "$collStats",
     "$indexStats",

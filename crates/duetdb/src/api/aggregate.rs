@@ -124,6 +124,9 @@ impl Collection {
         limits: &ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
+        let state = self.database().writer().published();
+        let pipeline = geo_key(pipeline, state.collection(self.name()))?;
+        drop(state);
         let mut p = prepare_with(&pipeline, let_vars)?;
         p.limit_memory(limits.memory_limit_bytes);
         if p.documents {
@@ -323,6 +326,9 @@ impl Collection {
 
     /// How [`Collection::aggregate`] would run `pipeline`, without running it.
     pub fn explain_aggregate(&self, pipeline: Vec<Document>) -> Result<Document> {
+        let state = self.database().writer().published();
+        let pipeline = geo_key(pipeline, state.collection(self.name()))?;
+        drop(state);
         let p = prepare_with(&pipeline, None)?;
         let find = self.find(p.filter.clone()).explain()?;
         let requested = self.database().default_strategy();
@@ -341,6 +347,29 @@ impl Collection {
             .transpose()?;
         Ok(choose(requested, read_of(p), plan.as_ref()))
     }
+}
+
+/// `pipeline` with a leading `$geoNear`'s `key` taken from the collection's
+/// one 2dsphere index when it names none (`query::aggregate::geonear`).
+fn geo_key(
+    mut pipeline: Vec<Document>,
+    coll: Option<&crate::store::collection::CollectionState>,
+) -> Result<Vec<Document>> {
+    let paths: Vec<String> = coll
+        .map(|c| {
+            c.indexes
+                .iter()
+                .filter_map(|i| match i.spec.kind {
+                    crate::store::index::IndexKind::Geo { pos } => {
+                        Some(i.spec.fields[pos].0.clone())
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    crate::query::aggregate::geonear::resolve_key(&mut pipeline, &paths)?;
+    Ok(pipeline)
 }
 
 /// The kind of read a prepared pipeline is: commutative when its scan part is
@@ -380,6 +409,7 @@ impl SnapshotCollection {
         limits: &ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
+        let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let p = prepare_with(&pipeline, let_vars)?;
         if let Some(out) = p.output() {
             return Err(Error::IllegalOperation(format!(

@@ -401,14 +401,18 @@ impl Find {
         let mut filter = Filter::parse(&self.filter)?;
         // explain's executionStats: count what this read examines.
         self.limits.counting(&mut filter);
+        let sort = self
+            .options
+            .sort
+            .as_ref()
+            .map(SortSpec::parse)
+            .transpose()?
+            .filter(|s| !s.is_empty())
+            // `$near` orders by distance unless the find sorts otherwise.
+            .or_else(|| filter.near().map(SortSpec::near));
         let spec = FindSpec {
             filter: Some(filter),
-            sort: self
-                .options
-                .sort
-                .as_ref()
-                .map(SortSpec::parse)
-                .transpose()?,
+            sort,
             skip: self.options.skip,
             limit: self.options.limit,
             hint: self

@@ -122,6 +122,11 @@ impl SnapshotCollection {
     }
 
     /// The held state (the other collections a pipeline reads come from it).
+    /// The collection's name.
+    pub(crate) fn coll_name(&self) -> &str {
+        &self.name
+    }
+
     pub(crate) fn state(&self) -> &Arc<DbState> {
         &self.state
     }

@@ -67,24 +67,45 @@ pub enum CheckIndex {
     Hashed,
     /// `{"$**": 1}`: ranges and `$in` on `k` use it.
     Wildcard,
+    /// `{g: "2dsphere"}` where every document's `g` is a point whose
+    /// longitude encodes `k` ([`geo_point`]): `k` ranges run as `$geoWithin`
+    /// boxes through it.
+    Geo,
+}
+
+/// The location of a document with `k` under [`CheckIndex::Geo`]: a point
+/// on the equator, `k` tenths of a degree east of -50°.
+fn geo_point(k: i64) -> Document {
+    doc! {"type": "Point", "coordinates": [k as f64 * 0.1 - 50.0, 0.0]}
+}
+
+/// `$geoWithin` a box holding exactly the points of `l <= k < h` (its
+/// edges half a step from any point).
+fn geo_box(l: i64, h: i64) -> Document {
+    let (x0, x1) = (l as f64 * 0.1 - 50.05, h as f64 * 0.1 - 50.05);
+    doc! {"g": {"$geoWithin": {"$geometry": {"type": "Polygon",
+    "coordinates": [[[x0, -1.0], [x1, -1.0], [x1, 1.0], [x0, 1.0], [x0, -1.0]]]}}}}
 }
 
 impl CheckIndex {
-    pub const ALL: [CheckIndex; 5] = [
+    pub const ALL: [CheckIndex; 6] = [
         CheckIndex::Plain,
         CheckIndex::Partial,
         CheckIndex::Sparse,
         CheckIndex::Hashed,
         CheckIndex::Wildcard,
+        CheckIndex::Geo,
     ];
 
-    /// By name (`plain`, `partial`, `sparse`, `hashed`, `wildcard`).
+    /// By name (`plain`, `partial`, `sparse`, `hashed`, `wildcard`, `geo`).
     pub fn parse(name: &str) -> Result<CheckIndex, String> {
         CheckIndex::ALL
             .into_iter()
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
             .ok_or_else(|| {
-                format!("unknown index kind '{name}': plain, partial, sparse, hashed or wildcard")
+                format!(
+                    "unknown index kind '{name}': plain, partial, sparse, hashed, wildcard or geo"
+                )
             })
     }
 
@@ -98,6 +119,7 @@ impl CheckIndex {
             CheckIndex::Sparse => doc! {"key": {"k": 1}, "sparse": true},
             CheckIndex::Hashed => doc! {"key": {"k": "hashed"}},
             CheckIndex::Wildcard => doc! {"key": {"$**": 1}},
+            CheckIndex::Geo => doc! {"key": {"g": "2dsphere"}},
         }
     }
 }
@@ -150,6 +172,8 @@ enum Query {
     KRange(i64, i64),
     KIn(i64, i64),
     IdRange(i64, i64),
+    /// `l <= k < h` as a `$geoWithin` box on `g` ([`CheckIndex::Geo`]).
+    KGeo(i64, i64),
 }
 
 impl Query {
@@ -160,6 +184,7 @@ impl Query {
             Query::KRange(l, h) => doc! {"k": {"$gte": l, "$lt": h}},
             Query::KIn(a, b) => doc! {"k": {"$in": [a, b]}},
             Query::IdRange(l, h) => doc! {"_id": {"$gte": l, "$lt": h}},
+            Query::KGeo(l, h) => geo_box(l, h),
         }
     }
 
@@ -167,7 +192,7 @@ impl Query {
         match self {
             Query::All => true,
             Query::VGte(x) => v >= x,
-            Query::KRange(l, h) => k >= l && k < h,
+            Query::KRange(l, h) | Query::KGeo(l, h) => k >= l && k < h,
             Query::KIn(a, b) => k == a || k == b,
             Query::IdRange(l, h) => id >= l && id < h,
         }
@@ -269,8 +294,9 @@ fn run_workload(
         let mut rng =
             Rng(cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (round_no << 20) ^ (w as u64 + 1));
         let max_id = cfg.docs;
+        let geo = cfg.index == CheckIndex::Geo;
         handles.push(std::thread::spawn(move || {
-            writer(&coll, &stop, &next_id, &log, &mut rng, max_id)
+            writer(&coll, &stop, &next_id, &log, &mut rng, max_id, geo)
         }));
     }
     let scanners: Vec<_> = (0..cfg.scans)
@@ -314,7 +340,11 @@ fn scanner(
 /// A random query; `$in` on `k` only with the index kinds beyond `Plain`
 /// (the plain mix stays what it was, seed for seed).
 fn random_query(rng: &mut Rng, docs: i64, index: CheckIndex) -> Query {
-    let kinds = if index == CheckIndex::Plain { 4 } else { 5 };
+    let kinds = if matches!(index, CheckIndex::Plain | CheckIndex::Geo) {
+        4
+    } else {
+        5
+    };
     match rng.below(kinds) {
         4 => Query::KIn(
             rng.below(K_RANGE as u64) as i64,
@@ -324,7 +354,12 @@ fn random_query(rng: &mut Rng, docs: i64, index: CheckIndex) -> Query {
         1 => Query::VGte(rng.below(3) as i64),
         2 => {
             let l = rng.below(K_RANGE as u64) as i64;
-            Query::KRange(l, l + 1 + rng.below(300) as i64)
+            let h = l + 1 + rng.below(300) as i64;
+            if index == CheckIndex::Geo {
+                Query::KGeo(l, h)
+            } else {
+                Query::KRange(l, h)
+            }
         }
         _ => {
             let l = rng.below(docs as u64) as i64;
@@ -457,7 +492,11 @@ fn check_settled(cfg: &CheckConfig, round_no: u64, db: &Database, report: &mut C
 fn load(coll: &Collection, n: i64, index: CheckIndex) -> crate::error::Result<()> {
     let mut batch = Vec::with_capacity(1000);
     for i in 0..n {
-        batch.push(doc! {"_id": i, "k": i % K_RANGE, "v": 0i64, "pad": pad()});
+        let mut d = doc! {"_id": i, "k": i % K_RANGE, "v": 0i64, "pad": pad()};
+        if index == CheckIndex::Geo {
+            d.insert("g", geo_point(i % K_RANGE));
+        }
+        batch.push(d);
         if batch.len() == 1000 {
             coll.insert_many(std::mem::take(&mut batch), true)?;
         }
@@ -476,6 +515,7 @@ fn writer(
     log: &Mutex<Vec<(u64, Op)>>,
     rng: &mut Rng,
     max_id: i64,
+    geo: bool,
 ) -> u64 {
     let mut mine = Vec::new();
     let mut n = 0;
@@ -495,12 +535,21 @@ fn writer(
             Op::IncV(id) => coll
                 .update_one(doc! {"_id": id}, doc! {"$inc": {"v": 1i64}})
                 .is_ok(),
-            Op::SetK(id, k) => coll
-                .update_one(doc! {"_id": id}, doc! {"$set": {"k": k}})
-                .is_ok(),
-            Op::Insert(id, k) => coll
-                .insert_one(doc! {"_id": id, "k": k, "v": 0i64, "pad": pad()})
-                .is_ok(),
+            Op::SetK(id, k) => {
+                let mut set = doc! {"k": k};
+                if geo {
+                    set.insert("g", geo_point(k));
+                }
+                coll.update_one(doc! {"_id": id}, doc! {"$set": set})
+                    .is_ok()
+            }
+            Op::Insert(id, k) => {
+                let mut d = doc! {"_id": id, "k": k, "v": 0i64, "pad": pad()};
+                if geo {
+                    d.insert("g", geo_point(k));
+                }
+                coll.insert_one(d).is_ok()
+            }
             Op::Delete(id) => coll.delete_one(doc! {"_id": id}).is_ok(),
             Op::IncPair(a, b) => coll
                 .update_many(doc! {"_id": {"$in": [a, b]}}, doc! {"$inc": {"v": 1i64}})

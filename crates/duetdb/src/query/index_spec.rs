@@ -62,6 +62,7 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
                     | "default_language"
                     | "language_override"
                     | "textIndexVersion"
+                    | "2dsphereIndexVersion"
             )
         {
             return Err(Error::BadValue(format!(
@@ -142,12 +143,41 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
             }
         }
     }
+    if let Some(v) = d.get("2dsphereIndexVersion") {
+        geo_version(v, &spec)?;
+    }
     if spec.sparse && matches!(spec.kind, IndexKind::Wildcard(_)) {
         return Err(cannot(
             "Index type 'wildcard' does not support the sparse option",
         ));
     }
     Ok(spec)
+}
+
+/// `2dsphereIndexVersion`: only on a 2dsphere index; 1 to 3 are accepted and
+/// the index is built as version 3 (what `listIndexes` then reports).
+fn geo_version(v: &Bson, spec: &IndexSpec) -> Result<()> {
+    if !matches!(spec.kind, IndexKind::Geo { .. }) {
+        return Err(cannot(
+            "The field '2dsphereIndexVersion' is only valid for 2dsphere indexes",
+        ));
+    }
+    let n = match v {
+        Bson::Int32(i) => i64::from(*i),
+        Bson::Int64(i) => *i,
+        Bson::Double(d) if d.fract() == 0.0 => *d as i64,
+        other => {
+            return Err(Error::TypeMismatch(format!(
+                "2dsphereIndexVersion must be a number, not {other}"
+            )))
+        }
+    };
+    if !(1..=3).contains(&n) {
+        return Err(cannot(format!(
+            "unsupported geo index version {{ 2dsphereIndexVersion : {n} }}, only support versions: [1,2,3]"
+        )));
+    }
+    Ok(())
 }
 
 /// A text index spec: `{a: "text", b: "text"}` or `{"$**": "text"}` (or the
@@ -369,6 +399,7 @@ mod tests {
             doc! {"key": {"a": 1}, "name": "p", "unique": true,
             "partialFilterExpression": {"a": {"$gt": 5}, "$or": [{"b": 1}, {"c": {"$exists": true}}]}},
             doc! {"key": {"a": "hashed", "b": 1}, "name": "h"},
+            doc! {"key": {"loc": "2dsphere", "b": 1}, "name": "g", "2dsphereIndexVersion": 3},
             doc! {"key": {"$**": 1}, "name": "w", "wildcardProjection": {"a": 1, "b.c": 1}},
             doc! {"key": {"a.$**": 1}, "name": "wa"},
             doc! {"key": {"title": "text", "body": "text"}, "name": "t",
@@ -429,7 +460,13 @@ mod tests {
         );
         assert_eq!(code(doc! {"key": {"a": "text"}, "weights": {"a": 0}}), 67);
         assert_eq!(code(doc! {"key": {"a": 1}, "weights": {"a": 2}}), 67);
-        assert_eq!(code(doc! {"key": {"a": "2dsphere"}}), 67);
+        assert_eq!(code(doc! {"key": {"a": "2d"}}), 67);
+        assert_eq!(code(doc! {"key": {"a": "2dsphere"}, "unique": true}), 67);
+        assert_eq!(
+            code(doc! {"key": {"a": "2dsphere"}, "2dsphereIndexVersion": 9}),
+            67
+        );
+        assert_eq!(code(doc! {"key": {"a": 1}, "2dsphereIndexVersion": 3}), 67);
         assert_eq!(
             code(doc! {"key": {"a": 1}, "partialFilterExpression": 5}),
             14

@@ -5,6 +5,7 @@ pub mod aggregate;
 pub mod distinct;
 pub mod expr;
 pub mod filter;
+pub mod geo;
 pub mod index_spec;
 pub mod limits;
 pub mod partial;

@@ -21,10 +21,16 @@
 //! - a hashed field is looked up by the hashes of equality and `$in` values
 //!   only, and never yields sort order;
 //! - a wildcard index is scanned for one path with a scalar equality, `$in`
-//!   or range (not null, documents or arrays), as a multikey index.
+//!   or range (not null, documents or arrays), as a multikey index;
+//! - a 2dsphere index is scanned only for a geo operator on its geo field
+//!   (after equalities on the fields before it), over the key ranges of the
+//!   operator's region ([`crate::query::geo::GeoQuery::ranges`]), deduplicated,
+//!   never in sort order; a `$near` must have one (291 otherwise), and its
+//!   distance order is a sort ([`SortSpec::near`]), never an index order.
 
 use std::collections::HashSet;
 use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
 
 use bson::spec::BinarySubtype;
 use bson::{doc, Bson, Document, RawBson};
@@ -32,6 +38,7 @@ use bson::{doc, Bson, Document, RawBson};
 use crate::doc::value;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
+use crate::query::geo::GeoQuery;
 use crate::query::limits::PAGE_DOCS;
 use crate::query::{Filter, Sarg, SortSpec};
 use crate::store::collection::{CollectionState, ID_INDEX_NAME};
@@ -602,18 +609,122 @@ fn index_usable(index: &IndexState, sargs: &[(String, Sarg)]) -> bool {
     true
 }
 
+/// A scan of a 2dsphere index for a geo operator on its geo field (field
+/// `pos`), after equalities on the fields before it.
+fn plan_geo(
+    index: &IndexState,
+    pos: usize,
+    sargs: &[(String, Sarg)],
+    geo: &[(String, Arc<GeoQuery>)],
+) -> Option<IndexCandidate> {
+    let spec = &index.spec;
+    let geo_path = &spec.fields[pos].0;
+    let mut on_path = geo.iter().filter(|(p, _)| p == geo_path).map(|(_, g)| g);
+    // Any bounded operator's ranges hold every match; else a `$near`
+    // without a maximum scans every key of the field.
+    let ranges = match on_path.clone().find_map(|g| g.ranges()) {
+        Some(r) => r,
+        None if on_path.any(|g| g.as_near().is_some_and(|n| !n.planar)) => vec![(0, u64::MAX)],
+        None => return None,
+    };
+    let mut prefix = Vec::with_capacity(pos);
+    let mut bounds = Document::new();
+    for (path, _) in &spec.fields[..pos] {
+        match sargs.iter().find(|(p, _)| p == path).map(|(_, s)| s) {
+            Some(Sarg::Eq(v)) if !matches!(v, RawBson::Null) => {
+                prefix.push(KeyPart::Val(v.clone()));
+                bounds.insert(
+                    path.clone(),
+                    vec![interval(Bound::Included(v), Bound::Included(v))],
+                );
+            }
+            _ => return None,
+        }
+    }
+    let mut rendered = Vec::with_capacity(ranges.len());
+    let intervals = ranges
+        .iter()
+        .map(|&(lo, hi)| {
+            let (l, h) = (
+                crate::store::geo::cell_key(lo),
+                crate::store::geo::cell_key(hi),
+            );
+            rendered.push(interval(Bound::Included(&l), Bound::Included(&h)));
+            let mut lo_parts = prefix.clone();
+            lo_parts.push(KeyPart::Val(l));
+            let mut hi_parts = prefix.clone();
+            hi_parts.push(KeyPart::Val(h));
+            (
+                Bound::Included((spec.bound_key(lo_parts, KeyPart::Low), RecordId::MIN)),
+                Bound::Included((spec.bound_key(hi_parts, KeyPart::High), RecordId::MAX)),
+            )
+        })
+        .collect();
+    bounds.insert(geo_path.clone(), rendered);
+    for (path, _) in &spec.fields {
+        if !bounds.contains_key(path) {
+            bounds.insert(path.clone(), vec![Bson::String("[MinKey, MaxKey]".into())]);
+        }
+    }
+    Some(IndexCandidate {
+        access: Access::IndexScan {
+            index: spec.name.clone(),
+            intervals,
+            reverse: false,
+            dedup: true,
+            bounds,
+            facts: index_facts(index),
+        },
+        score: 3 + 4 * pos as u32,
+        provides_sort: false,
+    })
+}
+
+/// MongoDB's error for a `$near` no 2dsphere index can answer.
+fn no_near_index() -> Error {
+    Error::Coded {
+        code: 291,
+        name: "NoQueryExecutionPlans",
+        msg: "error processing query: planner returned error :: caused by :: unable to find index for $geoNear query".into(),
+    }
+}
+
 /// The candidate of one index (a wildcard one only with a usable sarg).
 fn candidate(
     index: &IndexState,
     sargs: &[(String, Sarg)],
+    geo: &[(String, Arc<GeoQuery>)],
     sort: Option<&SortSpec>,
 ) -> Option<IndexCandidate> {
     match &index.spec.kind {
+        IndexKind::Geo { pos } => plan_geo(index, *pos, sargs, geo),
         IndexKind::Wildcard(w) => plan_wildcard(index, w, sargs),
         // Only `$text` queries read a text index (`query::text`).
         IndexKind::Text(_) => None,
         _ => Some(plan_index(index, sargs, sort)),
     }
+}
+
+/// The plan of a query with a `$near` on `path`: the best 2dsphere index
+/// scan for it (291 when none can answer it).
+fn plan_near(
+    coll: &CollectionState,
+    path: &str,
+    sargs: &[(String, Sarg)],
+    geo: &[(String, Arc<GeoQuery>)],
+) -> Result<Plan> {
+    let best = coll
+        .indexes
+        .iter()
+        .filter(|i| matches!(i.spec.kind, IndexKind::Geo { pos } if i.spec.fields[pos].0 == path))
+        .filter(|i| index_usable(i, sargs))
+        .filter_map(|i| candidate(i, sargs, geo, None))
+        .max_by_key(|c| c.score)
+        .ok_or_else(no_near_index)?;
+    Ok(Plan {
+        access: best.access,
+        provides_sort: false,
+    })
 }
 
 fn plan_id(sargs: &[(String, Sarg)], sort: Option<&SortSpec>) -> Option<Plan> {
@@ -668,6 +779,12 @@ pub fn plan(
     hint: Option<&Hint>,
 ) -> Result<Plan> {
     let sargs = filter.sargs();
+    let geo = filter.geo_sargs();
+    // A `$near`'s distance order is a sort no index order gives.
+    let sort = sort.filter(|s| s.near.is_none());
+    if let Some(near) = filter.near() {
+        return plan_near(coll, &near.path, &sargs, &geo);
+    }
     match hint {
         Some(Hint::Natural { reverse }) => {
             return Ok(Plan {
@@ -714,7 +831,7 @@ pub fn plan(
             if index.spec.partial.is_some() && !index_usable(index, &sargs) {
                 return Err(bad_hint());
             }
-            let c = candidate(index, &sargs, sort).ok_or_else(bad_hint)?;
+            let c = candidate(index, &sargs, &geo, sort).ok_or_else(bad_hint)?;
             return Ok(Plan {
                 access: c.access,
                 provides_sort: c.provides_sort,
@@ -732,7 +849,7 @@ pub fn plan(
         if !index_usable(index, &sargs) {
             continue;
         }
-        let Some(c) = candidate(index, &sargs, sort) else {
+        let Some(c) = candidate(index, &sargs, &geo, sort) else {
             continue;
         };
         if c.score == 0 && !c.provides_sort {
@@ -945,7 +1062,12 @@ pub fn run_find(
         Some(f) => f,
         None => match_all(),
     };
-    let sort = spec.sort.as_ref().filter(|s| !s.keys.is_empty());
+    let near_sort = filter.near().map(SortSpec::near);
+    let sort = spec
+        .sort
+        .as_ref()
+        .filter(|s| !s.keys.is_empty())
+        .or(near_sort.as_ref());
     let plan = plan(coll, filter, sort, spec.hint.as_ref())?;
     let mut out: Vec<(RecordId, DocRef)> = Vec::new();
     if sort.is_none() || plan.provides_sort {

@@ -29,6 +29,9 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct SortSpec {
     pub keys: Vec<(String, bool)>,
+    /// A `$near` order ([`SortSpec::near`]): the one key is the distance
+    /// of the path's nearest shape, ascending; never a plan's index order.
+    pub near: Option<crate::query::geo::NearSort>,
 }
 
 /// A document's precomputed sort key: one owned value per sort component, already
@@ -73,7 +76,15 @@ impl SortSpec {
             };
             keys.push((k.clone(), asc));
         }
-        Ok(SortSpec { keys })
+        Ok(SortSpec { keys, near: None })
+    }
+
+    /// The order a `$near`/`$nearSphere` gives: nearest first.
+    pub fn near(near: crate::query::geo::NearSort) -> SortSpec {
+        SortSpec {
+            keys: vec![(near.path.clone(), true)],
+            near: Some(near),
+        }
     }
 
     /// A spec without components: no ordering is imposed.
@@ -84,6 +95,9 @@ impl SortSpec {
     #[cfg(test)]
     /// Compare two documents under this sort.
     pub fn compare(&self, a: &RawDocument, b: &RawDocument) -> Ordering {
+        if self.near.is_some() {
+            return self.compare_keys(&self.sort_key(a), &self.sort_key(b));
+        }
         for (path, asc) in &self.keys {
             let ka = component_key(a, path, *asc);
             let kb = component_key(b, path, *asc);
@@ -97,6 +111,9 @@ impl SortSpec {
 
     /// The owned sort key of `doc` (see [`SortKey`]).
     pub fn sort_key(&self, doc: &RawDocument) -> SortKey {
+        if let Some(n) = &self.near {
+            return SortKey(vec![RawBson::Double(n.distance(doc))]);
+        }
         SortKey(
             self.keys
                 .iter()

@@ -20,7 +20,11 @@
 //!   uniqueness holds among the held documents only;
 //! - a hashed field's key part is `Int64(hash64(value))` (missing: the hash
 //!   of null), never an array's: arrays there are refused;
-//! - a wildcard key is `(String(path), value)`, see [`crate::store::wildcard`].
+//! - a wildcard key is `(String(path), value)`, see [`crate::store::wildcard`];
+//! - a 2dsphere field's key parts are S2 cell ids ([`crate::store::geo::cell_key`]):
+//!   one per cell of each shape the field holds; a document without the
+//!   field (or with null there) has no entry (MongoDB's 2dsphere v2+ rule),
+//!   and one whose field is not a valid shape is refused (16755).
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -158,6 +162,9 @@ pub enum IndexKind {
     /// indexed strings ([`crate::store::text`]); `fields` is `[("_fts", true)]`.
     /// Used only by `$text` queries, never by the planner.
     Text(Box<TextSpec>),
+    /// A 2dsphere index: field `pos` holds S2 cell ids of the shapes there
+    /// ([`crate::store::geo`]); the other fields are ordered values.
+    Geo { pos: usize },
 }
 
 /// A document predicate decided above the store (the query layer parses a
@@ -218,6 +225,7 @@ impl IndexSpec {
         }
         let mut fields: Vec<(String, bool)> = Vec::with_capacity(keys.len());
         let mut hashed = None;
+        let mut geo = None;
         let mut wildcard = None;
         for (path, dir) in keys {
             let is_wildcard = path == "$**" || path.ends_with(".$**");
@@ -260,9 +268,21 @@ impl IndexSpec {
                     hashed = Some(fields.len());
                     true
                 }
-                Bson::String(s)
-                    if matches!(s.as_str(), "text" | "2dsphere" | "2d" | "geoHaystack") =>
-                {
+                Bson::String(s) if s == "2dsphere" => {
+                    if geo.is_some() {
+                        return Err(Error::CannotCreateIndex(
+                            "duetdb supports one 2dsphere field per index".into(),
+                        ));
+                    }
+                    geo = Some(fields.len());
+                    true
+                }
+                Bson::String(s) if matches!(s.as_str(), "2d" | "geoHaystack") => {
+                    return Err(Error::CannotCreateIndex(format!(
+                        "index type '{s}' is not supported by duetdb: use a 2dsphere index"
+                    )))
+                }
+                Bson::String(s) if s == "text" => {
                     return Err(Error::CannotCreateIndex(format!(
                         "index type '{s}' is not supported by duetdb"
                     )))
@@ -285,16 +305,25 @@ impl IndexSpec {
             }
             fields.push((path.clone(), asc));
         }
-        let kind = match (hashed, wildcard) {
-            (_, Some(w)) => IndexKind::Wildcard(Box::new(w)),
-            (Some(pos), None) => IndexKind::Hashed { pos },
-            (None, None) => IndexKind::Ordered,
+        if hashed.is_some() && geo.is_some() {
+            return Err(Error::CannotCreateIndex(
+                "a 2dsphere index may not also have a hashed field".into(),
+            ));
+        }
+        let kind = match (hashed, wildcard, geo) {
+            (_, Some(w), _) => IndexKind::Wildcard(Box::new(w)),
+            (Some(pos), None, _) => IndexKind::Hashed { pos },
+            (None, None, Some(pos)) => IndexKind::Geo { pos },
+            (None, None, None) => IndexKind::Ordered,
         };
         if unique && !matches!(kind, IndexKind::Ordered) {
             return Err(Error::CannotCreateIndex(match kind {
                 IndexKind::Hashed { .. } => {
                     "Currently hashed indexes cannot guarantee uniqueness. Use a regular index."
                         .into()
+                }
+                IndexKind::Geo { .. } => {
+                    "Index type '2dsphere' does not support the unique option".into()
                 }
                 _ => "Index type 'wildcard' does not support the unique option".into(),
             }));
@@ -336,6 +365,8 @@ impl IndexSpec {
         for (i, (p, asc)) in self.fields.iter().enumerate() {
             if matches!(self.kind, IndexKind::Hashed { pos } if pos == i) {
                 d.insert(p.clone(), "hashed");
+            } else if matches!(self.kind, IndexKind::Geo { pos } if pos == i) {
+                d.insert(p.clone(), "2dsphere");
             } else {
                 d.insert(p.clone(), if *asc { 1 } else { -1 });
             }
@@ -379,6 +410,9 @@ impl IndexSpec {
             d.insert("default_language", t.default_language.clone());
             d.insert("language_override", t.language_override.clone());
             d.insert("textIndexVersion", t.version);
+        }
+        if matches!(self.kind, IndexKind::Geo { .. }) {
+            d.insert("2dsphereIndexVersion", crate::store::geo::INDEX_VERSION);
         }
         d
     }
@@ -494,6 +528,9 @@ impl IndexSpec {
                 .collect();
             return Ok((keys, true));
         }
+        if let IndexKind::Geo { pos } = self.kind {
+            return self.geo_keys(pos, doc);
+        }
         let hashed_pos = match self.kind {
             IndexKind::Hashed { pos } => Some(pos),
             _ => None,
@@ -592,6 +629,107 @@ impl IndexSpec {
             });
         }
         Ok((keys, multikey))
+    }
+
+    /// The values one ordered field contributes (missing: null; an array:
+    /// its elements, empty: undefined), sorted and deduplicated.
+    fn field_values(doc: &RawDocument, path: &str) -> Vec<RawBson> {
+        let mut vals: Vec<RawBson> = Vec::new();
+        let reached = crate::doc::path::values(doc, path);
+        if reached.is_empty() {
+            vals.push(RawBson::Null);
+        }
+        for v in reached {
+            match v {
+                RawBsonRef::Array(a) => {
+                    let before = vals.len();
+                    vals.extend(a.into_iter().flatten().map(RawBson::from));
+                    if vals.len() == before {
+                        vals.push(RawBson::Undefined);
+                    }
+                }
+                other => vals.push(other.into()),
+            }
+        }
+        vals.sort_by(|a, b| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+        vals.dedup_by(|a, b| value::equal(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+        vals
+    }
+
+    /// A 2dsphere index's keys: the cells of every shape at the geo field,
+    /// crossed with the other fields' values. No geo value: no entry.
+    fn geo_keys(&self, pos: usize, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {
+        let (geo_path, _) = &self.fields[pos];
+        let reached: Vec<RawBsonRef<'_>> = crate::doc::path::values(doc, geo_path)
+            .into_iter()
+            .filter(|v| !matches!(v, RawBsonRef::Null | RawBsonRef::Undefined))
+            .collect();
+        if reached.is_empty() {
+            return Ok((Vec::new(), false));
+        }
+        let mut cells = Vec::new();
+        for v in reached {
+            let shapes = crate::store::geo::shapes_of(v).map_err(|reason| {
+                let shown = crate::doc::to_document(doc)
+                    .map(|d| crate::error::render_shell(&Bson::Document(d)))
+                    .unwrap_or_default();
+                Error::Coded {
+                    code: 16755,
+                    name: "Location16755",
+                    msg: format!("Can't extract geo keys: {shown}  {reason}"),
+                }
+            })?;
+            for s in &shapes {
+                cells.extend(crate::store::geo::key_cells(s));
+            }
+        }
+        cells.sort_unstable();
+        cells.dedup();
+        let mut per_field: Vec<Vec<RawBson>> = Vec::with_capacity(self.fields.len());
+        for (i, (path, _)) in self.fields.iter().enumerate() {
+            if i == pos {
+                per_field.push(
+                    cells
+                        .iter()
+                        .map(|c| crate::store::geo::cell_key(*c))
+                        .collect(),
+                );
+            } else {
+                per_field.push(Self::field_values(doc, path));
+            }
+        }
+        let total = per_field
+            .iter()
+            .try_fold(1usize, |n, v| n.checked_mul(v.len()))
+            .unwrap_or(usize::MAX);
+        if total > MAX_KEYS_PER_DOC {
+            return Err(Error::CannotCreateIndex(format!(
+                "document produces {total} keys for index {}, more than {MAX_KEYS_PER_DOC}",
+                self.name
+            )));
+        }
+        let desc = self.desc_mask();
+        let mut keys: Vec<Vec<KeyPart>> = vec![Vec::new()];
+        for vals in &per_field {
+            let mut next = Vec::with_capacity(keys.len() * vals.len());
+            for k in &keys {
+                for v in vals {
+                    let mut k = k.clone();
+                    k.push(KeyPart::Val(v.clone()));
+                    next.push(k);
+                }
+            }
+            keys = next;
+        }
+        let keys = keys
+            .into_iter()
+            .map(|parts| IndexKey {
+                parts: parts.into(),
+                desc,
+            })
+            .collect();
+        // A shape may have several cells: the planner treats the index as multikey.
+        Ok((keys, true))
     }
 
     fn wildcard_keys(&self, w: &WildcardSpec, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {

@@ -14,6 +14,7 @@
 
 pub mod btree;
 pub mod collection;
+pub mod geo;
 pub mod hashed;
 pub mod heap;
 pub mod index;

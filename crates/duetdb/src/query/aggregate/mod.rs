@@ -107,6 +107,7 @@ mod exec;
 mod facet;
 mod fill;
 mod foreign;
+pub mod geonear;
 mod group;
 mod lookup;
 mod output;
@@ -188,6 +189,9 @@ enum Stage {
     Documents(Expr),
     /// `$out` / `$merge`: the last stage; the API writes what reaches it.
     Output(Box<Output>),
+    /// `$geoNear`'s last part: the distance (and location) fields
+    /// (`geonear.rs`; its `$match` and distance sort precede it).
+    GeoNear(Box<geonear::GeoNear>),
 }
 
 impl Stage {
@@ -215,6 +219,7 @@ impl Stage {
             Stage::Densify(_) => "$densify",
             Stage::Documents(_) => "$documents",
             Stage::Output(o) => o.stage_name(),
+            Stage::GeoNear(_) => "$geoNear",
         }
     }
 
@@ -231,6 +236,7 @@ impl Stage {
                 | Stage::ReplaceRoot { .. }
                 | Stage::Lookup(_)
                 | Stage::GraphLookup(_)
+                | Stage::GeoNear(_)
         )
     }
 
@@ -460,6 +466,14 @@ fn check_position(stage: &Stage, i: usize, len: usize, within: Within) -> Result
             ));
         }
     }
+    if let Stage::GeoNear(_) = stage {
+        if i != 0 || within == Within::Facet {
+            return Err(coded!(
+                40603,
+                "$geoNear was not the first stage in the pipeline."
+            ));
+        }
+    }
     if let Stage::Documents(_) = stage {
         if i != 0 || within == Within::Facet {
             return Err(coded!(
@@ -572,6 +586,7 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         "$bucket" => bucket::parse_bucket(arg, ctx),
         "$bucketAuto" => one(Stage::BucketAuto(Box::new(BucketAuto::parse(arg, ctx)?))),
         "$setWindowFields" => one(Stage::Window(Box::new(Window::parse(arg, ctx)?))),
+        "$geoNear" => geonear::parse(arg, ctx),
         "$densify" => one(Stage::Densify(Box::new(Densify::parse(arg)?))),
         "$fill" => fill::parse_fill(arg, ctx),
         "$documents" => one(Stage::Documents(ctx.expr(arg)?)),

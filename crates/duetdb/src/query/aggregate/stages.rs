@@ -104,6 +104,7 @@ pub(super) fn per_document(
             Stage::ReplaceRoot { expr, with } => Cur::Owned(replace_root(expr, *with, &cur)?),
             Stage::Lookup(l) => Cur::Owned(l.apply(cur, rt)?),
             Stage::GraphLookup(g) => Cur::Owned(g.apply(cur, rt)?),
+            Stage::GeoNear(g) => Cur::Owned(checked("$geoNear", g.apply(cur)?)?),
             other => {
                 return Err(Error::Internal(format!(
                     "{} is not a per-document stage",
@@ -318,7 +319,7 @@ fn add_fields(fields: &[(Vec<String>, Expr)], cur: Cur<'_>) -> Result<Document> 
 /// an array) becomes a document holding just the field. This is not update's
 /// rule (update's `$set` addresses array elements by index and refuses to
 /// traverse a scalar), which is why it stays private to the pipeline.
-fn set_mapping_arrays(doc: &mut Document, path: &[String], v: Value) {
+pub(super) fn set_mapping_arrays(doc: &mut Document, path: &[String], v: Value) {
     let Some((first, rest)) = path.split_first() else {
         return;
     };

@@ -122,7 +122,7 @@ impl Op {
     fn expands_arrays(&self) -> bool {
         !matches!(
             self,
-            Op::Exists | Op::Size(_) | Op::ElemMatchObject(_) | Op::ElemMatchValue(_)
+            Op::Exists | Op::Size(_) | Op::ElemMatchObject(_) | Op::ElemMatchValue(_) | Op::Geo(_)
         )
     }
 
@@ -165,6 +165,7 @@ impl Op {
                 item.is_some_and(|v| mod_matches(v, *divisor, *remainder))
             }
             Op::Bits(b) => item.is_some_and(|v| b.matches(v)),
+            Op::Geo(g) => item.is_some_and(|v| g.matches_value(v)),
             Op::ElemMatchObject(node) => match item {
                 Some(RawBsonRef::Array(a)) => a.into_iter().flatten().any(|e| match e {
                     RawBsonRef::Document(d) => node.eval(Ctx::Doc(d)),

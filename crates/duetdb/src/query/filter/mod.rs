@@ -3,7 +3,8 @@
 //!
 //! Owns the meaning of every query operator (`$eq` … `$mod`, `$and`/`$or`/`$nor`,
 //! `$not`, `$elemMatch`, `$all`, regexes, the `$bits*` operators, `$expr`,
-//! `$jsonSchema`, `$comment`) and the extraction of index-answerable
+//! `$jsonSchema`, `$comment`; the geo operators' arguments and predicates are
+//! `query::geo`'s) and the extraction of index-answerable
 //! predicates ([`Filter::sargs`]) that the planner uses.
 //!
 //! Invariants:
@@ -106,7 +107,24 @@ impl Filter {
     /// Parse a filter whose `$expr`s may use the command's `let` variables
     /// (each evaluated once, here; `$$NOW` is read once too).
     pub fn parse_with_let(spec: &Document, let_vars: Option<&Document>) -> Result<Filter> {
-        let mut root = parse_query(spec, 0).map_err(|e| *e)?;
+        let root = parse_query(spec, 0).map_err(|e| *e)?;
+        // MongoDB's rules for `$near`: one, in the top-level conjunction.
+        let near = sarg::count_near(&root);
+        if near > 1 {
+            return Err(crate::error::Error::bad_value(
+                "Too many geoNear expressions",
+            ));
+        }
+        if near == 1
+            && !sarg::geo_sargs(&root)
+                .iter()
+                .any(|(_, g)| g.as_near().is_some())
+        {
+            return Err(crate::error::Error::bad_value(
+                "geo near must be top-level expr",
+            ));
+        }
+        let mut root = root;
         let mut expr_errors = Vec::new();
         let mut scope = None;
         compile_exprs(&mut root, let_vars, &mut scope, &mut expr_errors)?;
@@ -201,6 +219,21 @@ impl Filter {
     /// negations, `$exists`, regexes, `$elemMatch` or `$or`/`$nor`.
     pub fn sargs(&self) -> Vec<(String, Sarg)> {
         sarg::sargs(&self.root)
+    }
+
+    /// The geo operators of the top-level conjunction, per path (what a
+    /// 2dsphere index may answer; see [`crate::query::geo`]).
+    pub fn geo_sargs(&self) -> Vec<(String, Arc<crate::query::geo::GeoQuery>)> {
+        sarg::geo_sargs(&self.root)
+    }
+
+    /// The filter's `$near`/`$nearSphere` (at most one, top-level), as the
+    /// distance order it imposes on results.
+    pub fn near(&self) -> Option<crate::query::geo::NearSort> {
+        self.geo_sargs()
+            .into_iter()
+            .find(|(_, g)| g.as_near().is_some())
+            .map(|(path, near)| crate::query::geo::NearSort { path, near })
     }
 }
 

@@ -69,18 +69,7 @@ fn unsupported_top_level(op: &str) -> bool {
 
 /// Field-level operators MongoDB has that this engine does not implement.
 fn unsupported_field_level(op: &str) -> bool {
-    matches!(
-        op,
-        "$geoWithin"
-            | "$geoIntersects"
-            | "$near"
-            | "$nearSphere"
-            | "$within"
-            | "$jsonSchema"
-            | "$text"
-            | "$where"
-            | "$expr"
-    )
+    matches!(op, "$jsonSchema" | "$text" | "$where" | "$expr")
 }
 
 /// Operators that take no path; an `$elemMatch` whose first key is one of these
@@ -230,8 +219,32 @@ fn parse_operators(
     out: &mut Vec<Node>,
 ) -> PResult<()> {
     let mut regex_done = false;
+    let near = ["$near", "$nearSphere"]
+        .into_iter()
+        .find(|k| ops.contains_key(*k));
     for (key, arg) in ops {
         let node = match key.as_str() {
+            // `$near` reads its `$minDistance`/`$maxDistance` siblings.
+            "$near" | "$nearSphere" => {
+                let q = crate::query::geo::GeoQuery::near(key, ops).map_err(Box::new)?;
+                leaf(path, Op::Geo(std::sync::Arc::new(q)))
+            }
+            "$minDistance" | "$maxDistance" if near.is_some() => continue,
+            "$minDistance" | "$maxDistance" => {
+                return Err(bad(format!("{key} must be used with $near or $nearSphere")))
+            }
+            "$geoWithin" | "$within" => leaf(
+                path,
+                Op::Geo(std::sync::Arc::new(
+                    crate::query::geo::GeoQuery::within(arg).map_err(Box::new)?,
+                )),
+            ),
+            "$geoIntersects" => leaf(
+                path,
+                Op::Geo(std::sync::Arc::new(
+                    crate::query::geo::GeoQuery::intersects(arg).map_err(Box::new)?,
+                )),
+            ),
             // The recursive operators.
             "$not" => parse_not(path, arg, depth)?,
             "$elemMatch" => leaf(path, parse_elem_match(arg, depth)?),

@@ -14,8 +14,11 @@ use std::ops::Bound;
 
 use bson::RawBson;
 
+use std::sync::Arc;
+
 use super::tree::{CmpKind, Leaf, Node, Op};
 use crate::doc::value;
+use crate::query::geo::GeoQuery;
 
 /// A predicate on one path that an ordered index can answer (a superset is fine:
 /// the executor re-checks every fetched document against the whole filter).
@@ -58,6 +61,34 @@ pub(super) fn sargs(root: &Node) -> Vec<(String, Sarg)> {
         }
     }
     out
+}
+
+/// The geo operators of the top-level conjunction, per path: every match
+/// satisfies each (the planner's 2dsphere candidates).
+pub(super) fn geo_sargs(root: &Node) -> Vec<(String, Arc<GeoQuery>)> {
+    let mut leaves = Vec::new();
+    collect_conjuncts(root, &mut leaves);
+    leaves
+        .into_iter()
+        .filter_map(|leaf| match (&leaf.path, &leaf.op) {
+            (Some(path), Op::Geo(g)) => Some((path.dotted.to_string(), g.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How many `$near`/`$nearSphere` the whole tree holds.
+pub(super) fn count_near(node: &Node) -> usize {
+    match node {
+        Node::And(c) | Node::Or(c) | Node::Nor(c) => c.iter().map(count_near).sum(),
+        Node::Not(n) => count_near(n),
+        Node::Leaf(Leaf { op: Op::Geo(g), .. }) => usize::from(g.as_near().is_some()),
+        Node::Leaf(Leaf {
+            op: Op::ElemMatchObject(n) | Op::ElemMatchValue(n),
+            ..
+        }) => count_near(n),
+        Node::Leaf(_) | Node::Expr(_) | Node::Schema(_) => 0,
+    }
 }
 
 /// The leaves of the top-level conjunction (nested `And`s flattened).

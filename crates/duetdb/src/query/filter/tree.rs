@@ -72,6 +72,9 @@ pub(super) enum Op {
     ElemMatchValue(Box<Node>),
     /// `$bitsAllSet` / `$bitsAnySet` / `$bitsAllClear` / `$bitsAnyClear`.
     Bits(Box<super::bits::BitsOp>),
+    /// `$geoWithin`, `$geoIntersects`, `$near`, `$nearSphere` (`query::geo`):
+    /// applied to each reached value whole (a legacy pair is one location).
+    Geo(std::sync::Arc<crate::query::geo::GeoQuery>),
 }
 
 #[derive(Debug, Clone)]

@@ -15,7 +15,15 @@ fn parse_errors() {
     assert!(err(doc! {"$where": "1"}).contains("not supported"));
     assert!(err(doc! {"$text": {"$search": "x"}}).contains("not supported"));
     assert!(err(doc! {"$expr": {"$eq": [1]}}).contains("takes exactly 2 arguments"));
-    assert!(err(doc! {"a": {"$near": [0, 0]}}).contains("not supported"));
+    assert!(err(doc! {"a": {"$near": "here"}}).contains("invalid point in geo near query"));
+    assert!(err(
+        doc! {"a": {"$geoWithin": {"$geometry": {"type": "Point", "coordinates": [0, 0]}}}}
+    )
+    .contains("$geoWithin not supported with provided geometry"));
+    assert!(err(doc! {"a": {"$near": [0, 0]}, "b": {"$near": [0, 0]}})
+        .contains("Too many geoNear expressions"));
+    assert!(err(doc! {"$nor": [{"a": {"$nearSphere": [0, 0]}}]})
+        .contains("geo near must be top-level expr"));
     for op in ["$and", "$or", "$nor"] {
         assert!(err(doc! {op: []}).contains("nonempty array"), "{op}");
         assert!(err(doc! {op: 1}).contains("must be an array"), "{op}");
