@@ -76,5 +76,22 @@ for _ in $(seq 100); do grep -q "listening on" "$data/serve.log" && break; sleep
   check(db.c.countDocuments() === n + 1, "writes go on after fsyncUnlock");
   check(Number(db.adminCommand({getParameter: 1, slowOpThresholdMs: 1}).slowOpThresholdMs) === 100, "getParameter");
   check(db.adminCommand({getCmdLineOpts: 1}).parsed["data-dir"] !== undefined, "getCmdLineOpts");
+  const uses = () => db.c.aggregate([{$indexStats: {}}]).toArray().find(i => i.name === "a_1").accesses.ops.toNumber();
+  const u0 = uses();
+  db.c.find({a: 3}).toArray();
+  check(uses() === u0 + 1, "$indexStats counts a read that uses the index");
+  check(Array.isArray(db.getUsers().users), "db.getUsers()");
+  check(db.runCommand({createSnapshot: "nightly"}).ok === 1, "createSnapshot nightly");
+  db.c.insertOne({after: "nightly"});
+  const snap = db.getSiblingDB("smoke@nightly");
+  check(snap.c.countDocuments() === n + 1 && db.c.countDocuments() === n + 2, "db@snapshot reads the snapshot");
+  check(snap.c.stats().count === n + 1, "db@snapshot: db.c.stats()");
+  check(snap.getCollectionNames().includes("c"), "db@snapshot: show collections");
+  let refused = null;
+  // The Node.js driver turns any 20 on a retryable write into "does not
+  // support retryable writes", keeping the error of the server as originalError.
+  try { snap.c.insertOne({x: 1}); } catch (e) { refused = (e.originalError || e).code; }
+  check(refused === 20, "db@snapshot refuses writes (20 IllegalOperation)");
+  check(db.runCommand({dropSnapshot: "nightly"}).ok === 1, "dropSnapshot nightly");
 '
 echo "mongosh smoke test passed"

@@ -3,6 +3,7 @@ items 1-4): statistics, validate, currentOp/killOp with plan and strategy,
 top, getLog, parameters, the replica-set commands, fsync lock, shutdown,
 metrics, the configuration file and the logs."""
 
+import datetime
 import json
 import re
 import socket
@@ -73,6 +74,30 @@ def test_index_stats_and_db_stats(db):
     assert st["dataSize"] > 0 and st["indexSize"] > 0
     assert st["totalSize"] == st["storageSize"] + st["indexSize"]
     assert db.command("dbstats")["objects"] == 51
+
+
+def test_index_stats_count_index_uses(db):
+    db.c.create_index("a")
+    db.c.insert_many([{"_id": i, "a": i, "b": i} for i in range(100)])
+
+    def ops():
+        return {d["name"]: d["accesses"]["ops"] for d in db.c.aggregate([{"$indexStats": {}}])}
+
+    assert ops() == {"_id_": 0, "a_1": 0}
+    assert len(list(db.c.find({"a": 3}))) == 1
+    assert len(list(db.c.find({"a": {"$gte": 10}}).batch_size(5))) == 90  # getMores: one use
+    assert db.c.count_documents({"a": {"$lt": 5}}) == 5
+    assert list(db.c.aggregate([{"$match": {"a": 7}}]))[0]["_id"] == 7
+    assert db.c.update_one({"a": 8}, {"$set": {"b": 0}}).modified_count == 1
+    assert ops() == {"_id_": 0, "a_1": 5}
+    # A collection scan uses no index; an _id lookup uses _id_.
+    assert len(list(db.c.find({"b": 3}))) == 1
+    assert db.c.find_one({"_id": 4})["a"] == 4
+    # explain without execution does not count (MongoDB's queryPlanner).
+    db.command({"explain": {"find": "c", "filter": {"a": 1}}, "verbosity": "queryPlanner"})
+    assert ops() == {"_id_": 1, "a_1": 5}
+    assert all(isinstance(d["accesses"]["since"], datetime.datetime)
+               for d in db.c.aggregate([{"$indexStats": {}}]))
 
 
 def test_validate(db):

@@ -1,6 +1,8 @@
 //! `duet serve --config duet.toml`: a TOML file holding `duet serve` flags
-//! as top-level keys (`max-connections = 500`, or `max_connections`), and
-//! the effective configuration `getCmdLineOpts` reports.
+//! as top-level keys (`max-connections = 500`, or `max_connections`), or a
+//! YAML file (`.yaml`/`.yml`, as `mongod.conf`) holding the same keys
+//! (`max-connections: 500`), and the effective configuration
+//! `getCmdLineOpts` reports.
 //!
 //! The file is turned into flags placed before the command line's own, and
 //! the `serve` command lets a later flag override an earlier one, so a flag
@@ -9,7 +11,9 @@
 //!
 //! Invariants:
 //! - a key that is not a `duet serve` flag is refused, naming the key (and
-//!   the file); so are tables, arrays and the key `config` itself;
+//!   the file); so are tables, arrays and the key `config` itself; both
+//!   formats give the same flags for the same keys and values (one code
+//!   path after parsing: [`Scalar`]);
 //! - a boolean switch (`auth = true`) becomes `--auth`; `false` leaves it
 //!   off (a switch the file turns on cannot be turned off on the command
 //!   line: leave it out of the file); a boolean flag that takes a value
@@ -51,14 +55,91 @@ fn config_path(args: &[OsString]) -> Result<Option<OsString>, String> {
     Ok(found)
 }
 
-/// The flags a configuration file's text stands for.
-pub fn file_flags(text: &str, file: &str) -> Result<Vec<OsString>, String> {
+/// One value of a configuration file, whatever its format.
+enum Scalar {
+    Str(String),
+    Int(i64),
+    Float(String),
+    Bool(bool),
+    /// Not a scalar (table, array, null, …): its kind, for the error.
+    Other(&'static str),
+}
+
+/// Whether `file` is YAML (by its extension); anything else is TOML.
+fn is_yaml(file: &str) -> bool {
+    let lower = file.to_ascii_lowercase();
+    lower.ends_with(".yaml") || lower.ends_with(".yml")
+}
+
+fn toml_entries(text: &str, file: &str) -> Result<Vec<(String, Scalar)>, String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e| format!("{file}: not valid TOML: {e}"))?;
+    Ok(table
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                toml::Value::String(s) => Scalar::Str(s),
+                toml::Value::Integer(i) => Scalar::Int(i),
+                toml::Value::Float(f) => Scalar::Float(f.to_string()),
+                toml::Value::Boolean(b) => Scalar::Bool(b),
+                other => Scalar::Other(other.type_str()),
+            };
+            (k, v)
+        })
+        .collect())
+}
+
+fn yaml_entries(text: &str, file: &str) -> Result<Vec<(String, Scalar)>, String> {
+    use yaml_rust2::{Yaml, YamlLoader};
+    let docs =
+        YamlLoader::load_from_str(text).map_err(|e| format!("{file}: not valid YAML: {e}"))?;
+    let map = match docs.len() {
+        0 => return Ok(Vec::new()),
+        1 => match docs.into_iter().next() {
+            Some(Yaml::Hash(map)) => map,
+            Some(Yaml::Null) | None => return Ok(Vec::new()),
+            Some(_) => {
+                return Err(format!(
+                    "{file}: the YAML must be a mapping of flags to values"
+                ))
+            }
+        },
+        _ => return Err(format!("{file}: one YAML document only, not several")),
+    };
+    map.into_iter()
+        .map(|(k, v)| {
+            let key = match k {
+                Yaml::String(s) => s,
+                other => return Err(format!("{file}: a key must be a flag name, not {other:?}")),
+            };
+            let v = match v {
+                Yaml::String(s) => Scalar::Str(s),
+                Yaml::Integer(i) => Scalar::Int(i),
+                Yaml::Real(r) => Scalar::Float(r),
+                Yaml::Boolean(b) => Scalar::Bool(b),
+                Yaml::Hash(_) => Scalar::Other("table"),
+                Yaml::Array(_) => Scalar::Other("array"),
+                Yaml::Null => Scalar::Other("null"),
+                Yaml::Alias(_) | Yaml::BadValue => Scalar::Other("alias"),
+            };
+            Ok((key, v))
+        })
+        .collect()
+}
+
+/// The flags a configuration file's text stands for (YAML when `file`
+/// ends in `.yaml`/`.yml`, TOML otherwise).
+pub fn file_flags(text: &str, file: &str) -> Result<Vec<OsString>, String> {
+    let entries = if is_yaml(file) {
+        yaml_entries(text, file)?
+    } else {
+        toml_entries(text, file)?
+    };
+    let sep = if is_yaml(file) { ":" } else { " =" };
     let command = serve_command();
     let mut out = Vec::new();
-    for (key, value) in &table {
+    for (key, value) in entries {
         let long = key.replace('_', "-");
         let arg = command
             .get_arguments()
@@ -66,30 +147,29 @@ pub fn file_flags(text: &str, file: &str) -> Result<Vec<OsString>, String> {
             .ok_or_else(|| {
                 format!(
                     "{file}: unknown key '{key}': not a `duet serve` flag (every flag is a key, \
-                     e.g. max-connections = 500; see ops/duet.example.toml)"
+                     e.g. max-connections{sep} 500; see ops/duet.example.toml)"
                 )
             })?;
         let switch = matches!(arg.get_action(), ArgAction::SetTrue);
         let text = match value {
-            toml::Value::Boolean(b) if switch => {
-                if *b {
+            Scalar::Bool(b) if switch => {
+                if b {
                     out.push(OsString::from(format!("--{long}")));
                 }
                 continue;
             }
             _ if switch => {
                 return Err(format!(
-                    "{file}: key '{key}' is a switch: write {key} = true or false"
+                    "{file}: key '{key}' is a switch: write {key}{sep} true or false"
                 ))
             }
-            toml::Value::String(s) => s.clone(),
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::Float(f) => f.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            other => {
+            Scalar::Str(s) => s,
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f,
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Other(kind) => {
                 return Err(format!(
-                    "{file}: key '{key}' must be a string, number or boolean, not {}",
-                    other.type_str()
+                    "{file}: key '{key}' must be a string, number or boolean, not {kind}"
                 ))
             }
         };
@@ -234,6 +314,70 @@ mod tests {
         assert_eq!(eff.get("auth"), Some(&Bson::Boolean(true)));
         assert_eq!(eff.get("bind"), Some(&Bson::String("127.0.0.1".into())));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_yaml_file_gives_the_same_flags_as_toml() {
+        let toml = "port = 27100\nmax_connections = 7\nauth = true\n\
+                    allow-disk-use-by-default = false\nbind = \"0.0.0.0\"\n";
+        let yaml = "# as mongod.conf\nport: 27100\nmax_connections: 7\nauth: true\n\
+                    allow-disk-use-by-default: false\nbind: \"0.0.0.0\"\n";
+        // TOML's keys come sorted, YAML's in file order: the same set.
+        let sorted = |mut v: Vec<OsString>| {
+            v.sort();
+            v
+        };
+        let from_toml = sorted(file_flags(toml, "duet.toml").expect("toml"));
+        assert_eq!(
+            sorted(file_flags(yaml, "duet.yaml").expect("yaml")),
+            from_toml
+        );
+        assert_eq!(
+            sorted(file_flags(yaml, "/etc/DUET.YML").expect("yml")),
+            from_toml
+        );
+        let mut argv = os(&["serve"]);
+        argv.extend(from_toml);
+        let args = parse(&argv);
+        assert_eq!(
+            (args.port, args.max_connections, args.auth),
+            (27100, 7, true)
+        );
+        // Through --config, with the command line still winning.
+        let dir = std::env::temp_dir().join(format!("duet-config-yaml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("duet.yaml");
+        std::fs::write(&file, yaml).expect("write");
+        let f = file.to_string_lossy().to_string();
+        let argv =
+            expand_args(os(&["duet", "serve", "--config", &f, "--port", "27200"])).expect("expand");
+        let args = parse(&argv[1..]);
+        assert_eq!((args.port, args.max_connections), (27200, 7));
+        std::fs::remove_dir_all(&dir).ok();
+        // The same refusals as TOML, in YAML's words.
+        let e = file_flags("prot: 1\n", "x.yaml").expect_err("typo");
+        assert!(
+            e.contains("unknown key 'prot'") && e.contains("x.yaml"),
+            "{e}"
+        );
+        let e = file_flags("net:\n  port: 1\n", "x.yaml").expect_err("nested");
+        assert!(e.contains("unknown key 'net'"), "{e}");
+        let e = file_flags("bind: [a]\n", "x.yaml").expect_err("array");
+        assert!(e.contains("'bind' must be") && e.contains("array"), "{e}");
+        let e = file_flags("bind:\n", "x.yaml").expect_err("null");
+        assert!(e.contains("not null"), "{e}");
+        let e = file_flags("auth: 1\n", "x.yaml").expect_err("switch");
+        assert!(e.contains("auth: true"), "{e}");
+        assert!(file_flags("port: [\n", "x.yaml")
+            .expect_err("syntax")
+            .contains("not valid YAML"));
+        assert!(file_flags("- 1\n", "x.yaml")
+            .expect_err("list")
+            .contains("mapping"));
+        assert!(file_flags("port: 1\n---\nport: 2\n", "x.yaml")
+            .expect_err("two documents")
+            .contains("one YAML document"));
+        assert!(file_flags("", "x.yaml").expect("empty").is_empty());
     }
 
     #[test]

@@ -58,8 +58,9 @@ pub use state::{Config, ServerState};
 /// `duet serve` flags (each also a key of the `--config` file).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// A TOML file of these flags as keys (`max-connections = 500`); flags
-    /// on the command line override it. See ops/duet.example.toml.
+    /// A TOML file of these flags as keys (`max-connections = 500`), or a
+    /// YAML one (`.yaml`/`.yml`: `max-connections: 500`); flags on the
+    /// command line override it. See ops/duet.example.toml.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Address to listen on.

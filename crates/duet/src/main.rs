@@ -92,7 +92,7 @@ enum Command {
     },
     /// Serve the MongoDB wire protocol (see the README's "Server" and
     /// "Operating duet" sections). `--config FILE` reads these flags from a
-    /// TOML file; flags on the command line override it.
+    /// TOML (or `.yaml`/`.yml`) file; flags on the command line override it.
     #[command(args_override_self = true)]
     Serve(Box<duet_server::ServeArgs>),
     /// Benchmarks: ycsb, htap, snapshot workloads; `report` regenerates BENCHMARKS.md.

@@ -409,24 +409,30 @@ fn coll_stats_stage(ctx: &Ctx<'_>, coll: &str, spec: &Document) -> CmdResult<Doc
     Ok(out)
 }
 
-/// `{$indexStats: {}}`: one document per index. `accesses.ops` is 0:
-/// index use is not counted yet.
+/// `{$indexStats: {}}`: one document per index; `accesses.ops` counts the
+/// reads that walked the index since it was built or the server started
+/// (the engine's per-index counter).
 fn index_stats_stage(ctx: &Ctx<'_>, coll: &str) -> CmdResult<Vec<Document>> {
-    let specs = ctx
-        .database()?
-        .collection(coll)
-        .list_indexes()
-        .unwrap_or_default();
-    let since =
+    let c = ctx.database()?.collection(coll);
+    let specs = c.list_indexes().unwrap_or_default();
+    let usage = c.index_usage();
+    let started =
         DateTime::from_system_time(std::time::SystemTime::now() - ctx.state.started.elapsed());
     Ok(specs
         .into_iter()
         .map(|spec| {
+            let name = spec.get_str("name").unwrap_or_default();
+            let (ops, since) = usage
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map_or((0, started), |(_, ops, since)| {
+                    (*ops, DateTime::from_system_time(*since))
+                });
             doc! {
-                "name": spec.get_str("name").unwrap_or_default(),
+                "name": name,
                 "key": spec.get_document("key").cloned().unwrap_or_default(),
                 "host": host(ctx),
-                "accesses": {"ops": 0_i64, "since": since},
+                "accesses": {"ops": i64::try_from(ops).unwrap_or(i64::MAX), "since": since},
                 "spec": spec.clone(),
             }
         })

@@ -131,6 +131,21 @@ impl Collection {
         state.collection(self.name()).map(|c| c.vls.stats())
     }
 
+    /// Each index's use since it was built or loaded (`$indexStats`'
+    /// `accesses`): `(name, ops, since)`, `_id` first, then the secondary
+    /// indexes in creation order; empty when the collection does not exist.
+    /// O(indexes).
+    pub fn index_usage(&self) -> Vec<(String, u64, std::time::SystemTime)> {
+        let state = self.database().writer().published();
+        let Some(c) = state.collection(self.name()) else {
+            return Vec::new();
+        };
+        std::iter::once((ID_INDEX_NAME.to_string(), &c.id_usage))
+            .chain(c.indexes.iter().map(|i| (i.spec.name.clone(), &i.usage)))
+            .map(|(name, u)| (name, u.ops(), u.since()))
+            .collect()
+    }
+
     /// Walk the latest version of the collection and check every invariant
     /// the engine knows (see the module doc); NamespaceNotFound when it does
     /// not exist. Damage is reported in [`Validation::errors`], never as an

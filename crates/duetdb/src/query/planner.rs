@@ -894,6 +894,20 @@ pub fn plan(
     })
 }
 
+/// Count one use of the index `access` walks (`$indexStats`' `accesses.ops`),
+/// once per read that starts walking it: every executor of a plan calls this.
+pub fn record_use(coll: &CollectionState, access: &Access) {
+    match access {
+        Access::CollScan { .. } => {}
+        Access::IdPoints { .. } | Access::IdRange { .. } => coll.id_usage.record(),
+        Access::IndexScan { index, .. } => {
+            if let Some(index) = coll.index(index) {
+                index.usage.record();
+            }
+        }
+    }
+}
+
 /// Visit every document of `coll` that the plan reaches and `filter` matches, in
 /// the plan's order, until `visit` breaks.
 pub fn execute<F>(coll: &CollectionState, plan: &Plan, filter: &Filter, visit: F) -> Result<()>
@@ -917,6 +931,7 @@ pub fn execute_with<F>(
 where
     F: FnMut(RecordId, &DocRef) -> ControlFlow<()>,
 {
+    record_use(coll, &plan.access);
     let mut examined = 0usize;
     let mut tick = || -> Result<()> {
         examined += 1;

@@ -27,7 +27,7 @@ use bson::RawBson;
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
 use crate::query::limits::PAGE_DOCS;
-use crate::query::planner::{Access, Plan};
+use crate::query::planner::{self, Access, Plan};
 use crate::query::Filter;
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
@@ -80,6 +80,7 @@ pub struct Walk {
 impl Walk {
     /// The start of `plan`'s walk over `coll`.
     pub fn new(coll: &CollectionState, plan: &Plan) -> Walk {
+        planner::record_use(coll, &plan.access);
         let pos = match &plan.access {
             Access::CollScan { reverse: false } => Pos::Rids { next: 0 },
             Access::CollScan { reverse: true } => {

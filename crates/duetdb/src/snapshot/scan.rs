@@ -293,6 +293,9 @@ where
             reverse,
             ..
         } if !reverse => {
+            if let Some(c) = writer.published().collection(coll) {
+                planner::record_use(c, &plan.access);
+            }
             for (lo, hi) in intervals {
                 let mut lower: Bound<(IndexKey, RecordId)> = lo.clone();
                 loop {

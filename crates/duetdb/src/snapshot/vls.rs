@@ -618,9 +618,15 @@ fn register(
     }
     let captured = match index {
         None => None,
-        Some(IndexRef::Id) => Some(IndexAtStart::Id(c.id_index.clone())),
+        Some(IndexRef::Id) => {
+            c.id_usage.record();
+            Some(IndexAtStart::Id(c.id_index.clone()))
+        }
         Some(IndexRef::Secondary(name)) => match c.index(name) {
-            Some(ix) => Some(IndexAtStart::Secondary(ix.tree.clone())),
+            Some(ix) => {
+                ix.usage.record();
+                Some(IndexAtStart::Secondary(ix.tree.clone()))
+            }
             // Dropped since planning: the scan cannot be answered as planned.
             None => return Registration::Gone,
         },

@@ -24,7 +24,7 @@ use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
 use crate::store::btree::BTree;
 use crate::store::heap::{Heap, RecordId};
-use crate::store::index::{IndexKey, IndexKind, IndexSpec, IndexState, ValueKey};
+use crate::store::index::{IndexKey, IndexKind, IndexSpec, IndexState, IndexUsage, ValueKey};
 use crate::store::options::CollectionOptions;
 use crate::store::vls::{CollectionVls, VlsOptions};
 
@@ -77,6 +77,8 @@ pub struct CollectionState {
     pub vls: Arc<CollectionVls>,
     /// `create`/`collMod` options (checkpointed, logged by `SetOptions`).
     pub options: CollectionOptions,
+    /// Reads that used the `_id` index (`IDHACK` or an `_id` range).
+    pub id_usage: Arc<IndexUsage>,
 }
 
 impl CollectionState {
@@ -90,6 +92,7 @@ impl CollectionState {
             data_bytes: 0,
             vls: Arc::new(CollectionVls::new(vls)),
             options: CollectionOptions::default(),
+            id_usage: IndexUsage::new(),
         }
     }
 

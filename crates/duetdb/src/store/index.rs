@@ -25,9 +25,14 @@
 //!   one per cell of each shape the field holds; a document without the
 //!   field (or with null there) has no entry (MongoDB's 2dsphere v2+ rule),
 //!   and one whose field is not a valid shape is refused (16755).
+//! - [`IndexUsage`] is shared by every version of one index (an `Arc`): it
+//!   counts the reads that used it since it was built or loaded (`$indexStats`'
+//!   `accesses`), is never checkpointed and restarts at 0, as MongoDB's.
 
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bson::raw::RawDocument;
 use bson::{Bson, Document, RawBson, RawBsonRef};
@@ -781,12 +786,44 @@ fn default_name(keys: &Document) -> String {
         .join("_")
 }
 
+/// How often an index served a read, and since when (`$indexStats`'
+/// `accesses`). One atomic add per read that walks the index.
+#[derive(Debug)]
+pub struct IndexUsage {
+    ops: AtomicU64,
+    since: SystemTime,
+}
+
+impl IndexUsage {
+    pub fn new() -> Arc<IndexUsage> {
+        Arc::new(IndexUsage {
+            ops: AtomicU64::new(0),
+            since: SystemTime::now(),
+        })
+    }
+
+    /// One more read used the index.
+    pub fn record(&self) {
+        self.ops.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+
+    pub fn ops(&self) -> u64 {
+        self.ops.load(AtomicOrdering::Relaxed)
+    }
+
+    pub fn since(&self) -> SystemTime {
+        self.since
+    }
+}
+
 /// One secondary index of a collection version. Cloning is O(1).
 #[derive(Debug, Clone)]
 pub struct IndexState {
     pub spec: Arc<IndexSpec>,
     pub tree: BTree<(IndexKey, RecordId), ()>,
     pub multikey: bool,
+    /// Shared by all versions of this index.
+    pub usage: Arc<IndexUsage>,
 }
 
 impl IndexState {
@@ -795,6 +832,7 @@ impl IndexState {
             spec: Arc::new(spec),
             tree: BTree::new(),
             multikey: false,
+            usage: IndexUsage::new(),
         }
     }
 
