@@ -321,7 +321,10 @@ def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
     lsid = {"id": bson.Binary(os.urandom(16), 4)}
     insert = {"insert": "retry", "$db": "app", "documents": [{"_id": 1}],
               "lsid": lsid, "txnNumber": bson.Int64(7)}
-    sock = wire.connect(p.port)
+    # A primary younger than its followers' leader lease (5 s) cannot hand
+    # over at once: its heir's first election is refused and it stands
+    # again after its election timeout.
+    sock = wire.connect(p.port, timeout=20)
     try:
         assert wire.command(sock, insert)["n"] == 1
         assert wire.command(sock, {"replSetStepDown": 30, "$db": "admin"})["ok"] == 1
@@ -329,6 +332,9 @@ def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
         sock.close()
     q = primary_of(cluster)
     assert q is not p
+    # The stepping-down primary asked its heir to stand (Raft TimeoutNow).
+    assert any("asked to stand for election" in m.log_path.read_text()
+               for m in cluster if m is not p)
     sock = wire.connect(q.port)
     try:
         wait_for("the new primary to apply the write", lambda: wire.command(

@@ -322,6 +322,14 @@ impl Member {
         self.shared.applied_index.load(Ordering::Acquire)
     }
 
+    /// Index of the last entry in this member's Raft log. On the primary,
+    /// every write it acknowledged is at or below it (a write is answered
+    /// once appended, before this member applies it: `applied_index` may
+    /// still be behind the client's own write).
+    pub fn last_log_index(&self) -> u64 {
+        self.raft.metrics().borrow().last_log_index.unwrap_or(0)
+    }
+
     /// The highest cluster time of the groups this member applied (group
     /// times are the primary's, carried in the replicated records, so a time
     /// means the same write on every member).
@@ -467,8 +475,24 @@ impl Member {
         self.raft.runtime_config().elect(false);
         self.raft.runtime_config().heartbeat(false);
         let me = self.opts.member_id;
+        // The follower holding the most of the log (all of it, unless
+        // writes are in flight) is the one a vote can elect.
+        let heir = {
+            let m = self.raft.metrics().borrow().clone();
+            m.replication.as_ref().and_then(|r| {
+                r.iter()
+                    .filter(|(id, _)| **id != me)
+                    .max_by_key(|(_, l)| l.map_or(0, |l| l.index))
+                    .and_then(|(id, _)| self.opts.members.get(*id as usize).cloned())
+            })
+        };
         let mut rx = self.raft.metrics();
         let moved = self.runtime.block_on(async move {
+            if let Some(addr) = heir {
+                if !crate::network::ask_to_step_up(&addr).await {
+                    tracing::info!(member = %addr, "the chosen member did not stand for election; waiting for an election timeout");
+                }
+            }
             tokio::time::timeout(wait, async move {
                 loop {
                     if rx.borrow_and_update().current_leader != Some(me) {

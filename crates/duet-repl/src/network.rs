@@ -48,6 +48,11 @@ enum RpcRequest {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// Raft's TimeoutNow (leadership transfer, Ongaro's thesis §3.10): the
+    /// stepping-down primary asks its most caught-up follower to stand for
+    /// election now instead of after its election timeout plus the leader
+    /// lease (7.5-10 s here).
+    StepUp,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,6 +60,8 @@ enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// Whether the member started an election.
+    StepUp(bool),
 }
 
 /// The Raft address (`host:port`) of the member whose wire address is `wire`.
@@ -224,6 +231,20 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Ask the member whose wire address is `addr` to stand for election now
+/// (see [`RpcRequest::StepUp`]); whether it did.
+pub async fn ask_to_step_up(addr: &str) -> bool {
+    let mut peer = Peer {
+        target: 0,
+        addr: raft_address(addr),
+        conn: None,
+    };
+    matches!(
+        peer.call(&RpcRequest::StepUp, Duration::from_secs(2)).await,
+        Ok(RpcReply::StepUp(true))
+    )
+}
+
 /// Whether this member's log holds nothing but (at most) the initial
 /// membership, and no snapshot (see the module documentation).
 fn amnesiac(raft: &Raft) -> bool {
@@ -280,6 +301,10 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                     }
                     RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                     RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+                    RpcRequest::StepUp => {
+                        tracing::info!(%peer, "asked to stand for election (primary stepping down)");
+                        RpcReply::StepUp(raft.trigger().elect().await.is_ok())
+                    }
                 };
                 let Ok(out) = bincode::serialize(&reply) else {
                     return;

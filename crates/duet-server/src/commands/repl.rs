@@ -423,7 +423,9 @@ pub fn after(
         return Ok(reply);
     }
     let mut reply = reply;
-    if !m.wait_for_members(m.applied_index(), n, wtimeout) {
+    // The client's write is in the log but maybe not yet applied here:
+    // wait for the log's end, which is at or past it.
+    if !m.wait_for_members(m.last_log_index(), n, wtimeout) {
         reply.insert(
             "writeConcernError",
             doc! {
