@@ -212,6 +212,48 @@ def test_out_and_merge_publish_at_once(db, shop):
     assert e.value.code == 51183
 
 
+def test_out_and_merge_into_another_database(client, db, shop):
+    """MongoDB 4.4+ writes $out/$merge targets in another database
+    ({db, coll}); the target database is created by the write, and a
+    failed write leaves none behind."""
+    other = db.name + "_x"
+    client.drop_database(other)
+    try:
+        db.orders.aggregate([
+            {"$group": {"_id": "$status", "n": {"$sum": 1}}},
+            {"$out": {"db": other, "coll": "summary"}},
+        ])
+        assert other in client.list_database_names()
+        assert sorted((d["_id"], d["n"]) for d in client[other].summary.find()) == [
+            ("cancelled", 100), ("paid", 100), ("shipped", 100)]
+        db.orders.aggregate([
+            {"$match": {"status": "paid"}},
+            {"$group": {"_id": "$status", "m": {"$sum": 1}}},
+            {"$merge": {"into": {"db": other, "coll": "summary"}, "whenMatched": "merge"}},
+        ])
+        assert client[other].summary.find_one({"_id": "paid"}) == {"_id": "paid", "n": 100, "m": 100}
+        # {aggregate: 1} with $documents into another database.
+        db.command("aggregate", 1, pipeline=[
+            {"$documents": [{"_id": 1}, {"_id": 2}]},
+            {"$out": {"db": other, "coll": "docs"}},
+        ], cursor={})
+        assert client[other].docs.count_documents({}) == 2
+        # A failed $out into a database that does not exist creates nothing.
+        missing = db.name + "_y"
+        client.drop_database(missing)
+        with pytest.raises(OperationFailure) as e:
+            db.orders.aggregate([{"$project": {"_id": {"$mod": ["$_id", 2]}}},
+                                 {"$out": {"db": missing, "coll": "c"}}])
+        assert e.value.code == 11000
+        assert missing not in client.list_database_names()
+        # A named snapshot is not a target.
+        with pytest.raises(OperationFailure) as e:
+            db.orders.aggregate([{"$out": {"db": other + "@snap", "coll": "c"}}])
+        assert e.value.code == 73
+    finally:
+        client.drop_database(other)
+
+
 def test_database_aggregate_let_and_errors(db, shop):
     out = list(db.aggregate([
         {"$documents": [{"c": 1}, {"c": 2}, {"c": 99}]},

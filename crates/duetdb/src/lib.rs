@@ -35,6 +35,7 @@ pub use bson;
 
 // The embedded API.
 pub use api::engine::validate_db_name;
+pub use api::out::output_database;
 pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,

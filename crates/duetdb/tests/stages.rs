@@ -281,6 +281,22 @@ fn out_replaces_the_target_in_one_command() {
             .code(),
         115
     );
+    // Given the other database, the output lands there, in one command.
+    let other = Database::named("other", None);
+    db.collection("orders")
+        .aggregate_into(
+            vec![
+                doc! {"$match": {"_id": {"$lt": 5}}},
+                doc! {"$out": {"db": "other", "coll": "x"}},
+            ],
+            Strategy::Cow,
+            &ReadLimits::default(),
+            None,
+            Some(&other),
+        )
+        .expect("$out into other");
+    assert_eq!(other.collection("x").count(doc! {}).expect("count"), 5);
+    assert!(!db.list_collection_names().contains(&"x".to_string()));
 }
 
 #[test]

@@ -110,10 +110,7 @@ impl Ctx<'_> {
 
     /// [`Ctx::database`] for a database named in the command (renameCollection).
     pub fn database_named(&self, name: &str) -> CmdResult<Database> {
-        let tagged = |db: Database| match &self.origin {
-            Some(o) => db.with_origin(o.clone()),
-            None => db,
-        };
+        let tagged = |db: Database| self.tagged(db);
         if self.create {
             let (db, created) = self.state.engine.database_created(name)?;
             if created && name == self.db {
@@ -127,6 +124,22 @@ impl Ctx<'_> {
                 .get(name)?
                 .unwrap_or_else(|| Database::named(name, None)),
         ))
+    }
+
+    /// Database `name` opened for a write the command makes there (a
+    /// cross-database `$out`), created if missing; whether this created it.
+    pub fn database_created_named(&self, name: &str) -> CmdResult<(Database, bool)> {
+        let (db, created) = self.state.engine.database_created(name)?;
+        Ok((self.tagged(db), created))
+    }
+
+    /// `db` writing as this command's client operation (a retryable
+    /// write's tag, replicated with its writes).
+    fn tagged(&self, db: Database) -> Database {
+        match &self.origin {
+            Some(o) => db.with_origin(o.clone()),
+            None => db,
+        }
     }
 
     /// Make `txn`, a transaction on database `name` with writes to commit,

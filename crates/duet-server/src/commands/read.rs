@@ -39,6 +39,7 @@ use duetdb::lang::Projection;
 use duetdb::raw::DocRef;
 use duetdb::FindOptions;
 
+use super::snapdb;
 use super::source::{read_limits, read_source, Target};
 use super::Ctx;
 use crate::args;
@@ -533,7 +534,11 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             let first =
                 first_batch_size(args::opt_doc(cmd, "cursor")?.unwrap_or(&Document::new()))?;
             let limits = read_limits(ctx, cmd)?;
-            let docs = ctx.database()?.aggregate(stages, &limits, let_vars)?;
+            let docs = with_output_database(ctx, &stages, |out| {
+                ctx.database()?
+                    .aggregate_into(stages.clone(), &limits, let_vars, out)
+                    .map_err(Into::into)
+            })?;
             let cursor = Cursor::from_owned(ctx.ns("$cmd.aggregate"), ctx.conn.id, docs);
             return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
         }
@@ -574,9 +579,13 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             && !matches!(super::read_concern(cmd)?, super::ReadConcern::Default);
     if writes && !target.in_transaction() && !held_on_purpose {
         let strategy = super::duet_strategy(cmd)?.unwrap_or(duetdb::Strategy::Cow);
-        ctx.database()?
-            .collection(coll)
-            .aggregate_let(stages, strategy, &limits, let_vars)?;
+        with_output_database(ctx, &stages, |out| {
+            ctx.database()?
+                .collection(coll)
+                .aggregate_into(stages.clone(), strategy, &limits, let_vars, out)
+                .map(drop)
+                .map_err(Into::into)
+        })?;
         let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, Vec::new());
         return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
     }
@@ -590,6 +599,34 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         false,
         source.at(),
     )
+}
+
+/// Run `f` with the database a final `$out`/`$merge` of `stages` names
+/// when it is not the command's own (MongoDB writes across databases):
+/// opened, created if missing, and forgotten again if the run failed
+/// before creating anything in it.
+fn with_output_database<T>(
+    ctx: &Ctx<'_>,
+    stages: &[Document],
+    f: impl FnOnce(Option<&duetdb::Database>) -> CmdResult<T>,
+) -> CmdResult<T> {
+    let Some(name) = duetdb::output_database(stages).filter(|d| d != snapdb::base(ctx.db)) else {
+        return f(None);
+    };
+    if snapdb::split(&name)?.is_some() {
+        return Err(CommandError::new(
+            73,
+            "InvalidNamespace",
+            format!("cannot write into '{name}': a named snapshot is read-only"),
+        ));
+    }
+    let (db, created) = ctx.database_created_named(&name)?;
+    let r = f(Some(&db));
+    drop(db);
+    if created {
+        ctx.state.engine.discard_if_unused(&name);
+    }
+    r
 }
 
 /// `explain` (never in a transaction): see `explain.rs`.

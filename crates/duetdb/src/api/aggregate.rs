@@ -124,6 +124,22 @@ impl Collection {
         limits: &ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
+        self.aggregate_into(pipeline, strategy, limits, let_vars, None)
+    }
+
+    /// [`Collection::aggregate_let`] whose `$out`/`$merge` writes into
+    /// `out_db` (`None`: this collection's database): the target of a stage
+    /// naming another database (`{db, coll}`, as MongoDB allows). The output
+    /// is still one writer command, of the target's writer.
+    pub fn aggregate_into(
+        &self,
+        pipeline: Vec<Document>,
+        strategy: Strategy,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+        out_db: Option<&Database>,
+    ) -> Result<(Vec<Document>, AggregateExplain)> {
+        let out_db = out_db.unwrap_or(self.database());
         let state = self.database().writer().published();
         let pipeline = geo_key(pipeline, state.collection(self.name()))?;
         drop(state);
@@ -133,7 +149,7 @@ impl Collection {
             let docs = self.database().run_documents(&p, limits)?;
             let explain = documents_explain(&p, self.database().csn());
             if let Some(out) = p.output() {
-                self.database().write_output(out, docs)?;
+                out_db.write_output(out, docs)?;
                 return Ok((Vec::new(), explain));
             }
             return Ok((docs, explain));
@@ -153,7 +169,7 @@ impl Collection {
         };
         match p.output() {
             Some(out) => {
-                self.database().write_output(out, docs)?;
+                out_db.write_output(out, docs)?;
                 Ok((Vec::new(), explain))
             }
             None => Ok((docs, explain)),
@@ -457,6 +473,18 @@ impl Database {
         limits: &ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
+        self.aggregate_into(pipeline, limits, let_vars, None)
+    }
+
+    /// [`Database::aggregate`] whose `$out`/`$merge` writes into `out_db`
+    /// (`None`: this database), as [`Collection::aggregate_into`].
+    pub fn aggregate_into(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+        out_db: Option<&Database>,
+    ) -> Result<Vec<Document>> {
         let mut p = prepare_with(&pipeline, let_vars)?;
         p.limit_memory(limits.memory_limit_bytes);
         if !p.documents {
@@ -475,7 +503,7 @@ impl Database {
         let docs = self.run_documents(&p, limits)?;
         match p.output() {
             Some(out) => {
-                self.write_output(out, docs)?;
+                out_db.unwrap_or(self).write_output(out, docs)?;
                 Ok(Vec::new())
             }
             None => Ok(docs),

@@ -12,8 +12,9 @@
 //!
 //! Limits: the whole output is applied in one writer step (it holds the
 //! writer while it runs, like a large update) and logged as one WAL record
-//! (over 1 GiB: 257 TransactionTooLarge). Only the pipeline's own database
-//! is a target (another: 115 CommandNotSupported).
+//! (over 1 GiB: 257 TransactionTooLarge). A target in another database
+//! (`{db, coll}`) is written by that database's writer: the caller opens
+//! it ([`output_database`]); one that is not passed in is refused (115).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,6 +28,23 @@ use crate::query::aggregate::{merged_version, MergeSpec, Output};
 use crate::store::index::ValueKey;
 use crate::store::DbState;
 use crate::txn::{apply_commit, Isolation, Pending, PlantedBug, TxnCommit, WriteSet};
+
+/// The database a pipeline's final `$out`/`$merge` names (`{db, coll}`),
+/// when it names one: the caller opens it and passes it to
+/// [`crate::Collection::aggregate_into`]. A malformed stage says `None`;
+/// the pipeline's own parse reports it.
+pub fn output_database(pipeline: &[Document]) -> Option<String> {
+    let last = pipeline.last()?;
+    let target = match (last.get("$out"), last.get("$merge")) {
+        (Some(Bson::Document(d)), _) => d,
+        (_, Some(Bson::Document(m))) => match m.get("into") {
+            Some(Bson::Document(d)) => d,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    target.get_str("db").ok().map(str::to_string)
+}
 
 impl Database {
     /// Write `docs` as `out` says (see the module doc).
