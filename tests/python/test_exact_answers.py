@@ -197,6 +197,27 @@ def test_explain_verbosities(db):
     assert x.value.code == 9
 
 
+def test_explain_lists_the_plans_it_chose_against(db):
+    db.r.insert_many([{"_id": i, "a": i % 10, "b": i % 7, "c": i} for i in range(200)])
+    db.r.create_index("a")
+    db.r.create_index("b")
+    db.r.create_index([("a", 1), ("c", 1)])
+    p = db.r.find({"a": 3, "b": 2}).explain()["queryPlanner"]
+    win = p["winningPlan"]["inputStage"]["indexName"]
+    lost = sorted(r["inputStage"]["indexName"] for r in p["rejectedPlans"])
+    assert win not in lost and sorted(lost + [win]) == ["a_1", "a_1_c_1", "b_1"], (win, lost)
+    for r in p["rejectedPlans"]:
+        assert r["stage"] == "FETCH" and r["filter"] == {"a": 3, "b": 2}
+    # An _id range that lost to an index is listed; an _id point lookup,
+    # a hint and a query no index helps have nothing to reject.
+    p = db.r.find({"_id": {"$gt": 5}, "a": 3, "c": {"$gt": 10}}).explain()["queryPlanner"]
+    assert p["winningPlan"]["inputStage"]["indexName"] == "a_1_c_1"
+    assert sorted(r["inputStage"]["indexName"] for r in p["rejectedPlans"]) == ["_id_", "a_1"]
+    assert db.r.find({"_id": 4, "a": 4}).explain()["queryPlanner"]["rejectedPlans"] == []
+    assert db.r.find({"a": 3, "b": 2}).hint("b_1").explain()["queryPlanner"]["rejectedPlans"] == []
+    assert db.r.find({"c": 3}).explain()["queryPlanner"]["rejectedPlans"] == []
+
+
 def test_explain_of_writes_does_not_write(db):
     db.w.insert_many([{"_id": i, "a": i % 3} for i in range(9)])
     e = db.command({"explain": {"update": "w", "updates": [{"q": {"a": 1}, "u": {"$set": {"a": 1}},

@@ -13,8 +13,12 @@
 //!   `totalKeysExamined`, `totalDocsExamined` and the stage tree with
 //!   per-stage counters. Keys and documents are counted as the read runs
 //!   (`ReadLimits::examined`: the executors count index entries and every
-//!   document they test), never estimated. The engine keeps one plan per
-//!   query, so `rejectedPlans` and `allPlansExecution` are empty.
+//!   document they test), never estimated. The planner is rule-based (it
+//!   ranks index bounds, it does not race plans): `rejectedPlans` lists the
+//!   other indexes (and the `_id` range) that could have answered, as their
+//!   access paths (`FETCH`/`IXSCAN` with the filter, without the command's
+//!   `SORT`/`LIMIT`/projection stages), and `allPlansExecution` is empty
+//!   because only the winner runs.
 //! - duetdb's own facts — the strategy that runs and why, the requested
 //!   strategy, the snapshot's csn, a pipeline's split — are in one `duet`
 //!   sub-document.
@@ -84,6 +88,7 @@ pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         source: &source,
         verbosity: v,
         limits_cmd: options,
+        rejected: Default::default(),
     };
     let mut out = match name {
         "find" => ex.find(&FindPlan::from_find(inner)?)?,
@@ -123,6 +128,7 @@ pub fn aggregate_explain_flag(
         source,
         verbosity: Verbosity::QueryPlanner,
         limits_cmd: cmd,
+        rejected: Default::default(),
     };
     let mut out = ex.aggregate(stages)?;
     out.insert("ok", 1.0);
@@ -137,6 +143,9 @@ struct Explainer<'a, 'c, 's> {
     verbosity: Verbosity,
     /// The command whose read options (`allowDiskUse`) the execution uses.
     limits_cmd: &'a Document,
+    /// The access paths the engine's planner chose against, from the last
+    /// [`Explainer::plan`].
+    rejected: std::cell::RefCell<Vec<Document>>,
 }
 
 /// What one execution counted.
@@ -172,6 +181,20 @@ impl Explainer<'_, '_, '_> {
             .cloned()
             .unwrap_or_else(|_| doc! {"stage": "EOF"});
         let blocking = base.remove("blockingSortIfRequested").is_some();
+        let rejected = engine
+            .get_document("queryPlanner")
+            .and_then(|q| q.get_array("rejectedPlans"))
+            .map(|r| {
+                r.iter()
+                    .filter_map(|p| p.as_document().cloned())
+                    .map(|mut p| {
+                        p.remove("blockingSortIfRequested");
+                        p
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        *self.rejected.borrow_mut() = rejected;
         Ok((base, blocking, duet_facts(&engine)))
     }
 
@@ -219,7 +242,13 @@ impl Explainer<'_, '_, '_> {
             "maxScansToExplodeReached": false,
         };
         planner.insert("winningPlan", tree(base.clone(), &stages, None));
-        planner.insert("rejectedPlans", Bson::Array(Vec::new()));
+        let rejected: Vec<Bson> = self
+            .rejected
+            .take()
+            .into_iter()
+            .map(|p| Bson::Document(with_filter(p, filter)))
+            .collect();
+        planner.insert("rejectedPlans", Bson::Array(rejected));
         let mut out = doc! {"explainVersion": "1", "queryPlanner": planner};
         if let Some((c, returned)) = run {
             let mut stats = doc! {

@@ -456,8 +456,8 @@ impl Find {
     pub fn explain(self) -> Result<Document> {
         let (spec, _) = self.spec()?;
         let state = self.source.state();
-        let plan: Plan = match state.collection(&self.coll) {
-            Some(c) => planner::plan(
+        let (plan, rejected): (Plan, Vec<Plan>) = match state.collection(&self.coll) {
+            Some(c) => planner::plan_with_rejected(
                 c,
                 spec.filter
                     .as_ref()
@@ -485,6 +485,7 @@ impl Find {
                 "namespace": self.coll.clone(),
                 "parsedQuery": self.filter.clone(),
                 "winningPlan": plan.explain(),
+                "rejectedPlans": rejected.iter().map(|p| Bson::Document(p.explain())).collect::<Vec<_>>(),
                 "summary": plan.summary(),
             },
             "csn": state.csn as i64,

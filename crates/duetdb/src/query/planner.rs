@@ -778,6 +778,32 @@ pub fn plan(
     sort: Option<&SortSpec>,
     hint: Option<&Hint>,
 ) -> Result<Plan> {
+    plan_among(coll, filter, sort, hint, None)
+}
+
+/// [`plan`], and the plans it chose against (explain's `rejectedPlans`):
+/// every other index that could answer the query, and the `_id` range when
+/// an index won over it. None when a hint, an `_id` point lookup or `$near`
+/// decides alone, or when no index applies (a collection scan is no
+/// candidate beside an index, as in MongoDB's planner).
+pub fn plan_with_rejected(
+    coll: &CollectionState,
+    filter: &Filter,
+    sort: Option<&SortSpec>,
+    hint: Option<&Hint>,
+) -> Result<(Plan, Vec<Plan>)> {
+    let mut rejected = Vec::new();
+    let p = plan_among(coll, filter, sort, hint, Some(&mut rejected))?;
+    Ok((p, rejected))
+}
+
+fn plan_among(
+    coll: &CollectionState,
+    filter: &Filter,
+    sort: Option<&SortSpec>,
+    hint: Option<&Hint>,
+    mut rejected: Option<&mut Vec<Plan>>,
+) -> Result<Plan> {
     let sargs = filter.sargs();
     let geo = filter.geo_sargs();
     // A `$near`'s distance order is a sort no index order gives.
@@ -845,6 +871,10 @@ pub fn plan(
         }
     }
     let mut best: Option<IndexCandidate> = None;
+    let as_plan = |c: IndexCandidate| Plan {
+        access: c.access,
+        provides_sort: c.provides_sort,
+    };
     for index in &coll.indexes {
         if !index_usable(index, &sargs) {
             continue;
@@ -859,14 +889,21 @@ pub fn plan(
             None => true,
             Some(b) => (c.score, c.provides_sort) > (b.score, b.provides_sort),
         };
-        if better {
-            best = Some(c);
+        let loser = if better { best.replace(c) } else { Some(c) };
+        if let (Some(r), Some(l)) = (rejected.as_deref_mut(), loser) {
+            r.push(as_plan(l));
         }
     }
     if let Some(p) = plan_id(&sargs, sort) {
         // An _id range competes with a secondary range of the same strength.
         if best.as_ref().is_none_or(|b| b.score <= 1) {
+            if let (Some(r), Some(b)) = (rejected, best) {
+                r.push(as_plan(b));
+            }
             return Ok(p);
+        }
+        if let Some(r) = rejected {
+            r.push(p);
         }
     }
     if let Some(b) = best {
