@@ -37,30 +37,12 @@ tool() {
 }
 MONGODUMP=$(tool mongodump)
 MONGORESTORE=$(tool mongorestore)
-[[ -x $DUET ]] || { echo "oplog_tools: $DUET missing: cargo build -p duet" >&2; exit 2; }
-[[ -x $PY ]] || { echo "oplog_tools: $PY missing: python3 -m venv .venv && .venv/bin/pip install -r tests/python/requirements.txt" >&2; exit 2; }
+NAME=oplog_tools
+# shellcheck source=lib/serve.sh
+source scripts/lib/serve.sh
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-serve() { # serve NAME PORT
-  "$DUET" serve --bind 127.0.0.1 --port "$2" --data-dir "$WORK/$1" "${EXTRA[@]}" >"$WORK/$1.log" 2>&1 &
-  PIDS+=($!)
-  for _ in $(seq 100); do
-    if "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $2), 0.2)" 2>/dev/null; then return; fi
-    sleep 0.1
-  done
-  echo "oplog_tools: duet serve ($1) did not start" >&2; cat "$WORK/$1.log" >&2; exit 1
-}
-
-SRC_PORT=$(free_port); serve src "$SRC_PORT"
-DST_PORT=$(free_port); serve dst "$DST_PORT"
+SRC_PORT=$(free_port); serve src "$SRC_PORT" "${EXTRA[@]}"
+DST_PORT=$(free_port); serve dst "$DST_PORT" "${EXTRA[@]}"
 SRC="mongodb://127.0.0.1:$SRC_PORT/?directConnection=true"
 DST="mongodb://127.0.0.1:$DST_PORT/?directConnection=true"
 

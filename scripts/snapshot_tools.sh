@@ -55,24 +55,12 @@ build_tools
 MONGODUMP=$(tool mongodump)
 MONGOEXPORT=$(tool mongoexport)
 MONGORESTORE=$(tool mongorestore)
-[[ -x $DUET ]] || { echo "snapshot_tools: $DUET missing: cargo build -p duet" >&2; exit 2; }
-[[ -x $PY ]] || { echo "snapshot_tools: $PY missing: python3 -m venv .venv && .venv/bin/pip install -r tests/python/requirements.txt" >&2; exit 2; }
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$DUET" serve --bind 127.0.0.1 --port "$PORT" --data-dir "$WORK/data" >"$WORK/serve.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do
-  if "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $PORT), 0.2)" 2>/dev/null; then break; fi
-  sleep 0.1
-done
+NAME=snapshot_tools
+# shellcheck source=lib/serve.sh
+source scripts/lib/serve.sh
+PORT=$(free_port)
+serve data "$PORT"
 URI="mongodb://127.0.0.1:$PORT/?directConnection=true"
 
 echo "== seed shop, take the snapshot 'nightly', record its state"

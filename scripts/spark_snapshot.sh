@@ -24,8 +24,6 @@ ROOT=$(pwd)
 DUET=${DUET_BIN:-$ROOT/target/debug/duet}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 M2=${M2_REPO:-$ROOT/.cache/m2}
-[[ -x $DUET ]] || { echo "spark_snapshot: $DUET missing: cargo build -p duet" >&2; exit 2; }
-[[ -x $PY ]] || { echo "spark_snapshot: $PY missing: python3 -m venv .venv && .venv/bin/pip install -r tests/python/requirements.txt" >&2; exit 2; }
 command -v mvn >/dev/null && command -v java >/dev/null || { echo "spark_snapshot: needs java and mvn" >&2; exit 2; }
 
 echo "== build the Spark job (first run downloads Spark and the connector)"
@@ -33,21 +31,11 @@ echo "== build the Spark job (first run downloads Spark and the connector)"
   -Dmdep.outputFile=target/classpath.txt)
 CP="$ROOT/scripts/spark/target/spark-snapshot-0.1.0.jar:$(cat scripts/spark/target/classpath.txt)"
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$DUET" serve --bind 127.0.0.1 --port "$PORT" --data-dir "$WORK/data" >"$WORK/serve.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do
-  if "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $PORT), 0.2)" 2>/dev/null; then break; fi
-  sleep 0.1
-done
+NAME=spark_snapshot
+# shellcheck source=lib/serve.sh
+source scripts/lib/serve.sh
+PORT=$(free_port)
+serve data "$PORT"
 URI="mongodb://127.0.0.1:$PORT/?directConnection=true"
 
 echo "== seed shop.items, take the snapshot 'nightly', record its figures"

@@ -68,11 +68,12 @@ pub struct Near {
     pub planar: bool,
 }
 
-fn bad(msg: impl Into<String>) -> Error {
+pub(crate) fn bad(msg: impl Into<String>) -> Error {
     Error::bad_value(msg)
 }
 
-fn number(v: &Bson) -> Option<f64> {
+/// A BSON number as a double (`None` for anything else).
+pub(crate) fn number(v: &Bson) -> Option<f64> {
     match v {
         Bson::Double(d) => Some(*d),
         Bson::Int32(i) => Some(f64::from(*i)),

@@ -20,7 +20,7 @@ use super::stages::{set_mapping_arrays, Cur};
 use super::{ParseCtx, Stage};
 use crate::error::{Error, Result};
 use crate::query::filter::Filter;
-use crate::query::geo::NearSort;
+use crate::query::geo::{bad, number, NearSort};
 use crate::query::sort::SortSpec;
 
 /// What `$geoNear` adds to each document.
@@ -30,20 +30,6 @@ pub(super) struct GeoNear {
     distance_field: Vec<String>,
     include_locs: Option<Vec<String>>,
     multiplier: f64,
-}
-
-fn bad(msg: impl Into<String>) -> Error {
-    Error::bad_value(msg)
-}
-
-fn number(v: &Bson) -> Option<f64> {
-    match v {
-        Bson::Double(d) => Some(*d),
-        Bson::Int32(i) => Some(f64::from(*i)),
-        Bson::Int64(i) => Some(*i as f64),
-        Bson::Decimal128(d) => Some(crate::doc::value::decimal_to_f64(*d)),
-        _ => None,
-    }
 }
 
 fn field_path(name: &str, v: &Bson) -> Result<Vec<String>> {
