@@ -100,3 +100,60 @@ def test_half_sent_messages_give_their_memory_back(make_server):
         assert c.admin.command("ping")["ok"] == 1.0
     finally:
         c.close()
+
+
+def test_writes_past_max_memory_fail_clearly_and_resume(make_server):
+    """--max-memory-gb: past it, commands that add data fail with 146
+    ExceededMemoryLimit and change nothing; reads, deletes and drops work;
+    once memory is freed, writes resume."""
+    from pymongo.errors import OperationFailure as OF
+    probe = make_server()
+    with probe.client() as c:
+        mem = c.admin.command("serverStatus")["duet"]["memory"]
+        assert mem["limitBytes"] is None and mem["writesRefused"] == 0
+        base = mem["residentBytes"]
+    probe.stop()
+    assert base > 0
+    srv = make_server("--max-memory-gb", f"{(base + 64 * MB) / 1024 ** 3:.6f}")
+    c = srv.client()
+    try:
+        big = c.t.big
+        pad = "x" * 2000
+        refused = None
+        n = 0
+        for i in range(1000):
+            try:
+                big.insert_many([{"_id": i * 500 + j, "pad": pad} for j in range(500)])
+                n += 500
+            except OF as e:
+                refused = e
+                break
+        assert refused is not None, f"{n} documents inserted, never refused"
+        assert refused.code == 146 and "--max-memory-gb" in str(refused), refused.details
+        # The refused batch changed nothing; reads work.
+        assert big.count_documents({}) == n
+        with pytest.raises(OF) as e:
+            big.update_one({"_id": 0}, {"$set": {"more": pad}}, upsert=True)
+        assert e.value.code == 146
+        with pytest.raises(OF) as e:
+            c.t.create_collection("another")
+        assert e.value.code == 146
+        st = c.admin.command("serverStatus")["duet"]["memory"]
+        # Refusing until back under 90% of the limit, so writes do not flap.
+        assert st["writesRefused"] >= 3 and st["residentBytes"] > 0.9 * st["limitBytes"]
+        # Deletes and drops are not refused; once memory is back, writes are.
+        assert big.delete_many({"_id": {"$lt": 1000}}).deleted_count == 1000
+        big.drop()
+        deadline = time.time() + 30
+        while True:
+            try:
+                c.t.small.insert_one({"_id": 1})
+                break
+            except OF as e:
+                assert e.code == 146
+                if time.time() > deadline:
+                    pytest.fail(f"writes still refused 30 s after the drop: {e}")
+                time.sleep(0.2)
+        assert c.t.small.find_one() == {"_id": 1}
+    finally:
+        c.close()

@@ -37,6 +37,7 @@ pub mod cursor;
 pub mod dupfields;
 pub mod error;
 pub mod logs;
+pub mod memory;
 pub mod metrics;
 pub mod opmsg;
 pub mod opquery;
@@ -126,6 +127,13 @@ pub struct ServeArgs {
     /// MiB all open cursors may hold; a cursor that would pass it is refused (146).
     #[arg(long, default_value_t = state::DEFAULT_MAX_CURSOR_BYTES as f64 / MIB)]
     pub max_cursor_memory_mb: f64,
+    /// GiB of resident memory past which commands that add data (inserts,
+    /// updates, index and collection creation, `$out`/`$merge`, named
+    /// snapshots) fail with 146 ExceededMemoryLimit; reads, deletes and
+    /// drops keep working. Leave headroom below the machine's memory. Off
+    /// by default.
+    #[arg(long)]
+    pub max_memory_gb: Option<f64>,
     /// Honour benchmark knobs (`$duet: {workNsPerDoc}` on count); without
     /// it they are refused. For the benchmark harness, never for production.
     #[arg(long)]
@@ -301,6 +309,14 @@ fn mib(m: f64, what: &str) -> Result<usize, String> {
     Ok((m * MIB) as usize)
 }
 
+/// `g` GiB in bytes (a positive size).
+fn gib(g: f64, what: &str) -> Result<u64, String> {
+    if !(g.is_finite() && g > 0.0 && g * MIB * 1024.0 <= u64::MAX as f64) {
+        return Err(format!("--{what}: {g} is not a positive size in GiB"));
+    }
+    Ok((g * MIB * 1024.0) as u64)
+}
+
 /// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
 pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     logs::init(&args.log_level, args.log_format)?;
@@ -350,6 +366,10 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         cursors_per_connection: args.max_cursors_per_connection,
         max_cursors: args.max_cursors,
         max_cursor_bytes: mib(args.max_cursor_memory_mb, "max-cursor-memory-mb")?,
+        max_memory_bytes: args
+            .max_memory_gb
+            .map(|g| gib(g, "max-memory-gb"))
+            .transpose()?,
         enable_test_knobs: args.enable_test_knobs,
         transaction_lifetime: secs(args.transaction_lifetime_secs, "transaction-lifetime-secs")?,
         replica_set: (!args.standalone).then_some(args.replica_set),

@@ -117,16 +117,6 @@ impl Out<'_, '_> {
     }
 }
 
-/// Resident and virtual memory of this process, bytes (Linux `/proc`).
-fn memory() -> Option<(u64, u64)> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let mut it = statm.split_whitespace();
-    let virt: u64 = it.next()?.parse().ok()?;
-    let rss: u64 = it.next()?.parse().ok()?;
-    // Pages of 4 KiB on the platforms duet runs on.
-    Some((rss * 4096, virt * 4096))
-}
-
 impl prometheus_client::collector::Collector for Figures {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let s = &self.0;
@@ -183,7 +173,7 @@ impl prometheus_client::collector::Collector for Figures {
             "Bytes held by messages still arriving",
             &one(s.incomplete.used() as f64),
         )?;
-        if let Some((rss, virt)) = memory() {
+        if let Some((rss, virt)) = crate::memory::process_memory() {
             o.gauge(
                 "duet_process_resident_memory_bytes",
                 "Resident memory",

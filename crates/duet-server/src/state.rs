@@ -61,6 +61,9 @@ pub struct Config {
     pub max_cursors: usize,
     /// Bytes all open cursors may hold together (see `cursor.rs`).
     pub max_cursor_bytes: usize,
+    /// Resident bytes past which writes that add data are refused (146;
+    /// `memory.rs`). `None`: no limit.
+    pub max_memory_bytes: Option<u64>,
     /// Honour benchmark knobs (`$duet.workNsPerDoc`); refused otherwise.
     pub enable_test_knobs: bool,
     /// Snapshots kept for `atClusterTime`.
@@ -129,6 +132,7 @@ impl Default for Config {
             cursors_per_connection: 1000,
             max_cursors: DEFAULT_MAX_CURSORS,
             max_cursor_bytes: DEFAULT_MAX_CURSOR_BYTES,
+            max_memory_bytes: None,
             enable_test_knobs: false,
             snapshot_capacity: crate::snapshots::DEFAULT_CAPACITY,
             shutdown_grace: Duration::from_secs(10),
@@ -217,6 +221,8 @@ pub struct ServerState {
     pub metrics: crate::metrics::CommandMetrics,
     /// Notified by the `shutdown` command; `Server::run` then shuts down.
     pub shutdown_requested: tokio::sync::Notify,
+    /// `--max-memory-gb`.
+    pub memory: crate::memory::MemoryGuard,
 }
 
 /// The TTL monitor of a server: its source lists the engine's databases
@@ -260,6 +266,7 @@ impl ServerState {
                 config.cursor_idle_timeout,
             ),
             incomplete: MessageBudget::new(config.max_incomplete_message_bytes),
+            memory: crate::memory::MemoryGuard::new(config.max_memory_bytes),
             snapshots: SnapshotRegistry::new(config.snapshot_capacity),
             sessions: SessionTable::new(
                 config.max_sessions,

@@ -584,6 +584,12 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
             "cursorsHeldBytes": s.cursors.held_bytes() as i64,
             "incompleteMessageBytes": s.incomplete.used() as i64,
             "snapshotsHeld": s.snapshots.len() as i64,
+            // `--max-memory-gb` (null: no limit) and the writes it refused.
+            "memory": {
+                "residentBytes": s.memory.resident().min(i64::MAX as u64) as i64,
+                "limitBytes": s.memory.limit().map(|l| l.min(i64::MAX as u64) as i64),
+                "writesRefused": counter_of(s.memory.refused()),
+            },
             // Commands in flight and cancellations (`currentOp`, `killOp`,
             // `maxTimeMS`, closed connections, shutdown).
             "operations": s.operations.status(),

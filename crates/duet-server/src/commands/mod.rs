@@ -597,6 +597,9 @@ fn dispatch(
         auth::admin_dropping(state);
     }
     repl::admit(&ctx, canonical, cmd, &session)?;
+    if crate::memory::adds_data(canonical, cmd) {
+        state.memory.admit(canonical)?;
+    }
     if let Some(reply) = repl::retried(&ctx, canonical, cmd, &session) {
         return Ok(reply);
     }

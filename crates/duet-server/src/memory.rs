@@ -1,0 +1,199 @@
+//! The process's memory and `--max-memory-gb`: documents live in memory
+//! (the copy-on-write state is the store), so a server that keeps taking
+//! writes past what the machine has is killed by the operating system and
+//! loses every connection. Past the limit, commands that add data (inserts,
+//! updates, upserts, index and collection creation, `$out`/`$merge`,
+//! named snapshots) fail with 146 ExceededMemoryLimit; reads, deletes and
+//! drops keep working, and writes resume once memory is freed.
+//!
+//! Invariants:
+//! - the limit is checked against the resident set size (what the kernel's
+//!   out-of-memory killer weighs), sampled at most every [`SAMPLE_EVERY`]:
+//!   a check costs an atomic load, not a file read, on the write path;
+//! - the check runs before the command, so a refused command changed
+//!   nothing; one admitted just below the limit may pass it by its own size
+//!   (at most the 48 MB message limit), which is why the limit should leave
+//!   headroom below the machine's memory;
+//! - once refusing, the guard keeps refusing until the resident size is
+//!   back under [`RESUME_AT`] of the limit, so writes do not flap on and
+//!   off around it as freed buffers come and go.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{CmdResult, CommandError};
+
+/// Below this fraction of the limit, a refusing guard admits writes again.
+pub const RESUME_AT: f64 = 0.9;
+
+/// How old a resident-size sample may be when a write is checked.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+/// Resident and virtual memory of this process, bytes (Linux `/proc`;
+/// `None` elsewhere).
+pub fn process_memory() -> Option<(u64, u64)> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let mut it = statm.split_whitespace();
+    let virt: u64 = it.next()?.parse().ok()?;
+    let rss: u64 = it.next()?.parse().ok()?;
+    // Pages of 4 KiB on the platforms duet runs on.
+    Some((rss * 4096, virt * 4096))
+}
+
+/// `--max-memory-gb` and what it refused.
+pub struct MemoryGuard {
+    limit: Option<u64>,
+    start: Instant,
+    /// Last resident size sampled, bytes, and when (ms since `start`, + 1;
+    /// 0: never).
+    rss: AtomicU64,
+    sampled_at: AtomicU64,
+    refused: AtomicU64,
+    /// Refusing: past the limit, and not yet back under `RESUME_AT` of it.
+    over: AtomicBool,
+}
+
+impl MemoryGuard {
+    pub fn new(limit: Option<u64>) -> MemoryGuard {
+        MemoryGuard {
+            limit,
+            start: Instant::now(),
+            rss: AtomicU64::new(0),
+            sampled_at: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            over: AtomicBool::new(false),
+        }
+    }
+
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// Writes refused since start.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The resident size, at most [`SAMPLE_EVERY`] old (0 when unknown).
+    pub fn resident(&self) -> u64 {
+        let now = self.start.elapsed().as_millis() as u64 + 1;
+        let at = self.sampled_at.load(Ordering::Acquire);
+        if at == 0 || now.saturating_sub(at) >= SAMPLE_EVERY.as_millis() as u64 {
+            let rss = process_memory().map_or(0, |(r, _)| r);
+            self.rss.store(rss, Ordering::Relaxed);
+            self.sampled_at.store(now, Ordering::Release);
+            return rss;
+        }
+        self.rss.load(Ordering::Relaxed)
+    }
+
+    /// Whether a write is refused with `rss` resident (counted if so).
+    fn refuses_at(&self, rss: u64, limit: u64) -> bool {
+        let bar = if self.over.load(Ordering::Relaxed) {
+            (limit as f64 * RESUME_AT) as u64
+        } else {
+            limit
+        };
+        if rss <= bar {
+            self.over.store(false, Ordering::Relaxed);
+            return false;
+        }
+        self.over.store(true, Ordering::Relaxed);
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Refuse command `name` (one that adds data) when the process is over
+    /// the limit.
+    pub fn admit(&self, name: &str) -> CmdResult<()> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        let rss = self.resident();
+        if !self.refuses_at(rss, limit) {
+            return Ok(());
+        }
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        Err(CommandError::new(
+            146,
+            "ExceededMemoryLimit",
+            format!(
+                "{name} refused: the server holds {:.0} MiB, over --max-memory-gb ({:.0} MiB); \
+                 reads, deletes and drops still work, and writes resume once memory is back \
+                 under {:.0} MiB (delete documents, drop collections or named snapshots, close \
+                 cursors)",
+                mib(rss),
+                mib(limit),
+                mib(limit) * RESUME_AT
+            ),
+        ))
+    }
+}
+
+/// Whether command `name` (`cmd`) adds data the server must hold: the
+/// commands `--max-memory-gb` refuses past the limit.
+pub fn adds_data(name: &str, cmd: &bson::Document) -> bool {
+    match name {
+        "insert" | "update" | "create" | "createIndexes" | "createSnapshot" | "applyOps" => true,
+        "findAndModify" => !crate::args::flag(cmd, "remove").unwrap_or(false),
+        "aggregate" => cmd.get_array("pipeline").is_ok_and(|p| {
+            p.last().is_some_and(|s| {
+                matches!(s, bson::Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge"))
+            })
+        }),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_limit_admits_everything() {
+        assert!(MemoryGuard::new(None).admit("insert").is_ok());
+    }
+
+    #[test]
+    fn over_the_limit_refuses_with_146_and_counts() {
+        let g = MemoryGuard::new(Some(1));
+        let e = g
+            .admit("insert")
+            .expect_err("a process holds more than 1 byte");
+        assert_eq!(e.code, 146);
+        assert!(e.message.contains("--max-memory-gb"), "{}", e.message);
+        assert_eq!(g.refused(), 1);
+        let roomy = MemoryGuard::new(Some(u64::MAX));
+        assert!(roomy.admit("insert").is_ok());
+        assert!(roomy.resident() > 0);
+    }
+
+    #[test]
+    fn refusing_lasts_until_back_under_ninety_percent() {
+        let g = MemoryGuard::new(Some(1000));
+        assert!(!g.refuses_at(1000, 1000));
+        assert!(g.refuses_at(1001, 1000));
+        assert!(g.refuses_at(950, 1000), "still refusing above 90%");
+        assert!(!g.refuses_at(900, 1000));
+        assert!(!g.refuses_at(990, 1000), "admitting again up to the limit");
+        assert_eq!(g.refused(), 2);
+    }
+
+    #[test]
+    fn what_adds_data() {
+        use bson::doc;
+        assert!(adds_data("insert", &doc! {}));
+        assert!(adds_data("findAndModify", &doc! {"update": {}}));
+        assert!(!adds_data("findAndModify", &doc! {"remove": true}));
+        assert!(!adds_data("delete", &doc! {}));
+        assert!(!adds_data("drop", &doc! {}));
+        assert!(adds_data(
+            "aggregate",
+            &doc! {"pipeline": [{"$match": {}}, {"$out": "x"}]}
+        ));
+        assert!(!adds_data(
+            "aggregate",
+            &doc! {"pipeline": [{"$match": {}}]}
+        ));
+    }
+}
