@@ -1,9 +1,9 @@
 //! A CH-benCHmark-style data set (TPC-C's schema with TPC-H's analytic fields
 //! on `order_line`): a deterministic generator with a scale factor, a loader
 //! into duetdb collections with the indexes the TPC-H queries (`tpch.rs`) and
-//! the TPC-C transactions need, the TPC-C transactions NewOrder, Payment and
-//! OrderStatus as engine transactions, and a checker of TPC-C's consistency
-//! conditions.
+//! the TPC-C transactions need, TPC-C's five transactions (NewOrder,
+//! Payment, OrderStatus, Delivery, StockLevel) as engine transactions, and a
+//! checker of TPC-C's consistency conditions.
 //!
 //! Owns the schema below; nothing else in the crate writes these collections
 //! (the transactions here are the only writers after `load`).
@@ -15,9 +15,9 @@
 //! | `customer`   | dk·C + c                      | `c_d_key`, `c_last` (index `c_d_key, c_last`), `c_balance_cents`, `c_ytd_payment_cents`, `c_payment_cnt`, `c_discount_pct` |
 //! | `item`       | i (the TPC-H part)            | `i_brand`, `i_container`, `i_price_cents` |
 //! | `stock`      | w·I + i                       | `s_quantity`, `s_ytd`, `s_order_cnt`, `s_remote_cnt` |
-//! | `orders`     | o_key = (o_id − 1)·D + dk     | `o_id`, `o_d_key`, `o_c_key` (indexed), `o_entry_day` (indexed), `o_orderpriority`, `o_ol_cnt` |
-//! | `new_order`  | o_key                         | `no_d_key`, `no_o_id` |
-//! | `order_line` | o_key·16 + ol_number          | `ol_o_key` (indexed), `ol_i_id`, `ol_quantity`, `ol_extendedprice_cents`, `ol_discount_pct`, `ol_tax_pct`, `ol_returnflag`, `ol_linestatus`, `ol_shipdate_day`, `ol_commitdate_day`, `ol_receiptdate_day` |
+//! | `orders`     | o_key = (o_id − 1)·D + dk     | `o_id`, `o_d_key`, `o_c_key` (indexed), `o_entry_day` (indexed), `o_orderpriority`, `o_ol_cnt`; set by Delivery: `o_carrier_id`, `o_delivered_cents` |
+//! | `new_order`  | o_key                         | `no_d_key`, `no_o_id` (index `no_d_key, no_o_id`: Delivery's oldest) |
+//! | `order_line` | o_key·16 + ol_number          | `ol_o_key` (indexed), `ol_i_id`, `ol_quantity`, `ol_extendedprice_cents`, `ol_discount_pct`, `ol_tax_pct`, `ol_returnflag`, `ol_linestatus`, `ol_shipdate_day`, `ol_commitdate_day`, `ol_receiptdate_day`; set by Delivery: `ol_delivery_day` |
 //! | `history`    | generated                     | `h_c_key`, `h_d_key`, `h_w_id`, `h_amount_cents` |
 //!
 //! (D = districts in total, C = customers per district, I = items.)
@@ -30,15 +30,21 @@
 //! be compared exactly. `ol_note` and `o_comment` are never read by a query:
 //! updates of them are answer-neutral.
 //!
-//! Consistency conditions (TPC-C §3.3.2, those our three transactions touch;
+//! Consistency conditions (TPC-C §3.3.2, those our transactions touch;
 //! checked by [`check_consistency`], kept by every committed transaction):
 //! 1. `w_ytd_cents` = Σ `d_ytd_cents` of the warehouse's districts;
-//! 2. per district, `d_next_o_id` − 1 = max `o_id` = max `no_o_id`;
+//! 2. per district, `d_next_o_id` − 1 = max `o_id` = max `no_o_id` (while
+//!    it has `new_order` rows);
 //! 3. per district, max `no_o_id` − min `no_o_id` + 1 = number of `new_order` rows;
 //! 4. per district, Σ `o_ol_cnt` = number of its order lines, and every line's
 //!    `ol_number` lies in 1..=`o_ol_cnt` of an existing order;
-//! 5. (no Delivery runs, so) per customer `c_balance_cents` + `c_ytd_payment_cents`
-//!    = 0, and Σ `h_amount_cents` = Σ `w_ytd_cents` − W · 30,000,000.
+//! 5. per customer `c_balance_cents` + `c_ytd_payment_cents` = Σ
+//!    `o_delivered_cents` of their orders Delivery delivered (the loaded
+//!    balances are 0, and only Delivery adds to one: TPC-C's 3.3.2.10 for
+//!    this data set), and Σ `h_amount_cents` = Σ `w_ytd_cents` − W · 30,000,000;
+//! 6. an order Delivery delivered has no `new_order` row, and every one of
+//!    its lines has `ol_delivery_day` (TPC-C's 3.3.2.7 and 3.3.2.9 for the
+//!    orders of the run).
 //!
 //! What TPC-C changes does not reach the TPC-H queries' inputs except through
 //! NewOrder's new orders and lines: `item` is never written, and new orders
@@ -511,6 +517,8 @@ pub fn load(db: &Database, scale: &Scale, seed: u64) -> Result<Loaded> {
         .create_index(doc! {"o_c_key": 1}, IndexOptions::default())?;
     db.collection(CUSTOMER)
         .create_index(doc! {"c_d_key": 1, "c_last": 1}, IndexOptions::default())?;
+    db.collection(NEW_ORDER)
+        .create_index(doc! {"no_d_key": 1, "no_o_id": 1}, IndexOptions::default())?;
     // history starts empty; create it so scans of it find a collection.
     db.create_collection(HISTORY)?;
     Ok(loaded)
@@ -679,6 +687,42 @@ impl OrderStatusInput {
         let dk = rng.gen_range(0..scale.districts());
         OrderStatusInput {
             customer: pick_customer(scale, dk, k, rng),
+        }
+    }
+}
+
+/// Delivery's input (TPC-C §2.7.1).
+#[derive(Debug, Clone)]
+pub struct DeliveryInput {
+    pub w: u64,
+    pub carrier: i64,
+}
+
+impl DeliveryInput {
+    pub fn random(scale: &Scale, rng: &mut impl Rng) -> DeliveryInput {
+        DeliveryInput {
+            w: rng.gen_range(0..scale.warehouses),
+            carrier: rng.gen_range(1..=10i64),
+        }
+    }
+}
+
+/// StockLevel's input (TPC-C §2.8.1): a district of a warehouse and a
+/// threshold.
+#[derive(Debug, Clone)]
+pub struct StockLevelInput {
+    pub w: u64,
+    pub dk: u64,
+    pub threshold: i64,
+}
+
+impl StockLevelInput {
+    pub fn random(scale: &Scale, rng: &mut impl Rng) -> StockLevelInput {
+        let w = rng.gen_range(0..scale.warehouses);
+        StockLevelInput {
+            w,
+            dk: scale.district_key(w, rng.gen_range(0..scale.districts_per_warehouse)),
+            threshold: rng.gen_range(10..=20i64),
         }
     }
 }
@@ -880,6 +924,98 @@ pub fn order_status(tx: &mut Transaction, inp: &OrderStatusInput) -> duetdb::Res
     Ok(lines.len() as u64)
 }
 
+/// TPC-C Delivery, all the districts of the warehouse in one transaction
+/// (TPC-C allows one to ten): in each district the oldest undelivered order
+/// loses its `new_order` row, gets the carrier, its lines the delivery day,
+/// and its customer the order's amount on their balance. Returns the orders
+/// delivered (a district with none left is skipped, as TPC-C says).
+pub fn delivery(tx: &mut Transaction, scale: &Scale, inp: &DeliveryInput) -> duetdb::Result<u64> {
+    let mut delivered = 0;
+    for d in 0..scale.districts_per_warehouse {
+        let dk = scale.district_key(inp.w, d);
+        let oldest = tx.find_with(
+            NEW_ORDER,
+            doc! {"no_d_key": dk as i64},
+            FindOptions {
+                sort: Some(doc! {"no_o_id": 1}),
+                limit: 1,
+                ..Default::default()
+            },
+        )?;
+        let Some(row) = oldest.first() else {
+            continue;
+        };
+        let o_key = row
+            .get_i64("_id")
+            .map_err(|_| duetdb::Error::Internal("new_order without integer _id".into()))?;
+        if tx.delete_one(NEW_ORDER, doc! {"_id": o_key})? != 1 {
+            return Err(duetdb::Error::Internal(format!(
+                "new_order {o_key} vanished (schema invariant)"
+            )));
+        }
+        let order = must(tx.get(ORDERS, &Bson::Int64(o_key))?, ORDERS, o_key as u64)?;
+        let c_key = int(&order, "o_c_key")?;
+        let mut amount = 0i64;
+        for line in tx.find(ORDER_LINE, doc! {"ol_o_key": o_key})? {
+            let (Ok(cents), Ok(l_key)) =
+                (line.get_i64("ol_extendedprice_cents"), line.get_i64("_id"))
+            else {
+                return Err(duetdb::Error::Internal(format!(
+                    "a line of order {o_key} without integer _id or amount (schema invariant)"
+                )));
+            };
+            amount += cents;
+            update_by_id(
+                tx,
+                ORDER_LINE,
+                l_key as u64,
+                doc! {"$set": {"ol_delivery_day": NEW_ORDER_DAY}},
+            )?;
+        }
+        update_by_id(
+            tx,
+            ORDERS,
+            o_key as u64,
+            doc! {"$set": {"o_carrier_id": inp.carrier, "o_delivered_cents": amount}},
+        )?;
+        update_by_id(
+            tx,
+            CUSTOMER,
+            c_key as u64,
+            doc! {"$inc": {"c_balance_cents": amount, "c_delivery_cnt": 1i64}},
+        )?;
+        delivered += 1;
+    }
+    Ok(delivered)
+}
+
+/// TPC-C StockLevel (read-only): how many distinct items of the district's
+/// last 20 orders have a stock below the threshold in its warehouse.
+pub fn stock_level(
+    tx: &mut Transaction,
+    scale: &Scale,
+    inp: &StockLevelInput,
+) -> duetdb::Result<u64> {
+    let district = must(tx.get(DISTRICT, &id(inp.dk))?, DISTRICT, inp.dk)?;
+    let next = int(&district, "d_next_o_id")?;
+    let mut items = std::collections::BTreeSet::new();
+    for o_id in (next - 20).max(1)..next {
+        let o_key = scale.order_key(inp.dk, o_id as u64) as i64;
+        for line in tx.find(ORDER_LINE, doc! {"ol_o_key": o_key})? {
+            if let Ok(i) = line.get_i64("ol_i_id") {
+                items.insert(i as u64);
+            }
+        }
+    }
+    let mut low = 0;
+    for i in items {
+        let s_key = inp.w * scale.items + i;
+        let stock = must(tx.get(STOCK, &id(s_key))?, STOCK, s_key)?;
+        low += u64::from(int(&stock, "s_quantity")? < inp.threshold);
+    }
+    Ok(low)
+}
+
 /// Every violation of the consistency conditions in the module doc, as read
 /// from one snapshot (at most `MAX_REPORTED` are listed, then a count).
 pub fn check_consistency(snap: &Snapshot, scale: &Scale) -> duetdb::Result<Vec<String>> {
@@ -913,21 +1049,17 @@ pub fn check_consistency(snap: &Snapshot, scale: &Scale) -> duetdb::Result<Vec<S
     if h_total != paid {
         flag(format!("Σ h_amount {h_total} != Σ w_ytd − start {paid}"));
     }
-    // 5a. customers.
-    for c in all(CUSTOMER)? {
-        let (b, p) = (int(&c, "c_balance_cents")?, int(&c, "c_ytd_payment_cents")?);
-        if b + p != 0 {
-            flag(format!(
-                "customer {}: balance {b} + ytd_payment {p} != 0",
-                int(&c, "_id")?
-            ));
-        }
-    }
-    // 2. and 4. orders per district, lines per order.
+    // 2. and 4. orders per district, lines per order; 5a's deliveries.
     let mut max_o_id: HashMap<i64, i64> = HashMap::new();
     let mut order_lines: HashMap<i64, (i64, i64)> = HashMap::new(); // o_key → (o_ol_cnt, lines seen)
+    let mut delivered_to: HashMap<i64, i64> = HashMap::new(); // c_key → Σ o_delivered_cents
+    let mut delivered: std::collections::HashSet<i64> = std::collections::HashSet::new();
     for o in all(ORDERS)? {
         let (key, dk, o_id) = (int(&o, "_id")?, int(&o, "o_d_key")?, int(&o, "o_id")?);
+        if let Ok(cents) = o.get_i64("o_delivered_cents") {
+            *delivered_to.entry(int(&o, "o_c_key")?).or_default() += cents;
+            delivered.insert(key);
+        }
         if scale.order_key(dk as u64, o_id as u64) as i64 != key {
             flag(format!(
                 "order {key}: _id is not the key of (district {dk}, o_id {o_id})"
@@ -939,6 +1071,11 @@ pub fn check_consistency(snap: &Snapshot, scale: &Scale) -> duetdb::Result<Vec<S
     }
     for l in all(ORDER_LINE)? {
         let (o, n) = (int(&l, "ol_o_key")?, int(&l, "ol_number")?);
+        if delivered.contains(&o) && l.get_i64("ol_delivery_day").is_err() {
+            flag(format!(
+                "line {n} of delivered order {o} has no ol_delivery_day"
+            ));
+        }
         match order_lines.get_mut(&o) {
             Some((cnt, seen)) if (1..=*cnt).contains(&n) => *seen += 1,
             Some((cnt, _)) => flag(format!(
@@ -954,15 +1091,31 @@ pub fn check_consistency(snap: &Snapshot, scale: &Scale) -> duetdb::Result<Vec<S
     }
     // 2. and 3. new_order per district.
     let mut no: HashMap<i64, (i64, i64, i64)> = HashMap::new(); // dk → (min, max, count)
+                                                                // 5a. customers: payments and deliveries.
+    for c in all(CUSTOMER)? {
+        let (key, b) = (int(&c, "_id")?, int(&c, "c_balance_cents")?);
+        let p = int(&c, "c_ytd_payment_cents")?;
+        let owed = delivered_to.get(&key).copied().unwrap_or(0);
+        if b + p != owed {
+            flag(format!(
+                "customer {key}: balance {b} + ytd_payment {p} != delivered {owed}"
+            ));
+        }
+    }
     for r in all(NEW_ORDER)? {
         let (dk, o_id) = (int(&r, "no_d_key")?, int(&r, "no_o_id")?);
+        if delivered.contains(&int(&r, "_id")?) {
+            flag(format!(
+                "district {dk}: order {o_id} delivered but still in new_order"
+            ));
+        }
         let e = no.entry(dk).or_insert((i64::MAX, i64::MIN, 0));
         *e = (e.0.min(o_id), e.1.max(o_id), e.2 + 1);
     }
     for (dk, next) in &next_o_id {
         let max_o = max_o_id.get(dk).copied().unwrap_or(0);
         let (min_no, max_no, count_no) = no.get(dk).copied().unwrap_or((0, 0, 0));
-        if next - 1 != max_o || next - 1 != max_no {
+        if next - 1 != max_o || (count_no > 0 && next - 1 != max_no) {
             flag(format!(
                 "district {dk}: d_next_o_id − 1 = {} but max o_id {max_o}, max no_o_id {max_no}",
                 next - 1

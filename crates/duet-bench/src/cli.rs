@@ -300,8 +300,9 @@ pub struct TpcchArgs {
     /// Isolation levels of the transactions: si, serializable.
     #[arg(long, value_delimiter = ',', default_value = "si")]
     pub isolation: Vec<ycsbt::IsolationArg>,
-    /// Weights of NewOrder, Payment, OrderStatus.
-    #[arg(long, value_delimiter = ',', default_value = "45,43,4")]
+    /// Weights of NewOrder, Payment, OrderStatus, Delivery, StockLevel
+    /// (three weights: Delivery and StockLevel do not run).
+    #[arg(long, value_delimiter = ',', default_value = "45,43,4,4,4")]
     pub mix: Vec<u32>,
     /// Map threads of each OLCP query.
     #[arg(long, default_value_t = 1)]
@@ -640,10 +641,13 @@ fn ycsb_t(a: &YcsbTArgs) -> Result<BenchResult> {
 }
 
 fn tpcch(a: &TpcchArgs) -> Result<BenchResult> {
-    let mix: [u32; 3] =
-        a.mix.as_slice().try_into().map_err(|_| {
-            anyhow::anyhow!("--mix takes three weights: NewOrder,Payment,OrderStatus")
-        })?;
+    let mix: [u32; 5] = match *a.mix.as_slice() {
+        [n, p, o] => [n, p, o, 0, 0],
+        [n, p, o, d, s] => [n, p, o, d, s],
+        _ => anyhow::bail!(
+            "--mix takes five weights (NewOrder,Payment,OrderStatus,Delivery,StockLevel) or the first three"
+        ),
+    };
     let p = tpcch::Params {
         scale: a.scale,
         threads: a.threads.max(1),

@@ -10,8 +10,8 @@ use common::{report, result, temp_dir};
 
 use bson::{doc, Bson};
 use duet_bench::chbench::{
-    self, NewOrderInput, OrderStatusInput, PaymentInput, Scale, TpccRand, TxnEnd, DISTRICT,
-    NEW_ORDER, ORDERS, WAREHOUSE,
+    self, DeliveryInput, NewOrderInput, OrderStatusInput, PaymentInput, Scale, StockLevelInput,
+    TpccRand, TxnEnd, CUSTOMER, DISTRICT, NEW_ORDER, ORDERS, ORDER_LINE, WAREHOUSE,
 };
 use duet_bench::tpch::{self, Query};
 use duetdb::{Database, Strategy, TxnOptions};
@@ -75,9 +75,63 @@ fn transactions_keep_the_consistency_conditions() {
         let os = OrderStatusInput::random(&scale, &k, &mut rng);
         db.transaction(|tx| chbench::order_status(tx, &os))
             .expect("order status");
+        let sl = StockLevelInput::random(&scale, &mut rng);
+        let low = db
+            .transaction(|tx| chbench::stock_level(tx, &scale, &sl))
+            .expect("stock level");
+        assert!(
+            low <= 20 * 15,
+            "{low} distinct items from at most 20 orders"
+        );
     }
     assert!(new_orders > 0 && new_orders + rollbacks == 60);
     assert!(paid > 0);
+
+    // Delivery: in each district the oldest undelivered order leaves
+    // new_order, gets its carrier and dates, and bills its customer.
+    let oldest = |dk: i64| -> i64 {
+        let rows = db
+            .collection(NEW_ORDER)
+            .find(doc! {"no_d_key": dk})
+            .run()
+            .expect("new_order");
+        rows.iter()
+            .map(|r| r.get_i64("_id").expect("key"))
+            .min_by_key(|k| field(&db, NEW_ORDER, *k, "no_o_id"))
+            .expect("an undelivered order")
+    };
+    let dk0 = scale.district_key(0, 0) as i64;
+    let o_key = oldest(dk0);
+    let c_key = field(&db, ORDERS, o_key, "o_c_key");
+    let balance = field(&db, CUSTOMER, c_key, "c_balance_cents");
+    let inp = DeliveryInput { w: 0, carrier: 7 };
+    let n = db
+        .transaction(|tx| chbench::delivery(tx, &scale, &inp))
+        .expect("delivery");
+    assert_eq!(n, scale.districts_per_warehouse);
+    assert!(db
+        .collection(NEW_ORDER)
+        .find_one(doc! {"_id": o_key})
+        .expect("read")
+        .is_none());
+    assert_eq!(field(&db, ORDERS, o_key, "o_carrier_id"), 7);
+    let amount = field(&db, ORDERS, o_key, "o_delivered_cents");
+    assert!(amount > 0);
+    assert_eq!(
+        field(&db, CUSTOMER, c_key, "c_balance_cents"),
+        balance + amount
+    );
+    let lines = db
+        .collection(ORDER_LINE)
+        .find(doc! {"ol_o_key": o_key})
+        .run()
+        .expect("lines");
+    assert!(!lines.is_empty() && lines.iter().all(|l| l.get_i64("ol_delivery_day").is_ok()));
+    for _ in 0..5 {
+        let d = DeliveryInput::random(&scale, &mut rng);
+        db.transaction(|tx| chbench::delivery(tx, &scale, &d))
+            .expect("delivery");
+    }
     assert_eq!(
         chbench::check_consistency(&db.snapshot(), &scale).expect("check"),
         Vec::<String>::new()
@@ -95,6 +149,15 @@ fn transactions_keep_the_consistency_conditions() {
         .expect("tamper");
     let bad = chbench::check_consistency(&db.snapshot(), &scale).expect("check");
     assert!(bad.iter().any(|v| v.contains("d_next_o_id")), "{bad:?}");
+    // … and a delivered amount that reached no balance breaks condition 5.
+    db.collection(ORDERS)
+        .update_one(
+            doc! {"_id": o_key},
+            doc! {"$inc": {"o_delivered_cents": 1i64}},
+        )
+        .expect("tamper");
+    let bad = chbench::check_consistency(&db.snapshot(), &scale).expect("check");
+    assert!(bad.iter().any(|v| v.contains("delivered")), "{bad:?}");
 }
 
 #[test]
