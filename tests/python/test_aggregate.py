@@ -139,13 +139,19 @@ def test_errors_have_mongodb_codes(db, orders):
         ([{"$out": 1}], 16990),
         ([{"$planCacheStats": {}}], 115),
         ([{"$lookup": {"from": "x", "as": "y"}}], 9),
-        ([{"$group": {"n": {"$sum": 1}}}], 2),
+        ([{"$group": {"n": {"$sum": 1}}}], 15955),
+        ([{"$group": {"_id": None, "n": {"$nope": 1}}}], 15952),
+        ([{"$sort": {}}], 15976),
+        ([{"$sort": {"a": 2}}], 15975),
+        ([{"$sort": {"a": "up"}}], 15974),
+        ([{"$skip": -1}], 5107200),
         ([{"$group": {"_id": None, "n": {"$median": "$qty"}}}], 5787801),
-        ([{"$limit": 0}], 2),
-        ([{"$project": {"a": 1, "b": 0}}], 2),
+        ([{"$limit": 0}], 15958),
+        ([{"$project": {"a": 1, "b": 0}}], 31254),
+        ([{"$project": {"a": 0, "b": 1}}], 31253),
         ([{"$project": {"x": {"$add": ["$cust", 1]}}}], 14),
         ([{"$project": {"x": {"$nope": 1}}}], 168),
-        ([{"$unwind": "items"}], 2),
+        ([{"$unwind": "items"}], 28818),
     ]
     for pipeline, code in cases:
         with pytest.raises(OperationFailure) as e:
@@ -174,3 +180,23 @@ def test_explain_and_strategies(db, orders):
     ex = db.command({"aggregate": "o", "pipeline": [{"$group": {"_id": None, "f": {"$first": "$qty"}}}],
                      "explain": True})
     assert ex["duet"]["olcpEligible"] is False
+
+
+def test_find_errors_have_mongodb_codes(db, orders):
+    """Filters, projections and sorts of `find` answer with MongoDB's codes
+    and words (expression_parser.cpp, projection parser, sort_pattern.cpp)."""
+    with pytest.raises(OperationFailure) as e:
+        db.o.find_one({"$frobnicate": 1})
+    assert e.value.code == 2 and str(e.value).startswith("unknown top level operator: $frobnicate.")
+    with pytest.raises(OperationFailure) as e:
+        db.o.find_one({"qty": {"$frobnicate": 1}})
+    assert e.value.code == 2 and "unknown operator: $frobnicate" in str(e.value)
+    with pytest.raises(OperationFailure) as e:
+        db.o.find_one({"cust": {"$regex": "("}})
+    assert e.value.code == 51091 and "Regular expression is invalid" in str(e.value)
+    with pytest.raises(OperationFailure) as e:
+        db.o.find_one({}, {"a": 1, "b": 0})
+    assert e.value.code == 31254
+    with pytest.raises(OperationFailure) as e:
+        list(db.o.find().sort("qty", 5))
+    assert e.value.code == 15975

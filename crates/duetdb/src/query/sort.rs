@@ -72,7 +72,14 @@ impl SortSpec {
                         return Err(bad_direction(k));
                     }
                 }
-                _ => return Err(bad_direction(k)),
+                Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => return Err(bad_direction(k)),
+                other => {
+                    return Err(Error::Coded {
+                        code: 15974,
+                        name: "Location15974",
+                        msg: format!("Illegal key in $sort specification: {k}: {other}"),
+                    })
+                }
             };
             keys.push((k.clone(), asc));
         }
@@ -141,10 +148,13 @@ impl SortSpec {
     }
 }
 
-fn bad_direction(k: &str) -> Error {
-    Error::bad_value(format!(
-        "$sort key ordering must be 1 (for ascending) or -1 (for descending): '{k}'"
-    ))
+/// MongoDB's 15975 (sort_pattern.cpp), which does not name the key.
+fn bad_direction(_k: &str) -> Error {
+    Error::Coded {
+        code: 15975,
+        name: "Location15975",
+        msg: "$sort key ordering must be 1 (for ascending) or -1 (for descending)".into(),
+    }
 }
 
 fn directed(ord: Ordering, asc: bool) -> Ordering {
@@ -321,7 +331,17 @@ mod tests {
             doc! {"$a": 1},
         ] {
             let e = SortSpec::parse(&bad).expect_err("must reject");
-            assert_eq!(e.code(), 2, "{bad:?}");
+            // MongoDB's codes: a number other than ±1 is 15975, another
+            // type 15974, a bad key 2.
+            let key_ok = bad
+                .keys()
+                .all(|k| !k.is_empty() && !k.starts_with('$') && !k.contains(".."));
+            let want = match bad.values().next() {
+                Some(Bson::Int32(_) | Bson::Double(_)) if key_ok => 15975,
+                Some(Bson::String(_) | Bson::Boolean(_)) if key_ok => 15974,
+                _ => 2,
+            };
+            assert_eq!(e.code(), want, "{bad:?}");
         }
     }
 

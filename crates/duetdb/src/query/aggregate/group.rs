@@ -274,7 +274,7 @@ impl Group {
     pub(super) fn parse(spec: &Document, scope: &Scope) -> Result<Group> {
         let id = spec
             .get("_id")
-            .ok_or_else(|| Error::bad_value("a group specification must include an _id"))?;
+            .ok_or_else(|| coded!(15955, "a group specification must include an _id"))?;
         let id = ex(id, scope)?;
         let mut fields = Vec::new();
         for (k, v) in spec.iter().filter(|(k, _)| k.as_str() != "_id") {
@@ -330,11 +330,7 @@ impl Group {
                         ))
                     }
                 },
-                other => {
-                    return Err(Error::bad_value(format!(
-                        "unknown group operator '{other}'"
-                    )))
-                }
+                other => return Err(coded!(15952, format!("unknown group operator '{other}'"))),
             };
             fields.push((k.clone(), op, arg));
         }

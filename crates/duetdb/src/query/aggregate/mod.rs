@@ -547,27 +547,24 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         "$sort" => {
             let spec = want_doc()?;
             if spec.is_empty() {
-                return Err(Error::bad_value(
-                    "$sort stage must have at least one sort key",
-                ));
+                return Err(coded!(15976, "$sort stage must have at least one sort key"));
             }
             one(Stage::Sort(SortSpec::parse(spec)?))
         }
         "$limit" => {
             let n = whole_number(name, arg)?;
             if n <= 0 {
-                return Err(Error::bad_value(format!(
-                    "the limit must be positive, got {n}"
-                )));
+                return Err(coded!(15958, "the limit must be positive"));
             }
             one(Stage::Limit(n as u64))
         }
         "$skip" => {
             let n = whole_number(name, arg)?;
             if n < 0 {
-                return Err(Error::bad_value(format!(
-                    "invalid argument to $skip stage: Expected a non-negative number, got {n}"
-                )));
+                return Err(coded!(
+                    5107200,
+                    format!("invalid argument to $skip stage: Expected a non-negative number in: $skip: {n}")
+                ));
             }
             one(Stage::Skip(n as u64))
         }

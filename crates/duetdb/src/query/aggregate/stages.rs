@@ -376,9 +376,10 @@ impl Unwind {
         let path_of = |v: &Bson| -> Result<Vec<String>> {
             match v {
                 Bson::String(s) if s.starts_with('$') => parse_field_path(&s[1..]),
-                Bson::String(s) => Err(Error::bad_value(format!(
-                    "path option to $unwind stage should be prefixed with a '$': {s}"
-                ))),
+                Bson::String(s) => Err(coded!(
+                    28818,
+                    format!("path option to $unwind stage should be prefixed with a '$': {s}")
+                )),
                 _ => Err(Error::bad_value(
                     "expected a string as the path for $unwind stage",
                 )),

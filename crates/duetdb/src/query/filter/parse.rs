@@ -145,7 +145,11 @@ fn top_operator_error(op: &str) -> Box<Error> {
     if unsupported_top_level(op) {
         bad(format!("{op} is not supported"))
     } else {
-        unknown(op)
+        // MongoDB's words (expression_parser.cpp), code 2.
+        bad(format!(
+            "unknown top level operator: {op}. If you have a field name that starts with a \
+             '$' symbol, consider using $getField or $setField."
+        ))
     }
 }
 
@@ -472,9 +476,13 @@ impl RegexOp {
             }
         }
         sorted.sort_unstable();
-        let re = builder
-            .build()
-            .map_err(|e| bad(format!("Regular expression is invalid: {e}")))?;
+        let re = builder.build().map_err(|e| {
+            Box::new(Error::Coded {
+                code: 51091,
+                name: "Location51091",
+                msg: format!("Regular expression is invalid: {e}"),
+            })
+        })?;
         Ok(RegexOp {
             re,
             pattern: pattern.to_string(),

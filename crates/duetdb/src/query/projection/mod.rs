@@ -82,6 +82,15 @@ impl Dialect {
             Dialect::Stage => Error::bad_value(format!("Invalid $project :: caused by :: {msg}")),
         }
     }
+
+    /// [`Dialect::error`] with MongoDB's own code for it.
+    fn coded(self, code: i32, name: &'static str, msg: impl std::fmt::Display) -> Error {
+        let msg = match self.error(msg) {
+            Error::BadValue(m) => m,
+            other => other.to_string(),
+        };
+        Error::Coded { code, name, msg }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -317,11 +326,21 @@ fn parse_find_operator(sub: &Document, v: &Bson, full: &[String], st: &mut State
 /// inclusion and exclusion, then put it in the tree.
 fn add_leaf(st: &mut State, full: &[String], leaf: Leaf) -> Result<()> {
     let is_id = full.len() == 1 && full[0] == "_id";
+    // MongoDB's 31253 / 31254 (projection_ast_util / parser).
     let mix = |what: &str, kind: &str| {
-        st.dialect.error(format!(
-            "Cannot do {what} on field {} in {kind} projection",
-            full.join(".")
-        ))
+        let (code, name) = if what == "inclusion" {
+            (31253, "Location31253")
+        } else {
+            (31254, "Location31254")
+        };
+        st.dialect.coded(
+            code,
+            name,
+            format!(
+                "Cannot do {what} on field {} in {kind} projection",
+                full.join(".")
+            ),
+        )
     };
     match (&leaf, is_id) {
         (Leaf::Include | Leaf::Computed(_), false) => {

@@ -75,11 +75,12 @@ fn exclusion() {
 #[test]
 fn errors() {
     let e = parse_err(doc! {"a": 1, "b": 0});
-    assert_eq!(e.code(), 2);
+    assert_eq!(e.code(), 31254);
     assert!(e
         .to_string()
         .contains("Cannot do exclusion on field b in inclusion projection"));
     let e = parse_err(doc! {"a": 0, "b": 1});
+    assert_eq!(e.code(), 31253);
     assert!(e
         .to_string()
         .contains("Cannot do inclusion on field b in exclusion projection"));
