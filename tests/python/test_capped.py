@@ -278,7 +278,7 @@ def test_tailable_errors_and_dead_cursors(db):
         assert e.value.code == 2, kw
     with pytest.raises(OperationFailure) as e:
         db.command("find", "c", awaitData=True)
-    assert e.value.code == 2
+    assert e.value.code == 9
     with pytest.raises(OperationFailure) as e:
         db.command("find", "c", tailable=1)
     assert e.value.code == 14

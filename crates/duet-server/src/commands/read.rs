@@ -76,7 +76,9 @@ impl FindPlan {
             strict_bool(cmd, "find", field)?;
         }
         if strict_bool(cmd, "find", "awaitData")? && !strict_bool(cmd, "find", "tailable")? {
-            return Err(CommandError::bad_value(
+            return Err(CommandError::new(
+                9,
+                "FailedToParse",
                 "Cannot set 'awaitData' without also setting 'tailable'",
             ));
         }

@@ -16,8 +16,9 @@
 //! MongoDB); a collection that is not capped is BadValue (2) "error
 //! processing query: ns=… tailable cursor requested on non capped
 //! collection"; a sort or hint other than `{$natural: 1}`, `singleBatch`,
-//! a negative limit, `awaitData` without `tailable`, a named snapshot or
-//! `readConcern: snapshot` are BadValue (2); in a transaction 263. `skip`
+//! a negative limit, a named snapshot or `readConcern: snapshot` are
+//! BadValue (2); in a transaction 263 (`awaitData` without `tailable` is 9
+//! FailedToParse, checked in `read.rs`). `skip`
 //! and `limit` count matching documents over the cursor's life (the cursor
 //! closes once `limit` are returned), as MongoDB.
 //!
