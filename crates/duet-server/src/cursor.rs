@@ -7,7 +7,9 @@
 //! matching stored documents, shared `Arc`s, projected per batch) and
 //! [`OwnedDocs`] (documents a command computed, e.g. an aggregate's result),
 //! and change streams (`commands::changes::ChangeStream`, tailable: they
-//! build their own batches and wait for new events in `getMore`). A
+//! build their own batches and wait for new events in `getMore`), as do
+//! oplog cursors (`commands::oplog`) and tailable cursors on capped
+//! collections (`commands::tailable`). A
 //! streaming source (a snapshot root and a position, reading as batches are
 //! asked for) plugs in the same way: implement the trait, build the cursor
 //! with [`Cursor::new`], and report what it holds in `held_bytes`.
@@ -104,6 +106,11 @@ pub trait CursorSource: Send {
     /// An oplog view cursor (tailable or not: batches built by
     /// `commands::oplog`); default: not one.
     fn as_oplog(&mut self) -> Option<&mut crate::commands::oplog::OplogCursor> {
+        None
+    }
+    /// A tailable cursor on a capped collection (batches built by
+    /// `commands::tailable`); default: not one.
+    fn as_tailable(&mut self) -> Option<&mut crate::commands::tailable::TailCursor> {
         None
     }
 }
@@ -794,6 +801,12 @@ impl CursorRegistry {
             }
         }
         slot.cursor
+    }
+
+    /// Whether cursor `id` was killed while leased (a waiting `getMore`
+    /// stops waiting), or is gone.
+    pub fn is_killed(&self, id: i64) -> bool {
+        self.inner.lock().cursors.get(&id).is_none_or(|s| s.killed)
     }
 
     /// Kill cursor `id` if `who` owns it (and it is on `ns`).

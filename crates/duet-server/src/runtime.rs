@@ -171,6 +171,8 @@ pub fn is_write(command: &str) -> bool {
             | "drop"
             | "dropDatabase"
             | "renameCollection"
+            | "convertToCapped"
+            | "cloneCollectionAsCapped"
             | "createIndexes"
             | "dropIndexes"
             | "deleteIndexes"

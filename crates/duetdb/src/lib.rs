@@ -41,8 +41,8 @@ pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
     FindOutcome, FindStream, IndexOptions, IndexSize, IndexTarget, ReturnDocument, Snapshot,
-    SnapshotCollection, StorageStats, TextFindOptions, Transaction, TtlCounters, TtlMonitor,
-    TtlPass, UpdateOptions, Validation, DEFAULT_TTL_SLEEP,
+    SnapshotCollection, StorageStats, TailPosition, TextFindOptions, Transaction, TtlCounters,
+    TtlMonitor, TtlPass, UpdateOptions, Validation, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;

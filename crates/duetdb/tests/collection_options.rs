@@ -154,3 +154,42 @@ fn options_and_trims_survive_recovery() {
         }
     }
 }
+
+/// `convertToCapped` and `cloneCollectionAsCapped` are logged as plain
+/// effects that rebuild the same capped collections on replay.
+#[test]
+fn converted_collections_survive_recovery() {
+    let fs = SimFs::new();
+    let opts = DurabilityOptions {
+        mode: Durability::Fsync,
+        checkpoint_wal_bytes: u64::MAX,
+        checkpoint_interval: None,
+        background_checkpoints: false,
+        vfs: Arc::new(fs.clone()),
+        ..Default::default()
+    };
+    let dir = PathBuf::from("/db");
+    let (before, cloned) = {
+        let db = Database::open_with(&dir, opts.clone()).expect("open");
+        let c = db.collection("c");
+        for i in 0..60 {
+            c.insert_one(doc! {"_id": i, "pad": "y".repeat(200)})
+                .expect("insert");
+        }
+        c.clone_as_capped("copy", 5000).expect("clone");
+        c.convert_to_capped(4096).expect("convert");
+        c.insert_one(doc! {"_id": 60, "pad": "y".repeat(200)})
+            .expect("insert after");
+        (ids(&db, "c"), ids(&db, "copy"))
+    };
+    assert!(before.len() < 60 && before.last() == Some(&Bson::Int32(60)));
+    let db = Database::open_with(&dir, opts).expect("reopen");
+    assert_eq!(ids(&db, "c"), before);
+    assert_eq!(ids(&db, "copy"), cloned);
+    assert!(db.collection("c").options().expect("c").capped);
+    assert_eq!(
+        db.collection("copy").options().expect("copy").capped_size,
+        Some(5120)
+    );
+    db.collection("c").check_invariants().expect("consistent");
+}

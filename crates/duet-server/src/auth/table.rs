@@ -138,6 +138,14 @@ pub const TABLE: &[(&str, Rule)] = &[
             "renameCollectionSameDB on the database (+ dropCollection on the target with `dropTarget`); with a system collection on either side: find + dropCollection on the source, insert + createIndex on the target",
         ),
     ),
+    ("convertToCapped", Rule::Collection(&[ConvertToCapped])),
+    (
+        "cloneCollectionAsCapped",
+        Rule::Computed(
+            clone_collection_as_capped,
+            "find on the source; insert + createCollection on `toCollection`",
+        ),
+    ),
     ("listCollections", Rule::Database(&[ListCollections])),
     ("dbStats", Rule::Database(&[DbStats])),
     (
@@ -485,6 +493,16 @@ fn find_and_modify(r: &Request<'_>) -> CmdResult<Vec<Req>> {
 
 fn split_ns(ns: &str) -> Option<(&str, &str)> {
     ns.split_once('.')
+}
+
+fn clone_collection_as_capped(r: &Request<'_>) -> CmdResult<Vec<Req>> {
+    let source = r.collection()?;
+    let target = Resource::collection(r.db, args::req_str(r.cmd, "toCollection")?);
+    Ok(vec![
+        Req::Priv(source, Find),
+        Req::Priv(target.clone(), Insert),
+        Req::Priv(target, CreateCollection),
+    ])
 }
 
 fn rename_collection(r: &Request<'_>) -> CmdResult<Vec<Req>> {

@@ -32,6 +32,7 @@
 
 pub mod admin;
 pub mod backup;
+pub mod capped;
 pub mod changes;
 pub mod currentop;
 pub mod ddl;
@@ -44,6 +45,7 @@ pub mod repl;
 pub mod snapdb;
 pub mod source;
 pub mod stats;
+pub mod tailable;
 pub mod txn;
 pub mod write;
 
@@ -296,6 +298,14 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("drop", "drop a collection"),
     ("dropDatabase", "drop a database"),
     ("renameCollection", "rename a collection within a database"),
+    (
+        "convertToCapped",
+        "replace a collection by a capped copy of its newest documents",
+    ),
+    (
+        "cloneCollectionAsCapped",
+        "copy a collection's newest documents into a new capped collection",
+    ),
     ("collStats", "collection statistics"),
     ("dbStats", "database statistics"),
     ("validate", "check a collection's records and indexes"),
@@ -712,6 +722,8 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "drop" => ddl::drop(ctx, cmd),
         "dropDatabase" => ddl::drop_database(ctx),
         "renameCollection" => ddl::rename_collection(ctx, cmd),
+        "convertToCapped" => capped::convert_to_capped(ctx, cmd),
+        "cloneCollectionAsCapped" => capped::clone_collection_as_capped(ctx, cmd),
         "collStats" => stats::coll_stats(ctx, cmd),
         "dbStats" | "dbstats" => stats::db_stats(ctx, cmd),
         "createIndexes" => ddl::create_indexes(ctx, cmd),

@@ -29,6 +29,8 @@
 //! results materialized; `{$meta: "textScore"}` works in find projections
 //! and sorts.
 //!
+//! `find` with `tailable` on a capped collection: `tailable.rs`.
+//!
 //! `aggregate` runs the engine's pipeline. Stage names are checked here
 //! first: stages MongoDB has but duetdb does not run are refused with
 //! CommandNotSupported (115), unknown names with 40324, malformed stage
@@ -74,14 +76,15 @@ impl FindPlan {
         ] {
             strict_bool(cmd, "find", field)?;
         }
-        for unsupported in [
-            "min",
-            "max",
-            "returnKey",
-            "showRecordId",
-            "tailable",
-            "awaitData",
-        ] {
+        if strict_bool(cmd, "find", "awaitData")? && !strict_bool(cmd, "find", "tailable")? {
+            return Err(CommandError::new(
+                9,
+                "FailedToParse",
+                "Cannot set 'awaitData' without also setting 'tailable'",
+            ));
+        }
+        // `tailable` (`tailable.rs`) is routed before this parse.
+        for unsupported in ["min", "max", "returnKey", "showRecordId", "tailable"] {
             if cmd
                 .get(unsupported)
                 .is_some_and(|v| !matches!(v, Bson::Boolean(false) | Bson::Null))
@@ -195,6 +198,9 @@ fn cursor_reply(
 pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let coll = args::collection_name(cmd, "find")?;
     OpCounters::bump(&ctx.state.ops.query, 1);
+    if strict_bool(cmd, "find", "tailable")? {
+        return super::tailable::find(ctx, cmd, coll, target);
+    }
     let plan = FindPlan::from_find(cmd)?;
     let first = first_batch_size(cmd)?;
     let single_batch = strict_bool(cmd, "find", "singleBatch")?;
@@ -281,6 +287,11 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     }
     if cursor.source_mut().as_oplog().is_some() {
         let batch = super::oplog::get_more(ctx, cmd, cursor, size)?;
+        let out_id = lease.finish();
+        return Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0});
+    }
+    if cursor.source_mut().as_tailable().is_some() {
+        let batch = super::tailable::get_more(ctx, cmd, id, cursor, size)?;
         let out_id = lease.finish();
         return Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0});
     }

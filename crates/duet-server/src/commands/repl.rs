@@ -50,6 +50,8 @@ const WRITES: &[&str] = &[
     "drop",
     "dropDatabase",
     "renameCollection",
+    "convertToCapped",
+    "cloneCollectionAsCapped",
     "createIndexes",
     "dropIndexes",
     "collMod",

@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod analytics;
 pub mod backup;
+pub mod capped;
 pub mod changes;
 pub mod collection;
 pub mod crud;
@@ -25,6 +26,7 @@ pub mod ttl;
 pub use aggregate::AggregateExplain;
 pub use analytics::{AnalyticCollection, AnalyticSession};
 pub use backup::{BackedUp, BackupInfo};
+pub use capped::TailPosition;
 pub use changes::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use collection::{Collection, IndexOptions, IndexTarget};
 pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};

@@ -124,7 +124,7 @@ pub const MAX_CAPPED_SIZE: u64 = 1 << 50;
 
 /// MongoDB's rounding of a capped `size`: at least 4096 bytes, else up to a
 /// multiple of 256.
-fn round_capped_size(n: u64) -> u64 {
+pub fn round_capped_size(n: u64) -> u64 {
     if n <= 4096 {
         4096
     } else {
