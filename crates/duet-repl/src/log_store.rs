@@ -150,6 +150,32 @@ fn io_err(subject: ErrorSubject<u64>, verb: ErrorVerb, e: impl std::fmt::Display
     StorageError::from_io_error(subject, verb, std::io::Error::other(e.to_string()))
 }
 
+/// The replica set and member id data directory `data_dir` belongs to, if
+/// it was ever a member's (its `repl.raft/set`).
+pub fn member_of(data_dir: &Path) -> Option<(String, u64)> {
+    let have = std::fs::read_to_string(data_dir.join(RAFT_DIR).join("set")).ok()?;
+    let mut lines = have.lines();
+    let set = lines.next()?.to_string();
+    let member = lines.next()?.trim().parse().ok()?;
+    Some((set, member))
+}
+
+/// Refuse to serve a replica-set member's data directory outside its set
+/// (`--standalone`, or a one-member set without `--members`): its writes
+/// would not be in the set's log, and the member could never rejoin.
+pub fn refuse_outside_set(data_dir: &Path) -> Result<(), String> {
+    match member_of(data_dir) {
+        None => Ok(()),
+        Some((set, member)) => Err(format!(
+            "the data directory {} belongs to member {member} of replica set '{set}': start it \
+             with --replica-set {set} --member-id {member} --members <the set's members>; to \
+             take its data out of the set for good, delete {}",
+            data_dir.display(),
+            data_dir.join(RAFT_DIR).display()
+        )),
+    }
+}
+
 /// Check (or record, when new) that `dir` belongs to member `member` of set
 /// `set`. A mismatch is refused with a message naming both.
 pub fn claim_identity(dir: &Path, set: &str, member: u64) -> Result<(), String> {

@@ -18,8 +18,12 @@
 //! lacks entries committed while it held them (Raft's safety assumes stable
 //! storage). Once it has received entries or a snapshot it votes normally;
 //! a set forming (every log empty but the initial membership) still
-//! elects.
+//! elects. Nor does a member vote for a candidate that is not a voter of
+//! the configuration it knows: a member removed from the set never hears
+//! of its removal from the log (the leader stops replicating to it at
+//! once) and keeps campaigning until told ([`RpcRequest::Removed`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -35,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::state_machine::Shared;
 use crate::types::{NodeId, Raft, TypeConfig};
 
 /// A member's Raft port is its MongoDB wire port plus this.
@@ -53,6 +58,9 @@ enum RpcRequest {
     /// election now instead of after its election timeout plus the leader
     /// lease (7.5-10 s here).
     StepUp,
+    /// The primary removed this member from the set; the configuration
+    /// version that did (`member::mark_removed`).
+    Removed(u64),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -62,6 +70,7 @@ enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     /// Whether the member started an election.
     StepUp(bool),
+    Removed,
 }
 
 /// The Raft address (`host:port`) of the member whose wire address is `wire`.
@@ -245,6 +254,30 @@ pub async fn ask_to_step_up(addr: &str) -> bool {
     )
 }
 
+/// Tell the member whose wire address is `addr` that configuration
+/// `version` removed it from the set; whether it heard.
+pub async fn tell_removed(addr: &str, version: u64) -> bool {
+    let mut peer = Peer {
+        target: 0,
+        addr: raft_address(addr),
+        conn: None,
+    };
+    matches!(
+        peer.call(&RpcRequest::Removed(version), Duration::from_secs(2))
+            .await,
+        Ok(RpcReply::Removed)
+    )
+}
+
+/// Whether `candidate` may get this member's vote: a voter of the
+/// configuration it knows (any, while it knows none: a set forming).
+fn may_vote_for(raft: &Raft, candidate: Option<NodeId>) -> bool {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    let mut voters = m.membership_config.voter_ids().peekable();
+    voters.peek().is_none() || candidate.is_some_and(|c| voters.any(|v| v == c))
+}
+
 /// Whether this member's log holds nothing but (at most) the initial
 /// membership, and no snapshot (see the module documentation).
 fn amnesiac(raft: &Raft) -> bool {
@@ -255,7 +288,7 @@ fn amnesiac(raft: &Raft) -> bool {
 
 /// Answer Raft RPCs arriving on `listener` until the task is dropped
 /// (which also ends every connection it serves).
-pub async fn serve(listener: TcpListener, raft: Raft) {
+pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         while conns.try_join_next().is_some() {}
@@ -269,6 +302,7 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
         };
         let _ = s.set_nodelay(true);
         let raft = raft.clone();
+        let shared = shared.clone();
         conns.spawn(async move {
             loop {
                 let bytes = match read_frame(&mut s).await {
@@ -299,11 +333,23 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                             last_log_id: None,
                         }))
                     }
+                    RpcRequest::Vote(r) if !may_vote_for(&raft, r.vote.leader_id().voted_for()) => {
+                        tracing::info!(%peer, "no vote: the candidate is not a voting member");
+                        RpcReply::Vote(Ok(VoteResponse {
+                            vote: r.vote,
+                            vote_granted: false,
+                            last_log_id: None,
+                        }))
+                    }
                     RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                     RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
                     RpcRequest::StepUp => {
                         tracing::info!(%peer, "asked to stand for election (primary stepping down)");
                         RpcReply::StepUp(raft.trigger().elect().await.is_ok())
+                    }
+                    RpcRequest::Removed(version) => {
+                        crate::member::mark_removed(&raft, &shared, version);
+                        RpcReply::Removed
                     }
                 };
                 let Ok(out) = bincode::serialize(&reply) else {

@@ -263,6 +263,7 @@ pub struct ServeArgs {
 /// the port the server listens on.
 fn repl_options(args: &ServeArgs) -> Result<Option<duet_repl::Options>, String> {
     let Some(id) = args.member_id else {
+        duet_repl::log_store::refuse_outside_set(&args.data_dir)?;
         return Ok(None);
     };
     let me = args.members.get(id as usize).ok_or_else(|| {
