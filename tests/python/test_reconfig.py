@@ -80,9 +80,9 @@ def test_a_member_added_catches_up_votes_and_one_removed_leaves(four):
     assert h["isWritablePrimary"] is False and h["secondary"] is False
     assert "setName" not in h and h["info"] == "Does not have a valid replica set config"
     with new.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
-        with pytest.raises(OperationFailure) as e:
+        with pytest.raises(NotPrimaryError) as e:
             d.app.items.count_documents({})
-        assert e.value.code == 13436
+        assert e.value.details["code"] == 13436
     version = config(p)["version"]
     add(p, new)
     conf = config(p)
@@ -126,9 +126,9 @@ def test_a_member_added_catches_up_votes_and_one_removed_leaves(four):
     with gone.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
         with pytest.raises(NotPrimaryError):
             d.app.items.insert_one({"_id": "on the removed one"})
-        with pytest.raises(OperationFailure) as e:
+        with pytest.raises(NotPrimaryError) as e:
             d.app.items.count_documents({})
-        assert e.value.code == 13436
+        assert e.value.details["code"] == 13436
         assert d.admin.command("replSetGetStatus")["myState"] == 10
     # The two left still form a majority of the new configuration.
     with set_client(rest) as c:

@@ -533,6 +533,18 @@ mod tests {
     }
 
     #[test]
+    fn a_member_data_directory_is_refused_outside_its_set() {
+        let data = tempfile::tempdir().expect("tempdir");
+        assert_eq!(member_of(data.path()), None);
+        refuse_outside_set(data.path()).expect("not a member's");
+        claim_identity(&data.path().join(RAFT_DIR), "rs0", 2).expect("claim");
+        assert_eq!(member_of(data.path()), Some(("rs0".into(), 2)));
+        let e = refuse_outside_set(data.path()).expect_err("a member's");
+        assert!(e.contains("member 2 of replica set 'rs0'"), "{e}");
+        assert!(e.contains("--replica-set rs0 --member-id 2"), "{e}");
+    }
+
+    #[test]
     fn a_data_directory_of_another_set_or_member_is_refused() {
         let dir = tempfile::tempdir().expect("tmp");
         claim_identity(dir.path(), "rs0", 1).expect("new");

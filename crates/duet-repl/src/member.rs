@@ -737,7 +737,11 @@ impl Member {
         let plan = plan(&s.members, want, s.me)?;
         let timeout = self.opts.commit_timeout;
         let raft = &self.raft;
-        let step = |what: &str, r: Result<Result<_, RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>, _>| match r {
+        let step = |what: &str,
+                    r: Result<
+            Result<_, RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>,
+            _,
+        >| match r {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
                 Err(Error::Coded {
@@ -907,5 +911,103 @@ async fn watch_readmission(raft: Raft, shared: Arc<Shared>) {
         if rx.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(id: NodeId, voter: bool) -> ConfigMember {
+        ConfigMember {
+            id,
+            host: format!("127.0.0.1:{}", 20000 + id),
+            voter,
+        }
+    }
+
+    fn code(e: Error) -> i32 {
+        match e {
+            Error::Coded { code, .. } => code,
+            other => panic!("not a coded error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plan_adds_or_removes_one_voter_at_a_time() {
+        let three = [m(0, true), m(1, true), m(2, true)];
+        let p = plan(&three, &[m(0, true), m(1, true), m(2, true), m(3, true)], 0).expect("add");
+        assert_eq!(p.add, vec![m(3, true)]);
+        assert_eq!(p.new_voter, Some(3));
+        assert_eq!(p.voters, Some(([0, 1, 2, 3].into(), false)));
+        let p = plan(&three, &[m(0, true), m(2, true)], 0).expect("remove");
+        assert_eq!(p.voters, Some(([0, 2].into(), false)));
+        assert_eq!(p.leaving, vec![m(1, true).host]);
+        // A voter made a learner stays (retain), and is not leaving.
+        let p = plan(&three, &[m(0, true), m(1, true), m(2, false)], 0).expect("demote");
+        assert_eq!(p.voters, Some(([0, 1].into(), true)));
+        assert!(p.leaving.is_empty() && p.add.is_empty());
+        // A learner added or removed changes no voter.
+        let four = [m(0, true), m(1, true), m(2, true), m(3, false)];
+        let p = plan(&three, &four, 0).expect("learner");
+        assert_eq!((p.add.len(), p.new_voter, p.voters), (1, None, None));
+        let p = plan(&four, &three, 0).expect("learner removed");
+        assert_eq!(p.remove_learners, [3].into());
+        assert_eq!(p.voters, None);
+        assert_eq!(plan(&three, &three, 0).expect("same"), Plan::default());
+    }
+
+    #[test]
+    fn a_plan_refuses_what_mongodb_refuses() {
+        let three = [m(0, true), m(1, true), m(2, true)];
+        // Two voters at once.
+        assert_eq!(code(plan(&three, &[m(0, true)], 0).unwrap_err()), 103);
+        let five = [m(0, true), m(1, true), m(2, true), m(3, true), m(4, true)];
+        assert_eq!(code(plan(&three, &five, 0).unwrap_err()), 103);
+        // The primary leaving, or no longer a voter.
+        assert_eq!(
+            code(plan(&three, &[m(1, true), m(2, true)], 0).unwrap_err()),
+            103
+        );
+        assert_eq!(
+            code(plan(&three, &[m(0, false), m(1, true), m(2, true)], 0).unwrap_err()),
+            103
+        );
+        // A member's host changed, or a host under another id.
+        let mut moved = three.to_vec();
+        moved[1].host = "127.0.0.1:30001".into();
+        assert_eq!(code(plan(&three, &moved, 0).unwrap_err()), 103);
+        let mut reused = three.to_vec();
+        reused.push(ConfigMember {
+            id: 7,
+            ..m(2, false)
+        });
+        assert_eq!(code(plan(&three, &reused, 0).unwrap_err()), 93);
+        let renumbered = [
+            m(0, true),
+            m(1, true),
+            ConfigMember {
+                id: 7,
+                ..m(2, true)
+            },
+        ];
+        assert_eq!(code(plan(&three, &renumbered, 0).unwrap_err()), 103);
+        // Duplicate ids; an address that is not host:port.
+        let mut twice = three.to_vec();
+        twice.push(ConfigMember {
+            host: "127.0.0.1:30009".into(),
+            ..m(2, true)
+        });
+        assert_eq!(code(plan(&three, &twice, 0).unwrap_err()), 93);
+        let bad = [
+            m(0, true),
+            m(1, true),
+            m(2, true),
+            ConfigMember {
+                host: "nohost".into(),
+                ..m(3, false)
+            },
+        ];
+        assert_eq!(code(plan(&three, &bad, 0).unwrap_err()), 93);
     }
 }

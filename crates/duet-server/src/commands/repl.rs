@@ -699,7 +699,10 @@ pub fn reconfig(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
              members: start it with --replica-set, --members and --member-id 0",
         ));
     };
-    if cmd.get("force").is_some_and(|f| matches!(f, Bson::Boolean(true))) {
+    if cmd
+        .get("force")
+        .is_some_and(|f| matches!(f, Bson::Boolean(true)))
+    {
         return Err(CommandError::new(
             115,
             "CommandNotSupported",
@@ -763,7 +766,11 @@ fn parse_config(config: &Document, set: &str) -> CmdResult<(u64, Vec<duet_repl::
     }
     let version = match config_number(config, "version")? {
         Some(v) if v >= 1.0 && v.fract() == 0.0 && v < 9.0e15 => v as u64,
-        _ => return Err(invalid_config("the config's version must be a positive integer")),
+        _ => {
+            return Err(invalid_config(
+                "the config's version must be a positive integer",
+            ))
+        }
     };
     let Ok(list) = config.get_array("members") else {
         return Err(invalid_config("the config's members must be an array"));
@@ -775,7 +782,11 @@ fn parse_config(config: &Document, set: &str) -> CmdResult<(u64, Vec<duet_repl::
         };
         let id = match config_number(d, "_id")? {
             Some(n) if n >= 0.0 && n.fract() == 0.0 && n <= f64::from(i32::MAX) => n as u64,
-            _ => return Err(invalid_config("a member's _id must be a non-negative integer")),
+            _ => {
+                return Err(invalid_config(
+                    "a member's _id must be a non-negative integer",
+                ))
+            }
         };
         let Ok(host) = d.get_str("host") else {
             return Err(invalid_config(format!("member {id} has no host")));
@@ -784,18 +795,26 @@ fn parse_config(config: &Document, set: &str) -> CmdResult<(u64, Vec<duet_repl::
         let priority = config_number(d, "priority")?.unwrap_or(1.0);
         let hidden = d.get_bool("hidden").unwrap_or(false);
         if d.get_bool("arbiterOnly").unwrap_or(false) {
-            return Err(unsupported(format!("member {id}: arbiters are not supported")));
+            return Err(unsupported(format!(
+                "member {id}: arbiters are not supported"
+            )));
         }
         if matches!(d.get_bool("buildIndexes"), Ok(false)) {
-            return Err(unsupported(format!("member {id}: buildIndexes: false is not supported")));
+            return Err(unsupported(format!(
+                "member {id}: buildIndexes: false is not supported"
+            )));
         }
         for delay in ["secondaryDelaySecs", "slaveDelay"] {
             if config_number(d, delay)?.is_some_and(|s| s != 0.0) {
-                return Err(unsupported(format!("member {id}: delayed members are not supported")));
+                return Err(unsupported(format!(
+                    "member {id}: delayed members are not supported"
+                )));
             }
         }
         if !(0.0..=1000.0).contains(&priority) {
-            return Err(invalid_config(format!("member {id}: priority must be between 0 and 1000")));
+            return Err(invalid_config(format!(
+                "member {id}: priority must be between 0 and 1000"
+            )));
         }
         let voter = match votes {
             v if v == 1.0 => {
