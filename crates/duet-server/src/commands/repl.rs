@@ -817,7 +817,7 @@ fn parse_config(config: &Document, set: &str) -> CmdResult<(u64, Vec<duet_repl::
             )));
         }
         let voter = match votes {
-            v if v == 1.0 => {
+            1.0 => {
                 if hidden && priority > 0.0 {
                     return Err(invalid_config(format!(
                         "member {id}: priority must be 0 when hidden=true"
@@ -831,7 +831,7 @@ fn parse_config(config: &Document, set: &str) -> CmdResult<(u64, Vec<duet_repl::
                 }
                 true
             }
-            v if v == 0.0 => {
+            0.0 => {
                 if priority != 0.0 {
                     return Err(invalid_config(format!(
                         "member {id}: priority must be 0 when non-voting (votes:0)"
