@@ -249,3 +249,46 @@ def test_a_data_directory_of_another_set_is_refused(tmp_path):
     with m.direct() as c:
         assert c.app.items.count_documents({}) == 1
     assert m.stop() == 0
+
+
+def test_two_sets_of_one_name_keep_apart(tmp_path):
+    """A member's data directory of set A reused as a member of a new set B
+    of the same name and addresses: the set ids differ, so neither side
+    serves the other's Raft requests (both log why) and B keeps its own
+    primary and data."""
+    ports = free_ports(3)
+    (tmp_path / "a").mkdir()
+    a = [Member(tmp_path / "a", i, ports) for i in range(3)]
+    primary_of(a)
+    with set_client(a) as c:
+        c.app.items.insert_many([{"_id": i, "set": "A"} for i in range(20)])
+    wait_for("A's member 2 to apply",
+             lambda: a[2].direct(read_preference=ReadPreference.SECONDARY_PREFERRED)
+             .app.items.count_documents({}) == 20)
+    a_id = config(a[0])["settings"]["replicaSetId"]
+    assert config(a[2])["settings"]["replicaSetId"] == a_id
+    stop_all(a)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "m2").rename(tmp_path / "b" / "m2")
+    b = [Member(tmp_path / "b", i, ports) for i in range(3)]
+    try:
+        p = primary_of(b[:2])
+        with set_client(b[:2]) as c:
+            c.app.get_collection("items", write_concern=WriteConcern("majority")) \
+                .insert_one({"_id": "b", "set": "B"})
+        b_id = config(p)["settings"]["replicaSetId"]
+        assert b_id != a_id
+        wait_for("the refusal to be logged", lambda: any(
+            "another replica set named 'rs0'" in m.log_path.read_text() for m in b), 20)
+        assert "another replica set named 'rs0'" in b[2].log_path.read_text()
+        # Past an election timeout: B's primary stands, with B's data only.
+        time.sleep(6)
+        assert primary_of(b[:2]) is p
+        with p.direct() as d:
+            assert d.app.items.count_documents({"set": "A"}) == 0
+            assert d.app.items.count_documents({"set": "B"}) == 1
+        with b[2].direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+            assert d.app.items.count_documents({"set": "A"}) == 20
+            assert d.app.items.count_documents({"set": "B"}) == 0
+    finally:
+        stop_all(b)

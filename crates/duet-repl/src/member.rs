@@ -340,7 +340,7 @@ impl Member {
             }
         }
         let dir = opts.data_dir.join(RAFT_DIR);
-        claim_identity(&dir, &opts.set_name, me)?;
+        let identity = Arc::new(claim_identity(&dir, &opts.set_name, me)?);
         let log = LogStore::open(&dir)?;
         let shared = Arc::new(Shared {
             engine: Arc::downgrade(engine),
@@ -356,6 +356,7 @@ impl Member {
             snapshots_installed: AtomicU64::new(0),
             removed: AtomicU64::new(read_removed(&dir)),
             dir: dir.clone(),
+            identity: identity.clone(),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
@@ -382,7 +383,10 @@ impl Member {
         let listener = tokio::net::TcpListener::bind(&raft_addr)
             .await
             .map_err(|e| format!("cannot listen for Raft on {raft_addr}: {e}"))?;
-        let raft = Raft::new(me, Arc::new(config), Network, log, sm)
+        let network = Network {
+            identity: identity.clone(),
+        };
+        let raft = Raft::new(me, Arc::new(config), network, log, sm)
             .await
             .map_err(|e| format!("cannot start Raft: {e}"))?;
         if shared.removed.load(Ordering::Acquire) != 0 {
@@ -395,6 +399,11 @@ impl Member {
             .await
             .map_err(|e| format!("Raft: {e}"))?;
         if !initialized && me == 0 {
+            if identity.set_id().is_none() {
+                identity
+                    .adopt(rand::random())
+                    .map_err(|e| format!("cannot record the replica set's id: {e}"))?;
+            }
             let nodes: BTreeMap<NodeId, BasicNode> = opts
                 .members
                 .iter()
@@ -425,6 +434,11 @@ impl Member {
 
     pub fn set_name(&self) -> &str {
         &self.opts.set_name
+    }
+
+    /// The set's id (MongoDB's `settings.replicaSetId`), once known here.
+    pub fn set_id(&self) -> Option<[u8; 12]> {
+        self.shared.identity.set_id()
     }
 
     pub fn member_id(&self) -> NodeId {
@@ -668,7 +682,7 @@ impl Member {
         let mut rx = self.raft.metrics();
         let moved = self.runtime.block_on(async move {
             if let Some(addr) = heir {
-                if !crate::network::ask_to_step_up(&addr).await {
+                if !crate::network::ask_to_step_up(&self.shared.identity, &addr).await {
                     tracing::info!(member = %addr, "the chosen member did not stand for election; waiting for an election timeout");
                 }
             }
@@ -796,9 +810,11 @@ impl Member {
         }
         let version = self.status().version;
         for host in &plan.leaving {
-            let told = self
-                .runtime
-                .block_on(crate::network::tell_removed(host, version));
+            let told = self.runtime.block_on(crate::network::tell_removed(
+                &self.shared.identity,
+                host,
+                version,
+            ));
             tracing::info!(%host, told, "replica set: member removed");
         }
         Ok(())

@@ -9,6 +9,15 @@
 //! (docs/design.md "Replication": bind members to addresses only members
 //! reach).
 //!
+//! Every request carries the sender's set name and set id
+//! (`log_store::Identity`); a member refuses requests of another set — of
+//! another name, or of the same name and another id (two sets started with
+//! the same name and addresses, or a data directory of an old set reused)
+//! — with [`RpcReply::Refused`], logged on both sides. A member that does
+//! not know the set id yet, or whose Raft log is empty (new, or wiped:
+//! nothing of its own to protect), adopts the id of the leader's appends
+//! and snapshots.
+//!
 //! Limits: a frame above [`MAX_FRAME`] is refused (the connection is
 //! closed), so a peer cannot make a member allocate without bound.
 //!
@@ -39,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::log_store::Identity;
 use crate::state_machine::Shared;
 use crate::types::{NodeId, Raft, TypeConfig};
 
@@ -63,6 +73,21 @@ enum RpcRequest {
     Removed(u64),
 }
 
+/// What goes on the wire: the request and who sends it.
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    set: &'a str,
+    set_id: Option<[u8; 12]>,
+    req: &'a RpcRequest,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn {
+    set: String,
+    set_id: Option<[u8; 12]>,
+    req: RpcRequest,
+}
+
 #[derive(Serialize, Deserialize)]
 enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
@@ -71,6 +96,8 @@ enum RpcReply {
     /// Whether the member started an election.
     StepUp(bool),
     Removed,
+    /// The request came from another replica set (why).
+    Refused(String),
 }
 
 /// The Raft address (`host:port`) of the member whose wire address is `wire`.
@@ -110,17 +137,15 @@ async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 /// Makes one [`Peer`] per target member.
-pub struct Network;
+pub struct Network {
+    pub identity: Arc<Identity>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer {
-            target,
-            addr: raft_address(&node.addr),
-            conn: None,
-        }
+        Peer::new(&self.identity, target, &node.addr)
     }
 }
 
@@ -129,11 +154,24 @@ pub struct Peer {
     target: NodeId,
     addr: Result<String, String>,
     conn: Option<TcpStream>,
+    identity: Arc<Identity>,
+    /// Whether a refusal by this member was logged (once per peer).
+    refusal_logged: bool,
 }
 
 type RpcErr<E = RaftError<NodeId>> = RPCError<NodeId, BasicNode, E>;
 
 impl Peer {
+    fn new(identity: &Arc<Identity>, target: NodeId, wire: &str) -> Peer {
+        Peer {
+            target,
+            addr: raft_address(wire),
+            conn: None,
+            identity: identity.clone(),
+            refusal_logged: false,
+        }
+    }
+
     /// One request and its reply. The connection is taken out of `self`
     /// for the exchange and put back only after the whole reply was read:
     /// openraft drops this future when its own deadline passes (one
@@ -142,7 +180,12 @@ impl Peer {
     /// request — a reply to another range of entries (seen as openraft's
     /// "prev_log_id=None never conflict" panic under load).
     async fn call(&mut self, req: &RpcRequest, ttl: Duration) -> std::io::Result<RpcReply> {
-        let bytes = bincode::serialize(req).map_err(std::io::Error::other)?;
+        let envelope = EnvelopeOut {
+            set: &self.identity.set,
+            set_id: self.identity.set_id(),
+            req,
+        };
+        let bytes = bincode::serialize(&envelope).map_err(std::io::Error::other)?;
         let conn = self.conn.take();
         let addr = self.addr.clone();
         let exchange = async move {
@@ -172,10 +215,20 @@ impl Peer {
                 ));
             }
         };
-        bincode::deserialize(&reply).map_err(|e| {
-            self.conn = None;
-            std::io::Error::other(e)
-        })
+        match bincode::deserialize(&reply) {
+            Ok(RpcReply::Refused(why)) => {
+                if !self.refusal_logged {
+                    self.refusal_logged = true;
+                    tracing::error!(member = self.target, "{why}");
+                }
+                Err(std::io::Error::other(why))
+            }
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.conn = None;
+                Err(std::io::Error::other(e))
+            }
+        }
     }
 
     fn unreachable<E: std::error::Error>(e: std::io::Error) -> RpcErr<E> {
@@ -242,12 +295,8 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// Ask the member whose wire address is `addr` to stand for election now
 /// (see [`RpcRequest::StepUp`]); whether it did.
-pub async fn ask_to_step_up(addr: &str) -> bool {
-    let mut peer = Peer {
-        target: 0,
-        addr: raft_address(addr),
-        conn: None,
-    };
+pub async fn ask_to_step_up(identity: &Arc<Identity>, addr: &str) -> bool {
+    let mut peer = Peer::new(identity, 0, addr);
     matches!(
         peer.call(&RpcRequest::StepUp, Duration::from_secs(2)).await,
         Ok(RpcReply::StepUp(true))
@@ -256,12 +305,8 @@ pub async fn ask_to_step_up(addr: &str) -> bool {
 
 /// Tell the member whose wire address is `addr` that configuration
 /// `version` removed it from the set; whether it heard.
-pub async fn tell_removed(addr: &str, version: u64) -> bool {
-    let mut peer = Peer {
-        target: 0,
-        addr: raft_address(addr),
-        conn: None,
-    };
+pub async fn tell_removed(identity: &Arc<Identity>, addr: &str, version: u64) -> bool {
+    let mut peer = Peer::new(identity, 0, addr);
     matches!(
         peer.call(&RpcRequest::Removed(version), Duration::from_secs(2))
             .await,
@@ -276,6 +321,44 @@ fn may_vote_for(raft: &Raft, candidate: Option<NodeId>) -> bool {
     let m = rx.borrow();
     let mut voters = m.membership_config.voter_ids().peekable();
     voters.peek().is_none() || candidate.is_some_and(|c| voters.any(|v| v == c))
+}
+
+/// Whether a request from set `set` / `set_id` may be served here; adopts
+/// the leader's set id when this member has none or nothing of its own
+/// (see the module documentation).
+fn same_set(raft: &Raft, me: &Identity, env: &EnvelopeIn) -> Result<(), String> {
+    if env.set != me.set {
+        return Err(format!(
+            "refused a Raft request from a member of replica set '{}': this member belongs to \
+             replica set '{}'",
+            env.set, me.set
+        ));
+    }
+    let from_leader = matches!(env.req, RpcRequest::Append(_) | RpcRequest::Snapshot(_));
+    match (me.set_id(), env.set_id) {
+        (Some(mine), Some(theirs)) if mine != theirs => {
+            if from_leader && amnesiac(raft) {
+                return adopt(me, theirs);
+            }
+            Err(format!(
+                "refused a Raft request from another replica set named '{}' (set id {}; this \
+                 member's data belongs to set id {}): a data directory of another set was \
+                 reused, or two sets share a name and addresses; start this member with an \
+                 empty data directory to join the other set",
+                me.set,
+                crate::log_store::hex(&theirs),
+                crate::log_store::hex(&mine)
+            ))
+        }
+        (None, Some(theirs)) if from_leader => adopt(me, theirs),
+        _ => Ok(()),
+    }
+}
+
+fn adopt(me: &Identity, id: [u8; 12]) -> Result<(), String> {
+    tracing::info!(set_id = %crate::log_store::hex(&id), "replica set id learned from the primary");
+    me.adopt(id)
+        .map_err(|e| format!("cannot record the replica set's id: {e}"))
 }
 
 /// Whether this member's log holds nothing but (at most) the initial
@@ -304,6 +387,7 @@ pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
         let raft = raft.clone();
         let shared = shared.clone();
         conns.spawn(async move {
+            let mut refusal_logged = false;
             loop {
                 let bytes = match read_frame(&mut s).await {
                     Ok(b) => b,
@@ -314,14 +398,23 @@ pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
                         return;
                     }
                 };
-                let req: RpcRequest = match bincode::deserialize(&bytes) {
+                let env: EnvelopeIn = match bincode::deserialize(&bytes) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "undecodable Raft request; closing");
                         return;
                     }
                 };
-                let reply = match req {
+                let checked = same_set(&raft, &shared.identity, &env);
+                let reply = match env.req {
+                    _ if checked.is_err() => {
+                        let why = checked.err().unwrap_or_default();
+                        if !refusal_logged {
+                            refusal_logged = true;
+                            tracing::error!(%peer, "{why}");
+                        }
+                        RpcReply::Refused(why)
+                    }
                     RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
                     RpcRequest::Vote(r)
                         if amnesiac(&raft) && r.last_log_id.is_some_and(|l| l.index > 0) =>
@@ -385,7 +478,11 @@ mod tests {
             while let Ok((mut s, _)) = listener.accept().await {
                 tokio::spawn(async move {
                     while let Ok(b) = read_frame(&mut s).await {
-                        let Ok(RpcRequest::Vote(r)) = bincode::deserialize(&b) else {
+                        let Ok(EnvelopeIn {
+                            req: RpcRequest::Vote(r),
+                            ..
+                        }) = bincode::deserialize(&b)
+                        else {
                             return;
                         };
                         if r.vote.leader_id().term == 1 {
@@ -404,11 +501,11 @@ mod tests {
                 });
             }
         });
-        let mut peer = Peer {
-            target: 1,
-            addr: Ok(addr),
-            conn: None,
-        };
+        let dir = tempfile::tempdir().expect("tmp");
+        let identity =
+            Arc::new(crate::log_store::claim_identity(dir.path(), "rs0", 0).expect("id"));
+        let mut peer = Peer::new(&identity, 1, "127.0.0.1:1");
+        peer.addr = Ok(addr);
         let first = tokio::time::timeout(
             Duration::from_millis(50),
             peer.call(&vote(1), Duration::from_secs(5)),

@@ -72,6 +72,8 @@ pub struct Shared {
     pub removed: AtomicU64,
     /// `<data dir>/repl.raft`.
     pub dir: PathBuf,
+    /// The set and member this data directory belongs to.
+    pub identity: Arc<crate::log_store::Identity>,
 }
 
 #[derive(Serialize, Deserialize, Default)]

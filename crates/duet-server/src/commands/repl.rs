@@ -622,6 +622,16 @@ pub fn get_config(ctx: &Ctx<'_>) -> CmdResult {
             })
         })
         .collect();
+    let mut settings = doc! {
+        "heartbeatIntervalMillis": duet_repl::member::HEARTBEAT_MS as i64,
+        "electionTimeoutMillis": duet_repl::member::ELECTION_TIMEOUT_MS.0 as i64,
+        "chainingAllowed": false,
+    };
+    // Made by member 0 when it initialized the set; learned by the others
+    // from the primary (two sets of one name stay apart: docs §19).
+    if let Some(id) = member(ctx).and_then(|m| m.set_id()) {
+        settings.insert("replicaSetId", ObjectId::from_bytes(id));
+    }
     Ok(doc! {
         "config": {
             "_id": s.set_name.clone(),
@@ -630,11 +640,7 @@ pub fn get_config(ctx: &Ctx<'_>) -> CmdResult {
             "protocolVersion": 1_i64,
             "writeConcernMajorityJournalDefault": true,
             "members": members,
-            "settings": {
-                "heartbeatIntervalMillis": duet_repl::member::HEARTBEAT_MS as i64,
-                "electionTimeoutMillis": duet_repl::member::ELECTION_TIMEOUT_MS.0 as i64,
-                "chainingAllowed": false,
-            },
+            "settings": settings,
         },
         "ok": 1.0,
     })
