@@ -11,8 +11,10 @@
 //!   about as large as the entries kept.
 //! - `vote`: the last vote, replaced atomically (tmp, fsync, rename, fsync
 //!   of the directory).
-//! - `set`: the replica-set name and this member's id; a data directory
-//!   made for another set or member is refused at start.
+//! - `set`: the replica-set name, this member's id and, once known, the
+//!   set id ([`Identity`]); a data directory made for another set or member
+//!   is refused at start, and so is a member's outside any set
+//!   ([`refuse_outside_set`]).
 //!
 //! Invariants:
 //! - every op is synced (`fdatasync`, by the log's writer thread, several
