@@ -140,6 +140,14 @@ def test_a_member_added_catches_up_votes_and_one_removed_leaves(four):
     gone.start()
     time.sleep(1)
     assert "setName" not in hello(gone)
+    # The member removed while it was down learns it when it comes back:
+    # the first member that refuses it a vote tells it.
+    p.start()
+    wait_for("the member removed while down to learn it",
+             lambda: "setName" not in hello(p), 60)
+    with p.direct(read_preference=ReadPreference.SECONDARY_PREFERRED) as d:
+        assert d.admin.command("replSetGetStatus")["myState"] == 10
+    assert primary_of(rest) is q
 
 
 def test_a_hidden_member_is_a_learner_serving_analytics_reads(four):

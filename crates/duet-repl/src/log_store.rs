@@ -188,6 +188,9 @@ pub fn refuse_outside_set(data_dir: &Path) -> Result<(), String> {
 pub struct Identity {
     pub set: String,
     pub member: u64,
+    /// This member's wire address (set by `Member::start`; sent with its
+    /// Raft requests, so a member can answer a removed one: `network.rs`).
+    pub address: String,
     set_id: parking_lot::Mutex<Option<[u8; 12]>>,
     dir: PathBuf,
 }
@@ -243,6 +246,7 @@ pub fn claim_identity(dir: &Path, set: &str, member: u64) -> Result<Identity, St
     let identity = |set_id| Identity {
         set: set.to_string(),
         member,
+        address: String::new(),
         set_id: parking_lot::Mutex::new(set_id),
         dir: dir.to_path_buf(),
     };

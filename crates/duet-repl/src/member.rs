@@ -340,7 +340,9 @@ impl Member {
             }
         }
         let dir = opts.data_dir.join(RAFT_DIR);
-        let identity = Arc::new(claim_identity(&dir, &opts.set_name, me)?);
+        let mut identity = claim_identity(&dir, &opts.set_name, me)?;
+        identity.address = my_addr.clone();
+        let identity = Arc::new(identity);
         let log = LogStore::open(&dir)?;
         let shared = Arc::new(Shared {
             engine: Arc::downgrade(engine),

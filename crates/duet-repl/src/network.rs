@@ -30,7 +30,9 @@
 //! elects. Nor does a member vote for a candidate that is not a voter of
 //! the configuration it knows: a member removed from the set never hears
 //! of its removal from the log (the leader stops replicating to it at
-//! once) and keeps campaigning until told ([`RpcRequest::Removed`]).
+//! once) and keeps campaigning until told ([`RpcRequest::Removed`]) — by
+//! the primary when it removes it, or, if it was down then, by the first
+//! member that refuses it a vote while knowing a configuration without it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +80,8 @@ enum RpcRequest {
 struct EnvelopeOut<'a> {
     set: &'a str,
     set_id: Option<[u8; 12]>,
+    /// The sender's wire address.
+    from: &'a str,
     req: &'a RpcRequest,
 }
 
@@ -85,6 +89,7 @@ struct EnvelopeOut<'a> {
 struct EnvelopeIn {
     set: String,
     set_id: Option<[u8; 12]>,
+    from: String,
     req: RpcRequest,
 }
 
@@ -183,6 +188,7 @@ impl Peer {
         let envelope = EnvelopeOut {
             set: &self.identity.set,
             set_id: self.identity.set_id(),
+            from: &self.identity.address,
             req,
         };
         let bytes = bincode::serialize(&envelope).map_err(std::io::Error::other)?;
@@ -323,6 +329,20 @@ fn may_vote_for(raft: &Raft, candidate: Option<NodeId>) -> bool {
     voters.peek().is_none() || candidate.is_some_and(|c| voters.any(|v| v == c))
 }
 
+/// The version of this member's configuration when `candidate` is not in
+/// it at all (it was removed: tell it so). A candidate added by a later
+/// configuration than this member knows is told too, harmlessly: its own
+/// configuration, newer and listing it, cancels that at once
+/// (`member::watch_readmission`).
+fn removed_version(raft: &Raft, candidate: Option<NodeId>) -> Option<u64> {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    let mc = &m.membership_config;
+    let known = mc.nodes().next().is_some();
+    let listed = candidate.is_some_and(|c| mc.nodes().any(|(n, _)| *n == c));
+    (known && !listed).then(|| mc.log_id().map_or(0, |l| l.index + 1))
+}
+
 /// Whether a request from set `set` / `set_id` may be served here; adopts
 /// the leader's set id when this member has none or nothing of its own
 /// (see the module documentation).
@@ -388,6 +408,7 @@ pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
         let shared = shared.clone();
         conns.spawn(async move {
             let mut refusal_logged = false;
+            let mut told_removed = false;
             loop {
                 let bytes = match read_frame(&mut s).await {
                     Ok(b) => b,
@@ -428,6 +449,16 @@ pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
                     }
                     RpcRequest::Vote(r) if !may_vote_for(&raft, r.vote.leader_id().voted_for()) => {
                         tracing::info!(%peer, "no vote: the candidate is not a voting member");
+                        let candidate = r.vote.leader_id().voted_for();
+                        if let Some(version) = removed_version(&raft, candidate) {
+                            if !told_removed && !env.from.is_empty() {
+                                told_removed = true;
+                                let (identity, to) = (shared.identity.clone(), env.from.clone());
+                                tokio::spawn(async move {
+                                    tell_removed(&identity, &to, version).await;
+                                });
+                            }
+                        }
                         RpcReply::Vote(Ok(VoteResponse {
                             vote: r.vote,
                             vote_granted: false,
