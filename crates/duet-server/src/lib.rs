@@ -230,7 +230,10 @@ pub struct ServeArgs {
     /// Run as a member of the replica set --replica-set whose members'
     /// MongoDB addresses are listed here in member-id order (comma-separated
     /// host:port; each member also listens for Raft on its port + 1000, an
-    /// address only members should reach). With --member-id.
+    /// address only members should reach). With --member-id. A seed list:
+    /// member 0 starts the set with it; later the set's configuration is
+    /// the one replSetReconfig makes, and a member's list only has to name
+    /// its own address at its --member-id.
     #[arg(
         long,
         value_delimiter = ',',
