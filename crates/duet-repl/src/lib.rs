@@ -35,4 +35,7 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
-pub use member::{Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT, DEFAULT_SNAPSHOT_ENTRIES};
+pub use member::{
+    ConfigMember, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT, DEFAULT_RECONFIG_CATCH_UP,
+    DEFAULT_SNAPSHOT_ENTRIES,
+};

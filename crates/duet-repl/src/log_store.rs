@@ -11,8 +11,10 @@
 //!   about as large as the entries kept.
 //! - `vote`: the last vote, replaced atomically (tmp, fsync, rename, fsync
 //!   of the directory).
-//! - `set`: the replica-set name and this member's id; a data directory
-//!   made for another set or member is refused at start.
+//! - `set`: the replica-set name, this member's id and, once known, the
+//!   set id ([`Identity`]); a data directory made for another set or member
+//!   is refused at start, and so is a member's outside any set
+//!   ([`refuse_outside_set`]).
 //!
 //! Invariants:
 //! - every op is synced (`fdatasync`, by the log's writer thread, several
@@ -150,17 +152,111 @@ fn io_err(subject: ErrorSubject<u64>, verb: ErrorVerb, e: impl std::fmt::Display
     StorageError::from_io_error(subject, verb, std::io::Error::other(e.to_string()))
 }
 
+/// The replica set and member id data directory `data_dir` belongs to, if
+/// it was ever a member's (its `repl.raft/set`).
+pub fn member_of(data_dir: &Path) -> Option<(String, u64)> {
+    let have = std::fs::read_to_string(data_dir.join(RAFT_DIR).join("set")).ok()?;
+    let mut lines = have.lines();
+    let set = lines.next()?.to_string();
+    let member = lines.next()?.trim().parse().ok()?;
+    Some((set, member))
+}
+
+/// Refuse to serve a replica-set member's data directory outside its set
+/// (`--standalone`, or a one-member set without `--members`): its writes
+/// would not be in the set's log, and the member could never rejoin.
+pub fn refuse_outside_set(data_dir: &Path) -> Result<(), String> {
+    match member_of(data_dir) {
+        None => Ok(()),
+        Some((set, member)) => Err(format!(
+            "the data directory {} belongs to member {member} of replica set '{set}': start it \
+             with --replica-set {set} --member-id {member} --members <the set's members>; to \
+             take its data out of the set for good, delete {}",
+            data_dir.display(),
+            data_dir.join(RAFT_DIR).display()
+        )),
+    }
+}
+
+/// Which set and member a data directory belongs to (`repl.raft/set`):
+/// the set's name, this member's id, and the set id (12 random bytes made
+/// by member 0 when it initializes the set, MongoDB's
+/// `settings.replicaSetId`), learned from the leader by every other member
+/// (`network.rs`). Two sets of the same name thus still tell each other
+/// apart.
+#[derive(Debug)]
+pub struct Identity {
+    pub set: String,
+    pub member: u64,
+    /// This member's wire address (set by `Member::start`; sent with its
+    /// Raft requests, so a member can answer a removed one: `network.rs`).
+    pub address: String,
+    set_id: parking_lot::Mutex<Option<[u8; 12]>>,
+    dir: PathBuf,
+}
+
+impl Identity {
+    pub fn set_id(&self) -> Option<[u8; 12]> {
+        *self.set_id.lock()
+    }
+
+    /// Record `id` as the set's id (a new set's, or the leader's).
+    pub fn adopt(&self, id: [u8; 12]) -> std::io::Result<()> {
+        let mut have = self.set_id.lock();
+        if *have == Some(id) {
+            return Ok(());
+        }
+        write_atomic(
+            &self.dir,
+            "set",
+            identity_file(&self.set, self.member, Some(id)).as_bytes(),
+        )?;
+        *have = Some(id);
+        Ok(())
+    }
+}
+
+fn identity_file(set: &str, member: u64, id: Option<[u8; 12]>) -> String {
+    match id {
+        Some(id) => format!("{set}\n{member}\n{}\n", hex(&id)),
+        None => format!("{set}\n{member}\n"),
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<[u8; 12]> {
+    let mut out = [0u8; 12];
+    if s.len() != 24 {
+        return None;
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Check (or record, when new) that `dir` belongs to member `member` of set
 /// `set`. A mismatch is refused with a message naming both.
-pub fn claim_identity(dir: &Path, set: &str, member: u64) -> Result<(), String> {
+pub fn claim_identity(dir: &Path, set: &str, member: u64) -> Result<Identity, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = dir.join("set");
-    let want = format!("{set}\n{member}\n");
+    let identity = |set_id| Identity {
+        set: set.to_string(),
+        member,
+        address: String::new(),
+        set_id: parking_lot::Mutex::new(set_id),
+        dir: dir.to_path_buf(),
+    };
     match std::fs::read_to_string(&path) {
-        Ok(have) if have == want => Ok(()),
         Ok(have) => {
             let mut lines = have.lines();
             let (s, m) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+            if s == set && m == member.to_string() {
+                return Ok(identity(lines.next().and_then(unhex)));
+            }
             Err(format!(
                 "the data directory belongs to member {m} of replica set '{s}', not member \
                  {member} of '{set}' ({}): start it with its own --replica-set and --member-id, \
@@ -169,8 +265,9 @@ pub fn claim_identity(dir: &Path, set: &str, member: u64) -> Result<(), String> 
             ))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            write_atomic(dir, "set", want.as_bytes())
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))
+            write_atomic(dir, "set", identity_file(set, member, None).as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(identity(None))
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
     }
@@ -507,10 +604,25 @@ mod tests {
     }
 
     #[test]
+    fn a_member_data_directory_is_refused_outside_its_set() {
+        let data = tempfile::tempdir().expect("tempdir");
+        assert_eq!(member_of(data.path()), None);
+        refuse_outside_set(data.path()).expect("not a member's");
+        claim_identity(&data.path().join(RAFT_DIR), "rs0", 2).expect("claim");
+        assert_eq!(member_of(data.path()), Some(("rs0".into(), 2)));
+        let e = refuse_outside_set(data.path()).expect_err("a member's");
+        assert!(e.contains("member 2 of replica set 'rs0'"), "{e}");
+        assert!(e.contains("--replica-set rs0 --member-id 2"), "{e}");
+    }
+
+    #[test]
     fn a_data_directory_of_another_set_or_member_is_refused() {
         let dir = tempfile::tempdir().expect("tmp");
-        claim_identity(dir.path(), "rs0", 1).expect("new");
-        claim_identity(dir.path(), "rs0", 1).expect("same");
+        let id = claim_identity(dir.path(), "rs0", 1).expect("new");
+        assert_eq!(id.set_id(), None);
+        id.adopt([7; 12]).expect("adopt");
+        let id = claim_identity(dir.path(), "rs0", 1).expect("same");
+        assert_eq!(id.set_id(), Some([7; 12]), "the set id is kept");
         let e = claim_identity(dir.path(), "rs1", 1).expect_err("other set");
         assert!(e.contains("member 1 of replica set 'rs0'"), "{e}");
         let e = claim_identity(dir.path(), "rs0", 2).expect_err("other member");

@@ -3,32 +3,45 @@
 //! server asks of it (role, status, write-concern waits, step-down,
 //! dropDatabase).
 //!
-//! The set is static: `--members` lists every member's MongoDB address in
-//! order, and member N is the N-th (from 0). Member 0 initializes the Raft
-//! group with that list when its Raft log is empty (MongoDB's
-//! `rs.initiate()`); the others wait to hear from the leader. Were every
-//! member to initialize, one started after the first election would
-//! campaign at the leader's own term and depose it a few seconds into the
-//! set's life (seen as NotWritablePrimary in the middle of a write stream).
+//! `--members` is the seed list: member N is its N-th address (from 0), and
+//! member 0 initializes the Raft group with that list when its Raft log is
+//! empty (MongoDB's `rs.initiate()`); the others wait to hear from the
+//! leader. Were every member to initialize, one started after the first
+//! election would campaign at the leader's own term and depose it a few
+//! seconds into the set's life (seen as NotWritablePrimary in the middle of
+//! a write stream). From then on the set's configuration is the Raft
+//! membership in force (in the Raft log and snapshots, the same on every
+//! member): `replSetReconfig` changes it ([`Member::reconfig`]), and a
+//! member's own `--members` only names its own address. Voters are the
+//! members that may be primary; learners are hidden, non-voting analytics
+//! members. The configuration's version is the log index of its membership
+//! entry plus one (so it grows with every change, and every member agrees).
+//!
+//! A member removed from the set is told so by the primary (the Raft leader
+//! stops replicating to it at once, so it would never learn it from the
+//! log): it records the configuration version that removed it
+//! (`repl.raft/removed`), stops standing for election and reports REMOVED
+//! until a later configuration lists it again.
 //!
 //! The Raft leader is the primary, but it accepts writes only once it has
 //! applied its own term's first entry (MongoDB's drain mode): before that,
 //! entries committed under the previous leader may still be unapplied here,
 //! and a group made on the older state would only be skipped.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use duetdb::{Engine, Error};
-use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState, SnapshotPolicy};
 
-use crate::log_store::{claim_identity, LogStore, RAFT_DIR};
+use crate::log_store::{claim_identity, write_atomic, LogStore, RAFT_DIR};
 use crate::network::{raft_address, serve, Network};
 use crate::pending::Pending;
-use crate::replicator::{not_primary, Replicator};
+use crate::replicator::{not_primary, write_error, Replicator};
 use crate::state_machine::{Shared, StateMachine};
 use crate::types::{NodeId, Raft, Request, Response};
 
@@ -55,6 +68,11 @@ pub const MAX_PAYLOAD_ENTRIES: u64 = 32;
 /// on the receiver included (openraft's `install_snapshot_timeout`; the
 /// install opens every database of the snapshot, index builds included).
 pub const SNAPSHOT_INSTALL_TIMEOUT_MS: u64 = 300_000;
+/// How long `replSetReconfig` waits for a member it adds as a voter to
+/// catch up (from the log or a Raft snapshot) before making it a voter,
+/// when the command has no `maxTimeMS`. Past it the member stays a learner
+/// (262 ExceededTimeLimit) and the reconfig can be run again.
+pub const DEFAULT_RECONFIG_CATCH_UP: Duration = Duration::from_secs(120);
 
 /// How to start a member.
 #[derive(Debug, Clone)]
@@ -80,6 +98,9 @@ pub enum Role {
     /// Campaigning in an election, or without a primary to follow.
     Startup,
     Shutdown,
+    /// Not in the set's configuration: removed from it (or a configuration
+    /// without it is all this member knows).
+    Removed,
 }
 
 impl Role {
@@ -90,8 +111,21 @@ impl Role {
             Role::Secondary => (2, "SECONDARY"),
             Role::Startup => (0, "STARTUP"),
             Role::Shutdown => (8, "DOWN"),
+            Role::Removed => (10, "REMOVED"),
         }
     }
+}
+
+/// One member of the set's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMember {
+    /// The member's Raft node id (`_id` in `replSetGetConfig`).
+    pub id: NodeId,
+    /// Its MongoDB wire address (`host:port`; Raft listens on port + 1000).
+    pub host: String,
+    /// A voter, which may be primary; otherwise a Raft learner: hidden,
+    /// priority 0, no vote (an analytics member).
+    pub voter: bool,
 }
 
 /// What `hello` and `replSetGetStatus` report.
@@ -99,8 +133,10 @@ impl Role {
 pub struct Status {
     pub set_name: String,
     pub me: NodeId,
-    /// `(id, wire address)` of every member.
-    pub members: Vec<(NodeId, String)>,
+    /// The configuration in force: its version (0: none yet) and members,
+    /// by id.
+    pub version: u64,
+    pub members: Vec<ConfigMember>,
     pub role: Role,
     /// Writable: primary, drained, not stepping down.
     pub writable: bool,
@@ -125,11 +161,145 @@ pub struct Status {
 
 impl Status {
     pub fn address(&self, id: NodeId) -> Option<&str> {
-        self.members
-            .iter()
-            .find(|(i, _)| *i == id)
-            .map(|(_, a)| a.as_str())
+        self.member(id).map(|m| m.host.as_str())
     }
+
+    pub fn member(&self, id: NodeId) -> Option<&ConfigMember> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    /// Whether this member is in the configuration (neither removed nor
+    /// waiting to be added).
+    pub fn in_config(&self) -> bool {
+        !matches!(self.role, Role::Removed) && self.member(self.me).is_some()
+    }
+
+    /// Whether this member is a learner (hidden, never primary).
+    pub fn hidden(&self) -> bool {
+        self.member(self.me).is_some_and(|m| !m.voter)
+    }
+
+    pub fn voters(&self) -> usize {
+        self.members.iter().filter(|m| m.voter).count()
+    }
+}
+
+/// The configuration version and members of a Raft membership.
+fn config_of(m: &RaftMetrics<NodeId, BasicNode>) -> (u64, Vec<ConfigMember>) {
+    let mc = &m.membership_config;
+    let voters: BTreeSet<NodeId> = mc.voter_ids().collect();
+    let members = mc
+        .nodes()
+        .map(|(id, n)| ConfigMember {
+            id: *id,
+            host: n.addr.clone(),
+            voter: voters.contains(id),
+        })
+        .collect();
+    (mc.log_id().map_or(0, |l| l.index + 1), members)
+}
+
+/// What a reconfig does to the membership (see [`plan`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Members to add as learners first (new voters among them).
+    pub add: Vec<ConfigMember>,
+    /// A voter being added, which must catch up before it votes.
+    pub new_voter: Option<NodeId>,
+    /// The new voter set, when it changes; with whether a voter leaving it
+    /// stays as a learner.
+    pub voters: Option<(BTreeSet<NodeId>, bool)>,
+    /// Learners to remove.
+    pub remove_learners: BTreeSet<NodeId>,
+    /// Members leaving the set (told so afterwards), by address.
+    pub leaving: Vec<String>,
+}
+
+fn incompatible(msg: impl Into<String>) -> Error {
+    Error::Coded {
+        code: 103,
+        name: "NewReplicaSetConfigurationIncompatible",
+        msg: msg.into(),
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::Coded {
+        code: 93,
+        name: "InvalidReplicaSetConfig",
+        msg: msg.into(),
+    }
+}
+
+/// The steps from configuration `current` to `want` on primary `me`, or why
+/// the change is refused: ids and hosts unique (93 InvalidReplicaSetConfig);
+/// a member keeps its host, the primary stays a voter, and at most one
+/// voter is added or removed (MongoDB's safe reconfig; 103
+/// NewReplicaSetConfigurationIncompatible).
+pub fn plan(current: &[ConfigMember], want: &[ConfigMember], me: NodeId) -> Result<Plan, Error> {
+    for (i, w) in want.iter().enumerate() {
+        crate::network::raft_address(&w.host).map_err(invalid)?;
+        if want[..i].iter().any(|o| o.id == w.id) {
+            return Err(invalid(format!("member _id {} appears twice", w.id)));
+        }
+        if want[..i].iter().any(|o| o.host == w.host) {
+            return Err(invalid(format!("host {} appears twice", w.host)));
+        }
+        if let Some(c) = current.iter().find(|c| c.id == w.id) {
+            if c.host != w.host {
+                return Err(incompatible(format!(
+                    "member {} is {}, not {}: changing a member's host is not supported                      (remove the member, then add the new host with a new _id)",
+                    w.id, c.host, w.host
+                )));
+            }
+        } else if let Some(c) = current.iter().find(|c| c.host == w.host) {
+            return Err(incompatible(format!(
+                "{} is member {} of the set, not {}",
+                w.host, c.id, w.id
+            )));
+        }
+    }
+    if !want.iter().any(|w| w.id == me && w.voter) {
+        return Err(incompatible(format!(
+            "this primary (member {me}) must stay a voting member: step it down              (replSetStepDown) and reconfigure on the new primary"
+        )));
+    }
+    let voters = |c: &[ConfigMember]| -> BTreeSet<NodeId> {
+        c.iter().filter(|m| m.voter).map(|m| m.id).collect()
+    };
+    let (old_voters, new_voters) = (voters(current), voters(want));
+    let added: Vec<NodeId> = new_voters.difference(&old_voters).copied().collect();
+    let removed: Vec<NodeId> = old_voters.difference(&new_voters).copied().collect();
+    if added.len() + removed.len() > 1 {
+        return Err(incompatible(
+            "Non force replica set reconfig can only add or remove at most 1 voting member",
+        ));
+    }
+    let mut p = Plan {
+        add: want
+            .iter()
+            .filter(|w| !current.iter().any(|c| c.id == w.id))
+            .cloned()
+            .collect(),
+        new_voter: added.first().copied(),
+        ..Plan::default()
+    };
+    if added.len() + removed.len() == 1 {
+        let retain = removed
+            .first()
+            .is_some_and(|r| want.iter().any(|w| w.id == *r));
+        p.voters = Some((new_voters, retain));
+    }
+    for c in current {
+        if want.iter().any(|w| w.id == c.id) {
+            continue;
+        }
+        if !c.voter {
+            p.remove_learners.insert(c.id);
+        }
+        p.leaving.push(c.host.clone());
+    }
+    Ok(p)
 }
 
 /// A running member (see the module documentation).
@@ -140,8 +310,11 @@ pub struct Member {
     opts: Options,
     /// Set by `replSetStepDown` until another member leads.
     stepping_down: AtomicBool,
-    /// The Raft RPC listener's task (aborted at shutdown, freeing the port).
-    listener: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The Raft RPC listener's task and the removal watcher (aborted at
+    /// shutdown, freeing the port).
+    listener: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Held by the one `replSetReconfig` under way.
+    reconfiguring: parking_lot::Mutex<()>,
 }
 
 impl Member {
@@ -167,7 +340,9 @@ impl Member {
             }
         }
         let dir = opts.data_dir.join(RAFT_DIR);
-        claim_identity(&dir, &opts.set_name, me)?;
+        let mut identity = claim_identity(&dir, &opts.set_name, me)?;
+        identity.address = my_addr.clone();
+        let identity = Arc::new(identity);
         let log = LogStore::open(&dir)?;
         let shared = Arc::new(Shared {
             engine: Arc::downgrade(engine),
@@ -181,6 +356,9 @@ impl Member {
             snapshots: Default::default(),
             snapshots_built: AtomicU64::new(0),
             snapshots_installed: AtomicU64::new(0),
+            removed: AtomicU64::new(read_removed(&dir)),
+            dir: dir.clone(),
+            identity: identity.clone(),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
@@ -207,15 +385,27 @@ impl Member {
         let listener = tokio::net::TcpListener::bind(&raft_addr)
             .await
             .map_err(|e| format!("cannot listen for Raft on {raft_addr}: {e}"))?;
-        let raft = Raft::new(me, Arc::new(config), Network, log, sm)
+        let network = Network {
+            identity: identity.clone(),
+        };
+        let raft = Raft::new(me, Arc::new(config), network, log, sm)
             .await
             .map_err(|e| format!("cannot start Raft: {e}"))?;
-        let listener = tokio::spawn(serve(listener, raft.clone()));
+        if shared.removed.load(Ordering::Acquire) != 0 {
+            raft.runtime_config().elect(false);
+        }
+        let listener = tokio::spawn(serve(listener, raft.clone(), shared.clone()));
+        let watcher = tokio::spawn(watch_readmission(raft.clone(), shared.clone()));
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| format!("Raft: {e}"))?;
         if !initialized && me == 0 {
+            if identity.set_id().is_none() {
+                identity
+                    .adopt(rand::random())
+                    .map_err(|e| format!("cannot record the replica set's id: {e}"))?;
+            }
             let nodes: BTreeMap<NodeId, BasicNode> = opts
                 .members
                 .iter()
@@ -232,7 +422,8 @@ impl Member {
             runtime: tokio::runtime::Handle::current(),
             opts,
             stepping_down: AtomicBool::new(false),
-            listener: parking_lot::Mutex::new(Some(listener)),
+            listener: parking_lot::Mutex::new(vec![listener, watcher]),
+            reconfiguring: parking_lot::Mutex::new(()),
         });
         engine.set_replicator(Some(Arc::new(Replicator {
             member: member.clone(),
@@ -247,26 +438,33 @@ impl Member {
         &self.opts.set_name
     }
 
-    pub fn member_id(&self) -> NodeId {
-        self.opts.member_id
+    /// The set's id (MongoDB's `settings.replicaSetId`), once known here.
+    pub fn set_id(&self) -> Option<[u8; 12]> {
+        self.shared.identity.set_id()
     }
 
-    /// Every member's wire address, by id.
-    pub fn members(&self) -> &[String] {
-        &self.opts.members
+    pub fn member_id(&self) -> NodeId {
+        self.opts.member_id
     }
 
     pub fn status(&self) -> Status {
         let m = self.raft.metrics().borrow().clone();
         let me = self.opts.member_id;
+        let (version, members) = config_of(&m);
+        let removed_at = self.shared.removed.load(Ordering::Acquire);
+        let removed = (removed_at != 0 && version < removed_at)
+            || (!members.is_empty() && !members.iter().any(|c| c.id == me));
         let applied = m
             .last_applied
             .map_or((0, 0), |l| (l.leader_id.term, l.index));
         let drained = applied.0 == m.current_term;
         let role = match m.state {
-            ServerState::Leader => Role::Primary,
-            ServerState::Follower if m.current_leader.is_some() => Role::Secondary,
             ServerState::Shutdown => Role::Shutdown,
+            _ if removed => Role::Removed,
+            ServerState::Leader => Role::Primary,
+            ServerState::Follower | ServerState::Learner if m.current_leader.is_some() => {
+                Role::Secondary
+            }
             _ => Role::Startup,
         };
         let writable =
@@ -283,13 +481,8 @@ impl Member {
         Status {
             set_name: self.opts.set_name.clone(),
             me,
-            members: self
-                .opts
-                .members
-                .iter()
-                .enumerate()
-                .map(|(i, a)| (i as NodeId, a.clone()))
-                .collect(),
+            version,
+            members,
             role,
             writable,
             primary: m.current_leader,
@@ -479,17 +672,19 @@ impl Member {
         // writes are in flight) is the one a vote can elect.
         let heir = {
             let m = self.raft.metrics().borrow().clone();
+            let voters: BTreeSet<NodeId> = m.membership_config.voter_ids().collect();
             m.replication.as_ref().and_then(|r| {
                 r.iter()
-                    .filter(|(id, _)| **id != me)
+                    .filter(|(id, _)| **id != me && voters.contains(id))
                     .max_by_key(|(_, l)| l.map_or(0, |l| l.index))
-                    .and_then(|(id, _)| self.opts.members.get(*id as usize).cloned())
+                    .and_then(|(id, _)| m.membership_config.nodes().find(|(n, _)| *n == id))
+                    .map(|(_, n)| n.addr.clone())
             })
         };
         let mut rx = self.raft.metrics();
         let moved = self.runtime.block_on(async move {
             if let Some(addr) = heir {
-                if !crate::network::ask_to_step_up(&addr).await {
+                if !crate::network::ask_to_step_up(&self.shared.identity, &addr).await {
                     tracing::info!(member = %addr, "the chosen member did not stand for election; waiting for an election timeout");
                 }
             }
@@ -524,14 +719,144 @@ impl Member {
         }
     }
 
+    /// `replSetReconfig`: make the set's configuration `want`, whose version
+    /// must be above the current one (103). New members are added as Raft
+    /// learners (they catch up from the log or a Raft snapshot); a new voter
+    /// then waits up to `catch_up` to hold the log before the joint-consensus
+    /// change that makes it vote (262 ExceededTimeLimit past it: it stays a
+    /// learner); removed members are told so. Primary only (10107); one at a
+    /// time (109 ConfigurationInProgress). Blocking.
+    pub fn reconfig(
+        &self,
+        version: u64,
+        want: &[ConfigMember],
+        catch_up: Duration,
+    ) -> Result<(), Error> {
+        let Some(_one) = self.reconfiguring.try_lock() else {
+            return Err(Error::Coded {
+                code: 109,
+                name: "ConfigurationInProgress",
+                msg: "another replSetReconfig is under way".into(),
+            });
+        };
+        let s = self.status();
+        if !s.writable {
+            return Err(not_primary("replSetReconfig runs on the primary"));
+        }
+        if version <= s.version {
+            return Err(incompatible(format!(
+                "New config is rejected as it is not newer than the current config: its \
+                 version {version} is not above {}",
+                s.version
+            )));
+        }
+        let plan = plan(&s.members, want, s.me)?;
+        let timeout = self.opts.commit_timeout;
+        let raft = &self.raft;
+        let step = |what: &str,
+                    r: Result<
+            Result<_, RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>,
+            _,
+        >| match r {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                Err(Error::Coded {
+                    code: 109,
+                    name: "ConfigurationInProgress",
+                    msg: format!("{what}: {e}"),
+                })
+            }
+            Ok(Err(e)) => Err(write_error(e)),
+            Err(_) => Err(Error::Coded {
+                code: 64,
+                name: "WriteConcernFailed",
+                msg: format!("{what} was not committed within {timeout:?} (it may still be)"),
+            }),
+        };
+        for a in &plan.add {
+            let r = self.runtime.block_on(tokio::time::timeout(
+                timeout,
+                raft.add_learner(a.id, BasicNode::new(&a.host), false),
+            ));
+            step(&format!("adding member {} ({})", a.id, a.host), r)?;
+            tracing::info!(member = a.id, host = %a.host, "replica set: member added as a learner");
+        }
+        if let Some(id) = plan.new_voter {
+            if !self.wait_caught_up(id, catch_up) {
+                return Err(Error::Coded {
+                    code: 262,
+                    name: "ExceededTimeLimit",
+                    msg: format!(
+                        "member {id} did not catch up within {catch_up:?}: it stays a \
+                         non-voting member; run the reconfig again once it has"
+                    ),
+                });
+            }
+        }
+        if let Some((voters, retain)) = plan.voters.clone() {
+            let r = self.runtime.block_on(tokio::time::timeout(
+                timeout * 2,
+                raft.change_membership(ChangeMembers::ReplaceAllVoters(voters), retain),
+            ));
+            step("changing the voting members", r)?;
+        }
+        if !plan.remove_learners.is_empty() {
+            let r = self.runtime.block_on(tokio::time::timeout(
+                timeout,
+                raft.change_membership(
+                    ChangeMembers::RemoveNodes(plan.remove_learners.clone()),
+                    false,
+                ),
+            ));
+            step("removing non-voting members", r)?;
+        }
+        let version = self.status().version;
+        for host in &plan.leaving {
+            let told = self.runtime.block_on(crate::network::tell_removed(
+                &self.shared.identity,
+                host,
+                version,
+            ));
+            tracing::info!(%host, told, "replica set: member removed");
+        }
+        Ok(())
+    }
+
+    /// Wait until learner `id` holds this leader's log as of now (what it
+    /// needs before it can vote without slowing commits), at most `limit`.
+    fn wait_caught_up(&self, id: NodeId, limit: Duration) -> bool {
+        let target = self.last_log_index();
+        let mut rx = self.raft.metrics();
+        self.runtime.block_on(async move {
+            tokio::time::timeout(limit, async move {
+                loop {
+                    let got = rx
+                        .borrow_and_update()
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&id).copied().flatten())
+                        .map_or(0, |l| l.index);
+                    if got >= target {
+                        return true;
+                    }
+                    if rx.changed().await.is_err() {
+                        return false;
+                    }
+                }
+            })
+            .await
+            .unwrap_or(false)
+        })
+    }
+
     /// Stop the Raft node (server shutdown).
     pub async fn shutdown(&self) {
         self.shared
             .pending
             .fail_all(|| not_primary("the member is shutting down"));
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
-        if let Some(l) = self.listener.lock().take() {
-            l.abort();
+        for task in self.listener.lock().drain(..) {
+            task.abort();
         }
         // The engine keeps this member as its replicator: its writes now
         // fail (not primary) rather than bypass the set.
@@ -561,5 +886,143 @@ fn snapshot_result(r: Response) -> Result<u64, Error> {
         other => Err(Error::Internal(format!(
             "unexpected answer to a snapshot entry: {other:?}"
         ))),
+    }
+}
+
+/// The configuration version recorded as having removed this member (0:
+/// none).
+fn read_removed(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("removed"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The primary told this member that configuration `version` removed it:
+/// remember it (durably, so a restart does not campaign again) and stop
+/// standing for election.
+pub(crate) fn mark_removed(raft: &Raft, shared: &Shared, version: u64) {
+    let version = version.max(1);
+    if let Err(e) = write_atomic(&shared.dir, "removed", format!("{version}\n").as_bytes()) {
+        tracing::warn!(error = %e, "cannot record this member's removal");
+    }
+    shared.removed.store(version, Ordering::Release);
+    raft.runtime_config().elect(false);
+    tracing::warn!(version, "this member was removed from the replica set");
+}
+
+/// Once a configuration at or past the one that removed this member lists
+/// it again (it was added back), it is a member again: forget the removal.
+async fn watch_readmission(raft: Raft, shared: Arc<Shared>) {
+    let mut rx = raft.metrics();
+    loop {
+        let at = shared.removed.load(Ordering::Acquire);
+        if at != 0 {
+            let (version, members) = config_of(&rx.borrow_and_update());
+            if version >= at && members.iter().any(|c| c.id == shared.me) {
+                let _ = std::fs::remove_file(shared.dir.join("removed"));
+                shared.removed.store(0, Ordering::Release);
+                raft.runtime_config().elect(true);
+                tracing::info!(version, "this member is in the replica set again");
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(id: NodeId, voter: bool) -> ConfigMember {
+        ConfigMember {
+            id,
+            host: format!("127.0.0.1:{}", 20000 + id),
+            voter,
+        }
+    }
+
+    fn code(r: Result<Plan, Error>) -> i32 {
+        match r {
+            Err(Error::Coded { code, .. }) => code,
+            other => panic!("not refused with a code: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plan_adds_or_removes_one_voter_at_a_time() {
+        let three = [m(0, true), m(1, true), m(2, true)];
+        let p = plan(&three, &[m(0, true), m(1, true), m(2, true), m(3, true)], 0).expect("add");
+        assert_eq!(p.add, vec![m(3, true)]);
+        assert_eq!(p.new_voter, Some(3));
+        assert_eq!(p.voters, Some(([0, 1, 2, 3].into(), false)));
+        let p = plan(&three, &[m(0, true), m(2, true)], 0).expect("remove");
+        assert_eq!(p.voters, Some(([0, 2].into(), false)));
+        assert_eq!(p.leaving, vec![m(1, true).host]);
+        // A voter made a learner stays (retain), and is not leaving.
+        let p = plan(&three, &[m(0, true), m(1, true), m(2, false)], 0).expect("demote");
+        assert_eq!(p.voters, Some(([0, 1].into(), true)));
+        assert!(p.leaving.is_empty() && p.add.is_empty());
+        // A learner added or removed changes no voter.
+        let four = [m(0, true), m(1, true), m(2, true), m(3, false)];
+        let p = plan(&three, &four, 0).expect("learner");
+        assert_eq!((p.add.len(), p.new_voter, p.voters), (1, None, None));
+        let p = plan(&four, &three, 0).expect("learner removed");
+        assert_eq!(p.remove_learners, [3].into());
+        assert_eq!(p.voters, None);
+        assert_eq!(plan(&three, &three, 0).expect("same"), Plan::default());
+    }
+
+    #[test]
+    fn a_plan_refuses_what_mongodb_refuses() {
+        let three = [m(0, true), m(1, true), m(2, true)];
+        // Two voters at once.
+        assert_eq!(code(plan(&three, &[m(0, true)], 0)), 103);
+        let five = [m(0, true), m(1, true), m(2, true), m(3, true), m(4, true)];
+        assert_eq!(code(plan(&three, &five, 0)), 103);
+        // The primary leaving, or no longer a voter.
+        assert_eq!(code(plan(&three, &[m(1, true), m(2, true)], 0)), 103);
+        assert_eq!(
+            code(plan(&three, &[m(0, false), m(1, true), m(2, true)], 0)),
+            103
+        );
+        // A member's host changed, or a host under another id.
+        let mut moved = three.to_vec();
+        moved[1].host = "127.0.0.1:30001".into();
+        assert_eq!(code(plan(&three, &moved, 0)), 103);
+        let mut reused = three.to_vec();
+        reused.push(ConfigMember {
+            id: 7,
+            ..m(2, false)
+        });
+        assert_eq!(code(plan(&three, &reused, 0)), 93);
+        let renumbered = [
+            m(0, true),
+            m(1, true),
+            ConfigMember {
+                id: 7,
+                ..m(2, true)
+            },
+        ];
+        assert_eq!(code(plan(&three, &renumbered, 0)), 103);
+        // Duplicate ids; an address that is not host:port.
+        let mut twice = three.to_vec();
+        twice.push(ConfigMember {
+            host: "127.0.0.1:30009".into(),
+            ..m(2, true)
+        });
+        assert_eq!(code(plan(&three, &twice, 0)), 93);
+        let bad = [
+            m(0, true),
+            m(1, true),
+            m(2, true),
+            ConfigMember {
+                host: "nohost".into(),
+                ..m(3, false)
+            },
+        ];
+        assert_eq!(code(plan(&three, &bad, 0)), 93);
     }
 }

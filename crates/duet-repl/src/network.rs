@@ -9,6 +9,15 @@
 //! (docs/design.md "Replication": bind members to addresses only members
 //! reach).
 //!
+//! Every request carries the sender's set name and set id
+//! (`log_store::Identity`); a member refuses requests of another set — of
+//! another name, or of the same name and another id (two sets started with
+//! the same name and addresses, or a data directory of an old set reused)
+//! — with [`RpcReply::Refused`], logged on both sides. A member that does
+//! not know the set id yet, or whose Raft log is empty (new, or wiped:
+//! nothing of its own to protect), adopts the id of the leader's appends
+//! and snapshots.
+//!
 //! Limits: a frame above [`MAX_FRAME`] is refused (the connection is
 //! closed), so a peer cannot make a member allocate without bound.
 //!
@@ -18,8 +27,14 @@
 //! lacks entries committed while it held them (Raft's safety assumes stable
 //! storage). Once it has received entries or a snapshot it votes normally;
 //! a set forming (every log empty but the initial membership) still
-//! elects.
+//! elects. Nor does a member vote for a candidate that is not a voter of
+//! the configuration it knows: a member removed from the set never hears
+//! of its removal from the log (the leader stops replicating to it at
+//! once) and keeps campaigning until told ([`RpcRequest::Removed`]) — by
+//! the primary when it removes it, or, if it was down then, by the first
+//! member that refuses it a vote while knowing a configuration without it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -35,6 +50,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::log_store::Identity;
+use crate::state_machine::Shared;
 use crate::types::{NodeId, Raft, TypeConfig};
 
 /// A member's Raft port is its MongoDB wire port plus this.
@@ -53,6 +70,27 @@ enum RpcRequest {
     /// election now instead of after its election timeout plus the leader
     /// lease (7.5-10 s here).
     StepUp,
+    /// The primary removed this member from the set; the configuration
+    /// version that did (`member::mark_removed`).
+    Removed(u64),
+}
+
+/// What goes on the wire: the request and who sends it.
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    set: &'a str,
+    set_id: Option<[u8; 12]>,
+    /// The sender's wire address.
+    from: &'a str,
+    req: &'a RpcRequest,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn {
+    set: String,
+    set_id: Option<[u8; 12]>,
+    from: String,
+    req: RpcRequest,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -62,6 +100,9 @@ enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     /// Whether the member started an election.
     StepUp(bool),
+    Removed,
+    /// The request came from another replica set (why).
+    Refused(String),
 }
 
 /// The Raft address (`host:port`) of the member whose wire address is `wire`.
@@ -101,17 +142,15 @@ async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 /// Makes one [`Peer`] per target member.
-pub struct Network;
+pub struct Network {
+    pub identity: Arc<Identity>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer {
-            target,
-            addr: raft_address(&node.addr),
-            conn: None,
-        }
+        Peer::new(&self.identity, target, &node.addr)
     }
 }
 
@@ -120,11 +159,24 @@ pub struct Peer {
     target: NodeId,
     addr: Result<String, String>,
     conn: Option<TcpStream>,
+    identity: Arc<Identity>,
+    /// Whether a refusal by this member was logged (once per peer).
+    refusal_logged: bool,
 }
 
 type RpcErr<E = RaftError<NodeId>> = RPCError<NodeId, BasicNode, E>;
 
 impl Peer {
+    fn new(identity: &Arc<Identity>, target: NodeId, wire: &str) -> Peer {
+        Peer {
+            target,
+            addr: raft_address(wire),
+            conn: None,
+            identity: identity.clone(),
+            refusal_logged: false,
+        }
+    }
+
     /// One request and its reply. The connection is taken out of `self`
     /// for the exchange and put back only after the whole reply was read:
     /// openraft drops this future when its own deadline passes (one
@@ -133,7 +185,13 @@ impl Peer {
     /// request — a reply to another range of entries (seen as openraft's
     /// "prev_log_id=None never conflict" panic under load).
     async fn call(&mut self, req: &RpcRequest, ttl: Duration) -> std::io::Result<RpcReply> {
-        let bytes = bincode::serialize(req).map_err(std::io::Error::other)?;
+        let envelope = EnvelopeOut {
+            set: &self.identity.set,
+            set_id: self.identity.set_id(),
+            from: &self.identity.address,
+            req,
+        };
+        let bytes = bincode::serialize(&envelope).map_err(std::io::Error::other)?;
         let conn = self.conn.take();
         let addr = self.addr.clone();
         let exchange = async move {
@@ -163,10 +221,20 @@ impl Peer {
                 ));
             }
         };
-        bincode::deserialize(&reply).map_err(|e| {
-            self.conn = None;
-            std::io::Error::other(e)
-        })
+        match bincode::deserialize(&reply) {
+            Ok(RpcReply::Refused(why)) => {
+                if !self.refusal_logged {
+                    self.refusal_logged = true;
+                    tracing::error!(member = self.target, "{why}");
+                }
+                Err(std::io::Error::other(why))
+            }
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.conn = None;
+                Err(std::io::Error::other(e))
+            }
+        }
     }
 
     fn unreachable<E: std::error::Error>(e: std::io::Error) -> RpcErr<E> {
@@ -233,16 +301,84 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// Ask the member whose wire address is `addr` to stand for election now
 /// (see [`RpcRequest::StepUp`]); whether it did.
-pub async fn ask_to_step_up(addr: &str) -> bool {
-    let mut peer = Peer {
-        target: 0,
-        addr: raft_address(addr),
-        conn: None,
-    };
+pub async fn ask_to_step_up(identity: &Arc<Identity>, addr: &str) -> bool {
+    let mut peer = Peer::new(identity, 0, addr);
     matches!(
         peer.call(&RpcRequest::StepUp, Duration::from_secs(2)).await,
         Ok(RpcReply::StepUp(true))
     )
+}
+
+/// Tell the member whose wire address is `addr` that configuration
+/// `version` removed it from the set; whether it heard.
+pub async fn tell_removed(identity: &Arc<Identity>, addr: &str, version: u64) -> bool {
+    let mut peer = Peer::new(identity, 0, addr);
+    matches!(
+        peer.call(&RpcRequest::Removed(version), Duration::from_secs(2))
+            .await,
+        Ok(RpcReply::Removed)
+    )
+}
+
+/// Whether `candidate` may get this member's vote: a voter of the
+/// configuration it knows (any, while it knows none: a set forming).
+fn may_vote_for(raft: &Raft, candidate: Option<NodeId>) -> bool {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    let mut voters = m.membership_config.voter_ids().peekable();
+    voters.peek().is_none() || candidate.is_some_and(|c| voters.any(|v| v == c))
+}
+
+/// The version of this member's configuration when `candidate` is not in
+/// it at all (it was removed: tell it so). A candidate added by a later
+/// configuration than this member knows is told too, harmlessly: its own
+/// configuration, newer and listing it, cancels that at once
+/// (`member::watch_readmission`).
+fn removed_version(raft: &Raft, candidate: Option<NodeId>) -> Option<u64> {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    let mc = &m.membership_config;
+    let known = mc.nodes().next().is_some();
+    let listed = candidate.is_some_and(|c| mc.nodes().any(|(n, _)| *n == c));
+    (known && !listed).then(|| mc.log_id().map_or(0, |l| l.index + 1))
+}
+
+/// Whether a request from set `set` / `set_id` may be served here; adopts
+/// the leader's set id when this member has none or nothing of its own
+/// (see the module documentation).
+fn same_set(raft: &Raft, me: &Identity, env: &EnvelopeIn) -> Result<(), String> {
+    if env.set != me.set {
+        return Err(format!(
+            "refused a Raft request from a member of replica set '{}': this member belongs to \
+             replica set '{}'",
+            env.set, me.set
+        ));
+    }
+    let from_leader = matches!(env.req, RpcRequest::Append(_) | RpcRequest::Snapshot(_));
+    match (me.set_id(), env.set_id) {
+        (Some(mine), Some(theirs)) if mine != theirs => {
+            if from_leader && amnesiac(raft) {
+                return adopt(me, theirs);
+            }
+            Err(format!(
+                "refused a Raft request from another replica set named '{}' (set id {}; this \
+                 member's data belongs to set id {}): a data directory of another set was \
+                 reused, or two sets share a name and addresses; start this member with an \
+                 empty data directory to join the other set",
+                me.set,
+                crate::log_store::hex(&theirs),
+                crate::log_store::hex(&mine)
+            ))
+        }
+        (None, Some(theirs)) if from_leader => adopt(me, theirs),
+        _ => Ok(()),
+    }
+}
+
+fn adopt(me: &Identity, id: [u8; 12]) -> Result<(), String> {
+    tracing::info!(set_id = %crate::log_store::hex(&id), "replica set id learned from the primary");
+    me.adopt(id)
+        .map_err(|e| format!("cannot record the replica set's id: {e}"))
 }
 
 /// Whether this member's log holds nothing but (at most) the initial
@@ -255,7 +391,7 @@ fn amnesiac(raft: &Raft) -> bool {
 
 /// Answer Raft RPCs arriving on `listener` until the task is dropped
 /// (which also ends every connection it serves).
-pub async fn serve(listener: TcpListener, raft: Raft) {
+pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         while conns.try_join_next().is_some() {}
@@ -269,7 +405,10 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
         };
         let _ = s.set_nodelay(true);
         let raft = raft.clone();
+        let shared = shared.clone();
         conns.spawn(async move {
+            let mut refusal_logged = false;
+            let mut told_removed = false;
             loop {
                 let bytes = match read_frame(&mut s).await {
                     Ok(b) => b,
@@ -280,14 +419,23 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                         return;
                     }
                 };
-                let req: RpcRequest = match bincode::deserialize(&bytes) {
+                let env: EnvelopeIn = match bincode::deserialize(&bytes) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "undecodable Raft request; closing");
                         return;
                     }
                 };
-                let reply = match req {
+                let checked = same_set(&raft, &shared.identity, &env);
+                let reply = match env.req {
+                    _ if checked.is_err() => {
+                        let why = checked.err().unwrap_or_default();
+                        if !refusal_logged {
+                            refusal_logged = true;
+                            tracing::error!(%peer, "{why}");
+                        }
+                        RpcReply::Refused(why)
+                    }
                     RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
                     RpcRequest::Vote(r)
                         if amnesiac(&raft) && r.last_log_id.is_some_and(|l| l.index > 0) =>
@@ -299,11 +447,33 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
                             last_log_id: None,
                         }))
                     }
+                    RpcRequest::Vote(r) if !may_vote_for(&raft, r.vote.leader_id().voted_for()) => {
+                        tracing::info!(%peer, "no vote: the candidate is not a voting member");
+                        let candidate = r.vote.leader_id().voted_for();
+                        if let Some(version) = removed_version(&raft, candidate) {
+                            if !told_removed && !env.from.is_empty() {
+                                told_removed = true;
+                                let (identity, to) = (shared.identity.clone(), env.from.clone());
+                                tokio::spawn(async move {
+                                    tell_removed(&identity, &to, version).await;
+                                });
+                            }
+                        }
+                        RpcReply::Vote(Ok(VoteResponse {
+                            vote: r.vote,
+                            vote_granted: false,
+                            last_log_id: None,
+                        }))
+                    }
                     RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
                     RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
                     RpcRequest::StepUp => {
                         tracing::info!(%peer, "asked to stand for election (primary stepping down)");
                         RpcReply::StepUp(raft.trigger().elect().await.is_ok())
+                    }
+                    RpcRequest::Removed(version) => {
+                        crate::member::mark_removed(&raft, &shared, version);
+                        RpcReply::Removed
                     }
                 };
                 let Ok(out) = bincode::serialize(&reply) else {
@@ -339,7 +509,11 @@ mod tests {
             while let Ok((mut s, _)) = listener.accept().await {
                 tokio::spawn(async move {
                     while let Ok(b) = read_frame(&mut s).await {
-                        let Ok(RpcRequest::Vote(r)) = bincode::deserialize(&b) else {
+                        let Ok(EnvelopeIn {
+                            req: RpcRequest::Vote(r),
+                            ..
+                        }) = bincode::deserialize(&b)
+                        else {
                             return;
                         };
                         if r.vote.leader_id().term == 1 {
@@ -358,11 +532,11 @@ mod tests {
                 });
             }
         });
-        let mut peer = Peer {
-            target: 1,
-            addr: Ok(addr),
-            conn: None,
-        };
+        let dir = tempfile::tempdir().expect("tmp");
+        let identity =
+            Arc::new(crate::log_store::claim_identity(dir.path(), "rs0", 0).expect("id"));
+        let mut peer = Peer::new(&identity, 1, "127.0.0.1:1");
+        peer.addr = Ok(addr);
         let first = tokio::time::timeout(
             Duration::from_millis(50),
             peer.call(&vote(1), Duration::from_secs(5)),

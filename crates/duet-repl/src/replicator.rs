@@ -37,7 +37,9 @@ pub fn not_primary(msg: impl Into<String>) -> Error {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> Error {
+pub(crate) fn write_error(
+    e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
+) -> Error {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_primary(format!(
             "not primary: this member lost the primary role (primary now: {})",

@@ -67,6 +67,13 @@ pub struct Shared {
     /// Snapshots built and installed by this process (`replSetGetStatus`).
     pub snapshots_built: AtomicU64,
     pub snapshots_installed: AtomicU64,
+    /// The configuration version that removed this member from the set, as
+    /// the primary told it (0: not removed; `member::mark_removed`).
+    pub removed: AtomicU64,
+    /// `<data dir>/repl.raft`.
+    pub dir: PathBuf,
+    /// The set and member this data directory belongs to.
+    pub identity: Arc<crate::log_store::Identity>,
 }
 
 #[derive(Serialize, Deserialize, Default)]

@@ -238,7 +238,10 @@ pub struct ServeArgs {
     /// Run as a member of the replica set --replica-set whose members'
     /// MongoDB addresses are listed here in member-id order (comma-separated
     /// host:port; each member also listens for Raft on its port + 1000, an
-    /// address only members should reach). With --member-id.
+    /// address only members should reach). With --member-id. A seed list:
+    /// member 0 starts the set with it; later the set's configuration is
+    /// the one replSetReconfig makes, and a member's list only has to name
+    /// its own address at its --member-id.
     #[arg(
         long,
         value_delimiter = ',',
@@ -271,6 +274,7 @@ pub struct ServeArgs {
 /// the port the server listens on.
 fn repl_options(args: &ServeArgs) -> Result<Option<duet_repl::Options>, String> {
     let Some(id) = args.member_id else {
+        duet_repl::log_store::refuse_outside_set(&args.data_dir)?;
         return Ok(None);
     };
     let me = args.members.get(id as usize).ok_or_else(|| {

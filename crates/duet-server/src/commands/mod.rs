@@ -738,7 +738,7 @@ fn run(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CmdResult {
         "replSetGetStatus" => repl::get_status(ctx),
         "replSetGetConfig" => repl::get_config(ctx),
         "replSetStepDown" => repl::step_down(ctx, cmd),
-        "replSetReconfig" => repl::reconfig(ctx),
+        "replSetReconfig" => repl::reconfig(ctx, cmd),
         "applyOps" => oplog::apply_ops(ctx, cmd),
         other => Err(CommandError::new(
             59,

@@ -1,7 +1,8 @@
 //! What drivers see of a replica set (`--members`, the `duet-repl` crate):
 //! the topology in `hello`, the member's role enforced on every command,
 //! write concerns, and `replSetGetStatus` / `replSetGetConfig` /
-//! `replSetStepDown`; `replSetReconfig` is refused (the members are fixed).
+//! `replSetStepDown` / `replSetReconfig` (adding and removing members, and
+//! hidden non-voting analytics members: Raft learners).
 //!
 //! Rules, as MongoDB's:
 //! - on a member that is not the writable primary, writes fail with
@@ -24,7 +25,11 @@
 //!   only committed entries); `linearizable` checks with a majority that
 //!   this member still leads (ReadIndex) and is primary-only;
 //!   `afterClusterTime`/`atClusterTime` wait until this member applied the
-//!   group of that time, up to `maxTimeMS` (50 MaxTimeMSExpired).
+//!   group of that time, up to `maxTimeMS` (50 MaxTimeMSExpired);
+//! - a member not in the set's configuration (removed, or waiting to be
+//!   added) says so in `hello` and refuses reads too (13436
+//!   NotPrimaryOrSecondary); a hidden member (a learner) is absent from
+//!   `hosts` and says `hidden: true` in its own `hello`.
 //!
 //! Without `--members` the server is a one-member set (or a standalone with
 //! `--standalone`); these commands then describe that one member (or fail
@@ -94,7 +99,8 @@ pub fn member<'a>(ctx: &'a Ctx<'_>) -> Option<&'a std::sync::Arc<Member>> {
     ctx.state.repl.get()
 }
 
-/// The configuration version reported (the set is static).
+/// The configuration version of a one-member set (started without
+/// `--members`: its configuration never changes).
 pub const SET_VERSION: i32 = 1;
 
 /// MongoDB's electionId: `0x7fffffff` then the term, so it grows with
@@ -125,11 +131,27 @@ pub fn hello(m: &Member, is_hello: bool, d: &mut Document) {
     } else {
         d.insert("ismaster", s.writable);
     }
-    let hosts: Vec<String> = s.members.iter().map(|(_, a)| a.clone()).collect();
-    d.insert("secondary", s.role == Role::Secondary);
+    d.insert("secondary", s.in_config() && s.role == Role::Secondary);
+    if !s.in_config() {
+        // MongoDB's answer from a member removed from the set or not yet
+        // added: drivers leave it out of the topology.
+        d.insert("info", "Does not have a valid replica set config");
+        d.insert("isreplicaset", true);
+        return;
+    }
+    // Hidden members are not in `hosts` (drivers never route to them).
+    let hosts: Vec<String> = s
+        .members
+        .iter()
+        .filter(|c| c.voter)
+        .map(|c| c.host.clone())
+        .collect();
     d.insert("setName", s.set_name.clone());
-    d.insert("setVersion", SET_VERSION);
+    d.insert("setVersion", s.version as i64);
     d.insert("hosts", hosts);
+    if s.hidden() {
+        d.insert("hidden", true);
+    }
     if let Some(p) = s.primary.and_then(|p| s.address(p)) {
         d.insert("primary", p);
     }
@@ -196,7 +218,8 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
     let Some(m) = member(ctx) else {
         return Ok(());
     };
-    let writable = m.is_writable_primary();
+    let status = m.status();
+    let writable = status.writable;
     let refused = if writable {
         None
     } else if writes(name, cmd) || session.in_transaction() {
@@ -204,6 +227,12 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
             10107,
             "NotWritablePrimary",
             "not primary: writes go to the replica set's primary",
+        ))
+    } else if READS.contains(&name) && !status.in_config() {
+        Some(CommandError::new(
+            13436,
+            "NotPrimaryOrSecondary",
+            "this member is not in the replica set's configuration (removed, or not yet added): read from a member of the set",
         ))
     } else if READS.contains(&name) && !secondary_ok(cmd) {
         Some(CommandError::new(
@@ -413,7 +442,8 @@ pub fn after(
         W::Majority => return Ok(reply),
         W::Members(n) => n,
     };
-    let members = m.members().len();
+    let s = m.status();
+    let members = s.members.len();
     if n > members {
         return Err(CommandError::new(
             100,
@@ -421,7 +451,8 @@ pub fn after(
             format!("Not enough data-bearing nodes: w: {n} asks for more members than the set's {members}"),
         ));
     }
-    if n <= members / 2 + 1 {
+    // A majority of the voters holds every acknowledged write.
+    if n <= s.voters() / 2 + 1 {
         return Ok(reply);
     }
     let mut reply = reply;
@@ -448,7 +479,12 @@ fn one_member(ctx: &Ctx<'_>, set: &str) -> Status {
     Status {
         set_name: set.to_string(),
         me: 0,
-        members: vec![(0, super::handshake::member_address(ctx))],
+        version: SET_VERSION as u64,
+        members: vec![duet_repl::ConfigMember {
+            id: 0,
+            host: super::handshake::member_address(ctx),
+            voter: true,
+        }],
         role: Role::Primary,
         writable: true,
         primary: Some(0),
@@ -504,7 +540,8 @@ pub fn get_status(ctx: &Ctx<'_>) -> CmdResult {
     let members: Vec<Bson> = s
         .members
         .iter()
-        .map(|(id, addr)| {
+        .map(|c| {
+            let (id, addr) = (&c.id, &c.host);
             let me = *id == s.me;
             let primary = s.primary == Some(*id);
             let role = if primary {
@@ -573,33 +610,39 @@ pub fn get_config(ctx: &Ctx<'_>) -> CmdResult {
     let members: Vec<Bson> = s
         .members
         .iter()
-        .map(|(id, addr)| {
+        .map(|c| {
             Bson::Document(doc! {
-                "_id": *id as i32,
-                "host": addr.clone(),
+                "_id": c.id as i32,
+                "host": c.host.clone(),
                 "arbiterOnly": false,
                 "buildIndexes": true,
-                "hidden": false,
-                "priority": 1.0,
+                "hidden": !c.voter,
+                "priority": if c.voter { 1.0 } else { 0.0 },
                 "tags": {},
                 "secondaryDelaySecs": 0_i64,
-                "votes": 1,
+                "votes": i32::from(c.voter),
             })
         })
         .collect();
+    let mut settings = doc! {
+        "heartbeatIntervalMillis": duet_repl::member::HEARTBEAT_MS as i64,
+        "electionTimeoutMillis": duet_repl::member::ELECTION_TIMEOUT_MS.0 as i64,
+        "chainingAllowed": false,
+    };
+    // Made by member 0 when it initialized the set; learned by the others
+    // from the primary (two sets of one name stay apart: docs §19).
+    if let Some(id) = member(ctx).and_then(|m| m.set_id()) {
+        settings.insert("replicaSetId", ObjectId::from_bytes(id));
+    }
     Ok(doc! {
         "config": {
             "_id": s.set_name.clone(),
-            "version": SET_VERSION,
+            "version": s.version as i64,
             "term": s.term as i64,
             "protocolVersion": 1_i64,
             "writeConcernMajorityJournalDefault": true,
             "members": members,
-            "settings": {
-                "heartbeatIntervalMillis": duet_repl::member::HEARTBEAT_MS as i64,
-                "electionTimeoutMillis": duet_repl::member::ELECTION_TIMEOUT_MS.0 as i64,
-                "chainingAllowed": false,
-            },
+            "settings": settings,
         },
         "ok": 1.0,
     })
@@ -643,19 +686,182 @@ pub fn step_down(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     Ok(doc! {"ok": 1.0})
 }
 
-/// `replSetReconfig` (mongosh `rs.add`/`rs.remove`/`rs.reconfig`): refused.
-/// Membership changes are not built: the members are fixed by `--members`
-/// (a member's position there is its Raft id), so a different list would
-/// not agree with the membership every member's Raft log holds.
-pub fn reconfig(ctx: &Ctx<'_>) -> CmdResult {
+/// `replSetReconfig: <config>` (mongosh `rs.add`/`rs.remove`/`rs.reconfig`):
+/// the set's members become the config's `members` (`_id` = Raft node id,
+/// `host`). A member is a voter (`votes: 1`, `priority` above 0, not
+/// hidden) or a hidden analytics member (`{hidden: true, priority: 0,
+/// votes: 0}`: a Raft learner). The config's `_id` must be the set's name
+/// and its `version` above the current one (103); at most one voter added
+/// or removed (103); `force` and the member options duet lacks (arbiters,
+/// delayed members, `buildIndexes: false`, priority-0 or hidden voters,
+/// visible non-voters) are refused (115). The wait for a new voter to
+/// catch up is `maxTimeMS` (else `DEFAULT_RECONFIG_CATCH_UP`).
+pub fn reconfig(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     admin_only(ctx, "replSetReconfig")?;
-    status_of(ctx)?;
-    Err(CommandError::new(
-        115,
-        "CommandNotSupported",
-        "replSetReconfig is not supported: the replica set's members are fixed by --members \
-         (adding or removing members is not built); a member that lost its disk rejoins \
-         with its own --member-id and an empty data directory and catches up from a Raft \
-         snapshot",
-    ))
+    let Some(m) = member(ctx) else {
+        status_of(ctx)?;
+        return Err(CommandError::new(
+            115,
+            "CommandNotSupported",
+            "this one-member replica set was started without --members and cannot change its \
+             members: start it with --replica-set, --members and --member-id 0",
+        ));
+    };
+    if cmd
+        .get("force")
+        .is_some_and(|f| matches!(f, Bson::Boolean(true)))
+    {
+        return Err(CommandError::new(
+            115,
+            "CommandNotSupported",
+            "force reconfig is not supported: the configuration changes through the primary's \
+             Raft log",
+        ));
+    }
+    let config = match cmd.get("replSetReconfig") {
+        Some(Bson::Document(d)) => d,
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "replSetReconfig takes the new configuration document",
+            ))
+        }
+    };
+    let (version, want) = parse_config(config, m.set_name())?;
+    let catch_up = match crate::args::opt_i64(cmd, "maxTimeMS")? {
+        Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
+        _ => duet_repl::DEFAULT_RECONFIG_CATCH_UP,
+    };
+    m.reconfig(version, &want, catch_up)?;
+    Ok(doc! {"ok": 1.0})
+}
+
+fn invalid_config(msg: impl Into<String>) -> CommandError {
+    CommandError::new(93, "InvalidReplicaSetConfig", msg)
+}
+
+fn unsupported(msg: impl Into<String>) -> CommandError {
+    CommandError::new(115, "CommandNotSupported", msg)
+}
+
+/// A number field of a config document (any numeric BSON type).
+fn config_number(d: &Document, field: &str) -> CmdResult<Option<f64>> {
+    match d.get(field) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Int32(n)) => Ok(Some(f64::from(*n))),
+        Some(Bson::Int64(n)) => Ok(Some(*n as f64)),
+        Some(Bson::Double(n)) => Ok(Some(*n)),
+        Some(other) => Err(invalid_config(format!(
+            "{field} must be a number, not {:?}",
+            other.element_type()
+        ))),
+    }
+}
+
+/// The version and members of a `replSetReconfig` config document of set
+/// `set`, checked as MongoDB checks them (93 InvalidReplicaSetConfig, 103
+/// NewReplicaSetConfigurationIncompatible) and for what duet supports (115).
+fn parse_config(config: &Document, set: &str) -> CmdResult<(u64, Vec<duet_repl::ConfigMember>)> {
+    match config.get("_id") {
+        Some(Bson::String(s)) if s == set => {}
+        Some(Bson::String(s)) => {
+            return Err(CommandError::new(
+                103,
+                "NewReplicaSetConfigurationIncompatible",
+                format!("New and old configurations differ in replica set name; old was {set}, and new is {s}"),
+            ))
+        }
+        _ => return Err(invalid_config("the config's _id must be the replica set's name")),
+    }
+    let version = match config_number(config, "version")? {
+        Some(v) if v >= 1.0 && v.fract() == 0.0 && v < 9.0e15 => v as u64,
+        _ => {
+            return Err(invalid_config(
+                "the config's version must be a positive integer",
+            ))
+        }
+    };
+    let Ok(list) = config.get_array("members") else {
+        return Err(invalid_config("the config's members must be an array"));
+    };
+    let mut members = Vec::with_capacity(list.len());
+    for entry in list {
+        let Bson::Document(d) = entry else {
+            return Err(invalid_config("each member must be a document"));
+        };
+        let id = match config_number(d, "_id")? {
+            Some(n) if n >= 0.0 && n.fract() == 0.0 && n <= f64::from(i32::MAX) => n as u64,
+            _ => {
+                return Err(invalid_config(
+                    "a member's _id must be a non-negative integer",
+                ))
+            }
+        };
+        let Ok(host) = d.get_str("host") else {
+            return Err(invalid_config(format!("member {id} has no host")));
+        };
+        let votes = config_number(d, "votes")?.unwrap_or(1.0);
+        let priority = config_number(d, "priority")?.unwrap_or(1.0);
+        let hidden = d.get_bool("hidden").unwrap_or(false);
+        if d.get_bool("arbiterOnly").unwrap_or(false) {
+            return Err(unsupported(format!(
+                "member {id}: arbiters are not supported"
+            )));
+        }
+        if matches!(d.get_bool("buildIndexes"), Ok(false)) {
+            return Err(unsupported(format!(
+                "member {id}: buildIndexes: false is not supported"
+            )));
+        }
+        for delay in ["secondaryDelaySecs", "slaveDelay"] {
+            if config_number(d, delay)?.is_some_and(|s| s != 0.0) {
+                return Err(unsupported(format!(
+                    "member {id}: delayed members are not supported"
+                )));
+            }
+        }
+        if !(0.0..=1000.0).contains(&priority) {
+            return Err(invalid_config(format!(
+                "member {id}: priority must be between 0 and 1000"
+            )));
+        }
+        let voter = match votes {
+            1.0 => {
+                if hidden && priority > 0.0 {
+                    return Err(invalid_config(format!(
+                        "member {id}: priority must be 0 when hidden=true"
+                    )));
+                }
+                if hidden || priority == 0.0 {
+                    return Err(unsupported(format!(
+                        "member {id}: a voting member that can never be primary is not \
+                         supported; analytics members are {{hidden: true, priority: 0, votes: 0}}"
+                    )));
+                }
+                true
+            }
+            0.0 => {
+                if priority != 0.0 {
+                    return Err(invalid_config(format!(
+                        "member {id}: priority must be 0 when non-voting (votes:0)"
+                    )));
+                }
+                if !hidden {
+                    return Err(unsupported(format!(
+                        "member {id}: non-voting members are hidden analytics members here: \
+                         {{hidden: true, priority: 0, votes: 0}}"
+                    )));
+                }
+                false
+            }
+            _ => {
+                return Err(invalid_config(format!("member {id}: votes must be 0 or 1")));
+            }
+        };
+        members.push(duet_repl::ConfigMember {
+            id,
+            host: host.to_string(),
+            voter,
+        });
+    }
+    Ok((version, members))
 }
