@@ -39,7 +39,8 @@ pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
-    FindOutcome, FindStream, IndexOptions, IndexSize, IndexTarget, ReturnDocument, Snapshot,
+    FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
+    IndexTarget, ReturnDocument, Snapshot, BACKGROUND_BUILD_MIN_DOCS,
     SnapshotCollection, StorageStats, TextFindOptions, Transaction, TtlCounters, TtlMonitor,
     TtlPass, UpdateOptions, Validation, DEFAULT_TTL_SLEEP,
 };
@@ -62,6 +63,7 @@ pub use snapshot::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use snapshot::retained::{CollectionCost, RetainedCost};
 pub use snapshot::scan::ScanOutcome;
 pub use snapshot::{Choice, ReadStats, Strategy};
+pub use store::index_build::{BuildPhase, IndexBuildProgress};
 pub use store::options::{CollectionOptions, OptionError, ValidationAction, ValidationLevel};
 pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};

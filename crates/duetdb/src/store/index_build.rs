@@ -166,10 +166,6 @@ impl IndexBuild {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.index.spec.name
-    }
-
     /// Bring the index up to date with `to`, a later version of the same
     /// collection; returns how many records changed since the last version
     /// the index reflected. After an error the build is unusable (drop it).
