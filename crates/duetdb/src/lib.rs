@@ -40,9 +40,9 @@ pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
     FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
-    IndexTarget, ReturnDocument, Snapshot, BACKGROUND_BUILD_MIN_DOCS,
-    SnapshotCollection, StorageStats, TextFindOptions, Transaction, TtlCounters, TtlMonitor,
-    TtlPass, UpdateOptions, Validation, DEFAULT_TTL_SLEEP,
+    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StorageStats, TextFindOptions,
+    Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, Validation,
+    BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;

@@ -62,11 +62,15 @@ fn random_write(c: &Collection, rng: &mut StdRng, next_id: &mut i32) {
                 .expect("update");
         }
         2 => {
-            c.update_one(doc! {"_id": id}, doc! {"$push": {"tags": rng.gen_range(0..9)}})
-                .expect("push");
+            c.update_one(
+                doc! {"_id": id},
+                doc! {"$push": {"tags": rng.gen_range(0..9)}},
+            )
+            .expect("push");
         }
         3 => {
-            c.replace_one(doc! {"_id": id}, doc! {"b": 1}).expect("replace");
+            c.replace_one(doc! {"_id": id}, doc! {"b": 1})
+                .expect("replace");
         }
         _ => {
             c.delete_one(doc! {"_id": id}).expect("delete");
@@ -182,7 +186,9 @@ fn unique_violations_fail_and_leave_nothing() {
         .expect("no duplicate at any catch-up");
     assert_eq!(name, "u_1");
     c.check_invariants().expect("invariants");
-    let e = c.insert_one(doc! {"_id": -4, "u": 9}).expect_err("unique now");
+    let e = c
+        .insert_one(doc! {"_id": -4, "u": 9})
+        .expect_err("unique now");
     assert_eq!(e.code(), 11000);
 }
 
@@ -203,7 +209,9 @@ fn drop_rename_and_kill_abort_the_build() {
             &background(move || {
                 // Only an index being built has this name: dropIndexes
                 // aborts it and succeeds.
-                handle.drop_index("a_1").expect("dropIndexes aborts the build");
+                handle
+                    .drop_index("a_1")
+                    .expect("dropIndexes aborts the build");
             }),
         )
         .expect_err("aborted by dropIndexes");

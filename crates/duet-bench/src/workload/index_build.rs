@@ -128,13 +128,7 @@ pub fn run(records: u64, warmup: f64, seed: u64) -> Result<(Vec<Row>, String)> {
     for r in &rows {
         md.push_str(&format!(
             "| {} | {} | {:.2} | {:.0} | {:.0} | {:.3} | {:.1} |\n",
-            r.mode,
-            r.records,
-            r.build_secs,
-            r.baseline_ups,
-            r.during_ups,
-            r.ratio,
-            r.max_update_ms
+            r.mode, r.records, r.build_secs, r.baseline_ups, r.during_ups, r.ratio, r.max_update_ms
         ));
     }
     Ok((rows, md))

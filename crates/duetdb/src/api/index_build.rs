@@ -142,12 +142,9 @@ impl Builds {
             .iter()
             .filter(|e| e.coll == coll && index.is_none_or(|i| e.index == i))
         {
-            e.aborted.lock().get_or_insert_with(|| {
-                format!(
-                    "Index build aborted: {}: {why}",
-                    e.index
-                )
-            });
+            e.aborted
+                .lock()
+                .get_or_insert_with(|| format!("Index build aborted: {}: {why}", e.index));
             n += 1;
         }
         n
@@ -208,10 +205,7 @@ impl Collection {
         if !c.check_new_index(spec)? {
             return Ok(Some(false));
         }
-        let progress = options
-            .progress
-            .clone()
-            .unwrap_or_else(IndexBuildProgress::new);
+        let progress = options.progress.clone().unwrap_or_default();
         let checker = |cancel: CancelToken, entry: Arc<BuildEntry>| {
             move || -> Result<()> {
                 cancel.check()?;

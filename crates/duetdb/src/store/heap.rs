@@ -950,7 +950,11 @@ mod tests {
         use proptest::prelude::*;
         use std::collections::BTreeMap;
         let ops = proptest::collection::vec(
-            (0u8..3, prop_oneof![0u64..200, 0u64..300_000, Just(u64::MAX)], 0u64..4),
+            (
+                0u8..3,
+                prop_oneof![0u64..200, 0u64..300_000, Just(u64::MAX)],
+                0u64..4,
+            ),
             0..300,
         );
         proptest!(|(before in ops.clone(), after in ops)| {

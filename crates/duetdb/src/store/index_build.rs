@@ -135,7 +135,7 @@ impl IndexBuild {
         // leaf once in turn, and duplicates of a unique index are neighbours.
         let mut entries: Vec<(IndexKey, RecordId)> = Vec::with_capacity(from.len());
         for (n, (rid, doc)) in from.heap.iter().enumerate() {
-            if n as u64 % CHECK_EVERY == 0 {
+            if (n as u64).is_multiple_of(CHECK_EVERY) {
                 check()?;
                 progress.advance(n as u64);
             }
@@ -153,7 +153,7 @@ impl IndexBuild {
             }
         }
         for (n, e) in entries.into_iter().enumerate() {
-            if n as u64 % (CHECK_EVERY * 16) == 0 {
+            if (n as u64).is_multiple_of(CHECK_EVERY * 16) {
                 check()?;
             }
             index.tree.insert(e, ());
@@ -181,16 +181,17 @@ impl IndexBuild {
             )));
         }
         let mut changes: Vec<(RecordId, Option<DocRef>, Option<DocRef>)> = Vec::new();
-        self.base.diff(&to.heap, &|a, b| Arc::ptr_eq(a, b), &mut |rid, old, new| {
-            changes.push((rid, old.cloned(), new.cloned()))
-        });
+        self.base
+            .diff(&to.heap, &|a, b| Arc::ptr_eq(a, b), &mut |rid, old, new| {
+                changes.push((rid, old.cloned(), new.cloned()))
+            });
         let total = changes.len() as u64;
         self.progress.set(BuildPhase::CatchingUp, 0, total * 2);
         // Every old key first, then every new one: in between the index
         // holds the unchanged records only, so a new key that finds a holder
         // is a duplicate in `to` itself, not a transient of the replay order.
         for (n, (rid, old, _)) in changes.iter().enumerate() {
-            if n as u64 % CHECK_EVERY == 0 {
+            if (n as u64).is_multiple_of(CHECK_EVERY) {
                 check()?;
                 self.progress.advance(n as u64);
             }
@@ -201,7 +202,7 @@ impl IndexBuild {
             }
         }
         for (n, (rid, _, new)) in changes.iter().enumerate() {
-            if n as u64 % CHECK_EVERY == 0 {
+            if (n as u64).is_multiple_of(CHECK_EVERY) {
                 check()?;
                 self.progress.advance(total + n as u64);
             }
@@ -296,9 +297,8 @@ mod tests {
             insert(&mut c, i, i);
         }
         let spec = IndexSpec::new(&doc! {"a": 1}, None, true).expect("spec");
-        let build =
-            IndexBuild::scan(spec.clone(), &c, IndexBuildProgress::new(), &mut || Ok(()))
-                .expect("scan");
+        let build = IndexBuild::scan(spec.clone(), &c, IndexBuildProgress::new(), &mut || Ok(()))
+            .expect("scan");
         insert(&mut c, 100, 3);
         let before = c.fingerprint();
         let e = build.finish(&mut c).expect_err("duplicate");
@@ -309,8 +309,8 @@ mod tests {
         assert_eq!(build.expect_err("dup in snapshot").code(), 11000);
 
         let spec = IndexSpec::new(&doc! {"a": 1}, None, false).expect("spec");
-        let build = IndexBuild::scan(spec, &c, IndexBuildProgress::new(), &mut || Ok(()))
-            .expect("scan");
+        let build =
+            IndexBuild::scan(spec, &c, IndexBuildProgress::new(), &mut || Ok(())).expect("scan");
         let mut other = CollectionState::new("t.c", VlsOptions::default());
         assert_eq!(build.finish(&mut other).expect_err("other").code(), 276);
     }
