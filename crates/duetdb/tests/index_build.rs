@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use duetdb::bson::{doc, Document};
 use duetdb::{
-    CancelReason, CancelToken, Collection, Database, IndexBuildMode, IndexBuildOptions,
+    CancelReason, CancelToken, Collection, Database, Engine, IndexBuildMode, IndexBuildOptions,
     IndexBuildProgress,
 };
 use parking_lot::Mutex;
@@ -193,7 +193,7 @@ fn unique_violations_fail_and_leave_nothing() {
 }
 
 /// `dropIndexes` of the index being built, dropping or renaming its
-/// collection, and cancelling the command abort the build: 276
+/// collection, dropping its database, and cancelling the command abort the build: 276
 /// IndexBuildAborted (11601 for a kill), and no index is left.
 #[test]
 fn drop_rename_and_kill_abort_the_build() {
@@ -242,6 +242,20 @@ fn drop_rename_and_kill_abort_the_build() {
         .expect_err("aborted by drop");
     assert_eq!(e.code(), 276, "{e}");
     assert!(!db.list_collection_names().contains(&"d".to_string()));
+
+    let engine = Engine::in_memory();
+    let other = engine.database("other").expect("db");
+    let o = other.collection("o");
+    fill(&o, 1000);
+    let e = o
+        .create_index_spec_with(
+            &spec,
+            &background(move || {
+                engine.drop_database("other");
+            }),
+        )
+        .expect_err("aborted by dropDatabase");
+    assert_eq!(e.code(), 276, "{e}");
 
     let c = db.collection("c");
     fill(&c, 2000);

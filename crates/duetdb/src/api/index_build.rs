@@ -26,7 +26,7 @@
 //!
 //! Aborts: the build registers itself per database ([`Builds`]);
 //! `dropIndexes` of its name (or `*`), dropping or renaming its collection
-//! abort it with 276 IndexBuildAborted, and the command's cancel token
+//! or dropping its database abort it with 276 IndexBuildAborted, and the command's cancel token
 //! (`killOp`, `maxTimeMS`, a closed connection, shutdown) with the token's
 //! code; either way no index is left. An abort that comes too late for the
 //! checks still finds the collection replaced or gone at the final step.
@@ -130,6 +130,15 @@ impl Builds {
         Registered {
             builds: self,
             entry,
+        }
+    }
+
+    /// Abort every build of the database (it is being dropped).
+    pub(crate) fn abort_all(&self, why: &str) {
+        for e in self.list.lock().iter() {
+            e.aborted
+                .lock()
+                .get_or_insert_with(|| format!("Index build aborted: {}: {why}", e.index));
         }
     }
 
