@@ -47,8 +47,28 @@ pub enum BenchCommand {
     #[cfg(feature = "wire")]
     #[command(name = "wire-latency")]
     WireLatency(WireLatencyArgs),
+    /// Index build of a large collection inside the writer (foreground) vs
+    /// outside it (background) while an updater runs at full speed: the
+    /// writer's throughput during the build as a ratio, and build times.
+    #[command(name = "index-build")]
+    IndexBuild(IndexBuildArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct IndexBuildArgs {
+    /// Documents in the collection indexed.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub records: u64,
+    /// Seconds the updater runs alone before each build (its baseline).
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Directory for `index-build.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
 }
 
 #[cfg(feature = "wire")]
@@ -397,6 +417,17 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 serde_json::to_string_pretty(&rows)?,
             )?;
             std::fs::write(a.out.join("wire-latency.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
+        BenchCommand::IndexBuild(a) => {
+            let (rows, md) = crate::workload::index_build::run(a.records, a.warmup, a.seed)?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("index-build.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            std::fs::write(a.out.join("index-build.md"), &md)?;
             println!("{md}");
             Ok(None)
         }

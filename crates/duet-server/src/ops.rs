@@ -58,9 +58,19 @@ pub struct ReadNote {
 #[derive(Default)]
 pub struct OpReport {
     read: Mutex<Option<ReadNote>>,
+    /// The index build a `createIndexes` runs outside the writer.
+    index_build: Mutex<Option<Arc<duetdb::IndexBuildProgress>>>,
 }
 
 impl OpReport {
+    pub fn note_index_build(&self, progress: Arc<duetdb::IndexBuildProgress>) {
+        *self.index_build.lock() = Some(progress);
+    }
+
+    pub fn index_build(&self) -> Option<Arc<duetdb::IndexBuildProgress>> {
+        self.index_build.lock().clone()
+    }
+
     pub fn note_read(&self, note: ReadNote) {
         *self.read.lock() = Some(note);
     }
@@ -260,7 +270,7 @@ impl OpRegistry {
             .map(|(opid, op)| {
                 let micros = op.started.elapsed().as_micros().min(i64::MAX as u128) as i64;
                 let cancelled = op.token.is_cancelled();
-                let entry = doc! {
+                let mut entry = doc! {
                     "type": "op",
                     "host": host,
                     "desc": format!("conn{}", op.conn),
@@ -280,6 +290,9 @@ impl OpRegistry {
                     "waitingForLock": false,
                     "locks": {},
                 };
+                if let Some(progress) = op.report.index_build() {
+                    crate::commands::currentop::index_build_fields(&progress, &mut entry);
+                }
                 (entry, op.report.read())
             })
             .collect()

@@ -40,9 +40,10 @@ pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
-    FindOutcome, FindStream, IndexOptions, IndexSize, IndexTarget, ReturnDocument, Snapshot,
-    SnapshotCollection, StorageStats, TailPosition, TextFindOptions, Transaction, TtlCounters,
-    TtlMonitor, TtlPass, UpdateOptions, Validation, DEFAULT_TTL_SLEEP,
+    FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
+    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StorageStats, TailPosition,
+    TextFindOptions, Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, Validation,
+    BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use durability::wal::WalStats;
@@ -63,6 +64,7 @@ pub use snapshot::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use snapshot::retained::{CollectionCost, RetainedCost};
 pub use snapshot::scan::ScanOutcome;
 pub use snapshot::{Choice, ReadStats, Strategy};
+pub use store::index_build::{BuildPhase, IndexBuildProgress};
 pub use store::options::{CollectionOptions, OptionError, ValidationAction, ValidationLevel};
 pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};

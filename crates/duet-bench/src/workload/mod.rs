@@ -8,6 +8,7 @@
 
 pub mod changes;
 pub mod htap;
+pub mod index_build;
 pub mod snapshot;
 pub mod space;
 pub mod tpcch;

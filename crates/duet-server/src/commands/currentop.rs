@@ -13,7 +13,11 @@
 //! command filter the list as a query (`$ownOps`: this connection's only;
 //! `$all` is accepted: there are no idle or system operations to add).
 //!
-//! `killOp: 1, op: <opid>` cancels one; as in MongoDB it answers `{info:
+//! An index build outside the writer (`createIndexes` on a large
+//! collection) adds MongoDB's `msg` and `progress: {done, total}`.
+//!
+//! `killOp: 1, op: <opid>` cancels one (an index build stops and leaves no
+//! index); as in MongoDB it answers `{info:
 //! "attempting to kill op", ok: 1}` whether or not the op still runs; the
 //! op stops at its next check with 11601 Interrupted. Both run on `admin`
 //! only (13 Unauthorized elsewhere).
@@ -189,6 +193,21 @@ fn read_fields(ctx: &Ctx<'_>, note: &ReadNote, entry: &mut Document) {
         _ => {}
     }
     entry.insert("duet", duet);
+}
+
+/// MongoDB's `msg` and `progress: {done, total}` of a `createIndexes`
+/// whose build runs outside the writer (the phase: scanning the
+/// collection, draining the writes received during the build, committing).
+pub fn index_build_fields(progress: &duetdb::IndexBuildProgress, entry: &mut Document) {
+    let (_, done, total) = progress.get();
+    entry.insert("msg", progress.message());
+    entry.insert(
+        "progress",
+        doc! {
+            "done": done.min(i64::MAX as u64) as i64,
+            "total": total.min(i64::MAX as u64) as i64,
+        },
+    );
 }
 
 /// The `inprog` entries this connection may see, filtered by `filter`.

@@ -263,7 +263,16 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
                 "index option '{k}' is not supported by duetdb"
             )));
         }
-        coll.create_index_spec(spec)?;
+        let progress = duetdb::IndexBuildProgress::new();
+        if let Some(report) = ctx.report {
+            report.note_index_build(progress.clone());
+        }
+        let options = duetdb::IndexBuildOptions {
+            cancel: ctx.cancel.clone(),
+            progress: Some(progress),
+            ..Default::default()
+        };
+        coll.create_index_spec_with(spec, &options)?;
     }
     let n_after = coll.list_indexes().map(|v| v.len()).unwrap_or(0) as i32;
     let mut reply = doc! {
@@ -345,6 +354,9 @@ pub fn drop_indexes(ctx: &Ctx<'_>, command: &str, cmd: &Document) -> CmdResult {
             "InvalidOptions",
             "cannot drop _id index",
         ));
+    }
+    if matches!(cmd.get("index"), Some(Bson::String(s)) if s == "*") {
+        coll.abort_index_builds(None, "indexes dropped during the build");
     }
     for t in &targets {
         coll.drop_index(t)?;

@@ -479,19 +479,9 @@ impl Collection {
     /// expireAfterSeconds, wildcardProjection}`, as `createIndexes` takes);
     /// returns its name. An identical index again is a no-op; conflicts are
     /// 85 IndexOptionsConflict / 86 IndexKeySpecsConflict, as MongoDB.
+    /// Large collections build outside the writer (`api::index_build`).
     pub fn create_index_spec(&self, spec: &Document) -> Result<String> {
-        validate_collection_name(&self.name)?;
-        let spec = crate::query::index_spec::parse(spec)?;
-        let name = if spec.is_id_pattern() {
-            ID_INDEX_NAME.to_string()
-        } else {
-            spec.name.clone()
-        };
-        self.db.submit(Command::CreateIndex {
-            coll: self.name.clone(),
-            spec,
-        })?;
-        Ok(name)
+        self.create_index_spec_with(spec, &crate::api::index_build::IndexBuildOptions::default())
     }
 
     /// Set the `expireAfterSeconds` of an index (`collMod`'s `index` option):
@@ -597,13 +587,21 @@ impl Collection {
         self
     }
 
+    /// Drop index `name`; an index of that name still being built is
+    /// aborted instead (its `createIndexes` fails with 276, as MongoDB).
     pub fn drop_index(&self, name: &str) -> Result<()> {
-        self.db
-            .submit(Command::DropIndex {
-                coll: self.name.clone(),
-                name: name.to_string(),
-            })
-            .map(|_| ())
+        let dropped = self.db.submit(Command::DropIndex {
+            coll: self.name.clone(),
+            name: name.to_string(),
+        });
+        match dropped {
+            Err(Error::IndexNotFound(_))
+                if self.abort_index_builds(Some(name), "index dropped during the build") > 0 =>
+            {
+                Ok(())
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     /// Index descriptions as MongoDB's `listIndexes` returns them.

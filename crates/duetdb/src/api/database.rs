@@ -50,6 +50,8 @@ struct DbInner {
     durable: Option<Arc<Durable>>,
     /// Its place in the shared flusher and checkpointer.
     background: parking_lot::Mutex<Option<Registration>>,
+    /// Index builds in progress outside the writer (`api::index_build`).
+    index_builds: crate::api::index_build::Builds,
 }
 
 impl Drop for DbInner {
@@ -118,6 +120,7 @@ impl Database {
                 snapshots: Default::default(),
                 durable: None,
                 background: parking_lot::Mutex::new(None),
+                index_builds: Default::default(),
             }),
             durability: None,
             origin: None,
@@ -244,6 +247,7 @@ impl Database {
             reads: ReadCounts::default(),
             durable: Some(durable.clone()),
             background: parking_lot::Mutex::new(None),
+            index_builds: Default::default(),
         });
         let weak = Arc::downgrade(&inner);
         let bg = Registration::register(&durable, move || {
@@ -373,6 +377,10 @@ impl Database {
         self.inner.writer.apply_replicated(payload)
     }
 
+    pub(crate) fn index_builds(&self) -> &crate::api::index_build::Builds {
+        &self.inner.index_builds
+    }
+
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
         self.inner
             .writer
@@ -419,7 +427,12 @@ impl Database {
         match self.submit(Command::DropCollection {
             name: name.to_string(),
         })? {
-            Reply::Existed(b) => Ok(b),
+            Reply::Existed(b) => {
+                // Its builds would find it gone at their next step anyway.
+                self.index_builds()
+                    .abort(name, None, "collection dropped during the build");
+                Ok(b)
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -432,8 +445,11 @@ impl Database {
             from: from.to_string(),
             to: to.to_string(),
             drop_target,
-        })
-        .map(|_| ())
+        })?;
+        let builds = self.index_builds();
+        builds.abort(from, None, "collection renamed during the build");
+        builds.abort(to, None, "collection replaced during the build");
+        Ok(())
     }
 
     /// Names of the collections, sorted.

@@ -268,6 +268,8 @@ impl Engine {
             return Err(e.into());
         }
         dbs.remove(name);
+        db.index_builds()
+            .abort_all("database dropped during the build");
         self.delete(db);
         self.hub.publish(entry.record());
         Ok(true)

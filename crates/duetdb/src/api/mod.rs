@@ -1,5 +1,5 @@
 //! The public API: `Database`, `Collection`, `Find`, `Snapshot`,
-//! `Transaction`, `Engine`, the TTL monitor (`ttl`), and `Crud`, the one CRUD surface of a live
+//! `Transaction`, `Engine`, the TTL monitor (`ttl`), index builds outside the writer (`index_build`), and `Crud`, the one CRUD surface of a live
 //! collection and of a transaction's view of one. Every `impl` block of an
 //! API type lives here; the layers below know nothing of these types.
 //! Layer 8: may use every layer below.
@@ -14,6 +14,7 @@ pub mod crud;
 pub mod database;
 pub mod engine;
 pub mod find;
+pub mod index_build;
 pub mod named;
 pub mod olcp;
 pub mod out;
@@ -33,6 +34,7 @@ pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
 pub use engine::Engine;
 pub use find::{Find, FindOptions, FindOutcome, FindStream};
+pub use index_build::{IndexBuildMode, IndexBuildOptions, BACKGROUND_BUILD_MIN_DOCS};
 pub use snapshot::{Snapshot, SnapshotCollection};
 pub use stats::{IndexSize, StorageStats, Validation};
 pub use text::TextFindOptions;

@@ -91,6 +91,10 @@ pub enum Error {
     /// A running query lost its collection (dropped or renamed). Code 175 (QueryPlanKilled).
     #[error("query plan killed: {0}")]
     QueryPlanKilled(String),
+    /// An index build in progress was aborted (its collection or index was
+    /// dropped, renamed or recreated meanwhile). Code 276 (IndexBuildAborted).
+    #[error("{0}")]
+    IndexBuildAborted(String),
     /// The database has been closed or its writer stopped.
     #[error("database is closed")]
     Closed,
@@ -193,6 +197,7 @@ impl Error {
             Error::CannotCreateIndex(_) => 67,
             Error::IllegalOperation(_) => 20,
             Error::QueryPlanKilled(_) => 175,
+            Error::IndexBuildAborted(_) => 276,
             Error::Closed => 91,
             Error::Internal(_) => 1,
             Error::BulkWrite(_) => 65,
@@ -237,6 +242,7 @@ impl Error {
             Error::CannotCreateIndex(_) => "CannotCreateIndex",
             Error::IllegalOperation(_) => "IllegalOperation",
             Error::QueryPlanKilled(_) => "QueryPlanKilled",
+            Error::IndexBuildAborted(_) => "IndexBuildAborted",
             Error::Closed => "ShutdownInProgress",
             Error::Internal(_) => "InternalError",
             Error::BulkWrite(_) => "MultipleErrorsOccurred",

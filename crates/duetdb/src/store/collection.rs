@@ -168,7 +168,7 @@ impl CollectionState {
         }))
     }
 
-    fn dup_key_error(&self, index: &IndexState, key: &IndexKey) -> Error {
+    pub(crate) fn dup_key_error(&self, index: &IndexState, key: &IndexKey) -> Error {
         let key_value = key.to_document(&index.spec);
         let rendered = key_value
             .iter()
@@ -349,12 +349,36 @@ impl CollectionState {
     /// Build a new index over the existing documents. Errors (duplicate keys,
     /// parallel arrays) leave the collection unchanged. Returns false when an
     /// identical index exists (or `spec` is the primary key pattern).
+    /// (Large collections are built outside the writer instead:
+    /// `store::index_build`; both check with [`CollectionState::check_new_index`].)
+    pub fn create_index(&mut self, spec: IndexSpec) -> Result<bool> {
+        if !self.check_new_index(&spec)? {
+            return Ok(false);
+        }
+        let mut index = IndexState::new(spec);
+        for (rid, doc) in self.heap.iter() {
+            let (keys, multikey) = index.spec.keys_for(doc)?;
+            index.multikey |= multikey;
+            for k in keys {
+                if index.spec.unique && index.holder_of(&k, Some(rid)).is_some() {
+                    return Err(self.dup_key_error(&index, &k));
+                }
+                index.tree.insert((k, rid), ());
+            }
+        }
+        self.indexes.push(index);
+        Ok(true)
+    }
+
+    /// Whether `spec` may be added as a new index: `Ok(true)` when it may,
+    /// `Ok(false)` when an identical index exists (or `spec` is the primary
+    /// key pattern), an error on a conflict. Changes nothing.
     ///
     /// Conflicts, as MongoDB: the same name with other keys is 86
     /// IndexKeySpecsConflict; the same name and keys with other options, or
     /// the same keys (and partial filter) under another name, is 85
     /// IndexOptionsConflict.
-    pub fn create_index(&mut self, spec: IndexSpec) -> Result<bool> {
+    pub fn check_new_index(&self, spec: &IndexSpec) -> Result<bool> {
         if spec.is_id_pattern() && spec.partial.is_none() {
             return Ok(false); // the primary index always exists
         }
@@ -364,10 +388,10 @@ impl CollectionState {
             ));
         }
         if let Some(existing) = self.indexes.iter().find(|i| i.spec.name == spec.name) {
-            if *existing.spec == spec {
+            if *existing.spec == *spec {
                 return Ok(false);
             }
-            if existing.spec.same_keys_as(&spec) {
+            if existing.spec.same_keys_as(spec) {
                 return Err(Error::IndexOptionsConflict(format!(
                     "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
                     spec.to_document(),
@@ -393,7 +417,7 @@ impl CollectionState {
                 )));
             }
         }
-        if let Some(existing) = self.indexes.iter().find(|i| i.spec.same_keys_as(&spec)) {
+        if let Some(existing) = self.indexes.iter().find(|i| i.spec.same_keys_as(spec)) {
             return Err(Error::IndexOptionsConflict(format!(
                 "Index already exists with a different name: {}",
                 existing.spec.name
@@ -405,18 +429,6 @@ impl CollectionState {
                 MAX_INDEXES + 1
             )));
         }
-        let mut index = IndexState::new(spec);
-        for (rid, doc) in self.heap.iter() {
-            let (keys, multikey) = index.spec.keys_for(doc)?;
-            index.multikey |= multikey;
-            for k in keys {
-                if index.spec.unique && index.holder_of(&k, Some(rid)).is_some() {
-                    return Err(self.dup_key_error(&index, &k));
-                }
-                index.tree.insert((k, rid), ());
-            }
-        }
-        self.indexes.push(index);
         Ok(true)
     }
 

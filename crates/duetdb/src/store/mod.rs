@@ -6,6 +6,8 @@
 //! - `index`: index specs, key extraction, key order; `hashed`: MongoDB's
 //!   hash of a value (hashed indexes); `wildcard`: wildcard index coverage and keys; `text`: text index terms and scores;
 //! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
+//!   `index_build`: an index built outside the writer from a published version,
+//!   caught up by diffing heaps;
 //!   `options`: its `create`/`collMod` options (`changeStreamPreAndPostImages`);
 //! - `state`: one version of a database (`DbState`);
 //! - `vls`, `remset`: the VLS status masks and shared remset kept beside the
@@ -18,6 +20,7 @@ pub mod geo;
 pub mod hashed;
 pub mod heap;
 pub mod index;
+pub mod index_build;
 pub mod options;
 pub mod remset;
 pub mod state;
