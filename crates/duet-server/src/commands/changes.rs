@@ -53,6 +53,24 @@ use crate::error::{CmdResult, CommandError};
 pub const MAX_WAITING_GETMORES: usize = 256;
 /// A change stream `getMore` without `maxTimeMS` waits this long (MongoDB's default).
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
+
+/// How long a `getMore` on a tailable cursor (oplog view, capped
+/// collection) may wait for new entries: its `maxTimeMS` (refused, as
+/// MongoDB, on a cursor without awaitData), else [`DEFAULT_AWAIT`] with
+/// awaitData and no wait without.
+pub fn tailable_await(cmd: &Document, await_data: bool) -> CmdResult<Duration> {
+    Ok(match crate::args::opt_i64(cmd, "maxTimeMS")? {
+        Some(_) if !await_data => {
+            return Err(CommandError::bad_value(
+                "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
+            ))
+        }
+        Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
+        Some(_) => Duration::ZERO,
+        None if await_data => DEFAULT_AWAIT,
+        None => Duration::ZERO,
+    })
+}
 /// Longest one wait slice (how quickly a cancellation ends a wait).
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// Events read from the engine at a time.

@@ -50,7 +50,7 @@ use duetdb::lang::{Filter, Pipeline, Projection};
 use duetdb::raw::{array_element_len, document_len};
 use duetdb::{ChangeEvent, ChangeKind, ChangePosition, ChangeScope, Engine};
 
-use super::changes::{packed, timestamp, WaitSlot, DEFAULT_AWAIT};
+use super::changes::{packed, timestamp, WaitSlot};
 use super::Ctx;
 use crate::args;
 use crate::cursor::{owned_document_bytes, Cursor, CursorSource, MAX_BATCH_BYTES};
@@ -1054,17 +1054,7 @@ pub fn get_more(
         .source_mut()
         .as_oplog()
         .ok_or_else(|| CommandError::internal("not an oplog cursor"))?;
-    let wait = match args::opt_i64(cmd, "maxTimeMS")? {
-        Some(_) if !oplog.await_data => {
-            return Err(CommandError::bad_value(
-                "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
-            ))
-        }
-        Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
-        Some(_) => Duration::ZERO,
-        None if oplog.await_data => DEFAULT_AWAIT,
-        None => Duration::ZERO,
-    };
+    let wait = super::changes::tailable_await(cmd, oplog.await_data)?;
     let deadline = Instant::now() + wait;
     let mut slot = None;
     let batch = loop {

@@ -48,7 +48,7 @@ use duetdb::lang::{Filter, Projection};
 use duetdb::raw::{array_element_len, document_len, DocRef};
 use duetdb::TailPosition;
 
-use super::changes::{WaitSlot, DEFAULT_AWAIT};
+use super::changes::WaitSlot;
 use super::source::Target;
 use super::Ctx;
 use crate::args;
@@ -278,17 +278,7 @@ pub fn get_more(
         .source_mut()
         .as_tailable()
         .ok_or_else(|| CommandError::internal("not a tailable cursor"))?;
-    let wait = match args::opt_i64(cmd, "maxTimeMS")? {
-        Some(_) if !tail.await_data => {
-            return Err(CommandError::bad_value(
-                "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
-            ))
-        }
-        Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
-        Some(_) => Duration::ZERO,
-        None if tail.await_data => DEFAULT_AWAIT,
-        None => Duration::ZERO,
-    };
+    let wait = super::changes::tailable_await(cmd, tail.await_data)?;
     let deadline = Instant::now() + wait;
     let mut slot = None;
     let batch = loop {
