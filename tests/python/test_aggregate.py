@@ -152,6 +152,10 @@ def test_errors_have_mongodb_codes(db, orders):
         ([{"$project": {"x": {"$add": ["$cust", 1]}}}], 14),
         ([{"$project": {"x": {"$nope": 1}}}], 168),
         ([{"$unwind": "items"}], 28818),
+        ([{"$unwind": {"path": "$items", "bogus": 1}}], 28811),
+        ([{"$count": "$n"}], 40158),
+        ([{"$group": {"_id": None, "n": 1}}], 40234),
+        ([{"$group": {"_id": None, "a.b": {"$sum": 1}}}], 40235),
     ]
     for pipeline, code in cases:
         with pytest.raises(OperationFailure) as e:

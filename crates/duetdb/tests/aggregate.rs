@@ -296,7 +296,7 @@ fn unwind_forms() {
     assert_eq!(code(vec![doc! {"$unwind": "a"}], &docs), 28818);
     assert_eq!(
         code(vec![doc! {"$unwind": {"path": "$a", "bogus": 1}}], &docs),
-        2
+        28811
     );
     // Unwind then group: the multiset of tags.
     let tags = ok(
@@ -353,7 +353,10 @@ fn sort_skip_limit_count() {
     .is_empty());
     assert_eq!(code(vec![doc! {"$limit": 0}], &docs), 15958);
     assert_eq!(code(vec![doc! {"$skip": -1}], &docs), 5107200);
-    assert_eq!(code(vec![doc! {"$count": "$n"}], &docs), 2);
+    assert_eq!(code(vec![doc! {"$count": "$n"}], &docs), 40158);
+    assert_eq!(code(vec![doc! {"$count": ""}], &docs), 40157);
+    assert_eq!(code(vec![doc! {"$count": 1}], &docs), 40156);
+    assert_eq!(code(vec![doc! {"$count": "a.b"}], &docs), 40160);
     assert_eq!(code(vec![doc! {"$sort": {}}], &docs), 15976);
 }
 
@@ -429,9 +432,23 @@ fn error_codes() {
     );
     assert_eq!(
         code(vec![doc! {"$group": {"_id": 1, "a.b": {"$sum": 1}}}], &docs),
-        2
+        40235
     );
-    assert_eq!(code(vec![doc! {"$group": {"_id": 1, "n": 1}}], &docs), 2);
+    assert_eq!(
+        code(vec![doc! {"$group": {"_id": 1, "n": 1}}], &docs),
+        40234
+    );
+    assert_eq!(
+        code(vec![doc! {"$group": {"_id": 1, "$n": {"$sum": 1}}}], &docs),
+        40236
+    );
+    assert_eq!(
+        code(
+            vec![doc! {"$group": {"_id": 1, "n": {"$sum": 1, "$max": 1}}}],
+            &docs
+        ),
+        40238
+    );
     assert_eq!(code(vec![doc! {"$match": {"$bogus": 1}}], &docs), 2);
     assert_eq!(
         code(vec![doc! {"$project": {"x": {"$frob": 1}}}], &docs),

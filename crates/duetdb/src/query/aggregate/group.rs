@@ -278,25 +278,30 @@ impl Group {
         let id = ex(id, scope)?;
         let mut fields = Vec::new();
         for (k, v) in spec.iter().filter(|(k, _)| k.as_str() != "_id") {
+            // MongoDB's codes (accumulation_statement.cpp, document_source_group.cpp).
             if k.starts_with('$') {
-                return Err(Error::bad_value(format!(
-                    "The field name '{k}' cannot be an operator name"
-                )));
+                return Err(coded!(
+                    40236,
+                    format!("The field name '{k}' cannot be an operator name")
+                ));
             }
             if k.contains('.') {
-                return Err(Error::bad_value(format!(
-                    "the group aggregate field name '{k}' cannot be used because $group's field names cannot contain '.'"
-                )));
+                return Err(coded!(
+                    40235,
+                    format!("The field name '{k}' cannot contain '.'")
+                ));
             }
             let Bson::Document(acc) = v else {
-                return Err(Error::bad_value(format!(
-                    "the group aggregate field '{k}' must be defined as an expression inside an object"
-                )));
+                return Err(coded!(
+                    40234,
+                    format!("The field '{k}' must be an accumulator object")
+                ));
             };
             if acc.len() != 1 {
-                return Err(Error::bad_value(format!(
-                    "the computed aggregate '{k}' must specify exactly one operator"
-                )));
+                return Err(coded!(
+                    40238,
+                    format!("The field '{k}' must specify one accumulator")
+                ));
             }
             let Some((op, arg)) = acc.iter().next() else {
                 return Err(Error::Internal("empty accumulator".into()));

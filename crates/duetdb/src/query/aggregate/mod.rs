@@ -644,21 +644,23 @@ fn parse_unset(arg: &Bson) -> Result<Stage> {
 }
 
 /// `$count: "<field>"`: a plain, non-empty top-level field name.
+/// MongoDB's codes (document_source_count.cpp).
 fn parse_count(arg: &Bson) -> Result<Stage> {
     match arg {
-        Bson::String(s) if s.is_empty() => Err(Error::bad_value(
-            "the count field must be a non-empty string",
-        )),
-        Bson::String(s) if s.starts_with('$') => Err(Error::bad_value(
-            "the count field cannot be a $-prefixed path",
-        )),
+        Bson::String(s) if s.is_empty() => {
+            Err(coded!(40157, "the count field must be a non-empty string"))
+        }
+        Bson::String(s) if s.starts_with('$') => {
+            Err(coded!(40158, "the count field cannot be a $-prefixed path"))
+        }
+        Bson::String(s) if s.contains('\0') => {
+            Err(coded!(40159, "the count field cannot contain a null byte"))
+        }
         Bson::String(s) if s.contains('.') => {
-            Err(Error::bad_value("the count field cannot contain '.'"))
+            Err(coded!(40160, "the count field cannot contain '.'"))
         }
         Bson::String(s) => Ok(Stage::Count(s.clone())),
-        _ => Err(Error::type_mismatch(
-            "the count field must be a non-empty string",
-        )),
+        _ => Err(coded!(40156, "the count field must be a non-empty string")),
     }
 }
 

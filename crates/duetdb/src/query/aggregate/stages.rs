@@ -415,9 +415,10 @@ impl Unwind {
                             ))
                         }
                         (other, _) => {
-                            return Err(Error::bad_value(format!(
-                                "unrecognized option to $unwind stage: {other}"
-                            )))
+                            return Err(coded!(
+                                28811,
+                                format!("unrecognized option to $unwind stage: {other}")
+                            ))
                         }
                     }
                 }
