@@ -7,6 +7,7 @@ on the newly elected primary.
 """
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,17 +34,20 @@ SET = "rs0"
 
 
 def free_ports(n):
-    """Ports p with p + 1000 (the member's Raft port) free too."""
+    """Ports p with p + 1000 (the member's Raft port) free too, both below
+    the kernel's ephemeral range (32768 and up on Linux): a port taken from
+    that range can be handed to any outgoing connection (a driver's, another
+    test's) before the member binds it."""
     out = []
+    rng = random.Random()
     while len(out) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p >= 60000 or p in out:
+        p = rng.randrange(20000, 31000)
+        if any(abs(p - q) in (0, 1000) for q in out):
             continue
         try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1000))
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1000))
         except OSError:
             continue
         out.append(p)

@@ -27,13 +27,27 @@ struct Node {
     member: Arc<Member>,
 }
 
-/// Wire ports whose Raft ports (+1000) are free too.
+/// Wire ports whose Raft ports (+1000) are free too, both below the
+/// kernel's ephemeral range (32768 and up on Linux), where an outgoing
+/// connection could take one before the member binds it.
 fn free_ports(n: usize) -> Vec<u16> {
-    let mut out = Vec::new();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id();
+    let mut out: Vec<u16> = Vec::new();
+    let mut i = 0u32;
     while out.len() < n {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let p = l.local_addr().expect("addr").port();
-        if p < 60000 && std::net::TcpListener::bind(("127.0.0.1", p + 1000)).is_ok() {
+        i += 1;
+        let p = 20_000 + (seed.wrapping_add(i.wrapping_mul(7919)) % 11_000) as u16;
+        if out
+            .iter()
+            .any(|q| p.abs_diff(*q) == 0 || p.abs_diff(*q) == 1000)
+        {
+            continue;
+        }
+        let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(p) && free(p + 1000) {
             out.push(p);
         }
     }
