@@ -258,9 +258,18 @@ fn crash_campaign_with(
 
 #[test]
 fn durability_crash_images_recover_to_an_acknowledged_prefix() {
+    // The seeds are independent simulations: run them side by side (this is
+    // the slowest test of the suite, and CI has 2 cores).
+    let campaigns = std::thread::scope(|s| {
+        let runs: Vec<_> = (1..=3u64)
+            .map(|seed| s.spawn(move || (seed, crash_campaign(seed, 120, 2, sim_opts))))
+            .collect();
+        runs.into_iter()
+            .map(|h| h.join().expect("campaign thread"))
+            .collect::<Vec<_>>()
+    });
     let mut points = 0;
-    for seed in 1..=3 {
-        let (n, violations) = crash_campaign(seed, 120, 2, sim_opts);
+    for (seed, (n, violations)) in campaigns {
         assert!(
             violations.is_empty(),
             "seed {seed}: {} violations, first: {:?}",
