@@ -44,6 +44,11 @@ def test_unauthenticated_commands_are_refused(make_server):
     with pytest.raises(OperationFailure) as e:
         c.list_database_names()
     assert e.value.code == 13
+    # A find by `_id` runs on the connection's task (the thin path), under
+    # the same authorization as every other command.
+    with pytest.raises(OperationFailure) as e:
+        c.db.coll.find_one({"_id": 1})
+    assert e.value.code == 13
     # The localhost exception: the first user, in admin only.
     with pytest.raises(OperationFailure) as e:
         c.other.command("createUser", "u", pwd="p", roles=["read"])

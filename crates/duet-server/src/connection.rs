@@ -7,9 +7,12 @@
 //!   (bad length, truncation, timeout) or an unknown opcode closes the
 //!   connection, with the reason logged;
 //! - commands run on blocking threads (`spawn_blocking`), except the few
-//!   that never wait, scan or write (`ping`, the handshake: [`runs_inline`]),
-//!   which run on the connection's task; a panic in either (a bug) becomes
-//!   an InternalError reply, never a crashed server;
+//!   that never wait, scan or write (`ping`, the handshake, a `find` by one
+//!   `_id` value: [`runs_inline`]), which run on the connection's task; a
+//!   panic in either (a bug) becomes an InternalError reply, never a crashed
+//!   server;
+//! - a reply is serialized once, into the buffer that is sent (header room,
+//!   opcode prefix, document), and written with one `write`;
 //! - every command runs under a cancellation token, listed in the server's
 //!   operation registry (`currentOp`) until its blocking thread returns. The
 //!   token carries the `maxTimeMS` deadline (the engine's reads check it once
@@ -148,12 +151,10 @@ pub async fn serve(
                     reply_id,
                     response_to,
                     reply.op_code,
-                    &reply.payload,
+                    &reply.message[wire::HEADER_LEN..],
                 )
             })
-            .unwrap_or_else(|| {
-                wire::frame_reply(reply_id, response_to, reply.op_code, &reply.payload)
-            });
+            .unwrap_or_else(|| reply.with_header(reply_id, response_to));
         drop(frame);
         // TLS buffers records: the flush sends them (a no-op on plain TCP).
         let written = async {
@@ -190,11 +191,18 @@ fn client_went_away(e: &std::io::Error) -> bool {
 /// OP_MSG / OP_REPLY framing (at most 36 bytes).
 const MAX_REPLY_DOC_BYTES: usize = wire::MAX_MESSAGE_BYTES - 64;
 
-/// The reply's bytes; a reply that could not be sent in one message becomes
-/// a BSONObjectTooLarge error (cursor batches are bounded as they are built,
-/// see `cursor.rs`; this guards every other reply).
-fn serialize(doc: &Document) -> Vec<u8> {
+/// The reply message's bytes, built in one buffer so a reply is copied once
+/// and sent with one `write`: room for the header (filled in when it is
+/// sent, [`Reply::with_header`]), the opcode's `prefix`, then `doc`. A reply
+/// that could not be sent in one message becomes a BSONObjectTooLarge error
+/// (cursor batches are bounded as they are built, see `cursor.rs`; this
+/// guards every other reply).
+fn serialize(prefix: &[u8], doc: &Document) -> Vec<u8> {
     let size = duetdb::raw::document_len(doc);
+    let start = wire::HEADER_LEN + prefix.len();
+    let mut out = Vec::with_capacity(start + size);
+    out.resize(wire::HEADER_LEN, 0);
+    out.extend_from_slice(prefix);
     let err = if size > MAX_REPLY_DOC_BYTES {
         CommandError::new(
             10334,
@@ -205,24 +213,40 @@ fn serialize(doc: &Document) -> Vec<u8> {
             ),
         )
     } else {
-        let mut out = Vec::with_capacity(size);
         if doc.to_writer(&mut out).is_ok() {
             return out;
         }
+        out.truncate(start);
         CommandError::internal("reply could not be serialized")
     };
-    let mut fallback = Vec::new();
-    let _ = err.to_reply().to_writer(&mut fallback);
-    fallback
+    let _ = err.to_reply().to_writer(&mut out);
+    out
 }
 
-/// A reply's bytes after its header, and whether they may be compressed.
+/// A reply message (its header not yet written), and whether it may be
+/// compressed.
 struct Reply {
     op_code: i32,
-    payload: Vec<u8>,
+    /// [`wire::HEADER_LEN`] bytes of room for the header, then the body.
+    message: Vec<u8>,
     /// False for the commands the compression specification keeps
     /// uncompressed (`compression::must_not_compress`).
     compressible: bool,
+}
+
+impl Reply {
+    /// The message with its header written in place.
+    fn with_header(mut self, request_id: i32, response_to: i32) -> Vec<u8> {
+        let total = self.message.len().min(i32::MAX as usize) as i32;
+        let header = wire::Header {
+            message_length: total,
+            request_id,
+            response_to,
+            op_code: self.op_code,
+        };
+        self.message[..wire::HEADER_LEN].copy_from_slice(&header.bytes());
+        self.message
+    }
 }
 
 /// Whether the reply to `cmd` may be compressed.
@@ -257,7 +281,7 @@ async fn handle_msg(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) ->
     }
     Some(Reply {
         op_code: OP_MSG,
-        payload: opmsg::encode_reply(&serialize(&reply)),
+        message: serialize(&opmsg::REPLY_PREFIX, &reply),
         compressible: may_compress,
     })
 }
@@ -279,7 +303,7 @@ async fn handle_query(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) 
     };
     Some(Reply {
         op_code: OP_REPLY,
-        payload: opquery::encode_reply(flags, &serialize(&reply)),
+        message: serialize(&opquery::reply_prefix(flags), &reply),
         compressible: may_compress,
     })
 }
@@ -332,18 +356,82 @@ fn finished(
 }
 
 /// Whether a command runs on the connection's task instead of a blocking
-/// thread: only commands that never wait, scan or write (the handshake and
-/// `ping`, what drivers' monitors and pools send most), never with a
-/// `speculativeAuthenticate` (SCRAM's work), and never inside a transaction
-/// or retryable write (a session's commands may wait for each other there).
-fn runs_inline(name: &str, cmd: &Document) -> bool {
-    matches!(
-        name,
-        "ping" | "hello" | "isMaster" | "ismaster" | "buildInfo" | "buildinfo" | "whatsmyuri"
-    ) && !cmd.contains_key("speculativeAuthenticate")
+/// thread: only commands that never wait, scan or write — the handshake and
+/// `ping` (what drivers' monitors and pools send most) and a `find` by one
+/// `_id` value ([`is_point_find`]) — never with a `speculativeAuthenticate`
+/// (SCRAM's work), and never inside a transaction or retryable write (a
+/// session's commands may wait for each other there).
+fn runs_inline(name: &str, db: &str, cmd: &Document) -> bool {
+    let never_waits = match name {
+        "ping" | "hello" | "isMaster" | "ismaster" | "buildInfo" | "buildinfo" | "whatsmyuri" => {
+            true
+        }
+        "find" => is_point_find(db, cmd),
+        _ => false,
+    };
+    never_waits
+        && !cmd.contains_key("speculativeAuthenticate")
         && !cmd.contains_key("txnNumber")
         && !cmd.contains_key("autocommit")
         && !cmd.contains_key("startTransaction")
+}
+
+/// A `find` whose work is one `_id` lookup in the latest published state,
+/// whatever the collection's size: the filter is `{_id: v}` with `v` a plain
+/// value (no operator document, array or regex, which may match many), and
+/// every other field is one that cannot make it scan or wait — no `hint`
+/// (it may name another index), `sort`, `min`/`max`, `tailable`, `$duet`
+/// strategy or snapshot, nor a read concern other than `local`/`available`
+/// (`majority`, `snapshot` and `afterClusterTime` may wait for the log).
+/// The internal databases and `system.*` collections are views computed on
+/// demand (the oplog, users, sessions): never inline.
+fn is_point_find(db: &str, cmd: &Document) -> bool {
+    let user_collection = matches!(cmd.get("find"), Some(Bson::String(c)) if !c.starts_with("system."))
+        && !matches!(db, "local" | "config" | "admin");
+    let point = match cmd.get("filter") {
+        Some(Bson::Document(f)) => {
+            f.len() == 1
+                && !matches!(
+                    f.get("_id"),
+                    None | Some(
+                        Bson::Document(_)
+                            | Bson::Array(_)
+                            | Bson::RegularExpression(_)
+                            | Bson::JavaScriptCode(_)
+                            | Bson::JavaScriptCodeWithScope(_)
+                    )
+                )
+        }
+        _ => false,
+    };
+    let local = |rc: &Bson| match rc {
+        Bson::Document(rc) => rc.iter().all(|(k, v)| {
+            k == "level" && matches!(v, Bson::String(l) if l == "local" || l == "available")
+        }),
+        _ => false,
+    };
+    user_collection
+        && point
+        && cmd.iter().all(|(k, v)| match k.as_str() {
+            "find"
+            | "filter"
+            | "projection"
+            | "limit"
+            | "batchSize"
+            | "singleBatch"
+            | "skip"
+            | "comment"
+            | "maxTimeMS"
+            | "lsid"
+            | "$db"
+            | "$clusterTime"
+            | "$readPreference"
+            | "apiVersion"
+            | "apiStrict"
+            | "apiDeprecationErrors" => true,
+            "readConcern" => local(v),
+            _ => false,
+        })
 }
 
 /// How long a reply past `maxTimeMS` waits for its cancelled command to end.
@@ -375,8 +463,12 @@ async fn run_command(
         Some(deadline) => CancelToken::with_deadline(deadline),
         None => CancelToken::new(),
     };
-    let op = state.operations.register(conn, &db, &cmd, token.clone());
-    if state.config.inline_commands && runs_inline(&name, &cmd) {
+    // Shared with the operation listing, not copied.
+    let cmd = Arc::new(cmd);
+    let op = state
+        .operations
+        .register(conn, &db, cmd.clone(), token.clone());
+    if state.config.inline_commands && runs_inline(&name, &db, &cmd) {
         // Microseconds of work: the hand-off to a blocking thread would
         // cost more than the command itself.
         let started = Instant::now();
@@ -457,16 +549,71 @@ mod tests {
 
     #[test]
     fn only_commands_that_never_wait_run_inline() {
-        assert!(runs_inline("ping", &doc! {"ping": 1}));
-        assert!(runs_inline("hello", &doc! {"hello": 1, "lsid": {"id": 1}}));
+        assert!(runs_inline("ping", "admin", &doc! {"ping": 1}));
+        assert!(runs_inline(
+            "hello",
+            "admin",
+            &doc! {"hello": 1, "lsid": {"id": 1}}
+        ));
         for name in ["find", "insert", "saslStart", "getMore", "aggregate"] {
-            assert!(!runs_inline(name, &doc! {name: 1}), "{name}");
+            assert!(!runs_inline(name, "t", &doc! {name: 1}), "{name}");
         }
-        assert!(!runs_inline("ping", &doc! {"ping": 1, "txnNumber": 1i64}));
-        assert!(!runs_inline("ping", &doc! {"ping": 1, "autocommit": false}));
+        assert!(!runs_inline(
+            "ping",
+            "admin",
+            &doc! {"ping": 1, "txnNumber": 1i64}
+        ));
+        assert!(!runs_inline(
+            "ping",
+            "admin",
+            &doc! {"ping": 1, "autocommit": false}
+        ));
         assert!(!runs_inline(
             "hello",
+            "admin",
             &doc! {"hello": 1, "speculativeAuthenticate": {"saslStart": 1}}
+        ));
+    }
+
+    #[test]
+    fn only_a_find_by_one_id_value_runs_inline() {
+        let inline = |cmd: Document| runs_inline("find", "t", &cmd);
+        assert!(inline(doc! {"find": "c", "filter": {"_id": 7}, "$db": "t"}));
+        assert!(inline(doc! {
+            "find": "c", "filter": {"_id": "k"}, "limit": 1, "singleBatch": true,
+            "projection": {"a": 1}, "lsid": {"id": 1}, "readConcern": {"level": "local"},
+        }));
+        // Anything that may scan, sort, wait or read another state does not.
+        for cmd in [
+            doc! {"find": "c"},
+            doc! {"find": "c", "filter": {}},
+            doc! {"find": "c", "filter": {"_id": 7, "a": 1}},
+            doc! {"find": "c", "filter": {"_id": {"$gt": 7}}},
+            doc! {"find": "c", "filter": {"_id": {"$in": [1, 2]}}},
+            doc! {"find": "c", "filter": {"_id": [1, 2]}},
+            doc! {"find": "c", "filter": {"_id": bson::Regex { pattern: "^a".try_into().expect("cstr"), options: "".try_into().expect("cstr") }}},
+            doc! {"find": "c", "filter": {"a": 7}},
+            doc! {"find": "c", "filter": {"_id": 7}, "hint": {"a": 1}},
+            doc! {"find": "c", "filter": {"_id": 7}, "sort": {"a": 1}},
+            doc! {"find": "c", "filter": {"_id": 7}, "tailable": true},
+            doc! {"find": "c", "filter": {"_id": 7}, "$duet": {"snapshot": "vls"}},
+            doc! {"find": "c", "filter": {"_id": 7}, "readConcern": {"level": "majority"}},
+            doc! {"find": "c", "filter": {"_id": 7}, "readConcern": {"level": "local", "afterClusterTime": bson::Timestamp { time: 1, increment: 1 }}},
+            doc! {"find": "c", "filter": {"_id": 7}, "txnNumber": 1i64, "autocommit": false},
+        ] {
+            assert!(!inline(cmd.clone()), "{cmd}");
+        }
+        let point = doc! {"find": "oplog.rs", "filter": {"_id": 7}};
+        assert!(!runs_inline("find", "local", &point));
+        assert!(!runs_inline(
+            "find",
+            "admin",
+            &doc! {"find": "system.users", "filter": {"_id": "a.b"}}
+        ));
+        assert!(!runs_inline(
+            "find",
+            "t",
+            &doc! {"find": "system.js", "filter": {"_id": 7}}
         ));
     }
 }

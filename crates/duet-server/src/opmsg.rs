@@ -276,12 +276,15 @@ pub fn decode(header: &Header, body: &[u8]) -> Result<Request, MsgError> {
 
 /// Encode a reply body (flags 0, one kind-0 section) after the header.
 pub fn encode_reply(doc: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + doc.len());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.push(0);
+    let mut out = Vec::with_capacity(REPLY_PREFIX.len() + doc.len());
+    out.extend_from_slice(&REPLY_PREFIX);
     out.extend_from_slice(doc);
     out
 }
+
+/// What precedes a reply's document in its body: flag bits 0 and a kind-0
+/// (body) section marker.
+pub const REPLY_PREFIX: [u8; 5] = [0; 5];
 
 #[cfg(test)]
 mod tests {

@@ -72,12 +72,18 @@ pub fn decode(body: &[u8]) -> Result<Query, MsgError> {
 
 /// Encode an OP_REPLY body holding one document.
 pub fn encode_reply(flags: i32, doc: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(20 + doc.len());
-    out.extend_from_slice(&(flags | REPLY_AWAIT_CAPABLE).to_le_bytes());
-    out.extend_from_slice(&0i64.to_le_bytes()); // cursorID
-    out.extend_from_slice(&0i32.to_le_bytes()); // startingFrom
-    out.extend_from_slice(&1i32.to_le_bytes()); // numberReturned
+    let mut out = reply_prefix(flags).to_vec();
     out.extend_from_slice(doc);
+    out
+}
+
+/// What precedes an OP_REPLY's one document: its flags, cursor id 0,
+/// starting position 0 and a count of 1.
+pub fn reply_prefix(flags: i32) -> [u8; 20] {
+    let mut out = [0u8; 20];
+    out[..4].copy_from_slice(&(flags | REPLY_AWAIT_CAPABLE).to_le_bytes());
+    // cursorID (8 bytes) and startingFrom (4) stay 0.
+    out[16..].copy_from_slice(&1i32.to_le_bytes());
     out
 }
 

@@ -55,14 +55,35 @@ pub struct ReadNote {
 
 /// Filled in by the command while it runs; read by `currentOp` and by the
 /// slow-operation log when it ends.
-#[derive(Default)]
 pub struct OpReport {
+    /// The command as received, shared (not copied) with the listing and a
+    /// read's note: registering must cost next to nothing, as most commands
+    /// run in microseconds.
+    command: Arc<Document>,
     read: Mutex<Option<ReadNote>>,
     /// The index build a `createIndexes` runs outside the writer.
     index_build: Mutex<Option<Arc<duetdb::IndexBuildProgress>>>,
 }
 
 impl OpReport {
+    pub fn new(command: Arc<Document>) -> OpReport {
+        OpReport {
+            command,
+            read: Mutex::new(None),
+            index_build: Mutex::new(None),
+        }
+    }
+
+    /// `cmd` as an `Arc`: the registered command itself when `cmd` is it
+    /// (no copy), else a copy (an explain's inner command, say).
+    pub fn command_arc(&self, cmd: &Document) -> Arc<Document> {
+        if std::ptr::eq(cmd, &*self.command) {
+            self.command.clone()
+        } else {
+            Arc::new(cmd.clone())
+        }
+    }
+
     pub fn note_index_build(&self, progress: Arc<duetdb::IndexBuildProgress>) {
         *self.index_build.lock() = Some(progress);
     }
@@ -82,9 +103,8 @@ impl OpReport {
 
 struct Op {
     conn: u64,
-    client: String,
+    client: std::net::SocketAddr,
     ns: String,
-    command: Document,
     started: Instant,
     started_at: SystemTime,
     token: CancelToken,
@@ -186,18 +206,17 @@ impl OpRegistry {
         self: &Arc<Self>,
         conn: &ConnInfo,
         db: &str,
-        cmd: &Document,
+        cmd: Arc<Document>,
         token: CancelToken,
     ) -> OpGuard {
         let opid = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let ns = namespace(db, cmd);
-        let report = Arc::new(OpReport::default());
+        let ns = namespace(db, &cmd);
+        let report = Arc::new(OpReport::new(cmd));
         let op = Op {
             report: report.clone(),
             conn: conn.id,
-            client: conn.peer.to_string(),
+            client: conn.peer,
             ns,
-            command: shown(cmd),
             started: Instant::now(),
             started_at: SystemTime::now(),
             token,
@@ -275,7 +294,7 @@ impl OpRegistry {
                     "host": host,
                     "desc": format!("conn{}", op.conn),
                     "connectionId": op.conn as i64,
-                    "client": op.client.clone(),
+                    "client": op.client.to_string(),
                     "active": true,
                     "currentOpTime": DateTime::from_system_time(SystemTime::now()),
                     "opid": opid as i64,
@@ -283,7 +302,7 @@ impl OpRegistry {
                     "microsecs_running": micros,
                     "op": "command",
                     "ns": op.ns.clone(),
-                    "command": op.command.clone(),
+                    "command": shown(&op.report.command),
                     "startedAt": DateTime::from_system_time(op.started_at),
                     "killPending": cancelled,
                     "numYields": 0,

@@ -68,10 +68,16 @@ impl Header {
     }
 
     pub fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.message_length.to_le_bytes());
-        out.extend_from_slice(&self.request_id.to_le_bytes());
-        out.extend_from_slice(&self.response_to.to_le_bytes());
-        out.extend_from_slice(&self.op_code.to_le_bytes());
+        out.extend_from_slice(&self.bytes());
+    }
+
+    pub fn bytes(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[..4].copy_from_slice(&self.message_length.to_le_bytes());
+        b[4..8].copy_from_slice(&self.request_id.to_le_bytes());
+        b[8..12].copy_from_slice(&self.response_to.to_le_bytes());
+        b[12..].copy_from_slice(&self.op_code.to_le_bytes());
+        b
     }
 }
 

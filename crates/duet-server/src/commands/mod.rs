@@ -177,7 +177,7 @@ impl Ctx<'_> {
         report.note_read(crate::ops::ReadNote {
             db: self.db.to_string(),
             coll: coll.to_string(),
-            command: Arc::new(cmd.clone()),
+            command: report.command_arc(cmd),
             strategy,
             snapshot,
         });
