@@ -38,6 +38,6 @@ pub mod state_machine;
 pub mod types;
 
 pub use member::{
-    ConfigMember, Harness, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT, DEFAULT_RECONFIG_CATCH_UP,
-    DEFAULT_SNAPSHOT_ENTRIES,
+    ConfigMember, Harness, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT,
+    DEFAULT_RECONFIG_CATCH_UP, DEFAULT_SNAPSHOT_ENTRIES,
 };

@@ -424,15 +424,15 @@ impl Member {
         if shared.removed.load(Ordering::Acquire) != 0 {
             raft.runtime_config().elect(false);
         }
-        let listener = match (listener, &harness.transport) {
-            (Some(l), _) => tokio::spawn(serve(l, raft.clone(), shared.clone())),
-            (None, Transport::Sim(net)) => {
-                net.attach(&my_addr, raft.clone(), shared.clone());
-                tokio::spawn(async {})
-            }
-            (None, Transport::Tcp) => tokio::spawn(async {}),
-        };
-        let watcher = tokio::spawn(watch_readmission(raft.clone(), shared.clone()));
+        let mut tasks = vec![tokio::spawn(watch_readmission(
+            raft.clone(),
+            shared.clone(),
+        ))];
+        match (listener, &harness.transport) {
+            (Some(l), _) => tasks.push(tokio::spawn(serve(l, raft.clone(), shared.clone()))),
+            (None, Transport::Sim(net)) => net.attach(&my_addr, raft.clone(), shared.clone()),
+            (None, Transport::Tcp) => {}
+        }
         let initialized = raft
             .is_initialized()
             .await
@@ -459,7 +459,7 @@ impl Member {
             runtime: tokio::runtime::Handle::current(),
             opts,
             stepping_down: AtomicBool::new(false),
-            listener: parking_lot::Mutex::new(vec![listener, watcher]),
+            listener: parking_lot::Mutex::new(tasks),
             reconfiguring: parking_lot::Mutex::new(()),
         });
         engine.set_replicator(Some(Arc::new(Replicator {

@@ -500,9 +500,7 @@ impl Handler {
                 RpcReply::Refused(why)
             }
             RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
-            RpcRequest::Vote(r)
-                if amnesiac(raft) && r.last_log_id.is_some_and(|l| l.index > 0) =>
-            {
+            RpcRequest::Vote(r) if amnesiac(raft) && r.last_log_id.is_some_and(|l| l.index > 0) => {
                 tracing::info!(%peer, "no vote: this member's Raft log is empty");
                 RpcReply::Vote(Ok(VoteResponse {
                     vote: r.vote,

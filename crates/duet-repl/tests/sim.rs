@@ -67,7 +67,10 @@ struct Cluster {
 impl Cluster {
     fn log(&self, what: String) {
         let t = self.start.elapsed().as_millis();
-        self.timeline.lock().unwrap().push(format!("{t:>6} ms  {what}"));
+        self.timeline
+            .lock()
+            .unwrap()
+            .push(format!("{t:>6} ms  {what}"));
     }
 
     /// Start member `i` from its data directory (as a restarted process
@@ -81,7 +84,11 @@ impl Cluster {
                 Ok(e) => break Arc::new(e),
                 Err(e) => {
                     tries += 1;
-                    assert!(tries < 1000, "seed {}: member {i} cannot reopen: {e}", self.seed);
+                    assert!(
+                        tries < 1000,
+                        "seed {}: member {i} cannot reopen: {e}",
+                        self.seed
+                    );
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -336,9 +343,13 @@ async fn converge(c: &Cluster, rng: &mut StdRng) -> Result<(), String> {
         let Some(engine) = c.primary(rng) else {
             continue;
         };
-        let barrier =
-            blocking(move || engine.database("d")?.collection("barrier").insert_one(doc! {}))
-                .await;
+        let barrier = blocking(move || {
+            engine
+                .database("d")?
+                .collection("barrier")
+                .insert_one(doc! {})
+        })
+        .await;
         if barrier.is_err() {
             continue;
         }
@@ -346,7 +357,11 @@ async fn converge(c: &Cluster, rng: &mut StdRng) -> Result<(), String> {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let g = c.nodes.lock().unwrap();
             let members: Vec<&Arc<Member>> = g.iter().flatten().map(|n| &n.member).collect();
-            let end = members.iter().map(|m| m.last_log_index()).max().unwrap_or(0);
+            let end = members
+                .iter()
+                .map(|m| m.last_log_index())
+                .max()
+                .unwrap_or(0);
             if members.iter().all(|m| m.applied_index() >= end) {
                 return Ok(());
             }
@@ -374,7 +389,9 @@ async fn simulate(seed: u64) -> Result<Run, String> {
     let c = Arc::new(Cluster {
         seed,
         net: SimNet::new(seed, Faults::default()),
-        dirs: (0..MEMBERS).map(|i| tmp.path().join(format!("m{i}"))).collect(),
+        dirs: (0..MEMBERS)
+            .map(|i| tmp.path().join(format!("m{i}")))
+            .collect(),
         election_ms: (0..MEMBERS).map(|_| rng.gen_range(1000..3000)).collect(),
         addrs,
         nodes: Mutex::new((0..MEMBERS).map(|_| None).collect()),
@@ -412,7 +429,12 @@ async fn simulate(seed: u64) -> Result<Run, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for p in 0..CLIENTS {
-        tasks.push(tokio::spawn(client(c.clone(), p, rec.clone(), stop.clone())));
+        tasks.push(tokio::spawn(client(
+            c.clone(),
+            p,
+            rec.clone(),
+            stop.clone(),
+        )));
     }
     tasks.push(tokio::spawn(nemesis(c.clone(), stop.clone())));
     tokio::time::sleep(RUN).await;
@@ -442,7 +464,9 @@ async fn simulate(seed: u64) -> Result<Run, String> {
     for i in 0..MEMBERS {
         let engine = c.nodes.lock().unwrap()[i].as_ref().unwrap().engine.clone();
         let ks = keys.clone();
-        let lists = blocking(move || read_lists(&engine, &ks)).await.map_err(fail)?;
+        let lists = blocking(move || read_lists(&engine, &ks))
+            .await
+            .map_err(fail)?;
         finals.push(lists);
     }
     if finals.iter().any(|f| *f != finals[0]) {
