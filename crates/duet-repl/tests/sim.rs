@@ -506,11 +506,18 @@ async fn simulate(seed: u64) -> Result<Run, String> {
         .collect();
     lines.push(json!({"index": index + 1, "type": "ok", "process": 99, "value": fin}));
     let count = |t: &str| lines.iter().filter(|l| l["type"] == t).count();
-    let term = c.nodes.lock().unwrap()[0]
-        .as_ref()
-        .map_or(0, |n| n.member.status().term);
+    let (term, built, installed) = {
+        let g = c.nodes.lock().unwrap();
+        let st: Vec<_> = g.iter().flatten().map(|n| n.member.status()).collect();
+        (
+            st.iter().map(|s| s.term).max().unwrap_or(0),
+            st.iter().map(|s| s.snapshots_built).sum::<u64>(),
+            st.iter().map(|s| s.snapshots_installed).sum::<u64>(),
+        )
+    };
     let summary = format!(
-        "ok {} fail {} info {}; final term {term}; {}; net {:?}",
+        "ok {} fail {} info {}; final term {term}; Raft snapshots built {built}, \
+         installed {installed} (since the last restarts); {}; net {:?}",
         count("ok"),
         count("fail"),
         count("info"),
