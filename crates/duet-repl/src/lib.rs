@@ -11,6 +11,7 @@
 //! - `snapshot`: Raft snapshots (every database's checkpoint image);
 //! - `replicator`: the engine's `Replicate` hook (writer → Raft);
 //! - `network`: Raft RPCs over TCP between members;
+//! - `sim`: a simulated network for deterministic simulation tests;
 //! - `member`: one running member and what the server asks of it.
 //!
 //! The protocol (docs/design.md "Replication"): the primary's writer
@@ -31,11 +32,12 @@ pub mod network;
 pub mod pending;
 pub mod replicator;
 pub mod retries;
+pub mod sim;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
 pub use member::{
-    ConfigMember, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT, DEFAULT_RECONFIG_CATCH_UP,
-    DEFAULT_SNAPSHOT_ENTRIES,
+    ConfigMember, Harness, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT,
+    DEFAULT_RECONFIG_CATCH_UP, DEFAULT_SNAPSHOT_ENTRIES,
 };

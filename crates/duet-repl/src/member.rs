@@ -39,7 +39,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState, SnapshotPolicy};
 
 use crate::log_store::{claim_identity, write_atomic, LogStore, RAFT_DIR};
-use crate::network::{raft_address, serve, Network};
+use crate::network::{raft_address, serve, Network, Transport};
 use crate::pending::Pending;
 use crate::replicator::{not_primary, write_error, Replicator};
 use crate::state_machine::{Shared, StateMachine};
@@ -302,6 +302,18 @@ pub fn plan(current: &[ConfigMember], want: &[ConfigMember], me: NodeId) -> Resu
     Ok(p)
 }
 
+/// How a test harness starts a member instead of production's defaults
+/// ([`Member::start_with`]).
+#[derive(Clone, Default)]
+pub struct Harness {
+    /// How Raft RPCs travel (TCP by default; `Transport::Sim` binds no port).
+    pub transport: Transport,
+    /// This member's election timeout range in ms, instead of
+    /// [`ELECTION_TIMEOUT_MS`] (openraft draws each timeout from it with a
+    /// thread-local RNG: a range of width 1 makes it one fixed value).
+    pub election_timeout_ms: Option<(u64, u64)>,
+}
+
 /// A running member (see the module documentation).
 pub struct Member {
     pub(crate) raft: Raft,
@@ -323,6 +335,17 @@ impl Member {
     /// log, listen for Raft RPCs, join the group. Requires: a tokio
     /// multi-thread runtime is current.
     pub async fn start(opts: Options, engine: &Arc<Engine>) -> Result<Arc<Member>, String> {
+        Member::start_with(opts, engine, Harness::default()).await
+    }
+
+    /// [`Member::start`] with a test harness's transport and timeouts.
+    /// Requires: a tokio runtime is current (multi-thread for the TCP
+    /// transport; the simulation drives a current-thread one).
+    pub async fn start_with(
+        opts: Options,
+        engine: &Arc<Engine>,
+        harness: Harness,
+    ) -> Result<Arc<Member>, String> {
         if opts.set_name.trim().is_empty() {
             return Err("--replica-set must name the set".into());
         }
@@ -359,13 +382,14 @@ impl Member {
             removed: AtomicU64::new(read_removed(&dir)),
             dir: dir.clone(),
             identity: identity.clone(),
+            transport: harness.transport.clone(),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
             cluster_name: opts.set_name.clone(),
             heartbeat_interval: HEARTBEAT_MS,
-            election_timeout_min: ELECTION_TIMEOUT_MS.0,
-            election_timeout_max: ELECTION_TIMEOUT_MS.1,
+            election_timeout_min: harness.election_timeout_ms.unwrap_or(ELECTION_TIMEOUT_MS).0,
+            election_timeout_max: harness.election_timeout_ms.unwrap_or(ELECTION_TIMEOUT_MS).1,
             snapshot_policy: match opts.snapshot_entries {
                 0 => SnapshotPolicy::Never,
                 n => SnapshotPolicy::LogsSinceLast(n),
@@ -382,11 +406,17 @@ impl Member {
         .validate()
         .map_err(|e| format!("Raft configuration: {e}"))?;
         let raft_addr = raft_address(&my_addr)?;
-        let listener = tokio::net::TcpListener::bind(&raft_addr)
-            .await
-            .map_err(|e| format!("cannot listen for Raft on {raft_addr}: {e}"))?;
+        let listener = match &harness.transport {
+            Transport::Tcp => Some(
+                tokio::net::TcpListener::bind(&raft_addr)
+                    .await
+                    .map_err(|e| format!("cannot listen for Raft on {raft_addr}: {e}"))?,
+            ),
+            Transport::Sim(_) => None,
+        };
         let network = Network {
             identity: identity.clone(),
+            transport: harness.transport.clone(),
         };
         let raft = Raft::new(me, Arc::new(config), network, log, sm)
             .await
@@ -394,8 +424,15 @@ impl Member {
         if shared.removed.load(Ordering::Acquire) != 0 {
             raft.runtime_config().elect(false);
         }
-        let listener = tokio::spawn(serve(listener, raft.clone(), shared.clone()));
-        let watcher = tokio::spawn(watch_readmission(raft.clone(), shared.clone()));
+        let mut tasks = vec![tokio::spawn(watch_readmission(
+            raft.clone(),
+            shared.clone(),
+        ))];
+        match (listener, &harness.transport) {
+            (Some(l), _) => tasks.push(tokio::spawn(serve(l, raft.clone(), shared.clone()))),
+            (None, Transport::Sim(net)) => net.attach(&my_addr, raft.clone(), shared.clone()),
+            (None, Transport::Tcp) => {}
+        }
         let initialized = raft
             .is_initialized()
             .await
@@ -422,7 +459,7 @@ impl Member {
             runtime: tokio::runtime::Handle::current(),
             opts,
             stepping_down: AtomicBool::new(false),
-            listener: parking_lot::Mutex::new(vec![listener, watcher]),
+            listener: parking_lot::Mutex::new(tasks),
             reconfiguring: parking_lot::Mutex::new(()),
         });
         engine.set_replicator(Some(Arc::new(Replicator {
@@ -684,7 +721,11 @@ impl Member {
         let mut rx = self.raft.metrics();
         let moved = self.runtime.block_on(async move {
             if let Some(addr) = heir {
-                if !crate::network::ask_to_step_up(&self.shared.identity, &addr).await {
+                if !crate::network::ask_to_step_up(
+                    &self.shared.identity,
+                    &self.shared.transport,
+                    &addr,
+                ).await {
                     tracing::info!(member = %addr, "the chosen member did not stand for election; waiting for an election timeout");
                 }
             }
@@ -814,6 +855,7 @@ impl Member {
         for host in &plan.leaving {
             let told = self.runtime.block_on(crate::network::tell_removed(
                 &self.shared.identity,
+                &self.shared.transport,
                 host,
                 version,
             ));
@@ -857,6 +899,9 @@ impl Member {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
         for task in self.listener.lock().drain(..) {
             task.abort();
+        }
+        if let Transport::Sim(net) = &self.shared.transport {
+            net.detach(&self.shared.identity.address, &self.shared);
         }
         // The engine keeps this member as its replicator: its writes now
         // fail (not primary) rather than bypass the set.

@@ -18,6 +18,11 @@
 //! nothing of its own to protect), adopts the id of the leader's appends
 //! and snapshots.
 //!
+//! The transport is TCP in production; a test can route the same
+//! requests through an in-memory simulated network instead
+//! ([`Transport::Sim`], `sim.rs`): the same envelopes, bytes and handler
+//! ([`Handler`]), only the carrier differs.
+//!
 //! Limits: a frame above [`MAX_FRAME`] is refused (the connection is
 //! closed), so a peer cannot make a member allocate without bound.
 //!
@@ -141,24 +146,48 @@ async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// How Raft RPCs travel between members.
+#[derive(Clone, Default)]
+pub enum Transport {
+    /// TCP to each member's Raft port (production).
+    #[default]
+    Tcp,
+    /// An in-memory simulated network (deterministic simulation tests).
+    Sim(Arc<crate::sim::SimNet>),
+}
+
 /// Makes one [`Peer`] per target member.
 pub struct Network {
     pub identity: Arc<Identity>,
+    pub transport: Transport,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer::new(&self.identity, target, &node.addr)
+        Peer::new(&self.identity, &self.transport, target, &node.addr)
     }
 }
 
-/// The connection to one member (reconnected after any failure).
+/// How a [`Peer`] reaches its member.
+enum Link {
+    /// The connection (reconnected after any failure).
+    Tcp {
+        addr: Result<String, String>,
+        conn: Option<TcpStream>,
+    },
+    /// The member's wire address on the simulated network.
+    Sim {
+        net: Arc<crate::sim::SimNet>,
+        to: String,
+    },
+}
+
+/// The link to one member.
 pub struct Peer {
     target: NodeId,
-    addr: Result<String, String>,
-    conn: Option<TcpStream>,
+    link: Link,
     identity: Arc<Identity>,
     /// Whether a refusal by this member was logged (once per peer).
     refusal_logged: bool,
@@ -167,11 +196,20 @@ pub struct Peer {
 type RpcErr<E = RaftError<NodeId>> = RPCError<NodeId, BasicNode, E>;
 
 impl Peer {
-    fn new(identity: &Arc<Identity>, target: NodeId, wire: &str) -> Peer {
+    fn new(identity: &Arc<Identity>, transport: &Transport, target: NodeId, wire: &str) -> Peer {
+        let link = match transport {
+            Transport::Tcp => Link::Tcp {
+                addr: raft_address(wire),
+                conn: None,
+            },
+            Transport::Sim(net) => Link::Sim {
+                net: net.clone(),
+                to: wire.to_string(),
+            },
+        };
         Peer {
             target,
-            addr: raft_address(wire),
-            conn: None,
+            link,
             identity: identity.clone(),
             refusal_logged: false,
         }
@@ -192,10 +230,17 @@ impl Peer {
             req,
         };
         let bytes = bincode::serialize(&envelope).map_err(std::io::Error::other)?;
-        let conn = self.conn.take();
-        let addr = self.addr.clone();
+        let (addr, taken) = match &mut self.link {
+            Link::Tcp { addr, conn } => (addr.clone(), conn.take()),
+            Link::Sim { net, to } => {
+                let net = net.clone();
+                let to = to.clone();
+                let reply = net.call(&self.identity.address, &to, bytes, ttl).await?;
+                return self.decode(&reply).map_err(|(e, _)| e);
+            }
+        };
         let exchange = async move {
-            let mut s = match conn {
+            let mut s = match taken {
                 Some(s) => s,
                 None => {
                     let addr = addr.map_err(std::io::Error::other)?;
@@ -208,11 +253,8 @@ impl Peer {
             let reply = read_frame(&mut s).await?;
             Ok::<_, std::io::Error>((s, reply))
         };
-        let reply = match tokio::time::timeout(ttl, exchange).await {
-            Ok(Ok((s, r))) => {
-                self.conn = Some(s);
-                r
-            }
+        let (s, reply) = match tokio::time::timeout(ttl, exchange).await {
+            Ok(Ok(r)) => r,
             Ok(Err(e)) => return Err(e),
             Err(_) => {
                 return Err(std::io::Error::new(
@@ -221,19 +263,29 @@ impl Peer {
                 ));
             }
         };
-        match bincode::deserialize(&reply) {
+        let decoded = self.decode(&reply);
+        // An undecodable reply leaves the stream's framing in doubt.
+        if !matches!(decoded, Err((_, true))) {
+            if let Link::Tcp { conn, .. } = &mut self.link {
+                *conn = Some(s);
+            }
+        }
+        decoded.map_err(|(e, _)| e)
+    }
+
+    /// A reply's bytes decoded; an error says whether the bytes were
+    /// undecodable.
+    fn decode(&mut self, reply: &[u8]) -> Result<RpcReply, (std::io::Error, bool)> {
+        match bincode::deserialize(reply) {
             Ok(RpcReply::Refused(why)) => {
                 if !self.refusal_logged {
                     self.refusal_logged = true;
                     tracing::error!(member = self.target, "{why}");
                 }
-                Err(std::io::Error::other(why))
+                Err((std::io::Error::other(why), false))
             }
             Ok(r) => Ok(r),
-            Err(e) => {
-                self.conn = None;
-                Err(std::io::Error::other(e))
-            }
+            Err(e) => Err((std::io::Error::other(e), true)),
         }
     }
 
@@ -301,8 +353,8 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// Ask the member whose wire address is `addr` to stand for election now
 /// (see [`RpcRequest::StepUp`]); whether it did.
-pub async fn ask_to_step_up(identity: &Arc<Identity>, addr: &str) -> bool {
-    let mut peer = Peer::new(identity, 0, addr);
+pub async fn ask_to_step_up(identity: &Arc<Identity>, transport: &Transport, addr: &str) -> bool {
+    let mut peer = Peer::new(identity, transport, 0, addr);
     matches!(
         peer.call(&RpcRequest::StepUp, Duration::from_secs(2)).await,
         Ok(RpcReply::StepUp(true))
@@ -311,8 +363,13 @@ pub async fn ask_to_step_up(identity: &Arc<Identity>, addr: &str) -> bool {
 
 /// Tell the member whose wire address is `addr` that configuration
 /// `version` removed it from the set; whether it heard.
-pub async fn tell_removed(identity: &Arc<Identity>, addr: &str, version: u64) -> bool {
-    let mut peer = Peer::new(identity, 0, addr);
+pub async fn tell_removed(
+    identity: &Arc<Identity>,
+    transport: &Transport,
+    addr: &str,
+    version: u64,
+) -> bool {
+    let mut peer = Peer::new(identity, transport, 0, addr);
     matches!(
         peer.call(&RpcRequest::Removed(version), Duration::from_secs(2))
             .await,
@@ -389,6 +446,102 @@ fn amnesiac(raft: &Raft) -> bool {
     m.last_log_index.unwrap_or(0) == 0 && m.snapshot.is_none()
 }
 
+/// Answers the requests of one connection (one simulated message on the
+/// simulated network): what a member does with a request's bytes.
+pub(crate) struct Handler {
+    raft: Raft,
+    shared: Arc<Shared>,
+    /// Who sends (for the log).
+    peer: String,
+    refusal_logged: bool,
+    told_removed: bool,
+}
+
+impl Handler {
+    pub(crate) fn new(raft: Raft, shared: Arc<Shared>, peer: String) -> Handler {
+        Handler {
+            raft,
+            shared,
+            peer,
+            refusal_logged: false,
+            told_removed: false,
+        }
+    }
+
+    /// [`Handler::handle`] as a boxed future (what the simulated network
+    /// spawns: a concrete type breaks the cycle handle → tell_removed →
+    /// call → spawn(handle) that the compiler cannot prove `Send` through).
+    pub(crate) fn handle_owned(
+        mut self,
+        bytes: Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Vec<u8>>> + Send>> {
+        Box::pin(async move { self.handle(&bytes).await })
+    }
+
+    /// The reply's bytes to request `bytes`; `None`: the request is
+    /// undecodable (or the reply unencodable) and the connection is closed.
+    pub(crate) async fn handle(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let (raft, shared, peer) = (&self.raft, &self.shared, &self.peer);
+        let env: EnvelopeIn = match bincode::deserialize(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "undecodable Raft request; closing");
+                return None;
+            }
+        };
+        let checked = same_set(raft, &shared.identity, &env);
+        let reply = match env.req {
+            _ if checked.is_err() => {
+                let why = checked.err().unwrap_or_default();
+                if !self.refusal_logged {
+                    self.refusal_logged = true;
+                    tracing::error!(%peer, "{why}");
+                }
+                RpcReply::Refused(why)
+            }
+            RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+            RpcRequest::Vote(r) if amnesiac(raft) && r.last_log_id.is_some_and(|l| l.index > 0) => {
+                tracing::info!(%peer, "no vote: this member's Raft log is empty");
+                RpcReply::Vote(Ok(VoteResponse {
+                    vote: r.vote,
+                    vote_granted: false,
+                    last_log_id: None,
+                }))
+            }
+            RpcRequest::Vote(r) if !may_vote_for(raft, r.vote.leader_id().voted_for()) => {
+                tracing::info!(%peer, "no vote: the candidate is not a voting member");
+                let candidate = r.vote.leader_id().voted_for();
+                if let Some(version) = removed_version(raft, candidate) {
+                    if !self.told_removed && !env.from.is_empty() {
+                        self.told_removed = true;
+                        let (identity, to) = (shared.identity.clone(), env.from.clone());
+                        let transport = shared.transport.clone();
+                        tokio::spawn(async move {
+                            tell_removed(&identity, &transport, &to, version).await;
+                        });
+                    }
+                }
+                RpcReply::Vote(Ok(VoteResponse {
+                    vote: r.vote,
+                    vote_granted: false,
+                    last_log_id: None,
+                }))
+            }
+            RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
+            RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+            RpcRequest::StepUp => {
+                tracing::info!(%peer, "asked to stand for election (primary stepping down)");
+                RpcReply::StepUp(raft.trigger().elect().await.is_ok())
+            }
+            RpcRequest::Removed(version) => {
+                crate::member::mark_removed(raft, shared, version);
+                RpcReply::Removed
+            }
+        };
+        bincode::serialize(&reply).ok()
+    }
+}
+
 /// Answer Raft RPCs arriving on `listener` until the task is dropped
 /// (which also ends every connection it serves).
 pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
@@ -404,11 +557,8 @@ pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
             }
         };
         let _ = s.set_nodelay(true);
-        let raft = raft.clone();
-        let shared = shared.clone();
+        let mut handler = Handler::new(raft.clone(), shared.clone(), peer.to_string());
         conns.spawn(async move {
-            let mut refusal_logged = false;
-            let mut told_removed = false;
             loop {
                 let bytes = match read_frame(&mut s).await {
                     Ok(b) => b,
@@ -419,64 +569,7 @@ pub async fn serve(listener: TcpListener, raft: Raft, shared: Arc<Shared>) {
                         return;
                     }
                 };
-                let env: EnvelopeIn = match bincode::deserialize(&bytes) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::warn!(%peer, error = %e, "undecodable Raft request; closing");
-                        return;
-                    }
-                };
-                let checked = same_set(&raft, &shared.identity, &env);
-                let reply = match env.req {
-                    _ if checked.is_err() => {
-                        let why = checked.err().unwrap_or_default();
-                        if !refusal_logged {
-                            refusal_logged = true;
-                            tracing::error!(%peer, "{why}");
-                        }
-                        RpcReply::Refused(why)
-                    }
-                    RpcRequest::Append(r) => RpcReply::Append(raft.append_entries(r).await),
-                    RpcRequest::Vote(r)
-                        if amnesiac(&raft) && r.last_log_id.is_some_and(|l| l.index > 0) =>
-                    {
-                        tracing::info!(%peer, "no vote: this member's Raft log is empty");
-                        RpcReply::Vote(Ok(VoteResponse {
-                            vote: r.vote,
-                            vote_granted: false,
-                            last_log_id: None,
-                        }))
-                    }
-                    RpcRequest::Vote(r) if !may_vote_for(&raft, r.vote.leader_id().voted_for()) => {
-                        tracing::info!(%peer, "no vote: the candidate is not a voting member");
-                        let candidate = r.vote.leader_id().voted_for();
-                        if let Some(version) = removed_version(&raft, candidate) {
-                            if !told_removed && !env.from.is_empty() {
-                                told_removed = true;
-                                let (identity, to) = (shared.identity.clone(), env.from.clone());
-                                tokio::spawn(async move {
-                                    tell_removed(&identity, &to, version).await;
-                                });
-                            }
-                        }
-                        RpcReply::Vote(Ok(VoteResponse {
-                            vote: r.vote,
-                            vote_granted: false,
-                            last_log_id: None,
-                        }))
-                    }
-                    RpcRequest::Vote(r) => RpcReply::Vote(raft.vote(r).await),
-                    RpcRequest::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
-                    RpcRequest::StepUp => {
-                        tracing::info!(%peer, "asked to stand for election (primary stepping down)");
-                        RpcReply::StepUp(raft.trigger().elect().await.is_ok())
-                    }
-                    RpcRequest::Removed(version) => {
-                        crate::member::mark_removed(&raft, &shared, version);
-                        RpcReply::Removed
-                    }
-                };
-                let Ok(out) = bincode::serialize(&reply) else {
+                let Some(out) = handler.handle(&bytes).await else {
                     return;
                 };
                 if write_frame(&mut s, &out).await.is_err() {
@@ -535,8 +628,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let identity =
             Arc::new(crate::log_store::claim_identity(dir.path(), "rs0", 0).expect("id"));
-        let mut peer = Peer::new(&identity, 1, "127.0.0.1:1");
-        peer.addr = Ok(addr);
+        let mut peer = Peer::new(&identity, &Transport::Tcp, 1, "127.0.0.1:1");
+        peer.link = Link::Tcp {
+            addr: Ok(addr),
+            conn: None,
+        };
         let first = tokio::time::timeout(
             Duration::from_millis(50),
             peer.call(&vote(1), Duration::from_secs(5)),

@@ -74,6 +74,8 @@ pub struct Shared {
     pub dir: PathBuf,
     /// The set and member this data directory belongs to.
     pub identity: Arc<crate::log_store::Identity>,
+    /// How this member's Raft RPCs travel.
+    pub transport: crate::network::Transport,
 }
 
 #[derive(Serialize, Deserialize, Default)]
