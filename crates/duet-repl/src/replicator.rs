@@ -2,8 +2,10 @@
 //! group's record becomes a Raft entry, and the writer waits until the
 //! state machine hands it back as committed (`pending.rs`).
 //!
-//! The writer calls from its own (blocking) thread; the proposal runs on
-//! the member's tokio runtime, and the answer comes back over a channel.
+//! The writer calls from its own (blocking) thread and queues the entry in
+//! Raft's log from there, in the order the groups took their cluster times
+//! (`GroupRecord::proposed`); the commit is awaited on the member's tokio
+//! runtime, and the answer comes back over a channel.
 //! The wait is bounded by the commit timeout: past it the group fails with
 //! WriteConcernFailed (64) and its outcome is unknown — the entry may still
 //! commit, and is then applied like any other member's (every member
@@ -77,15 +79,37 @@ impl Replicate for Replicator {
             payload: rec.payload.to_vec(),
             retries: rec.origins.iter().map(|o| o.to_vec()).collect(),
         };
-        let raft = m.raft.clone();
-        let shared = m.shared.clone();
-        m.runtime.spawn(async move {
-            if let Err(e) = raft.client_write(req).await {
-                if let Some(tx) = shared.pending.take(token) {
-                    let _ = tx.try_send(Outcome::Failed(write_error(e)));
-                }
+        // Queued in Raft's log here, on the writer's thread, so entries
+        // enter the log in the order their times were taken (the writer
+        // holds the clock's order until `proposed`); the commit is awaited
+        // on the member's runtime.
+        let queued = m.runtime.block_on(m.raft.client_write_ff(req));
+        (rec.proposed)();
+        let fail = |e: Error| {
+            if let Some(tx) = m.shared.pending.take(token) {
+                let _ = tx.try_send(Outcome::Failed(e));
             }
-        });
+        };
+        match queued {
+            Err(fatal) => fail(write_error(RaftError::Fatal(fatal))),
+            Ok(answer) => {
+                let shared = m.shared.clone();
+                m.runtime.spawn(async move {
+                    let e = match answer.await {
+                        Ok(Ok(_)) => return,
+                        Ok(Err(e)) => write_error(RaftError::APIError(e)),
+                        Err(_) => Error::Coded {
+                            code: 91,
+                            name: "ShutdownInProgress",
+                            msg: "the replica-set member stopped before the write committed".into(),
+                        },
+                    };
+                    if let Some(tx) = shared.pending.take(token) {
+                        let _ = tx.try_send(Outcome::Failed(e));
+                    }
+                });
+            }
+        }
         let outcome = match rx.recv_timeout(self.commit_timeout) {
             Ok(o) => o,
             Err(RecvTimeoutError::Timeout) => {

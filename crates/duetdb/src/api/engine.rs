@@ -471,3 +471,66 @@ pub fn validate_db_name(name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bson::doc;
+    use parking_lot::Mutex;
+
+    use super::Engine;
+    use crate::durability::replicate::{Commit, GroupRecord, Replicate};
+    use crate::durability::wal::decode_record;
+    use crate::error::Error;
+
+    /// A replica set that "queues" each group by noting its time, after a
+    /// pause that lets the other database's writer run, then commits it.
+    struct Recorder {
+        queued: Mutex<Vec<u64>>,
+    }
+
+    impl Replicate for Recorder {
+        fn replicate(&self, rec: GroupRecord<'_>) -> Result<Commit, Error> {
+            let ts = decode_record(rec.payload)
+                .map_err(|e| Error::Internal(e.0))?
+                .ts;
+            std::thread::yield_now();
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            self.queued.lock().push(ts);
+            (rec.proposed)();
+            Ok(Commit::new(|_| {}))
+        }
+    }
+
+    #[test]
+    fn groups_of_every_database_are_proposed_in_time_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = Engine::open(dir.path()).expect("open");
+        let recorder = Arc::new(Recorder {
+            queued: Mutex::new(Vec::new()),
+        });
+        engine.set_replicator(Some(recorder.clone()));
+        std::thread::scope(|s| {
+            for name in ["a", "b", "c"] {
+                let db = engine.database(name).expect("database");
+                s.spawn(move || {
+                    let coll = db.collection("c");
+                    for i in 0..200 {
+                        coll.insert_one(doc! {"i": i}).expect("insert");
+                    }
+                });
+            }
+        });
+        let queued = recorder.queued.lock().clone();
+        assert!(queued.len() >= 3, "{} groups", queued.len());
+        let out_of_order: Vec<_> = queued.windows(2).filter(|w| w[0] >= w[1]).collect();
+        assert!(
+            out_of_order.is_empty(),
+            "log order is not time order in {} of {} places, first: {:?}",
+            out_of_order.len(),
+            queued.len(),
+            out_of_order[0]
+        );
+    }
+}

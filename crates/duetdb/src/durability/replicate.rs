@@ -28,7 +28,7 @@
 use crate::error::Error;
 
 /// One group's record, as the writer hands it over.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct GroupRecord<'a> {
     /// The database the group belongs to.
     pub db: &'a str,
@@ -40,6 +40,24 @@ pub struct GroupRecord<'a> {
     /// The origin tags of the group's successful commands
     /// (`Database::with_origin`): which client operations it applied.
     pub origins: &'a [std::sync::Arc<[u8]>],
+    /// To be called once the record is queued in the replicated log, before
+    /// waiting for its commit: it lets the next database's writer take its
+    /// time (`ClusterClock::order`), so the log holds groups in time order.
+    /// Not calling it is safe (the writer releases the order when
+    /// `replicate` returns) but serializes every database's commits.
+    pub proposed: &'a dyn Fn(),
+}
+
+impl std::fmt::Debug for GroupRecord<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupRecord")
+            .field("db", &self.db)
+            .field("first", &self.first)
+            .field("lsn", &self.lsn)
+            .field("payload_len", &self.payload.len())
+            .field("origins", &self.origins.len())
+            .finish()
+    }
 }
 
 /// Replicates writer groups (see the module documentation).

@@ -460,7 +460,14 @@ impl Writer {
                 if working.csn != start_csn {
                     debug_assert!(working.csn > start_csn);
                     // The time is taken by the leader, so one database's
-                    // groups get increasing times in commit order.
+                    // groups get increasing times in commit order. Under a
+                    // replica set, taking it and proposing the group is one
+                    // step for all databases (`ClusterClock::order`).
+                    let order = self
+                        .replicator
+                        .read()
+                        .is_some()
+                        .then(|| self.hub.clock.order());
                     let stamp = self.hub.clock.tick();
                     working.ts = stamp.ts;
                     let mut commit = None;
@@ -475,7 +482,7 @@ impl Writer {
                             .filter_map(|s| s.origin.clone())
                             .collect();
                         let logged = self
-                            .replicate(start_csn + 1, working.csn, stamp, &effects, &origins)
+                            .replicate(start_csn + 1, working.csn, stamp, &effects, &origins, order)
                             .and_then(|(payload, c)| {
                                 commit = c;
                                 wal.append_payload(start_csn + 1, working.csn, &payload, sync)
@@ -546,18 +553,23 @@ impl Writer {
         stamp: Stamp,
         effects: &[effect::Effect],
         origins: &[Arc<[u8]>],
+        order: Option<parking_lot::MutexGuard<'_, ()>>,
     ) -> Result<(Vec<u8>, Option<Commit>)> {
         let payload = wal::encode_record(first, lsn, stamp, effects)?;
         let replicator = self.replicator.read().clone();
         let Some(r) = replicator else {
             return Ok((payload, None));
         };
+        // Released once the group is queued (or when this returns).
+        let order = std::cell::Cell::new(order);
+        let proposed = || drop(order.take());
         let commit = r.replicate(GroupRecord {
             db: &self.db_name,
             first,
             lsn,
             payload: &payload,
             origins,
+            proposed: &proposed,
         })?;
         Ok((payload, Some(commit)))
     }

@@ -19,6 +19,9 @@
 //!   either visible (in the change tail and its database's published state)
 //!   or will never exist. A reader that stops at `stable()` can never later
 //!   find a group it skipped.
+//! - under a replica set, every database's writer takes its time and
+//!   proposes its group while holding [`ClusterClock::order`], so the
+//!   replicated log holds groups in time order across databases;
 //! - `stable()` and `last()` read atomics the mutex's holder keeps equal to
 //!   what the mutex guards (stored before it is released): change-stream
 //!   readers call them on every read and must not contend with the writers'
@@ -46,6 +49,9 @@ struct Inner {
 #[derive(Default)]
 pub struct ClusterClock {
     inner: Mutex<Inner>,
+    /// Held from a replicated group's `tick` until its proposal is queued
+    /// (see [`Self::order`]).
+    order: Mutex<()>,
     /// `Inner::stable()`, stored under `inner` at every change.
     stable: AtomicU64,
     /// `Inner::last`, likewise.
@@ -98,6 +104,16 @@ impl ClusterClock {
     fn publish(&self, g: &Inner) {
         self.last.store(g.last, Ordering::SeqCst);
         self.stable.store(g.stable(), Ordering::SeqCst);
+    }
+
+    /// Serializes "take a time, then propose the group" across the writers
+    /// of every database: a replicated writer holds it from its `tick` until
+    /// its group is queued in the replicated log, so log order is time order
+    /// (without it, two databases' writers could tick in one order and
+    /// propose in the other, and a secondary's applied time would pass a
+    /// group it has yet to apply). Writers without a replica set never take it.
+    pub fn order(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.order.lock()
     }
 
     /// The next group time, registered as in flight until [`Self::done`].
