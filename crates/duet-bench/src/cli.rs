@@ -29,8 +29,8 @@ pub enum BenchCommand {
     /// K concurrent analytic scans per strategy.
     #[command(name = "ycsb-t")]
     YcsbT(YcsbTArgs),
-    /// TPC-CH: TPC-C NewOrder / Payment / OrderStatus beside K threads looping
-    /// TPC-H Q1, Q4, Q17 per strategy (AnKer's and KVell+'s mixes).
+    /// TPC-CH: the TPC-C mix beside K threads looping TPC-H Q1, Q4, Q17 per
+    /// strategy (AnKer's and KVell+'s mixes); duet and PostgreSQL side by side.
     Tpcch(TpcchArgs),
     /// Change streams beside an update stream at full speed: events/s and
     /// commit-to-delivery lag with 1, 8, 64 streams, and the writer's
@@ -337,6 +337,16 @@ pub struct TpcchArgs {
     /// Repeated runs (figures report min / median / max).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    /// Targets side by side in each run: duet, postgres (comma-separated).
+    /// An unreachable PostgreSQL server skips its target with a note.
+    #[arg(long, value_delimiter = ',', default_value = "duet")]
+    pub targets: Vec<TargetName>,
+    /// PostgreSQL connection (scripts/peers/postgres.sh starts one on loopback).
+    #[arg(
+        long,
+        default_value = "host=127.0.0.1 port=54329 user=postgres dbname=postgres"
+    )]
+    pub pg: String,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -679,7 +689,24 @@ fn tpcch(a: &TpcchArgs) -> Result<BenchResult> {
             "--mix takes five weights (NewOrder,Payment,OrderStatus,Delivery,StockLevel) or the first three"
         ),
     };
+    peers::only(
+        "tpcch",
+        &a.targets,
+        &[TargetName::Duet, TargetName::Postgres],
+        "duet (embedded) and postgres (TPC-C as SQL transactions)",
+    )?;
+    let mut targets = Vec::new();
+    for (name, t) in [
+        ("duet", TargetName::Duet),
+        ("postgres", TargetName::Postgres),
+    ] {
+        if a.targets.contains(&t) {
+            targets.push(name);
+        }
+    }
     let p = tpcch::Params {
+        targets,
+        pg: a.pg.clone(),
         scale: a.scale,
         threads: a.threads.max(1),
         seconds: a.seconds,

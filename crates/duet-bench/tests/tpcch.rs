@@ -3,7 +3,10 @@
 //! the consistency check catches a broken condition, every query under every
 //! strategy equals the reference on a quiesced database after concurrent
 //! transactions, and `duet bench tpcch` runs tiny (checking all of that
-//! itself) with `report` rendering its section.
+//! itself) with `report` rendering its section; the same against the
+//! PostgreSQL peer where `scripts/peers/postgres.sh` can start a server
+//! (skipped, with the reason printed, where it cannot), and an unreachable
+//! server skips the `postgres` target without failing the run.
 
 mod common;
 use common::{report, result, temp_dir};
@@ -269,5 +272,225 @@ fn tpcch_runs_tiny_and_report_renders() {
     assert!(text.contains("<!-- BEGIN bench:tpcch -->") && text.contains("tpmC"));
     assert!(dir.join("charts/tpcch/tpcch-tpmc.png").exists());
     assert!(dir.join("charts/tpcch/tpcch-query-latency.png").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unreachable_postgres_is_skipped_with_a_note() {
+    let dir = temp_dir("tpcch-no-pg");
+    let out = dir.to_str().expect("utf-8 temp dir");
+    // Port 1 on loopback: nothing listens there, the connection is refused.
+    let r = result(&[
+        "tpcch",
+        "--targets",
+        "duet,postgres",
+        "--pg",
+        "host=127.0.0.1 port=1 user=postgres dbname=postgres connect_timeout=2",
+        "--scale",
+        "0.01",
+        "--seconds",
+        "0.1",
+        "--analytics",
+        "0",
+        "--out",
+        out,
+        "--quiet",
+    ]);
+    assert!(r
+        .find("duetdb-embedded", &[("analytics", "0")], "tpmC")
+        .is_some());
+    assert!(r.find("postgres", &[], "tpmC").is_none());
+    assert!(
+        r.notes.iter().any(|n| n.starts_with("postgres: skipped")),
+        "{:?}",
+        r.notes
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A throw-away PostgreSQL cluster from `scripts/peers/postgres.sh` on a
+/// free loopback port and its own data directory, stopped on drop.
+#[cfg(feature = "postgres")]
+struct PgServer {
+    port: u16,
+    data: std::path::PathBuf,
+}
+
+#[cfg(feature = "postgres")]
+impl PgServer {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peers/postgres.sh")
+    }
+
+    fn command(&self, what: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("bash");
+        c.arg(Self::script())
+            .arg(what)
+            .env("DUET_PG_PORT", self.port.to_string())
+            .env("DUET_PG_DATA", &self.data);
+        c
+    }
+
+    /// Start one, or the reason it cannot be started here. The script would
+    /// install PostgreSQL with apt-get when it is missing; a test does not.
+    fn start() -> Result<PgServer, String> {
+        let installed = std::fs::read_dir("/usr/lib/postgresql")
+            .map(|d| d.flatten().any(|v| v.path().join("bin/initdb").exists()))
+            .unwrap_or(false);
+        if !installed {
+            return Err(
+                "PostgreSQL is not installed (scripts/peers/postgres.sh start installs it)".into(),
+            );
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?
+            .port();
+        let server = PgServer {
+            port,
+            data: std::env::temp_dir().join(format!("duet-bench-pg-test-{}", std::process::id())),
+        };
+        let out = server
+            .command("start")
+            .output()
+            .map_err(|e| format!("cannot run the script: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/peers/postgres.sh start failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(server)
+    }
+
+    fn conn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = self.command("stop").output();
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn tpcch_runs_tiny_against_postgres_and_keeps_its_consistency_conditions() {
+    use duet_bench::peers::postgres_tpcch;
+    let server = match PgServer::start() {
+        Ok(s) => s,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let conn = server.conn();
+    let dir = temp_dir("tpcch-pg");
+    let out = dir.to_str().expect("utf-8 temp dir");
+    let r = result(&[
+        "tpcch",
+        "--targets",
+        "duet,postgres",
+        "--pg",
+        &conn,
+        "--scale",
+        "0.01",
+        "--seconds",
+        "1",
+        "--threads",
+        "2",
+        "--analytics",
+        "0,1",
+        "--strategy",
+        "olcp,cow",
+        "--verify",
+        "--repeat",
+        "1",
+        "--out",
+        out,
+        "--quiet",
+    ]);
+    // Side by side: both targets have every cell; PostgreSQL one per K.
+    // (How many transactions a cell commits depends on the machine's load:
+    // only "some" is asserted, over both cells.)
+    let base = [("isolation", "si"), ("strategy", "-"), ("analytics", "0")];
+    for t in ["duetdb-embedded", "postgres"] {
+        assert!(r.find(t, &base, "tpmC").is_some(), "{t}");
+        assert!(r.find(t, &base, "aborts").is_some(), "{t}");
+        let committed: f64 = r
+            .figures
+            .iter()
+            .filter(|f| f.target == t && f.metric == "txn_per_s")
+            .map(|f| f.median)
+            .sum();
+        assert!(committed > 0.0, "{t} committed nothing");
+    }
+    let native = [
+        ("isolation", "si"),
+        ("strategy", "native"),
+        ("analytics", "1"),
+    ];
+    assert_eq!(
+        r.find("postgres", &native, "q4_wrong")
+            .expect("q4_wrong")
+            .median,
+        0.0
+    );
+    let mut q1 = native.to_vec();
+    q1.push(("query", "Q1"));
+    assert!(
+        r.find("postgres", &q1, "queries_completed")
+            .expect("Q1 ran")
+            .median
+            >= 1.0
+    );
+    assert!(r.find("postgres", &q1, "query_ms_p99").is_some());
+    assert!(r
+        .find("postgres", &[("strategy", "olcp")], "tpmC")
+        .is_none());
+    let text = report(&dir);
+    assert!(text.contains("| postgres |"), "{text}");
+
+    // The run checked the conditions itself; they hold on what it left …
+    let scale = Scale::new(0.01).expect("scale");
+    let mut c = postgres_tpcch::connect(&conn).expect("connect");
+    assert_eq!(
+        postgres_tpcch::check_consistency(&mut c, &scale).expect("check"),
+        Vec::<String>::new()
+    );
+    let written: i64 = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM history) \
+             + (SELECT count(*) FROM orders WHERE o_comment = 'new') \
+             + (SELECT count(*) FROM orders WHERE o_delivered_cents IS NOT NULL)",
+            &[],
+        )
+        .expect("written")
+        .get(0);
+    assert!(written > 0, "no Payment, NewOrder or Delivery committed");
+    // … and the SQL check is not vacuous: a district's ytd moved alone
+    // breaks condition 1, an order number taken without an order condition
+    // 2, and an amount delivered to nobody condition 5.
+    c.batch_execute("UPDATE district SET d_ytd_cents = d_ytd_cents + 1 WHERE id = 0")
+        .expect("tamper");
+    let bad = postgres_tpcch::check_consistency(&mut c, &scale).expect("check");
+    assert!(bad.iter().any(|v| v.contains("w_ytd")), "{bad:?}");
+    c.batch_execute("UPDATE district SET d_next_o_id = d_next_o_id + 1 WHERE id = 1")
+        .expect("tamper");
+    let bad = postgres_tpcch::check_consistency(&mut c, &scale).expect("check");
+    assert!(bad.iter().any(|v| v.contains("d_next_o_id")), "{bad:?}");
+    c.batch_execute(
+        "UPDATE orders SET o_delivered_cents = 1 WHERE id = (SELECT min(id) FROM new_order)",
+    )
+    .expect("tamper");
+    let bad = postgres_tpcch::check_consistency(&mut c, &scale).expect("check");
+    assert!(bad.iter().any(|v| v.contains("delivered")), "{bad:?}");
+    drop(c);
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

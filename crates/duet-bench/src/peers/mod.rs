@@ -1,6 +1,7 @@
 //! Which targets exist in this build and how `--targets` builds them. Peers
-//! (SQLite, PostgreSQL) compile only with the cargo feature `peers`, so
-//! ordinary builds and CI stay fast; LMDB with `lmdb` (included in `peers`).
+//! SQLite and LMDB compile only with the cargo feature `peers`, so ordinary
+//! builds and CI stay fast; the PostgreSQL client (`postgres`, pure Rust) is
+//! a default feature, so its tests run wherever a server can start.
 //! The MongoDB-wire target (`crate::wire`) is built with the default feature
 //! `wire`.
 
@@ -31,6 +32,8 @@ macro_rules! peer_target {
 pub mod lmdb;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "postgres")]
+pub mod postgres_tpcch;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

@@ -317,32 +317,39 @@ fn tpcch(r: &BenchResult, dir: &Path, out: &mut Drawn) -> Result<()> {
     if k_max > 0 {
         let ks = k_max.to_string();
         let mut cats: Vec<String> = Vec::new();
-        let mut strategies: Vec<String> = Vec::new();
+        // (target, strategy): duet's strategies, then a peer's native snapshot.
+        let mut sources: Vec<(String, String)> = Vec::new();
         for f in r.figures.iter().filter(|f| f.metric == "query_ms_median") {
             if let (Some(q), Some(s)) = (f.case.get("query"), f.case.get("strategy")) {
                 if !cats.contains(q) {
                     cats.push(q.clone());
                 }
-                if !strategies.contains(s) {
-                    strategies.push(s.clone());
+                let src = (f.target.clone(), s.clone());
+                if !sources.contains(&src) {
+                    sources.push(src);
                 }
             }
         }
-        let series: Vec<(String, Vec<f64>)> = strategies
+        let series: Vec<(String, Vec<f64>)> = sources
             .iter()
-            .map(|s| {
+            .map(|(t, s)| {
                 let v = cats
                     .iter()
                     .map(|q| {
                         r.find(
-                            "duetdb-embedded",
+                            t,
                             &[("strategy", s), ("analytics", &ks), ("query", q)],
                             "query_ms_median",
                         )
                         .map_or(0.0, |f| f.median)
                     })
                     .collect();
-                (s.clone(), v)
+                let label = if t == "duetdb-embedded" {
+                    s.clone()
+                } else {
+                    t.clone()
+                };
+                (label, v)
             })
             .collect();
         if !series.is_empty() {
@@ -381,12 +388,14 @@ fn by_strategy_and_isolation(
     let k_max = max_analytics(r);
     let ks = k_max.to_string();
     let plain = |f: &&Figure| f.metric == metric && f.case.len() == 3;
-    let mut isolations: Vec<String> = Vec::new();
+    // Series: (target, isolation); labelled by isolation alone for one target.
+    let mut isolations: Vec<(String, String)> = Vec::new();
     let mut strategies: Vec<String> = Vec::new();
     for f in r.figures.iter().filter(plain) {
         if let Some(i) = f.case.get("isolation") {
-            if !isolations.contains(i) {
-                isolations.push(i.clone());
+            let key = (f.target.clone(), i.clone());
+            if !isolations.contains(&key) {
+                isolations.push(key);
             }
         }
         if f.case.get("analytics") == Some(&ks) && k_max > 0 {
@@ -402,15 +411,17 @@ fn by_strategy_and_isolation(
     }
     let mut cats = vec!["K=0".to_string()];
     cats.extend(strategies.iter().map(|s| format!("{s}, K={k_max}")));
+    let one_target = isolations.iter().all(|(t, _)| *t == isolations[0].0);
     let series = isolations
         .iter()
-        .map(|iso| {
+        .map(|(target, iso)| {
             let find = |s: &str, k: &str| {
                 r.figures
                     .iter()
                     .filter(plain)
                     .find(|f| {
-                        f.case.get("isolation") == Some(iso)
+                        f.target == *target
+                            && f.case.get("isolation") == Some(iso)
                             && f.case.get("strategy").map(String::as_str) == Some(s)
                             && f.case.get("analytics").map(String::as_str) == Some(k)
                     })
@@ -418,7 +429,12 @@ fn by_strategy_and_isolation(
             };
             let mut v = vec![find("-", "0")];
             v.extend(strategies.iter().map(|s| find(s, &ks)));
-            (iso.clone(), v)
+            let label = if one_target {
+                iso.clone()
+            } else {
+                format!("{target} / {iso}")
+            };
+            (label, v)
         })
         .collect();
     Some((cats, series))
