@@ -54,6 +54,7 @@ pub use durability::{
 pub use error::{
     BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
 };
+pub use doc::collation::{Collation, Collator};
 pub use query::limits::{ReadLimits, DEFAULT_MEMORY_LIMIT};
 pub use query::spill::{spill_stats, SpillStats};
 pub use query::validator::check as check_collection_options;

@@ -233,6 +233,7 @@ const INDEX_OPTIONS_OK: &[&str] = &[
     "sparse",
     "partialFilterExpression",
     "expireAfterSeconds",
+    "collation",
     "wildcardProjection",
     "weights",
     "default_language",
