@@ -46,6 +46,7 @@ pub use api::{
     BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
+pub use doc::collation::{Collation, Collator};
 pub use durability::wal::WalStats;
 pub use durability::{
     CheckpointInfo, CheckpointStats, Durability, DurabilityOptions, RecoveryReport, Truncation,
@@ -54,7 +55,6 @@ pub use durability::{
 pub use error::{
     BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,
 };
-pub use doc::collation::{Collation, Collator};
 pub use query::limits::{ReadLimits, DEFAULT_MEMORY_LIMIT};
 pub use query::spill::{spill_stats, SpillStats};
 pub use query::validator::check as check_collection_options;

@@ -164,7 +164,9 @@ fn collated_reads_agree_under_every_strategy() {
     with_index
         .create_index_spec(&doc! {"key": {"k": 1}, "name": "k_ci", "collation": ci()})
         .expect("index");
-    let words = ["apple", "Apple", "APPLE", "pear", "Pear", "fig", "Fig", "kiwi"];
+    let words = [
+        "apple", "Apple", "APPLE", "pear", "Pear", "fig", "Fig", "kiwi",
+    ];
     let mut model: Vec<(i32, String)> = Vec::new();
     for round in 0..20i32 {
         let id = round;
@@ -191,12 +193,7 @@ fn collated_reads_agree_under_every_strategy() {
                 .collect();
             want.sort();
             for coll in ["i", "s"] {
-                for strategy in [
-                    Strategy::Cow,
-                    Strategy::Vls,
-                    Strategy::Olcp,
-                    Strategy::None,
-                ] {
+                for strategy in [Strategy::Cow, Strategy::Vls, Strategy::Olcp, Strategy::None] {
                     let got = db
                         .collection(coll)
                         .with_collation(Some(ci()))

@@ -30,7 +30,9 @@ use bson::Document;
 
 use crate::api::{Collection, Database, SnapshotCollection};
 use crate::error::{Error, Result};
-use crate::query::aggregate::{prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime};
+use crate::query::aggregate::{
+    prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
+};
 use crate::query::limits::{ReadLimits, PAGE_DOCS};
 use crate::query::{planner, Filter};
 use crate::snapshot::olcp::{self, OlcpOptions};

@@ -59,9 +59,8 @@ impl Distinct {
                     .then_with(|| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()))
             };
             self.vals.sort_by(cmp);
-            self.vals.dedup_by(|a, b| {
-                c.compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()).is_eq()
-            });
+            self.vals
+                .dedup_by(|a, b| c.compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()).is_eq());
             return;
         }
         self.vals

@@ -875,9 +875,10 @@ fn plan_among(
                 }
                 let reverse =
                     matches!(id_sort.map(|s| s.keys.as_slice()), Some([(p, false)]) if p == "_id");
-                let provides_sort = sort.is_none_or(|s| s.keys.is_empty()) || id_sort.is_some_and(|s| {
-                    s.keys.is_empty() || (s.keys.len() == 1 && s.keys[0].0 == "_id")
-                });
+                let provides_sort = sort.is_none_or(|s| s.keys.is_empty())
+                    || id_sort.is_some_and(|s| {
+                        s.keys.is_empty() || (s.keys.len() == 1 && s.keys[0].0 == "_id")
+                    });
                 return Ok(Plan {
                     access: Access::IdRange {
                         lower: Bound::Unbounded,
@@ -902,8 +903,8 @@ fn plan_among(
             if index.spec.partial.is_some() && !index_usable(index, &sargs) {
                 return Err(bad_hint());
             }
-            let c = candidate(index, &sargs_for(index), &geo, sort_for(index))
-                .ok_or_else(bad_hint)?;
+            let c =
+                candidate(index, &sargs_for(index), &geo, sort_for(index)).ok_or_else(bad_hint)?;
             return Ok(Plan {
                 access: c.access,
                 provides_sort: c.provides_sort,

@@ -4,8 +4,9 @@
 //! documents / keys. Also used by `$push … $sort` with a pattern.
 //!
 //! Invariants:
-//! - Values are compared only through [`crate::doc::value::compare`], so a sort agrees
-//!   with filters and index order.
+//! - Values are compared only through [`crate::doc::value::compare`] (under a
+//!   collation: the collator's order, and sort keys hold collation keys), so
+//!   a sort agrees with filters and index order of the same collation.
 //! - The key of one sort component is chosen among every value the path reaches
 //!   (arrays stand for their elements, as in MongoDB's multikey sort): ascending
 //!   takes the smallest, descending the largest. A missing field counts as `null`

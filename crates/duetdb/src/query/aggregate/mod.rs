@@ -139,7 +139,9 @@ pub use exec::Exec;
 pub use foreign::{Foreign, Pinned, Runtime};
 pub use group::canonical_cmp;
 pub use output::{merged_version, MergeSpec, Output};
-pub use split::{prepare, prepare_collated, prepare_with, CommutativePart, PartialState, Prepared, Split};
+pub use split::{
+    prepare, prepare_collated, prepare_with, CommutativePart, PartialState, Prepared, Split,
+};
 
 /// Most stages in one pipeline (MongoDB's default `internalPipelineLengthLimit`).
 pub const MAX_PIPELINE_STAGES: usize = 1000;
