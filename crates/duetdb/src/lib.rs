@@ -46,6 +46,7 @@ pub use api::{
     BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
+pub use doc::collation::{Collation, Collator};
 pub use durability::wal::WalStats;
 pub use durability::{
     CheckpointInfo, CheckpointStats, Durability, DurabilityOptions, RecoveryReport, Truncation,

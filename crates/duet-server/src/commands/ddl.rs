@@ -5,15 +5,16 @@
 //! Collection options the engine honours (on `create` and `collMod`, durable,
 //! shown by `listCollections`; `duetdb::CollectionOptions`):
 //! `changeStreamPreAndPostImages`, `validator`, `validationLevel`,
-//! `validationAction`.
+//! `validationAction`, `collation` (on `create` only).
 //!
 //! Index options the engine honours: `unique`, `sparse`,
 //! `partialFilterExpression`, `expireAfterSeconds` (TTL), `wildcardProjection`,
 //! text indexes' `weights`, `default_language`, `language_override`,
-//! `textIndexVersion`, 2dsphere indexes' `2dsphereIndexVersion`; hashed,
+//! `textIndexVersion`, 2dsphere indexes' `2dsphereIndexVersion`,
+//! `collation`; hashed,
 //! wildcard, text and 2dsphere key patterns; `v`,
 //! `background` and `ns` are accepted and ignored, as MongoDB. Options the
-//! engine cannot honor (views, time series, collations,
+//! engine cannot honor (views, time series,
 //! `2d` indexes, hidden indexes, …) are refused with CommandNotSupported (115),
 //! never silently dropped.
 
@@ -233,6 +234,7 @@ const INDEX_OPTIONS_OK: &[&str] = &[
     "sparse",
     "partialFilterExpression",
     "expireAfterSeconds",
+    "collation",
     "wildcardProjection",
     "weights",
     "default_language",

@@ -59,13 +59,6 @@ pub struct FindPlan {
 
 impl FindPlan {
     pub(crate) fn from_find(cmd: &Document) -> CmdResult<FindPlan> {
-        if let Some(c) = args::opt_doc(cmd, "collation")? {
-            if c.get_str("locale").ok() != Some("simple") {
-                return Err(CommandError::not_supported(
-                    "collations are not supported by duetdb",
-                ));
-            }
-        }
         // Booleans of the find command are strict, as MongoDB's IDL parses them.
         for field in [
             "singleBatch",
@@ -122,6 +115,7 @@ impl FindPlan {
                 skip: args::opt_count(cmd, "skip")?.unwrap_or(0),
                 limit: args::opt_count(cmd, "limit")?.unwrap_or(0),
                 hint,
+                collation: super::source::collation_of(cmd)?,
             },
             projection: args::opt_doc(cmd, "projection")?.cloned(),
         })

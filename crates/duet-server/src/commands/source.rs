@@ -114,9 +114,44 @@ pub fn read_source<'s>(
     coll: &str,
     target: &'s mut Target<'_>,
 ) -> CmdResult<ReadSource<'s>> {
-    let source = choose_source(ctx, cmd, coll, target)?;
+    let collation = collation_of(cmd)?;
+    let source = match choose_source(ctx, cmd, coll, target)? {
+        ReadSource::Live { coll, strategy } => ReadSource::Live {
+            coll: coll.with_collation(collation),
+            strategy,
+        },
+        ReadSource::Held {
+            coll,
+            snap,
+            at,
+            spill_dir,
+        } => ReadSource::Held {
+            coll: coll.with_collation(collation),
+            snap,
+            at,
+            spill_dir,
+        },
+        ReadSource::Txn(c) => {
+            if collation.is_some() {
+                return Err(CommandError::not_supported(
+                    "a collation inside a transaction is not supported by duetdb",
+                ));
+            }
+            ReadSource::Txn(c)
+        }
+    };
     ctx.note_read(coll, cmd, &source);
     Ok(source)
+}
+
+/// A command's `collation` option, validated (MongoDB's errors for a
+/// malformed one); `None` when absent (the collection's default applies).
+pub fn collation_of(cmd: &Document) -> CmdResult<Option<Document>> {
+    let Some(c) = crate::args::opt_doc(cmd, "collation")? else {
+        return Ok(None);
+    };
+    duetdb::Collator::from_document(c)?;
+    Ok(Some(c.clone()))
 }
 
 fn choose_source<'s>(
@@ -325,7 +360,7 @@ impl ReadSource<'_> {
                 coll.distinct_limited(key, query, *strategy, &limits)?.0
             }
             ReadSource::Held { coll, .. } => {
-                let mut d = duetdb::lang::Distinct::new(key)?;
+                let mut d = duetdb::lang::Distinct::new(key)?.with_collation(coll.collator()?);
                 for doc in coll.find(query).limits(limits).stream()? {
                     d.feed(&doc?);
                 }

@@ -30,7 +30,9 @@ use bson::Document;
 
 use crate::api::{Collection, Database, SnapshotCollection};
 use crate::error::{Error, Result};
-use crate::query::aggregate::{prepare_with, Exec, PartialState, Pinned, Prepared, Runtime};
+use crate::query::aggregate::{
+    prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
+};
 use crate::query::limits::{ReadLimits, PAGE_DOCS};
 use crate::query::{planner, Filter};
 use crate::snapshot::olcp::{self, OlcpOptions};
@@ -143,8 +145,11 @@ impl Collection {
         let state = self.database().writer().published();
         let pipeline = geo_key(pipeline, state.collection(self.name()))?;
         drop(state);
-        let mut p = prepare_with(&pipeline, let_vars)?;
+        let collator = self.collator()?;
+        let mut p = prepare_collated(&pipeline, let_vars, collator.clone())?;
         p.limit_memory(limits.memory_limit_bytes);
+        // OLCP's partitioned scans parse the scan filter themselves, without
+        // the collation: a collated pipeline runs as `vls` instead (below).
         if p.documents {
             let docs = self.database().run_documents(&p, limits)?;
             let explain = documents_explain(&p, self.database().csn());
@@ -154,7 +159,10 @@ impl Collection {
             }
             return Ok((docs, explain));
         }
-        let choice = self.choose_for(&p, strategy)?;
+        let mut choice = self.choose_for(&p, strategy)?;
+        if collator.is_some() && choice.strategy == Strategy::Olcp {
+            choice.strategy = Strategy::Vls;
+        }
         let spill_dir = limits.spill_dir_or(self.database().spill_dir());
         let pinned: OnceLock<Pinned> = OnceLock::new();
         let rt = Runtime::new(&pinned, limits.clone(), spill_dir);
@@ -188,7 +196,7 @@ impl Collection {
         let mut exec = p.exec(rt);
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
-        let mut filter = Filter::parse(&p.filter)?;
+        let mut filter = Filter::parse(&p.filter)?.with_collation(self.collator()?);
         // explain's executionStats counters (`ReadLimits::examined`).
         rt.limits.counting(&mut filter);
         let outcome = scan::scan_capturing(
@@ -355,7 +363,7 @@ impl Collection {
     /// The strategy the pipeline runs under: [`choose`] with the plan of its
     /// scan filter on the latest state.
     fn choose_for(&self, p: &Prepared, requested: Strategy) -> Result<Choice> {
-        let filter = Filter::parse(&p.filter)?;
+        let filter = Filter::parse(&p.filter)?.with_collation(self.collator()?);
         let state = self.database().writer().published();
         let plan = state
             .collection(self.name())
@@ -426,7 +434,7 @@ impl SnapshotCollection {
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
-        let p = prepare_with(&pipeline, let_vars)?;
+        let p = prepare_collated(&pipeline, let_vars, self.collator()?)?;
         if let Some(out) = p.output() {
             return Err(Error::IllegalOperation(format!(
                 "{} cannot run on a held snapshot: it writes; run it on the live collection",

@@ -13,6 +13,7 @@ use crate::api::database::unexpected;
 use crate::api::find::Source;
 use crate::api::snapshot::stats_of;
 use crate::api::*;
+use crate::doc::collation::Collator;
 use crate::doc::DocRef;
 use crate::durability::effect::Effect;
 use crate::error::{Error, Result};
@@ -62,6 +63,8 @@ pub struct Collection {
     /// Writes through this handle skip the validator
     /// (`bypassDocumentValidation`).
     pub(crate) bypass_validation: bool,
+    /// The operations' `collation` option (`None`: the collection's default).
+    pub(crate) collation: Option<Document>,
 }
 
 // The CRUD methods callers use most, inherent so that they need no trait in
@@ -173,7 +176,7 @@ impl Crud for Collection {
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
         let cmd = UpdateCommand {
             coll: self.name.clone(),
-            filter: Filter::parse(&u.filter)?,
+            filter: self.parse_filter(&u.filter)?,
             filter_doc: u.filter,
             update: u.spec,
             multi: u.multi,
@@ -188,7 +191,7 @@ impl Crud for Collection {
     }
 
     fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
-        let filter = Filter::parse(&filter)?;
+        let filter = self.parse_filter(&filter)?;
         match self.db.submit(Command::Delete {
             coll: self.name.clone(),
             filter,
@@ -204,8 +207,13 @@ impl Crud for Collection {
         let o = &m.options;
         let cmd = FindAndModifyCommand {
             coll: self.name.clone(),
-            filter: Filter::parse(&m.filter)?,
-            sort: o.sort.as_ref().map(SortSpec::parse).transpose()?,
+            filter: self.parse_filter(&m.filter)?,
+            sort: o
+                .sort
+                .as_ref()
+                .map(SortSpec::parse)
+                .transpose()?
+                .map(|s| s.with_collation(self.collator().ok().flatten())),
             upsert: o.upsert,
             return_new: o.return_document == ReturnDocument::After,
             hint: o.hint.as_ref().map(Hint::from_bson).transpose()?,
@@ -250,7 +258,9 @@ impl Collection {
     }
 
     pub fn find(&self, filter: Document) -> Find {
-        Find::new(Source::Latest(self.db.clone()), &self.name, filter)
+        let mut find = Find::new(Source::Latest(self.db.clone()), &self.name, filter);
+        find.options.collation = self.collation.clone();
+        find
     }
 
     /// The stored document with `_id == id` at the latest commit: the point-read
@@ -299,7 +309,7 @@ impl Collection {
         limits: &ReadLimits,
         mut visit: impl FnMut(&DocRef) -> ControlFlow<()>,
     ) -> Result<ScanOutcome> {
-        let mut parsed = Filter::parse(&filter)?;
+        let mut parsed = self.parse_filter(&filter)?;
         limits.counting(&mut parsed);
         let outcome = scan::scan(
             self.db.writer(),
@@ -343,7 +353,7 @@ impl Collection {
         strategy: Strategy,
         limits: &ReadLimits,
     ) -> Result<(u64, ScanOutcome)> {
-        let mut parsed = Filter::parse(&filter)?;
+        let mut parsed = self.parse_filter(&filter)?;
         // Counting everything examines nothing under `cow` (one root's size).
         if !parsed.is_match_all() {
             limits.counting(&mut parsed);
@@ -385,7 +395,7 @@ impl Collection {
         strategy: Strategy,
         limits: &ReadLimits,
     ) -> Result<(Vec<Bson>, ScanOutcome)> {
-        let mut d = Distinct::new(path)?;
+        let mut d = Distinct::new(path)?.with_collation(self.collator()?);
         let outcome = self.scan_limited(filter, strategy, limits, |doc| {
             d.feed(doc);
             ControlFlow::Continue(())
@@ -440,7 +450,7 @@ impl Collection {
     /// The strategy a read of `filter` of kind `read` runs under when
     /// `requested`: [`choose`] with the plan on the latest state.
     fn choice(&self, filter: &Document, read: Read, requested: Strategy) -> Result<Choice> {
-        let filter = Filter::parse(filter)?;
+        let filter = self.parse_filter(filter)?;
         let state = self.state();
         let plan = match state.collection(&self.name) {
             Some(c) => Some(planner::plan(c, &filter, None, None)?),
@@ -578,6 +588,31 @@ impl Collection {
             }
             Ok(old)
         })
+    }
+
+    /// This handle with a `collation` option: its reads, updates and
+    /// deletes compare strings under it (`{locale: "simple"}`: binary);
+    /// `None` uses the collection's default collation.
+    pub fn with_collation(mut self, collation: Option<Document>) -> Collection {
+        self.collation = collation;
+        self
+    }
+
+    /// The collator of this handle's operations: its `collation` option,
+    /// else the collection's default (`None`: simple).
+    pub fn collator(&self) -> Result<Option<Arc<Collator>>> {
+        match &self.collation {
+            Some(d) => Collator::from_document(d),
+            None => Ok(self
+                .state()
+                .collection(&self.name)
+                .and_then(|c| c.options.collation.clone())),
+        }
+    }
+
+    /// Parse a filter of this handle's operations (under its collator).
+    fn parse_filter(&self, filter: &Document) -> Result<Filter> {
+        Ok(Filter::parse(filter)?.with_collation(self.collator()?))
     }
 
     /// This handle with `bypassDocumentValidation` set: its inserts and

@@ -526,6 +526,7 @@ mod tests {
             limit: 3,
             projection: Some(doc! {"_id": 1}),
             hint: None,
+            collation: None,
         };
         note("find", format!("{:?}", c.find_with(doc! {}, page)));
         note("find one", format!("{:?}", c.find_one(doc! {"_id": 50})));

@@ -318,6 +318,7 @@ impl Database {
             db: self.clone(),
             name: name.to_string(),
             bypass_validation: false,
+            collation: None,
         }
     }
 

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use bson::{Bson, Document};
 
 use crate::api::*;
+use crate::doc::collation::Collator;
 use crate::doc::{self, DocRef};
 use crate::error::{CancelToken, Error, Result};
 use crate::query::limits::ReadLimits;
@@ -119,6 +120,8 @@ pub struct FindOptions {
     /// 0 = no limit.
     pub limit: u64,
     pub hint: Option<Bson>,
+    /// The `collation` option (`None`: the collection's default).
+    pub collation: Option<Document>,
 }
 
 /// A find being built; [`Find::run`] executes it.
@@ -173,7 +176,12 @@ impl Find {
         self
     }
     pub fn options(mut self, options: FindOptions) -> Find {
+        // A handle's collation stays unless the options name one.
+        let collation = self.options.collation.take();
         self.options = options;
+        if self.options.collation.is_none() {
+            self.options.collation = collation;
+        }
         self
     }
     /// Read under this snapshot strategy instead of the database default.
@@ -397,8 +405,24 @@ impl Find {
         ))
     }
 
+    /// The collator of this find: its `collation` option, else the
+    /// collection's default (`None`: simple).
+    fn collator(&self) -> Result<Option<Arc<Collator>>> {
+        if let Some(d) = &self.options.collation {
+            return Collator::from_document(d);
+        }
+        let state = match &self.source {
+            Source::Fixed(state) => state.clone(),
+            Source::Latest(db) => db.writer().published(),
+        };
+        Ok(state
+            .collection(&self.coll)
+            .and_then(|c| c.options.collation.clone()))
+    }
+
     fn spec(&self) -> Result<(FindSpec, Option<Projection>)> {
-        let mut filter = Filter::parse(&self.filter)?;
+        let collator = self.collator()?;
+        let mut filter = Filter::parse(&self.filter)?.with_collation(collator.clone());
         // explain's executionStats: count what this read examines.
         self.limits.counting(&mut filter);
         let sort = self
@@ -407,6 +431,7 @@ impl Find {
             .as_ref()
             .map(SortSpec::parse)
             .transpose()?
+            .map(|s| s.with_collation(collator))
             .filter(|s| !s.is_empty())
             // `$near` orders by distance unless the find sorts otherwise.
             .or_else(|| filter.near().map(SortSpec::near));

@@ -170,7 +170,23 @@ impl Collection {
         options: &IndexBuildOptions,
     ) -> Result<String> {
         validate_collection_name(&self.name)?;
-        let spec = crate::query::index_spec::parse(spec)?;
+        // An index without a `collation` gets the collection's default
+        // (MongoDB's rule), resolved here so the logged spec names it and
+        // replay never re-derives it.
+        let default = self
+            .db
+            .writer()
+            .published()
+            .collection(&self.name)
+            .and_then(|c| c.options.collation.clone());
+        let spec = match default {
+            Some(c) if !spec.contains_key("collation") => {
+                let mut d = spec.clone();
+                d.insert("collation", c.spec().to_document());
+                crate::query::index_spec::parse(&d)?
+            }
+            _ => crate::query::index_spec::parse(spec)?,
+        };
         let name = if spec.is_id_pattern() {
             ID_INDEX_NAME.to_string()
         } else {

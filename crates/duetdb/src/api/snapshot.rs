@@ -45,6 +45,7 @@ impl Snapshot {
         SnapshotCollection {
             state: self.state.clone(),
             name: name.to_string(),
+            collation: None,
         }
     }
 
@@ -97,21 +98,47 @@ pub(crate) fn stats_of(c: &CollectionState) -> CollStats {
 pub struct SnapshotCollection {
     state: Arc<DbState>,
     name: String,
+    /// The reads' `collation` option (`None`: the collection's default).
+    collation: Option<Document>,
 }
 
 impl SnapshotCollection {
     pub fn find(&self, filter: Document) -> Find {
-        Find::new(Source::Fixed(self.state.clone()), &self.name, filter)
+        let mut find = Find::new(Source::Fixed(self.state.clone()), &self.name, filter);
+        find.options.collation = self.collation.clone();
+        find
+    }
+
+    /// This handle with a `collation` option for its reads (`None`: the
+    /// collection's default).
+    pub fn with_collation(mut self, collation: Option<Document>) -> SnapshotCollection {
+        self.collation = collation;
+        self
+    }
+
+    /// The collator of this handle's reads: its `collation` option, else
+    /// the collection's default in the snapshot (`None`: simple).
+    pub fn collator(&self) -> Result<Option<Arc<crate::doc::collation::Collator>>> {
+        match &self.collation {
+            Some(d) => crate::doc::collation::Collator::from_document(d),
+            None => Ok(self
+                .state
+                .collection(&self.name)
+                .and_then(|c| c.options.collation.clone())),
+        }
     }
     pub fn find_one(&self, filter: Document) -> Result<Option<Document>> {
         Ok(self.find(filter).limit(1).run()?.pop())
     }
     pub fn count(&self, filter: Document) -> Result<u64> {
+        if !filter.is_empty() && self.collator()?.is_some() {
+            return Ok(self.find(filter).raw()?.len() as u64);
+        }
         count_in(&self.state, &self.name, &filter)
     }
     /// Distinct values of `path` among matching documents, in BSON order.
     pub fn distinct(&self, path: &str, filter: Document) -> Result<Vec<Bson>> {
-        let mut d = Distinct::new(path)?;
+        let mut d = Distinct::new(path)?.with_collation(self.collator()?);
         for doc in self.find(filter).raw()? {
             d.feed(&doc);
         }

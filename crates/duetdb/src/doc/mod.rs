@@ -9,6 +9,7 @@
 //!   old one lives on only where a snapshot still references it (a pointer, never
 //!   a copy of the bytes).
 
+pub mod collation;
 pub mod path;
 pub mod rawfield;
 pub mod size;

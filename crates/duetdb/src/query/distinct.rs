@@ -14,6 +14,8 @@ pub const MAX_DISTINCT_BYTES: usize = 16 * 1024 * 1024;
 pub struct Distinct {
     path: String,
     vals: Vec<RawBson>,
+    /// Values equal under it are one (the smallest in binary order is kept).
+    collator: Option<std::sync::Arc<crate::doc::collation::Collator>>,
 }
 
 impl Distinct {
@@ -23,7 +25,17 @@ impl Distinct {
         Ok(Distinct {
             path: path.to_string(),
             vals: Vec::new(),
+            collator: None,
         })
+    }
+
+    /// Deduplicate (and order) under `c` (MongoDB's `collation` option).
+    pub fn with_collation(
+        mut self,
+        c: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+    ) -> Distinct {
+        self.collator = c;
+        self
     }
 
     pub fn feed(&mut self, doc: &RawDocument) {
@@ -40,6 +52,17 @@ impl Distinct {
     }
 
     fn dedup(&mut self) {
+        if let Some(c) = &self.collator {
+            let c = c.clone();
+            let cmp = |a: &RawBson, b: &RawBson| {
+                c.compare(a.as_raw_bson_ref(), b.as_raw_bson_ref())
+                    .then_with(|| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()))
+            };
+            self.vals.sort_by(cmp);
+            self.vals
+                .dedup_by(|a, b| c.compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()).is_eq());
+            return;
+        }
         self.vals
             .sort_by(|a, b| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
         self.vals

@@ -63,6 +63,7 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
                     | "language_override"
                     | "textIndexVersion"
                     | "2dsphereIndexVersion"
+                    | "collation"
             )
         {
             return Err(Error::BadValue(format!(
@@ -122,6 +123,24 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
             ));
         }
         spec.partial = Some(Box::new(partial_filter(expr)?));
+    }
+    match d.get("collation") {
+        None => {}
+        Some(Bson::Document(c)) => {
+            spec.collation = crate::doc::collation::Collator::from_document(c)?;
+            if spec.collation.is_some()
+                && !matches!(spec.kind, IndexKind::Ordered | IndexKind::Hashed { .. })
+            {
+                return Err(cannot(
+                    "Index type does not support a non-simple collation in duetdb",
+                ));
+            }
+        }
+        Some(_) => {
+            return Err(Error::TypeMismatch(
+                "The field 'collation' must be an object".into(),
+            ))
+        }
     }
     if let Some(v) = d.get("expireAfterSeconds") {
         spec.expire_after_seconds = Some(expire_after_seconds(v, &spec)?);

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use bson::spec::BinarySubtype;
 use bson::{doc, Bson, Document, RawBson};
 
+use crate::doc::collation;
 use crate::doc::value;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
@@ -767,6 +768,23 @@ fn plan_id(sargs: &[(String, Sarg)], sort: Option<&SortSpec>) -> Option<Plan> {
     }
 }
 
+/// A sarg whose bounds hold no string: it selects the same keys in an index
+/// of any collation.
+fn string_free(s: &Sarg) -> bool {
+    let free = |v: &RawBson| !collation::has_strings(v.as_raw_bson_ref());
+    match s {
+        Sarg::Eq(v) => free(v),
+        Sarg::In(vs) => vs.iter().all(free),
+        Sarg::Range { lower, upper } => {
+            let bound_free = |b: &Bound<RawBson>| match b {
+                Bound::Included(v) | Bound::Excluded(v) => free(v),
+                Bound::Unbounded => true,
+            };
+            bound_free(lower) && bound_free(upper)
+        }
+    }
+}
+
 fn bad_hint() -> Error {
     Error::bad_value("error processing query: planner returned error :: caused by :: hint provided does not correspond to an existing index")
 }
@@ -804,7 +822,34 @@ fn plan_among(
     hint: Option<&Hint>,
     mut rejected: Option<&mut Vec<Plan>>,
 ) -> Result<Plan> {
-    let sargs = filter.sargs();
+    let all_sargs = filter.sargs();
+    // Collation (MongoDB's rule): an index answers string bounds only under
+    // the query's collation (the sargs of a collated filter are collation
+    // keys, and a collated index holds them); bounds without strings mean
+    // the same in every index, and nothing else may use a mismatched one.
+    let coll_q = filter.collator().map(|c| &**c);
+    let simple_sargs: Vec<(String, Sarg)> = all_sargs
+        .iter()
+        .filter(|(_, s)| string_free(s))
+        .cloned()
+        .collect();
+    let sargs_for = |index: &IndexState| -> Vec<(String, Sarg)> {
+        if collation::same(index.spec.collation.as_deref(), coll_q) {
+            all_sargs.clone()
+        } else {
+            simple_sargs.clone()
+        }
+    };
+    let sort_for = |index: &IndexState| {
+        sort.filter(|s| collation::same(index.spec.collation.as_deref(), s.collator.as_deref()))
+    };
+    // The `_id` index is simple.
+    let id_sort = sort.filter(|s| s.collator.is_none());
+    let sargs = if coll_q.is_some() {
+        simple_sargs.clone()
+    } else {
+        all_sargs.clone()
+    };
     let geo = filter.geo_sargs();
     // A `$near`'s distance order is a sort no index order gives.
     let sort = sort.filter(|s| s.near.is_none());
@@ -825,14 +870,15 @@ fn plan_among(
                 Hint::Natural { .. } => false,
             };
             if is_id {
-                if let Some(p) = plan_id(&sargs, sort) {
+                if let Some(p) = plan_id(&sargs, id_sort) {
                     return Ok(p);
                 }
                 let reverse =
-                    matches!(sort.map(|s| s.keys.as_slice()), Some([(p, false)]) if p == "_id");
-                let provides_sort = sort.is_none_or(|s| {
-                    s.keys.is_empty() || (s.keys.len() == 1 && s.keys[0].0 == "_id")
-                });
+                    matches!(id_sort.map(|s| s.keys.as_slice()), Some([(p, false)]) if p == "_id");
+                let provides_sort = sort.is_none_or(|s| s.keys.is_empty())
+                    || id_sort.is_some_and(|s| {
+                        s.keys.is_empty() || (s.keys.len() == 1 && s.keys[0].0 == "_id")
+                    });
                 return Ok(Plan {
                     access: Access::IdRange {
                         lower: Bound::Unbounded,
@@ -857,7 +903,8 @@ fn plan_among(
             if index.spec.partial.is_some() && !index_usable(index, &sargs) {
                 return Err(bad_hint());
             }
-            let c = candidate(index, &sargs, &geo, sort).ok_or_else(bad_hint)?;
+            let c =
+                candidate(index, &sargs_for(index), &geo, sort_for(index)).ok_or_else(bad_hint)?;
             return Ok(Plan {
                 access: c.access,
                 provides_sort: c.provides_sort,
@@ -865,7 +912,7 @@ fn plan_among(
         }
         None => {}
     }
-    if let Some(p) = plan_id(&sargs, sort) {
+    if let Some(p) = plan_id(&sargs, id_sort) {
         if matches!(p.access, Access::IdPoints { .. }) {
             return Ok(p);
         }
@@ -879,7 +926,7 @@ fn plan_among(
         if !index_usable(index, &sargs) {
             continue;
         }
-        let Some(c) = candidate(index, &sargs, &geo, sort) else {
+        let Some(c) = candidate(index, &sargs_for(index), &geo, sort_for(index)) else {
             continue;
         };
         if c.score == 0 && !c.provides_sort {
@@ -894,7 +941,7 @@ fn plan_among(
             r.push(as_plan(l));
         }
     }
-    if let Some(p) = plan_id(&sargs, sort) {
+    if let Some(p) = plan_id(&sargs, id_sort) {
         // An _id range competes with a secondary range of the same strength.
         if best.as_ref().is_none_or(|b| b.score <= 1) {
             if let (Some(r), Some(b)) = (rejected, best) {
@@ -913,7 +960,7 @@ fn plan_among(
         });
     }
     // A sort on _id alone is served by the primary index.
-    if let Some([(p, asc)]) = sort.map(|s| s.keys.as_slice()) {
+    if let Some([(p, asc)]) = id_sort.map(|s| s.keys.as_slice()) {
         if p == "_id" {
             return Ok(Plan {
                 access: Access::IdRange {

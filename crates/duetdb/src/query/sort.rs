@@ -4,8 +4,9 @@
 //! documents / keys. Also used by `$push … $sort` with a pattern.
 //!
 //! Invariants:
-//! - Values are compared only through [`crate::doc::value::compare`], so a sort agrees
-//!   with filters and index order.
+//! - Values are compared only through [`crate::doc::value::compare`] (under a
+//!   collation: the collator's order, and sort keys hold collation keys), so
+//!   a sort agrees with filters and index order of the same collation.
 //! - The key of one sort component is chosen among every value the path reaches
 //!   (arrays stand for their elements, as in MongoDB's multikey sort): ascending
 //!   takes the smallest, descending the largest. A missing field counts as `null`
@@ -17,6 +18,9 @@
 //! - Never panics on any input.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
+
+use crate::doc::collation::{compare_with, Collator};
 
 use bson::raw::{RawArray, RawDocument};
 use bson::{Bson, Document, RawBson, RawBsonRef};
@@ -32,6 +36,9 @@ pub struct SortSpec {
     /// A `$near` order ([`SortSpec::near`]): the one key is the distance
     /// of the path's nearest shape, ascending; never a plan's index order.
     pub near: Option<crate::query::geo::NearSort>,
+    /// The collation strings sort by (`None`: simple, binary); its sort keys
+    /// hold collation keys, so they compare with the plain order.
+    pub collator: Option<Arc<Collator>>,
 }
 
 /// A document's precomputed sort key: one owned value per sort component, already
@@ -83,7 +90,11 @@ impl SortSpec {
             };
             keys.push((k.clone(), asc));
         }
-        Ok(SortSpec { keys, near: None })
+        Ok(SortSpec {
+            keys,
+            near: None,
+            collator: None,
+        })
     }
 
     /// The order a `$near`/`$nearSphere` gives: nearest first.
@@ -91,7 +102,14 @@ impl SortSpec {
         SortSpec {
             keys: vec![(near.path.clone(), true)],
             near: Some(near),
+            collator: None,
         }
+    }
+
+    /// This sort ordering strings under `c` (MongoDB's `collation` option).
+    pub fn with_collation(mut self, c: Option<Arc<Collator>>) -> SortSpec {
+        self.collator = c;
+        self
     }
 
     /// A spec without components: no ordering is imposed.
@@ -102,12 +120,12 @@ impl SortSpec {
     #[cfg(test)]
     /// Compare two documents under this sort.
     pub fn compare(&self, a: &RawDocument, b: &RawDocument) -> Ordering {
-        if self.near.is_some() {
+        if self.near.is_some() || self.collator.is_some() {
             return self.compare_keys(&self.sort_key(a), &self.sort_key(b));
         }
         for (path, asc) in &self.keys {
-            let ka = component_key(a, path, *asc);
-            let kb = component_key(b, path, *asc);
+            let ka = component_key(a, path, *asc, None);
+            let kb = component_key(b, path, *asc, None);
             let ord = directed(value::compare(ka.as_ref(), kb.as_ref()), *asc);
             if ord != Ordering::Equal {
                 return ord;
@@ -124,7 +142,13 @@ impl SortSpec {
         SortKey(
             self.keys
                 .iter()
-                .map(|(path, asc)| component_key(doc, path, *asc).to_owned_raw())
+                .map(|(path, asc)| {
+                    let chosen = component_key(doc, path, *asc, self.collator.as_deref());
+                    match &self.collator {
+                        Some(c) => c.key_raw(chosen.as_ref()),
+                        None => chosen.to_owned_raw(),
+                    }
+                })
                 .collect(),
         )
     }
@@ -199,7 +223,12 @@ struct Candidates<'a> {
     empty_array: bool,
 }
 
-fn component_key<'a>(doc: &'a RawDocument, path: &str, asc: bool) -> Chosen<'a> {
+fn component_key<'a>(
+    doc: &'a RawDocument,
+    path: &str,
+    asc: bool,
+    coll: Option<&Collator>,
+) -> Chosen<'a> {
     let parts: Vec<&str> = path.split('.').collect();
     let mut c = Candidates::default();
     walk_doc(doc, &parts, &mut c);
@@ -208,7 +237,7 @@ fn component_key<'a>(doc: &'a RawDocument, path: &str, asc: bool) -> Chosen<'a> 
         let better = match &best {
             None => true,
             Some(b) => {
-                let ord = value::compare(cand.as_ref(), b.as_ref());
+                let ord = compare_with(coll, cand.as_ref(), b.as_ref());
                 if asc {
                     ord == Ordering::Less
                 } else {

@@ -37,6 +37,7 @@ use std::time::SystemTime;
 use bson::raw::RawDocument;
 use bson::{Bson, Document, RawBson, RawBsonRef};
 
+use crate::doc::collation::{self, Collator};
 use crate::doc::value;
 use crate::error::{Error, Result};
 use crate::store::btree::BTree;
@@ -209,6 +210,10 @@ pub struct IndexSpec {
     /// TTL: documents whose (earliest) date in the field is older than this
     /// many seconds are deleted by the TTL monitor.
     pub expire_after_seconds: Option<i64>,
+    /// The index's collation: its string keys are collation keys
+    /// (`doc::collation`), so a query uses it for string bounds only under
+    /// the same collation. `None`: simple (binary).
+    pub collation: Option<Arc<Collator>>,
 }
 
 /// Largest `expireAfterSeconds` (MongoDB's: a 32-bit signed integer).
@@ -350,6 +355,7 @@ impl IndexSpec {
             sparse: false,
             partial: None,
             expire_after_seconds: None,
+            collation: None,
         })
     }
 
@@ -398,6 +404,9 @@ impl IndexSpec {
                 Err(_) => d.insert("expireAfterSeconds", s),
             };
         }
+        if let Some(c) = &self.collation {
+            d.insert("collation", c.spec().to_document());
+        }
         if let IndexKind::Wildcard(w) = &self.kind {
             if let Some(p) = &w.projection {
                 d.insert("wildcardProjection", p.doc.clone());
@@ -432,13 +441,18 @@ impl IndexSpec {
             sparse: false,
             partial: None,
             expire_after_seconds: None,
+            collation: None,
         }
     }
 
-    /// The same index for MongoDB's conflict rules: same key pattern and the
-    /// same partial filter (two indexes on one pattern may differ by it).
+    /// The same index for MongoDB's conflict rules: same key pattern, the
+    /// same partial filter and the same collation (two indexes on one
+    /// pattern may differ by either).
     pub fn same_keys_as(&self, other: &IndexSpec) -> bool {
-        self.fields == other.fields && self.kind == other.kind && self.partial == other.partial
+        self.fields == other.fields
+            && self.kind == other.kind
+            && self.partial == other.partial
+            && collation::same(self.collation.as_deref(), other.collation.as_deref())
     }
 
     /// Could an update that may change the paths `may_affect` accepts
@@ -556,7 +570,11 @@ impl IndexSpec {
                     )));
                 }
                 let v = reached.first().copied().unwrap_or(RawBsonRef::Null);
-                per_field.push(vec![RawBson::Int64(crate::store::hashed::hash64(v))]);
+                let h = match &self.collation {
+                    Some(c) => crate::store::hashed::hash64(c.key_raw(v).as_raw_bson_ref()),
+                    None => crate::store::hashed::hash64(v),
+                };
+                per_field.push(vec![RawBson::Int64(h)]);
                 continue;
             }
             let mut vals: Vec<RawBson> = Vec::new();
@@ -577,6 +595,11 @@ impl IndexSpec {
                         }
                     }
                     other => vals.push(other.into()),
+                }
+            }
+            if let Some(c) = &self.collation {
+                for v in &mut vals {
+                    *v = c.key_raw(v.as_raw_bson_ref());
                 }
             }
             vals.sort_by(|a, b| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()));

@@ -21,6 +21,9 @@
 //!   it compiles before storing it, so every stored validator compiles. With
 //!   a validator set, a missing level or action is stored as its default
 //!   ([`CollectionOptions::with_defaults`]), as MongoDB reports them.
+//! - `collation` (on `create` only) — the collection's default collation
+//!   (`doc::collation`), stored in its resolved form (every field, as
+//!   `listCollections` reports it); `{locale: "simple"}` is no collation.
 //! - `capped: true, size, max` (on `create` only) — a capped collection:
 //!   documents stay in insertion order and the oldest are removed when an
 //!   insert takes the collection past `size` bytes or `max` documents
@@ -30,6 +33,8 @@
 use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
+
+use crate::doc::collation::Collator;
 
 /// `validationLevel`: which writes the validator judges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +122,9 @@ pub struct CollectionOptions {
     pub capped_size: Option<u64>,
     /// `max` documents of a capped collection.
     pub capped_max: Option<u64>,
+    /// `collation` (on `create` only): the default collation of the
+    /// collection's operations and new indexes (`None`: simple).
+    pub collation: Option<Arc<Collator>>,
 }
 
 /// The largest `size` of a capped collection (MongoDB's 1 PB).
@@ -160,6 +168,7 @@ const VALIDATION_ACTION: &str = "validationAction";
 const CAPPED: &str = "capped";
 const SIZE: &str = "size";
 const MAX: &str = "max";
+const COLLATION: &str = "collation";
 
 impl CollectionOptions {
     /// The option's name in `create`, `collMod` and `listCollections`.
@@ -176,9 +185,11 @@ impl CollectionOptions {
         VALIDATOR,
         VALIDATION_LEVEL,
         VALIDATION_ACTION,
+        COLLATION,
     ];
-    /// The options only `create` sets (a capped collection stays as made).
-    pub const CREATE_ONLY: &'static [&'static str] = &[CAPPED, SIZE, MAX];
+    /// The options only `create` sets (a capped collection stays as made;
+    /// a collation too, as MongoDB's).
+    pub const CREATE_ONLY: &'static [&'static str] = &[CAPPED, SIZE, MAX, COLLATION];
 
     /// The value of `changeStreamPreAndPostImages`: `{enabled: <bool>}`.
     pub fn parse_pre_and_post_images(v: &Bson) -> Result<bool, OptionError> {
@@ -257,6 +268,21 @@ impl CollectionOptions {
                     _ => Some(whole(MAX, v)?),
                 }
             }
+            COLLATION => match v {
+                Bson::Document(d) => {
+                    self.collation = Collator::from_document(d).map_err(|e| OptionError {
+                        code: e.code(),
+                        code_name: e.code_name(),
+                        message: e.to_string(),
+                    })?
+                }
+                other => {
+                    return Err(type_mismatch(format!(
+                        "'{COLLATION}' option must be an object, not {}",
+                        type_name(other)
+                    )))
+                }
+            },
             other => {
                 return Err(OptionError {
                     code: 40415,
@@ -318,6 +344,9 @@ impl CollectionOptions {
         }
         if let Some(a) = self.validation_action {
             d.insert(VALIDATION_ACTION, a.name());
+        }
+        if let Some(c) = &self.collation {
+            d.insert(COLLATION, c.spec().to_document());
         }
         d
     }

@@ -41,6 +41,9 @@ pub(super) struct Group {
     id: Expr,
     fields: Vec<(String, AccOp, Expr)>,
     pub(super) memory_limit: usize,
+    /// Group keys equal under this collation are one group (the output
+    /// `_id` is one of them, chosen as for `1`/`1.0`).
+    collator: Option<std::sync::Arc<crate::doc::collation::Collator>>,
 }
 
 #[derive(Debug, Clone)]
@@ -195,7 +198,8 @@ impl SumState {
 
 /// A value ordered by MongoDB's comparison (equal values are one key).
 /// Documents and arrays carry their raw form, encoded once, because comparing
-/// owned documents would re-encode both sides at every comparison.
+/// owned documents would re-encode both sides at every comparison; under a
+/// collation strings too carry one: their collation key.
 #[derive(Debug, Clone)]
 struct OrdBson(Bson, Option<RawBson>);
 
@@ -203,6 +207,17 @@ impl OrdBson {
     fn new(v: Bson) -> OrdBson {
         let raw = match &v {
             Bson::Document(_) | Bson::Array(_) => crate::doc::value::to_raw(&v),
+            _ => None,
+        };
+        OrdBson(v, raw)
+    }
+
+    /// Ordered by its collation key (strings at any depth keyed by `c`).
+    fn collated(v: Bson, c: &crate::doc::collation::Collator) -> OrdBson {
+        let raw = match &v {
+            Bson::String(_) | Bson::Symbol(_) | Bson::Document(_) | Bson::Array(_) => {
+                crate::doc::value::to_raw(&v).map(|r| c.key_raw(r.as_raw_bson_ref()))
+            }
             _ => None,
         };
         OrdBson(v, raw)
@@ -343,7 +358,17 @@ impl Group {
             id,
             fields,
             memory_limit: GROUP_MEMORY_LIMIT,
+            collator: None,
         })
+    }
+
+    /// This `$group` keying strings under `c`.
+    pub(super) fn with_collation(
+        mut self,
+        c: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+    ) -> Group {
+        self.collator = c;
+        self
     }
 
     /// All accumulators mergeable (none of `$first $last $firstN $lastN
@@ -384,7 +409,11 @@ impl Group {
     }
 
     pub(super) fn accumulate(&self, gs: &mut GroupState, root: Root<'_>) -> Result<()> {
-        let key = OrdBson::new(self.id.eval(&root)?.unwrap_or(Bson::Null));
+        let id = self.id.eval(&root)?.unwrap_or(Bson::Null);
+        let key = match &self.collator {
+            Some(c) => OrdBson::collated(id, c),
+            None => OrdBson::new(id),
+        };
         replace_key_if_smaller(&mut gs.groups, &key);
         let accs = match gs.groups.entry(key) {
             Entry::Occupied(o) => o.into_mut(),

@@ -139,7 +139,9 @@ pub use exec::Exec;
 pub use foreign::{Foreign, Pinned, Runtime};
 pub use group::canonical_cmp;
 pub use output::{merged_version, MergeSpec, Output};
-pub use split::{prepare, prepare_with, CommutativePart, PartialState, Prepared, Split};
+pub use split::{
+    prepare, prepare_collated, prepare_with, CommutativePart, PartialState, Prepared, Split,
+};
 
 /// Most stages in one pipeline (MongoDB's default `internalPipelineLengthLimit`).
 pub const MAX_PIPELINE_STAGES: usize = 1000;
@@ -272,6 +274,9 @@ pub struct ParseCtx {
     scope: Scope,
     depth: usize,
     within: Within,
+    /// The command's collation: `$match` filters, `$sort` and `$group` keys
+    /// compare strings under it (`None`: simple).
+    collator: Option<std::sync::Arc<crate::doc::collation::Collator>>,
 }
 
 impl ParseCtx {
@@ -282,7 +287,17 @@ impl ParseCtx {
             scope: Scope::with_let(let_vars)?,
             depth: 0,
             within: Within::Top,
+            collator: None,
         })
+    }
+
+    /// This context with the command's collation.
+    pub fn with_collation(
+        mut self,
+        c: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+    ) -> ParseCtx {
+        self.collator = c;
+        self
     }
 
     fn expr(&self, v: &Bson) -> Result<Expr> {
@@ -307,7 +322,8 @@ impl ParseCtx {
     }
 
     fn filter(&self, spec: &Document) -> Result<Filter> {
-        Filter::parse_with_let(spec, self.let_doc().as_ref())
+        Ok(Filter::parse_with_let(spec, self.let_doc().as_ref())?
+            .with_collation(self.collator.clone()))
     }
 
     /// The context of a sub-pipeline of this one (232 past
@@ -326,6 +342,7 @@ impl ParseCtx {
             scope: self.scope.clone(),
             depth: self.depth + 1,
             within,
+            collator: self.collator.clone(),
         })
     }
 
@@ -543,13 +560,17 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         "$addFields" | "$set" => one(parse_add_fields(name, want_doc()?, ctx)?),
         "$unset" => one(parse_unset(arg)?),
         "$unwind" => one(Stage::Unwind(Unwind::parse(arg)?)),
-        "$group" => one(Stage::Group(Group::parse(want_doc()?, &ctx.scope)?)),
+        "$group" => one(Stage::Group(
+            Group::parse(want_doc()?, &ctx.scope)?.with_collation(ctx.collator.clone()),
+        )),
         "$sort" => {
             let spec = want_doc()?;
             if spec.is_empty() {
                 return Err(coded!(15976, "$sort stage must have at least one sort key"));
             }
-            one(Stage::Sort(SortSpec::parse(spec)?))
+            one(Stage::Sort(
+                SortSpec::parse(spec)?.with_collation(ctx.collator.clone()),
+            ))
         }
         "$limit" => {
             let n = whole_number(name, arg)?;

@@ -284,7 +284,19 @@ pub fn prepare(pipeline: &[Document]) -> Result<Prepared> {
 
 /// [`prepare`] with the command's `let` variables.
 pub fn prepare_with(pipeline: &[Document], let_vars: Option<&Document>) -> Result<Prepared> {
-    let parsed = Pipeline::parse_in(pipeline, &ParseCtx::new(let_vars)?)?;
+    prepare_collated(pipeline, let_vars, None)
+}
+
+/// [`prepare_with`] under the command's collation (its stages' filters,
+/// sorts and group keys compare strings under it; the caller parses the
+/// scan filter `Prepared::filter` with it too).
+pub fn prepare_collated(
+    pipeline: &[Document],
+    let_vars: Option<&Document>,
+    collator: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+) -> Result<Prepared> {
+    let ctx = ParseCtx::new(let_vars)?.with_collation(collator);
+    let parsed = Pipeline::parse_in(pipeline, &ctx)?;
     let foreign = parsed.foreign_names();
     let documents = parsed.starts_with_documents();
     let split = parsed.split();

@@ -21,6 +21,7 @@ use bson::RawBsonRef;
 
 use super::tree::{type_bit, CmpKind, InSet, Leaf, Node, Op, RegexOp};
 use super::walk::{walk_doc, walk_doc_at};
+use crate::doc::collation::has_strings;
 use crate::doc::value::{self, Num};
 
 /// What a node is evaluated against.
@@ -87,7 +88,7 @@ impl Leaf {
                     return true;
                 }
                 if !matches!(op, Op::ElemMatchObject(_) | Op::ElemMatchValue(_))
-                    && op.matches_item(item)
+                    && self.matches_item(item)
                 {
                     found = at;
                     return true;
@@ -106,13 +107,39 @@ impl Leaf {
             (Some(path), Ctx::Doc(doc)) => {
                 let op = &self.op;
                 walk_doc(doc, &path.parts, op.expands_arrays(), true, &mut |item| {
-                    op.matches_item(item)
+                    self.matches_item(item)
                 })
             }
-            (None, Ctx::Elem(v)) => self.op.matches_item(Some(v)),
+            (None, Ctx::Elem(v)) => self.matches_item(Some(v)),
             // The parser builds path-less leaves only under `ElemMatchValue` and
             // evaluates those only on elements; any other pairing cannot match.
             _ => false,
+        }
+    }
+}
+
+impl Leaf {
+    /// [`Op::matches_item`], comparing under the leaf's collation: a reached
+    /// value holding strings is compared through its collation key (the
+    /// operands already are keys); regexes still see the strings themselves.
+    fn matches_item(&self, item: Option<RawBsonRef<'_>>) -> bool {
+        let Some(c) = &self.coll else {
+            return self.op.matches_item(item);
+        };
+        match (item, &self.op) {
+            (Some(v), Op::Eq(_) | Op::Cmp(..) | Op::In(_)) if has_strings(v) => {
+                let key = c.key_raw(v);
+                if let Op::In(set) = &self.op {
+                    let k = key.as_raw_bson_ref();
+                    return set
+                        .values
+                        .binary_search_by(|probe| value::compare(probe.as_raw_bson_ref(), k))
+                        .is_ok()
+                        || set.regexes.iter().any(|re| re.matches(v));
+                }
+                self.op.matches_item(Some(key.as_raw_bson_ref()))
+            }
+            _ => self.op.matches_item(item),
         }
     }
 }

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use bson::raw::RawDocument;
 use bson::Document;
 
+use crate::doc::collation::Collator;
 use crate::error::Result;
 
 mod bits;
@@ -74,6 +75,8 @@ pub struct Filter {
     /// planner's walks, VLS, OLCP, `none` — holds it and tests each examined
     /// document with [`Filter::matches`] exactly once.
     examined: Option<Arc<Examined>>,
+    /// The collation its string comparisons use (`None`: simple, binary).
+    collator: Option<Arc<Collator>>,
 }
 
 /// What a read examined, counted as it runs (see [`Filter::count_into`]).
@@ -132,7 +135,27 @@ impl Filter {
             root,
             expr_errors,
             examined: None,
+            collator: None,
         })
+    }
+
+    /// This filter comparing strings under `c` (MongoDB's `collation`
+    /// option): the operands of its equalities, comparisons and `$in`s
+    /// become collation keys, at any depth (`$elemMatch`, `$not`, `$or`), so
+    /// its sargs are in the key space of an index with the same collation.
+    /// `None` keeps the simple (binary) comparison. `$expr` and `$jsonSchema`
+    /// compare as before (a documented gap), as do regexes (as MongoDB's).
+    pub fn with_collation(mut self, c: Option<Arc<Collator>>) -> Filter {
+        if let Some(c) = &c {
+            collate(&mut self.root, c);
+        }
+        self.collator = c;
+        self
+    }
+
+    /// The collation of its string comparisons (`None`: simple).
+    pub fn collator(&self) -> Option<&Arc<Collator>> {
+        self.collator.as_ref()
     }
 
     /// Count what reads with this filter examine into `counters`: each
@@ -234,6 +257,38 @@ impl Filter {
             .into_iter()
             .find(|(_, g)| g.as_near().is_some())
             .map(|(path, near)| crate::query::geo::NearSort { path, near })
+    }
+}
+
+/// Rewrite the operands of the tree's leaves as collation keys (see
+/// [`Filter::with_collation`]).
+fn collate(node: &mut Node, c: &Arc<Collator>) {
+    match node {
+        Node::And(ch) | Node::Or(ch) | Node::Nor(ch) => ch.iter_mut().for_each(|n| collate(n, c)),
+        Node::Not(n) => collate(n, c),
+        Node::Expr(_) | Node::Schema(_) => {}
+        Node::Leaf(leaf) => {
+            match &mut leaf.op {
+                tree::Op::Eq(v) | tree::Op::Cmp(_, v) => *v = c.key_raw(v.as_raw_bson_ref()),
+                tree::Op::In(set) => {
+                    let mut keys: Vec<bson::RawBson> = set
+                        .values
+                        .iter()
+                        .map(|v| c.key_raw(v.as_raw_bson_ref()))
+                        .collect();
+                    keys.sort_by(|a, b| {
+                        crate::doc::value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref())
+                    });
+                    keys.dedup_by(|a, b| {
+                        crate::doc::value::equal(a.as_raw_bson_ref(), b.as_raw_bson_ref())
+                    });
+                    set.values = keys;
+                }
+                tree::Op::ElemMatchObject(n) | tree::Op::ElemMatchValue(n) => collate(n, c),
+                _ => {}
+            }
+            leaf.coll = Some(c.clone());
+        }
     }
 }
 

@@ -199,6 +199,7 @@ fn leaf(path: Option<&FieldPath>, op: Op) -> Node {
     Node::Leaf(Leaf {
         path: path.cloned(),
         op,
+        coll: None,
     })
 }
 

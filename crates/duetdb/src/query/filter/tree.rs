@@ -39,6 +39,10 @@ pub(super) enum Node {
 pub(super) struct Leaf {
     pub(super) path: Option<FieldPath>,
     pub(super) op: Op,
+    /// The filter's collation, on leaves whose operands it rewrote
+    /// (`Eq`/`Cmp`/`In` values hold collation keys; a reached value is keyed
+    /// before it is compared: see `Filter::with_collation`).
+    pub(super) coll: Option<std::sync::Arc<crate::doc::collation::Collator>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

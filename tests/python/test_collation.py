@@ -1,0 +1,152 @@
+"""Collations through pymongo (issue #18 item 6): the `collation` option of
+find, count, distinct, aggregate, update, delete and findAndModify; a
+collection's default collation; collated indexes (case-insensitive unique,
+used by the planner only under the same collation); MongoDB's errors."""
+
+import pytest
+from pymongo import ASCENDING
+from pymongo.collation import Collation
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+CI = Collation(locale="en", strength=2)
+NAMES = ["banana", "Apple", "apple", "cherry", "Banana", "éclair", "Eclair"]
+
+
+@pytest.fixture
+def fruit(db):
+    c = db.fruit
+    c.insert_many([{"_id": i, "name": n} for i, n in enumerate(NAMES)])
+    return c
+
+
+def names(cursor):
+    return [d["name"] for d in cursor]
+
+
+def plan_text(explain):
+    return str(explain.get("queryPlanner", explain))
+
+
+def test_find_and_sort_under_a_collation(fruit):
+    assert sorted(names(fruit.find({"name": "apple"}, collation=CI))) == ["Apple", "apple"]
+    # Binary comparison without a collation.
+    assert names(fruit.find({"name": "apple"})) == ["apple"]
+    # Strength 1 also ignores accents.
+    prim = Collation(locale="en", strength=1)
+    assert sorted(names(fruit.find({"name": "eclair"}, collation=prim))) == ["Eclair", "éclair"]
+    got = names(fruit.find({}, collation=Collation(locale="en")).sort("name", ASCENDING))
+    assert got[:5] == ["apple", "Apple", "banana", "Banana", "cherry"]
+    assert set(got[5:]) == {"Eclair", "éclair"}
+    # Binary order puts upper case first.
+    assert names(fruit.find({}).sort("name", ASCENDING))[0] == "Apple"
+    assert names(fruit.find({"name": {"$gt": "b"}}, collation=CI).sort("name", 1))[:2] == \
+        ["banana", "Banana"]
+    assert sorted(names(fruit.find({"name": {"$in": ["APPLE", "CHERRY"]}}, collation=CI))) == \
+        ["Apple", "apple", "cherry"]
+
+
+def test_numeric_ordering(db):
+    c = db.items
+    c.insert_many([{"v": f"item{n}"} for n in (10, 9, 100, 1)])
+    got = [d["v"] for d in c.find({}, collation=Collation(locale="en", numericOrdering=True))
+           .sort("v", 1)]
+    assert got == ["item1", "item9", "item10", "item100"]
+    assert [d["v"] for d in c.find({}).sort("v", 1)] == ["item1", "item10", "item100", "item9"]
+
+
+def test_count_distinct_aggregate(fruit):
+    assert fruit.count_documents({"name": "BANANA"}, collation=CI) == 2
+    assert fruit.count_documents({"name": "BANANA"}) == 0
+    got = fruit.distinct("name", collation=CI)
+    # Strength 2 ignores case, not accents: apple, banana, cherry, eclair, éclair.
+    assert len(got) == 5
+    assert len(fruit.distinct("name")) == 7
+    groups = list(fruit.aggregate(
+        [{"$group": {"_id": "$name", "n": {"$sum": 1}}}, {"$sort": {"n": -1, "_id": 1}}],
+        collation=CI,
+    ))
+    assert sorted(g["n"] for g in groups) == [1, 1, 1, 2, 2]
+    matched = list(fruit.aggregate([{"$match": {"name": "CHERRY"}}], collation=CI))
+    assert [d["name"] for d in matched] == ["cherry"]
+    srt = [d["name"] for d in fruit.aggregate(
+        [{"$match": {"name": {"$lt": "c"}}}, {"$sort": {"name": 1}}], collation=Collation(locale="en"))]
+    assert srt == ["apple", "Apple", "banana", "Banana"]
+
+
+def test_writes_with_a_collation(fruit):
+    r = fruit.update_many({"name": "APPLE"}, {"$set": {"seen": True}}, collation=CI)
+    assert r.matched_count == 2
+    assert fruit.count_documents({"seen": True}) == 2
+    doc = fruit.find_one_and_update({"name": "CHERRY"}, {"$set": {"x": 1}}, collation=CI)
+    assert doc["name"] == "cherry"
+    assert fruit.delete_many({"name": "BANANA"}, collation=CI).deleted_count == 2
+    assert fruit.count_documents({}) == 5
+
+
+def test_case_insensitive_unique_index(db):
+    c = db.users
+    c.create_index("email", unique=True, collation=CI)
+    c.insert_one({"email": "Ann@Example.com"})
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"email": "ann@example.COM"})
+    c.insert_one({"email": "bob@example.com"})
+    idx = {i["name"]: i for i in c.list_indexes()}
+    coll = idx["email_1"]["collation"]
+    assert coll["locale"] == "en" and coll["strength"] == 2
+    # The index answers a query under its collation ...
+    assert c.find_one({"email": "ANN@EXAMPLE.COM"}, collation=CI)["email"] == "Ann@Example.com"
+    ex = c.find({"email": "ANN@EXAMPLE.COM"}).collation(CI).explain()
+    assert "email_1" in plan_text(ex)
+    # ... and not a simple query on strings.
+    ex = c.find({"email": "Ann@Example.com"}).explain()
+    assert "email_1" not in plan_text(ex)
+    assert c.find_one({"email": "Ann@Example.com"})["email"] == "Ann@Example.com"
+
+
+def test_same_keys_two_collations(db):
+    c = db.twin
+    c.create_index("k", name="k_simple")
+    c.create_index("k", name="k_ci", collation=CI)
+    c.insert_many([{"k": "A"}, {"k": "a"}, {"k": "b"}])
+    assert c.count_documents({"k": "A"}, collation=CI) == 2
+    assert "k_ci" in plan_text(c.find({"k": "A"}).collation(CI).explain())
+    assert "k_simple" in plan_text(c.find({"k": "A"}).explain())
+    # A numeric bound holds no string: a mismatched index still answers it.
+    c.insert_one({"k": 5})
+    assert c.count_documents({"k": 5}, collation=CI) == 1
+
+
+def test_collection_default_collation(db):
+    db.create_collection("people", collation=CI)
+    c = db.people
+    opts = [x for x in db.list_collections() if x["name"] == "people"][0]["options"]
+    assert opts["collation"]["locale"] == "en" and opts["collation"]["strength"] == 2
+    c.insert_many([{"n": "Zoe"}, {"n": "zoe"}, {"n": "adam"}])
+    # Operations without a collation use the collection's.
+    assert c.count_documents({"n": "ZOE"}) == 2
+    # An explicit simple collation overrides it.
+    assert c.count_documents({"n": "ZOE"}, collation=Collation(locale="simple")) == 0
+    # New indexes take it by default.
+    c.create_index("n")
+    idx = {i["name"]: i for i in c.list_indexes()}
+    assert idx["n_1"]["collation"]["strength"] == 2
+    assert "n_1" in plan_text(c.find({"n": "ZOE"}).explain())
+    # collMod cannot change it.
+    with pytest.raises(OperationFailure):
+        db.command("collMod", "people", collation={"locale": "fr"})
+
+
+def test_bad_collations_are_refused(fruit, db):
+    with pytest.raises(OperationFailure) as e:
+        list(fruit.find({}, collation={"locale": "zz_nope"}))
+    assert e.value.code == 2
+    assert "Field 'locale' is invalid" in str(e.value)
+    with pytest.raises(OperationFailure) as e:
+        fruit.count_documents({}, collation={"locale": "en", "strength": 6})
+    assert e.value.code == 51024
+    with pytest.raises(OperationFailure) as e:
+        fruit.create_index("name", collation={"strength": 2})
+    assert e.value.code == 4
+    with pytest.raises(OperationFailure) as e:
+        db.create_collection("bad", collation={"locale": "en", "caseFirst": "sideways"})
+    assert e.value.code == 9
