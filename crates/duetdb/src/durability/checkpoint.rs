@@ -472,7 +472,11 @@ fn decode_run(frames: &[DocFrame], path: &Path) -> Result<Vec<DocRef>, StorageEr
     let mut docs = Vec::with_capacity(frames.iter().map(|f| f.n as usize).sum());
     for f in frames {
         if !f.checksum_ok() {
-            return Err(StorageError::corrupt(path, f.at as u64, "checksum mismatch"));
+            return Err(StorageError::corrupt(
+                path,
+                f.at as u64,
+                "checksum mismatch",
+            ));
         }
         let dec = |e: DecodeError| StorageError::corrupt(path, f.at as u64, e.0);
         let mut r = Reader::new(f.docs);
@@ -607,8 +611,13 @@ mod tests {
             pos = next;
         }
         assert!(frames.len() >= 3, "{} frames", frames.len());
-        for at in [frames[0], frames[frames.len() / 2], frames[frames.len() - 1]] {
-            let len = u32::from_le_bytes([good[at], good[at + 1], good[at + 2], good[at + 3]]) as usize;
+        for at in [
+            frames[0],
+            frames[frames.len() / 2],
+            frames[frames.len() - 1],
+        ] {
+            let len =
+                u32::from_le_bytes([good[at], good[at + 1], good[at + 2], good[at + 3]]) as usize;
             for delta in [12, 200, 5000] {
                 let mut bad = good.clone();
                 bad[at + delta.min(len + 7)] ^= 0x40;
@@ -640,7 +649,10 @@ mod tests {
         c.indexes.push(u);
         let info = write(&fs, Path::new("/e"), &dup).expect("test value");
         match load(&fs, &info.path, "t") {
-            Err(StorageError::Corrupt { what, .. }) => assert!(what.contains("E11000") || what.contains("duplicate"), "{what}"),
+            Err(StorageError::Corrupt { what, .. }) => assert!(
+                what.contains("E11000") || what.contains("duplicate"),
+                "{what}"
+            ),
             other => panic!("{other:?}"),
         }
     }

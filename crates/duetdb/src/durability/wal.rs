@@ -90,10 +90,14 @@ pub fn read_frame(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, Stri
     }
 }
 
+/// A frame whose checksum is not verified yet: payload, stored crc32c, and
+/// the offset after it.
+pub type UncheckedFrame<'a> = (&'a [u8], u32, usize);
+
 /// [`read_frame`] without verifying the checksum: `Ok(Some((payload,
 /// stored crc, next)))`. For a reader that verifies the payload itself
 /// before using it (the checkpoint loader, in parallel).
-pub fn frame_unchecked(buf: &[u8], pos: usize) -> Result<Option<(&[u8], u32, usize)>, String> {
+pub fn frame_unchecked(buf: &[u8], pos: usize) -> Result<Option<UncheckedFrame<'_>>, String> {
     if pos == buf.len() {
         return Ok(None);
     }

@@ -1213,7 +1213,9 @@ mod tests {
     #[test]
     fn btree_from_sorted_equals_inserts() {
         for fanout in [MIN_FANOUT, 5, 7, DEFAULT_FANOUT] {
-            for n in [0u32, 1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 33, 64, 65, 200, 1000, 4097] {
+            for n in [
+                0u32, 1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 33, 64, 65, 200, 1000, 4097,
+            ] {
                 let entries: Vec<(u32, u32)> = (0..n).map(|k| (k * 2, k)).collect();
                 let mut tree =
                     BTree::from_sorted_with_fanout(fanout, entries.clone()).expect("ascending");

@@ -283,8 +283,8 @@ mod tests {
             Arc::new(rawdoc! {"_id": 1, "u": 1}),
             Arc::new(rawdoc! {"_id": 2, "u": 1}),
         ];
-        let e = load_collection("t.c", Default::default(), dup_u.clone(), specs())
-            .expect_err("dup u");
+        let e =
+            load_collection("t.c", Default::default(), dup_u.clone(), specs()).expect_err("dup u");
         assert_eq!(e.code(), 11000);
         assert_eq!(
             e.code(),
