@@ -52,8 +52,37 @@ pub enum BenchCommand {
     /// writer's throughput during the build as a ratio, and build times.
     #[command(name = "index-build")]
     IndexBuild(IndexBuildArgs),
+    /// Recovery of N documents with 3 secondary indexes (checkpoint + WAL
+    /// tail): open time split into phases, and the time until `duet serve`
+    /// on the directory answers a `ping`.
+    Recovery(RecoveryArgs),
     /// Regenerate BENCHMARKS.md sections and PNG charts from JSON results.
     Report(ReportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RecoveryArgs {
+    /// Documents per run, comma-separated (e.g. 1000000,3000000,10000000).
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    pub sizes: Vec<u64>,
+    /// Updates committed after the checkpoint (the WAL tail replayed).
+    #[arg(long, default_value_t = 10_000)]
+    pub tail: u64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Where the data directories go (default: the system's temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Skip measuring `duet serve` (time until it answers a `ping`).
+    #[arg(long)]
+    pub no_serve: bool,
+    /// Keep the data directories under `--dir`, and reuse those a previous
+    /// `--keep` run left (no build): to profile the open alone.
+    #[arg(long)]
+    pub keep: bool,
+    /// Directory for `recovery.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -438,6 +467,25 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 serde_json::to_string_pretty(&rows)?,
             )?;
             std::fs::write(a.out.join("index-build.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
+        BenchCommand::Recovery(a) => {
+            let params = crate::workload::recovery::Params {
+                sizes: a.sizes.clone(),
+                tail: a.tail,
+                seed: a.seed,
+                dir: a.dir.clone().unwrap_or_else(std::env::temp_dir),
+                serve: !a.no_serve,
+                keep: a.keep,
+            };
+            let (rows, md) = crate::workload::recovery::run(&params)?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("recovery.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            std::fs::write(a.out.join("recovery.md"), &md)?;
             println!("{md}");
             Ok(None)
         }

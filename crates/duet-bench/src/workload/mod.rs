@@ -9,6 +9,7 @@
 pub mod changes;
 pub mod htap;
 pub mod index_build;
+pub mod recovery;
 pub mod snapshot;
 pub mod space;
 pub mod tpcch;

@@ -79,6 +79,25 @@ pub fn frame(payload: &[u8], out: &mut Vec<u8>) {
 /// The frame at `pos`: `Ok(Some((payload, next)))`, `Ok(None)` at the end of
 /// `buf`, `Err(why)` when the bytes there are not a whole valid frame.
 pub fn read_frame(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, String> {
+    match frame_unchecked(buf, pos)? {
+        None => Ok(None),
+        Some((payload, crc, next)) => {
+            if crc32c::crc32c(payload) != crc {
+                return Err("checksum mismatch".into());
+            }
+            Ok(Some((payload, next)))
+        }
+    }
+}
+
+/// A frame whose checksum is not verified yet: payload, stored crc32c, and
+/// the offset after it.
+pub type UncheckedFrame<'a> = (&'a [u8], u32, usize);
+
+/// [`read_frame`] without verifying the checksum: `Ok(Some((payload,
+/// stored crc, next)))`. For a reader that verifies the payload itself
+/// before using it (the checkpoint loader, in parallel).
+pub fn frame_unchecked(buf: &[u8], pos: usize) -> Result<Option<UncheckedFrame<'_>>, String> {
     if pos == buf.len() {
         return Ok(None);
     }
@@ -91,11 +110,7 @@ pub fn read_frame(buf: &[u8], pos: usize) -> Result<Option<(&[u8], usize)>, Stri
     if len > MAX_RECORD || len > buf.len() - start {
         return Err(format!("frame length {len} runs past the end"));
     }
-    let payload = &buf[start..start + len];
-    if crc32c::crc32c(payload) != crc {
-        return Err("checksum mismatch".into());
-    }
-    Ok(Some((payload, start + len)))
+    Ok(Some((&buf[start..start + len], crc, start + len)))
 }
 
 /// One decoded record.

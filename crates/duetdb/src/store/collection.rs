@@ -153,7 +153,7 @@ impl CollectionState {
                 .all(|(a, b)| Arc::ptr_eq(&a.spec, &b.spec) && a.tree.len() == b.tree.len())
     }
 
-    fn dup_id_error(&self, id: &RawBson) -> Error {
+    pub(crate) fn dup_id_error(&self, id: &RawBson) -> Error {
         let id_bson = bson::Bson::try_from(id.clone()).unwrap_or(bson::Bson::Null);
         let mut key_value = Document::new();
         key_value.insert("_id", id_bson.clone());

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
+use crate::store::btree::BTree;
 use crate::store::collection::CollectionState;
 use crate::store::heap::{Heap, RecordId};
 use crate::store::index::{IndexKey, IndexSpec, IndexState};
@@ -131,8 +132,8 @@ impl IndexBuild {
         let mut index = IndexState::new(spec);
         let total = from.len() as u64;
         progress.set(BuildPhase::Scanning, 0, total);
-        // Keys are collected and sorted first: sorted inserts touch each
-        // leaf once in turn, and duplicates of a unique index are neighbours.
+        // Keys are collected and sorted first: the tree is then built bottom-up,
+        // and duplicates of a unique index are neighbours.
         let mut entries: Vec<(IndexKey, RecordId)> = Vec::with_capacity(from.len());
         for (n, (rid, doc)) in from.heap.iter().enumerate() {
             if (n as u64).is_multiple_of(CHECK_EVERY) {
@@ -152,12 +153,10 @@ impl IndexBuild {
                 return Err(from.dup_key_error(&index, &w[0].0));
             }
         }
-        for (n, e) in entries.into_iter().enumerate() {
-            if (n as u64).is_multiple_of(CHECK_EVERY * 16) {
-                check()?;
-            }
-            index.tree.insert(e, ());
-        }
+        check()?;
+        // Bottom-up from the sorted entries: one move per entry.
+        index.tree = BTree::from_sorted(entries.into_iter().map(|e| (e, ())).collect())
+            .map_err(|_| Error::Internal("index build: sorted entries are not ascending".into()))?;
         Ok(IndexBuild {
             index,
             base: from.heap.clone(),

@@ -8,6 +8,8 @@
 //! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
 //!   `index_build`: an index built outside the writer from a published version,
 //!   caught up by diffing heaps;
+//!   `bulk_load`: a collection built at once from its records (checkpoint
+//!   load), its structures side by side, indexes bottom-up from sorted keys;
 //!   `options`: its `create`/`collMod` options (`changeStreamPreAndPostImages`);
 //! - `state`: one version of a database (`DbState`);
 //! - `vls`, `remset`: the VLS status masks and shared remset kept beside the
@@ -15,6 +17,7 @@
 //!   claim records through them.
 
 pub mod btree;
+pub mod bulk_load;
 pub mod collection;
 pub mod geo;
 pub mod hashed;

@@ -95,8 +95,29 @@ pub struct RecoveryReport {
     /// csn of the recovered state.
     pub csn: u64,
     pub elapsed: Duration,
+    /// Where `elapsed` went.
+    pub phases: RecoveryPhases,
     /// The manifest as found (the default when there was none).
     pub manifest: Manifest,
+}
+
+/// Recovery's phases: loading the checkpoint used (its own split) and
+/// replaying the WAL after it. Failed candidates (a fallback) are not in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryPhases {
+    pub checkpoint: checkpoint::LoadTimes,
+    pub replay: Duration,
+}
+
+impl std::fmt::Display for RecoveryPhases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.checkpoint;
+        write!(
+            f,
+            "read {:.1?}, frames {:.1?}, decode {:.1?}, build {:.1?}, replay {:.1?}",
+            c.read, c.frames, c.decode, c.build, self.replay
+        )
+    }
 }
 
 impl std::fmt::Display for RecoveryReport {
@@ -107,8 +128,8 @@ impl std::fmt::Display for RecoveryReport {
         }
         write!(
             f,
-            " + {} WAL records ({} effects) → csn {} in {:.1?}",
-            self.records_replayed, self.effects_replayed, self.csn, self.elapsed
+            " + {} WAL records ({} effects) → csn {} in {:.1?} ({})",
+            self.records_replayed, self.effects_replayed, self.csn, self.elapsed, self.phases
         )?;
         if let Some(why) = &self.fell_back {
             write!(f, "; fell back to the previous checkpoint: {why}")?;
@@ -251,7 +272,9 @@ pub fn recover(
         state.csn,
         report.fell_back.clone(),
     );
+    let t_replay = Instant::now();
     let replayed = replay.run(&mut state, &mut report);
+    report.phases.replay = t_replay.elapsed();
     let replayed = match (replayed, found.is_none()) {
         (Err(e), true) => Err(StorageError::Missing {
             path: dir.join(MANIFEST),
@@ -342,7 +365,10 @@ fn load_base(
         }
         let path = dir.join(checkpoint::checkpoint_name(csn));
         let loaded = if vfs.exists(&path) {
-            checkpoint::load(vfs, &path, db)
+            checkpoint::load_timed(vfs, &path, db).map(|(state, times)| {
+                report.phases.checkpoint = times;
+                state
+            })
         } else {
             Err(StorageError::Missing {
                 path: path.clone(),
