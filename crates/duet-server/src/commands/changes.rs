@@ -71,7 +71,45 @@ pub fn tailable_await(cmd: &Document, await_data: bool) -> CmdResult<Duration> {
         None => Duration::ZERO,
     })
 }
-/// Longest one wait slice (how quickly a cancellation ends a wait).
+
+/// The wait of a `getMore` (change stream, oplog view, capped collection):
+/// `read`s a batch and, while it is empty and not final, waits for the
+/// writers' next publish (`Engine::wait_for_changes`, no polling) and reads
+/// again, until `wait` has passed or the command is cancelled. `read`
+/// returns the batch and whether the wait should end even when it is empty
+/// (the cursor can return nothing more, or was killed). The wait runs in
+/// slices of at most [`WAIT_SLICE`] so that a cancellation or a kill ends
+/// it within one, and only while holding one of the [`MAX_WAITING_GETMORES`]
+/// slots counted by `waiting` (each kind of cursor counts apart); with none
+/// free the empty batch returns at once.
+pub(super) fn await_batch(
+    ctx: &Ctx<'_>,
+    wait: Duration,
+    waiting: &'static AtomicUsize,
+    mut read: impl FnMut() -> CmdResult<(Vec<Bson>, bool)>,
+) -> CmdResult<Vec<Bson>> {
+    let engine = &ctx.state.engine;
+    let deadline = Instant::now() + wait;
+    let mut slot = None;
+    loop {
+        // Taken before reading: a publish after it ends the wait below.
+        let seen = engine.change_seq();
+        let (batch, finished) = read()?;
+        let now = Instant::now();
+        if !batch.is_empty() || finished || now >= deadline || ctx.cancel.is_cancelled() {
+            return Ok(batch);
+        }
+        if slot.is_none() {
+            slot = WaitSlot::take_from(waiting);
+            if slot.is_none() {
+                return Ok(batch);
+            }
+        }
+        engine.wait_for_changes(seen, (deadline - now).min(WAIT_SLICE));
+    }
+}
+
+/// Longest one wait slice (how quickly a cancellation or a kill ends a wait).
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// Events read from the engine at a time.
 const FETCH: usize = 256;
@@ -850,10 +888,10 @@ pub fn aggregate(
 
 /// Holds one of the [`MAX_WAITING_GETMORES`] wait slots counted by
 /// `counter` (change streams and oplog cursors count apart).
-pub(super) struct WaitSlot(&'static AtomicUsize);
+struct WaitSlot(&'static AtomicUsize);
 
 impl WaitSlot {
-    pub(super) fn take_from(counter: &'static AtomicUsize) -> Option<WaitSlot> {
+    fn take_from(counter: &'static AtomicUsize) -> Option<WaitSlot> {
         let mut n = counter.load(Ordering::Relaxed);
         loop {
             if n >= MAX_WAITING_GETMORES {
@@ -882,37 +920,20 @@ pub fn get_more(
     cursor: &mut Cursor,
     size: usize,
 ) -> CmdResult<(Vec<Bson>, Document)> {
-    let engine = &ctx.state.engine;
     let wait = match args::opt_i64(cmd, "maxTimeMS")? {
         Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
         Some(_) => Duration::ZERO,
         None => DEFAULT_AWAIT,
     };
-    let deadline = Instant::now() + wait;
     let stream = cursor
         .source_mut()
         .as_change_stream()
         .ok_or_else(|| CommandError::internal("not a change stream cursor"))?;
-    let mut slot = None;
-    let batch = loop {
-        let seen = engine.change_seq();
+    let engine = &ctx.state.engine;
+    let batch = await_batch(ctx, wait, &WAITING, || {
         let batch = stream.next_batch(engine, size)?;
-        let now = Instant::now();
-        if !batch.is_empty() || stream.is_finished() || now >= deadline {
-            break batch;
-        }
-        if ctx.cancel.is_cancelled() {
-            break batch;
-        }
-        if slot.is_none() {
-            slot = WaitSlot::take_from(&WAITING);
-            if slot.is_none() {
-                break batch;
-            }
-        }
-        engine.wait_for_changes(seen, (deadline - now).min(WAIT_SLICE));
-    };
-    drop(slot);
+        Ok((batch, stream.is_finished()))
+    })?;
     let token = stream.post_batch_token();
     if stream.is_finished() {
         cursor.mark_exhausted();

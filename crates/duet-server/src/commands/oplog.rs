@@ -43,14 +43,13 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
-use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document, RawDocument, Timestamp};
 use duetdb::lang::{Filter, Pipeline, Projection};
 use duetdb::raw::{array_element_len, document_len};
 use duetdb::{ChangeEvent, ChangeKind, ChangePosition, ChangeScope, Engine};
 
-use super::changes::{packed, timestamp, WaitSlot};
+use super::changes::{packed, timestamp};
 use super::Ctx;
 use crate::args;
 use crate::cursor::{owned_document_bytes, Cursor, CursorSource, MAX_BATCH_BYTES};
@@ -67,8 +66,6 @@ pub const MAX_MATERIALIZED_BYTES: usize = 64 << 20;
 const MAX_ENTRY_BYTES: usize = duetdb::raw::MAX_DOC_SIZE + 16 * 1024;
 /// Changes read from the engine at a time.
 const FETCH: usize = 1024;
-/// Longest one wait slice (how quickly a cancellation ends a wait).
-const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// The size `listCollections` reports for the capped oplog (MongoDB's
 /// default maximum, 50 GB; the real bound is the change retention).
 const REPORTED_SIZE: i64 = 50 << 30;
@@ -1049,30 +1046,16 @@ pub fn get_more(
     cursor: &mut Cursor,
     size: usize,
 ) -> CmdResult<Vec<Bson>> {
-    let engine = &ctx.state.engine;
     let oplog = cursor
         .source_mut()
         .as_oplog()
         .ok_or_else(|| CommandError::internal("not an oplog cursor"))?;
     let wait = super::changes::tailable_await(cmd, oplog.await_data)?;
-    let deadline = Instant::now() + wait;
-    let mut slot = None;
-    let batch = loop {
-        let seen = engine.change_seq();
+    let engine = &ctx.state.engine;
+    let batch = super::changes::await_batch(ctx, wait, &WAITING, || {
         let batch = oplog.next_batch(engine, size)?;
-        let now = Instant::now();
-        if !batch.is_empty() || oplog.exhausted() || now >= deadline || ctx.cancel.is_cancelled() {
-            break batch;
-        }
-        if slot.is_none() {
-            slot = WaitSlot::take_from(&WAITING);
-            if slot.is_none() {
-                break batch;
-            }
-        }
-        engine.wait_for_changes(seen, (deadline - now).min(WAIT_SLICE));
-    };
-    drop(slot);
+        Ok((batch, oplog.exhausted()))
+    })?;
     if oplog.exhausted() && (!oplog.tailable || oplog.left == Some(0)) {
         cursor.mark_exhausted();
     }

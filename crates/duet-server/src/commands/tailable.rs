@@ -41,14 +41,12 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
-use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
 use duetdb::lang::{Filter, Projection};
 use duetdb::raw::{array_element_len, document_len, DocRef};
 use duetdb::TailPosition;
 
-use super::changes::WaitSlot;
 use super::source::Target;
 use super::Ctx;
 use crate::args;
@@ -57,8 +55,6 @@ use crate::error::{CmdResult, CommandError};
 
 /// Documents one engine read returns at most.
 const FETCH: usize = 1024;
-/// Longest one wait slice (how quickly a cancellation or a kill ends a wait).
-const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// `getMore`s of tailable capped-collection cursors waiting at once (at
 /// most [`super::changes::MAX_WAITING_GETMORES`]).
@@ -273,36 +269,18 @@ pub fn get_more(
     cursor: &mut Cursor,
     size: usize,
 ) -> CmdResult<Vec<Bson>> {
-    let engine = &ctx.state.engine;
     let tail = cursor
         .source_mut()
         .as_tailable()
         .ok_or_else(|| CommandError::internal("not a tailable cursor"))?;
     let wait = super::changes::tailable_await(cmd, tail.await_data)?;
-    let deadline = Instant::now() + wait;
-    let mut slot = None;
-    let batch = loop {
-        // Taken before reading: a publish after it ends the wait below.
-        let seen = engine.change_seq();
+    let batch = super::changes::await_batch(ctx, wait, &WAITING, || {
         let batch = tail.next_batch(ctx, size)?;
-        let now = Instant::now();
-        if !batch.is_empty()
-            || tail.left == Some(0)
-            || now >= deadline
-            || ctx.cancel.is_cancelled()
-            || ctx.state.cursors.is_killed(id)
-        {
-            break batch;
-        }
-        if slot.is_none() {
-            slot = WaitSlot::take_from(&WAITING);
-            if slot.is_none() {
-                break batch;
-            }
-        }
-        engine.wait_for_changes(seen, (deadline - now).min(WAIT_SLICE));
-    };
-    drop(slot);
+        Ok((
+            batch,
+            tail.left == Some(0) || ctx.state.cursors.is_killed(id),
+        ))
+    })?;
     if tail.left == Some(0) {
         cursor.mark_exhausted();
     }

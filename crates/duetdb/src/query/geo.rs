@@ -476,37 +476,12 @@ fn is_pair(v: RawBsonRef<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::{doc, Bson};
+    use crate::store::geo::random_shapes;
     use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    fn coord(rng: &mut StdRng) -> Bson {
-        let pick = |rng: &mut StdRng, lim: f64, c: f64| -> f64 {
-            match rng.gen_range(0..8) {
-                0 => lim,
-                1 => -lim,
-                2 => c,
-                _ => (c + rng.gen_range(-2.0..2.0)).clamp(-lim, lim),
-            }
-        };
-        Bson::Array(vec![
-            Bson::Double(pick(rng, 180.0, 10.0)),
-            Bson::Double(pick(rng, 90.0, 10.0)),
-        ])
-    }
+    use rand::SeedableRng;
 
     fn shape(rng: &mut StdRng) -> Option<Shape> {
-        let n = rng.gen_range(1..6);
-        let pts: Vec<Bson> = (0..n).map(|_| coord(rng)).collect();
-        let mut ring = pts.clone();
-        ring.push(pts[0].clone());
-        let d = match rng.gen_range(0..4) {
-            0 => doc! {"type": "LineString", "coordinates": pts},
-            1 => doc! {"type": "Polygon", "coordinates": [ring]},
-            2 => doc! {"type": "MultiPoint", "coordinates": pts},
-            _ => doc! {"type": "Point", "coordinates": pts[0].clone()},
-        };
-        parse_geojson(&bson::RawDocumentBuf::try_from(&d).ok()?).ok()
+        parse_geojson(&random_shapes::geojson(rng)).ok()
     }
 
     /// The predicates and distances on random degenerate shapes (repeated

@@ -406,20 +406,28 @@ mod tests {
     }
 }
 
+/// Random, often degenerate GeoJSON shapes for the geo fuzz tests (here and
+/// in `query::geo`): poles, the antimeridian, repeated and collinear
+/// vertices, zero-area rings; coordinates both anywhere and clustered, so
+/// that random pairs of shapes often meet.
 #[cfg(test)]
-mod fuzz {
-    use super::*;
-    use bson::{doc, Bson};
+pub(crate) mod random_shapes {
+    use bson::{doc, Bson, RawDocumentBuf};
     use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
+
+    /// Where clustered coordinates gather (longitude and latitude).
+    const CLUSTER: f64 = 10.0;
 
     fn coord(rng: &mut StdRng) -> Bson {
         let pick = |rng: &mut StdRng, lim: f64| -> f64 {
-            match rng.gen_range(0..6) {
+            match rng.gen_range(0..8) {
                 0 => lim,
                 1 => -lim,
                 2 => 0.0,
-                _ => rng.gen_range(-lim..=lim),
+                3 => CLUSTER,
+                4 | 5 => rng.gen_range(-lim..=lim),
+                _ => (CLUSTER + rng.gen_range(-2.0..2.0)).clamp(-lim, lim),
             }
         };
         Bson::Array(vec![
@@ -428,27 +436,39 @@ mod fuzz {
         ])
     }
 
+    /// A `Point`, `LineString`, `Polygon` or `MultiPoint` of one to six
+    /// random vertices; it may well be invalid GeoJSON.
+    pub(crate) fn geojson(rng: &mut StdRng) -> RawDocumentBuf {
+        let n = rng.gen_range(1..6);
+        let mut pts: Vec<Bson> = (0..n).map(|_| coord(rng)).collect();
+        if rng.gen_bool(0.3) {
+            pts.push(pts[0].clone());
+        }
+        let mut ring = pts.clone();
+        ring.push(pts[0].clone());
+        let d = match rng.gen_range(0..4) {
+            0 => doc! {"type": "LineString", "coordinates": pts},
+            1 => doc! {"type": "Polygon", "coordinates": [ring]},
+            2 => doc! {"type": "MultiPoint", "coordinates": pts},
+            _ => doc! {"type": "Point", "coordinates": pts[0].clone()},
+        };
+        RawDocumentBuf::try_from(&d).expect("a document of doubles converts")
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
     /// Random (often degenerate) shapes: parsing, keys and bounds never
     /// panic, whatever the coordinates (poles, antimeridian, repeats).
     #[test]
     fn degenerate_shapes_never_panic() {
         let mut rng = StdRng::seed_from_u64(17);
         for _ in 0..3000 {
-            let n = rng.gen_range(1..6);
-            let mut pts: Vec<Bson> = (0..n).map(|_| coord(&mut rng)).collect();
-            if rng.gen_bool(0.3) {
-                pts.push(pts[0].clone());
-            }
-            let mut ring = pts.clone();
-            ring.push(pts[0].clone());
-            let d = match rng.gen_range(0..4) {
-                0 => doc! {"type": "LineString", "coordinates": pts},
-                1 => doc! {"type": "Polygon", "coordinates": [ring]},
-                2 => doc! {"type": "MultiPoint", "coordinates": pts},
-                _ => doc! {"type": "Point", "coordinates": pts[0].clone()},
-            };
-            let raw = bson::RawDocumentBuf::try_from(&d).expect("raw");
-            if let Ok(s) = parse_geojson(&raw) {
+            if let Ok(s) = parse_geojson(&random_shapes::geojson(&mut rng)) {
                 let _ = key_cells(&s);
                 let _ = covering_ranges(&bound(&s));
             }

@@ -420,6 +420,27 @@ impl Op {
     }
 }
 
+/// The pattern of the date-part operators (`$year` ... `$isoDayOfWeek`),
+/// which share their arguments; a pattern rather than a predicate so the
+/// matches that use it stay exhaustive.
+macro_rules! date_part {
+    () => {
+        Named::Year
+            | Named::Month
+            | Named::DayOfMonth
+            | Named::DayOfWeek
+            | Named::DayOfYear
+            | Named::Hour
+            | Named::Minute
+            | Named::Second
+            | Named::Millisecond
+            | Named::Week
+            | Named::IsoWeek
+            | Named::IsoWeekYear
+            | Named::IsoDayOfWeek
+    };
+}
+
 /// Operators with named arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Named {
@@ -564,19 +585,7 @@ impl Named {
     /// Its argument names, in the order of `Expr::Named`'s arguments.
     pub(super) fn keys(self) -> &'static [&'static str] {
         match self {
-            Named::Year
-            | Named::Month
-            | Named::DayOfMonth
-            | Named::DayOfWeek
-            | Named::DayOfYear
-            | Named::Hour
-            | Named::Minute
-            | Named::Second
-            | Named::Millisecond
-            | Named::Week
-            | Named::IsoWeek
-            | Named::IsoWeekYear
-            | Named::IsoDayOfWeek => &["date", "timezone"],
+            date_part!() => &["date", "timezone"],
             Named::DateToString => &["date", "format", "timezone", "onNull"],
             Named::DateFromString => &["dateString", "format", "timezone", "onError", "onNull"],
             Named::DateToParts => &["date", "timezone", "iso8601"],
@@ -615,21 +624,7 @@ impl Named {
     /// The arguments that must be given.
     pub(super) fn required(self) -> &'static [&'static str] {
         match self {
-            Named::Year
-            | Named::Month
-            | Named::DayOfMonth
-            | Named::DayOfWeek
-            | Named::DayOfYear
-            | Named::Hour
-            | Named::Minute
-            | Named::Second
-            | Named::Millisecond
-            | Named::Week
-            | Named::IsoWeek
-            | Named::IsoWeekYear
-            | Named::IsoDayOfWeek
-            | Named::DateToString
-            | Named::DateToParts => &["date"],
+            date_part!() | Named::DateToString | Named::DateToParts => &["date"],
             Named::DateFromString => &["dateString"],
             Named::DateFromParts => &[],
             Named::DateTrunc => &["date", "unit"],
@@ -653,21 +648,6 @@ impl Named {
     /// A date-part operator (`$year` ... `$isoDayOfWeek`), which also takes
     /// its date as one positional argument.
     pub(super) fn is_date_part(self) -> bool {
-        matches!(
-            self,
-            Named::Year
-                | Named::Month
-                | Named::DayOfMonth
-                | Named::DayOfWeek
-                | Named::DayOfYear
-                | Named::Hour
-                | Named::Minute
-                | Named::Second
-                | Named::Millisecond
-                | Named::Week
-                | Named::IsoWeek
-                | Named::IsoWeekYear
-                | Named::IsoDayOfWeek
-        )
+        matches!(self, date_part!())
     }
 }
