@@ -16,7 +16,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 # Property tests use a fixed case count (see each proptest config); the suite
 # must stay well under 20 minutes on 2 cores.
-cargo test --workspace --locked
+# --no-fail-fast and no early exit: one run shows every failing test, Rust
+# and Python, and the script still fails at the end.
+failed=0
+cargo test --workspace --locked --no-fail-fast || failed=1
 
 if [ -d tests/python ]; then
     step "python driver tests"
@@ -29,5 +32,9 @@ if [ -d tests/python ]; then
     # test run's unified features); building it again alone would recompile
     # half the dependency tree with other features.
     [ -x target/debug/duet ] || cargo build --locked -p duet
-    "$venv/bin/python" -m pytest -q tests/python
+    "$venv/bin/python" -m pytest -q tests/python || failed=1
+fi
+if [ "$failed" -ne 0 ]; then
+    printf '\n== FAILED (see above)\n'
+    exit 1
 fi

@@ -241,7 +241,7 @@ fn update_stream(
     let mut pacer = Pacer::new(p.update_rate, threads);
     let mut lat = Latencies::new();
     let mut n = 0u64;
-    while clock.writing() {
+    while clock.writing_after(n) {
         pacer.wait();
         let id = keys.next(&mut rng);
         let payload = htap_payload(rng.gen::<u32>() as u64);

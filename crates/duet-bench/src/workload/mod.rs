@@ -162,6 +162,14 @@ impl CellClock {
         Instant::now() < self.deadline
     }
 
+    /// May a writer that has completed `done` operations start another? At
+    /// least one always runs, so a cell shorter than a thread's set-up (its
+    /// connection and handshake on a loaded machine) still measures a write
+    /// instead of reporting none.
+    pub fn writing_after(&self, done: u64) -> bool {
+        done == 0 || self.writing()
+    }
+
     /// May a reader that has completed `done` reads start another?
     pub fn reading(&self, done: usize) -> bool {
         done == 0 || !self.writers_done.load(Ordering::Relaxed)
