@@ -2,6 +2,7 @@
 and SCRAM-SHA-1 through pymongo, the localhost exception, user management,
 users surviving a restart, and the non-loopback bind refusal."""
 
+import os
 import signal
 import subprocess
 import time
@@ -276,3 +277,57 @@ def test_non_ascii_password(make_server, mech):
     ok = authed(srv, "uni", quote_plus("pässwörd\u00a0✓"), mech)
     assert ok.admin.command("listDatabases")["ok"] == 1
     ok.close()
+
+
+def test_initial_root_user_for_containers(make_server, tmp_path, monkeypatch):
+    # A container's clients never reach its loopback, so the localhost
+    # exception cannot create the first user: --initial-root-user (or
+    # DUET_INITIAL_ROOT_USER) does, at start, on a fresh data directory only.
+    pw = tmp_path / "root-password"
+    pw.write_text("first-pw\nignored second line\n")
+    srv = make_server("--auth", "--initial-root-user", "boss", "--initial-root-password-file", str(pw))
+    assert "initial root user created" in srv.log_text()
+    root = authed(srv, "boss", "first-pw", "SCRAM-SHA-256")
+    assert [u["user"] for u in root.admin.command("usersInfo", 1)["users"]] == ["boss"]
+    root.app.t.insert_one({"x": 1})
+    root.close()
+    # The localhost exception is closed: a user exists.
+    anon = srv.client()
+    with pytest.raises(OperationFailure) as e:
+        anon.admin.command("createUser", "intruder", pwd="x", roles=["root"])
+    assert e.value.code == 13
+    anon.close()
+    assert srv.stop() == 0
+
+    # A restart with another password in the environment changes nothing.
+    monkeypatch.setenv("DUET_INITIAL_ROOT_USER", "boss")
+    monkeypatch.setenv("DUET_INITIAL_ROOT_PASSWORD", "other-pw")
+    srv2 = make_server("--auth")
+    assert "users exist" in srv2.log_text()
+    with pytest.raises(OperationFailure) as e:
+        authed(srv2, "boss", "other-pw", "SCRAM-SHA-256").admin.command("ping")
+    assert e.value.code == 18
+    root = authed(srv2, "boss", "first-pw", "SCRAM-SHA-1")
+    assert root.app.t.count_documents({}) == 1
+    root.close()
+    assert srv2.stop() == 0
+
+
+def test_initial_root_user_needs_auth_and_a_password(tmp_path):
+    base = [str(DUET), "serve", "--bind", "127.0.0.1", "--port", str(free_port()),
+            "--data-dir", str(tmp_path / "data")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUET_INITIAL_ROOT")}
+    # No --auth: clap refuses the flag; the environment variable is refused by us.
+    r = subprocess.run(base + ["--initial-root-user", "boss"], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode != 0 and "--auth" in r.stderr
+    r = subprocess.run(base, capture_output=True, text=True, timeout=30,
+                       env={**env, "DUET_INITIAL_ROOT_USER": "boss", "DUET_INITIAL_ROOT_PASSWORD": "pw"})
+    assert r.returncode != 0 and "needs --auth" in r.stderr
+    # --auth but no password anywhere.
+    r = subprocess.run(base + ["--auth", "--initial-root-user", "boss"], capture_output=True, text=True,
+                       timeout=30, env=env)
+    assert r.returncode != 0 and "DUET_INITIAL_ROOT_PASSWORD" in r.stderr
+    # An unreadable password file names the file.
+    r = subprocess.run(base + ["--auth", "--initial-root-user", "boss", "--initial-root-password-file",
+                               str(tmp_path / "missing")], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode != 0 and "missing" in r.stderr

@@ -175,6 +175,18 @@ pub struct ServeArgs {
     /// reach the port can then read, write and drop everything).
     #[arg(long)]
     pub allow_unauthenticated_remote: bool,
+    /// With --auth: create this user (role `root` in `admin`) at start when
+    /// no user exists yet, for deployments where no client can reach the
+    /// localhost exception (a container). Ignored once any user exists.
+    /// Also read from the environment variable DUET_INITIAL_ROOT_USER.
+    #[arg(long, requires = "auth")]
+    pub initial_root_user: Option<String>,
+    /// File whose first line is the password of --initial-root-user (a
+    /// container secret). Also DUET_INITIAL_ROOT_PASSWORD_FILE; the password
+    /// itself may instead be in DUET_INITIAL_ROOT_PASSWORD (never a flag, so
+    /// it does not show in the process list).
+    #[arg(long, requires = "initial_root_user")]
+    pub initial_root_password_file: Option<PathBuf>,
     // --- TLS and failed-authentication limits (issue #15 items 5, 6) ---
     /// TLS: disabled (plain TCP), allow / prefer (plain and TLS on the same
     /// port, told apart by the client's first byte), require (plain clients
@@ -322,7 +334,7 @@ fn gib(g: f64, what: &str) -> Result<u64, String> {
 }
 
 /// Run `duet serve` until SIGINT/SIGTERM. Returns after a graceful shutdown.
-pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub fn serve_cli(mut args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     logs::init(&args.log_level, args.log_format)?;
     if !args.standalone && args.replica_set.trim().is_empty() {
         return Err("--replica-set must not be empty (use --standalone for no replica set)".into());
@@ -340,6 +352,12 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
         tracing::warn!(bind = %args.bind, "--allow-unauthenticated-remote: listening on a non-loopback address WITHOUT authentication; anyone who can reach the port can read, write and drop everything");
     }
     let repl = repl_options(&args)?;
+    let initial_root = auth::bootstrap::initial_root_of(
+        args.auth,
+        args.initial_root_user.take(),
+        args.initial_root_password_file.take(),
+        repl.is_some(),
+    )?;
     let auth = args.auth;
     let unauthenticated_remote = !auth && !is_loopback(&args.bind);
     let tls = tls::TlsConfig::load(
@@ -420,6 +438,9 @@ pub fn serve_cli(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send
             None => None,
         };
         drop(engine);
+        if let Some(user) = &initial_root {
+            auth::bootstrap::create_initial_root(&state, &user.0, &user.1)?;
+        }
         if let Some(m) = &member {
             let _ = state.repl.set(m.clone());
         }

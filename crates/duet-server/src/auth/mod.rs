@@ -26,6 +26,7 @@
 //! wrong. A connection authenticates as one user at most (MongoDB 6+:
 //! another user needs `logout` first).
 
+pub mod bootstrap;
 pub mod commands;
 pub mod ratelimit;
 pub mod roles;
