@@ -148,3 +148,18 @@ def test_duet_extensions_and_commands_without_lists_are_unaffected(db):
     assert db.command({"count": "c", "$duet": {"snapshot": "cow"}})["n"] == 3
     # Commands parsed by their handlers alone keep their own rules.
     assert db.command({"ping": 1})["ok"] == 1.0
+
+
+def test_probe_answers_in_mongodb_words(client, db):
+    """Two differences errs_probe.py showed: an unknown expression in
+    `$project` names the stage (code kept), a rename of a missing source
+    collection says MongoDB's words."""
+    setup(db)
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([{"$project": {"x": {"$foo": 1}}}]))
+    assert (e.value.code, e.value.details["errmsg"]) == (
+        168, "Invalid $project :: caused by :: Unrecognized expression '$foo'")
+    with pytest.raises(OperationFailure) as e:
+        client.admin.command({"renameCollection": f"{db.name}.nope", "to": f"{db.name}.x"})
+    assert (e.value.code, e.value.details["errmsg"]) == (
+        26, f"Source collection {db.name}.nope does not exist")
