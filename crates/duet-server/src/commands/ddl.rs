@@ -30,24 +30,9 @@ pub fn single_batch_cursor(ns: String, docs: Vec<Bson>) -> Document {
     doc! {"cursor": {"id": 0i64, "ns": ns, "firstBatch": docs}, "ok": 1.0}
 }
 
-/// Command options that are accepted with no effect on a single node.
-const GENERIC: &[&str] = &[
-    "lsid",
-    "$clusterTime",
-    "$readPreference",
-    "$db",
-    "writeConcern",
-    "readConcern",
-    "comment",
-    "maxTimeMS",
-    "apiVersion",
-    "apiStrict",
-    "apiDeprecationErrors",
-    "txnNumber",
-];
-
+/// Generic command arguments (`fields.rs`): accepted beside any option.
 fn is_generic(k: &str) -> bool {
-    GENERIC.contains(&k)
+    super::fields::GENERIC.contains(&k)
 }
 
 pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
@@ -220,8 +205,14 @@ pub fn rename_collection(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         ));
     }
     let db = ctx.database_named(from_db)?;
-    db.rename_collection(from_coll, to_coll, drop_target)?;
-    Ok(doc! {"ok": 1.0})
+    match db.rename_collection(from_coll, to_coll, drop_target) {
+        Ok(()) => Ok(doc! {"ok": 1.0}),
+        // MongoDB's words (rename_collection.cpp).
+        Err(duetdb::Error::NamespaceNotFound(_)) => Err(CommandError::ns_not_found(format!(
+            "Source collection {from} does not exist"
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 const INDEX_OPTIONS_OK: &[&str] = &[

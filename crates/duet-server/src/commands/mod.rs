@@ -37,6 +37,7 @@ pub mod changes;
 pub mod currentop;
 pub mod ddl;
 pub mod explain;
+pub mod fields;
 pub mod handshake;
 pub mod named;
 pub mod oplog;
@@ -574,6 +575,9 @@ fn dispatch(
             format!("no such command: '{name}'"),
         ));
     };
+    // As MongoDB's IDL parsers, before authorization: unknown fields and
+    // fields of the wrong type are refused (`fields.rs`).
+    fields::check(canonical, cmd)?;
     // `db@snapshot` reads a named snapshot: authorized as its database,
     // reads only (`snapdb.rs`).
     let held = snapdb::split(db)?;

@@ -279,7 +279,15 @@ fn parse_leaf(v: &Bson, full: &[String], st: &mut State) -> Result<Leaf> {
         } else {
             Leaf::Exclude
         }),
-        _ if st.dialect == Dialect::Stage => Ok(Leaf::Computed(Expr::parse_in(v, &mut st.scope)?)),
+        // MongoDB's `$project` names itself in an expression's parse error,
+        // which keeps its code: `Invalid $project :: caused by :: …`.
+        _ if st.dialect == Dialect::Stage => Expr::parse_in(v, &mut st.scope)
+            .map(Leaf::Computed)
+            .map_err(|e| Error::Coded {
+                code: e.code(),
+                name: e.code_name(),
+                msg: format!("Invalid $project :: caused by :: {e}"),
+            }),
         Bson::Document(sub) => parse_find_operator(sub, v, full, st),
         other => Err(Error::bad_value(format!(
             "projection value {} for field {} is not supported (use 1/true to \

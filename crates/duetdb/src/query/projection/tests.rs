@@ -236,7 +236,15 @@ fn stage_errors() {
     assert!(stage_err(doc! {"a": {}}).contains("An empty sub-projection"));
     // `$slice` is an expression in `$project`, taking 2 or 3 arguments.
     assert!(stage_err(doc! {"a": {"$slice": 1}}).contains("Expression $slice takes at least 2"));
-    assert!(stage_err(doc! {"a": {"$frob": 1}}).contains("Unrecognized expression"));
+    // An expression's parse error names the stage and keeps its code.
+    let e = Projection::parse_stage(&doc! {"a": {"$frob": 1}}).expect_err("refused");
+    assert_eq!(
+        (e.code(), e.to_string()),
+        (
+            168,
+            "Invalid $project :: caused by :: Unrecognized expression '$frob'".to_string()
+        )
+    );
     for spec in [doc! {"$a": 1}, doc! {"a.$": 1}, doc! {"a..b": 1}] {
         assert_eq!(
             Projection::parse_stage(&spec).expect_err("refused").code(),
