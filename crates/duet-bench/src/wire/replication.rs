@@ -44,6 +44,9 @@ const SET: &str = "bench";
 const COLL: &str = "repl";
 /// Documents per `insert_many` of the catch-up load.
 const LOAD_BATCH: u64 = 1000;
+/// How long one write of the failover stream may take before the stream
+/// tries the next member.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a member may take to answer, be elected, or catch up.
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -422,8 +425,14 @@ fn failover(c: &mut Cluster, repeat: usize, base: i64) -> Result<FailoverRow> {
             while !stop.load(Ordering::Relaxed) {
                 let coll = lanes[target].collection(COLL);
                 let dead = killed.load(Ordering::Acquire);
-                match lanes[target].block_on(coll.insert_one(document(base + i))) {
-                    Ok(_) => {
+                // A write that hangs (a member neither answering nor gone)
+                // counts as failed: the stream moves on to the next member.
+                // (The timer is made inside the runtime: it needs one.)
+                let op = coll.insert_one(document(base + i)).into_future();
+                match lanes[target]
+                    .block_on(async { tokio::time::timeout(PROBE_TIMEOUT, op).await })
+                {
+                    Ok(Ok(_)) => {
                         i += 1;
                         written.fetch_add(1, Ordering::Relaxed);
                         if dead && target != old {
@@ -432,7 +441,7 @@ fn failover(c: &mut Cluster, repeat: usize, base: i64) -> Result<FailoverRow> {
                             }
                         }
                     }
-                    Err(_) => {
+                    Ok(Err(_)) | Err(_) => {
                         // Probe the next member that is still running.
                         target = (target + 1) % n;
                         if killed.load(Ordering::Acquire) && target == old {
@@ -445,14 +454,17 @@ fn failover(c: &mut Cluster, repeat: usize, base: i64) -> Result<FailoverRow> {
         });
         // Let the stream run, then kill the primary in the middle of it.
         let t = Instant::now();
-        while written.load(Ordering::Relaxed) < 50 && t.elapsed() < Duration::from_secs(30) {
+        while written.load(Ordering::Relaxed) < 50
+            && !writer.is_finished()
+            && t.elapsed() < Duration::from_secs(30)
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
         let kill_at = Instant::now();
         killed.store(true, Ordering::Release);
         let killed_ok = c.procs[old].kill();
         let waited = wait_until("the first write after the kill", || {
-            first.lock().map(|f| f.is_some()).unwrap_or(true)
+            writer.is_finished() || first.lock().map(|f| f.is_some()).unwrap_or(true)
         });
         stop.store(true, Ordering::Relaxed);
         writer.join().map_err(|_| anyhow!("the writer panicked"))?;
