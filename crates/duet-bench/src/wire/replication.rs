@@ -252,10 +252,10 @@ impl Cluster {
     fn start(p: &Params, dir: &Path, ports: &[u16]) -> Result<Cluster> {
         let members = hosts(&ports[..3]);
         let mut procs = Vec::new();
-        for i in 0..3 {
+        for (i, &port) in ports[..3].iter().enumerate() {
             procs.push(ServeProcess::start(
                 &p.duet,
-                &member_args(dir, i, ports[i], &members, p.snapshot_entries),
+                &member_args(dir, i, port, &members, p.snapshot_entries),
                 &dir.join(format!("m{i}.log")),
             )?);
         }
