@@ -428,12 +428,15 @@ fn failover(c: &mut Cluster, repeat: usize, base: i64) -> Result<FailoverRow> {
                 // A write that hangs (a member neither answering nor gone)
                 // counts as failed: the stream moves on to the next member.
                 // (The timer is made inside the runtime: it needs one.)
+                // Every attempt takes a new `_id`: a write in flight when the
+                // primary died may have committed, and its retry under the
+                // same `_id` would fail with a duplicate key forever.
                 let op = coll.insert_one(document(base + i)).into_future();
+                i += 1;
                 match lanes[target]
                     .block_on(async { tokio::time::timeout(PROBE_TIMEOUT, op).await })
                 {
                     Ok(Ok(_)) => {
-                        i += 1;
                         written.fetch_add(1, Ordering::Relaxed);
                         if dead && target != old {
                             if let Ok(mut f) = first.lock() {
