@@ -47,6 +47,12 @@ pub enum BenchCommand {
     #[cfg(feature = "wire")]
     #[command(name = "wire-latency")]
     WireLatency(WireLatencyArgs),
+    /// A 3-member replica set of `duet serve` processes on loopback: inserts/s
+    /// with `w: 1` vs `w: "majority"` (the ratio), reads/s over 1, 2, 3
+    /// members, failover time after SIGKILL of the primary, and the catch-up
+    /// time of a new member after a large load.
+    #[cfg(feature = "wire")]
+    Replication(ReplicationArgs),
     /// Index build of a large collection inside the writer (foreground) vs
     /// outside it (background) while an updater runs at full speed: the
     /// writer's throughput during the build as a ratio, and build times.
@@ -111,6 +117,44 @@ pub struct WireLatencyArgs {
     #[arg(long)]
     pub durable: bool,
     /// Directory for `wire-latency.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+}
+
+#[cfg(feature = "wire")]
+#[derive(Args, Debug)]
+pub struct ReplicationArgs {
+    /// Client threads inserting (one document per insert).
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// Reader threads (spread over 1, 2, 3 members).
+    #[arg(long, default_value_t = 8)]
+    pub readers: usize,
+    /// Seconds per measured write or read run.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Primary kills measured.
+    #[arg(long, default_value_t = 3)]
+    pub failovers: usize,
+    /// Documents (~200 bytes) loaded before a new member is added (also read).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub catchup_docs: u64,
+    /// Inserts per second while the new member catches up.
+    #[arg(long, default_value_t = 200)]
+    pub catchup_rate: u64,
+    /// Every member's `--repl-snapshot-entries` (Raft snapshot interval).
+    #[arg(long, default_value_t = 1000)]
+    pub snapshot_entries: u64,
+    /// The `duet` binary started as each member (default: this one).
+    #[arg(long)]
+    pub duet: Option<PathBuf>,
+    /// Where the members' data directories go (default: the system's
+    /// temporary directory); removed afterwards unless the run fails.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Directory for `replication.json` and `.md`.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
 }
@@ -456,6 +500,34 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 serde_json::to_string_pretty(&rows)?,
             )?;
             std::fs::write(a.out.join("wire-latency.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
+        #[cfg(feature = "wire")]
+        BenchCommand::Replication(a) => {
+            let duet = match &a.duet {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?,
+            };
+            let params = crate::wire::replication::Params {
+                duet,
+                dir: a.dir.clone().unwrap_or_else(std::env::temp_dir),
+                threads: a.threads,
+                readers: a.readers,
+                seconds: a.seconds,
+                failovers: a.failovers,
+                catchup_docs: a.catchup_docs,
+                catchup_rate: a.catchup_rate,
+                snapshot_entries: a.snapshot_entries,
+                seed: a.seed,
+            };
+            let (report, md) = crate::wire::replication::run(&params)?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("replication.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            std::fs::write(a.out.join("replication.md"), &md)?;
             println!("{md}");
             Ok(None)
         }

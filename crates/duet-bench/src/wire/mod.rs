@@ -32,6 +32,7 @@
 pub mod group_commit;
 mod htap;
 pub mod latency;
+pub mod replication;
 mod snapshot;
 mod space;
 mod spawn;

@@ -11,9 +11,15 @@
 //!   commit), removed when the server is dropped;
 //! - dropping stops accepting, waits for the server to return (it lets
 //!   commands in flight finish), then shuts the runtime down.
+//!
+//! [`ServeProcess`] is the other way: `duet serve` as a child process, for
+//! what a server in this process cannot show (a member SIGKILLed in the
+//! replication benchmark). A child is killed and reaped when dropped, so no
+//! member outlives the run; its output goes to a log file of its own.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,5 +125,65 @@ impl Drop for SpawnedServer {
         if let Some(dir) = &self.data_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// `duet serve` as a child process (see the module comment).
+pub struct ServeProcess {
+    exe: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    /// `None` after [`ServeProcess::kill`] until [`ServeProcess::restart`].
+    child: Option<Child>,
+}
+
+impl ServeProcess {
+    /// Start `exe` with `args`, its stdout and stderr appended to `log`.
+    pub fn start(exe: &Path, args: &[String], log: &Path) -> Result<ServeProcess> {
+        let mut p = ServeProcess {
+            exe: exe.to_path_buf(),
+            args: args.to_vec(),
+            log: log.to_path_buf(),
+            child: None,
+        };
+        p.restart()?;
+        Ok(p)
+    }
+
+    /// Start it again with the same arguments (after [`ServeProcess::kill`]).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new(&self.exe)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("spawning {} serve", self.exe.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL (no shutdown of any kind), then reap it.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            if c.try_wait()?.is_none() {
+                c.kill().context("killing duet serve")?;
+            }
+            c.wait()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.kill();
     }
 }
