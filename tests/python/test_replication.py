@@ -175,7 +175,11 @@ def test_drivers_discover_the_set_and_read_writes_on_secondaries(cluster):
             h = d.admin.command("hello")
             assert h["secondary"] is True and h["isWritablePrimary"] is False
             assert h["primary"] == f"127.0.0.1:{p.port}" and "electionId" not in h
-            wait_for("member %d to apply" % m.i, lambda: d.app.items.count_documents({}) == 50)
+            # Both writes: the inserts and the update (the wait through
+            # readPreference above may have read the other secondary).
+            wait_for("member %d to apply" % m.i,
+                     lambda: d.app.items.count_documents({}) == 50
+                     and d.app.items.count_documents({"tag": "x"}) == 10)
             assert d.app.items.find_one({"_id": 3}) == {"_id": 3, "v": 3, "tag": "x"}
             # Writes on a secondary: NotWritablePrimary (10107).
             with pytest.raises(NotPrimaryError) as e:
