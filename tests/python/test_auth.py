@@ -331,3 +331,41 @@ def test_initial_root_user_needs_auth_and_a_password(tmp_path):
     r = subprocess.run(base + ["--auth", "--initial-root-user", "boss", "--initial-root-password-file",
                                str(tmp_path / "missing")], capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode != 0 and "missing" in r.stderr
+
+
+def test_the_docker_images_command_starts_and_takes_its_first_user_from_the_environment(tmp_path):
+    # No Docker engine runs here, so the image is not built; this runs the
+    # image's own ENTRYPOINT + CMD (read from the Dockerfile) as the
+    # container would, with its port and volume mapped to a temp dir.
+    import json
+    from conftest import ROOT
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    entry = json.loads(next(l for l in lines if l.startswith("ENTRYPOINT"))[len("ENTRYPOINT"):])
+    cmd = json.loads(next(l for l in lines if l.startswith("CMD"))[len("CMD"):])
+    port = str(free_port())
+    data = tmp_path / "data"
+    # The image listens on every interface, which duet allows only with
+    # --auth; the test listens on loopback only.
+    assert "0.0.0.0" in entry and "--auth" in cmd
+    mapped = {"/usr/local/bin/duet": str(DUET), "27017": port, "/data": str(data), "0.0.0.0": "127.0.0.1"}
+    argv = [mapped.get(a, a) for a in entry + cmd]
+    secret = tmp_path / "secret"
+    secret.write_text("docker-pw\n")
+    env = {**os.environ, "DUET_INITIAL_ROOT_USER": "admin", "DUET_INITIAL_ROOT_PASSWORD_FILE": str(secret)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "listening" in line and "authentication required" in line, (line, proc.poll())
+        c = MongoClient(f"mongodb://admin:docker-pw@127.0.0.1:{port}/?directConnection=true&authSource=admin",
+                        serverSelectionTimeoutMS=5000)
+        c.app.t.insert_one({"x": 1})
+        assert c.app.t.count_documents({}) == 1
+        c.close()
+        anon = MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true", serverSelectionTimeoutMS=5000)
+        with pytest.raises(OperationFailure) as e:
+            anon.app.t.find_one()
+        assert e.value.code == 13
+        anon.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
