@@ -14,8 +14,9 @@
 //!   default), then spilled runs (or 292 when disk use is not allowed); a
 //!   `$sort` followed by `$skip*`/`$limit` keeps only `skip + limit`
 //!   documents (top-k);
-//! - `$group` keeps its state under the same limit and never spills: over
-//!   it, 292 whatever `allowDiskUse` says (the documented choice);
+//! - `$group` keeps its state under the same limit, then spills it as runs
+//!   of partial states merged by key at the end (`group_spill.rs`), or 292
+//!   when disk use is not allowed;
 //! - `$count` keeps a number;
 //! - `$facet` runs one nested [`Exec`] per facet on every document (each
 //!   bounded the same way) and their outputs together by the memory limit
@@ -51,7 +52,8 @@ use crate::doc::size::document_len;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::facet::FacetRun;
-use crate::query::aggregate::group::{Group, GroupState};
+use crate::query::aggregate::group::Group;
+use crate::query::aggregate::group_spill::SpillingGroup;
 use crate::query::aggregate::stages::{per_document, Cur};
 use crate::query::aggregate::{Runtime, Stage};
 use crate::query::expr::{Expr, Root};
@@ -102,10 +104,7 @@ impl Row {
 /// One stage's execution state.
 enum Node<'p> {
     PerDoc(&'p Stage),
-    Group {
-        group: Group,
-        state: GroupState,
-    },
+    Group(Option<SpillingGroup>),
     Sort(Option<Sorter>),
     Skip(u64),
     Limit(u64),
@@ -204,14 +203,9 @@ impl<'p> Exec<'p> {
         let mut nodes = Vec::with_capacity(all.len());
         for (i, s) in all.iter().enumerate() {
             let node = match *s {
-                StageRef::Group(g) | StageRef::Stage(Stage::Group(g)) => {
-                    let mut group = g.clone();
-                    group.memory_limit = group.memory_limit.min(limits.memory_limit_bytes);
-                    Node::Group {
-                        group,
-                        state: GroupState::default(),
-                    }
-                }
+                StageRef::Group(g) | StageRef::Stage(Stage::Group(g)) => Node::Group(Some(
+                    SpillingGroup::new(g.clone(), limits, rt.spill_dir.clone()),
+                )),
                 StageRef::Stage(Stage::Sort(spec)) => {
                     let keep = top_k(&all[i + 1..]);
                     Node::Sort(Some(Sorter::new(
@@ -305,8 +299,13 @@ impl<'p> Exec<'p> {
             let (out, ticker) = (&mut self.out, &mut self.ticker);
             let mut emit = |row: Row| push_at(rt, rest, out, ticker, row);
             match &mut head[i] {
-                Node::Group { group, state } => {
-                    for d in group.finish(std::mem::take(state))? {
+                Node::Group(group) => {
+                    let Some(group) = group.take() else {
+                        continue;
+                    };
+                    rt.note_group_spills(group.spills());
+                    let mut out = group.finish()?;
+                    while let Some(d) = out.next_doc()? {
                         if emit(Row::Owned(d))?.is_break() {
                             break;
                         }
@@ -428,10 +427,13 @@ fn push_at(
             }
             Ok(flow)
         }
-        Node::Group { group, state } => {
+        Node::Group(group) => {
+            let group = group
+                .as_mut()
+                .ok_or_else(|| Error::Internal("push into a finished $group".into()))?;
             match &row {
-                Row::Shared(d) => group.accumulate(state, Root::Raw(d))?,
-                Row::Owned(d) => group.accumulate(state, Root::Doc(d))?,
+                Row::Shared(d) => group.push(Root::Raw(d))?,
+                Row::Owned(d) => group.push(Root::Doc(d))?,
             }
             Ok(ControlFlow::Continue(()))
         }

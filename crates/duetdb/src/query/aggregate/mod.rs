@@ -109,6 +109,7 @@ mod fill;
 mod foreign;
 pub mod geonear;
 mod group;
+mod group_spill;
 mod lookup;
 mod output;
 mod split;
