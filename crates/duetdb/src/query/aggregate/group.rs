@@ -457,6 +457,20 @@ impl Group {
         Ok(())
     }
 
+    /// The limit where the state cannot spill (an OLCP part's per-thread
+    /// states and their merge; `group_spill` past the limit without
+    /// `allowDiskUse`): MongoDB's 292 message. An OLCP run that passes it
+    /// with `allowDiskUse` is rerun as one ordered scan, which spills.
+    pub(super) fn check_memory_no_disk(&self, bytes: usize) -> Result<()> {
+        if bytes > self.memory_limit {
+            return Err(Error::ExceededMemoryLimit(format!(
+                "Exceeded memory limit for $group ({bytes} bytes, the limit is {} bytes), but didn't allow external sort. Pass allowDiskUse:true to opt in.",
+                self.memory_limit
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn check_memory(&self, bytes: usize) -> Result<()> {
         if bytes > self.memory_limit {
             return Err(Error::ExceededMemoryLimit(format!(
@@ -491,7 +505,7 @@ impl Group {
                 }
             }
         }
-        self.check_memory(big.bytes)?;
+        self.check_memory_no_disk(big.bytes)?;
         Ok(big)
     }
 

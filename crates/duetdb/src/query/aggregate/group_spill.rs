@@ -74,11 +74,7 @@ impl SpillingGroup {
         self.group.feed(&mut self.state, root)?;
         if self.state.bytes() > self.group.memory_limit {
             if !self.allow_disk_use {
-                return Err(Error::ExceededMemoryLimit(format!(
-                    "Exceeded memory limit for $group ({} bytes, the limit is {} bytes), but didn't allow external sort. Pass allowDiskUse:true to opt in.",
-                    self.state.bytes(),
-                    self.group.memory_limit
-                )));
+                return self.group.check_memory_no_disk(self.state.bytes());
             }
             self.spill()?;
         }
