@@ -458,6 +458,17 @@ impl SnapshotCollection {
         limits: &ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
+        Ok(self.aggregate_spilling(pipeline, limits, let_vars)?.0)
+    }
+
+    /// [`SnapshotCollection::aggregate_let`], with the runs its `$group`
+    /// stages spilled to disk (explain's `usedDisk` / `spills`).
+    pub fn aggregate_spilling(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<(Vec<Document>, u64)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let p = prepare_collated(&pipeline, let_vars, self.collator()?)?;
         if let Some(out) = p.output() {
@@ -480,7 +491,8 @@ impl SnapshotCollection {
                 }
             }
         }
-        exec.finish()
+        let docs = exec.finish()?;
+        Ok((docs, rt.group_spills()))
     }
 
     /// How [`SnapshotCollection::aggregate`] would run `pipeline`.
