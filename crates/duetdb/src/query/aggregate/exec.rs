@@ -22,8 +22,11 @@
 //!   bounded the same way) and their outputs together by the memory limit
 //!   (4031700);
 //! - `$sample` keeps a reservoir of `size` documents (uniform without
-//!   replacement, no sort), `$bucketAuto`, `$setWindowFields`, `$densify`
-//!   and `$fill` keep their input; all under the memory limit (292);
+//!   replacement, no sort), `$setWindowFields`, `$densify` and `$fill` keep
+//!   their input; all under the memory limit (292);
+//! - `$bucketAuto` sorts its input by `groupBy` through a [`Sorter`]
+//!   (spilled, or 292 when disk use is not allowed) and cuts the buckets
+//!   from the sorted stream;
 //! - `$unionWith` holds nothing: at the end of its input it runs its
 //!   sub-pipeline on the other collection and passes the results on.
 //!
@@ -51,6 +54,7 @@ use rand::{Rng, SeedableRng};
 use crate::doc::size::document_len;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
+use crate::query::aggregate::bucket::{BucketAuto, BucketAutoRun};
 use crate::query::aggregate::facet::FacetRun;
 use crate::query::aggregate::group::Group;
 use crate::query::aggregate::group_spill::SpillingGroup;
@@ -116,6 +120,8 @@ enum Node<'p> {
     UnionWith(&'p crate::query::aggregate::lookup::UnionWith),
     Facet(Option<FacetRun<'p>>),
     Sample(Reservoir),
+    /// `$bucketAuto`: its input through a sorter (started at the first row).
+    BucketAuto(&'p BucketAuto, Option<BucketAutoRun<'p>>),
     /// A stage that needs its whole input (`$bucketAuto`,
     /// `$setWindowFields` (and `$fill`'s methods), `$densify`).
     Hold(Held<'p>),
@@ -224,13 +230,14 @@ impl<'p> Exec<'p> {
                 StageRef::Stage(Stage::UnionWith(u)) => Node::UnionWith(u),
                 StageRef::Stage(Stage::Facet(f)) => Node::Facet(Some(FacetRun::new(f, rt))),
                 StageRef::Stage(Stage::Sample(n)) => Node::Sample(Reservoir::new(*n)),
-                StageRef::Stage(
-                    stage @ (Stage::BucketAuto(_) | Stage::Window(_) | Stage::Densify(_)),
-                ) => Node::Hold(Held {
-                    stage,
-                    rows: Vec::new(),
-                    bytes: 0,
-                }),
+                StageRef::Stage(Stage::BucketAuto(b)) => Node::BucketAuto(b, None),
+                StageRef::Stage(stage @ (Stage::Window(_) | Stage::Densify(_))) => {
+                    Node::Hold(Held {
+                        stage,
+                        rows: Vec::new(),
+                        bytes: 0,
+                    })
+                }
                 StageRef::Stage(Stage::Documents(e)) => Node::Documents(e),
                 StageRef::Stage(Stage::Output(_)) => Node::PassThrough,
                 StageRef::Stage(stage) => Node::PerDoc(stage),
@@ -338,6 +345,17 @@ impl<'p> Exec<'p> {
                 Node::Sample(res) => {
                     for row in res.take() {
                         if emit(row)?.is_break() {
+                            break;
+                        }
+                    }
+                }
+                Node::BucketAuto(stage, run) => {
+                    let out = match run.take() {
+                        Some(run) => run.finish(rt)?,
+                        None => stage.run(Vec::new(), rt)?,
+                    };
+                    for d in out {
+                        if emit(Row::Owned(d))?.is_break() {
                             break;
                         }
                     }
@@ -475,6 +493,14 @@ fn push_at(
         }
         Node::Sample(res) => {
             res.push(row, rt.limits.memory_limit_bytes)?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Node::BucketAuto(stage, run) => {
+            let run = match run {
+                Some(run) => run,
+                None => run.insert(stage.start(rt)?),
+            };
+            run.push(row.into_document()?)?;
             Ok(ControlFlow::Continue(()))
         }
         Node::Hold(held) => {

@@ -668,12 +668,14 @@ fn feed_acc(acc: &mut Acc, op: &AccOp, v: Value) -> Result<usize> {
             }
             // $firstN/$lastN keep null for missing, as MongoDB's.
             let v = v.unwrap_or(Bson::Null);
-            let n = approx_size(&v);
+            let mut n = approx_size(&v);
             items.push(v);
             *bytes += n;
             if items.len() > cap {
-                let gone = items.remove(0);
-                *bytes = bytes.saturating_sub(approx_size(&gone));
+                // The state keeps `cap` values: it grows only by the difference.
+                let gone = approx_size(&items.remove(0));
+                *bytes = bytes.saturating_sub(gone);
+                n = n.saturating_sub(gone);
             }
             check_array_size("$lastN", *bytes)?;
             Ok(n)
@@ -729,12 +731,14 @@ fn insert_best(items: &mut Vec<Bson>, bytes: &mut usize, v: Bson, n: usize, max:
     if pos >= n {
         return 0;
     }
-    let grow = approx_size(&v);
+    let mut grow = approx_size(&v);
     items.insert(pos, v);
     *bytes += grow;
     if items.len() > n {
         if let Some(gone) = items.pop() {
-            *bytes = bytes.saturating_sub(approx_size(&gone));
+            let gone = approx_size(&gone);
+            *bytes = bytes.saturating_sub(gone);
+            grow = grow.saturating_sub(gone);
         }
     }
     grow
@@ -762,12 +766,18 @@ fn feed_top(acc: &mut Acc, key: Vec<Value>, out: Bson, n: usize, dirs: &[bool]) 
     if pos >= n {
         return Ok(0);
     }
-    let grow = approx_size(&entry.1) + entry.0.iter().flatten().map(approx_size).sum::<usize>();
+    let size = |e: &(Vec<Value>, Bson)| {
+        approx_size(&e.1) + e.0.iter().flatten().map(approx_size).sum::<usize>()
+    };
+    let mut grow = size(&entry);
     items.insert(pos, entry);
     *bytes += grow;
     if items.len() > n {
         if let Some(gone) = items.pop() {
-            *bytes = bytes.saturating_sub(approx_size(&gone.1));
+            // The state keeps `n` entries: it grows only by the difference.
+            let gone = size(&gone);
+            *bytes = bytes.saturating_sub(gone);
+            grow = grow.saturating_sub(gone);
         }
     }
     check_array_size("$topN", *bytes)?;

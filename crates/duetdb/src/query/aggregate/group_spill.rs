@@ -664,6 +664,36 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    #[test]
+    fn bounded_accumulators_count_only_what_they_keep() {
+        // One group, 20,000 documents: $lastN/$maxN/$topN keep 2 values each,
+        // so the state stays far below 64 KiB (it was counted per document).
+        let docs: Vec<Document> = (0..20_000i32).map(|i| doc! {"i": i}).collect();
+        let pipeline = [doc! {"$group": {
+            "_id": null,
+            "last": {"$lastN": {"input": "$i", "n": 2}},
+            "max": {"$maxN": {"input": "$i", "n": 2}},
+            "top": {"$topN": {"output": "$i", "sortBy": {"i": -1}, "n": 2}},
+        }}];
+        let dir = spill_dir("bounded");
+        let (out, spills) = run(
+            &pipeline,
+            &docs,
+            64 * 1024,
+            false,
+            &dir,
+            CancelToken::never(),
+        )
+        .expect("fits");
+        assert_eq!(spills, 0);
+        assert_eq!(
+            out,
+            vec![
+                doc! {"_id": null, "last": [19_998, 19_999], "max": [19_999, 19_998], "top": [19_999, 19_998]}
+            ]
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         #[test]
