@@ -151,3 +151,28 @@ def test_disk_use_can_be_off_by_default(make_server):
         list(db.c.find({}, sort=[("pad", 1)]))
     assert e.value.code == 292
     assert len(list(db.c.find({}, sort=[("pad", 1)], allow_disk_use=True))) == 5_000
+
+
+def test_bucket_auto_spills_with_allow_disk_use(make_server, tmp_path):
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$bucketAuto": {"groupBy": "$k", "buckets": 4,
+                             "output": {"n": {"$sum": 1}, "first": {"$first": "$_id"}}}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([{"$sort": {"_id": 1}}, stage], allowDiskUse=True))
+    # k = i * 7919 % 1000 takes each value 0..999 five times: four buckets of 250 values.
+    assert [d["_id"] for d in got] == [
+        {"min": 0, "max": 250}, {"min": 250, "max": 500}, {"min": 500, "max": 750}, {"min": 750, "max": 999},
+    ]
+    assert [d["n"] for d in got] == [1250] * 4
+    first_of = {}
+    for i in range(5_000):
+        first_of.setdefault((i * 7919) % 1000, i)
+    assert [d["first"] for d in got] == [first_of[0], first_of[250], first_of[500], first_of[750]]
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []
