@@ -22,8 +22,11 @@
 //!   bounded the same way) and their outputs together by the memory limit
 //!   (4031700);
 //! - `$sample` keeps a reservoir of `size` documents (uniform without
-//!   replacement, no sort), `$setWindowFields`, `$densify` and `$fill` keep
-//!   their input; all under the memory limit (292);
+//!   replacement, no sort), `$densify` keeps its input; both under the
+//!   memory limit (292);
+//! - `$setWindowFields` (and `$fill`'s methods, which are one) sorts its
+//!   input by (partition, sortBy) through a [`Sorter`] and holds one
+//!   partition at a time (292 past the limit);
 //! - `$bucketAuto` sorts its input by `groupBy` through a [`Sorter`]
 //!   (spilled, or 292 when disk use is not allowed) and cuts the buckets
 //!   from the sorted stream;
@@ -59,6 +62,7 @@ use crate::query::aggregate::facet::FacetRun;
 use crate::query::aggregate::group::Group;
 use crate::query::aggregate::group_spill::SpillingGroup;
 use crate::query::aggregate::stages::{per_document, Cur};
+use crate::query::aggregate::window::{Window, WindowRun};
 use crate::query::aggregate::{Runtime, Stage};
 use crate::query::expr::{Expr, Root};
 use crate::query::limits::PAGE_DOCS;
@@ -122,6 +126,9 @@ enum Node<'p> {
     Sample(Reservoir),
     /// `$bucketAuto`: its input through a sorter (started at the first row).
     BucketAuto(&'p BucketAuto, Option<BucketAutoRun<'p>>),
+    /// `$setWindowFields`: its input through a sorter (started at the first
+    /// row), one partition held at a time.
+    Window(&'p Window, Option<WindowRun<'p>>),
     /// A stage that needs its whole input (`$bucketAuto`,
     /// `$setWindowFields` (and `$fill`'s methods), `$densify`).
     Hold(Held<'p>),
@@ -231,6 +238,7 @@ impl<'p> Exec<'p> {
                 StageRef::Stage(Stage::Facet(f)) => Node::Facet(Some(FacetRun::new(f, rt))),
                 StageRef::Stage(Stage::Sample(n)) => Node::Sample(Reservoir::new(*n)),
                 StageRef::Stage(Stage::BucketAuto(b)) => Node::BucketAuto(b, None),
+                StageRef::Stage(Stage::Window(w)) if w.can_spill() => Node::Window(w, None),
                 StageRef::Stage(stage @ (Stage::Window(_) | Stage::Densify(_))) => {
                     Node::Hold(Held {
                         stage,
@@ -360,6 +368,18 @@ impl<'p> Exec<'p> {
                         }
                     }
                 }
+                Node::Window(stage, run) => match run.take() {
+                    Some(run) => {
+                        run.finish(rt, &mut |d| Ok(emit(Row::Owned(d))?.is_break()))?;
+                    }
+                    None => {
+                        for d in stage.run(Vec::new(), rt)? {
+                            if emit(Row::Owned(d))?.is_break() {
+                                break;
+                            }
+                        }
+                    }
+                },
                 Node::Hold(held) => {
                     let rows = std::mem::take(&mut held.rows);
                     for d in finish_held(held.stage, rows, rt)? {
@@ -499,6 +519,18 @@ fn push_at(
             let run = match run {
                 Some(run) => run,
                 None => run.insert(stage.start(rt)?),
+            };
+            run.push(row.into_document()?)?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Node::Window(stage, run) => {
+            let run = match run {
+                Some(run) => run,
+                None => run.insert(
+                    stage
+                        .start(rt)
+                        .ok_or_else(|| Error::Internal("$setWindowFields cannot sort".into()))?,
+                ),
             };
             run.push(row.into_document()?)?;
             Ok(ControlFlow::Continue(()))
