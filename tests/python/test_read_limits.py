@@ -176,3 +176,38 @@ def test_bucket_auto_spills_with_allow_disk_use(make_server, tmp_path):
     spill = tmp_path / "data" / "limits" / "spill"
     if spill.exists():
         assert list(spill.iterdir()) == []
+
+
+def test_set_window_fields_spills_by_partition(make_server, tmp_path):
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$setWindowFields": {
+        "partitionBy": {"$mod": ["$k", 100]},
+        "sortBy": {"_id": 1},
+        "output": {"n": {"$documentNumber": {}}, "run": {"$sum": "$k", "window": {"documents": ["unbounded", "current"]}}},
+    }}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([stage, {"$project": {"pad": 0}}], allowDiskUse=True))
+    assert len(got) == 5_000
+    by_id = {d["_id"]: d for d in got}
+    seen = {}
+    for i in range(5_000):
+        k = (i * 7919) % 1000
+        n, run = seen.get(k % 100, (0, 0))
+        seen[k % 100] = (n + 1, run + k)
+        assert (by_id[i]["n"], by_id[i]["run"]) == (n + 1, run + k)
+    # Partitions in partition order, each in _id order.
+    keys = [((d["k"] % 100), d["_id"]) for d in got]
+    assert keys == sorted(keys)
+    # One partition bigger than the limit: 292 even with disk use.
+    whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([whole], allowDiskUse=True))
+    assert e.value.code == 292
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []
