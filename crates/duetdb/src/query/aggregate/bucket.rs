@@ -489,7 +489,6 @@ impl BucketAuto {
                     };
                 }
             }
-            drop(take);
             let mut doc = group.finish(state)?.pop().unwrap_or_default();
             doc.insert("_id", bson::doc! {"min": min, "max": max.clone()});
             out.push(doc);
@@ -781,7 +780,7 @@ mod tests {
     /// Keys of several types, arrays (compared whole) and missing included.
     fn key(x: u32) -> Option<Bson> {
         Some(match x % 7 {
-            0 | 1 | 2 => Bson::Int32((x % 97) as i32),
+            0..=2 => Bson::Int32((x % 97) as i32),
             3 => Bson::Double(f64::from(x % 50) + 0.5),
             4 => Bson::String(format!("s{}", x % 13)),
             5 => Bson::Array(vec![Bson::Int32((x % 4) as i32), Bson::Int32(1)]),
