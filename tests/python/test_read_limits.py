@@ -2,7 +2,7 @@
 9 and 12): `maxTimeMS` and `killOp` stop the work (not only the client's
 wait), and a blocking sort over `--query-memory-limit-bytes` fails with 292
 under `allowDiskUse: false` or spills into `<data dir>/<db>/spill` (0700,
-no file left behind)."""
+no file left behind); so does a `$group` (issue #17)."""
 
 import os
 import stat
@@ -86,14 +86,59 @@ def test_sort_memory_limit_spill_directory(make_server, tmp_path):
     if spill.exists():
         assert stat.S_IMODE(os.stat(spill).st_mode) == 0o700
         assert list(spill.iterdir()) == []
-    # Aggregate: $sort spills or refuses; $group refuses whatever allowDiskUse says.
+    # Aggregate: $sort spills or refuses.
     with pytest.raises(OperationFailure) as e:
         list(db.c.aggregate([{"$sort": {"pad": 1, "k": -1}}], allowDiskUse=False))
     assert e.value.code == 292
     assert len(list(db.c.aggregate([{"$sort": {"pad": 1, "k": -1}}]))) == 5_000
+    if spill.exists():
+        assert list(spill.iterdir()) == []
+
+
+def test_group_spills_with_allow_disk_use(make_server, tmp_path):
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    # One group per document: the state passes 64 KiB many times over.
+    per_doc = [{"$group": {"_id": "$_id", "p": {"$push": "$pad"}, "k": {"$sum": "$k"}}}]
     with pytest.raises(OperationFailure) as e:
-        list(db.c.aggregate([{"$group": {"_id": "$_id", "p": {"$push": "$pad"}}}], allowDiskUse=True))
+        list(db.c.aggregate(per_doc, allowDiskUse=False))
     assert e.value.code == 292
+    assert e.value.details["codeName"] == "QueryExceededMemoryLimitNoDiskUseAllowed"
+    got = sorted(db.c.aggregate(per_doc, allowDiskUse=True), key=lambda d: d["_id"])
+    assert got == [{"_id": i, "p": ["p" * 40], "k": (i * 7919) % 1000} for i in range(5_000)]
+    # Order-dependent accumulators answer as in memory: input order is _id order here.
+    ordered = [
+        {"$sort": {"_id": 1}},
+        {"$group": {
+            "_id": "$k",
+            "first": {"$first": "$_id"}, "last": {"$last": "$_id"},
+            "ids": {"$push": "$_id"}, "n": {"$count": {}},
+            "last2": {"$lastN": {"input": "$_id", "n": 2}},
+            "pad": {"$push": "$pad"},
+        }},
+        {"$sort": {"_id": 1}},
+    ]
+    want = {}
+    for i in range(5_000):
+        want.setdefault((i * 7919) % 1000, []).append(i)
+    got = list(db.c.aggregate(ordered, allowDiskUse=True))
+    assert [d["_id"] for d in got] == sorted(want)
+    for d in got:
+        ids = want[d["_id"]]
+        assert (d["first"], d["last"], d["ids"], d["n"], d["last2"]) == (ids[0], ids[-1], ids, len(ids), ids[-2:])
+    # explain executionStats says the $group used the disk.
+    out = db.command(
+        "explain",
+        {"aggregate": "c", "pipeline": per_doc, "cursor": {}, "allowDiskUse": True},
+        verbosity="executionStats",
+    )
+    group = [s for s in out["stages"] if "$group" in s]
+    assert group and group[0]["usedDisk"] is True and group[0]["spills"] > 0, out
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []
 
 
 def test_disk_use_can_be_off_by_default(make_server):
@@ -106,3 +151,63 @@ def test_disk_use_can_be_off_by_default(make_server):
         list(db.c.find({}, sort=[("pad", 1)]))
     assert e.value.code == 292
     assert len(list(db.c.find({}, sort=[("pad", 1)], allow_disk_use=True))) == 5_000
+
+
+def test_bucket_auto_spills_with_allow_disk_use(make_server, tmp_path):
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$bucketAuto": {"groupBy": "$k", "buckets": 4,
+                             "output": {"n": {"$sum": 1}, "first": {"$first": "$_id"}}}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([{"$sort": {"_id": 1}}, stage], allowDiskUse=True))
+    # k = i * 7919 % 1000 takes each value 0..999 five times: four buckets of 250 values.
+    assert [d["_id"] for d in got] == [
+        {"min": 0, "max": 250}, {"min": 250, "max": 500}, {"min": 500, "max": 750}, {"min": 750, "max": 999},
+    ]
+    assert [d["n"] for d in got] == [1250] * 4
+    first_of = {}
+    for i in range(5_000):
+        first_of.setdefault((i * 7919) % 1000, i)
+    assert [d["first"] for d in got] == [first_of[0], first_of[250], first_of[500], first_of[750]]
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []
+
+
+def test_set_window_fields_spills_by_partition(make_server, tmp_path):
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$setWindowFields": {
+        "partitionBy": {"$mod": ["$k", 100]},
+        "sortBy": {"_id": 1},
+        "output": {"n": {"$documentNumber": {}}, "run": {"$sum": "$k", "window": {"documents": ["unbounded", "current"]}}},
+    }}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([stage, {"$project": {"pad": 0}}], allowDiskUse=True))
+    assert len(got) == 5_000
+    by_id = {d["_id"]: d for d in got}
+    seen = {}
+    for i in range(5_000):
+        k = (i * 7919) % 1000
+        n, run = seen.get(k % 100, (0, 0))
+        seen[k % 100] = (n + 1, run + k)
+        assert (by_id[i]["n"], by_id[i]["run"]) == (n + 1, run + k)
+    # Partitions in partition order, each in _id order.
+    keys = [((d["k"] % 100), d["_id"]) for d in got]
+    assert keys == sorted(keys)
+    # One partition bigger than the limit: 292 even with disk use.
+    whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([whole], allowDiskUse=True))
+    assert e.value.code == 292
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []

@@ -349,12 +349,16 @@ async fn sorts_over_the_memory_limit_spill_or_fail_with_292() {
     db.run_command(agg(sort, true))
         .await
         .expect("aggregate spills");
+    // $group spills with allowDiskUse (issue #17), 292 without.
     let group = vec![doc! {"$group": {"_id": "$_id", "pad": {"$push": "$pad"}}}];
     let e = db
-        .run_command(agg(group, true))
+        .run_command(agg(group.clone(), false))
         .await
         .expect_err("group over the limit");
     assert_eq!(code(e), 292);
+    db.run_command(agg(group, true))
+        .await
+        .expect("group spills");
     s.shutdown().await;
 
     // A server that does not allow disk use by default.

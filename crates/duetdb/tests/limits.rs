@@ -400,7 +400,7 @@ fn find_sort_is_bounded_by_the_memory_limit() {
 }
 
 #[test]
-fn aggregate_sort_spills_and_group_refuses_over_the_limit() {
+fn aggregate_sort_and_group_spill_over_the_limit_or_refuse_without_disk_use() {
     let (db, c) = loaded(5_000);
     let sort = vec![
         doc! {"$match": {"k": {"$gte": 0}}},
@@ -432,14 +432,30 @@ fn aggregate_sort_spills_and_group_refuses_over_the_limit() {
             .aggregate_limited(top, strategy, &limited(64 * 1024, false))
             .expect("top-k");
         assert_eq!(got, reference[2..7].to_vec(), "{strategy}");
-        // $group does not spill: 292 even with disk use allowed.
-        let group = vec![doc! {"$group": {"_id": "$_id", "pad": {"$push": "$pad"}}}];
+        // $group spills with disk use allowed (OLCP reruns as one ordered
+        // scan) and answers what it answers in memory; 292 without.
+        let group = vec![
+            doc! {"$group": {"_id": "$_id", "pad": {"$push": "$pad"}, "k": {"$sum": "$k"}}},
+            doc! {"$sort": {"_id": 1}},
+        ];
+        let (in_memory, _) = c
+            .aggregate_with(group.clone(), strategy)
+            .expect("in memory");
+        assert_eq!(in_memory.len(), 5_000);
         let e = c
-            .aggregate_limited(group, strategy, &limited(64 * 1024, true))
+            .aggregate_limited(group.clone(), strategy, &limited(64 * 1024, false))
             .map(|(d, _)| d.len())
             .expect_err("group over the limit");
         assert_eq!(e.code(), 292, "{strategy}");
-        assert!(e.to_string().contains("does not spill"), "{e}");
+        assert!(e.to_string().contains("allowDiskUse:true"), "{e}");
+        let before = spill_stats();
+        let (got, explain) = c
+            .aggregate_limited(group, strategy, &limited(64 * 1024, true))
+            .expect("group spills");
+        assert_eq!(got, in_memory, "{strategy}");
+        assert!(explain.group_spills > 0, "{strategy}: {explain:?}");
+        assert_eq!(explain.to_document().get_bool("usedDisk").ok(), Some(true));
+        assert!(spill_stats().runs > before.runs, "{strategy}: no spill");
     }
     assert_eq!(
         snap.aggregate_limited(sort.clone(), &limited(64 * 1024, false))
@@ -486,6 +502,17 @@ fn spill_files_are_private_and_gone_after_the_query() {
     assert_eq!(std::fs::read_dir(&spill).expect("list").count(), 0);
     assert!(stream.next().is_some());
     drop(stream);
+    assert_eq!(std::fs::read_dir(&spill).expect("list").count(), 0);
+    // A spilling $group writes its runs there too, and leaves nothing.
+    let (groups, explain) = c
+        .aggregate_limited(
+            vec![doc! {"$group": {"_id": "$k", "ids": {"$push": "$_id"}}}],
+            Strategy::Vls,
+            &limited(32 * 1024, true),
+        )
+        .expect("spilling group");
+    assert_eq!(groups.len(), 997);
+    assert!(explain.group_spills > 0);
     assert_eq!(std::fs::read_dir(&spill).expect("list").count(), 0);
     // A file a crash left behind is removed when the database opens again.
     std::fs::write(spill.join("run-1-1"), b"left by a crash").expect("plant");

@@ -438,9 +438,15 @@ impl Explainer<'_, '_, '_> {
                 duet.insert(k, v.clone());
             }
         }
+        // Runs the `$group` stages spilled (MongoDB's per-stage `spills`).
+        let mut spills = 0i64;
         let run = if self.executes() {
             let ((docs, report), mut c) =
                 self.counted(|limits| self.source.aggregate_run(stages.clone(), limits))?;
+            spills = report
+                .as_ref()
+                .and_then(|r| r.get_i64("spills").ok())
+                .unwrap_or(0);
             // An OLCP pass counts its own work: every version it read.
             if let Some(plan) = report
                 .as_ref()
@@ -479,6 +485,10 @@ impl Explainer<'_, '_, '_> {
         let last = rest.len();
         for (i, s) in rest.into_iter().enumerate() {
             let mut d = s.clone();
+            if run.is_some() && d.contains_key("$group") {
+                d.insert("usedDisk", spills > 0);
+                d.insert("spills", spills);
+            }
             if let Some((c, returned)) = run {
                 if i + 1 == last {
                     d.insert("nReturned", returned as i64);

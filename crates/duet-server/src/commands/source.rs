@@ -403,7 +403,10 @@ impl ReadSource<'_> {
                 let (docs, report) = coll.aggregate_limited(stages, *strategy, &limits)?;
                 (docs, Some(report.to_document()))
             }
-            ReadSource::Held { coll, .. } => (coll.aggregate_limited(stages, &limits)?, None),
+            ReadSource::Held { coll, .. } => {
+                let (docs, spills) = coll.aggregate_spilling(stages, &limits, None)?;
+                (docs, Some(bson::doc! {"spills": spills as i64}))
+            }
             ReadSource::Txn(coll) => (Crud::aggregate(coll, stages)?, None),
         })
     }

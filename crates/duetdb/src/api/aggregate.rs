@@ -65,6 +65,9 @@ pub struct AggregateExplain {
     /// The commit the other collections (`$lookup`, `$unionWith`, ...) were
     /// read at: always `start_csn` (one snapshot per pipeline).
     pub foreign_csn: Option<u64>,
+    /// Runs the pipeline's `$group` stages spilled to disk (MongoDB's
+    /// `spills`; `usedDisk` when above 0).
+    pub group_spills: u64,
 }
 
 impl AggregateExplain {
@@ -81,6 +84,8 @@ impl AggregateExplain {
             "fromRemset": self.from_remset as i64,
             "stoppedEarly": self.stopped_early,
             "foreignCsn": self.foreign_csn.map(|c| c as i64),
+            "usedDisk": self.group_spills > 0,
+            "spills": self.group_spills as i64,
         }
     }
 }
@@ -171,7 +176,25 @@ impl Collection {
             into: &pinned,
         };
         let (docs, explain) = if choice.strategy == Strategy::Olcp {
-            self.aggregate_olcp(&p, choice.reason, &rt, capture)?
+            match self.aggregate_olcp(&p, choice.reason, &rt, capture) {
+                // The map threads' `$group` states are merged in memory: past
+                // the limit, run once more as one ordered scan, whose `$group`
+                // spills (another snapshot; the failed pass returned nothing).
+                Err(e) if e.code() == 292 && limits.allow_disk_use && p.part.has_group() => {
+                    let pinned: OnceLock<Pinned> = OnceLock::new();
+                    let rt = Runtime::new(&pinned, limits.clone(), rt.spill_dir.clone());
+                    let capture = Capture {
+                        names: &p.foreign,
+                        into: &pinned,
+                    };
+                    let choice = Choice {
+                        strategy: Strategy::Vls,
+                        reason: "olcp's $group passed the memory limit: rerun under vls, whose $group spills to disk",
+                    };
+                    self.aggregate_scan(&p, choice, &rt, capture)?
+                }
+                r => r?,
+            }
         } else {
             self.aggregate_scan(&p, choice, &rt, capture)?
         };
@@ -240,6 +263,7 @@ impl Collection {
                 from_remset: outcome.from_remset,
                 stopped_early,
                 foreign_csn: rt.foreign.csn(),
+                group_spills: rt.group_spills(),
             },
         ))
     }
@@ -344,6 +368,7 @@ impl Collection {
                 from_remset: 0,
                 stopped_early: false,
                 foreign_csn: rt.foreign.csn(),
+                group_spills: rt.group_spills(),
             },
         ))
     }
@@ -433,6 +458,17 @@ impl SnapshotCollection {
         limits: &ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
+        Ok(self.aggregate_spilling(pipeline, limits, let_vars)?.0)
+    }
+
+    /// [`SnapshotCollection::aggregate_let`], with the runs its `$group`
+    /// stages spilled to disk (explain's `usedDisk` / `spills`).
+    pub fn aggregate_spilling(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<(Vec<Document>, u64)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let p = prepare_collated(&pipeline, let_vars, self.collator()?)?;
         if let Some(out) = p.output() {
@@ -455,7 +491,8 @@ impl SnapshotCollection {
                 }
             }
         }
-        exec.finish()
+        let docs = exec.finish()?;
+        Ok((docs, rt.group_spills()))
     }
 
     /// How [`SnapshotCollection::aggregate`] would run `pipeline`.
@@ -547,6 +584,7 @@ fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
         from_remset: 0,
         stopped_early: false,
         foreign_csn: Some(csn),
+        group_spills: 0,
     }
 }
 

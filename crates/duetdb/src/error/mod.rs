@@ -120,7 +120,7 @@ pub enum Error {
     /// the message names the path and the OS error.
     #[error("storage: {0}")]
     Storage(Box<StorageError>),
-    /// A blocking stage (a sort that may not spill, `$group`) exceeded its
+    /// A blocking stage (a sort or `$group` that may not spill) exceeded its
     /// memory limit. Code 292 (QueryExceededMemoryLimitNoDiskUseAllowed).
     #[error("{0}")]
     ExceededMemoryLimit(String),

@@ -4,8 +4,8 @@
 //! Defaults are MongoDB's: a blocking stage holds at most 100 MiB
 //! (`internalQueryMaxBlockingSortMemoryUsageBytes`), and a sort over that
 //! spills to disk unless the read says `allowDiskUse: false` (MongoDB 6.0+'s
-//! `allowDiskUseByDefault: true`). `$group` never spills: over the limit it
-//! fails with 292 whatever `allowDiskUse` says (see `query::aggregate`).
+//! `allowDiskUseByDefault: true`); so does a `$group`'s table (see
+//! `query::aggregate::group_spill`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,9 +28,9 @@ pub struct ReadLimits {
     /// Checked every page of work; see [`CancelToken`].
     pub cancel: CancelToken,
     /// Bytes one blocking stage may hold ([`DEFAULT_MEMORY_LIMIT`]); over it a
-    /// sort spills (when allowed) or fails with 292, a `$group` fails with 292.
+    /// sort or a `$group` spills (when allowed) or fails with 292.
     pub memory_limit_bytes: usize,
-    /// May a sort over the memory limit spill sorted runs to disk? Default
+    /// May a sort or `$group` over the memory limit spill runs to disk? Default
     /// true (MongoDB 6.0+'s `allowDiskUseByDefault`).
     pub allow_disk_use: bool,
     /// Where spilled runs go. `None`: the database's spill directory (under

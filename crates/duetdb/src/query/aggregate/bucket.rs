@@ -10,8 +10,10 @@
 //!
 //! Invariants: the desugared stages are ordinary `$group`/`$sort` stages
 //! (so a `$bucket` after a commutative prefix runs as OLCP like any mergeable
-//! `$group`); `$bucketAuto` holds its input under the read's memory limit
-//! (292) and its buckets' `_id.min` is inclusive, `_id.max` exclusive except
+//! `$group`); `$bucketAuto` sorts its input through the sorter
+//! ([`BucketAutoRun`]: under the read's memory limit, then spilled with
+//! `allowDiskUse`, else 292), holds one bucket's accumulators at a time, and
+//! cuts the same buckets as the in-memory [`BucketAuto::run`]; its buckets' `_id.min` is inclusive, `_id.max` exclusive except
 //! for the last bucket (MongoDB's rule).
 
 use bson::{Bson, Document};
@@ -21,6 +23,7 @@ use crate::query::aggregate::group::{Group, GroupState};
 use crate::query::aggregate::{ParseCtx, Runtime, Stage};
 use crate::query::expr::{compare, num_of, type_name, Expr, Root};
 use crate::query::sort::SortSpec;
+use crate::query::sorter::Sorter;
 
 fn tname(v: &Bson) -> &'static str {
     type_name(&Some(v.clone()))
@@ -379,70 +382,162 @@ impl BucketAuto {
         })
     }
 
-    /// The buckets of `rows` (already bounded by the memory limit).
+    /// The `groupBy` value of one document (missing is null), checked
+    /// against the granularity.
+    fn key_of(&self, root: &Root<'_>) -> Result<Bson> {
+        let k = self.group_by.eval(root)?.unwrap_or(Bson::Null);
+        if let Some(g) = &self.granularity {
+            g.check_key(&k)?;
+        }
+        Ok(k)
+    }
+
+    /// The buckets of `rows`, sorted in memory (the reference evaluation).
     pub(super) fn run(&self, rows: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
         let mut keyed: Vec<(Bson, Document)> = Vec::with_capacity(rows.len());
         for d in rows {
-            let k = self.group_by.eval(&Root::Doc(&d))?.unwrap_or(Bson::Null);
-            if let Some(g) = &self.granularity {
-                g.check_key(&k)?;
-            }
-            keyed.push((k, d));
+            keyed.push((self.key_of(&Root::Doc(&d))?, d));
         }
         // Stable: equal keys keep their input order (positional accumulators).
         keyed.sort_by(|a, b| compare(&a.0, &b.0));
         let n = keyed.len();
+        self.cut(n, keyed.into_iter().map(Ok), rt)
+    }
+
+    /// A run whose input goes through a [`Sorter`] keyed by `groupBy`: it
+    /// spills past the read's memory limit when disk use is allowed (292
+    /// otherwise), as MongoDB's `$bucketAuto` sorts its input.
+    pub(super) fn start(&self, rt: &Runtime<'_>) -> Result<BucketAutoRun<'_>> {
+        // `k` holds the key wrapped in a one-element array: a sort on it
+        // then compares the whole key (an array key included) as `compare`
+        // does, not by its least element.
+        let spec = SortSpec::parse(&bson::doc! {"k": 1})?;
+        Ok(BucketAutoRun {
+            stage: self,
+            sorter: Sorter::new(spec, &rt.limits, rt.spill_dir.clone(), None),
+            n: 0,
+        })
+    }
+
+    /// Cut `sorted` (`n` documents in key order, equal keys in input order)
+    /// into buckets.
+    fn cut(
+        &self,
+        n: usize,
+        sorted: impl Iterator<Item = Result<(Bson, Document)>>,
+        rt: &Runtime<'_>,
+    ) -> Result<Vec<Document>> {
+        let mut sorted = sorted;
+        let mut pull = || sorted.next().transpose();
         let approx = ((n as f64 / self.buckets as f64).round() as usize).max(1);
         let mut out = Vec::new();
         let mut i = 0;
         let mut prev_max: Option<Bson> = None;
         let mut bucket_no = 0;
-        while i < n && bucket_no < self.buckets {
+        let mut peek = pull()?;
+        let same = |peek: &Option<(Bson, Document)>, v: &Bson, want: std::cmp::Ordering| {
+            peek.as_ref().is_some_and(|(k, _)| compare(k, v) == want)
+        };
+        while peek.is_some() && bucket_no < self.buckets {
             bucket_no += 1;
             let last = bucket_no == self.buckets;
-            let start = i;
-            let mut end = if last { n } else { (i + approx).min(n) };
-            let mut max = keyed[end - 1].0.clone();
-            let mut min = keyed[start].0.clone();
+            let target = if last { n } else { (i + approx).min(n) };
+            let mut state = GroupState::default();
+            let mut group = self.output.clone();
+            group.memory_limit = group.memory_limit.min(rt.limits.memory_limit_bytes);
+            let mut take =
+                |peek: &mut Option<(Bson, Document)>, i: &mut usize| -> Result<Option<Bson>> {
+                    let Some((k, d)) = peek.take() else {
+                        return Ok(None);
+                    };
+                    group.accumulate(&mut state, Root::Doc(&d))?;
+                    *i += 1;
+                    *peek = pull()?;
+                    Ok(Some(k))
+                };
+            let Some(mut min) = take(&mut peek, &mut i)? else {
+                break;
+            };
+            let mut max = min.clone();
+            while i < target || (last && peek.is_some()) {
+                match take(&mut peek, &mut i)? {
+                    Some(k) => max = k,
+                    None => break,
+                }
+            }
             match &self.granularity {
                 None => {
                     // Absorb every value equal to the bucket's largest.
-                    while end < n && compare(&keyed[end].0, &max) == std::cmp::Ordering::Equal {
-                        end += 1;
+                    while same(&peek, &max, std::cmp::Ordering::Equal) {
+                        take(&mut peek, &mut i)?;
                     }
-                    if end < n {
-                        max = keyed[end].0.clone();
+                    if let Some((k, _)) = &peek {
+                        max = k.clone();
                     }
                 }
                 Some(g) => {
                     min = prev_max.clone().unwrap_or_else(|| g.round_down(&min));
                     let bound = g.round_up(&max);
-                    while end < n
-                        && (compare(&keyed[end].0, &bound) == std::cmp::Ordering::Less
-                            || compare(&keyed[end].0, &max) == std::cmp::Ordering::Equal)
+                    while same(&peek, &bound, std::cmp::Ordering::Less)
+                        || same(&peek, &max, std::cmp::Ordering::Equal)
                     {
-                        end += 1;
+                        take(&mut peek, &mut i)?;
                     }
-                    max = if number(&bound) == 0.0 && end < n {
-                        g.round_down(&keyed[end].0)
-                    } else {
-                        bound
+                    max = match &peek {
+                        Some((k, _)) if number(&bound) == 0.0 => g.round_down(k),
+                        _ => bound,
                     };
                 }
-            }
-            let mut state = GroupState::default();
-            let mut group = self.output.clone();
-            group.memory_limit = group.memory_limit.min(rt.limits.memory_limit_bytes);
-            for (_, d) in &keyed[start..end] {
-                group.accumulate(&mut state, Root::Doc(d))?;
             }
             let mut doc = group.finish(state)?.pop().unwrap_or_default();
             doc.insert("_id", bson::doc! {"min": min, "max": max.clone()});
             out.push(doc);
             prev_max = Some(max);
-            i = end;
         }
         Ok(out)
+    }
+}
+
+/// A `$bucketAuto` being fed: its input sorted by key through a [`Sorter`].
+pub(super) struct BucketAutoRun<'p> {
+    stage: &'p BucketAuto,
+    sorter: Sorter,
+    /// Documents fed.
+    n: usize,
+}
+
+impl BucketAutoRun<'_> {
+    /// Feed one document.
+    pub(super) fn push(&mut self, doc: Document) -> Result<()> {
+        let key = self.stage.key_of(&Root::Doc(&doc))?;
+        let wrapped = bson::doc! {"k": [key], "d": doc};
+        let raw = bson::RawDocumentBuf::try_from(&wrapped)
+            .map_err(|e| Error::InvalidBson(e.to_string()))?;
+        self.sorter.push(std::sync::Arc::new(raw))?;
+        self.n += 1;
+        Ok(())
+    }
+
+    /// The buckets, cut from the sorted (possibly spilled) input.
+    pub(super) fn finish(self, rt: &Runtime<'_>) -> Result<Vec<Document>> {
+        let sorted = self.sorter.finish()?.map(|d| {
+            let mut d = crate::doc::to_document(&d?)?;
+            let key = match d.remove("k") {
+                Some(Bson::Array(mut a)) if a.len() == 1 => a.pop().unwrap_or(Bson::Null),
+                _ => {
+                    return Err(Error::Internal(
+                        "$bucketAuto: a sorted key is damaged".into(),
+                    ))
+                }
+            };
+            match d.remove("d") {
+                Some(Bson::Document(doc)) => Ok((key, doc)),
+                _ => Err(Error::Internal(
+                    "$bucketAuto: a sorted document is damaged".into(),
+                )),
+            }
+        });
+        self.stage.cut(self.n, sorted, rt)
     }
 }
 
@@ -640,5 +735,130 @@ fn as_number(p: f64, like: &Bson) -> Bson {
         Bson::Int32(_) if p <= f64::from(i32::MAX) => Bson::Int32(p as i32),
         Bson::Int32(_) | Bson::Int64(_) if p <= i64::MAX as f64 => Bson::Int64(p as i64),
         _ => Bson::Double(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, Bson, Document};
+    use proptest::prelude::*;
+
+    use crate::query::aggregate::exec::Exec;
+    use crate::query::aggregate::{Pipeline, Runtime};
+    use crate::query::limits::ReadLimits;
+    use crate::query::spill::spill_stats;
+
+    fn streamed(
+        pipeline: &[Document],
+        docs: &[Document],
+        memory_limit_bytes: usize,
+        allow_disk_use: bool,
+    ) -> crate::error::Result<Vec<Document>> {
+        let p = Pipeline::parse(pipeline)?;
+        let mut rt = Runtime::standalone();
+        rt.limits = ReadLimits {
+            memory_limit_bytes,
+            allow_disk_use,
+            ..ReadLimits::default()
+        };
+        let mut exec = Exec::new(&p.stages, None, &[], &rt);
+        for d in docs {
+            if exec.push_document(d.clone())?.is_break() {
+                break;
+            }
+        }
+        exec.finish()
+    }
+
+    fn reference(pipeline: &[Document], docs: &[Document]) -> Vec<Document> {
+        Pipeline::parse(pipeline)
+            .expect("parse")
+            .run_on(docs.to_vec())
+            .expect("reference")
+    }
+
+    /// Keys of several types, arrays (compared whole) and missing included.
+    fn key(x: u32) -> Option<Bson> {
+        Some(match x % 7 {
+            0..=2 => Bson::Int32((x % 97) as i32),
+            3 => Bson::Double(f64::from(x % 50) + 0.5),
+            4 => Bson::String(format!("s{}", x % 13)),
+            5 => Bson::Array(vec![Bson::Int32((x % 4) as i32), Bson::Int32(1)]),
+            _ => return None,
+        })
+    }
+
+    fn input(xs: &[u32], numeric: bool) -> Vec<Document> {
+        xs.iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let mut d = doc! {"i": i as i32, "pad": "b".repeat(60)};
+                let k = if numeric {
+                    Some(Bson::Int32((x % 500) as i32 + 1))
+                } else {
+                    key(*x)
+                };
+                if let Some(k) = k {
+                    d.insert("v", k);
+                }
+                d
+            })
+            .collect()
+    }
+
+    fn pipeline(buckets: i32, granularity: Option<&str>) -> Vec<Document> {
+        let mut spec = doc! {
+            "groupBy": "$v", "buckets": buckets,
+            "output": {
+                "n": {"$sum": 1}, "first": {"$first": "$i"}, "last": {"$last": "$i"},
+                "last3": {"$lastN": {"input": "$i", "n": 3}}, "max": {"$max": "$i"},
+            },
+        };
+        if let Some(g) = granularity {
+            spec.insert("granularity", g);
+        }
+        vec![doc! {"$bucketAuto": spec}]
+    }
+
+    #[test]
+    fn a_spilled_bucket_auto_cuts_the_in_memory_buckets() {
+        let xs: Vec<u32> = (0..3000u32).map(|i| (i * 7919) % 2003).collect();
+        for (numeric, granularity) in [
+            (false, None),
+            (true, None),
+            (true, Some("R5")),
+            (true, Some("POWERSOF2")),
+        ] {
+            let docs = input(&xs, numeric);
+            for buckets in [1, 7, 50] {
+                let p = pipeline(buckets, granularity);
+                let want = reference(&p, &docs);
+                let before = spill_stats().runs;
+                let got = streamed(&p, &docs, 16 * 1024, true).expect("spilled");
+                assert!(spill_stats().runs > before, "no spill");
+                assert_eq!(got, want, "{granularity:?} {buckets}");
+            }
+        }
+        let e = streamed(&pipeline(5, None), &input(&xs, false), 16 * 1024, false)
+            .expect_err("over the limit");
+        assert_eq!(e.code(), 292);
+        // An empty input has no bucket.
+        assert!(streamed(&pipeline(5, None), &[], 16 * 1024, true)
+            .expect("empty")
+            .is_empty());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn any_limit_gives_the_in_memory_buckets(
+            xs in proptest::collection::vec(0u32..300, 0..400),
+            buckets in 1i32..20,
+            limit in 2048usize..32 * 1024,
+        ) {
+            let docs = input(&xs, false);
+            let p = pipeline(buckets, None);
+            prop_assert_eq!(streamed(&p, &docs, limit, true).expect("spilled"), reference(&p, &docs));
+        }
     }
 }

@@ -14,15 +14,22 @@
 //!   default), then spilled runs (or 292 when disk use is not allowed); a
 //!   `$sort` followed by `$skip*`/`$limit` keeps only `skip + limit`
 //!   documents (top-k);
-//! - `$group` keeps its state under the same limit and never spills: over
-//!   it, 292 whatever `allowDiskUse` says (the documented choice);
+//! - `$group` keeps its state under the same limit, then spills it as runs
+//!   of partial states merged by key at the end (`group_spill.rs`), or 292
+//!   when disk use is not allowed;
 //! - `$count` keeps a number;
 //! - `$facet` runs one nested [`Exec`] per facet on every document (each
 //!   bounded the same way) and their outputs together by the memory limit
 //!   (4031700);
 //! - `$sample` keeps a reservoir of `size` documents (uniform without
-//!   replacement, no sort), `$bucketAuto`, `$setWindowFields`, `$densify`
-//!   and `$fill` keep their input; all under the memory limit (292);
+//!   replacement, no sort), `$densify` keeps its input; both under the
+//!   memory limit (292);
+//! - `$setWindowFields` (and `$fill`'s methods, which are one) sorts its
+//!   input by (partition, sortBy) through a [`Sorter`] and holds one
+//!   partition at a time (292 past the limit);
+//! - `$bucketAuto` sorts its input by `groupBy` through a [`Sorter`]
+//!   (spilled, or 292 when disk use is not allowed) and cuts the buckets
+//!   from the sorted stream;
 //! - `$unionWith` holds nothing: at the end of its input it runs its
 //!   sub-pipeline on the other collection and passes the results on.
 //!
@@ -50,9 +57,12 @@ use rand::{Rng, SeedableRng};
 use crate::doc::size::document_len;
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
+use crate::query::aggregate::bucket::{BucketAuto, BucketAutoRun};
 use crate::query::aggregate::facet::FacetRun;
-use crate::query::aggregate::group::{Group, GroupState};
+use crate::query::aggregate::group::Group;
+use crate::query::aggregate::group_spill::SpillingGroup;
 use crate::query::aggregate::stages::{per_document, Cur};
+use crate::query::aggregate::window::{Window, WindowRun};
 use crate::query::aggregate::{Runtime, Stage};
 use crate::query::expr::{Expr, Root};
 use crate::query::limits::PAGE_DOCS;
@@ -102,10 +112,7 @@ impl Row {
 /// One stage's execution state.
 enum Node<'p> {
     PerDoc(&'p Stage),
-    Group {
-        group: Group,
-        state: GroupState,
-    },
+    Group(Option<SpillingGroup>),
     Sort(Option<Sorter>),
     Skip(u64),
     Limit(u64),
@@ -117,6 +124,11 @@ enum Node<'p> {
     UnionWith(&'p crate::query::aggregate::lookup::UnionWith),
     Facet(Option<FacetRun<'p>>),
     Sample(Reservoir),
+    /// `$bucketAuto`: its input through a sorter (started at the first row).
+    BucketAuto(&'p BucketAuto, Option<BucketAutoRun<'p>>),
+    /// `$setWindowFields`: its input through a sorter (started at the first
+    /// row), one partition held at a time.
+    Window(&'p Window, Option<WindowRun<'p>>),
     /// A stage that needs its whole input (`$bucketAuto`,
     /// `$setWindowFields` (and `$fill`'s methods), `$densify`).
     Hold(Held<'p>),
@@ -204,14 +216,9 @@ impl<'p> Exec<'p> {
         let mut nodes = Vec::with_capacity(all.len());
         for (i, s) in all.iter().enumerate() {
             let node = match *s {
-                StageRef::Group(g) | StageRef::Stage(Stage::Group(g)) => {
-                    let mut group = g.clone();
-                    group.memory_limit = group.memory_limit.min(limits.memory_limit_bytes);
-                    Node::Group {
-                        group,
-                        state: GroupState::default(),
-                    }
-                }
+                StageRef::Group(g) | StageRef::Stage(Stage::Group(g)) => Node::Group(Some(
+                    SpillingGroup::new(g.clone(), limits, rt.spill_dir.clone()),
+                )),
                 StageRef::Stage(Stage::Sort(spec)) => {
                     let keep = top_k(&all[i + 1..]);
                     Node::Sort(Some(Sorter::new(
@@ -230,13 +237,15 @@ impl<'p> Exec<'p> {
                 StageRef::Stage(Stage::UnionWith(u)) => Node::UnionWith(u),
                 StageRef::Stage(Stage::Facet(f)) => Node::Facet(Some(FacetRun::new(f, rt))),
                 StageRef::Stage(Stage::Sample(n)) => Node::Sample(Reservoir::new(*n)),
-                StageRef::Stage(
-                    stage @ (Stage::BucketAuto(_) | Stage::Window(_) | Stage::Densify(_)),
-                ) => Node::Hold(Held {
-                    stage,
-                    rows: Vec::new(),
-                    bytes: 0,
-                }),
+                StageRef::Stage(Stage::BucketAuto(b)) => Node::BucketAuto(b, None),
+                StageRef::Stage(Stage::Window(w)) if w.can_spill() => Node::Window(w, None),
+                StageRef::Stage(stage @ (Stage::Window(_) | Stage::Densify(_))) => {
+                    Node::Hold(Held {
+                        stage,
+                        rows: Vec::new(),
+                        bytes: 0,
+                    })
+                }
                 StageRef::Stage(Stage::Documents(e)) => Node::Documents(e),
                 StageRef::Stage(Stage::Output(_)) => Node::PassThrough,
                 StageRef::Stage(stage) => Node::PerDoc(stage),
@@ -305,8 +314,13 @@ impl<'p> Exec<'p> {
             let (out, ticker) = (&mut self.out, &mut self.ticker);
             let mut emit = |row: Row| push_at(rt, rest, out, ticker, row);
             match &mut head[i] {
-                Node::Group { group, state } => {
-                    for d in group.finish(std::mem::take(state))? {
+                Node::Group(group) => {
+                    let Some(group) = group.take() else {
+                        continue;
+                    };
+                    rt.note_group_spills(group.spills());
+                    let mut out = group.finish()?;
+                    while let Some(d) = out.next_doc()? {
                         if emit(Row::Owned(d))?.is_break() {
                             break;
                         }
@@ -343,6 +357,29 @@ impl<'p> Exec<'p> {
                         }
                     }
                 }
+                Node::BucketAuto(stage, run) => {
+                    let out = match run.take() {
+                        Some(run) => run.finish(rt)?,
+                        None => stage.run(Vec::new(), rt)?,
+                    };
+                    for d in out {
+                        if emit(Row::Owned(d))?.is_break() {
+                            break;
+                        }
+                    }
+                }
+                Node::Window(stage, run) => match run.take() {
+                    Some(run) => {
+                        run.finish(rt, &mut |d| Ok(emit(Row::Owned(d))?.is_break()))?;
+                    }
+                    None => {
+                        for d in stage.run(Vec::new(), rt)? {
+                            if emit(Row::Owned(d))?.is_break() {
+                                break;
+                            }
+                        }
+                    }
+                },
                 Node::Hold(held) => {
                     let rows = std::mem::take(&mut held.rows);
                     for d in finish_held(held.stage, rows, rt)? {
@@ -428,10 +465,13 @@ fn push_at(
             }
             Ok(flow)
         }
-        Node::Group { group, state } => {
+        Node::Group(group) => {
+            let group = group
+                .as_mut()
+                .ok_or_else(|| Error::Internal("push into a finished $group".into()))?;
             match &row {
-                Row::Shared(d) => group.accumulate(state, Root::Raw(d))?,
-                Row::Owned(d) => group.accumulate(state, Root::Doc(d))?,
+                Row::Shared(d) => group.push(Root::Raw(d))?,
+                Row::Owned(d) => group.push(Root::Doc(d))?,
             }
             Ok(ControlFlow::Continue(()))
         }
@@ -473,6 +513,26 @@ fn push_at(
         }
         Node::Sample(res) => {
             res.push(row, rt.limits.memory_limit_bytes)?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Node::BucketAuto(stage, run) => {
+            let run = match run {
+                Some(run) => run,
+                None => run.insert(stage.start(rt)?),
+            };
+            run.push(row.into_document()?)?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Node::Window(stage, run) => {
+            let run = match run {
+                Some(run) => run,
+                None => run.insert(
+                    stage
+                        .start(rt)
+                        .ok_or_else(|| Error::Internal("$setWindowFields cannot sort".into()))?,
+                ),
+            };
+            run.push(row.into_document()?)?;
             Ok(ControlFlow::Continue(()))
         }
         Node::Hold(held) => {

@@ -175,6 +175,8 @@ pub struct Runtime<'a> {
     pub limits: ReadLimits,
     pub spill_dir: PathBuf,
     cache: Mutex<HashMap<usize, Arc<Vec<Document>>>>,
+    /// Runs the `$group` stages of this execution spilled (explain).
+    group_spills: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Runtime<'_> {
@@ -195,6 +197,7 @@ impl<'a> Runtime<'a> {
             limits,
             spill_dir,
             cache: Mutex::new(HashMap::new()),
+            group_spills: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -202,6 +205,17 @@ impl<'a> Runtime<'a> {
     /// (the reference evaluation, tests).
     pub fn standalone() -> Runtime<'static> {
         Runtime::new(&NO_FOREIGN, ReadLimits::default(), default_temp_spill_dir())
+    }
+
+    /// Count runs a `$group` of this execution spilled.
+    pub(super) fn note_group_spills(&self, runs: u64) {
+        self.group_spills
+            .fetch_add(runs, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs the `$group` stages of this execution spilled so far.
+    pub fn group_spills(&self) -> u64 {
+        self.group_spills.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The cached result of the uncorrelated sub-pipeline of the stage at

@@ -47,7 +47,7 @@ pub(super) struct Group {
 }
 
 #[derive(Debug, Clone)]
-enum AccOp {
+pub(super) enum AccOp {
     Sum,
     Avg,
     Min,
@@ -84,7 +84,7 @@ enum AccOp {
 
 /// One group's accumulator state.
 #[derive(Debug, Clone)]
-enum Acc {
+pub(super) enum Acc {
     Sum(SumState),
     Avg(SumState),
     Min(Option<Bson>),
@@ -110,13 +110,13 @@ enum Acc {
 /// doubles separately; the widest input type decides the result type.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct SumState {
-    int: i128,
-    dbl: f64,
+    pub(super) int: i128,
+    pub(super) dbl: f64,
     /// The exact sum of the decimal128 inputs, once one was seen.
-    dec: Option<decimal::Dec>,
+    pub(super) dec: Option<decimal::Dec>,
     /// 0 = int32, 1 = int64, 2 = double.
-    widest: u8,
-    count: u64,
+    pub(super) widest: u8,
+    pub(super) count: u64,
 }
 
 impl SumState {
@@ -201,10 +201,10 @@ impl SumState {
 /// owned documents would re-encode both sides at every comparison; under a
 /// collation strings too carry one: their collation key.
 #[derive(Debug, Clone)]
-struct OrdBson(Bson, Option<RawBson>);
+pub(super) struct OrdBson(pub(super) Bson, Option<RawBson>);
 
 impl OrdBson {
-    fn new(v: Bson) -> OrdBson {
+    pub(super) fn new(v: Bson) -> OrdBson {
         let raw = match &v {
             Bson::Document(_) | Bson::Array(_) => crate::doc::value::to_raw(&v),
             _ => None,
@@ -213,7 +213,7 @@ impl OrdBson {
     }
 
     /// Ordered by its collation key (strings at any depth keyed by `c`).
-    fn collated(v: Bson, c: &crate::doc::collation::Collator) -> OrdBson {
+    pub(super) fn collated(v: Bson, c: &crate::doc::collation::Collator) -> OrdBson {
         let raw = match &v {
             Bson::String(_) | Bson::Symbol(_) | Bson::Document(_) | Bson::Array(_) => {
                 crate::doc::value::to_raw(&v).map(|r| c.key_raw(r.as_raw_bson_ref()))
@@ -256,7 +256,7 @@ pub fn canonical_cmp(a: &Bson, b: &Bson) -> Ordering {
 
 /// [`canonical_cmp`] for two values already known to compare equal (cheap when
 /// they are identical, the common case).
-fn tie_break(a: &Bson, b: &Bson) -> Ordering {
+pub(super) fn tie_break(a: &Bson, b: &Bson) -> Ordering {
     if a == b {
         return Ordering::Equal;
     }
@@ -278,6 +278,17 @@ impl GroupState {
     /// Groups formed so far.
     pub(super) fn len(&self) -> usize {
         self.groups.len()
+    }
+
+    /// The memory estimate of the state (what the limit is checked against).
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The groups in key order, emptying the state.
+    pub(super) fn take_groups(&mut self) -> BTreeMap<OrdBson, Vec<Acc>> {
+        self.bytes = 0;
+        std::mem::take(&mut self.groups)
     }
 }
 
@@ -409,11 +420,15 @@ impl Group {
     }
 
     pub(super) fn accumulate(&self, gs: &mut GroupState, root: Root<'_>) -> Result<()> {
+        self.feed(gs, root)?;
+        self.check_memory(gs.bytes)
+    }
+
+    /// [`Group::accumulate`] without the memory check (the caller spills or
+    /// refuses: `group_spill`).
+    pub(super) fn feed(&self, gs: &mut GroupState, root: Root<'_>) -> Result<()> {
         let id = self.id.eval(&root)?.unwrap_or(Bson::Null);
-        let key = match &self.collator {
-            Some(c) => OrdBson::collated(id, c),
-            None => OrdBson::new(id),
-        };
+        let key = self.key_of(id);
         replace_key_if_smaller(&mut gs.groups, &key);
         let accs = match gs.groups.entry(key) {
             Entry::Occupied(o) => o.into_mut(),
@@ -439,13 +454,27 @@ impl Group {
                 _ => feed_acc(acc, op, v)?,
             };
         }
-        self.check_memory(gs.bytes)
+        Ok(())
     }
 
-    fn check_memory(&self, bytes: usize) -> Result<()> {
+    /// The limit where the state cannot spill (an OLCP part's per-thread
+    /// states and their merge; `group_spill` past the limit without
+    /// `allowDiskUse`): MongoDB's 292 message. An OLCP run that passes it
+    /// with `allowDiskUse` is rerun as one ordered scan, which spills.
+    pub(super) fn check_memory_no_disk(&self, bytes: usize) -> Result<()> {
         if bytes > self.memory_limit {
             return Err(Error::ExceededMemoryLimit(format!(
-                "Exceeded memory limit for $group ({} bytes of group state, the limit is {} bytes); $group does not spill to disk in duetdb, whatever allowDiskUse says",
+                "Exceeded memory limit for $group ({bytes} bytes, the limit is {} bytes), but didn't allow external sort. Pass allowDiskUse:true to opt in.",
+                self.memory_limit
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_memory(&self, bytes: usize) -> Result<()> {
+        if bytes > self.memory_limit {
+            return Err(Error::ExceededMemoryLimit(format!(
+                "Exceeded memory limit for $group ({} bytes of group state, the limit is {} bytes)",
                 bytes, self.memory_limit
             )));
         }
@@ -476,7 +505,7 @@ impl Group {
                 }
             }
         }
-        self.check_memory(big.bytes)?;
+        self.check_memory_no_disk(big.bytes)?;
         Ok(big)
     }
 
@@ -494,16 +523,44 @@ impl Group {
     pub(super) fn finish(&self, gs: GroupState) -> Result<Vec<Document>> {
         let mut out = Vec::with_capacity(gs.groups.len());
         for (key, accs) in gs.groups {
-            let mut d = Document::new();
-            d.insert("_id", key.0);
-            for ((name, op, _), acc) in self.fields.iter().zip(accs) {
-                d.insert(name.clone(), finish_acc(acc, op));
-            }
-            // Each array is within 16 MiB, but several together may not be.
-            check_document("$group", &d)?;
-            out.push(d);
+            out.push(self.finish_group(key, accs)?);
         }
         Ok(out)
+    }
+
+    /// The output document of one group.
+    pub(super) fn finish_group(&self, key: OrdBson, accs: Vec<Acc>) -> Result<Document> {
+        let mut d = Document::new();
+        d.insert("_id", key.0);
+        for ((name, op, _), acc) in self.fields.iter().zip(accs) {
+            d.insert(name.clone(), finish_acc(acc, op));
+        }
+        // Each array is within 16 MiB, but several together may not be.
+        check_document("$group", &d)?;
+        Ok(d)
+    }
+
+    /// The accumulator operators, in field order.
+    pub(super) fn ops(&self) -> impl Iterator<Item = &AccOp> {
+        self.fields.iter().map(|(_, op, _)| op)
+    }
+
+    /// Keys equal under this collation are one group.
+    pub(super) fn key_of(&self, v: Bson) -> OrdBson {
+        match &self.collator {
+            Some(c) => OrdBson::collated(v, c),
+            None => OrdBson::new(v),
+        }
+    }
+
+    /// Fold `later` (the states of the same group over input that came
+    /// after `mine`'s) into `mine`: what feeding both inputs in order into
+    /// one state gives, order-dependent accumulators included.
+    pub(super) fn append(&self, mine: &mut [Acc], later: Vec<Acc>) -> Result<()> {
+        for ((m, l), (_, op, _)) in mine.iter_mut().zip(later).zip(&self.fields) {
+            append_acc(m, l, op)?;
+        }
+        Ok(())
     }
 }
 
@@ -611,12 +668,14 @@ fn feed_acc(acc: &mut Acc, op: &AccOp, v: Value) -> Result<usize> {
             }
             // $firstN/$lastN keep null for missing, as MongoDB's.
             let v = v.unwrap_or(Bson::Null);
-            let n = approx_size(&v);
+            let mut n = approx_size(&v);
             items.push(v);
             *bytes += n;
             if items.len() > cap {
-                let gone = items.remove(0);
-                *bytes = bytes.saturating_sub(approx_size(&gone));
+                // The state keeps `cap` values: it grows only by the difference.
+                let gone = approx_size(&items.remove(0));
+                *bytes = bytes.saturating_sub(gone);
+                n = n.saturating_sub(gone);
             }
             check_array_size("$lastN", *bytes)?;
             Ok(n)
@@ -672,12 +731,14 @@ fn insert_best(items: &mut Vec<Bson>, bytes: &mut usize, v: Bson, n: usize, max:
     if pos >= n {
         return 0;
     }
-    let grow = approx_size(&v);
+    let mut grow = approx_size(&v);
     items.insert(pos, v);
     *bytes += grow;
     if items.len() > n {
         if let Some(gone) = items.pop() {
-            *bytes = bytes.saturating_sub(approx_size(&gone));
+            let gone = approx_size(&gone);
+            *bytes = bytes.saturating_sub(gone);
+            grow = grow.saturating_sub(gone);
         }
     }
     grow
@@ -705,12 +766,18 @@ fn feed_top(acc: &mut Acc, key: Vec<Value>, out: Bson, n: usize, dirs: &[bool]) 
     if pos >= n {
         return Ok(0);
     }
-    let grow = approx_size(&entry.1) + entry.0.iter().flatten().map(approx_size).sum::<usize>();
+    let size = |e: &(Vec<Value>, Bson)| {
+        approx_size(&e.1) + e.0.iter().flatten().map(approx_size).sum::<usize>()
+    };
+    let mut grow = size(&entry);
     items.insert(pos, entry);
     *bytes += grow;
     if items.len() > n {
         if let Some(gone) = items.pop() {
-            *bytes = bytes.saturating_sub(approx_size(&gone.1));
+            // The state keeps `n` entries: it grows only by the difference.
+            let gone = size(&gone);
+            *bytes = bytes.saturating_sub(gone);
+            grow = grow.saturating_sub(gone);
         }
     }
     check_array_size("$topN", *bytes)?;
@@ -906,6 +973,50 @@ fn merge_acc(mine: &mut Acc, other: Acc, op: &AccOp) -> Result<()> {
             ))
         }
         _ => return Err(Error::Internal("mismatched accumulators".into())),
+    }
+    Ok(())
+}
+
+/// [`merge_acc`] where `later`'s input followed `mine`'s: the order-dependent
+/// accumulators too (`$first` keeps the earlier, `$last` the later value,
+/// `$firstN`/`$lastN` the first/last `n` of both in order, `$mergeObjects`
+/// lets the later fields win, `$push` concatenates in order).
+fn append_acc(mine: &mut Acc, later: Acc, op: &AccOp) -> Result<()> {
+    match (mine, later) {
+        (Acc::First(a), Acc::First(b)) => {
+            if a.is_none() {
+                *a = b;
+            }
+        }
+        (Acc::Last(a), Acc::Last(b)) => {
+            if b.is_some() {
+                *a = b;
+            }
+        }
+        (Acc::Ordered(a, an), Acc::Ordered(b, _)) => {
+            let (n, first) = match op {
+                AccOp::FirstN(n) => (*n, true),
+                AccOp::LastN(n) => (*n, false),
+                _ => return Err(Error::Internal("mismatched accumulators".into())),
+            };
+            a.extend(b);
+            if a.len() > n {
+                if first {
+                    a.truncate(n);
+                } else {
+                    a.drain(..a.len() - n);
+                }
+            }
+            *an = a.iter().map(approx_size).sum();
+        }
+        (Acc::MergeObjects(a, an), Acc::MergeObjects(b, bn)) => {
+            for (k, v) in b {
+                a.insert(k, v);
+            }
+            *an += bn;
+            check_array_size("$mergeObjects", *an)?;
+        }
+        (mine, later) => merge_acc(mine, later, op)?,
     }
     Ok(())
 }

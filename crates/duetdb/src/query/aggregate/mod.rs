@@ -5,7 +5,7 @@
 //! [`ParseCtx`] (the command's and an enclosing `$lookup`'s `let` variables,
 //! the sub-pipeline depth and where a stage may stand) — here; the
 //! per-document and whole-set stages (`stages.rs`), `$group` and its
-//! accumulators (`group.rs`), `$lookup`/`$graphLookup`/`$unionWith` and the
+//! accumulators (`group.rs`; its spilling: `group_spill.rs`), `$lookup`/`$graphLookup`/`$unionWith` and the
 //! sub-pipelines they run on other collections (`lookup.rs`), `$facet`
 //! (`facet.rs`), `$bucket`/`$bucketAuto`/`$sortByCount` (`bucket.rs`),
 //! `$setWindowFields` (`window.rs`), `$densify`/`$fill` (`fill.rs`),
@@ -49,7 +49,8 @@
 //!   ([`Pipeline::foreign_names`], sub-pipelines included), so the scan can
 //!   pin all of them at its own start (one snapshot per pipeline).
 //! - Memory: a `$group`'s state is bounded ([`GROUP_MEMORY_LIMIT`], or the
-//!   read's lower limit; error 292, never spilled); a `$push`/`$addToSet`
+//!   read's lower limit; spilled by [`Exec`] with `allowDiskUse`
+//!   (`group_spill.rs`), else 292); a `$push`/`$addToSet`
 //!   array by the 16 MiB document size (error 10334); a `$sort` run by
 //!   [`Exec`] by the read's memory limit (spilled, or 292); a `$lookup`'s
 //!   matches (4568), `$facet`'s outputs (4031700), `$graphLookup`'s visited
@@ -109,6 +110,7 @@ mod fill;
 mod foreign;
 pub mod geonear;
 mod group;
+mod group_spill;
 mod lookup;
 mod output;
 mod split;

@@ -221,7 +221,9 @@ impl CommutativePart {
             Cur::Raw(doc),
             rt,
             &mut |cur| match (&mut state.0, group) {
-                (StateInner::Groups(gs), Some(g)) => g.accumulate(gs, cur.root()),
+                (StateInner::Groups(gs), Some(g)) => g
+                    .feed(gs, cur.root())
+                    .and_then(|()| g.check_memory_no_disk(gs.bytes())),
                 (StateInner::Docs(out), None) => {
                     out.push(cur.into_document()?);
                     Ok(())

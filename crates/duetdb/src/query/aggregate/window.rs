@@ -16,8 +16,11 @@
 //! in input order; an accumulator's window `[lo, hi]` is clipped to the
 //! partition and an empty window answers what the accumulator answers for
 //! no input (0, null, `[]`); `range` windows need a single numeric (or, with
-//! `unit`, date) `sortBy` field; the stage holds its input under the read's
-//! memory limit (292), it does not spill. Cost: a window starting at
+//! `unit`, date) `sortBy` field; the stage sorts its input through the sorter
+//! by (partition, sortBy) ([`WindowRun`]: spilled with `allowDiskUse`, else
+//! 292) and holds one partition at a time, under the read's memory limit
+//! (292: a partition is computed in memory); each partition's output is what
+//! [`Window::run`] gives for it. Cost: a window starting at
 //! "unbounded" is accumulated incrementally; other windows are
 //! recomputed per document (O(n·w)).
 
@@ -32,6 +35,7 @@ use crate::query::aggregate::lookup::set_nested;
 use crate::query::aggregate::{ParseCtx, Runtime};
 use crate::query::expr::{compare, num_of, parse_field_path, type_name, Expr, Root, Value};
 use crate::query::sort::{SortKey, SortSpec};
+use crate::query::sorter::Sorter;
 
 fn failed(msg: impl Into<String>) -> Error {
     coded!(9, msg)
@@ -41,6 +45,9 @@ fn failed(msg: impl Into<String>) -> Error {
 pub(super) struct Window {
     partition_by: Option<Expr>,
     sort_by: Option<SortSpec>,
+    /// The input's order as a sort of `{p: [<partition>], d: <document>}`
+    /// (see [`Window::start`]); `None` when `sortBy` cannot be rewritten so.
+    spill_sort: Option<SortSpec>,
     outputs: Vec<Output>,
 }
 
@@ -161,12 +168,23 @@ impl Window {
         };
         let mut partition_by = None;
         let mut sort_by = None;
+        // `p` holds the partition wrapped in a one-element array: a sort on
+        // it compares the whole value as `compare` does; `d.<path>` reads
+        // the document's sortBy fields as `sortBy` does.
+        let mut spill_sort = Some(bson::doc! {"p": 1});
         let mut output = None;
         for (k, v) in spec {
             match k.as_str() {
                 "partitionBy" => partition_by = Some(ctx.expr(v)?),
                 "sortBy" => match v {
-                    Bson::Document(d) if !d.is_empty() => sort_by = Some(SortSpec::parse(d)?),
+                    Bson::Document(d) if !d.is_empty() => {
+                        sort_by = Some(SortSpec::parse(d)?);
+                        if let Some(spec) = &mut spill_sort {
+                            for (path, dir) in d {
+                                spec.insert(format!("d.{path}"), dir.clone());
+                            }
+                        }
+                    }
                     other => {
                         return Err(coded!(
                             14,
@@ -212,6 +230,7 @@ impl Window {
         Ok(Window {
             partition_by,
             sort_by,
+            spill_sort: spill_sort.and_then(|d| SortSpec::parse(&d).ok()),
             outputs,
         })
     }
@@ -271,6 +290,32 @@ impl Window {
             start = end;
         }
         Ok(out)
+    }
+
+    /// The partition of one document (missing is null).
+    fn partition_of(&self, d: &Document) -> Result<Bson> {
+        Ok(match &self.partition_by {
+            Some(e) => e.eval(&Root::Doc(d))?.unwrap_or(Bson::Null),
+            None => Bson::Null,
+        })
+    }
+
+    /// Can its input be sorted through the sorter ([`Window::start`])?
+    pub(super) fn can_spill(&self) -> bool {
+        self.spill_sort.is_some()
+    }
+
+    /// A run whose input goes through a [`Sorter`] by (partition, sortBy):
+    /// it spills past the read's memory limit when disk use is allowed, and
+    /// then holds one partition at a time (a partition over the limit is
+    /// 292). `None` when the sort cannot be rewritten (the stage then holds
+    /// its whole input).
+    pub(super) fn start(&self, rt: &Runtime<'_>) -> Option<WindowRun<'_>> {
+        let spec = self.spill_sort.clone()?;
+        Some(WindowRun {
+            stage: self,
+            sorter: Sorter::new(spec, &rt.limits, rt.spill_dir.clone(), None),
+        })
     }
 
     /// One output's value for every document of a partition.
@@ -832,4 +877,203 @@ fn pair(what: &str, v: &Bson, integral: bool) -> Result<(Bound, Bound)> {
         }
     }
     Ok((lo, hi))
+}
+
+/// A `$setWindowFields` being fed: its input sorted by (partition, sortBy)
+/// through a [`Sorter`], computed one partition at a time.
+pub(super) struct WindowRun<'p> {
+    stage: &'p Window,
+    sorter: Sorter,
+}
+
+impl WindowRun<'_> {
+    /// Feed one document.
+    pub(super) fn push(&mut self, doc: Document) -> Result<()> {
+        let part = self.stage.partition_of(&doc)?;
+        let wrapped = bson::doc! {"p": [part], "d": doc};
+        let raw = bson::RawDocumentBuf::try_from(&wrapped)
+            .map_err(|e| Error::InvalidBson(e.to_string()))?;
+        self.sorter.push(std::sync::Arc::new(raw))
+    }
+
+    /// Compute every partition in order, handing each output document to
+    /// `emit` (`true`: stop).
+    pub(super) fn finish(
+        self,
+        rt: &Runtime<'_>,
+        emit: &mut dyn FnMut(Document) -> Result<bool>,
+    ) -> Result<()> {
+        let limit = rt.limits.memory_limit_bytes;
+        let mut part: Option<Bson> = None;
+        let mut held: Vec<Document> = Vec::new();
+        let mut bytes = 0usize;
+        let mut flush = |held: &mut Vec<Document>| -> Result<bool> {
+            for d in self.stage.run(std::mem::take(held), rt)? {
+                if emit(d)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        for d in self.sorter.finish()? {
+            let mut d = crate::doc::to_document(&d?)?;
+            let (Some(Bson::Array(mut p)), Some(Bson::Document(doc))) =
+                (d.remove("p"), d.remove("d"))
+            else {
+                return Err(Error::Internal(
+                    "$setWindowFields: a sorted document is damaged".into(),
+                ));
+            };
+            let p = p.pop().unwrap_or(Bson::Null);
+            if part
+                .as_ref()
+                .is_some_and(|q| compare(q, &p) != Ordering::Equal)
+            {
+                if flush(&mut held)? {
+                    return Ok(());
+                }
+                bytes = 0;
+            }
+            part = Some(p);
+            bytes += crate::doc::size::document_len(&doc);
+            if bytes > limit {
+                return Err(Error::ExceededMemoryLimit(format!(
+                    "$setWindowFields exceeded the memory limit of {limit} bytes in one partition; its input spills to disk, but a partition is computed in memory"
+                )));
+            }
+            held.push(doc);
+        }
+        if !held.is_empty() {
+            flush(&mut held)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, Bson, Document};
+    use proptest::prelude::*;
+
+    use crate::query::aggregate::exec::Exec;
+    use crate::query::aggregate::{Pipeline, Runtime};
+    use crate::query::limits::ReadLimits;
+    use crate::query::spill::spill_stats;
+
+    fn streamed(
+        pipeline: &[Document],
+        docs: &[Document],
+        memory_limit_bytes: usize,
+        allow_disk_use: bool,
+    ) -> crate::error::Result<Vec<Document>> {
+        let p = Pipeline::parse(pipeline)?;
+        let mut rt = Runtime::standalone();
+        rt.limits = ReadLimits {
+            memory_limit_bytes,
+            allow_disk_use,
+            ..ReadLimits::default()
+        };
+        let mut exec = Exec::new(&p.stages, None, &[], &rt);
+        for d in docs {
+            if exec.push_document(d.clone())?.is_break() {
+                break;
+            }
+        }
+        exec.finish()
+    }
+
+    fn reference(pipeline: &[Document], docs: &[Document]) -> Vec<Document> {
+        Pipeline::parse(pipeline)
+            .expect("parse")
+            .run_on(docs.to_vec())
+            .expect("reference")
+    }
+
+    /// Partitions of several types (arrays compared whole, missing = null),
+    /// sort fields with ties.
+    fn input(xs: &[(u32, u32)]) -> Vec<Document> {
+        xs.iter()
+            .enumerate()
+            .map(|(i, (p, s))| {
+                let mut d = doc! {"i": i as i32, "s": (*s % 10) as i32, "t": (*s % 3) as i32, "pad": "w".repeat(40)};
+                let part = match p % 5 {
+                    0 | 1 | 4 => Some(Bson::Int32((p % 40) as i32)),
+                    2 => Some(Bson::String(format!("p{}", p % 7))),
+                    _ if p % 2 == 0 => Some(Bson::Array(vec![Bson::Int32((p % 3) as i32)])),
+                    _ => None,
+                };
+                if let Some(part) = part {
+                    d.insert("g", part);
+                }
+                d
+            })
+            .collect()
+    }
+
+    /// Two window stages: a two-field sort (document windows, `$shift`), then
+    /// a one-field sort (`$rank`, a range window).
+    fn pipeline() -> Vec<Document> {
+        vec![
+            doc! {"$setWindowFields": {
+                "partitionBy": "$g",
+                "sortBy": {"s": 1, "t": -1},
+                "output": {
+                    "sum": {"$sum": "$i", "window": {"documents": [-1, 1]}},
+                    "run": {"$sum": "$i", "window": {"documents": ["unbounded", "current"]}},
+                    "firsts": {"$push": "$i", "window": {"documents": [-2, 0]}},
+                    "n": {"$documentNumber": {}},
+                    "prev": {"$shift": {"output": "$i", "by": -1, "default": -1}},
+                },
+            }},
+            doc! {"$setWindowFields": {
+                "partitionBy": "$g",
+                "sortBy": {"s": -1},
+                "output": {
+                    "rank": {"$rank": {}},
+                    "near": {"$count": {}, "window": {"range": [-2, 0]}},
+                },
+            }},
+        ]
+    }
+
+    #[test]
+    fn a_spilled_window_stage_computes_the_in_memory_answer() {
+        let xs: Vec<(u32, u32)> = (0..2500u32)
+            .map(|i| ((i * 7919) % 211, (i * 31) % 97))
+            .collect();
+        let docs = input(&xs);
+        let want = reference(&pipeline(), &docs);
+        let before = spill_stats().runs;
+        let got = streamed(&pipeline(), &docs, 64 * 1024, true).expect("spilled");
+        assert!(spill_stats().runs > before, "no spill");
+        assert_eq!(got, want);
+        // Without disk use: 292, as before.
+        let e = streamed(&pipeline(), &docs, 64 * 1024, false).expect_err("over the limit");
+        assert_eq!(e.code(), 292);
+        // One partition bigger than the limit: 292 even with disk use.
+        let one = [
+            doc! {"$setWindowFields": {"sortBy": {"s": 1}, "output": {"n": {"$documentNumber": {}}}}},
+        ];
+        let e = streamed(&one, &docs, 64 * 1024, true).expect_err("partition over the limit");
+        assert_eq!(e.code(), 292);
+        assert!(e.to_string().contains("one partition"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn any_limit_gives_the_in_memory_windows(
+            xs in proptest::collection::vec((0u32..50, 0u32..30), 0..300),
+            limit in 8 * 1024usize..32 * 1024,
+        ) {
+            let docs = input(&xs);
+            let p = pipeline();
+            let want = reference(&p, &docs);
+            match streamed(&p, &docs, limit, true) {
+                Ok(got) => prop_assert_eq!(got, want),
+                // A partition of many small documents may pass a small limit.
+                Err(e) => prop_assert_eq!(e.code(), 292),
+            }
+        }
+    }
 }
