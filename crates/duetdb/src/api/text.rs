@@ -6,7 +6,9 @@
 //!
 //! Reads one published state (a copy-on-write root: consistent, whatever
 //! writes run meanwhile). MongoDB's rules: `$text` at the top level of the
-//! filter only, exactly one text index (else 27 IndexNotFound).
+//! filter only, exactly one text index (else 27 IndexNotFound). A compound
+//! text index is read only under equalities on all its prefix fields (else
+//! 291 NoQueryExecutionPlans): per term, one key range per prefix value.
 
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -17,7 +19,7 @@ use bson::{Bson, Document};
 use crate::api::Collection;
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
-use crate::query::text::{split, TextQuery};
+use crate::query::text::{equality_on, split, TextQuery};
 use crate::query::{Filter, Projection, SortSpec};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
@@ -47,10 +49,50 @@ fn is_score_meta(v: &Bson) -> Result<bool> {
     }
 }
 
-/// Matching `(record, document, score)` of a `$text` filter on `coll`.
+/// The error MongoDB's planner gives for a `$text` query that cannot use the
+/// text index (a compound one without equalities on all its prefix fields).
+fn no_text_plan() -> Error {
+    Error::Coded {
+        code: 291,
+        name: "NoQueryExecutionPlans",
+        msg: "error processing query: planner returned error :: caused by :: failed to use text index to satisfy $text query (if text index is compound, are equality predicates given for all prefix fields?)".into(),
+    }
+}
+
+/// The key prefixes to read for each query term: one per combination of
+/// the prefix fields' equality values (a `null` equality also reads
+/// `undefined`, which it matches too). Empty prefix: one empty prefix.
+fn prefixes(fields: &[(String, bool)], rest_doc: &Document) -> Result<Vec<Vec<KeyPart>>> {
+    let mut out: Vec<Vec<KeyPart>> = vec![Vec::new()];
+    for (path, _) in fields {
+        let v = equality_on(rest_doc, path).ok_or_else(no_text_plan)?;
+        let raw = bson::RawBson::try_from(v)
+            .map_err(|e| Error::BadValue(format!("equality on '{path}': {e}")))?;
+        let mut vals = vec![raw];
+        if matches!(vals[0], bson::RawBson::Null) {
+            vals.push(bson::RawBson::Undefined);
+        }
+        out = out
+            .into_iter()
+            .flat_map(|p| {
+                vals.iter().map(move |v| {
+                    let mut p = p.clone();
+                    p.push(KeyPart::Val(v.clone()));
+                    p
+                })
+            })
+            .collect();
+    }
+    Ok(out)
+}
+
+/// Matching `(record, document, score)` of a `$text` filter on `coll`;
+/// `rest_doc` is the filter without `$text` (`rest` parsed), where a
+/// compound text index finds the equalities on its prefix fields.
 fn matches(
     coll: &CollectionState,
     query: &TextQuery,
+    rest_doc: &Document,
     rest: &Filter,
 ) -> Result<Vec<(RecordId, DocRef, f64)>> {
     let index = coll
@@ -61,16 +103,25 @@ fn matches(
     let IndexKind::Text(spec) = &index.spec.kind else {
         return Err(Error::Internal("text index without a text spec".into()));
     };
+    let term_pos = index
+        .spec
+        .text_term_pos()
+        .ok_or_else(|| Error::Internal("text index without its term field".into()))?;
+    let prefixes = prefixes(&index.spec.fields[..term_pos], rest_doc)?;
     let mut rids = BTreeSet::new();
     for term in query.terms(spec)? {
-        let key = index.spec.bound_key(
-            vec![KeyPart::Val(bson::RawBson::String(term))],
-            KeyPart::Low,
-        );
-        let lo = (key.clone(), RecordId::MIN);
-        let hi = (key, RecordId::MAX);
-        for ((_, rid), _) in index.tree.range(Bound::Included(&lo), Bound::Included(&hi)) {
-            rids.insert(*rid);
+        for prefix in &prefixes {
+            let mut parts = prefix.clone();
+            parts.push(KeyPart::Val(bson::RawBson::String(term.clone())));
+            // Every suffix value lies between the Low and High fills.
+            let lo = (
+                index.spec.bound_key(parts.clone(), KeyPart::Low),
+                RecordId::MIN,
+            );
+            let hi = (index.spec.bound_key(parts, KeyPart::High), RecordId::MAX);
+            for ((_, rid), _) in index.tree.range(Bound::Included(&lo), Bound::Included(&hi)) {
+                rids.insert(*rid);
+            }
         }
     }
     let mut out = Vec::new();
@@ -93,7 +144,8 @@ impl Collection {
     pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
         let (query, rest) = split(filter)?
             .ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
-        let rest = Filter::parse(&rest)?;
+        let rest_doc = rest;
+        let rest = Filter::parse(&rest_doc)?;
         // Projection: `$meta` fields added after the rest is applied.
         let mut score_fields = Vec::new();
         let mut plain = Document::new();
@@ -126,7 +178,7 @@ impl Collection {
         let Some(coll) = state.state().collection(&self.name) else {
             return Ok(Vec::new());
         };
-        let mut found = matches(coll, &query, &rest)?;
+        let mut found = matches(coll, &query, &rest_doc, &rest)?;
         if !order.is_empty() {
             let keyed: Vec<_> = found
                 .drain(..)
@@ -196,10 +248,11 @@ impl Collection {
     pub fn text_count(&self, filter: &Document) -> Result<u64> {
         let (query, rest) = split(filter)?
             .ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
-        let rest = Filter::parse(&rest)?;
+        let rest_doc = rest;
+        let rest = Filter::parse(&rest_doc)?;
         let state = self.db.snapshot();
         match state.state().collection(&self.name) {
-            Some(coll) => Ok(matches(coll, &query, &rest)?.len() as u64),
+            Some(coll) => Ok(matches(coll, &query, &rest_doc, &rest)?.len() as u64),
             None => Ok(0),
         }
     }
