@@ -640,3 +640,129 @@ proptest! {
         }
     }
 }
+
+/// Compound text indexes (MongoDB's rules): prefix keys need equalities
+/// in the query (else 291), prefix and suffix fields may not hold arrays
+/// (171), entries follow updates of the prefix field, listIndexes shows the
+/// `_fts`/`_ftsx` form, and the index comes back after a reopen.
+#[test]
+fn compound_text_indexes_read_one_prefix() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let find = |c: &Collection, f: Document| -> Vec<i32> {
+        let mut v: Vec<i32> = c
+            .text_find(&f, TextFindOptions::default())
+            .expect("text find")
+            .iter()
+            .map(|d| d.get_i32("_id").expect("_id"))
+            .collect();
+        v.sort();
+        v
+    };
+    {
+        let db = Database::open(dir.path()).expect("open");
+        let c = db.collection("posts");
+        c.insert_many(
+            vec![
+                doc! {"_id": 1, "dept": "a", "body": "coffee beans", "year": 2020},
+                doc! {"_id": 2, "dept": "b", "body": "coffee cups", "year": 2021},
+                doc! {"_id": 3, "dept": "a", "body": "tea leaves", "year": 2022},
+                doc! {"_id": 4, "body": "coffee without a dept"},
+            ],
+            true,
+        )
+        .expect("insert");
+        c.create_index_spec(&doc! {"key": {"dept": 1, "body": "text", "year": -1}})
+            .expect("compound text index");
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "a"}),
+            vec![1]
+        );
+        assert_eq!(
+            find(
+                &c,
+                doc! {"$text": {"$search": "coffee -cups"}, "dept": {"$eq": "b"}}
+            ),
+            Vec::<i32>::new()
+        );
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": null}),
+            vec![4]
+        );
+        assert_eq!(
+            find(
+                &c,
+                doc! {"$text": {"$search": "coffee"}, "$and": [{"dept": "b"}], "year": {"$gt": 2000}}
+            ),
+            vec![2]
+        );
+        for f in [
+            doc! {"$text": {"$search": "coffee"}},
+            doc! {"$text": {"$search": "coffee"}, "dept": {"$in": ["a", "b"]}},
+            doc! {"$text": {"$search": "coffee"}, "dept": {"$gt": "a"}},
+        ] {
+            let e = c
+                .text_find(&f, TextFindOptions::default())
+                .expect_err("no prefix equality");
+            assert_eq!(e.code(), 291, "{f}");
+        }
+        let e = c
+            .text_count(&doc! {"$text": {"$search": "coffee"}})
+            .expect_err("count");
+        assert_eq!(e.code(), 291);
+        // Arrays on the other keys are refused, text fields may be arrays.
+        for d in [
+            doc! {"_id": 9, "dept": ["a"], "body": "x"},
+            doc! {"_id": 9, "dept": "a", "body": "x", "year": [1, 2]},
+            doc! {"_id": 9, "dept": [], "year": 1},
+        ] {
+            assert_eq!(c.insert_one(d).expect_err("array").code(), 171);
+        }
+        c.insert_one(doc! {"_id": 5, "dept": "a", "body": ["coffee", "milk"]})
+            .expect("text array");
+        // Moving a document to another prefix moves its entries.
+        c.update_one(doc! {"_id": 2}, doc! {"$set": {"dept": "a"}})
+            .expect("move");
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "a"}),
+            vec![1, 2, 5]
+        );
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "b"}),
+            Vec::<i32>::new()
+        );
+        let scored = c
+            .text_find(
+                &doc! {"$text": {"$search": "coffee"}, "dept": "a"},
+                TextFindOptions {
+                    projection: Some(doc! {"s": {"$meta": "textScore"}}),
+                    sort: Some(doc! {"s": {"$meta": "textScore"}}),
+                    ..Default::default()
+                },
+            )
+            .expect("scored");
+        assert_eq!(scored.len(), 3);
+        assert!(scored[0].get_f64("s").expect("s") >= scored[2].get_f64("s").expect("s"));
+        c.check_invariants().expect("invariants");
+        assert_eq!(
+            c.list_indexes().expect("list")[1],
+            doc! {"v": 2, "key": {"dept": 1, "_fts": "text", "_ftsx": 1, "year": -1},
+            "name": "dept_1_body_text_year_-1", "weights": {"body": 1},
+            "default_language": "english", "language_override": "language",
+            "textIndexVersion": 3}
+        );
+    }
+    // Recovered from the WAL, then from a checkpoint.
+    for round in 0..2 {
+        let db = Database::open(dir.path()).expect("reopen");
+        let c = db.collection("posts");
+        c.check_invariants().expect("invariants");
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "a"}),
+            vec![1, 2, 5],
+            "round {round}"
+        );
+        if round == 0 {
+            db.checkpoint().expect("checkpoint");
+        }
+    }
+}

@@ -274,7 +274,9 @@ fn text_spec(d: &Document, keys: &Document, name: Option<&str>) -> Result<IndexS
         }
     }
     if !in_text {
-        return Err(cannot("expected additional fields in text index key pattern"));
+        return Err(cannot(
+            "expected additional fields in text index key pattern",
+        ));
     }
     if prefix.len() + suffix.len() + 1 > crate::store::index::MAX_INDEX_FIELDS {
         return Err(cannot(format!(

@@ -825,9 +825,7 @@ impl IndexSpec {
                 });
             }
             extra.push(Some(
-                reached
-                    .first()
-                    .map_or(RawBson::Null, |v| RawBson::from(*v)),
+                reached.first().map_or(RawBson::Null, |v| RawBson::from(*v)),
             ));
         }
         let desc = self.desc_mask();
