@@ -766,3 +766,101 @@ fn compound_text_indexes_read_one_prefix() {
         }
     }
 }
+
+/// A compound text index under concurrent updates: a writer moves documents
+/// between the prefix values `dept: "a"`/`"b"` (sometimes alone, sometimes
+/// with a new text, sometimes only the text) while a reader runs `$text`
+/// with `dept: "a"` on held snapshots and compares each answer with a
+/// collection scan of the same snapshot: a stale or missing entry (a move
+/// the index did not follow) shows as a difference.
+#[test]
+fn compound_text_index_follows_prefix_moves_under_concurrent_updates() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const DOCS: i32 = 24;
+    const WORDS: [&str; 4] = ["coffee", "tea", "milk", "beans"];
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = Database::open(dir.path()).expect("open");
+    let c = db.collection("posts");
+    let body = |rng: &mut rand::rngs::StdRng| -> String {
+        (0..3)
+            .map(|_| WORDS[rng.gen_range(0..WORDS.len())])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(18);
+    c.insert_many(
+        (0..DOCS)
+            .map(|i| doc! {"_id": i, "dept": if i % 2 == 0 { "a" } else { "b" }, "body": body(&mut rng)})
+            .collect::<Vec<_>>(),
+        true,
+    )
+    .expect("insert");
+    c.create_index_spec(&doc! {"key": {"dept": 1, "body": "text"}})
+        .expect("compound text index");
+    let done = AtomicBool::new(false);
+    let (checks, nonempty) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let c = db.collection("posts");
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            for _ in 0..1500 {
+                let id = rng.gen_range(0..DOCS);
+                let dept = if rng.gen_bool(0.5) { "a" } else { "b" };
+                let update = match rng.gen_range(0..3) {
+                    0 => doc! {"$set": {"dept": dept}},
+                    1 => doc! {"$set": {"body": body(&mut rng)}},
+                    _ => doc! {"$set": {"dept": dept, "body": body(&mut rng)}},
+                };
+                c.update_one(doc! {"_id": id}, update).expect("update");
+            }
+            done.store(true, Ordering::Release);
+        });
+        let mut checks = 0u32;
+        let mut nonempty = 0u32;
+        // At least a few reads even if the writer finishes first.
+        while !done.load(Ordering::Acquire) || checks < 20 {
+            let snap = db.snapshot();
+            let sc = snap.collection("posts");
+            for term in ["coffee", "milk"] {
+                let filter = doc! {"$text": {"$search": term}, "dept": "a"};
+                let mut got: Vec<i32> = sc
+                    .text_find(&filter, TextFindOptions::default())
+                    .expect("text find")
+                    .iter()
+                    .map(|d| {
+                        assert_eq!(d.get_str("dept").ok(), Some("a"), "{d}");
+                        d.get_i32("_id").expect("_id")
+                    })
+                    .collect();
+                got.sort();
+                let mut want: Vec<i32> = sc
+                    .find(doc! {"dept": "a"})
+                    .hint(doc! {"$natural": 1})
+                    .run()
+                    .expect("scan")
+                    .iter()
+                    .filter(|d| {
+                        d.get_str("body")
+                            .is_ok_and(|b| b.split(' ').any(|w| w == term))
+                    })
+                    .map(|d| d.get_i32("_id").expect("_id"))
+                    .collect();
+                want.sort();
+                assert_eq!(got, want, "csn {} term {term}", snap.csn());
+                assert_eq!(
+                    sc.text_count(&filter).expect("count"),
+                    want.len() as u64,
+                    "csn {}",
+                    snap.csn()
+                );
+                checks += 1;
+                nonempty += u32::from(!want.is_empty());
+            }
+        }
+        writer.join().expect("writer");
+        (checks, nonempty)
+    });
+    assert!(checks >= 20 && nonempty > 0, "{checks} {nonempty}");
+    c.check_invariants().expect("invariants");
+}

@@ -1,4 +1,5 @@
-//! Running `$text` finds and counts on a live collection: the text index
+//! Running `$text` finds and counts on a live collection or a held
+//! snapshot's: the text index
 //! gives the candidates (the union of its entries for the query's terms),
 //! each candidate is checked against the whole query (`query::text`) and
 //! the rest of the filter, and scored; `{$meta: "textScore"}` may be
@@ -16,7 +17,7 @@ use std::ops::Bound;
 
 use bson::{Bson, Document};
 
-use crate::api::Collection;
+use crate::api::{Collection, SnapshotCollection};
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
 use crate::query::text::{equality_on, split, TextQuery};
@@ -24,6 +25,7 @@ use crate::query::{Filter, Projection, SortSpec};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
 use crate::store::index::{IndexKind, KeyPart};
+use crate::store::DbState;
 
 /// Options of a `$text` find.
 #[derive(Debug, Clone, Default)]
@@ -139,96 +141,120 @@ fn matches(
     Ok(out)
 }
 
-impl Collection {
-    /// A find whose filter has a top-level `$text` (see the module doc).
-    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
-        let (query, rest) = split(filter)?
-            .ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
-        let rest_doc = rest;
-        let rest = Filter::parse(&rest_doc)?;
-        // Projection: `$meta` fields added after the rest is applied.
-        let mut score_fields = Vec::new();
-        let mut plain = Document::new();
-        for (k, v) in options.projection.iter().flatten() {
-            if is_score_meta(v)? {
-                score_fields.push(k.clone());
-            } else {
-                plain.insert(k.clone(), v.clone());
-            }
+/// A find whose filter has a top-level `$text` on collection `name` of
+/// `state` (see the module doc).
+fn find_in(
+    state: &DbState,
+    name: &str,
+    filter: &Document,
+    options: TextFindOptions,
+) -> Result<Vec<Document>> {
+    let (query, rest) =
+        split(filter)?.ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
+    let rest_doc = rest;
+    let rest = Filter::parse(&rest_doc)?;
+    // Projection: `$meta` fields added after the rest is applied.
+    let mut score_fields = Vec::new();
+    let mut plain = Document::new();
+    for (k, v) in options.projection.iter().flatten() {
+        if is_score_meta(v)? {
+            score_fields.push(k.clone());
+        } else {
+            plain.insert(k.clone(), v.clone());
         }
-        let projection = (!plain.is_empty())
-            .then(|| Projection::parse(&plain))
-            .transpose()?;
-        // Sort: components in order, each by score or by a field.
-        enum By {
-            Score,
-            Field(SortSpec),
+    }
+    let projection = (!plain.is_empty())
+        .then(|| Projection::parse(&plain))
+        .transpose()?;
+    // Sort: components in order, each by score or by a field.
+    enum By {
+        Score,
+        Field(SortSpec),
+    }
+    let mut order = Vec::new();
+    for (k, v) in options.sort.iter().flatten() {
+        if is_score_meta(v)? {
+            order.push(By::Score);
+        } else {
+            let mut one = Document::new();
+            one.insert(k.clone(), v.clone());
+            order.push(By::Field(SortSpec::parse(&one)?));
         }
-        let mut order = Vec::new();
-        for (k, v) in options.sort.iter().flatten() {
-            if is_score_meta(v)? {
-                order.push(By::Score);
-            } else {
-                let mut one = Document::new();
-                one.insert(k.clone(), v.clone());
-                order.push(By::Field(SortSpec::parse(&one)?));
-            }
-        }
-        let state = self.db.snapshot();
-        let Some(coll) = state.state().collection(&self.name) else {
-            return Ok(Vec::new());
-        };
-        let mut found = matches(coll, &query, &rest_doc, &rest)?;
-        if !order.is_empty() {
-            let keyed: Vec<_> = found
-                .drain(..)
-                .map(|(rid, d, s)| {
-                    let keys: Vec<_> = order
-                        .iter()
-                        .map(|b| match b {
-                            By::Score => None,
-                            By::Field(spec) => Some(spec.sort_key(&d)),
-                        })
-                        .collect();
-                    (keys, rid, d, s)
-                })
-                .collect();
-            let mut keyed = keyed;
-            keyed.sort_by(|(ka, ra, _, sa), (kb, rb, _, sb)| {
-                for (i, b) in order.iter().enumerate() {
-                    let o = match (b, &ka[i], &kb[i]) {
-                        (By::Score, _, _) => sb.partial_cmp(sa).unwrap_or(Ordering::Equal),
-                        (By::Field(spec), Some(x), Some(y)) => spec.compare_keys(x, y),
-                        _ => Ordering::Equal,
-                    };
-                    if o != Ordering::Equal {
-                        return o;
-                    }
-                }
-                ra.cmp(rb)
-            });
-            found = keyed.into_iter().map(|(_, r, d, s)| (r, d, s)).collect();
-        }
-        let skip = usize::try_from(options.skip).unwrap_or(usize::MAX);
-        let limit = match options.limit {
-            0 => usize::MAX,
-            n => usize::try_from(n).unwrap_or(usize::MAX),
-        };
-        found
-            .into_iter()
-            .skip(skip)
-            .take(limit)
-            .map(|(_, d, score)| {
-                let mut out = match &projection {
-                    Some(p) => p.apply(&d)?,
-                    None => crate::doc::to_document(&d)?,
-                };
-                for f in &score_fields {
-                    out.insert(f.clone(), score);
-                }
-                Ok(out)
+    }
+    let Some(coll) = state.collection(name) else {
+        return Ok(Vec::new());
+    };
+    let mut found = matches(coll, &query, &rest_doc, &rest)?;
+    if !order.is_empty() {
+        let keyed: Vec<_> = found
+            .drain(..)
+            .map(|(rid, d, s)| {
+                let keys: Vec<_> = order
+                    .iter()
+                    .map(|b| match b {
+                        By::Score => None,
+                        By::Field(spec) => Some(spec.sort_key(&d)),
+                    })
+                    .collect();
+                (keys, rid, d, s)
             })
-            .collect()
+            .collect();
+        let mut keyed = keyed;
+        keyed.sort_by(|(ka, ra, _, sa), (kb, rb, _, sb)| {
+            for (i, b) in order.iter().enumerate() {
+                let o = match (b, &ka[i], &kb[i]) {
+                    (By::Score, _, _) => sb.partial_cmp(sa).unwrap_or(Ordering::Equal),
+                    (By::Field(spec), Some(x), Some(y)) => spec.compare_keys(x, y),
+                    _ => Ordering::Equal,
+                };
+                if o != Ordering::Equal {
+                    return o;
+                }
+            }
+            ra.cmp(rb)
+        });
+        found = keyed.into_iter().map(|(_, r, d, s)| (r, d, s)).collect();
+    }
+    let skip = usize::try_from(options.skip).unwrap_or(usize::MAX);
+    let limit = match options.limit {
+        0 => usize::MAX,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    found
+        .into_iter()
+        .skip(skip)
+        .take(limit)
+        .map(|(_, d, score)| {
+            let mut out = match &projection {
+                Some(p) => p.apply(&d)?,
+                None => crate::doc::to_document(&d)?,
+            };
+            for f in &score_fields {
+                out.insert(f.clone(), score);
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
+/// How many documents a filter with a top-level `$text` matches in
+/// collection `name` of `state`.
+fn count_in(state: &DbState, name: &str, filter: &Document) -> Result<u64> {
+    let (query, rest) =
+        split(filter)?.ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
+    let rest_doc = rest;
+    let rest = Filter::parse(&rest_doc)?;
+    match state.collection(name) {
+        Some(coll) => Ok(matches(coll, &query, &rest_doc, &rest)?.len() as u64),
+        None => Ok(0),
+    }
+}
+
+impl Collection {
+    /// A find whose filter has a top-level `$text` (see the module doc), on
+    /// the latest published state.
+    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
+        find_in(self.db.snapshot().state(), &self.name, filter, options)
     }
 
     /// A pipeline whose first stage is `{$match: {$text: …}}`: the text
@@ -246,14 +272,18 @@ impl Collection {
 
     /// How many documents a filter with a top-level `$text` matches.
     pub fn text_count(&self, filter: &Document) -> Result<u64> {
-        let (query, rest) = split(filter)?
-            .ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
-        let rest_doc = rest;
-        let rest = Filter::parse(&rest_doc)?;
-        let state = self.db.snapshot();
-        match state.state().collection(&self.name) {
-            Some(coll) => Ok(matches(coll, &query, &rest_doc, &rest)?.len() as u64),
-            None => Ok(0),
-        }
+        count_in(self.db.snapshot().state(), &self.name, filter)
+    }
+}
+
+impl SnapshotCollection {
+    /// [`Collection::text_find`] as of this snapshot.
+    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
+        find_in(self.state(), self.name(), filter, options)
+    }
+
+    /// [`Collection::text_count`] as of this snapshot.
+    pub fn text_count(&self, filter: &Document) -> Result<u64> {
+        count_in(self.state(), self.name(), filter)
     }
 }
