@@ -196,3 +196,79 @@ def test_text_index_and_text_search(db):
     with pytest.raises(OperationFailure) as e:
         list(db.plain.find({"$text": {"$search": "coffee"}}))
     assert e.value.code == 27
+
+
+def test_compound_text_indexes(db):
+    from pymongo import DESCENDING, TEXT
+    from pymongo.errors import WriteError
+    db.p.insert_many([
+        {"_id": 1, "dept": "a", "body": "coffee beans", "year": 2020},
+        {"_id": 2, "dept": "b", "body": "coffee cups", "year": 2021},
+        {"_id": 3, "dept": "a", "body": "tea leaves", "year": 2022},
+        {"_id": 4, "dept": "a", "body": "coffee coffee coffee", "year": 2023},
+    ])
+    name = db.p.create_index([("dept", ASCENDING), ("body", TEXT), ("year", DESCENDING)])
+    assert name == "dept_1_body_text_year_-1"
+    info = [i for i in db.p.list_indexes() if i["name"] == name][0]
+    assert info["key"] == {"dept": 1, "_fts": "text", "_ftsx": 1, "year": -1}
+    assert list(info["key"]) == ["dept", "_fts", "_ftsx", "year"]
+    assert info["weights"] == {"body": 1}
+    assert info["default_language"] == "english"
+    # Only one text index per collection, compound or not.
+    with pytest.raises(OperationFailure) as e:
+        db.p.create_index([("other", TEXT)])
+    assert e.value.code == 85
+    # Under an equality on the prefix field only that dept is read.
+    cur = db.p.find({"dept": "a", "$text": {"$search": "coffee"}},
+                    {"score": {"$meta": "textScore"}}).sort([("score", {"$meta": "textScore"})])
+    found = list(cur)
+    assert [d["_id"] for d in found] == [4, 1]
+    assert all(d["dept"] == "a" for d in found)
+    assert found[0]["score"] > found[1]["score"] > 0
+    assert db.p.count_documents({"dept": "b", "$text": {"$search": "coffee"}}) == 1
+    assert db.p.count_documents({"dept": "c", "$text": {"$search": "coffee"}}) == 0
+    # Without equalities on every prefix field MongoDB's planner refuses.
+    for flt in [{"$text": {"$search": "coffee"}},
+                {"dept": {"$in": ["a", "b"]}, "$text": {"$search": "coffee"}}]:
+        with pytest.raises(OperationFailure) as e:
+            list(db.p.find(flt))
+        assert e.value.code == 291
+        assert "are equality predicates given for all prefix fields" in str(e.value)
+    with pytest.raises(OperationFailure) as e:
+        db.p.count_documents({"$text": {"$search": "coffee"}})
+    assert e.value.code == 291
+    # Arrays in a prefix or suffix field cannot be indexed.
+    for d in [{"_id": 9, "dept": ["a", "b"], "body": "x"},
+              {"_id": 9, "dept": "a", "body": "x", "year": [1, 2]}]:
+        with pytest.raises(WriteError) as e:
+            db.p.insert_one(d)
+        assert e.value.code == 171
+        assert "of text index contains an array" in str(e.value)
+    with pytest.raises(WriteError) as e:
+        db.p.update_one({"_id": 1}, {"$set": {"dept": ["a"]}})
+    assert e.value.code == 171
+    # A move to another prefix value moves the document's entries.
+    db.p.update_one({"_id": 2}, {"$set": {"dept": "a"}})
+    assert sorted(d["_id"] for d in db.p.find({"dept": "a", "$text": {"$search": "coffee"}})) \
+        == [1, 2, 4]
+    assert list(db.p.find({"dept": "b", "$text": {"$search": "coffee"}})) == []
+
+
+def test_compound_wildcard_text_index(db):
+    from pymongo import TEXT
+    db.w.insert_many([
+        {"_id": 1, "dept": "a", "title": "coffee", "notes": {"x": "milk"}},
+        {"_id": 2, "dept": "b", "body": "coffee and milk"},
+        {"_id": 3, "dept": "a", "tags": ["tea", "milk"]},
+    ])
+    name = db.w.create_index([("dept", ASCENDING), ("$**", TEXT)])
+    assert name == "dept_1_$**_text"
+    info = [i for i in db.w.list_indexes() if i["name"] == name][0]
+    assert info["key"] == {"dept": 1, "_fts": "text", "_ftsx": 1}
+    assert info["weights"] == {"$**": 1}
+    assert sorted(d["_id"] for d in db.w.find({"dept": "a", "$text": {"$search": "milk"}})) \
+        == [1, 3]
+    assert [d["_id"] for d in db.w.find({"dept": "b", "$text": {"$search": "milk"}})] == [2]
+    with pytest.raises(OperationFailure) as e:
+        list(db.w.find({"$text": {"$search": "milk"}}))
+    assert e.value.code == 291

@@ -640,3 +640,236 @@ proptest! {
         }
     }
 }
+
+/// Compound text indexes (MongoDB's rules): prefix keys need equalities
+/// in the query (else 291), prefix and suffix fields may not hold arrays
+/// (171), entries follow updates of the prefix field, listIndexes shows the
+/// `_fts`/`_ftsx` form, and the index comes back after a reopen.
+#[test]
+fn compound_text_indexes_read_one_prefix() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let find = |c: &Collection, f: Document| -> Vec<i32> {
+        let mut v: Vec<i32> = c
+            .text_find(&f, TextFindOptions::default())
+            .expect("text find")
+            .iter()
+            .map(|d| d.get_i32("_id").expect("_id"))
+            .collect();
+        v.sort();
+        v
+    };
+    {
+        let db = Database::open(dir.path()).expect("open");
+        let c = db.collection("posts");
+        c.insert_many(
+            vec![
+                doc! {"_id": 1, "dept": "a", "body": "coffee beans", "year": 2020},
+                doc! {"_id": 2, "dept": "b", "body": "coffee cups", "year": 2021},
+                doc! {"_id": 3, "dept": "a", "body": "tea leaves", "year": 2022},
+                doc! {"_id": 4, "body": "coffee without a dept"},
+            ],
+            true,
+        )
+        .expect("insert");
+        c.create_index_spec(&doc! {"key": {"dept": 1, "body": "text", "year": -1}})
+            .expect("compound text index");
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "a"}),
+            vec![1]
+        );
+        assert_eq!(
+            find(
+                &c,
+                doc! {"$text": {"$search": "coffee -cups"}, "dept": {"$eq": "b"}}
+            ),
+            Vec::<i32>::new()
+        );
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": null}),
+            vec![4]
+        );
+        assert_eq!(
+            find(
+                &c,
+                doc! {"$text": {"$search": "coffee"}, "$and": [{"dept": "b"}], "year": {"$gt": 2000}}
+            ),
+            vec![2]
+        );
+        for f in [
+            doc! {"$text": {"$search": "coffee"}},
+            doc! {"$text": {"$search": "coffee"}, "dept": {"$in": ["a", "b"]}},
+            doc! {"$text": {"$search": "coffee"}, "dept": {"$gt": "a"}},
+        ] {
+            let e = c
+                .text_find(&f, TextFindOptions::default())
+                .expect_err("no prefix equality");
+            assert_eq!(e.code(), 291, "{f}");
+        }
+        let e = c
+            .text_count(&doc! {"$text": {"$search": "coffee"}})
+            .expect_err("count");
+        assert_eq!(e.code(), 291);
+        // Arrays on the other keys are refused, text fields may be arrays.
+        for d in [
+            doc! {"_id": 9, "dept": ["a"], "body": "x"},
+            doc! {"_id": 9, "dept": "a", "body": "x", "year": [1, 2]},
+            doc! {"_id": 9, "dept": [], "year": 1},
+        ] {
+            assert_eq!(c.insert_one(d).expect_err("array").code(), 171);
+        }
+        c.insert_one(doc! {"_id": 5, "dept": "a", "body": ["coffee", "milk"]})
+            .expect("text array");
+        // Moving a document to another prefix moves its entries.
+        c.update_one(doc! {"_id": 2}, doc! {"$set": {"dept": "a"}})
+            .expect("move");
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "a"}),
+            vec![1, 2, 5]
+        );
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "b"}),
+            Vec::<i32>::new()
+        );
+        let scored = c
+            .text_find(
+                &doc! {"$text": {"$search": "coffee"}, "dept": "a"},
+                TextFindOptions {
+                    projection: Some(doc! {"s": {"$meta": "textScore"}}),
+                    sort: Some(doc! {"s": {"$meta": "textScore"}}),
+                    ..Default::default()
+                },
+            )
+            .expect("scored");
+        assert_eq!(scored.len(), 3);
+        assert!(scored[0].get_f64("s").expect("s") >= scored[2].get_f64("s").expect("s"));
+        c.check_invariants().expect("invariants");
+        assert_eq!(
+            c.list_indexes().expect("list")[1],
+            doc! {"v": 2, "key": {"dept": 1, "_fts": "text", "_ftsx": 1, "year": -1},
+            "name": "dept_1_body_text_year_-1", "weights": {"body": 1},
+            "default_language": "english", "language_override": "language",
+            "textIndexVersion": 3}
+        );
+    }
+    // Recovered from the WAL, then from a checkpoint.
+    for round in 0..2 {
+        let db = Database::open(dir.path()).expect("reopen");
+        let c = db.collection("posts");
+        c.check_invariants().expect("invariants");
+        assert_eq!(
+            find(&c, doc! {"$text": {"$search": "coffee"}, "dept": "a"}),
+            vec![1, 2, 5],
+            "round {round}"
+        );
+        if round == 0 {
+            db.checkpoint().expect("checkpoint");
+        }
+    }
+}
+
+/// A compound text index under concurrent updates: a writer moves documents
+/// between the prefix values `dept: "a"`/`"b"` (sometimes alone, sometimes
+/// with a new text, sometimes only the text) while a reader runs `$text`
+/// with `dept: "a"` on held snapshots and compares each answer with a
+/// collection scan of the same snapshot: a stale or missing entry (a move
+/// the index did not follow) shows as a difference.
+#[test]
+fn compound_text_index_follows_prefix_moves_under_concurrent_updates() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const DOCS: i32 = 24;
+    const WORDS: [&str; 4] = ["coffee", "tea", "milk", "beans"];
+    // In memory: the index is the same, and a failing reader does not wait
+    // for 1,500 synced updates before its panic is reported.
+    let db = Database::in_memory();
+    let c = db.collection("posts");
+    let body = |rng: &mut rand::rngs::StdRng| -> String {
+        (0..3)
+            .map(|_| WORDS[rng.gen_range(0..WORDS.len())])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(18);
+    c.insert_many(
+        (0..DOCS)
+            .map(|i| doc! {"_id": i, "dept": if i % 2 == 0 { "a" } else { "b" }, "body": body(&mut rng)})
+            .collect::<Vec<_>>(),
+        true,
+    )
+    .expect("insert");
+    c.create_index_spec(&doc! {"key": {"dept": 1, "body": "text"}})
+        .expect("compound text index");
+    let done = AtomicBool::new(false);
+    let (checks, nonempty) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            // Set even when the writer panics (an update the broken index
+            // refuses), so the reader stops and the panic is reported.
+            struct Done<'a>(&'a AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _done = Done(&done);
+            let c = db.collection("posts");
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            for _ in 0..1500 {
+                let id = rng.gen_range(0..DOCS);
+                let dept = if rng.gen_bool(0.5) { "a" } else { "b" };
+                let update = match rng.gen_range(0..3) {
+                    0 => doc! {"$set": {"dept": dept}},
+                    1 => doc! {"$set": {"body": body(&mut rng)}},
+                    _ => doc! {"$set": {"dept": dept, "body": body(&mut rng)}},
+                };
+                c.update_one(doc! {"_id": id}, update).expect("update");
+            }
+        });
+        let mut checks = 0u32;
+        let mut nonempty = 0u32;
+        // At least a few reads even if the writer finishes first.
+        while !done.load(Ordering::Acquire) || checks < 20 {
+            let snap = db.snapshot();
+            let sc = snap.collection("posts");
+            for term in ["coffee", "milk"] {
+                let filter = doc! {"$text": {"$search": term}, "dept": "a"};
+                let mut got: Vec<i32> = sc
+                    .text_find(&filter, TextFindOptions::default())
+                    .expect("text find")
+                    .iter()
+                    .map(|d| {
+                        assert_eq!(d.get_str("dept").ok(), Some("a"), "{d}");
+                        d.get_i32("_id").expect("_id")
+                    })
+                    .collect();
+                got.sort();
+                let mut want: Vec<i32> = sc
+                    .find(doc! {"dept": "a"})
+                    .hint(doc! {"$natural": 1})
+                    .run()
+                    .expect("scan")
+                    .iter()
+                    .filter(|d| {
+                        d.get_str("body")
+                            .is_ok_and(|b| b.split(' ').any(|w| w == term))
+                    })
+                    .map(|d| d.get_i32("_id").expect("_id"))
+                    .collect();
+                want.sort();
+                assert_eq!(got, want, "csn {} term {term}", snap.csn());
+                assert_eq!(
+                    sc.text_count(&filter).expect("count"),
+                    want.len() as u64,
+                    "csn {}",
+                    snap.csn()
+                );
+                checks += 1;
+                nonempty += u32::from(!want.is_empty());
+            }
+        }
+        writer.join().expect("writer");
+        (checks, nonempty)
+    });
+    assert!(checks >= 20 && nonempty > 0, "{checks} {nonempty}");
+    c.check_invariants().expect("invariants");
+}

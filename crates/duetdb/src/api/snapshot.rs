@@ -103,6 +103,10 @@ pub struct SnapshotCollection {
 }
 
 impl SnapshotCollection {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn find(&self, filter: Document) -> Find {
         let mut find = Find::new(Source::Fixed(self.state.clone()), &self.name, filter);
         find.options.collation = self.collation.clone();

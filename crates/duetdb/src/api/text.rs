@@ -1,4 +1,5 @@
-//! Running `$text` finds and counts on a live collection: the text index
+//! Running `$text` finds and counts on a live collection or a held
+//! snapshot's: the text index
 //! gives the candidates (the union of its entries for the query's terms),
 //! each candidate is checked against the whole query (`query::text`) and
 //! the rest of the filter, and scored; `{$meta: "textScore"}` may be
@@ -6,7 +7,9 @@
 //!
 //! Reads one published state (a copy-on-write root: consistent, whatever
 //! writes run meanwhile). MongoDB's rules: `$text` at the top level of the
-//! filter only, exactly one text index (else 27 IndexNotFound).
+//! filter only, exactly one text index (else 27 IndexNotFound). A compound
+//! text index is read only under equalities on all its prefix fields (else
+//! 291 NoQueryExecutionPlans): per term, one key range per prefix value.
 
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -14,14 +17,15 @@ use std::ops::Bound;
 
 use bson::{Bson, Document};
 
-use crate::api::Collection;
+use crate::api::{Collection, SnapshotCollection};
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
-use crate::query::text::{split, TextQuery};
+use crate::query::text::{equality_on, split, TextQuery};
 use crate::query::{Filter, Projection, SortSpec};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
 use crate::store::index::{IndexKind, KeyPart};
+use crate::store::DbState;
 
 /// Options of a `$text` find.
 #[derive(Debug, Clone, Default)]
@@ -47,10 +51,50 @@ fn is_score_meta(v: &Bson) -> Result<bool> {
     }
 }
 
-/// Matching `(record, document, score)` of a `$text` filter on `coll`.
+/// The error MongoDB's planner gives for a `$text` query that cannot use the
+/// text index (a compound one without equalities on all its prefix fields).
+fn no_text_plan() -> Error {
+    Error::Coded {
+        code: 291,
+        name: "NoQueryExecutionPlans",
+        msg: "error processing query: planner returned error :: caused by :: failed to use text index to satisfy $text query (if text index is compound, are equality predicates given for all prefix fields?)".into(),
+    }
+}
+
+/// The key prefixes to read for each query term: one per combination of
+/// the prefix fields' equality values (a `null` equality also reads
+/// `undefined`, which it matches too). Empty prefix: one empty prefix.
+fn prefixes(fields: &[(String, bool)], rest_doc: &Document) -> Result<Vec<Vec<KeyPart>>> {
+    let mut out: Vec<Vec<KeyPart>> = vec![Vec::new()];
+    for (path, _) in fields {
+        let v = equality_on(rest_doc, path).ok_or_else(no_text_plan)?;
+        let raw = bson::RawBson::try_from(v)
+            .map_err(|e| Error::BadValue(format!("equality on '{path}': {e}")))?;
+        let mut vals = vec![raw];
+        if matches!(vals[0], bson::RawBson::Null) {
+            vals.push(bson::RawBson::Undefined);
+        }
+        out = out
+            .into_iter()
+            .flat_map(|p| {
+                vals.iter().map(move |v| {
+                    let mut p = p.clone();
+                    p.push(KeyPart::Val(v.clone()));
+                    p
+                })
+            })
+            .collect();
+    }
+    Ok(out)
+}
+
+/// Matching `(record, document, score)` of a `$text` filter on `coll`;
+/// `rest_doc` is the filter without `$text` (`rest` parsed), where a
+/// compound text index finds the equalities on its prefix fields.
 fn matches(
     coll: &CollectionState,
     query: &TextQuery,
+    rest_doc: &Document,
     rest: &Filter,
 ) -> Result<Vec<(RecordId, DocRef, f64)>> {
     let index = coll
@@ -61,16 +105,25 @@ fn matches(
     let IndexKind::Text(spec) = &index.spec.kind else {
         return Err(Error::Internal("text index without a text spec".into()));
     };
+    let term_pos = index
+        .spec
+        .text_term_pos()
+        .ok_or_else(|| Error::Internal("text index without its term field".into()))?;
+    let prefixes = prefixes(&index.spec.fields[..term_pos], rest_doc)?;
     let mut rids = BTreeSet::new();
     for term in query.terms(spec)? {
-        let key = index.spec.bound_key(
-            vec![KeyPart::Val(bson::RawBson::String(term))],
-            KeyPart::Low,
-        );
-        let lo = (key.clone(), RecordId::MIN);
-        let hi = (key, RecordId::MAX);
-        for ((_, rid), _) in index.tree.range(Bound::Included(&lo), Bound::Included(&hi)) {
-            rids.insert(*rid);
+        for prefix in &prefixes {
+            let mut parts = prefix.clone();
+            parts.push(KeyPart::Val(bson::RawBson::String(term.clone())));
+            // Every suffix value lies between the Low and High fills.
+            let lo = (
+                index.spec.bound_key(parts.clone(), KeyPart::Low),
+                RecordId::MIN,
+            );
+            let hi = (index.spec.bound_key(parts, KeyPart::High), RecordId::MAX);
+            for ((_, rid), _) in index.tree.range(Bound::Included(&lo), Bound::Included(&hi)) {
+                rids.insert(*rid);
+            }
         }
     }
     let mut out = Vec::new();
@@ -88,95 +141,120 @@ fn matches(
     Ok(out)
 }
 
-impl Collection {
-    /// A find whose filter has a top-level `$text` (see the module doc).
-    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
-        let (query, rest) = split(filter)?
-            .ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
-        let rest = Filter::parse(&rest)?;
-        // Projection: `$meta` fields added after the rest is applied.
-        let mut score_fields = Vec::new();
-        let mut plain = Document::new();
-        for (k, v) in options.projection.iter().flatten() {
-            if is_score_meta(v)? {
-                score_fields.push(k.clone());
-            } else {
-                plain.insert(k.clone(), v.clone());
-            }
+/// A find whose filter has a top-level `$text` on collection `name` of
+/// `state` (see the module doc).
+fn find_in(
+    state: &DbState,
+    name: &str,
+    filter: &Document,
+    options: TextFindOptions,
+) -> Result<Vec<Document>> {
+    let (query, rest) =
+        split(filter)?.ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
+    let rest_doc = rest;
+    let rest = Filter::parse(&rest_doc)?;
+    // Projection: `$meta` fields added after the rest is applied.
+    let mut score_fields = Vec::new();
+    let mut plain = Document::new();
+    for (k, v) in options.projection.iter().flatten() {
+        if is_score_meta(v)? {
+            score_fields.push(k.clone());
+        } else {
+            plain.insert(k.clone(), v.clone());
         }
-        let projection = (!plain.is_empty())
-            .then(|| Projection::parse(&plain))
-            .transpose()?;
-        // Sort: components in order, each by score or by a field.
-        enum By {
-            Score,
-            Field(SortSpec),
+    }
+    let projection = (!plain.is_empty())
+        .then(|| Projection::parse(&plain))
+        .transpose()?;
+    // Sort: components in order, each by score or by a field.
+    enum By {
+        Score,
+        Field(SortSpec),
+    }
+    let mut order = Vec::new();
+    for (k, v) in options.sort.iter().flatten() {
+        if is_score_meta(v)? {
+            order.push(By::Score);
+        } else {
+            let mut one = Document::new();
+            one.insert(k.clone(), v.clone());
+            order.push(By::Field(SortSpec::parse(&one)?));
         }
-        let mut order = Vec::new();
-        for (k, v) in options.sort.iter().flatten() {
-            if is_score_meta(v)? {
-                order.push(By::Score);
-            } else {
-                let mut one = Document::new();
-                one.insert(k.clone(), v.clone());
-                order.push(By::Field(SortSpec::parse(&one)?));
-            }
-        }
-        let state = self.db.snapshot();
-        let Some(coll) = state.state().collection(&self.name) else {
-            return Ok(Vec::new());
-        };
-        let mut found = matches(coll, &query, &rest)?;
-        if !order.is_empty() {
-            let keyed: Vec<_> = found
-                .drain(..)
-                .map(|(rid, d, s)| {
-                    let keys: Vec<_> = order
-                        .iter()
-                        .map(|b| match b {
-                            By::Score => None,
-                            By::Field(spec) => Some(spec.sort_key(&d)),
-                        })
-                        .collect();
-                    (keys, rid, d, s)
-                })
-                .collect();
-            let mut keyed = keyed;
-            keyed.sort_by(|(ka, ra, _, sa), (kb, rb, _, sb)| {
-                for (i, b) in order.iter().enumerate() {
-                    let o = match (b, &ka[i], &kb[i]) {
-                        (By::Score, _, _) => sb.partial_cmp(sa).unwrap_or(Ordering::Equal),
-                        (By::Field(spec), Some(x), Some(y)) => spec.compare_keys(x, y),
-                        _ => Ordering::Equal,
-                    };
-                    if o != Ordering::Equal {
-                        return o;
-                    }
-                }
-                ra.cmp(rb)
-            });
-            found = keyed.into_iter().map(|(_, r, d, s)| (r, d, s)).collect();
-        }
-        let skip = usize::try_from(options.skip).unwrap_or(usize::MAX);
-        let limit = match options.limit {
-            0 => usize::MAX,
-            n => usize::try_from(n).unwrap_or(usize::MAX),
-        };
-        found
-            .into_iter()
-            .skip(skip)
-            .take(limit)
-            .map(|(_, d, score)| {
-                let mut out = match &projection {
-                    Some(p) => p.apply(&d)?,
-                    None => crate::doc::to_document(&d)?,
-                };
-                for f in &score_fields {
-                    out.insert(f.clone(), score);
-                }
-                Ok(out)
+    }
+    let Some(coll) = state.collection(name) else {
+        return Ok(Vec::new());
+    };
+    let mut found = matches(coll, &query, &rest_doc, &rest)?;
+    if !order.is_empty() {
+        let keyed: Vec<_> = found
+            .drain(..)
+            .map(|(rid, d, s)| {
+                let keys: Vec<_> = order
+                    .iter()
+                    .map(|b| match b {
+                        By::Score => None,
+                        By::Field(spec) => Some(spec.sort_key(&d)),
+                    })
+                    .collect();
+                (keys, rid, d, s)
             })
-            .collect()
+            .collect();
+        let mut keyed = keyed;
+        keyed.sort_by(|(ka, ra, _, sa), (kb, rb, _, sb)| {
+            for (i, b) in order.iter().enumerate() {
+                let o = match (b, &ka[i], &kb[i]) {
+                    (By::Score, _, _) => sb.partial_cmp(sa).unwrap_or(Ordering::Equal),
+                    (By::Field(spec), Some(x), Some(y)) => spec.compare_keys(x, y),
+                    _ => Ordering::Equal,
+                };
+                if o != Ordering::Equal {
+                    return o;
+                }
+            }
+            ra.cmp(rb)
+        });
+        found = keyed.into_iter().map(|(_, r, d, s)| (r, d, s)).collect();
+    }
+    let skip = usize::try_from(options.skip).unwrap_or(usize::MAX);
+    let limit = match options.limit {
+        0 => usize::MAX,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    found
+        .into_iter()
+        .skip(skip)
+        .take(limit)
+        .map(|(_, d, score)| {
+            let mut out = match &projection {
+                Some(p) => p.apply(&d)?,
+                None => crate::doc::to_document(&d)?,
+            };
+            for f in &score_fields {
+                out.insert(f.clone(), score);
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
+/// How many documents a filter with a top-level `$text` matches in
+/// collection `name` of `state`.
+fn count_in(state: &DbState, name: &str, filter: &Document) -> Result<u64> {
+    let (query, rest) =
+        split(filter)?.ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
+    let rest_doc = rest;
+    let rest = Filter::parse(&rest_doc)?;
+    match state.collection(name) {
+        Some(coll) => Ok(matches(coll, &query, &rest_doc, &rest)?.len() as u64),
+        None => Ok(0),
+    }
+}
+
+impl Collection {
+    /// A find whose filter has a top-level `$text` (see the module doc), on
+    /// the latest published state.
+    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
+        find_in(self.db.snapshot().state(), &self.name, filter, options)
     }
 
     /// A pipeline whose first stage is `{$match: {$text: …}}`: the text
@@ -194,13 +272,18 @@ impl Collection {
 
     /// How many documents a filter with a top-level `$text` matches.
     pub fn text_count(&self, filter: &Document) -> Result<u64> {
-        let (query, rest) = split(filter)?
-            .ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
-        let rest = Filter::parse(&rest)?;
-        let state = self.db.snapshot();
-        match state.state().collection(&self.name) {
-            Some(coll) => Ok(matches(coll, &query, &rest)?.len() as u64),
-            None => Ok(0),
-        }
+        count_in(self.db.snapshot().state(), &self.name, filter)
+    }
+}
+
+impl SnapshotCollection {
+    /// [`Collection::text_find`] as of this snapshot.
+    pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
+        find_in(self.state(), self.name(), filter, options)
+    }
+
+    /// [`Collection::text_count`] as of this snapshot.
+    pub fn text_count(&self, filter: &Document) -> Result<u64> {
+        count_in(self.state(), self.name(), filter)
     }
 }

@@ -202,27 +202,87 @@ fn geo_version(v: &Bson, spec: &IndexSpec) -> Result<()> {
 /// A text index spec: `{a: "text", b: "text"}` or `{"$**": "text"}` (or the
 /// stored form `{_fts: "text", _ftsx: 1}` with `weights`), with `weights`,
 /// `default_language`, `language_override`, `textIndexVersion` (3).
-/// Compound text indexes (other keys beside the text ones) are refused.
+/// Compound text indexes (MongoDB's `fts_spec.cpp` rules, all 67): ordered
+/// keys (1 or -1) before the text fields are the prefix, after them the
+/// suffix (`{dept: 1, body: "text", year: -1}`); the text fields must be
+/// adjacent; `_fts`/`_ftsx` are reserved names.
 fn text_spec(d: &Document, keys: &Document, name: Option<&str>) -> Result<IndexSpec> {
     let mut fields = Vec::new();
+    let mut prefix: Vec<(String, bool)> = Vec::new();
+    let mut suffix: Vec<(String, bool)> = Vec::new();
+    // Seen the text part (`_fts` or a "text" key) yet?
+    let mut in_text = false;
     for (k, v) in keys {
+        let is_text = matches!(v, Bson::String(s) if s == "text");
         match (k.as_str(), v) {
-            ("_fts", Bson::String(s)) if s == "text" => {}
-            ("_ftsx", v)
-                if matches!(v, Bson::Int32(1) | Bson::Int64(1))
-                    || matches!(v, Bson::Double(x) if *x == 1.0) => {}
-            (path, Bson::String(s)) if s == "text" => {
+            ("_fts", _) => {
+                if !is_text {
+                    return Err(cannot("expecting _fts:\"text\""));
+                }
+                if in_text || !suffix.is_empty() {
+                    return Err(cannot("'text' fields in index must all be adjacent"));
+                }
+                in_text = true;
+            }
+            ("_ftsx", v) => {
+                if !(matches!(v, Bson::Int32(1) | Bson::Int64(1))
+                    || matches!(v, Bson::Double(x) if *x == 1.0))
+                {
+                    return Err(cannot("expecting _ftsx:1"));
+                }
+                if !in_text || !suffix.is_empty() {
+                    return Err(cannot("expected _ftsx after _fts"));
+                }
+            }
+            (path, _) if is_text => {
+                if !suffix.is_empty() {
+                    return Err(cannot("'text' fields in index must all be adjacent"));
+                }
                 if path != "$**" {
                     crate::doc::path::validate(path).map_err(cannot)?;
                 }
+                in_text = true;
                 fields.push(path.to_string());
             }
-            _ => {
-                return Err(cannot(
-                    "compound text indexes (text and other keys) are not supported by duetdb",
-                ))
+            (path, v) => {
+                let asc = match v {
+                    Bson::Int32(1) | Bson::Int64(1) => true,
+                    Bson::Int32(-1) | Bson::Int64(-1) => false,
+                    Bson::Double(x) if *x == 1.0 => true,
+                    Bson::Double(x) if *x == -1.0 => false,
+                    _ => {
+                        return Err(cannot(
+                            "expected value 1 or -1 for non-text key in compound index",
+                        ))
+                    }
+                };
+                crate::doc::path::validate(path).map_err(cannot)?;
+                if path.split('.').any(|p| p.starts_with('$')) {
+                    return Err(cannot(format!(
+                        "index key path '{path}' must not contain '$'-prefixed components"
+                    )));
+                }
+                if prefix.iter().chain(&suffix).any(|(p, _)| p == path) {
+                    return Err(cannot(format!("duplicate index field '{path}'")));
+                }
+                if in_text {
+                    suffix.push((path.to_string(), asc));
+                } else {
+                    prefix.push((path.to_string(), asc));
+                }
             }
         }
+    }
+    if !in_text {
+        return Err(cannot(
+            "expected additional fields in text index key pattern",
+        ));
+    }
+    if prefix.len() + suffix.len() + 1 > crate::store::index::MAX_INDEX_FIELDS {
+        return Err(cannot(format!(
+            "an index may have at most {} fields",
+            crate::store::index::MAX_INDEX_FIELDS
+        )));
     }
     if flag(d, "unique")? {
         return Err(cannot(
@@ -270,7 +330,7 @@ fn text_spec(d: &Document, keys: &Document, name: Option<&str>) -> Result<IndexS
             .collect::<Vec<_>>()
             .join("_"),
     };
-    Ok(IndexSpec::text(name, text))
+    Ok(IndexSpec::text(name, text, prefix, suffix))
 }
 
 fn flag(d: &Document, k: &str) -> Result<bool> {
@@ -424,6 +484,8 @@ mod tests {
             doc! {"key": {"title": "text", "body": "text"}, "name": "t",
             "weights": {"title": 10}, "default_language": "french"},
             doc! {"key": {"$**": "text"}, "name": "all", "language_override": "lang"},
+            doc! {"key": {"dept": 1, "body": "text", "year": -1}, "name": "ct"},
+            doc! {"key": {"a.b": -1, "c": 1, "$**": "text"}, "name": "cw"},
         ] {
             let spec = parse(&d).expect("parse");
             let again = parse(&spec.to_document()).expect("reparse");
@@ -472,7 +534,13 @@ mod tests {
             code(doc! {"key": {"a.$**": 1}, "wildcardProjection": {"b": 1}}),
             67
         );
-        assert_eq!(code(doc! {"key": {"a": "text", "b": 1}}), 67);
+        // Compound text: ordered keys around adjacent text fields only.
+        assert_eq!(code(doc! {"key": {"a": "text", "b": 1, "c": "text"}}), 67);
+        assert_eq!(code(doc! {"key": {"a": "hashed", "b": "text"}}), 67);
+        assert_eq!(code(doc! {"key": {"a": 2, "b": "text"}}), 67);
+        assert_eq!(code(doc! {"key": {"_ftsx": 1, "b": "text"}}), 67);
+        assert_eq!(code(doc! {"key": {"_fts": 1, "b": "text"}}), 67);
+        assert_eq!(code(doc! {"key": {"a": 1, "a.$x": 1, "b": "text"}}), 67);
         assert_eq!(
             code(doc! {"key": {"a": "text"}, "default_language": "klingon"}),
             67
@@ -508,6 +576,13 @@ mod tests {
             doc! {"v": 2, "key": {"_fts": "text", "_ftsx": 1}, "name": "title_text_body_text",
             "weights": {"body": 1, "title": 1}, "default_language": "english",
             "language_override": "language", "textIndexVersion": 3}
+        );
+        let c = parse(&doc! {"key": {"dept": 1, "body": "text", "year": -1}}).expect("ct");
+        assert_eq!(c.name, "dept_1_body_text_year_-1");
+        assert_eq!(c.text_term_pos(), Some(1));
+        assert_eq!(
+            c.key_pattern(),
+            doc! {"dept": 1, "_fts": "text", "_ftsx": 1, "year": -1}
         );
     }
 }

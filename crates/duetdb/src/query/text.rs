@@ -48,6 +48,39 @@ pub fn split(filter: &Document) -> Result<Option<(TextQuery, Document)>> {
     Ok(Some((query, rest)))
 }
 
+/// The value a filter's top level (or a top-level `$and`) requires `path`
+/// to equal: `{path: v}` or `{path: {$eq: v}}`, `v` not a regex. `None`
+/// when there is no such equality (a compound text index's prefix then
+/// cannot be read: MongoDB's planner refuses the query, 291).
+pub fn equality_on(filter: &Document, path: &str) -> Option<Bson> {
+    for (k, v) in filter {
+        if k == "$and" {
+            if let Bson::Array(items) = v {
+                for item in items {
+                    if let Some(found) = item.as_document().and_then(|d| equality_on(d, path)) {
+                        return Some(found);
+                    }
+                }
+            }
+            continue;
+        }
+        if k != path {
+            continue;
+        }
+        match v {
+            Bson::RegularExpression(_) => {}
+            Bson::Document(ops) if ops.keys().next().is_some_and(|o| o.starts_with('$')) => {
+                match ops.get("$eq") {
+                    Some(Bson::RegularExpression(_)) | None => {}
+                    Some(eq) => return Some(eq.clone()),
+                }
+            }
+            other => return Some(other.clone()),
+        }
+    }
+    None
+}
+
 fn bool_opt(d: &Document, k: &str) -> Result<bool> {
     match d.get(k) {
         None => Ok(false),

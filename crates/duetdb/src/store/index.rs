@@ -21,6 +21,9 @@
 //! - a hashed field's key part is `Int64(hash64(value))` (missing: the hash
 //!   of null), never an array's: arrays there are refused;
 //! - a wildcard key is `(String(path), value)`, see [`crate::store::wildcard`];
+//! - a text key is `(prefix values…, String(term), suffix values…)`: the
+//!   compound fields hold single values (an array there is refused, 171),
+//!   see [`IndexSpec::text`];
 //! - a 2dsphere field's key parts are S2 cell ids ([`crate::store::geo::cell_key`]):
 //!   one per cell of each shape the field holds; a document without the
 //!   field (or with null there) has no entry (MongoDB's 2dsphere v2+ rule),
@@ -45,6 +48,9 @@ use crate::store::heap::RecordId;
 pub use crate::store::text::TextSpec;
 pub use crate::store::wildcard::{WildcardProjection, WildcardSpec};
 
+/// The field name standing for the term in a text index's `fields` (MongoDB's
+/// `_fts`; a real field of that name cannot be indexed).
+pub const TEXT_MARKER: &str = "_fts";
 /// Most fields in one compound index (MongoDB's limit).
 pub const MAX_INDEX_FIELDS: usize = 32;
 /// Most keys one document may produce for one index (bounds multikey fan-out).
@@ -164,8 +170,11 @@ pub enum IndexKind {
     /// `$**` / `path.$**`: one `(path, value)` key per covered leaf; `fields`
     /// holds the single pattern field.
     Wildcard(Box<WildcardSpec>),
-    /// A text index: one `(term)` key per distinct term of the document's
-    /// indexed strings ([`crate::store::text`]); `fields` is `[("_fts", true)]`.
+    /// A text index: one key per distinct term of the document's indexed
+    /// strings ([`crate::store::text`]). `fields` is the prefix fields, then
+    /// `("_fts", true)` (the term's place), then the suffix fields: a key is
+    /// `(prefix values…, term, suffix values…)`, so a `$text` query with
+    /// equalities on every prefix field reads one contiguous range per term.
     /// Used only by `$text` queries, never by the planner.
     Text(Box<TextSpec>),
     /// A 2dsphere index: field `pos` holds S2 cell ids of the shapes there
@@ -369,10 +378,20 @@ impl IndexSpec {
 
     /// The key pattern document (`{a: 1, b: -1}`, `{c: "hashed"}`, `{"$**": 1}`).
     pub fn key_pattern(&self) -> Document {
-        if matches!(self.kind, IndexKind::Text(_)) {
-            return bson::doc! {"_fts": "text", "_ftsx": 1};
-        }
         let mut d = Document::new();
+        if matches!(self.kind, IndexKind::Text(_)) {
+            // MongoDB's stored form: the text fields become `_fts`/`_ftsx`
+            // (they are listed in `weights`), the other keys stay in place.
+            for (p, asc) in &self.fields {
+                if p == TEXT_MARKER {
+                    d.insert("_fts", "text");
+                    d.insert("_ftsx", 1);
+                } else {
+                    d.insert(p.clone(), if *asc { 1 } else { -1 });
+                }
+            }
+            return d;
+        }
         for (i, (p, asc)) in self.fields.iter().enumerate() {
             if matches!(self.kind, IndexKind::Hashed { pos } if pos == i) {
                 d.insert(p.clone(), "hashed");
@@ -431,11 +450,28 @@ impl IndexSpec {
         d
     }
 
-    /// A text index named `name` (MongoDB's default: `title_text_body_text`).
-    pub fn text(name: String, text: TextSpec) -> IndexSpec {
+    /// A text index named `name` (MongoDB's default: `title_text_body_text`)
+    /// with the ordered keys `prefix` before the text fields and `suffix`
+    /// after them (compound text index; both empty for a plain one).
+    ///
+    /// Requires: no prefix or suffix path is `_fts`/`_ftsx` (the parser
+    /// refuses them, as MongoDB).
+    pub fn text(
+        name: String,
+        text: TextSpec,
+        prefix: Vec<(String, bool)>,
+        suffix: Vec<(String, bool)>,
+    ) -> IndexSpec {
+        debug_assert!(prefix
+            .iter()
+            .chain(&suffix)
+            .all(|(p, _)| p != TEXT_MARKER && p != "_ftsx"));
+        let mut fields = prefix;
+        fields.push((TEXT_MARKER.into(), true));
+        fields.extend(suffix);
         IndexSpec {
             name,
-            fields: vec![("_fts".into(), true)],
+            fields,
             unique: false,
             kind: IndexKind::Text(Box::new(text)),
             sparse: false,
@@ -464,6 +500,7 @@ impl IndexSpec {
                 return t.is_wildcard()
                     || may_affect(&t.language_override)
                     || t.weights.iter().any(|(p, _)| may_affect(p))
+                    || self.fields.iter().any(|(p, _)| may_affect(p))
                     || self
                         .partial
                         .as_ref()
@@ -537,15 +574,7 @@ impl IndexSpec {
             return self.wildcard_keys(w, doc);
         }
         if let IndexKind::Text(t) = &self.kind {
-            let keys = t
-                .scores(doc)?
-                .into_keys()
-                .map(|term| IndexKey {
-                    parts: vec![KeyPart::Val(RawBson::String(term))].into(),
-                    desc: 0,
-                })
-                .collect();
-            return Ok((keys, true));
+            return self.text_keys(t, doc);
         }
         if let IndexKind::Geo { pos } = self.kind {
             return self.geo_keys(pos, doc);
@@ -757,6 +786,67 @@ impl IndexSpec {
             })
             .collect();
         // A shape may have several cells: the planner treats the index as multikey.
+        Ok((keys, true))
+    }
+
+    /// The position of the term in a text index's keys (the number of
+    /// prefix fields); `None` for other kinds.
+    pub fn text_term_pos(&self) -> Option<usize> {
+        match self.kind {
+            IndexKind::Text(_) => self.fields.iter().position(|(p, _)| p == TEXT_MARKER),
+            _ => None,
+        }
+    }
+
+    /// A text index's keys: `(prefix values…, term, suffix values…)` per
+    /// distinct term. The other fields hold one value each (missing: null);
+    /// an array on their path is refused (171 CannotBuildIndexKeys, as
+    /// MongoDB's `extractNonFTSKeyElement`), checked before the terms so a
+    /// document without text is refused too. No terms: no entry (text
+    /// indexes are sparse, the other fields do not decide membership).
+    fn text_keys(&self, t: &TextSpec, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {
+        let mut extra: Vec<Option<RawBson>> = Vec::with_capacity(self.fields.len());
+        for (path, _) in &self.fields {
+            if path == TEXT_MARKER {
+                extra.push(None);
+                continue;
+            }
+            let (reached, through_array) = crate::doc::path::values_with_multikey(doc, path);
+            if through_array || reached.iter().any(|v| matches!(v, RawBsonRef::Array(_))) {
+                let shown = crate::doc::to_document(doc)
+                    .map(|d| crate::error::render_shell(&Bson::Document(d)))
+                    .unwrap_or_default();
+                return Err(Error::Coded {
+                    code: 171,
+                    name: "CannotBuildIndexKeys",
+                    msg: format!(
+                        "Field '{path}' of text index contains an array in document: {shown}"
+                    ),
+                });
+            }
+            extra.push(Some(
+                reached.first().map_or(RawBson::Null, |v| RawBson::from(*v)),
+            ));
+        }
+        let desc = self.desc_mask();
+        let keys = t
+            .scores(doc)?
+            .into_keys()
+            .map(|term| {
+                let mut term = Some(term);
+                let parts: Vec<KeyPart> = extra
+                    .iter()
+                    .map(|v| match v {
+                        Some(v) => KeyPart::Val(v.clone()),
+                        None => KeyPart::Val(RawBson::String(term.take().unwrap_or_default())),
+                    })
+                    .collect();
+                IndexKey {
+                    parts: parts.into(),
+                    desc,
+                }
+            })
+            .collect();
         Ok((keys, true))
     }
 
