@@ -211,6 +211,10 @@ def test_compound_text_indexes(db):
     assert name == "dept_1_body_text_year_-1"
     info = [i for i in db.p.list_indexes() if i["name"] == name][0]
     assert info["key"] == {"dept": 1, "_fts": "text", "_ftsx": 1, "year": -1}
+    # A $text query always uses the text index: a hint is refused (MongoDB's 2).
+    with pytest.raises(OperationFailure) as e:
+        list(db.p.find({"dept": "a", "$text": {"$search": "coffee"}}).hint("_id_"))
+    assert e.value.code == 2 and "text and hint not allowed" in str(e.value)
     assert list(info["key"]) == ["dept", "_fts", "_ftsx", "year"]
     assert info["weights"] == {"body": 1}
     assert info["default_language"] == "english"

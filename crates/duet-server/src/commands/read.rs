@@ -234,6 +234,12 @@ fn text_find(
     first: usize,
     single_batch: bool,
 ) -> CmdResult {
+    if plan.options.hint.is_some() {
+        // MongoDB: a $text query always uses the text index.
+        return Err(CommandError::bad_value(
+            "text and hint not allowed in same query",
+        ));
+    }
     let options = duetdb::TextFindOptions {
         projection: plan.projection.clone(),
         sort: plan.options.sort.clone(),
