@@ -743,39 +743,8 @@ mod tests {
     use bson::{doc, Bson, Document};
     use proptest::prelude::*;
 
-    use crate::query::aggregate::exec::Exec;
-    use crate::query::aggregate::{Pipeline, Runtime};
-    use crate::query::limits::ReadLimits;
+    use crate::query::aggregate::test_support::{reference, streamed};
     use crate::query::spill::spill_stats;
-
-    fn streamed(
-        pipeline: &[Document],
-        docs: &[Document],
-        memory_limit_bytes: usize,
-        allow_disk_use: bool,
-    ) -> crate::error::Result<Vec<Document>> {
-        let p = Pipeline::parse(pipeline)?;
-        let mut rt = Runtime::standalone();
-        rt.limits = ReadLimits {
-            memory_limit_bytes,
-            allow_disk_use,
-            ..ReadLimits::default()
-        };
-        let mut exec = Exec::new(&p.stages, None, &[], &rt);
-        for d in docs {
-            if exec.push_document(d.clone())?.is_break() {
-                break;
-            }
-        }
-        exec.finish()
-    }
-
-    fn reference(pipeline: &[Document], docs: &[Document]) -> Vec<Document> {
-        Pipeline::parse(pipeline)
-            .expect("parse")
-            .run_on(docs.to_vec())
-            .expect("reference")
-    }
 
     /// Keys of several types, arrays (compared whole) and missing included.
     fn key(x: u32) -> Option<Bson> {

@@ -116,6 +116,8 @@ mod output;
 mod split;
 mod stages;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_stages;
