@@ -16,7 +16,11 @@
 //!   headroom below the machine's memory;
 //! - once refusing, the guard keeps refusing until the resident size is
 //!   back under [`RESUME_AT`] of the limit, so writes do not flap on and
-//!   off around it as freed buffers come and go.
+//!   off around it as freed buffers come and go;
+//! - before refusing, free heap memory is handed back to the kernel
+//!   (glibc's `malloc_trim`, at most once per [`TRIM_EVERY`]) and the size
+//!   sampled again: memory freed by a drop can otherwise stay resident in
+//!   the allocator's arenas and keep writes refused after the data is gone.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +32,23 @@ pub const RESUME_AT: f64 = 0.9;
 
 /// How old a resident-size sample may be when a write is checked.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+/// How often a refusing guard may ask the allocator to return free memory.
+pub const TRIM_EVERY: Duration = Duration::from_secs(1);
+
+/// Hands free heap memory back to the kernel; whether it could.
+fn release_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only walks the allocator's own free lists.
+        unsafe { libc::malloc_trim(0) };
+        true
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
 
 /// Resident and virtual memory of this process, bytes (Linux `/proc`;
 /// `None` elsewhere).
@@ -51,6 +72,8 @@ pub struct MemoryGuard {
     refused: AtomicU64,
     /// Refusing: past the limit, and not yet back under `RESUME_AT` of it.
     over: AtomicBool,
+    /// When the allocator was last asked to trim (ms since `start`, 0 = never).
+    trimmed_at: AtomicU64,
 }
 
 impl MemoryGuard {
@@ -62,6 +85,7 @@ impl MemoryGuard {
             sampled_at: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             over: AtomicBool::new(false),
+            trimmed_at: AtomicU64::new(0),
         }
     }
 
@@ -87,13 +111,29 @@ impl MemoryGuard {
         self.rss.load(Ordering::Relaxed)
     }
 
-    /// Whether a write is refused with `rss` resident (counted if so).
-    fn refuses_at(&self, rss: u64, limit: u64) -> bool {
-        let bar = if self.over.load(Ordering::Relaxed) {
+    /// The resident size above which a write is refused now.
+    fn bar(&self, limit: u64) -> u64 {
+        if self.over.load(Ordering::Relaxed) {
             (limit as f64 * RESUME_AT) as u64
         } else {
             limit
-        };
+        }
+    }
+
+    /// Whether the allocator may be asked to trim now (claims the turn).
+    fn trim_due(&self) -> bool {
+        let now = self.start.elapsed().as_millis() as u64 + 1;
+        let at = self.trimmed_at.load(Ordering::Relaxed);
+        (at == 0 || now.saturating_sub(at) >= TRIM_EVERY.as_millis() as u64)
+            && self
+                .trimmed_at
+                .compare_exchange(at, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Whether a write is refused with `rss` resident (counted if so).
+    fn refuses_at(&self, rss: u64, limit: u64) -> bool {
+        let bar = self.bar(limit);
         if rss <= bar {
             self.over.store(false, Ordering::Relaxed);
             return false;
@@ -109,7 +149,11 @@ impl MemoryGuard {
         let Some(limit) = self.limit else {
             return Ok(());
         };
-        let rss = self.resident();
+        let mut rss = self.resident();
+        if rss > self.bar(limit) && self.trim_due() && release_free_memory() {
+            rss = process_memory().map_or(0, |(r, _)| r);
+            self.rss.store(rss, Ordering::Relaxed);
+        }
         if !self.refuses_at(rss, limit) {
             return Ok(());
         }
