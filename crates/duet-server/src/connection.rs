@@ -511,6 +511,8 @@ async fn run_command(
                 started,
                 op.report(),
             );
+            // This thread may own pages another thread's drop just freed.
+            crate::memory::release_if_asked();
             reply
         })
     };

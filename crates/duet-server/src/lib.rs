@@ -430,6 +430,9 @@ pub fn serve_cli(mut args: ServeArgs) -> Result<(), Box<dyn std::error::Error + 
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // A worker answers a `--max-memory-gb` release request when it goes
+        // idle (memory.rs: the allocator frees per thread).
+        .on_thread_park(memory::release_if_asked)
         .build()?;
     rt.block_on(async move {
         let state = ServerState::with_engine(engine.clone(), config);

@@ -17,12 +17,25 @@
 //! - once refusing, the guard keeps refusing until the resident size is
 //!   back under [`RESUME_AT`] of the limit, so writes do not flap on and
 //!   off around it as freed buffers come and go;
-//! - before refusing, free heap memory is handed back to the kernel
-//!   (glibc's `malloc_trim`, at most once per [`TRIM_EVERY`]) and the size
-//!   sampled again: memory freed by a drop can otherwise stay resident in
-//!   the allocator's arenas and keep writes refused after the data is gone.
+//! - before refusing, free heap memory is handed back to the kernel (at
+//!   most once per [`TRIM_EVERY`]) and the size sampled again: memory freed
+//!   by a drop can otherwise stay resident in the allocator and keep writes
+//!   refused after the data is gone. `duet` runs on mimalloc, whose free
+//!   pages belong to the thread that allocated them and return to the
+//!   kernel only when *that* thread collects (measured: 60 MB of dropped
+//!   documents stayed resident for minutes while the blocking threads that
+//!   had inserted them sat idle or served only refused commands). So a
+//!   release is a request every thread answers: the binary installs its
+//!   allocator's per-thread collect ([`set_allocator_release`]), the guard
+//!   bumps [`RELEASE_EPOCH`], and each command thread runs
+//!   [`release_if_asked`] after its command and each runtime worker when it
+//!   parks; an idle blocking thread exits after the runtime's keep-alive,
+//!   which hands its pages back too. Without an installed hook (the system
+//!   allocator) glibc's process-wide `malloc_trim` is used.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::error::{CmdResult, CommandError};
@@ -36,18 +49,54 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// How often a refusing guard may ask the allocator to return free memory.
 pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 
-/// Hands free heap memory back to the kernel; whether it could.
-fn release_free_memory() -> bool {
+/// The global allocator's "return this thread's free memory" call, set
+/// once by the binary that chose the allocator.
+static ALLOCATOR_RELEASE: OnceLock<fn()> = OnceLock::new();
+
+/// Bumped each time the guard wants free memory back; every thread that
+/// has not released since the last bump does so at its next chance.
+pub static RELEASE_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last [`RELEASE_EPOCH`] this thread answered.
+    static RELEASED_AT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Installs the global allocator's per-thread release (e.g. mimalloc's
+/// `mi_collect(true)`); the first call wins.
+pub fn set_allocator_release(release: fn()) {
+    let _ = ALLOCATOR_RELEASE.set(release);
+}
+
+/// Hands this thread's free heap memory back to the kernel (or, under the
+/// system allocator, the process's).
+fn release_this_thread() {
+    if let Some(release) = ALLOCATOR_RELEASE.get() {
+        release();
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: malloc_trim only walks the allocator's own free lists.
-        unsafe { libc::malloc_trim(0) };
-        true
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        false
+}
+
+/// Answers a pending release request on this thread: called where a
+/// thread has just finished work (after a command, when a runtime worker
+/// parks). One atomic load when nothing was asked.
+pub fn release_if_asked() {
+    let epoch = RELEASE_EPOCH.load(Ordering::Relaxed);
+    if epoch != 0 && RELEASED_AT.get() != epoch {
+        RELEASED_AT.set(epoch);
+        release_this_thread();
     }
+}
+
+/// Asks every thread for its free memory and releases this thread's now.
+fn request_release() {
+    RELEASE_EPOCH.fetch_add(1, Ordering::Relaxed);
+    release_if_asked();
 }
 
 /// Resident and virtual memory of this process, bytes (Linux `/proc`;
@@ -150,7 +199,8 @@ impl MemoryGuard {
             return Ok(());
         };
         let mut rss = self.resident();
-        if rss > self.bar(limit) && self.trim_due() && release_free_memory() {
+        if rss > self.bar(limit) && self.trim_due() {
+            request_release();
             rss = process_memory().map_or(0, |(r, _)| r);
             self.rss.store(rss, Ordering::Relaxed);
         }
@@ -192,6 +242,43 @@ pub fn adds_data(name: &str, cmd: &bson::Document) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Releases the test hook ran on this thread.
+        static RELEASES: Cell<u64> = const { Cell::new(0) };
+    }
+
+    #[test]
+    fn a_release_request_is_answered_once_by_every_thread() {
+        set_allocator_release(|| RELEASES.set(RELEASES.get() + 1));
+        // Other tests of this binary may bump the epoch at any time, so each
+        // check holds only while the epoch did not move under it.
+        let on_a_new_thread = |f: fn() -> Option<(u64, u64)>| {
+            std::thread::spawn(f).join().expect("the checking thread")
+        };
+        // The requesting thread releases at once, and only once.
+        let asked = on_a_new_thread(|| {
+            request_release();
+            let epoch = RELEASE_EPOCH.load(Ordering::SeqCst);
+            let first = RELEASES.get();
+            release_if_asked();
+            (RELEASE_EPOCH.load(Ordering::SeqCst) == epoch).then(|| (first, RELEASES.get()))
+        });
+        if let Some((first, then)) = asked {
+            assert_eq!((first, then), (1, 1));
+        }
+        // A thread that has not answered the request yet answers it once.
+        let other = on_a_new_thread(|| {
+            let epoch = RELEASE_EPOCH.load(Ordering::SeqCst);
+            release_if_asked();
+            let first = RELEASES.get();
+            release_if_asked();
+            (RELEASE_EPOCH.load(Ordering::SeqCst) == epoch).then(|| (first, RELEASES.get()))
+        });
+        if let Some((first, then)) = other {
+            assert_eq!((first, then), (1, 1));
+        }
+    }
 
     #[test]
     fn no_limit_admits_everything() {

@@ -244,10 +244,12 @@ async fn reap(state: Arc<ServerState>, mut stop: watch::Receiver<bool>) {
         }
         let st = state.clone();
         let work = tokio::task::spawn_blocking(move || {
-            (
+            let reaped = (
                 st.cursors.reap_idle(),
                 st.sessions.reap(std::time::Instant::now()),
-            )
+            );
+            crate::memory::release_if_asked();
+            reaped
         });
         let Ok((cursors, (txns, sessions))) = work.await else {
             tracing::error!("reaper panicked (a bug); reaping continues");

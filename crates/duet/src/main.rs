@@ -409,7 +409,15 @@ fn run(cli: Cli) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.command {
-        Command::Serve(args) => duet_server::serve_cli(*args).map_err(|e| anyhow::anyhow!(e)),
+        Command::Serve(args) => {
+            // mimalloc frees per thread: `--max-memory-gb` asks each thread
+            // to collect (duet_server::memory).
+            duet_server::memory::set_allocator_release(|| {
+                // SAFETY: collects the calling thread's own mimalloc heap.
+                unsafe { libmimalloc_sys::mi_collect(true) }
+            });
+            duet_server::serve_cli(*args).map_err(|e| anyhow::anyhow!(e))
+        }
         Command::Demo { docs } => demo(docs, &mut out),
         Command::Bench { command } => {
             drop(out);
