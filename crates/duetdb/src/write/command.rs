@@ -452,7 +452,7 @@ pub(crate) fn updated_version(
         return Ok(None);
     }
     match (doc::id_of(old), doc::id_of(&new_raw)) {
-        (Some(a), Some(b)) if crate::doc::value::equal(a, b) => Ok(Some(new_raw)),
+        (Some(a), Some(b)) if crate::doc::value::equal(a, b) => Ok(Some(doc::exact(new_raw))),
         _ => Err(Error::ImmutableField(
             "Performing an update on the path '_id' would modify the immutable field '_id'".into(),
         )),
