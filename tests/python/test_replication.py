@@ -506,3 +506,42 @@ def test_cluster_time_reads_wait_on_a_secondary(cluster):
                                readConcern={"afterClusterTime": future}, maxTimeMS=300)
         assert got["cursor"]["firstBatch"] == [{"_id": 0}]
     client.close()
+
+
+def test_drop_database_and_named_snapshot_times_are_the_primarys(cluster):
+    """dropDatabase and createSnapshot carry the primary's time in their log
+    entry: a secondary applying a drop reaches the drop's cluster time (an
+    afterClusterTime equal to the primary's reply's operationTime is served
+    at once, not at the next write), and a named snapshot's creation time is
+    the same on every member (its TTL counts from there everywhere)."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    db = client.get_database("gone", write_concern=WriteConcern("majority"))
+    db.c.insert_many([{"_id": i} for i in range(3)])
+    app = client.get_database("app", write_concern=WriteConcern("majority"))
+    app.items.insert_many([{"_id": i} for i in range(3)])
+    r = app.command("createSnapshot", "s1", ttlSeconds=3600)
+    secs = [m for m in cluster if m is not p]
+    on_sec = dict(read_preference=ReadPreference.SECONDARY_PREFERRED)
+    infos = []
+    for m in cluster:
+        with m.direct() as d:
+            wait_for("member %d to take the snapshot" % m.i, lambda: any(
+                s["name"] == "s1" for s in d.app.command("listSnapshots", **on_sec)["snapshots"]))
+            s = next(s for s in d.app.command("listSnapshots", **on_sec)["snapshots"]
+                     if s["name"] == "s1")
+            infos.append((s["csn"], s["created"], s["ttlSeconds"]))
+    assert len(set(infos)) == 1, infos
+    dropped = db.command("dropDatabase")
+    t = dropped["operationTime"]
+    for m in secs:
+        with m.direct() as d:
+            started = time.time()
+            got = d.gone.command("find", "c", filter={},
+                                 readConcern={"afterClusterTime": t}, maxTimeMS=5000, **on_sec)
+            assert got["cursor"]["firstBatch"] == [], got
+            assert got["operationTime"] >= t
+            assert time.time() - started < 4, "the drop's time was not reached by the drop"
+            assert "gone" not in d.list_database_names()
+    assert r["ok"] == 1
+    client.close()

@@ -11,7 +11,10 @@
 //!   skips the same ones: a group made by a primary on a state that another
 //!   committed entry moved past (a deposed primary's, or one the writer gave
 //!   up on) never applies anywhere.
-//! - `dropDatabase` drops the database on every member.
+//! - `dropDatabase` drops the database on every member, at the primary's
+//!   cluster time carried in the entry (`DropDatabaseAt`; the older
+//!   `DropDatabase` entries drop at each member's own time), which then
+//!   counts as applied (`last_write_ts`) like a group's.
 //!
 //! Where the applied position is kept: `repl.raft/applied` (last applied
 //! log id and membership), rewritten after each batch, synced after a
@@ -53,6 +56,12 @@ pub struct Shared {
     /// Random per process start (see `types::Origin`).
     pub incarnation: u64,
     pub pending: Pending,
+    /// Tokens of this process's `DropDatabaseAt` entries whose cluster time
+    /// is still in flight in the engine's clock (taken by the primary before
+    /// proposing): whoever removes a token — the apply, or the proposer
+    /// giving up — finishes that time (`Member::drop_database`).
+    pub own_times: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    pub next_token: AtomicU64,
     /// Retryable writes applied (`retries.rs`).
     pub retries: crate::retries::Retries,
     /// Index of the last applied entry, and the cluster time (the highest of
@@ -258,6 +267,70 @@ impl StateMachine {
                 .await
                 .map_err(|e| sm_err(ErrorVerb::Write, e))?;
                 Ok((Response::Snapshot(r), false))
+            }
+            Request::CreateSnapshotAt {
+                db,
+                name,
+                collections,
+                ttl_secs,
+                durable,
+                created_ms,
+            } => {
+                let engine = self.engine()?;
+                let r = tokio::task::spawn_blocking(move || {
+                    let opts = duetdb::SnapshotOptions {
+                        collections,
+                        ttl: ttl_secs.map(std::time::Duration::from_secs),
+                        durable,
+                    };
+                    let created =
+                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(created_ms);
+                    engine
+                        .database(&db)
+                        .and_then(|d| d.create_snapshot_at(&name, opts, created))
+                        .map(|info| info.csn)
+                        .map_err(|e| (e.code(), e.to_string()))
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                Ok((Response::Snapshot(r), false))
+            }
+            Request::DropDatabaseAt {
+                db,
+                ts,
+                wall_ms,
+                origin,
+            } => {
+                let engine = self.engine()?;
+                let shared = self.shared.clone();
+                let existed = tokio::task::spawn_blocking(move || {
+                    // The primary's own entry: its time is in flight here
+                    // already, unless its proposer gave up and finished it.
+                    let mine = origin.member == shared.me
+                        && origin.incarnation == shared.incarnation
+                        && shared.own_times.lock().remove(&origin.token);
+                    if !mine {
+                        engine.adopt_time(ts);
+                    }
+                    shared.pending.supersede(&db, None);
+                    let existed = engine
+                        .try_drop_database_at(&db, ts, wall_ms)
+                        .unwrap_or_else(|e| {
+                            tracing::warn!(db = %db, error = %e, "database not dropped");
+                            false
+                        });
+                    shared.pending.unblock(&db);
+                    existed
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                // The drop's time is applied here: a read waiting for it
+                // (`Member::wait_for_time`) may go.
+                self.shared
+                    .last_write_wall_ms
+                    .store(wall_ms.max(0) as u64, Ordering::Relaxed);
+                self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+                Ok((Response::Dropped { existed }, true))
             }
             Request::DropDatabase { db } => {
                 let engine = self.engine()?;
