@@ -545,3 +545,66 @@ def test_drop_database_and_named_snapshot_times_are_the_primarys(cluster):
             assert "gone" not in d.list_database_names()
     assert r["ok"] == 1
     client.close()
+
+
+def snapshot_read(d, name, consistency=None, coll="items", agg=False):
+    duet = {"snapshotName": name}
+    if consistency is not None:
+        duet["consistency"] = consistency
+    if agg:
+        cmd = bson.SON([("aggregate", coll), ("pipeline", [{"$sort": {"_id": 1}}]),
+                        ("cursor", {"batchSize": 1000}), ("$duet", duet)])
+    else:
+        cmd = bson.SON([("find", coll), ("filter", {}), ("sort", {"_id": 1}),
+                        ("batchSize", 1000), ("$duet", duet)])
+    reply = d.app.command(cmd, read_preference=ReadPreference.SECONDARY_PREFERRED)
+    return reply["cursor"]["firstBatch"]
+
+
+def test_named_snapshot_reads_with_consistency_levels(cluster):
+    """A read on a named snapshot with consistency 'majority' or 'all' is
+    served only when that many members hold the same copy (their digests of
+    the collection read agree): with one member of three down, 'all' fails
+    with 133 and 'majority' (and 'one') still read, on any member."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    db = client.get_database("app", write_concern=WriteConcern("majority"))
+    db.items.insert_many([{"_id": i, "v": i} for i in range(30)])
+    db.command("createSnapshot", "s1")
+    db.items.update_many({}, {"$inc": {"v": 100}})
+    want = [{"_id": i, "v": i} for i in range(30)]
+    for m in cluster:
+        with m.direct() as d:
+            for level in ("one", "majority", "all"):
+                assert snapshot_read(d, "s1", level) == want, (m.i, level)
+            assert snapshot_read(d, "s1", "all", agg=True) == want, m.i
+            # A collection the snapshot does not hold is empty everywhere.
+            assert snapshot_read(d, "s1", "all", coll="nothing") == []
+    with p.direct() as d:
+        for bad in ({"snapshotName": "s1", "consistency": "quorum"},
+                    {"consistency": "all"}):
+            with pytest.raises(OperationFailure) as e:
+                d.app.command(bson.SON([("find", "items"), ("$duet", bad)]))
+            assert e.value.code == 2, e.value.details
+        with pytest.raises(OperationFailure) as e:
+            snapshot_read(d, "nope", "majority")
+        assert e.value.code != 133
+    down = next(m for m in cluster if m is not p)
+    down.kill()
+    for m in cluster:
+        if m is down:
+            continue
+        with m.direct() as d:
+            started = time.time()
+            with pytest.raises(OperationFailure) as e:
+                snapshot_read(d, "s1", "all")
+            assert e.value.code == 133, e.value.details
+            assert f"127.0.0.1:{down.port}" in e.value.details["errmsg"]
+            assert time.time() - started < 15
+            assert snapshot_read(d, "s1", "majority") == want, m.i
+            assert snapshot_read(d, "s1") == want, m.i
+    down.start()
+    with down.direct() as d:
+        wait_for("the restarted member", lambda: count_if_member(
+            d.app.items.with_options(read_preference=ReadPreference.SECONDARY_PREFERRED)) == 30)
+    client.close()

@@ -628,6 +628,64 @@ impl Member {
         })
     }
 
+    /// The other members' digests of collection `coll` of named snapshot
+    /// `name` of `db` (`digest.rs`), asked in parallel over the Raft port:
+    /// each member of the configuration in force but this one, by wire
+    /// address, with its digest or why it has none (unreachable, not there
+    /// yet after `wait`, no such snapshot). A member answers once it has
+    /// applied the log as far as this one has. Blocking; at most `wait`
+    /// plus the scans and round trips.
+    pub fn member_digests(
+        &self,
+        db: &str,
+        name: &str,
+        coll: &str,
+        wait: Duration,
+    ) -> Vec<(String, Result<crate::digest::Digest, String>)> {
+        let status = self.status();
+        let applied = self.applied_index();
+        let others: Vec<String> = status
+            .members
+            .iter()
+            .filter(|m| m.id != status.me)
+            .map(|m| m.host.clone())
+            .collect();
+        let (identity, transport) = (self.shared.identity.clone(), self.shared.transport.clone());
+        let (db, name, coll) = (db.to_string(), name.to_string(), coll.to_string());
+        self.runtime.block_on(async move {
+            let mut asks = tokio::task::JoinSet::new();
+            for (i, host) in others.iter().enumerate() {
+                let (identity, transport, host) =
+                    (identity.clone(), transport.clone(), host.clone());
+                let (db, name, coll) = (db.clone(), name.clone(), coll.clone());
+                asks.spawn(async move {
+                    let r = crate::network::ask_digest(
+                        &identity,
+                        &transport,
+                        &host,
+                        (&db, &name, &coll),
+                        applied,
+                        wait,
+                    )
+                    .await;
+                    (i, r)
+                });
+            }
+            let mut out: Vec<(String, Result<crate::digest::Digest, String>)> = others
+                .iter()
+                .map(|h| (h.clone(), Err("no answer".to_string())))
+                .collect();
+            while let Some(done) = asks.join_next().await {
+                if let Ok((i, r)) = done {
+                    if let Some(slot) = out.get_mut(i) {
+                        slot.1 = r;
+                    }
+                }
+            }
+            out
+        })
+    }
+
     /// Check this member still leads a majority (read concern
     /// `linearizable`). Blocking.
     pub fn ensure_linearizable(&self) -> Result<(), Error> {
