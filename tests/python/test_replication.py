@@ -608,3 +608,49 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
         wait_for("the restarted member", lambda: count_if_member(
             d.app.items.with_options(read_preference=ReadPreference.SECONDARY_PREFERRED)) == 30)
     client.close()
+
+
+def test_snapshot_reads_at_a_time_another_member_issued(cluster):
+    """Read concern snapshot with an atClusterTime is served on any member
+    that has applied that time, also after that member moved on and when
+    the time was issued by another member: every member keeps its recent
+    states by cluster time (a primary's snapshot read continued on a
+    secondary, and the reverse)."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    sec = next(m for m in cluster if m is not p)
+    on_sec = dict(read_preference=ReadPreference.SECONDARY_PREFERRED)
+    db = client.get_database("d", write_concern=WriteConcern("majority"))
+    db.c.insert_many([{"_id": i} for i in range(5)])
+    first = db.command("find", "c", filter={}, sort={"_id": 1},
+                       readConcern={"level": "snapshot"})
+    at = first["cursor"]["atClusterTime"]
+    # The set moves on; the secondary applies the later writes.
+    last = None
+    for i in range(5, 10):
+        last = db.command("insert", "c", documents=[{"_id": i}])["operationTime"]
+    with sec.direct() as c:
+        wait_for("the secondary to apply", lambda: c.d.command(
+            "count", "c", readConcern={"afterClusterTime": last}, **on_sec)["n"] == 10)
+        got = c.d.command("find", "c", filter={}, sort={"_id": 1},
+                          readConcern={"level": "snapshot", "atClusterTime": at}, **on_sec)
+        assert got["cursor"]["firstBatch"] == first["cursor"]["firstBatch"]
+        assert got["cursor"]["atClusterTime"] == at
+        # A snapshot read started on the secondary, continued on the primary
+        # after further writes.
+        mine = c.d.command("find", "c", filter={}, sort={"_id": 1},
+                           readConcern={"level": "snapshot"}, **on_sec)
+    at2 = mine["cursor"]["atClusterTime"]
+    db.c.insert_one({"_id": 10})
+    got = db.command("find", "c", filter={}, sort={"_id": 1},
+                     readConcern={"level": "snapshot", "atClusterTime": at2})
+    assert got["cursor"]["firstBatch"] == [{"_id": i} for i in range(10)]
+    # pymongo's snapshot sessions on secondaries.
+    sclient = set_client(cluster, readPreference="secondary")
+    with sclient.start_session(snapshot=True) as s:
+        n = len(list(sclient.d.c.find({}, session=s)))
+        db.c.insert_one({"_id": 11})
+        time.sleep(0.5)
+        assert len(list(sclient.d.c.find({}, session=s))) == n
+    sclient.close()
+    client.close()

@@ -13,6 +13,7 @@
 //! - `network`: Raft RPCs over TCP between members;
 //! - `sim`: a simulated network for deterministic simulation tests;
 //! - `digest`: digests of named snapshots, compared across members;
+//! - `history`: recent database states by cluster time (snapshot reads);
 //! - `member`: one running member and what the server asks of it.
 //!
 //! The protocol (docs/design.md "Replication"): the primary's writer
@@ -28,6 +29,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod digest;
+pub mod history;
 pub mod log_store;
 pub mod member;
 pub mod network;

@@ -373,6 +373,7 @@ impl Member {
             incarnation: rand::random(),
             pending: Pending::default(),
             own_times: Default::default(),
+            history: Default::default(),
             next_token: AtomicU64::new(0),
             retries: Default::default(),
             applied_index: AtomicU64::new(0),
@@ -567,6 +568,13 @@ impl Member {
     /// means the same write on every member).
     pub fn applied_time(&self) -> u64 {
         self.shared.last_write_ts.load(Ordering::Acquire)
+    }
+
+    /// The state of database `db` just after its group of cluster time
+    /// `ts`, if this member still holds it (`history.rs`): read concern
+    /// `snapshot` at an `atClusterTime` this member did not issue.
+    pub fn state_at(&self, db: &str, ts: u64) -> Option<duetdb::Snapshot> {
+        self.shared.history.state_at(db, ts)
     }
 
     /// Wait (blocking, polling) until this member applied a group of cluster

@@ -16,6 +16,9 @@
 //!   `DropDatabase` entries drop at each member's own time), which then
 //!   counts as applied (`last_write_ts`) like a group's.
 //!
+//! After each group applied, the database's state is recorded by its
+//! cluster time (`history.rs`) for snapshot reads at that time.
+//!
 //! Where the applied position is kept: `repl.raft/applied` (last applied
 //! log id and membership), rewritten after each batch, synced after a
 //! batch that dropped a database or changed membership. It may lag the
@@ -61,6 +64,8 @@ pub struct Shared {
     /// proposing): whoever removes a token — the apply, or the proposer
     /// giving up — finishes that time (`Member::drop_database`).
     pub own_times: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Recent database states by cluster time (`history.rs`).
+    pub history: crate::history::History,
     pub next_token: AtomicU64,
     /// Retryable writes applied (`retries.rs`).
     pub retries: crate::retries::Retries,
@@ -208,6 +213,7 @@ impl StateMachine {
                     None => {
                         let engine = self.engine()?;
                         let shared = self.shared.clone();
+                        let db = db.clone();
                         tokio::task::spawn_blocking(move || {
                             apply_group(&engine, &shared, &db, first, payload)
                         })
@@ -218,6 +224,20 @@ impl StateMachine {
                 if response == Response::Applied {
                     for tag in &retries {
                         self.shared.retries.record(tag);
+                    }
+                    // The state just after this group, for snapshot reads at
+                    // its time (only if no other group of the database was
+                    // published since: every one passes through here).
+                    if let (Some((ts, _)), Ok(engine)) = (stamp, self.engine()) {
+                        if let Some(snap) = engine
+                            .get(&db)
+                            .ok()
+                            .flatten()
+                            .map(|d| d.snapshot())
+                            .filter(|s| s.cluster_time() == ts)
+                        {
+                            self.shared.history.record(&db, snap);
+                        }
                     }
                 }
                 // After the group is published here (or skipped): a read

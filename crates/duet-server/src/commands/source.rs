@@ -201,7 +201,9 @@ fn choose_source<'s>(
             (snap, Some(ts))
         }
         (None, ReadConcern::Snapshot(at)) => {
-            let snap = ctx.state.snapshots.resolve(ctx.db, &db, at)?;
+            let snap = ctx.state.snapshots.resolve_with(ctx.db, &db, at, |ts| {
+                ctx.state.repl.get().and_then(|m| m.state_at(ctx.db, ts))
+            })?;
             let ts = crate::snapshots::snapshot_time(&snap);
             (snap, Some(ts))
         }
