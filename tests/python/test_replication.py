@@ -654,3 +654,38 @@ def test_snapshot_reads_at_a_time_another_member_issued(cluster):
         assert len(list(sclient.d.c.find({}, session=s))) == n
     sclient.close()
     client.close()
+
+
+def test_max_staleness_selects_by_last_write(cluster):
+    """Drivers choose secondaries under maxStalenessSeconds from hello's
+    lastWrite: it is the last applied write's time (the same opTime and
+    date as the primary's once caught up), also on a member just restarted
+    with no write since — which must stay selectable, and serve
+    afterClusterTime reads of the writes it holds at once."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    db = client.get_database("d", write_concern=WriteConcern(w=3))
+    for i in range(3):
+        last = db.command("insert", "c", documents=[{"_id": i}])["operationTime"]
+    restarted, other = [m for m in cluster if m is not p]
+    assert restarted.stop() == 0
+    restarted.start()
+    with p.direct() as c:
+        plw = c.admin.command("hello")["lastWrite"]
+    with restarted.direct() as c:
+        wait_for("the restarted member to follow",
+                 lambda: c.admin.command("hello").get("secondary"))
+        lw = c.admin.command("hello")["lastWrite"]
+        assert lw["opTime"]["ts"] == plw["opTime"]["ts"] == last, (lw, plw, last)
+        assert abs((lw["lastWriteDate"] - plw["lastWriteDate"]).total_seconds()) < 2, (lw, plw)
+        started = time.time()
+        got = c.d.command("count", "c", readConcern={"afterClusterTime": last}, maxTimeMS=5000,
+                          read_preference=ReadPreference.SECONDARY_PREFERRED)
+        assert got["n"] == 3 and time.time() - started < 4
+    # Only the restarted member is a secondary now.
+    other.kill()
+    stale = set_client(cluster, readPreference="secondary", maxStalenessSeconds=90,
+                       serverSelectionTimeoutMS=10000)
+    assert stale.d.c.count_documents({}) == 3
+    stale.close()
+    client.close()

@@ -92,6 +92,31 @@ pub struct Shared {
     pub transport: crate::network::Transport,
 }
 
+impl Shared {
+    /// Raise the last write's time (`hello.lastWrite`, the applied time
+    /// reads wait for) to the newest group time the engine's databases
+    /// hold: at open (a restarted member has applied every group its
+    /// databases hold, and reported time 0 and a 1970 `lastWriteDate` until
+    /// the next write — drivers then took it for stale under
+    /// `maxStalenessSeconds`, and `afterClusterTime` reads waited for a new
+    /// write) and after installing a Raft snapshot. The wall-clock date is
+    /// the time's seconds (a group's time is its primary's wall-clock
+    /// seconds, or just above the previous time).
+    pub fn adopt_engine_times(&self, engine: &Engine) {
+        let ts = engine
+            .all_databases()
+            .iter()
+            .map(|d| d.snapshot().cluster_time())
+            .max()
+            .unwrap_or(0);
+        if ts > self.last_write_ts.load(Ordering::Acquire) {
+            self.last_write_wall_ms
+                .store((ts >> 32) * 1000, Ordering::Relaxed);
+            self.last_write_ts.fetch_max(ts, Ordering::Release);
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Default)]
 struct Applied {
     last: Option<LogId>,
@@ -141,6 +166,9 @@ impl StateMachine {
         if let Some(l) = sm.applied.last {
             sm.shared.applied_index.store(l.index, Ordering::Release);
         }
+        if let Ok(engine) = sm.engine() {
+            sm.shared.adopt_engine_times(&engine);
+        }
         Ok(sm)
     }
 
@@ -152,13 +180,7 @@ impl StateMachine {
         if let Some(l) = meta.last_log_id {
             self.shared.applied_index.store(l.index, Ordering::Release);
         }
-        let ts = engine
-            .all_databases()
-            .iter()
-            .map(|d| d.snapshot().state().ts)
-            .max()
-            .unwrap_or(0);
-        self.shared.last_write_ts.fetch_max(ts, Ordering::Relaxed);
+        self.shared.adopt_engine_times(engine);
         self.shared
             .snapshots_installed
             .fetch_add(1, Ordering::Relaxed);
