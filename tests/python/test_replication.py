@@ -564,8 +564,10 @@ def snapshot_read(d, name, consistency=None, coll="items", agg=False):
 def test_named_snapshot_reads_with_consistency_levels(cluster):
     """A read on a named snapshot with consistency 'majority' or 'all' is
     served only when that many members hold the same copy (their digests of
-    the collection read agree): with one member of three down, 'all' fails
-    with 133 and 'majority' (and 'one') still read, on any member."""
+    the collection read agree): with one member of three not answering,
+    'majority' does not wait for it and 'all' ends at maxTimeMS (50); with
+    it down, 'all' fails with 133 and 'majority' (and 'one') still read, on
+    any member."""
     p = primary_of(cluster)
     client = set_client(cluster)
     db = client.get_database("app", write_concern=WriteConcern("majority"))
@@ -590,6 +592,22 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
             snapshot_read(d, "nope", "majority")
         assert e.value.code != 133
     down = next(m for m in cluster if m is not p)
+    # A member that does not answer (stopped): 'majority' does not wait for
+    # it; 'all' waits up to maxTimeMS, then 50.
+    down.proc.send_signal(signal.SIGSTOP)
+    try:
+        with p.direct() as d:
+            started = time.time()
+            assert snapshot_read(d, "s1", "majority") == want
+            assert time.time() - started < 4
+            started = time.time()
+            with pytest.raises(OperationFailure) as e:
+                d.app.command(bson.SON([("find", "items"), ("maxTimeMS", 1500),
+                                        ("$duet", {"snapshotName": "s1", "consistency": "all"})]))
+            assert e.value.code == 50, e.value.details
+            assert 1.4 < time.time() - started < 6
+    finally:
+        down.proc.send_signal(signal.SIGCONT)
     down.kill()
     for m in cluster:
         if m is down:

@@ -640,15 +640,18 @@ impl Member {
     /// `name` of `db` (`digest.rs`), asked in parallel over the Raft port:
     /// each member of the configuration in force but this one, by wire
     /// address, with its digest or why it has none (unreachable, not there
-    /// yet after `wait`, no such snapshot). A member answers once it has
-    /// applied the log as far as this one has. Blocking; at most `wait`
-    /// plus the scans and round trips.
+    /// yet after `wait`, no such snapshot, no answer within `limit`). A
+    /// member answers once it has applied the log as far as this one has
+    /// (waiting at most `wait`). Returns as soon as `enough` digests equal
+    /// to `mine` arrived (the rest are then "not waited for"), every member
+    /// answered, or `limit` passed. Blocking.
     pub fn member_digests(
         &self,
-        db: &str,
-        name: &str,
-        coll: &str,
+        (db, name, coll): (&str, &str, &str),
+        mine: &crate::digest::Digest,
+        enough: usize,
         wait: Duration,
+        limit: Duration,
     ) -> Vec<(String, Result<crate::digest::Digest, String>)> {
         let status = self.status();
         let applied = self.applied_index();
@@ -660,6 +663,7 @@ impl Member {
             .collect();
         let (identity, transport) = (self.shared.identity.clone(), self.shared.transport.clone());
         let (db, name, coll) = (db.to_string(), name.to_string(), coll.to_string());
+        let mine = mine.clone();
         self.runtime.block_on(async move {
             let mut asks = tokio::task::JoinSet::new();
             for (i, host) in others.iter().enumerate() {
@@ -681,15 +685,28 @@ impl Member {
             }
             let mut out: Vec<(String, Result<crate::digest::Digest, String>)> = others
                 .iter()
-                .map(|h| (h.clone(), Err("no answer".to_string())))
+                .map(|h| (h.clone(), Err(format!("no answer within {limit:?}"))))
                 .collect();
-            while let Some(done) = asks.join_next().await {
-                if let Ok((i, r)) = done {
-                    if let Some(slot) = out.get_mut(i) {
-                        slot.1 = r;
+            let mut agree = 0;
+            let collect = async {
+                while let Some(done) = asks.join_next().await {
+                    if let Ok((i, r)) = done {
+                        agree += usize::from(r.as_ref().is_ok_and(|d| *d == mine));
+                        if let Some(slot) = out.get_mut(i) {
+                            slot.1 = r;
+                        }
+                    }
+                    if agree >= enough {
+                        for slot in out.iter_mut().filter(|s| s.1.is_err()) {
+                            slot.1 = Err("not waited for".into());
+                        }
+                        return;
                     }
                 }
-            }
+            };
+            let _ = tokio::time::timeout(limit, collect).await;
+            // Dropping the set cancels the asks still running.
+            drop(asks);
             out
         })
     }

@@ -14,7 +14,8 @@
 //! collection read in its copy (`duet_repl::digest`) and asks the other
 //! members of the configuration for theirs (over the Raft port, each
 //! answering once it has applied the log as far as this member has, within
-//! [`DIGEST_WAIT`]); the read runs only if that many members — this one
+//! [`DIGEST_WAIT`] or what is left of `maxTimeMS`, past which the read
+//! fails with 50 MaxTimeMSExpired); the read runs only if that many members — this one
 //! included — hold the same digest: a majority of the configuration's
 //! members, or all of them. Otherwise it fails: 301 DataCorruptionDetected
 //! when a member answered with another digest (the copies differ; the
@@ -127,6 +128,9 @@ pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 /// How long a consistency check waits for the other members' digests (each
 /// member's wait to apply the log as far as this one, then its scan).
 pub const DIGEST_WAIT: Duration = Duration::from_secs(5);
+/// What the other members' scans and the round trips may add to
+/// [`DIGEST_WAIT`] (without `maxTimeMS`).
+pub const DIGEST_GRACE: Duration = Duration::from_secs(10);
 
 /// A read's consistency level on a named snapshot (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +205,19 @@ pub fn check_consistency(
         return Ok(());
     }
     let mine = duet_repl::digest::of_snapshot(snap, coll);
-    let answers = m.member_digests(ctx.db, name, coll, DIGEST_WAIT);
+    // `maxTimeMS` bounds the wait too; without it, the members' scans and
+    // the round trips get `DIGEST_GRACE` beyond the wait.
+    let (wait, limit) = match ctx.cancel.deadline() {
+        Some(d) => {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            (DIGEST_WAIT.min(left), left)
+        }
+        None => (DIGEST_WAIT, DIGEST_WAIT + DIGEST_GRACE),
+    };
+    let answers = m.member_digests((ctx.db, name, coll), &mine, need - 1, wait, limit);
+    if let Some(r) = ctx.cancel.reason() {
+        return Err(CommandError::new(r.code(), r.code_name(), r.message()));
+    }
     judge(name, coll, level, members, &mine, &answers)
 }
 
