@@ -577,6 +577,9 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
     want = [{"_id": i, "v": i} for i in range(30)]
     for m in cluster:
         with m.direct() as d:
+            wait_for("member %d to take the snapshot" % m.i, lambda: any(
+                s["name"] == "s1" for s in d.app.command(
+                    "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"]))
             for level in ("one", "majority", "all"):
                 assert snapshot_read(d, "s1", level) == want, (m.i, level)
             assert snapshot_read(d, "s1", "all", agg=True) == want, m.i
@@ -686,6 +689,11 @@ def test_max_staleness_selects_by_last_write(cluster):
     for i in range(3):
         last = db.command("insert", "c", documents=[{"_id": i}])["operationTime"]
     restarted, other = [m for m in cluster if m is not p]
+    # Applied before the stop, so nothing is left to apply after the restart
+    # (the restarted member's lastWrite must come from its own files).
+    with restarted.direct() as c:
+        wait_for("the member to apply every write",
+                 lambda: c.admin.command("hello")["lastWrite"]["opTime"]["ts"] == last, 10)
     assert restarted.stop() == 0
     restarted.start()
     with p.direct() as c:
@@ -693,6 +701,10 @@ def test_max_staleness_selects_by_last_write(cluster):
     with restarted.direct() as c:
         wait_for("the restarted member to follow",
                  lambda: c.admin.command("hello").get("secondary"))
+        # Before the restart reported its newest group time, this stayed
+        # Timestamp(0, 0) (and 1970) until the next write.
+        wait_for("the restarted member's lastWrite",
+                 lambda: c.admin.command("hello")["lastWrite"]["opTime"]["ts"] == last, 10)
         lw = c.admin.command("hello")["lastWrite"]
         assert lw["opTime"]["ts"] == plw["opTime"]["ts"] == last, (lw, plw, last)
         assert abs((lw["lastWriteDate"] - plw["lastWriteDate"]).total_seconds()) < 2, (lw, plw)
