@@ -506,3 +506,216 @@ def test_cluster_time_reads_wait_on_a_secondary(cluster):
                                readConcern={"afterClusterTime": future}, maxTimeMS=300)
         assert got["cursor"]["firstBatch"] == [{"_id": 0}]
     client.close()
+
+
+def test_drop_database_and_named_snapshot_times_are_the_primarys(cluster):
+    """dropDatabase and createSnapshot carry the primary's time in their log
+    entry: a secondary applying a drop reaches the drop's cluster time (an
+    afterClusterTime equal to the primary's reply's operationTime is served
+    at once, not at the next write), and a named snapshot's creation time is
+    the same on every member (its TTL counts from there everywhere)."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    db = client.get_database("gone", write_concern=WriteConcern("majority"))
+    db.c.insert_many([{"_id": i} for i in range(3)])
+    app = client.get_database("app", write_concern=WriteConcern("majority"))
+    app.items.insert_many([{"_id": i} for i in range(3)])
+    r = app.command("createSnapshot", "s1", ttlSeconds=3600)
+    secs = [m for m in cluster if m is not p]
+    on_sec = dict(read_preference=ReadPreference.SECONDARY_PREFERRED)
+    infos = []
+    for m in cluster:
+        with m.direct() as d:
+            wait_for("member %d to take the snapshot" % m.i, lambda: any(
+                s["name"] == "s1" for s in d.app.command("listSnapshots", **on_sec)["snapshots"]))
+            s = next(s for s in d.app.command("listSnapshots", **on_sec)["snapshots"]
+                     if s["name"] == "s1")
+            infos.append((s["csn"], s["created"], s["ttlSeconds"]))
+    assert len(set(infos)) == 1, infos
+    dropped = db.command("dropDatabase")
+    t = dropped["operationTime"]
+    for m in secs:
+        with m.direct() as d:
+            started = time.time()
+            got = d.gone.command("find", "c", filter={},
+                                 readConcern={"afterClusterTime": t}, maxTimeMS=5000, **on_sec)
+            assert got["cursor"]["firstBatch"] == [], got
+            assert got["operationTime"] >= t
+            assert time.time() - started < 4, "the drop's time was not reached by the drop"
+            assert "gone" not in d.list_database_names()
+    assert r["ok"] == 1
+    client.close()
+
+
+def snapshot_read(d, name, consistency=None, coll="items", agg=False):
+    duet = {"snapshotName": name}
+    if consistency is not None:
+        duet["consistency"] = consistency
+    if agg:
+        cmd = bson.SON([("aggregate", coll), ("pipeline", [{"$sort": {"_id": 1}}]),
+                        ("cursor", {"batchSize": 1000}), ("$duet", duet)])
+    else:
+        cmd = bson.SON([("find", coll), ("filter", {}), ("sort", {"_id": 1}),
+                        ("batchSize", 1000), ("$duet", duet)])
+    reply = d.app.command(cmd, read_preference=ReadPreference.SECONDARY_PREFERRED)
+    return reply["cursor"]["firstBatch"]
+
+
+def test_named_snapshot_reads_with_consistency_levels(cluster):
+    """A read on a named snapshot with consistency 'majority' or 'all' is
+    served only when that many members hold the same copy (their digests of
+    the collection read agree): with one member of three not answering,
+    'majority' does not wait for it and 'all' ends at maxTimeMS (50); with
+    it down, 'all' fails with 133 and 'majority' (and 'one') still read, on
+    any member."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    db = client.get_database("app", write_concern=WriteConcern("majority"))
+    db.items.insert_many([{"_id": i, "v": i} for i in range(30)])
+    db.command("createSnapshot", "s1")
+    db.items.update_many({}, {"$inc": {"v": 100}})
+    want = [{"_id": i, "v": i} for i in range(30)]
+    for m in cluster:
+        with m.direct() as d:
+            wait_for("member %d to take the snapshot" % m.i, lambda: any(
+                s["name"] == "s1" for s in d.app.command(
+                    "listSnapshots", read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"]))
+            for level in ("one", "majority", "all"):
+                assert snapshot_read(d, "s1", level) == want, (m.i, level)
+            assert snapshot_read(d, "s1", "all", agg=True) == want, m.i
+            # A collection the snapshot does not hold is empty everywhere.
+            assert snapshot_read(d, "s1", "all", coll="nothing") == []
+    with p.direct() as d:
+        for bad in ({"snapshotName": "s1", "consistency": "quorum"},
+                    {"consistency": "all"}):
+            with pytest.raises(OperationFailure) as e:
+                d.app.command(bson.SON([("find", "items"), ("$duet", bad)]))
+            assert e.value.code == 2, e.value.details
+        with pytest.raises(OperationFailure) as e:
+            snapshot_read(d, "nope", "majority")
+        assert e.value.code != 133
+    down = next(m for m in cluster if m is not p)
+    # A member that does not answer (stopped): 'majority' does not wait for
+    # it; 'all' waits up to maxTimeMS, then 50.
+    down.proc.send_signal(signal.SIGSTOP)
+    try:
+        with p.direct() as d:
+            started = time.time()
+            assert snapshot_read(d, "s1", "majority") == want
+            assert time.time() - started < 4
+            started = time.time()
+            with pytest.raises(OperationFailure) as e:
+                d.app.command(bson.SON([("find", "items"), ("maxTimeMS", 1500),
+                                        ("$duet", {"snapshotName": "s1", "consistency": "all"})]))
+            assert e.value.code == 50, e.value.details
+            assert 1.4 < time.time() - started < 6
+    finally:
+        down.proc.send_signal(signal.SIGCONT)
+    down.kill()
+    for m in cluster:
+        if m is down:
+            continue
+        with m.direct() as d:
+            started = time.time()
+            with pytest.raises(OperationFailure) as e:
+                snapshot_read(d, "s1", "all")
+            assert e.value.code == 133, e.value.details
+            assert f"127.0.0.1:{down.port}" in e.value.details["errmsg"]
+            assert time.time() - started < 15
+            assert snapshot_read(d, "s1", "majority") == want, m.i
+            assert snapshot_read(d, "s1") == want, m.i
+    down.start()
+    with down.direct() as d:
+        wait_for("the restarted member", lambda: count_if_member(
+            d.app.items.with_options(read_preference=ReadPreference.SECONDARY_PREFERRED)) == 30)
+    client.close()
+
+
+def test_snapshot_reads_at_a_time_another_member_issued(cluster):
+    """Read concern snapshot with an atClusterTime is served on any member
+    that has applied that time, also after that member moved on and when
+    the time was issued by another member: every member keeps its recent
+    states by cluster time (a primary's snapshot read continued on a
+    secondary, and the reverse)."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    sec = next(m for m in cluster if m is not p)
+    on_sec = dict(read_preference=ReadPreference.SECONDARY_PREFERRED)
+    db = client.get_database("d", write_concern=WriteConcern("majority"))
+    db.c.insert_many([{"_id": i} for i in range(5)])
+    first = db.command("find", "c", filter={}, sort={"_id": 1},
+                       readConcern={"level": "snapshot"})
+    at = first["cursor"]["atClusterTime"]
+    # The set moves on; the secondary applies the later writes.
+    last = None
+    for i in range(5, 10):
+        last = db.command("insert", "c", documents=[{"_id": i}])["operationTime"]
+    with sec.direct() as c:
+        wait_for("the secondary to apply", lambda: c.d.command(
+            "count", "c", readConcern={"afterClusterTime": last}, **on_sec)["n"] == 10)
+        got = c.d.command("find", "c", filter={}, sort={"_id": 1},
+                          readConcern={"level": "snapshot", "atClusterTime": at}, **on_sec)
+        assert got["cursor"]["firstBatch"] == first["cursor"]["firstBatch"]
+        assert got["cursor"]["atClusterTime"] == at
+        # A snapshot read started on the secondary, continued on the primary
+        # after further writes.
+        mine = c.d.command("find", "c", filter={}, sort={"_id": 1},
+                           readConcern={"level": "snapshot"}, **on_sec)
+    at2 = mine["cursor"]["atClusterTime"]
+    db.c.insert_one({"_id": 10})
+    got = db.command("find", "c", filter={}, sort={"_id": 1},
+                     readConcern={"level": "snapshot", "atClusterTime": at2})
+    assert got["cursor"]["firstBatch"] == [{"_id": i} for i in range(10)]
+    # pymongo's snapshot sessions on secondaries.
+    sclient = set_client(cluster, readPreference="secondary")
+    with sclient.start_session(snapshot=True) as s:
+        n = len(list(sclient.d.c.find({}, session=s)))
+        db.c.insert_one({"_id": 11})
+        time.sleep(0.5)
+        assert len(list(sclient.d.c.find({}, session=s))) == n
+    sclient.close()
+    client.close()
+
+
+def test_max_staleness_selects_by_last_write(cluster):
+    """Drivers choose secondaries under maxStalenessSeconds from hello's
+    lastWrite: it is the last applied write's time (the same opTime and
+    date as the primary's once caught up), also on a member just restarted
+    with no write since — which must stay selectable, and serve
+    afterClusterTime reads of the writes it holds at once."""
+    p = primary_of(cluster)
+    client = set_client(cluster)
+    db = client.get_database("d", write_concern=WriteConcern(w=3))
+    for i in range(3):
+        last = db.command("insert", "c", documents=[{"_id": i}])["operationTime"]
+    restarted, other = [m for m in cluster if m is not p]
+    # Applied before the stop, so nothing is left to apply after the restart
+    # (the restarted member's lastWrite must come from its own files).
+    with restarted.direct() as c:
+        wait_for("the member to apply every write",
+                 lambda: c.admin.command("hello")["lastWrite"]["opTime"]["ts"] == last, 10)
+    assert restarted.stop() == 0
+    restarted.start()
+    with p.direct() as c:
+        plw = c.admin.command("hello")["lastWrite"]
+    with restarted.direct() as c:
+        wait_for("the restarted member to follow",
+                 lambda: c.admin.command("hello").get("secondary"))
+        # Before the restart reported its newest group time, this stayed
+        # Timestamp(0, 0) (and 1970) until the next write.
+        wait_for("the restarted member's lastWrite",
+                 lambda: c.admin.command("hello")["lastWrite"]["opTime"]["ts"] == last, 10)
+        lw = c.admin.command("hello")["lastWrite"]
+        assert lw["opTime"]["ts"] == plw["opTime"]["ts"] == last, (lw, plw, last)
+        assert abs((lw["lastWriteDate"] - plw["lastWriteDate"]).total_seconds()) < 2, (lw, plw)
+        started = time.time()
+        got = c.d.command("count", "c", readConcern={"afterClusterTime": last}, maxTimeMS=5000,
+                          read_preference=ReadPreference.SECONDARY_PREFERRED)
+        assert got["n"] == 3 and time.time() - started < 4
+    # Only the restarted member is a secondary now.
+    other.kill()
+    stale = set_client(cluster, readPreference="secondary", maxStalenessSeconds=90,
+                       serverSelectionTimeoutMS=10000)
+    assert stale.d.c.count_documents({}) == 3
+    stale.close()
+    client.close()

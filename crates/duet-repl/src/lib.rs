@@ -12,6 +12,8 @@
 //! - `replicator`: the engine's `Replicate` hook (writer → Raft);
 //! - `network`: Raft RPCs over TCP between members;
 //! - `sim`: a simulated network for deterministic simulation tests;
+//! - `digest`: digests of named snapshots, compared across members;
+//! - `history`: recent database states by cluster time (snapshot reads);
 //! - `member`: one running member and what the server asks of it.
 //!
 //! The protocol (docs/design.md "Replication"): the primary's writer
@@ -26,6 +28,8 @@
 // helpers that build one return it too rather than boxing and unboxing.
 #![allow(clippy::result_large_err)]
 
+pub mod digest;
+pub mod history;
 pub mod log_store;
 pub mod member;
 pub mod network;

@@ -372,6 +372,9 @@ impl Member {
             me,
             incarnation: rand::random(),
             pending: Pending::default(),
+            own_times: Default::default(),
+            history: Default::default(),
+            next_token: AtomicU64::new(0),
             retries: Default::default(),
             applied_index: AtomicU64::new(0),
             last_write_ts: AtomicU64::new(0),
@@ -567,6 +570,13 @@ impl Member {
         self.shared.last_write_ts.load(Ordering::Acquire)
     }
 
+    /// The state of database `db` just after its group of cluster time
+    /// `ts`, if this member still holds it (`history.rs`): read concern
+    /// `snapshot` at an `atClusterTime` this member did not issue.
+    pub fn state_at(&self, db: &str, ts: u64) -> Option<duetdb::Snapshot> {
+        self.shared.history.state_at(db, ts)
+    }
+
     /// Wait (blocking, polling) until this member applied a group of cluster
     /// time `ts` or later — read concern `afterClusterTime`/`atClusterTime`
     /// on any member — or `cancelled()` says stop (`maxTimeMS`, `killOp`,
@@ -626,6 +636,81 @@ impl Member {
         })
     }
 
+    /// The other members' digests of collection `coll` of named snapshot
+    /// `name` of `db` (`digest.rs`), asked in parallel over the Raft port:
+    /// each member of the configuration in force but this one, by wire
+    /// address, with its digest or why it has none (unreachable, not there
+    /// yet after `wait`, no such snapshot, no answer within `limit`). A
+    /// member answers once it has applied the log as far as this one has
+    /// (waiting at most `wait`). Returns as soon as `enough` digests equal
+    /// to `mine` arrived (the rest are then "not waited for"), every member
+    /// answered, or `limit` passed. Blocking.
+    pub fn member_digests(
+        &self,
+        (db, name, coll): (&str, &str, &str),
+        mine: &crate::digest::Digest,
+        enough: usize,
+        wait: Duration,
+        limit: Duration,
+    ) -> Vec<(String, Result<crate::digest::Digest, String>)> {
+        let status = self.status();
+        let applied = self.applied_index();
+        let others: Vec<String> = status
+            .members
+            .iter()
+            .filter(|m| m.id != status.me)
+            .map(|m| m.host.clone())
+            .collect();
+        let (identity, transport) = (self.shared.identity.clone(), self.shared.transport.clone());
+        let (db, name, coll) = (db.to_string(), name.to_string(), coll.to_string());
+        let mine = mine.clone();
+        self.runtime.block_on(async move {
+            let mut asks = tokio::task::JoinSet::new();
+            for (i, host) in others.iter().enumerate() {
+                let (identity, transport, host) =
+                    (identity.clone(), transport.clone(), host.clone());
+                let (db, name, coll) = (db.clone(), name.clone(), coll.clone());
+                asks.spawn(async move {
+                    let r = crate::network::ask_digest(
+                        &identity,
+                        &transport,
+                        &host,
+                        (&db, &name, &coll),
+                        applied,
+                        wait,
+                    )
+                    .await;
+                    (i, r)
+                });
+            }
+            let mut out: Vec<(String, Result<crate::digest::Digest, String>)> = others
+                .iter()
+                .map(|h| (h.clone(), Err(format!("no answer within {limit:?}"))))
+                .collect();
+            let mut agree = 0;
+            let collect = async {
+                while let Some(done) = asks.join_next().await {
+                    if let Ok((i, r)) = done {
+                        agree += usize::from(r.as_ref().is_ok_and(|d| *d == mine));
+                        if let Some(slot) = out.get_mut(i) {
+                            slot.1 = r;
+                        }
+                    }
+                    if agree >= enough {
+                        for slot in out.iter_mut().filter(|s| s.1.is_err()) {
+                            slot.1 = Err("not waited for".into());
+                        }
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(limit, collect).await;
+            // Dropping the set cancels the asks still running.
+            drop(asks);
+            out
+        })
+    }
+
     /// Check this member still leads a majority (read concern
     /// `linearizable`). Blocking.
     pub fn ensure_linearizable(&self) -> Result<(), Error> {
@@ -637,10 +722,65 @@ impl Member {
 
     /// Drop database `db` on every member (a Raft entry); whether it
     /// existed here. Blocking.
+    ///
+    /// The drop's cluster time is taken here, on the primary, under the
+    /// clock's order (as a writer group's is) and carried in the entry, so
+    /// every member drops at that time and a secondary that applied the drop
+    /// has reached it (a read with `afterClusterTime` = this reply's
+    /// `operationTime` is served there without waiting for a later write).
     pub fn drop_database(&self, db: &str) -> Result<bool, Error> {
-        let req = Request::DropDatabase { db: db.to_string() };
-        let r = self.propose(req, "dropDatabase")?;
-        Ok(matches!(r, Response::Dropped { existed: true }))
+        if !self.is_writable_primary() {
+            return Err(not_primary("not primary: dropDatabase goes to the primary"));
+        }
+        let engine = self
+            .shared
+            .engine
+            .upgrade()
+            .ok_or_else(|| not_primary("the server is shutting down"))?;
+        let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed) + 1;
+        let (ts, queued) = engine.ordered_time(|ts, wall_ms| {
+            self.shared.own_times.lock().insert(token);
+            let req = Request::DropDatabaseAt {
+                db: db.to_string(),
+                ts,
+                wall_ms,
+                origin: crate::types::Origin {
+                    member: self.shared.me,
+                    incarnation: self.shared.incarnation,
+                    token,
+                },
+            };
+            (ts, self.runtime.block_on(self.raft.client_write_ff(req)))
+        });
+        let timeout = self.opts.commit_timeout;
+        let answer = match queued {
+            Err(fatal) => Err(write_error(RaftError::Fatal(fatal))),
+            Ok(rx) => match self
+                .runtime
+                .block_on(async move { tokio::time::timeout(timeout, rx).await })
+            {
+                Ok(Ok(Ok(resp))) => Ok(resp.data),
+                Ok(Ok(Err(e))) => Err(write_error(RaftError::APIError(e))),
+                Ok(Err(_)) => Err(Error::Coded {
+                    code: 91,
+                    name: "ShutdownInProgress",
+                    msg: "the replica-set member stopped before dropDatabase committed".into(),
+                }),
+                Err(_) => Err(Error::Coded {
+                    code: 64,
+                    name: "WriteConcernFailed",
+                    msg: format!(
+                        "dropDatabase was not committed within {timeout:?} (it may still be)"
+                    ),
+                }),
+            },
+        };
+        if answer.is_err() && self.shared.own_times.lock().remove(&token) {
+            // Not applied here (yet): if the entry still commits, its apply
+            // adopts the time again.
+            engine.abandon_time(ts);
+        }
+        Ok(matches!(answer?, Response::Dropped { existed: true }))
     }
 
     /// Propose `req` and wait (blocking) for this member's answer to it.
@@ -667,19 +807,24 @@ impl Member {
     }
 
     /// Take named snapshot `name` of `db` on every member at one log
-    /// position; its csn. Blocking.
+    /// position, created at this primary's wall-clock time (the same
+    /// `created` and TTL expiry everywhere); its csn. Blocking.
     pub fn create_snapshot(
         &self,
         db: &str,
         name: &str,
         opts: duetdb::SnapshotOptions,
     ) -> Result<u64, Error> {
-        let req = Request::CreateSnapshot {
+        let created_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis().min(u128::from(u64::MAX)) as u64);
+        let req = Request::CreateSnapshotAt {
             db: db.to_string(),
             name: name.to_string(),
             collections: opts.collections,
             ttl_secs: opts.ttl.map(|t| t.as_secs().max(1)),
             durable: opts.durable,
+            created_ms,
         };
         snapshot_result(self.propose(req, "createSnapshot")?)
     }

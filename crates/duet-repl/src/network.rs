@@ -18,6 +18,11 @@
 //! nothing of its own to protect), adopts the id of the leader's appends
 //! and snapshots.
 //!
+//! Besides Raft's own RPCs the port carries the member-to-member requests
+//! of the set: leadership transfer ([`RpcRequest::StepUp`]), removal
+//! notices ([`RpcRequest::Removed`]) and named-snapshot digests
+//! ([`RpcRequest::Digest`], `digest.rs`).
+//!
 //! The transport is TCP in production; a test can route the same
 //! requests through an in-memory simulated network instead
 //! ([`Transport::Sim`], `sim.rs`): the same envelopes, bytes and handler
@@ -78,6 +83,16 @@ enum RpcRequest {
     /// The primary removed this member from the set; the configuration
     /// version that did (`member::mark_removed`).
     Removed(u64),
+    /// The digest of collection `coll` of named snapshot `name` of `db`
+    /// (`digest.rs`), once this member has applied the log up to `applied`
+    /// (the asking member's applied index), waiting at most `wait_ms`.
+    Digest {
+        db: String,
+        name: String,
+        coll: String,
+        applied: u64,
+        wait_ms: u64,
+    },
 }
 
 /// What goes on the wire: the request and who sends it.
@@ -108,6 +123,8 @@ enum RpcReply {
     Removed,
     /// The request came from another replica set (why).
     Refused(String),
+    /// A snapshot digest, or why there is none (code, message).
+    Digest(Result<crate::digest::Digest, (i32, String)>),
 }
 
 /// The Raft address (`host:port`) of the member whose wire address is `wire`.
@@ -377,6 +394,68 @@ pub async fn tell_removed(
     )
 }
 
+/// Ask the member whose wire address is `addr` for its digest of collection
+/// `coll` of named snapshot `name` of `db` (see [`RpcRequest::Digest`]);
+/// `Err` when it cannot be reached or answers with an error.
+pub async fn ask_digest(
+    identity: &Arc<Identity>,
+    transport: &Transport,
+    addr: &str,
+    req: (&str, &str, &str),
+    applied: u64,
+    wait: Duration,
+) -> Result<crate::digest::Digest, String> {
+    let (db, name, coll) = req;
+    let mut peer = Peer::new(identity, transport, 0, addr);
+    let rpc = RpcRequest::Digest {
+        db: db.to_string(),
+        name: name.to_string(),
+        coll: coll.to_string(),
+        applied,
+        wait_ms: wait.as_millis().min(u128::from(u64::MAX)) as u64,
+    };
+    // The member's own wait, then the digest's scan and the round trip.
+    match peer.call(&rpc, wait + Duration::from_secs(5)).await {
+        Ok(RpcReply::Digest(Ok(d))) => Ok(d),
+        Ok(RpcReply::Digest(Err((code, msg)))) => Err(format!("error {code}: {msg}")),
+        Ok(RpcReply::Refused(why)) => Err(why),
+        Ok(_) => Err("an unexpected reply".into()),
+        Err(e) => Err(format!("unreachable: {e}")),
+    }
+}
+
+/// This member's answer to [`RpcRequest::Digest`].
+async fn digest_here(
+    shared: &Arc<Shared>,
+    db: String,
+    name: String,
+    coll: String,
+    applied: u64,
+    wait_ms: u64,
+) -> Result<crate::digest::Digest, (i32, String)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    while shared
+        .applied_index
+        .load(std::sync::atomic::Ordering::Acquire)
+        < applied
+    {
+        if tokio::time::Instant::now() >= deadline {
+            return Err((
+                50,
+                format!("this member has not applied the log up to index {applied} yet"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let engine = shared
+        .engine
+        .upgrade()
+        .ok_or_else(|| (91, "the server is shutting down".to_string()))?;
+    tokio::task::spawn_blocking(move || crate::digest::of_named(&engine, &db, &name, &coll))
+        .await
+        .map_err(|e| (1, e.to_string()))?
+}
+
 /// Whether `candidate` may get this member's vote: a voter of the
 /// configuration it knows (any, while it knows none: a set forming).
 fn may_vote_for(raft: &Raft, candidate: Option<NodeId>) -> bool {
@@ -537,6 +616,13 @@ impl Handler {
                 crate::member::mark_removed(raft, shared, version);
                 RpcReply::Removed
             }
+            RpcRequest::Digest {
+                db,
+                name,
+                coll,
+                applied,
+                wait_ms,
+            } => RpcReply::Digest(digest_here(shared, db, name, coll, applied, wait_ms).await),
         };
         bincode::serialize(&reply).ok()
     }

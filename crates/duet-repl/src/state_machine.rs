@@ -11,7 +11,13 @@
 //!   skips the same ones: a group made by a primary on a state that another
 //!   committed entry moved past (a deposed primary's, or one the writer gave
 //!   up on) never applies anywhere.
-//! - `dropDatabase` drops the database on every member.
+//! - `dropDatabase` drops the database on every member, at the primary's
+//!   cluster time carried in the entry (`DropDatabaseAt`; the older
+//!   `DropDatabase` entries drop at each member's own time), which then
+//!   counts as applied (`last_write_ts`) like a group's.
+//!
+//! After each group applied, the database's state is recorded by its
+//! cluster time (`history.rs`) for snapshot reads at that time.
 //!
 //! Where the applied position is kept: `repl.raft/applied` (last applied
 //! log id and membership), rewritten after each batch, synced after a
@@ -53,6 +59,14 @@ pub struct Shared {
     /// Random per process start (see `types::Origin`).
     pub incarnation: u64,
     pub pending: Pending,
+    /// Tokens of this process's `DropDatabaseAt` entries whose cluster time
+    /// is still in flight in the engine's clock (taken by the primary before
+    /// proposing): whoever removes a token — the apply, or the proposer
+    /// giving up — finishes that time (`Member::drop_database`).
+    pub own_times: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Recent database states by cluster time (`history.rs`).
+    pub history: crate::history::History,
+    pub next_token: AtomicU64,
     /// Retryable writes applied (`retries.rs`).
     pub retries: crate::retries::Retries,
     /// Index of the last applied entry, and the cluster time (the highest of
@@ -76,6 +90,31 @@ pub struct Shared {
     pub identity: Arc<crate::log_store::Identity>,
     /// How this member's Raft RPCs travel.
     pub transport: crate::network::Transport,
+}
+
+impl Shared {
+    /// Raise the last write's time (`hello.lastWrite`, the applied time
+    /// reads wait for) to the newest group time the engine's databases
+    /// hold: at open (a restarted member has applied every group its
+    /// databases hold, and reported time 0 and a 1970 `lastWriteDate` until
+    /// the next write — drivers then took it for stale under
+    /// `maxStalenessSeconds`, and `afterClusterTime` reads waited for a new
+    /// write) and after installing a Raft snapshot. The wall-clock date is
+    /// the time's seconds (a group's time is its primary's wall-clock
+    /// seconds, or just above the previous time).
+    pub fn adopt_engine_times(&self, engine: &Engine) {
+        let ts = engine
+            .all_databases()
+            .iter()
+            .map(|d| d.snapshot().cluster_time())
+            .max()
+            .unwrap_or(0);
+        if ts > self.last_write_ts.load(Ordering::Acquire) {
+            self.last_write_wall_ms
+                .store((ts >> 32) * 1000, Ordering::Relaxed);
+            self.last_write_ts.fetch_max(ts, Ordering::Release);
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -127,6 +166,9 @@ impl StateMachine {
         if let Some(l) = sm.applied.last {
             sm.shared.applied_index.store(l.index, Ordering::Release);
         }
+        if let Ok(engine) = sm.engine() {
+            sm.shared.adopt_engine_times(&engine);
+        }
         Ok(sm)
     }
 
@@ -138,13 +180,7 @@ impl StateMachine {
         if let Some(l) = meta.last_log_id {
             self.shared.applied_index.store(l.index, Ordering::Release);
         }
-        let ts = engine
-            .all_databases()
-            .iter()
-            .map(|d| d.snapshot().state().ts)
-            .max()
-            .unwrap_or(0);
-        self.shared.last_write_ts.fetch_max(ts, Ordering::Relaxed);
+        self.shared.adopt_engine_times(engine);
         self.shared
             .snapshots_installed
             .fetch_add(1, Ordering::Relaxed);
@@ -199,6 +235,7 @@ impl StateMachine {
                     None => {
                         let engine = self.engine()?;
                         let shared = self.shared.clone();
+                        let db = db.clone();
                         tokio::task::spawn_blocking(move || {
                             apply_group(&engine, &shared, &db, first, payload)
                         })
@@ -209,6 +246,20 @@ impl StateMachine {
                 if response == Response::Applied {
                     for tag in &retries {
                         self.shared.retries.record(tag);
+                    }
+                    // The state just after this group, for snapshot reads at
+                    // its time (only if no other group of the database was
+                    // published since: every one passes through here).
+                    if let (Some((ts, _)), Ok(engine)) = (stamp, self.engine()) {
+                        if let Some(snap) = engine
+                            .get(&db)
+                            .ok()
+                            .flatten()
+                            .map(|d| d.snapshot())
+                            .filter(|s| s.cluster_time() == ts)
+                        {
+                            self.shared.history.record(&db, snap);
+                        }
                     }
                 }
                 // After the group is published here (or skipped): a read
@@ -258,6 +309,70 @@ impl StateMachine {
                 .await
                 .map_err(|e| sm_err(ErrorVerb::Write, e))?;
                 Ok((Response::Snapshot(r), false))
+            }
+            Request::CreateSnapshotAt {
+                db,
+                name,
+                collections,
+                ttl_secs,
+                durable,
+                created_ms,
+            } => {
+                let engine = self.engine()?;
+                let r = tokio::task::spawn_blocking(move || {
+                    let opts = duetdb::SnapshotOptions {
+                        collections,
+                        ttl: ttl_secs.map(std::time::Duration::from_secs),
+                        durable,
+                    };
+                    let created =
+                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(created_ms);
+                    engine
+                        .database(&db)
+                        .and_then(|d| d.create_snapshot_at(&name, opts, created))
+                        .map(|info| info.csn)
+                        .map_err(|e| (e.code(), e.to_string()))
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                Ok((Response::Snapshot(r), false))
+            }
+            Request::DropDatabaseAt {
+                db,
+                ts,
+                wall_ms,
+                origin,
+            } => {
+                let engine = self.engine()?;
+                let shared = self.shared.clone();
+                let existed = tokio::task::spawn_blocking(move || {
+                    // The primary's own entry: its time is in flight here
+                    // already, unless its proposer gave up and finished it.
+                    let mine = origin.member == shared.me
+                        && origin.incarnation == shared.incarnation
+                        && shared.own_times.lock().remove(&origin.token);
+                    if !mine {
+                        engine.adopt_time(ts);
+                    }
+                    shared.pending.supersede(&db, None);
+                    let existed = engine
+                        .try_drop_database_at(&db, ts, wall_ms)
+                        .unwrap_or_else(|e| {
+                            tracing::warn!(db = %db, error = %e, "database not dropped");
+                            false
+                        });
+                    shared.pending.unblock(&db);
+                    existed
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                // The drop's time is applied here: a read waiting for it
+                // (`Member::wait_for_time`) may go.
+                self.shared
+                    .last_write_wall_ms
+                    .store(wall_ms.max(0) as u64, Ordering::Relaxed);
+                self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+                Ok((Response::Dropped { existed }, true))
             }
             Request::DropDatabase { db } => {
                 let engine = self.engine()?;

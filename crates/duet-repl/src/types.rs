@@ -3,7 +3,9 @@
 //! One Raft group replicates every database of the server. A log entry is
 //! either one writer group's WAL record of one database — the exact bytes
 //! the database's WAL stores (`duetdb::durability::wal::encode_record`) —
-//! or a `dropDatabase`. Entries are encoded with bincode on the wire and in
+//! or a `dropDatabase` or named-snapshot command, which carry the primary's
+//! times. New variants are appended (bincode numbers them by position), so
+//! logs written by an older build still decode. Entries are encoded with bincode on the wire and in
 //! the Raft log file.
 
 use serde::{Deserialize, Serialize};
@@ -63,6 +65,32 @@ pub enum Request {
     },
     /// Drop named snapshot `name` of database `db` on every member.
     DropSnapshot { db: String, name: String },
+    // Variants below were added later: bincode numbers variants by
+    // position, so new ones go at the end and old logs still decode (the
+    // older forms above are still applied as they were).
+    /// `dropDatabase` at the primary's cluster time `ts` (taken under the
+    /// clock's order, so the log stays in time order) and wall-clock
+    /// `wall_ms`: every member drops at that time, and a read waiting for
+    /// it (`afterClusterTime`) is served once the drop is applied.
+    /// `origin` tells the primary its own entry (its time is already in
+    /// flight in its clock; another member adopts it).
+    DropDatabaseAt {
+        db: String,
+        ts: u64,
+        wall_ms: i64,
+        origin: Origin,
+    },
+    /// `CreateSnapshot`, created at the primary's wall-clock `created_ms`:
+    /// the snapshot's `created`, age and TTL count from there on every
+    /// member.
+    CreateSnapshotAt {
+        db: String,
+        name: String,
+        collections: Option<Vec<String>>,
+        ttl_secs: Option<u64>,
+        durable: bool,
+        created_ms: u64,
+    },
 }
 
 /// What applying an entry did.
@@ -86,4 +114,47 @@ pub fn record_range(payload: &[u8]) -> Option<(u64, u64)> {
     let lsn = u64::from_le_bytes(payload.get(0..8)?.try_into().ok()?);
     let first = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
     Some((first, lsn))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raft logs written before a variant was added must still decode:
+    /// bincode numbers enum variants by position (a u32 first), so existing
+    /// variants keep their numbers and new ones go at the end.
+    #[test]
+    fn variants_keep_their_positions_in_the_log_encoding() {
+        let tag = |r: &Request| {
+            let b = bincode::serialize(r).expect("encode");
+            u32::from_le_bytes(b[..4].try_into().expect("tag"))
+        };
+        let db = || "d".to_string();
+        assert_eq!(tag(&Request::DropDatabase { db: db() }), 1);
+        assert_eq!(
+            tag(&Request::DropSnapshot {
+                db: db(),
+                name: "s".into()
+            }),
+            3
+        );
+        let at = Request::DropDatabaseAt {
+            db: db(),
+            ts: 7 << 32 | 2,
+            wall_ms: 7000,
+            origin: Origin {
+                member: 1,
+                incarnation: 2,
+                token: 3,
+            },
+        };
+        assert_eq!(tag(&at), 4);
+        let old = bincode::serialize(&Request::DropDatabase { db: db() }).expect("encode");
+        assert_eq!(
+            bincode::deserialize::<Request>(&old).expect("an old entry decodes"),
+            Request::DropDatabase { db: db() }
+        );
+        let b = bincode::serialize(&at).expect("encode");
+        assert_eq!(bincode::deserialize::<Request>(&b).expect("decode"), at);
+    }
 }

@@ -15,8 +15,9 @@
 //! - at most `capacity` snapshots are held here (least recently used evicted),
 //!   because each one keeps the old versions it references alive; cursors hold
 //!   their own snapshot and do not depend on this registry;
-//! - a requested time is either served exactly (from the registry, or from the
-//!   live state when that is still the state at that time) or refused with
+//! - a requested time is either served exactly (from the registry, from the
+//!   live state when that is still the state at that time, or from a
+//!   replica-set member's recent states) or refused with
 //!   SnapshotTooOld (239) / BadValue (2) for a time not reached yet — never
 //!   silently replaced by another state.
 
@@ -96,6 +97,21 @@ impl SnapshotRegistry {
         db: &Database,
         at: Option<Timestamp>,
     ) -> CmdResult<Snapshot> {
+        self.resolve_with(db_name, db, at, |_| None)
+    }
+
+    /// [`Self::resolve`], asking `older(t)` for the state whose last group
+    /// has time `t` when neither the registry nor the live state is the one
+    /// at the requested time: a replica-set member's recent states
+    /// (`duet_repl::history`), so a time another member issued is served
+    /// here too.
+    pub fn resolve_with(
+        &self,
+        db_name: &str,
+        db: &Database,
+        at: Option<Timestamp>,
+        older: impl FnOnce(u64) -> Option<Snapshot>,
+    ) -> CmdResult<Snapshot> {
         let Some(ts) = at else {
             let snap = db.snapshot();
             self.remember(db_name, &snap);
@@ -129,6 +145,10 @@ impl SnapshotRegistry {
             return Err(CommandError::bad_value(format!(
                 "readConcern atClusterTime {ts:?} is later than database '{db_name}' has reached"
             )));
+        }
+        if let Some(snap) = older(want - 1).filter(|s| s.cluster_time() + 1 == want) {
+            self.remember(db_name, &snap);
+            return Ok(snap);
         }
         Err(CommandError::new(
             239,

@@ -500,9 +500,18 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
             ("workNsPerDoc", v) => {
                 work_ns(v)?;
             }
+            ("consistency", Bson::String(s)) => {
+                named::Consistency::parse(s)?;
+            }
+            ("consistency", other) => {
+                return Err(CommandError::type_mismatch(format!(
+                    "$duet.consistency must be a string, not {:?}",
+                    other.element_type()
+                )))
+            }
             (other, _) => {
                 return Err(CommandError::bad_value(format!(
-                "unknown $duet option '{other}' (supported: snapshot, snapshotName, workNsPerDoc)"
+                "unknown $duet option '{other}' (supported: snapshot, snapshotName, consistency, workNsPerDoc)"
             )))
             }
         }

@@ -6,6 +6,22 @@
 //! engine's `snapshot.rs`); these commands only translate arguments and errors.
 //! On a replica set, create and drop are log entries applied by every member
 //! (docs/design.md §19), so a snapshot is the same state on every member.
+//!
+//! Read consistency levels (the Cassandra Snapshotted Reads paper's): a read
+//! on a named snapshot may ask `$duet: {consistency: "one" | "majority" |
+//! "all"}` (default `one`: served from this member's copy as is). With
+//! `majority` or `all`, the member serving it computes the digest of the
+//! collection read in its copy (`duet_repl::digest`) and asks the other
+//! members of the configuration for theirs (over the Raft port, each
+//! answering once it has applied the log as far as this member has, within
+//! [`DIGEST_WAIT`] or what is left of `maxTimeMS`, past which the read
+//! fails with 50 MaxTimeMSExpired); the read runs only if that many members — this one
+//! included — hold the same digest: a majority of the configuration's
+//! members, or all of them. Otherwise it fails: 301 DataCorruptionDetected
+//! when a member answered with another digest (the copies differ; the
+//! members are named), 133 FailedToSatisfyReadPreference when too few
+//! answered (down, unreachable, or without the snapshot). A server that is
+//! not a replica-set member is the only copy: every level is met.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -14,6 +30,7 @@ use bson::{doc, Bson, DateTime, Document};
 use super::Ctx;
 use crate::args;
 use crate::error::{CmdResult, CommandError};
+use duetdb::Snapshot;
 
 /// `{createSnapshot: <name>, collections?: [..], ttlSeconds?: n, durable?: bool}`.
 /// `durable: true` pins the snapshot to its own checkpoint file so it survives
@@ -106,4 +123,192 @@ pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         None => ctx.database()?.drop_snapshot(name)?,
     }
     Ok(doc! {"ok": 1.0})
+}
+
+/// How long a consistency check waits for the other members' digests (each
+/// member's wait to apply the log as far as this one, then its scan).
+pub const DIGEST_WAIT: Duration = Duration::from_secs(5);
+/// What the other members' scans and the round trips may add to
+/// [`DIGEST_WAIT`] (without `maxTimeMS`).
+pub const DIGEST_GRACE: Duration = Duration::from_secs(10);
+
+/// A read's consistency level on a named snapshot (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    One,
+    Majority,
+    All,
+}
+
+impl Consistency {
+    pub fn parse(s: &str) -> CmdResult<Consistency> {
+        match s {
+            "one" => Ok(Consistency::One),
+            "majority" => Ok(Consistency::Majority),
+            "all" => Ok(Consistency::All),
+            other => Err(CommandError::bad_value(format!(
+                "$duet.consistency must be 'one', 'majority' or 'all', not '{other}'"
+            ))),
+        }
+    }
+
+    /// `$duet.consistency` of `cmd`, if given.
+    pub fn of(cmd: &Document) -> CmdResult<Option<Consistency>> {
+        match args::opt_doc(cmd, "$duet")?.and_then(|d| d.get("consistency")) {
+            None => Ok(None),
+            Some(Bson::String(s)) => Consistency::parse(s).map(Some),
+            Some(other) => Err(CommandError::type_mismatch(format!(
+                "$duet.consistency must be a string, not {:?}",
+                other.element_type()
+            ))),
+        }
+    }
+
+    /// How many of `members` members must hold the same copy.
+    fn needed(self, members: usize) -> usize {
+        match self {
+            Consistency::One => 1,
+            Consistency::Majority => members / 2 + 1,
+            Consistency::All => members,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Consistency::One => "one",
+            Consistency::Majority => "majority",
+            Consistency::All => "all",
+        }
+    }
+}
+
+/// A read of collection `coll` of named snapshot `name` (already resolved
+/// here as `snap`) at the consistency level `cmd` asks for: `Ok` when enough
+/// members hold the same copy (see the module documentation).
+pub fn check_consistency(
+    ctx: &Ctx<'_>,
+    cmd: &Document,
+    name: &str,
+    snap: &Snapshot,
+    coll: &str,
+) -> CmdResult<()> {
+    let level = Consistency::of(cmd)?.unwrap_or(Consistency::One);
+    if level == Consistency::One {
+        return Ok(());
+    }
+    let Some(m) = ctx.state.repl.get() else {
+        return Ok(());
+    };
+    let members = m.status().members.len().max(1);
+    let need = level.needed(members);
+    if need <= 1 {
+        return Ok(());
+    }
+    let mine = duet_repl::digest::of_snapshot(snap, coll);
+    // `maxTimeMS` bounds the wait too; without it, the members' scans and
+    // the round trips get `DIGEST_GRACE` beyond the wait.
+    let (wait, limit) = match ctx.cancel.deadline() {
+        Some(d) => {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            (DIGEST_WAIT.min(left), left)
+        }
+        None => (DIGEST_WAIT, DIGEST_WAIT + DIGEST_GRACE),
+    };
+    let answers = m.member_digests((ctx.db, name, coll), &mine, need - 1, wait, limit);
+    if let Some(r) = ctx.cancel.reason() {
+        return Err(CommandError::new(r.code(), r.code_name(), r.message()));
+    }
+    judge(name, coll, level, members, &mine, &answers)
+}
+
+/// Whether this member's digest `mine` and the other members' `answers`
+/// meet consistency `level` among `members` members (see
+/// [`check_consistency`]).
+fn judge(
+    name: &str,
+    coll: &str,
+    level: Consistency,
+    members: usize,
+    mine: &duet_repl::digest::Digest,
+    answers: &[(String, Result<duet_repl::digest::Digest, String>)],
+) -> CmdResult<()> {
+    let need = level.needed(members);
+    let agree = 1 + answers
+        .iter()
+        .filter(|(_, r)| r.as_ref().is_ok_and(|d| d == mine))
+        .count();
+    if agree >= need {
+        return Ok(());
+    }
+    let differing: Vec<String> = answers
+        .iter()
+        .filter(|(_, r)| r.as_ref().is_ok_and(|d| d != mine))
+        .map(|(host, r)| match r {
+            Ok(d) => format!("{host} ({} documents)", d.count),
+            Err(_) => host.clone(),
+        })
+        .collect();
+    let level = level.name();
+    if !differing.is_empty() {
+        return Err(CommandError::new(
+            301,
+            "DataCorruptionDetected",
+            format!(
+                "named snapshot '{name}' collection '{coll}' differs between members: \
+                 {agree} of {members} hold this member's copy ({} documents), consistency \
+                 '{level}' needs {need}; another copy on {}",
+                mine.count,
+                differing.join(", ")
+            ),
+        ));
+    }
+    let missing: Vec<String> = answers
+        .iter()
+        .filter_map(|(host, r)| r.as_ref().err().map(|why| format!("{host}: {why}")))
+        .collect();
+    Err(CommandError::new(
+        133,
+        "FailedToSatisfyReadPreference",
+        format!(
+            "consistency '{level}' on named snapshot '{name}' needs {need} of {members} \
+             members to hold the same copy; {agree} answered with it ({})",
+            missing.join("; ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use duet_repl::digest::Digest;
+
+    #[test]
+    fn consistency_levels_count_agreeing_members_and_name_the_others() {
+        let d = |h: &str| Digest {
+            count: 3,
+            hash: h.to_string(),
+        };
+        let mine = d("a");
+        let ok = |h: &str, r: Result<Digest, String>| (h.to_string(), r);
+        let down = || Err("unreachable: connection refused".to_string());
+        // Three members, one down: a majority agrees, not all.
+        let answers = [ok("m1:1", Ok(d("a"))), ok("m2:2", down())];
+        assert!(judge("s", "c", Consistency::Majority, 3, &mine, &answers).is_ok());
+        let e = judge("s", "c", Consistency::All, 3, &mine, &answers).expect_err("all");
+        assert_eq!(e.code, 133);
+        assert!(e.message.contains("m2:2"), "{}", e.message);
+        // A member with another copy: 301 naming it, unless enough agree.
+        let answers = [ok("m1:1", Ok(d("b"))), ok("m2:2", down())];
+        let e = judge("s", "c", Consistency::Majority, 3, &mine, &answers).expect_err("differs");
+        assert_eq!(e.code, 301);
+        assert!(e.message.contains("m1:1"), "{}", e.message);
+        let answers = [ok("m1:1", Ok(d("b"))), ok("m2:2", Ok(d("a")))];
+        assert!(judge("s", "c", Consistency::Majority, 3, &mine, &answers).is_ok());
+        assert_eq!(
+            judge("s", "c", Consistency::All, 3, &mine, &answers)
+                .expect_err("one differs")
+                .code,
+            301
+        );
+    }
 }

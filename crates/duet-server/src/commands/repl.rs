@@ -272,8 +272,8 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
 /// the record, so a time read on one member names the same write on all),
 /// waiting for it under the command's cancellation (`maxTimeMS`: 50
 /// MaxTimeMSExpired). `atClusterTime` `t` names the state just after the
-/// group of time `t - 1` (`snapshots.rs`). A time no group has (a
-/// `dropDatabase`'s, taken locally) is reached by the next group's.
+/// group of time `t - 1` (`snapshots.rs`). A `dropDatabase`'s time is the
+/// primary's too (carried in its entry), reached when the drop is applied.
 fn wait_for_cluster_time(ctx: &Ctx<'_>, m: &Member, cmd: &Document) -> CmdResult<()> {
     let Some(rc) = crate::args::opt_doc(cmd, "readConcern")? else {
         return Ok(());

@@ -10,7 +10,8 @@
 //!    plan; `olcp` on an order-dependent pipeline runs as `vls`). Refused
 //!    with `readConcern.atClusterTime`, which names a held state;
 //! 3. otherwise a held snapshot with its cluster time: the named one
-//!    (`$duet.snapshotName`), the one read concern `snapshot` resolves
+//!    (`$duet.snapshotName`; with `$duet.consistency` `majority`/`all` its
+//!    digest first checked against that many members', `named.rs`), the one read concern `snapshot` resolves
 //!    (reported as `atClusterTime`), or the latest published root — the
 //!    default read, `cow` by construction.
 //!
@@ -182,6 +183,11 @@ fn choose_source<'s>(
     let named = crate::args::opt_doc(cmd, "$duet")?
         .and_then(|d| d.get_str("snapshotName").ok())
         .or(ctx.snapshot_name());
+    if named.is_none() && super::named::Consistency::of(cmd)?.is_some() {
+        return Err(CommandError::bad_value(
+            "$duet.consistency applies to a named snapshot: give $duet.snapshotName",
+        ));
+    }
     let (snap, at) = match (named, read_concern(cmd)?) {
         (Some(_), ReadConcern::Snapshot(_)) => {
             return Err(CommandError::bad_value(
@@ -190,11 +196,14 @@ fn choose_source<'s>(
         }
         (Some(name), ReadConcern::Default) => {
             let snap = db.named_snapshot(name)?;
+            super::named::check_consistency(ctx, cmd, name, &snap, coll)?;
             let ts = crate::snapshots::csn_to_timestamp(snap.csn());
             (snap, Some(ts))
         }
         (None, ReadConcern::Snapshot(at)) => {
-            let snap = ctx.state.snapshots.resolve(ctx.db, &db, at)?;
+            let snap = ctx.state.snapshots.resolve_with(ctx.db, &db, at, |ts| {
+                ctx.state.repl.get().and_then(|m| m.state_at(ctx.db, ts))
+            })?;
             let ts = crate::snapshots::snapshot_time(&snap);
             (snap, Some(ts))
         }

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::api::Database;
+use crate::durability::changes::clock::Stamp;
 use crate::durability::changes::dropped::{DropEntry, DropLog};
 use crate::durability::changes::ChangeHub;
 use crate::durability::io::{create_private_dir_all, DirLock};
@@ -276,19 +277,68 @@ impl Engine {
     /// gone) and no longer checkpoint in the background.
     pub fn try_drop_database(&self, name: &str) -> Result<bool> {
         let mut dbs = self.dbs.write();
-        self.drop_locked(&mut dbs, name)
+        self.drop_locked(&mut dbs, name, None)
     }
 
-    /// [`Engine::try_drop_database`] under the name map's write lock.
-    fn drop_locked(&self, dbs: &mut BTreeMap<String, Database>, name: &str) -> Result<bool> {
+    /// [`Engine::try_drop_database`] at a cluster time already taken: a
+    /// replica set's `dropDatabase` carries the primary's time in its log
+    /// entry, so every member drops at the same time. Requires: `ts` is in
+    /// flight in this engine's clock (taken by [`Engine::ordered_time`] or
+    /// registered by [`Engine::adopt_time`]); it is finished here, whether
+    /// the database existed or not, and whatever the outcome.
+    pub fn try_drop_database_at(&self, name: &str, ts: u64, wall_ms: i64) -> Result<bool> {
+        let mut dbs = self.dbs.write();
+        self.drop_locked(&mut dbs, name, Some(Stamp { ts, wall_ms }))
+    }
+
+    /// Take a cluster time for an operation a replica set logs outside any
+    /// database's writer (`dropDatabase`) and run `propose(ts, wall_ms)`
+    /// while holding the clock's order (`ClusterClock::order`), as a
+    /// replicated writer group does: whatever `propose` queues in the
+    /// replicated log is then in time order with every group. The time stays
+    /// in flight until [`Engine::try_drop_database_at`] or
+    /// [`Engine::abandon_time`] finishes it.
+    pub fn ordered_time<R>(&self, propose: impl FnOnce(u64, i64) -> R) -> R {
+        let _order = self.hub.clock.order();
+        let stamp = self.hub.clock.tick();
+        propose(stamp.ts, stamp.wall_ms)
+    }
+
+    /// Register `ts`, a time another member's clock took (a replicated
+    /// operation about to be applied here), as in flight; later times of
+    /// this engine are above it.
+    pub fn adopt_time(&self, ts: u64) {
+        self.hub.clock.adopt(ts);
+    }
+
+    /// Finish an in-flight time whose operation will not happen here.
+    pub fn abandon_time(&self, ts: u64) {
+        self.hub.abandon(ts);
+    }
+
+    /// [`Engine::try_drop_database`] under the name map's write lock, at
+    /// `at` (in flight) or at a time taken now.
+    fn drop_locked(
+        &self,
+        dbs: &mut BTreeMap<String, Database>,
+        name: &str,
+        at: Option<Stamp>,
+    ) -> Result<bool> {
         let Some(db) = dbs.get(name).cloned() else {
+            if let Some(at) = at {
+                self.hub.abandon(at.ts);
+            }
             return Ok(false);
         };
         let state = db.writer().published();
         let last_index = last_event_index(&db, state.ts);
         // Under the name map's lock, so a database created again under the
-        // name gets later times than its drop.
-        let stamp = self.hub.clock.tick();
+        // name gets later times than its drop (a replicated drop's time was
+        // taken under the clock's order: later groups tick above it).
+        let stamp = match at {
+            Some(at) => at,
+            None => self.hub.clock.tick(),
+        };
         let entry = DropEntry {
             db: Arc::from(name),
             ts: stamp.ts,
@@ -324,7 +374,7 @@ impl Engine {
             ));
         };
         let mut dbs = self.dbs.write();
-        self.drop_locked(&mut dbs, name)?;
+        self.drop_locked(&mut dbs, name, None)?;
         if let Some(existing) = dbs.keys().find(|k| k.eq_ignore_ascii_case(name)) {
             return Err(Error::DatabaseDifferCase(
                 existing.clone(),

@@ -56,6 +56,20 @@ impl Database {
         self.snapshots().create_snapshot_with(name, opts)
     }
 
+    /// [`Database::create_snapshot_with`] created at wall-clock time
+    /// `created` rather than now: a replica set's members take a named
+    /// snapshot at the primary's creation time, so its `created`, age and
+    /// TTL expiry are the same everywhere.
+    pub fn create_snapshot_at(
+        &self,
+        name: &str,
+        opts: SnapshotOptions,
+        created: std::time::SystemTime,
+    ) -> Result<SnapshotInfo> {
+        self.snapshots()
+            .create_snapshot_created(name, opts, Some(created))
+    }
+
     /// Register the durable snapshots the manifest records (at open).
     pub(crate) fn register_durable_snapshots(&self) {
         self.snapshots().register_durable_snapshots()

@@ -113,6 +113,25 @@ impl SnapshotCollection {
         find
     }
 
+    /// Calls `f` with the BSON bytes of every document of the collection as
+    /// of this snapshot, in storage order, stopping early when `f` returns
+    /// `false`; how many documents it was called with. What a digest of a
+    /// snapshot is computed over (a replica set compares members' named
+    /// snapshots, docs/design.md §19); no query runs, nothing is decoded.
+    pub fn for_each_raw(&self, mut f: impl FnMut(&[u8]) -> bool) -> u64 {
+        let Some(c) = self.state.collection(&self.name) else {
+            return 0;
+        };
+        let mut n = 0;
+        for (_, doc) in c.heap.iter() {
+            n += 1;
+            if !f(doc.as_bytes()) {
+                break;
+            }
+        }
+        n
+    }
+
     /// This handle with a `collation` option for its reads (`None`: the
     /// collection's default).
     pub fn with_collation(mut self, collation: Option<Document>) -> SnapshotCollection {

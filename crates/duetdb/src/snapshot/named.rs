@@ -401,6 +401,20 @@ impl NamedSnapshots<'_> {
     /// after reopening. A failed write (a full disk, an I/O error) fails the
     /// call and registers nothing. In-memory databases: `IllegalOperation`.
     pub fn create_snapshot_with(&self, name: &str, opts: SnapshotOptions) -> Result<SnapshotInfo> {
+        self.create_snapshot_created(name, opts, None)
+    }
+
+    /// `create_snapshot_with`, created at wall-clock time `created` (`None`:
+    /// now). A replica set passes the primary's time, so a snapshot's
+    /// `created`, age and TTL expiry count from the same instant on every
+    /// member (an age already reached is kept as for a durable snapshot
+    /// reloaded at open).
+    pub fn create_snapshot_created(
+        &self,
+        name: &str,
+        opts: SnapshotOptions,
+        created: Option<SystemTime>,
+    ) -> Result<SnapshotInfo> {
         validate_snapshot_name(name)?;
         let SnapshotOptions {
             collections,
@@ -450,7 +464,9 @@ impl NamedSnapshots<'_> {
                 }
             },
         };
-        let created = SystemTime::now();
+        let wall = SystemTime::now();
+        let created = created.unwrap_or(wall);
+        let age_offset = wall.duration_since(created).unwrap_or_default();
         let csn = state.csn;
         if let Some(store) = store {
             // Reserve the name, then write the image without the registry lock.
@@ -471,7 +487,7 @@ impl NamedSnapshots<'_> {
                 collections,
                 created,
                 created_at: now,
-                age_offset: Duration::ZERO,
+                age_offset,
                 ttl,
                 durable: Some(file),
             };
@@ -483,7 +499,7 @@ impl NamedSnapshots<'_> {
             collections,
             created,
             created_at: now,
-            age_offset: Duration::ZERO,
+            age_offset,
             ttl,
             durable: None,
         };
