@@ -329,10 +329,11 @@ fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
                         s.len()
                     )));
                 }
+                // OID::parse's words: the first non-hex character, unquoted.
                 ObjectId::parse_str(s).map(Bson::ObjectId).map_err(|_| {
                     let c = s.chars().find(|c| !c.is_ascii_hexdigit()).unwrap_or('?');
                     Fail::Value(format!(
-                        "Failed to parse objectId '{s}' {CLAUSE}: Invalid character found in hex string: '{c}'"
+                        "Failed to parse objectId '{s}' {CLAUSE}: Invalid character found in hex string: {c}"
                     ))
                 })
             }

@@ -1333,6 +1333,7 @@ fn conversion_failures_in_mongodb_words() {
         (bson!({"$toInt": 5_000_000_000i64}), format!("Conversion would overflow target type {c}: 5000000000")),
         (bson!({"$toInt": f64::NAN}), format!("Attempt to convert NaN value to integer type {c}")),
         (bson!({"$toLong": f64::INFINITY}), format!("Attempt to convert infinity value to integer type {c}")),
+        (bson!({"$toObjectId": "0123456789abcdef0123456z"}), format!("Failed to parse objectId '0123456789abcdef0123456z' {c}: Invalid character found in hex string: z")),
         (bson!({"$toObjectId": "x"}), format!("Failed to parse objectId 'x' {c}: Invalid string length for parsing to OID, expected 24 but found 1")),
     ] {
         assert_eq!(msg(spec.clone()), want, "{spec}");
