@@ -302,3 +302,14 @@ def test_cursor_option_twice_is_40413(server, db):
     refused(send(server, db, ("listCollections", 1),
                  ("cursor", raw(("batchSize", 1), ("batchSize", 2)))),
             40413, "BSON field 'listCollections.cursor.batchSize' is a duplicate field")
+
+
+def test_write_concern_field_twice_is_40413(server, db):
+    setup(db)
+    refused(send(server, db, ("insert", "c"), ("documents", [{"_id": 9}]),
+                 ("writeConcern", raw(("w", 1), ("w", "majority")))),
+            40413, "BSON field 'WriteConcernOptions.w' is a duplicate field")
+    assert db.c.count_documents({}) == 3
+    r = send(server, db, ("insert", "c"), ("documents", [{"_id": 9}]),
+             ("writeConcern", raw(("w", 1), ("j", True))))
+    assert r["ok"] == 1.0 and r["n"] == 1, r

@@ -75,7 +75,8 @@ fn body(raw: &RawDocument, doc: &mut Document) -> Result<(), MsgError> {
 }
 
 /// Does a level the strict field check reads repeat a name: the body, its
-/// `cursor`, its update or delete statements, or an explained command's?
+/// `cursor` or `writeConcern`, its update or delete statements, or an
+/// explained command's?
 /// Only then is the check run on the raw form (`fields::check_raw`); the
 /// decoded `Document` is checked as usual otherwise.
 fn strict_levels_repeat(raw: &RawDocument) -> bool {
@@ -92,6 +93,9 @@ fn strict_levels_repeat(raw: &RawDocument) -> bool {
             .is_ok_and(|c| first_repeat(c).is_some())
         || statements("updates")
         || statements("deletes")
+        || raw
+            .get_document("writeConcern")
+            .is_ok_and(|c| first_repeat(c).is_some())
         || raw.get_document("explain").is_ok_and(strict_levels_repeat)
 }
 

@@ -26,7 +26,9 @@
 //! - the first offending field in document order decides the error, as
 //!   MongoDB's parser reports the first it meets;
 //! - generic arguments are skipped without a duplicate check, as MongoDB's
-//!   strict parsers do;
+//!   strict parsers do; only a field repeated inside `writeConcern` is
+//!   refused (40413 under `WriteConcernOptions`, its parser's name), after
+//!   the command's own fields;
 //! - only types are checked here, and `cursor.batchSize`'s range; values
 //!   (ranges, meanings) stay with the handlers. A `null` counts as absent for every type but a strict bool
 //!   (MongoDB's `optionalBool` refuses it; duet's handlers treat `null` as
@@ -554,6 +556,23 @@ fn check_elems(canonical: &str, cmd: &Elems<'_>) -> CmdResult<()> {
             _ => {}
         }
     }
+    // writeConcern is a generic argument, read after the command's own
+    // fields by `WriteConcernOptions::parse` through a non-strict IDL
+    // struct: any of its fields sent twice is 40413 under that struct's
+    // name (`BSON field 'WriteConcernOptions.w' is a duplicate field`).
+    if let Some(wc) = cmd
+        .iter()
+        .find(|(k, _)| *k == "writeConcern")
+        .and_then(|(_, v)| v.sub())
+    {
+        let mut seen: Vec<&str> = Vec::new();
+        for (k, _) in &wc {
+            if seen.contains(k) {
+                return Err(duplicate(&format!("WriteConcernOptions.{k}")));
+            }
+            seen.push(k);
+        }
+    }
     if canonical == "explain" {
         if let Some(inner) = cmd
             .iter()
@@ -843,5 +862,14 @@ mod tests {
         let r = rawdoc! {"explain": {"find": "c", "sort": {}, "sort": {}}};
         let e = check_raw("explain", &r).expect_err("refused");
         assert_eq!(e.message, "BSON field 'find.sort' is a duplicate field");
+        let r = rawdoc! {"insert": "c", "documents": [], "writeConcern": {"w": 1, "w": "majority"}};
+        let e = check_raw("insert", &r).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'WriteConcernOptions.w' is a duplicate field"
+        );
+        // Its own fields come first.
+        let r = rawdoc! {"insert": "c", "writeConcern": {"w": 1, "w": 1}, "frob": 1};
+        assert_eq!(check_raw("insert", &r).expect_err("refused").code, 40415);
     }
 }
