@@ -106,8 +106,13 @@ def test_wrong_types_of_known_fields_are_14(db):
          "expected types '[long, int, decimal, double]'"),
         ({"find": "c", "filter": 1},
          "BSON field 'find.filter' is the wrong type 'int', expected type 'object'"),
+        # aggregate's cursor has its own deserializer (parseAggregateCursorFromBSON).
         ({"aggregate": "c", "pipeline": [], "cursor": 1},
-         "BSON field 'aggregate.cursor' is the wrong type 'int', expected type 'object'"),
+         "cursor field must be missing or an object"),
+        ({"aggregate": "c", "pipeline": [], "cursor": None},
+         "cursor field must be missing or an object"),
+        ({"listCollections": 1, "cursor": 1},
+         "BSON field 'listCollections.cursor' is the wrong type 'int', expected type 'object'"),
         ({"distinct": "c", "key": 1},
          "BSON field 'distinct.key' is the wrong type 'int', expected type 'string'"),
         ({"count": "c", "skip": "1"},
@@ -163,3 +168,148 @@ def test_probe_answers_in_mongodb_words(client, db):
         client.admin.command({"renameCollection": f"{db.name}.nope", "to": f"{db.name}.x"})
     assert (e.value.code, e.value.details["errmsg"]) == (
         26, f"Source collection {db.name}.nope does not exist")
+
+
+# ---------------------------------------------------------------- repeated fields
+
+def raw(*pairs):
+    """A document with its fields as given: repeated names kept (BSON allows them)."""
+    import struct
+    import bson
+    from bson.raw_bson import RawBSONDocument
+    body = b"".join(bson.encode({k: v})[4:-1] for k, v in pairs)
+    return RawBSONDocument(struct.pack("<i", len(body) + 5) + body + b"\x00")
+
+
+def send(server, db, *pairs):
+    """Send the command `pairs` (with `$db`) byte for byte; the reply."""
+    import wire
+    s = wire.connect(server.port)
+    try:
+        return wire.command(s, raw(*pairs, ("$db", db.name)))
+    finally:
+        s.close()
+
+
+def refused(reply, code, msg):
+    assert (reply["ok"], reply["code"], reply["errmsg"]) == (0.0, code, msg), reply
+
+
+def test_a_command_field_sent_twice_is_40413(server, db):
+    setup(db)
+    r = send(server, db, ("find", "c"), ("filter", {}), ("filter", {"a": 1}))
+    refused(r, 40413, "BSON field 'find.filter' is a duplicate field")
+    assert r["codeName"] == "Location40413"
+    refused(send(server, db, ("aggregate", "c"), ("pipeline", []), ("cursor", {}),
+                 ("pipeline", [{"$match": {}}])),
+            40413, "BSON field 'aggregate.pipeline' is a duplicate field")
+    # Before the command runs: nothing was written.
+    refused(send(server, db, ("insert", "c"), ("documents", [{"_id": 9}]), ("ordered", True),
+                 ("ordered", False)),
+            40413, "BSON field 'insert.ordered' is a duplicate field")
+    assert db.c.count_documents({}) == 3
+    # Inside explain's command, and in an update statement (body or sequence).
+    refused(send(server, db, ("explain", raw(("count", "c"), ("query", {}), ("query", {}))),
+                 ("verbosity", "queryPlanner")),
+            40413, "BSON field 'count.query' is a duplicate field")
+    refused(send(server, db, ("update", "c"),
+                 ("updates", [raw(("q", {}), ("u", {"$set": {"b": 1}}), ("multi", True),
+                                  ("multi", False))])),
+            40413, "BSON field 'update.updates.multi' is a duplicate field")
+    assert db.c.count_documents({"b": 1}) == 0
+
+
+def test_duplicates_follow_mongodb_order_of_checks(server, db):
+    setup(db)
+    # The first offending field in document order decides.
+    refused(send(server, db, ("find", "c"), ("frob", 1), ("limit", 1), ("limit", 2)),
+            40415, "BSON field 'find.frob' is an unknown field.")
+    refused(send(server, db, ("find", "c"), ("limit", 1), ("limit", 2), ("frob", 1)),
+            40413, "BSON field 'find.limit' is a duplicate field")
+    # A typed field's type is checked before the repeat; a null one is skipped.
+    refused(send(server, db, ("find", "c"), ("limit", 1), ("limit", "x")),
+            14, "BSON field 'find.limit' is the wrong type 'string', "
+                "expected types '[long, int, decimal, double]'")
+    r = send(server, db, ("find", "c"), ("filter", {"a": 1}), ("filter", None))
+    assert r["ok"] == 1.0, r
+    # Generic arguments are not the command's own: no duplicate check.
+    r = send(server, db, ("find", "c"), ("comment", "x"), ("comment", "y"))
+    assert r["ok"] == 1.0, r
+    # Repeated names inside a filter are conditions, not duplicate fields.
+    r = send(server, db, ("find", "c"), ("filter", raw(("a", {"$gte": 1}), ("a", {"$lt": 2}))))
+    assert [d["_id"] for d in r["cursor"]["firstBatch"]] == [1]
+
+
+def test_statement_fields_twice_in_a_document_sequence(server, db):
+    import wire
+    setup(db)
+    s = wire.connect(server.port)
+    try:
+        r = wire.command(s, {"delete": "c", "$db": db.name},
+                         sequences=[("deletes", [raw(("q", {}), ("limit", 0), ("limit", 1))])])
+    finally:
+        s.close()
+    refused(r, 40413, "BSON field 'delete.deletes.limit' is a duplicate field")
+    assert db.c.count_documents({}) == 3
+
+
+# ---------------------------------------------------------------- cursor options
+
+def test_cursor_options_are_parsed_strictly(db):
+    setup(db)
+    cases = [
+        ({"aggregate": "c", "pipeline": [], "cursor": {"batchsize": 1}},
+         40415, "BSON field 'cursor.batchsize' is an unknown field."),
+        ({"aggregate": "c", "pipeline": [], "cursor": {"batchSize": "1"}},
+         14, "BSON field 'cursor.batchSize' is the wrong type 'string', "
+             "expected types '[long, int, decimal, double]'"),
+        ({"aggregate": "c", "pipeline": [], "cursor": {"batchSize": -1}},
+         51024, "BSON field 'cursor.batchSize' value must be >= 0, actual value '-1'"),
+        ({"listCollections": 1, "cursor": {"foo": 1}},
+         40415, "BSON field 'listCollections.cursor.foo' is an unknown field."),
+        ({"listIndexes": "c", "cursor": {"batchSize": -2}},
+         51024, "BSON field 'listIndexes.cursor.batchSize' value must be >= 0, "
+                "actual value '-2'"),
+        ({"listIndexes": "c", "cursor": {"batchSize": True}},
+         14, "BSON field 'listIndexes.cursor.batchSize' is the wrong type 'bool', "
+             "expected types '[long, int, decimal, double]'"),
+        # find has no cursor sub-document at all.
+        ({"find": "c", "cursor": {}}, 40415, "BSON field 'find.cursor' is an unknown field."),
+    ]
+    for cmd, code, msg in cases:
+        with pytest.raises(OperationFailure) as e:
+            db.command(cmd)
+        assert (e.value.code, e.value.details["errmsg"]) == (code, msg), cmd
+    # The cursor option is checked where it stands: before a later unknown field.
+    with pytest.raises(OperationFailure) as e:
+        db.command(SON([("aggregate", "c"), ("pipeline", []), ("cursor", {"x": 1}), ("y", 1)]))
+    assert e.value.details["errmsg"] == "BSON field 'cursor.x' is an unknown field."
+    # Valid ones work: a number of any numeric type, null as absent.
+    for bs in (2, Int64(2), 2.0, None):
+        r = db.command({"aggregate": "c", "pipeline": [], "cursor": {"batchSize": bs}})
+        assert r["ok"] == 1.0
+    assert db.command({"listCollections": 1, "cursor": {"batchSize": 1}})["ok"] == 1.0
+    assert db.command({"listIndexes": "c", "cursor": {"batchSize": 0}})["ok"] == 1.0
+
+
+def test_cursor_option_twice_is_40413(server, db):
+    setup(db)
+    refused(send(server, db, ("aggregate", "c"), ("pipeline", []),
+                 ("cursor", raw(("batchSize", 1), ("batchSize", 2)))),
+            40413, "BSON field 'cursor.batchSize' is a duplicate field")
+    refused(send(server, db, ("aggregate", "c"), ("pipeline", []), ("cursor", {}), ("cursor", {})),
+            40413, "BSON field 'aggregate.cursor' is a duplicate field")
+    refused(send(server, db, ("listCollections", 1),
+                 ("cursor", raw(("batchSize", 1), ("batchSize", 2)))),
+            40413, "BSON field 'listCollections.cursor.batchSize' is a duplicate field")
+
+
+def test_write_concern_field_twice_is_40413(server, db):
+    setup(db)
+    refused(send(server, db, ("insert", "c"), ("documents", [{"_id": 9}]),
+                 ("writeConcern", raw(("w", 1), ("w", "majority")))),
+            40413, "BSON field 'WriteConcernOptions.w' is a duplicate field")
+    assert db.c.count_documents({}) == 3
+    r = send(server, db, ("insert", "c"), ("documents", [{"_id": 9}]),
+             ("writeConcern", raw(("w", 1), ("j", True))))
+    assert r["ok"] == 1.0 and r["n"] == 1, r

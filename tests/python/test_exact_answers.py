@@ -338,3 +338,37 @@ def test_group_id_with_repeated_names_is_refused(db):
         list(db.d.aggregate([{"$group": {"_id": raw(("v", "$v"), ("v", "$w"))}}]))
     assert (e.value.code, e.value.details["errmsg"]) == (
         16406, 'duplicate field name specified in object literal: { v: "$v", v: "$w" }')
+
+
+# ---------------------------------------------------------------- error words
+
+def test_regex_and_conversion_errors_in_mongodb_words(db):
+    db.c.insert_one({"_id": 1, "s": "abc"})
+    cases = [
+        (lambda: list(db.c.find({"s": {"$regex": "a("}})),
+         51091, "Regular expression is invalid: missing closing parenthesis"),
+        (lambda: list(db.c.find({"s": {"$regex": "[a-"}})),
+         51091, "Regular expression is invalid: missing terminating ] for character class"),
+        (lambda: list(db.c.find({"s": {"$regex": "a", "$options": "g"}})),
+         51108, " invalid flag in regex options: g"),
+        (lambda: list(db.c.aggregate([{"$project": {"m": {"$regexMatch": {
+            "input": "$s", "regex": "+"}}}}])),
+         51111, "Invalid Regex in $regexMatch: quantifier does not follow a repeatable item"),
+        (lambda: list(db.c.aggregate([{"$project": {"n": {"$toInt": "$s"}}}])),
+         241, "Failed to parse number 'abc' in $convert with no onError value: "
+              "Did not consume whole string."),
+        (lambda: list(db.c.aggregate([{"$project": {"n": {"$convert": {
+            "input": "$s", "to": "double"}}}}])),
+         241, "Failed to parse number 'abc' in $convert with no onError value: "
+              "Did not consume any digits"),
+        (lambda: list(db.c.aggregate([{"$project": {"n": {"$toInt": 1e10}}}])),
+         241, "Conversion would overflow target type in $convert with no onError value: 1e+10"),
+    ]
+    for run, code, msg in cases:
+        with pytest.raises(OperationFailure) as e:
+            run()
+        assert (e.value.code, e.value.details["errmsg"]) == (code, msg)
+    # onError still catches every one of them.
+    r = list(db.c.aggregate([{"$project": {"_id": 0, "n": {"$convert": {
+        "input": "$s", "to": "int", "onError": "bad"}}}}]))
+    assert r == [{"n": "bad"}]

@@ -211,3 +211,27 @@ def test_set_window_fields_spills_by_partition(make_server, tmp_path):
     spill = tmp_path / "data" / "limits" / "spill"
     if spill.exists():
         assert list(spill.iterdir()) == []
+
+
+def test_sample_spills_with_allow_disk_use(make_server, tmp_path):
+    """$sample draws through a sorter on random keys (as MongoDB's): a sample
+    bigger than the memory limit spills with allowDiskUse, 292 without."""
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$sample": {"size": 2_000}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([stage], allowDiskUse=True))
+    ids = [d["_id"] for d in got]
+    assert len(ids) == 2_000 and len(set(ids)) == 2_000
+    assert set(ids) <= set(range(5_000))
+    # Random order, not the scan's: 2,000 ascending ids would be a sort.
+    assert ids != sorted(ids)
+    # A small sample stays in memory either way.
+    assert len(list(db.c.aggregate([{"$sample": {"size": 5}}], allowDiskUse=False))) == 5
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []

@@ -38,7 +38,12 @@ pub fn keep_duplicates(
 ) -> Result<(), MsgError> {
     match ident {
         Some("documents") => mark_raw(raw, doc),
-        Some("updates" | "deletes") => statement_filter(raw, doc),
+        Some(ident @ ("updates" | "deletes")) => {
+            if first_repeat(raw).is_some() {
+                crate::commands::fields::check_raw_statement(ident, raw).map_err(to_msg)?;
+            }
+            statement_filter(raw, doc)
+        }
         Some(_) => {}
         None => body(raw, doc)?,
     }
@@ -50,6 +55,11 @@ fn body(raw: &RawDocument, doc: &mut Document) -> Result<(), MsgError> {
         Some(Ok((k, _))) => k.to_string(),
         _ => return Ok(()),
     };
+    if let Some(canonical) = crate::commands::canonical_name(&name) {
+        if strict_levels_repeat(raw) {
+            crate::commands::fields::check_raw(canonical, raw).map_err(to_msg)?;
+        }
+    }
     match name.as_str() {
         "find" | "listDatabases" | "listCollections" => rewrite_field(raw, doc, "filter"),
         "count" | "distinct" | "findAndModify" | "findandmodify" => {
@@ -62,6 +72,39 @@ fn body(raw: &RawDocument, doc: &mut Document) -> Result<(), MsgError> {
         _ => {}
     }
     Ok(())
+}
+
+/// Does a level the strict field check reads repeat a name: the body, its
+/// `cursor` or `writeConcern`, its update or delete statements, or an
+/// explained command's?
+/// Only then is the check run on the raw form (`fields::check_raw`); the
+/// decoded `Document` is checked as usual otherwise.
+fn strict_levels_repeat(raw: &RawDocument) -> bool {
+    let statements = |field: &str| {
+        raw.get_array(field).is_ok_and(|a| {
+            a.into_iter()
+                .flatten()
+                .any(|s| matches!(s, RawBsonRef::Document(d) if first_repeat(d).is_some()))
+        })
+    };
+    first_repeat(raw).is_some()
+        || raw
+            .get_document("cursor")
+            .is_ok_and(|c| first_repeat(c).is_some())
+        || statements("updates")
+        || statements("deletes")
+        || raw
+            .get_document("writeConcern")
+            .is_ok_and(|c| first_repeat(c).is_some())
+        || raw.get_document("explain").is_ok_and(strict_levels_repeat)
+}
+
+fn to_msg(e: crate::error::CommandError) -> MsgError {
+    MsgError {
+        code: e.code,
+        code_name: e.code_name,
+        message: e.message,
+    }
 }
 
 /// Apply `f` to each document of the array `field` and its decoded twin.

@@ -9,8 +9,13 @@
 //! 'find.foo' is an unknown field.`, and a known field of the wrong BSON
 //! type with 14 TypeMismatch. The same holds inside the sub-documents it
 //! parses strictly: update statements (`update.updates.foo`) and delete
-//! statements (`delete.deletes.foo`). Index specifications have their own
-//! rule (197 InvalidIndexSpecificationOption, `query/index_spec.rs`).
+//! statements (`delete.deletes.foo`), and in `cursor`
+//! (`SimpleCursorOptions`: `batchSize` only, `>= 0` else 51024). A
+//! command's own field sent twice is 40413 (`BSON field 'find.filter' is a
+//! duplicate field`): a decoded `Document` keeps one of two equal names, so
+//! the decoder runs [`check_raw`] on the bytes of a body that repeats a name
+//! at a level checked here (`dupfields.rs`). Index specifications have their
+//! own rule (197 InvalidIndexSpecificationOption, `query/index_spec.rs`).
 //!
 //! Invariants:
 //! - a command without an entry in [`SPECS`] is not checked here (its
@@ -20,11 +25,17 @@
 //!   adds to any command is refused;
 //! - the first offending field in document order decides the error, as
 //!   MongoDB's parser reports the first it meets;
-//! - only types are checked here; values (ranges, meanings) stay with the
-//!   handlers. A `null` counts as absent for every type but a strict bool
+//! - generic arguments are skipped without a duplicate check, as MongoDB's
+//!   strict parsers do; only a field repeated inside `writeConcern` is
+//!   refused (40413 under `WriteConcernOptions`, its parser's name), after
+//!   the command's own fields;
+//! - only types are checked here, and `cursor.batchSize`'s range; values
+//!   (ranges, meanings) stay with the handlers. A `null` counts as absent for every type but a strict bool
 //!   (MongoDB's `optionalBool` refuses it; duet's handlers treat `null` as
 //!   absent elsewhere, and nothing is gained by refusing it).
 
+use bson::raw::{RawBsonRef, RawDocument};
+use bson::spec::ElementType;
 use bson::{Bson, Document};
 
 use crate::error::{CmdResult, CommandError};
@@ -168,7 +179,8 @@ pub const SPECS: &[Spec] = &[
             ("pipeline", Any),
             ("explain", Any),
             ("allowDiskUse", Bool),
-            ("cursor", Obj),
+            // Its own deserializer checks the type (`check_elems`).
+            ("cursor", Any),
             ("bypassDocumentValidation", Any),
             ("collation", Obj),
             ("hint", Any),
@@ -384,37 +396,226 @@ pub fn spec(canonical: &str) -> Option<&'static Spec> {
     SPECS.iter().find(|s| s.command == canonical)
 }
 
+/// `cursor` (`SimpleCursorOptions`, strict): aggregate's, listCollections'
+/// and listIndexes'. `batchSize` is a `safeInt64` with `validator: {gte: 0}`.
+const CURSOR: &[(&str, Ty)] = &[("batchSize", Num)];
+
+/// One element's value as the checker sees it: from a decoded `Document`
+/// (names unique) or from the raw bytes as sent (a name may repeat: the
+/// only way to see MongoDB's 40413 duplicate field).
+#[derive(Clone, Copy)]
+enum Val<'a> {
+    Doc(&'a Bson),
+    Raw(RawBsonRef<'a>),
+}
+
+type Elems<'a> = Vec<(&'a str, Val<'a>)>;
+
+fn doc_elems(d: &Document) -> Elems<'_> {
+    d.iter().map(|(k, v)| (k.as_str(), Val::Doc(v))).collect()
+}
+
+/// A raw document's elements in order, repeats kept; a malformed tail
+/// (the decoder validated the message, so none is expected) ends the list.
+fn raw_elems(d: &RawDocument) -> Elems<'_> {
+    d.into_iter()
+        .map_while(Result::ok)
+        .map(|(k, v)| (k.as_str(), Val::Raw(v)))
+        .collect()
+}
+
+impl<'a> Val<'a> {
+    fn element_type(self) -> ElementType {
+        match self {
+            Val::Doc(b) => b.element_type(),
+            Val::Raw(r) => r.element_type(),
+        }
+    }
+
+    fn is_null(self) -> bool {
+        self.element_type() == ElementType::Null
+    }
+
+    fn type_name(self) -> &'static str {
+        match self {
+            Val::Doc(b) => duetdb::raw::type_name(b),
+            Val::Raw(RawBsonRef::Document(_)) => "object",
+            Val::Raw(RawBsonRef::Array(_)) => "array",
+            Val::Raw(r) => duetdb::raw::type_name(&Bson::try_from(r).unwrap_or(Bson::Null)),
+        }
+    }
+
+    /// The elements of a document value.
+    fn sub(self) -> Option<Elems<'a>> {
+        match self {
+            Val::Doc(Bson::Document(d)) => Some(doc_elems(d)),
+            Val::Raw(RawBsonRef::Document(d)) => Some(raw_elems(d)),
+            _ => None,
+        }
+    }
+
+    /// The items of an array value.
+    fn items(self) -> Option<Vec<Val<'a>>> {
+        match self {
+            Val::Doc(Bson::Array(a)) => Some(a.iter().map(Val::Doc).collect()),
+            Val::Raw(RawBsonRef::Array(a)) => {
+                Some(a.into_iter().map_while(Result::ok).map(Val::Raw).collect())
+            }
+            _ => None,
+        }
+    }
+
+    /// A number as `safeInt64` reads it (`safeNumberLong`: doubles
+    /// truncated toward zero, saturated; NaN is 0).
+    fn safe_i64(self) -> Option<i64> {
+        let b = match self {
+            Val::Doc(b) => b.clone(),
+            Val::Raw(r) => Bson::try_from(r).ok()?,
+        };
+        match b {
+            Bson::Int32(i) => Some(i64::from(i)),
+            Bson::Int64(i) => Some(i),
+            Bson::Double(f) => Some(f as i64),
+            Bson::Decimal128(d) => d.to_string().parse::<f64>().ok().map(|f| f as i64),
+            _ => None,
+        }
+    }
+}
+
 /// Hold command `cmd` (canonical name `canonical`) to its field list:
-/// 40415 for an unknown field, 14 for a known one of the wrong type; for
-/// `explain`, the explained command too. Commands without a spec pass.
+/// 40415 for an unknown field, 14 for a known one of the wrong type, and
+/// the checks of the sub-documents parsed with it (`cursor`, update and
+/// delete statements); for `explain`, the explained command too. Commands
+/// without a spec pass.
 pub fn check(canonical: &str, cmd: &Document) -> CmdResult<()> {
+    check_elems(canonical, &doc_elems(cmd))
+}
+
+/// [`check`] on the command as sent, where a name may repeat: a command's
+/// own field sent twice is MongoDB's 40413, `BSON field 'find.filter' is a
+/// duplicate field` (so is one inside `cursor` or a statement). The decoder
+/// calls it for a body that repeats a name (`dupfields.rs`): the first
+/// offending field in document order decides, whichever its kind.
+pub fn check_raw(canonical: &str, cmd: &RawDocument) -> CmdResult<()> {
+    check_elems(canonical, &raw_elems(cmd))
+}
+
+/// [`check_raw`] for one update or delete statement sent in a document
+/// sequence (`updates`/`deletes`); other sequences pass.
+pub fn check_raw_statement(ident: &str, stmt: &RawDocument) -> CmdResult<()> {
+    match ident {
+        "updates" => statement("update.updates", UPDATE_STATEMENT, &raw_elems(stmt)),
+        "deletes" => statement("delete.deletes", DELETE_STATEMENT, &raw_elems(stmt)),
+        _ => Ok(()),
+    }
+}
+
+fn check_elems(canonical: &str, cmd: &Elems<'_>) -> CmdResult<()> {
     let Some(spec) = spec(canonical) else {
         return Ok(());
     };
-    for (k, v) in cmd.iter().skip(1) {
+    let mut seen: Vec<&str> = Vec::new();
+    for &(k, v) in cmd.iter().skip(1) {
         let write_base = WRITE_BASE_USERS.contains(&canonical) && in_list(WRITE_BASE, k).is_some();
-        if write_base || GENERIC.contains(&k.as_str()) {
+        let ty = if write_base {
+            Any
+        } else if GENERIC.contains(&k) {
+            // A generic argument is not the command's own field: MongoDB's
+            // strict parsers skip it without a duplicate check.
+            continue;
+        } else {
+            match in_list(spec.fields, k) {
+                Some(ty) => ty,
+                None => return Err(unknown(&format!("{canonical}.{k}"))),
+            }
+        };
+        let path = format!("{canonical}.{k}");
+        if !field(&path, ty, v, &mut seen, k)? {
             continue;
         }
-        match in_list(spec.fields, k) {
-            Some(ty) => check_type(&format!("{canonical}.{k}"), ty, v)?,
-            None => return Err(unknown(&format!("{canonical}.{k}"))),
-        }
-    }
-    match canonical {
-        "update" => statements(cmd, "update.updates", "updates", UPDATE_STATEMENT),
-        "delete" => statements(cmd, "delete.deletes", "deletes", DELETE_STATEMENT),
-        "explain" => match cmd.get("explain") {
-            Some(Bson::Document(inner)) => {
-                match inner.keys().next().and_then(|n| super::canonical_name(n)) {
-                    Some(name) if name != "explain" => check(name, inner),
-                    _ => Ok(()),
+        match (canonical, k) {
+            ("update", "updates") => statements("update.updates", UPDATE_STATEMENT, v)?,
+            ("delete", "deletes") => statements("delete.deletes", DELETE_STATEMENT, v)?,
+            // aggregate's `cursor` has its own deserializer
+            // (`parseAggregateCursorFromBSON`): anything but an object,
+            // null included, is refused, and its fields' paths start at
+            // `cursor`.
+            ("aggregate", "cursor") => match v.sub() {
+                Some(c) => statement("cursor", CURSOR, &c)?,
+                None => {
+                    return Err(CommandError::type_mismatch(
+                        "cursor field must be missing or an object",
+                    ))
+                }
+            },
+            ("listCollections" | "listIndexes", "cursor") => {
+                if let Some(c) = v.sub() {
+                    statement(&path, CURSOR, &c)?;
                 }
             }
-            _ => Ok(()),
-        },
-        _ => Ok(()),
+            _ => {}
+        }
     }
+    // writeConcern is a generic argument, read after the command's own
+    // fields by `WriteConcernOptions::parse` through a non-strict IDL
+    // struct: any of its fields sent twice is 40413 under that struct's
+    // name (`BSON field 'WriteConcernOptions.w' is a duplicate field`).
+    if let Some(wc) = cmd
+        .iter()
+        .find(|(k, _)| *k == "writeConcern")
+        .and_then(|(_, v)| v.sub())
+    {
+        let mut seen: Vec<&str> = Vec::new();
+        for (k, _) in &wc {
+            if seen.contains(k) {
+                return Err(duplicate(&format!("WriteConcernOptions.{k}")));
+            }
+            seen.push(k);
+        }
+    }
+    if canonical == "explain" {
+        if let Some(inner) = cmd
+            .iter()
+            .find(|(k, _)| *k == "explain")
+            .and_then(|(_, v)| v.sub())
+        {
+            if let Some(name) = inner.first().and_then(|(n, _)| super::canonical_name(n)) {
+                if name != "explain" {
+                    return check_elems(name, &inner);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One known field at `path` (named `k`) of type `ty`: its type, then
+/// whether it was already seen (MongoDB's order: a typed field's type is
+/// checked first and a null one is skipped, as if absent; an untyped or
+/// `optionalBool` field is counted before its value is parsed). `false`
+/// when the field is skipped (null).
+fn field<'a>(
+    path: &str,
+    ty: Ty,
+    v: Val<'_>,
+    seen: &mut Vec<&'a str>,
+    k: &'a str,
+) -> CmdResult<bool> {
+    let typed = !matches!(ty, Any | Bool);
+    if typed {
+        if v.is_null() {
+            return Ok(false);
+        }
+        check_type(path, ty, v)?;
+    }
+    if seen.contains(&k) {
+        return Err(duplicate(path));
+    }
+    seen.push(k);
+    if !typed {
+        check_type(path, ty, v)?;
+    }
+    Ok(true)
 }
 
 /// The commands [`WRITE_BASE`]'s fields belong to.
@@ -424,18 +625,37 @@ fn in_list(fields: &[(&str, Ty)], k: &str) -> Option<Ty> {
     fields.iter().find(|(n, _)| *n == k).map(|(_, t)| *t)
 }
 
-/// Each document of array `field` held to `fields` (`path` names them in
+/// Each document of array `v` held to `fields` (`path` names them in
 /// errors); elements that are not documents are left to the handler.
-fn statements(cmd: &Document, path: &str, field: &str, fields: &[(&str, Ty)]) -> CmdResult<()> {
-    let Some(Bson::Array(items)) = cmd.get(field) else {
-        return Ok(());
-    };
-    for item in items {
-        let Bson::Document(d) = item else { continue };
-        for (k, v) in d {
-            match in_list(fields, k) {
-                Some(ty) => check_type(&format!("{path}.{k}"), ty, v)?,
-                None => return Err(unknown(&format!("{path}.{k}"))),
+fn statements(path: &str, fields: &[(&str, Ty)], v: Val<'_>) -> CmdResult<()> {
+    for item in v.items().unwrap_or_default() {
+        if let Some(d) = item.sub() {
+            statement(path, fields, &d)?;
+        }
+    }
+    Ok(())
+}
+
+/// One strictly parsed sub-document held to `fields`; `cursor.batchSize`
+/// also to its validator (51024 below 0).
+fn statement(path: &str, fields: &[(&str, Ty)], d: &Elems<'_>) -> CmdResult<()> {
+    let cursor = fields == CURSOR;
+    let mut seen: Vec<&str> = Vec::new();
+    for &(k, v) in d {
+        let Some(ty) = in_list(fields, k) else {
+            return Err(unknown(&format!("{path}.{k}")));
+        };
+        let p = format!("{path}.{k}");
+        if field(&p, ty, v, &mut seen, k)? && cursor {
+            match v.safe_i64() {
+                Some(n) if n < 0 => {
+                    return Err(CommandError::new(
+                        51024,
+                        "Location51024",
+                        format!("BSON field '{p}' value must be >= 0, actual value '{n}'"),
+                    ))
+                }
+                _ => {}
             }
         }
     }
@@ -451,19 +671,28 @@ pub fn unknown(path: &str) -> CommandError {
     )
 }
 
+/// MongoDB's 40413 for a field sent twice (`IDLParserContext::
+/// throwDuplicateField`).
+pub fn duplicate(path: &str) -> CommandError {
+    CommandError::new(
+        40413,
+        "Location40413",
+        format!("BSON field '{path}' is a duplicate field"),
+    )
+}
+
 /// Whether `v` has type `ty`; MongoDB's 14 TypeMismatch if not.
-fn check_type(path: &str, ty: Ty, v: &Bson) -> CmdResult<()> {
-    let ok = match (ty, v) {
+fn check_type(path: &str, ty: Ty, v: Val<'_>) -> CmdResult<()> {
+    use ElementType as E;
+    let t = v.element_type();
+    let ok = match (ty, t) {
         (Any, _) => true,
-        (Bool, v) => matches!(v, Bson::Boolean(_)),
-        (_, Bson::Null) => true,
-        (Num, v) => matches!(
-            v,
-            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
-        ),
-        (Obj, v) => matches!(v, Bson::Document(_)),
-        (Str, v) => matches!(v, Bson::String(_)),
-        (Arr, v) => matches!(v, Bson::Array(_)),
+        (Bool, t) => t == E::Boolean,
+        (_, E::Null) => true,
+        (Num, t) => matches!(t, E::Int32 | E::Int64 | E::Double | E::Decimal128),
+        (Obj, t) => t == E::EmbeddedDocument,
+        (Str, t) => t == E::String,
+        (Arr, t) => t == E::Array,
     };
     if ok {
         return Ok(());
@@ -478,7 +707,7 @@ fn check_type(path: &str, ty: Ty, v: &Bson) -> CmdResult<()> {
     };
     Err(CommandError::type_mismatch(format!(
         "BSON field '{path}' is the wrong type '{}', {want}",
-        duetdb::raw::type_name(v)
+        v.type_name()
     )))
 }
 
@@ -566,8 +795,81 @@ mod tests {
         )
         .expect_err("refused");
         assert_eq!(e.message, "BSON field 'count.nope' is an unknown field.");
+        let e = check(
+            "aggregate",
+            &doc! {"aggregate": "c", "pipeline": [], "cursor": {"batchSize": -3}, "x": 1},
+        )
+        .expect_err("refused");
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                51024,
+                "BSON field 'cursor.batchSize' value must be >= 0, actual value '-3'"
+            )
+        );
+        let e = check(
+            "listIndexes",
+            &doc! {"listIndexes": "c", "cursor": {"n": 1}},
+        )
+        .expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'listIndexes.cursor.n' is an unknown field."
+        );
         // The first field is the command's own; a command without a spec passes.
         assert!(check("find", &doc! {"find": "c", "filter": null}).is_ok());
         assert!(check("ping", &doc! {"ping": 1, "foo": 1}).is_ok());
+    }
+
+    #[test]
+    fn a_field_sent_twice_is_40413_in_document_order() {
+        use bson::rawdoc;
+        let r = rawdoc! {"find": "c", "filter": {}, "filter": {"a": 1}};
+        let e = check_raw("find", &r).expect_err("refused");
+        assert_eq!((e.code, e.code_name), (40413, "Location40413"));
+        assert_eq!(e.message, "BSON field 'find.filter' is a duplicate field");
+        // An unknown field before the repeat decides; a wrong type is first.
+        let r = rawdoc! {"find": "c", "foo": 1, "limit": 1, "limit": 1};
+        assert_eq!(check_raw("find", &r).expect_err("refused").code, 40415);
+        let r = rawdoc! {"find": "c", "limit": 1, "limit": "x"};
+        assert_eq!(check_raw("find", &r).expect_err("refused").code, 14);
+        // A null repeat is skipped; generic arguments are not checked.
+        let r = rawdoc! {"find": "c", "limit": 1, "limit": null};
+        assert!(check_raw("find", &r).is_ok());
+        let r = rawdoc! {"find": "c", "comment": 1, "comment": 2};
+        assert!(check_raw("find", &r).is_ok());
+        // Inside cursor, a statement, an explained command.
+        let r = rawdoc! {
+            "aggregate": "c", "pipeline": [], "cursor": {"batchSize": 1, "batchSize": 2}
+        };
+        let e = check_raw("aggregate", &r).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'cursor.batchSize' is a duplicate field"
+        );
+        let stmt = rawdoc! {"q": {}, "limit": 0, "limit": 1};
+        let e = check_raw_statement("deletes", &stmt).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'delete.deletes.limit' is a duplicate field"
+        );
+        let r = rawdoc! {"update": "c", "updates": [{"q": {}, "u": {}, "u": {}}]};
+        let e = check_raw("update", &r).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'update.updates.u' is a duplicate field"
+        );
+        let r = rawdoc! {"explain": {"find": "c", "sort": {}, "sort": {}}};
+        let e = check_raw("explain", &r).expect_err("refused");
+        assert_eq!(e.message, "BSON field 'find.sort' is a duplicate field");
+        let r = rawdoc! {"insert": "c", "documents": [], "writeConcern": {"w": 1, "w": "majority"}};
+        let e = check_raw("insert", &r).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'WriteConcernOptions.w' is a duplicate field"
+        );
+        // Its own fields come first.
+        let r = rawdoc! {"insert": "c", "writeConcern": {"w": 1, "w": 1}, "frob": 1};
+        assert_eq!(check_raw("insert", &r).expect_err("refused").code, 40415);
     }
 }

@@ -21,8 +21,12 @@
 //! - `$facet` runs one nested [`Exec`] per facet on every document (each
 //!   bounded the same way) and their outputs together by the memory limit
 //!   (4031700);
-//! - `$sample` keeps a reservoir of `size` documents (uniform without
-//!   replacement, no sort), `$densify` keeps its input; both under the
+//! - `$sample` gives every document a random key and keeps the `size`
+//!   smallest (uniform without replacement, emitted in key order, so in
+//!   random order), as MongoDB's `$sample` sorts on a random key: through
+//!   a [`Sorter`] with `keep = size`, so past the memory limit the kept
+//!   documents spill as sorted runs when disk use is allowed (292, the
+//!   sort's message, when not); `$densify` keeps its input under the
 //!   memory limit (292);
 //! - `$setWindowFields` (and `$fill`'s methods, which are one) sorts its
 //!   input by (partition, sortBy) through a [`Sorter`] and holds one
@@ -66,6 +70,7 @@ use crate::query::aggregate::window::{Window, WindowRun};
 use crate::query::aggregate::{Runtime, Stage};
 use crate::query::expr::{Expr, Root};
 use crate::query::limits::PAGE_DOCS;
+use crate::query::sort::SortSpec;
 use crate::query::sorter::Sorter;
 
 /// A document flowing between nodes.
@@ -123,7 +128,7 @@ enum Node<'p> {
     /// `$unionWith`: passes its input on, then the other collection's.
     UnionWith(&'p crate::query::aggregate::lookup::UnionWith),
     Facet(Option<FacetRun<'p>>),
-    Sample(Reservoir),
+    Sample(u64, Option<Box<Sample>>),
     /// `$bucketAuto`: its input through a sorter (started at the first row).
     BucketAuto(&'p BucketAuto, Option<BucketAutoRun<'p>>),
     /// `$setWindowFields`: its input through a sorter (started at the first
@@ -236,7 +241,7 @@ impl<'p> Exec<'p> {
                 },
                 StageRef::Stage(Stage::UnionWith(u)) => Node::UnionWith(u),
                 StageRef::Stage(Stage::Facet(f)) => Node::Facet(Some(FacetRun::new(f, rt))),
-                StageRef::Stage(Stage::Sample(n)) => Node::Sample(Reservoir::new(*n)),
+                StageRef::Stage(Stage::Sample(n)) => Node::Sample(*n, None),
                 StageRef::Stage(Stage::BucketAuto(b)) => Node::BucketAuto(b, None),
                 StageRef::Stage(Stage::Window(w)) if w.can_spill() => Node::Window(w, None),
                 StageRef::Stage(stage @ (Stage::Window(_) | Stage::Densify(_))) => {
@@ -350,10 +355,12 @@ impl<'p> Exec<'p> {
                         let _ = emit(Row::Owned(run.finish()?))?;
                     }
                 }
-                Node::Sample(res) => {
-                    for row in res.take() {
-                        if emit(row)?.is_break() {
-                            break;
+                Node::Sample(_, run) => {
+                    if let Some(run) = run.take() {
+                        for doc in run.sorter.finish()? {
+                            if emit(Row::Shared(doc?))?.is_break() {
+                                break;
+                            }
                         }
                     }
                 }
@@ -511,8 +518,12 @@ fn push_at(
                 .ok_or_else(|| Error::Internal("push into a finished $facet".into()))?;
             run.push(row)
         }
-        Node::Sample(res) => {
-            res.push(row, rt.limits.memory_limit_bytes)?;
+        Node::Sample(n, run) => {
+            let run = match run {
+                Some(run) => run,
+                None => run.insert(Box::new(Sample::new(*n, rt)?)),
+            };
+            run.push(row)?;
             Ok(ControlFlow::Continue(()))
         }
         Node::BucketAuto(stage, run) => {
@@ -606,53 +617,33 @@ pub(super) fn documents_of(e: &Expr) -> Result<Vec<Document>> {
     }
 }
 
-/// `$sample`: a uniform sample without replacement of `n` rows (Algorithm
-/// R), emitted in random order. Holds at most `n` rows; never sorts.
-pub(super) struct Reservoir {
-    n: u64,
-    seen: u64,
-    rows: Vec<Row>,
-    bytes: usize,
+/// `$sample`: a uniform sample without replacement of `n` rows: each row
+/// gets a random 64-bit key (the sorter's tie-breaker under an empty sort
+/// spec) and the `n` smallest are kept, in key order. Keeping the `n`
+/// smallest keys of every prefix of the input is what makes the spilled
+/// and the in-memory answers the same distribution: a row dropped early
+/// had `n` better keys already and can never be among the final `n`.
+pub(super) struct Sample {
+    sorter: Sorter,
     rng: StdRng,
 }
 
-impl Reservoir {
-    fn new(n: u64) -> Reservoir {
-        Reservoir {
-            n,
-            seen: 0,
-            rows: Vec::new(),
-            bytes: 0,
+impl Sample {
+    fn new(n: u64, rt: &Runtime<'_>) -> Result<Sample> {
+        let keep = usize::try_from(n).unwrap_or(usize::MAX);
+        Ok(Sample {
+            sorter: Sorter::new(
+                SortSpec::parse(&Document::new())?,
+                &rt.limits,
+                rt.spill_dir.clone(),
+                Some(keep),
+            ),
             rng: StdRng::from_entropy(),
-        }
+        })
     }
 
-    fn push(&mut self, row: Row, limit: usize) -> Result<()> {
-        self.seen += 1;
-        if (self.rows.len() as u64) < self.n {
-            self.bytes += row.bytes();
-            self.rows.push(row);
-        } else {
-            let j = self.rng.gen_range(0..self.seen);
-            if j < self.n {
-                let slot = &mut self.rows[j as usize];
-                self.bytes = self.bytes - slot.bytes() + row.bytes();
-                *slot = row;
-            }
-        }
-        if self.bytes > limit {
-            return Err(over_memory("$sample", limit));
-        }
-        Ok(())
-    }
-
-    /// The sample in random order (the reservoir keeps arrival positions).
-    fn take(&mut self) -> Vec<Row> {
-        let mut rows = std::mem::take(&mut self.rows);
-        for i in (1..rows.len()).rev() {
-            let j = self.rng.gen_range(0..=i);
-            rows.swap(i, j);
-        }
-        rows
+    fn push(&mut self, row: Row) -> Result<()> {
+        let key: u64 = self.rng.gen();
+        self.sorter.push_tied(row.into_docref()?, key)
     }
 }

@@ -743,6 +743,47 @@ fn sample_is_without_replacement() {
 }
 
 #[test]
+fn sample_over_the_memory_limit_spills_through_the_sorter() {
+    use crate::query::aggregate::test_support::streamed;
+    // 40 documents of ~1 KiB, a 4 KiB limit: a sample of 10 cannot be held.
+    let docs: Vec<Document> = (0..40)
+        .map(|i| doc! {"_id": i, "pad": "x".repeat(1000)})
+        .collect();
+    let p = [doc! {"$sample": {"size": 10}}];
+    let e = streamed(&p, &docs, 4096, false).expect_err("over the limit");
+    assert_eq!(e.code(), 292);
+    assert!(
+        e.to_string()
+            .starts_with("Sort exceeded memory limit of 4096 bytes"),
+        "{e}"
+    );
+    let mut picked = [0u32; 40];
+    for _ in 0..300 {
+        let out = streamed(&p, &docs, 4096, true).expect("spilled");
+        let mut ids: Vec<i32> = out.iter().map(|d| d.get_i32("_id").expect("id")).collect();
+        assert_eq!(ids.len(), 10);
+        assert!(out
+            .iter()
+            .all(|d| d.get_str("pad").is_ok_and(|s| s.len() == 1000)));
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 10, "without replacement");
+        for i in ids {
+            picked[i as usize] += 1;
+        }
+    }
+    // Every document can be drawn, early and late ones alike (a document
+    // missed in 300 draws of 10 of 40 has probability (3/4)^300 < 1e-37):
+    // the spilled runs do not favour one part of the input.
+    assert!(picked.iter().all(|&n| n > 0), "{picked:?}");
+    // Each is drawn 75 times on average; none is drawn every time.
+    assert!(picked.iter().all(|&n| n < 300), "{picked:?}");
+    // A sample larger than the input is all of it, spilled or not.
+    let all = streamed(&[doc! {"$sample": {"size": 100}}], &docs, 4096, true).expect("all");
+    assert_eq!(all.len(), 40);
+}
+
+#[test]
 fn replace_root_and_documents() {
     let people = vec![
         doc! {"_id": 1, "name": "Arlene", "age": 34, "pets": {"dogs": 2, "cats": 1}},

@@ -47,7 +47,8 @@ impl To {
     }
 }
 
-/// Why a conversion failed: unsupported (from, to) or a bad value.
+/// Why a conversion failed: unsupported (from, to) or a bad value (the
+/// whole message: MongoDB puts [`CLAUSE`] at different places in each).
 enum Fail {
     Unsupported,
     Value(String),
@@ -106,7 +107,7 @@ fn failure(b: &Bson, to: To, f: Fail) -> Error {
                 crate::doc::types::type_name(b),
                 to.name()
             ),
-            Fail::Value(m) => format!("{m} in $convert with no onError value"),
+            Fail::Value(m) => m,
         },
     }
 }
@@ -191,8 +192,49 @@ pub(super) fn convert(a: &Args<'_, '_>) -> Result<Value> {
     }
 }
 
-fn overflow() -> Fail {
-    Fail::Value("Conversion would overflow target type".into())
+/// What every conversion failure message says.
+const CLAUSE: &str = "in $convert with no onError value";
+
+/// A value out of the target's range; `v` as MongoDB streams the input (a
+/// double as C's `%g`, other numbers in full).
+fn overflow(v: impl std::fmt::Display) -> Fail {
+    Fail::Value(format!(
+        "Conversion would overflow target type {CLAUSE}: {v}"
+    ))
+}
+
+/// NaN or an infinity to an integer.
+fn non_finite(nan: bool) -> Fail {
+    let what = if nan { "NaN" } else { "infinity" };
+    Fail::Value(format!(
+        "Attempt to convert {what} value to integer type {CLAUSE}"
+    ))
+}
+
+/// `f` as C's `printf("%g")` (6 significant digits, trailing zeros
+/// dropped, exponent of at least two digits): how MongoDB's `str::stream`
+/// prints a double.
+pub(super) fn printf_g(f: f64) -> String {
+    if f == 0.0 || !f.is_finite() {
+        return double_string(f);
+    }
+    let sci = format!("{f:.5e}");
+    let (mant, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let trim = |t: &str| -> String {
+        if t.contains('.') {
+            t.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mant), exp.abs())
+    } else {
+        let places = usize::try_from(5 - exp).unwrap_or(0);
+        trim(&format!("{f:.places$}"))
+    }
 }
 
 fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
@@ -224,7 +266,7 @@ fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
                 let x = decimal::from_bson(*d);
                 let f = decimal::to_f64(x);
                 if f.is_infinite() && x.is_finite() {
-                    return Err(overflow());
+                    return Err(overflow(d));
                 }
                 Ok(Bson::Double(f))
             }
@@ -242,18 +284,20 @@ fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
                 Bson::Decimal128(d) => {
                     let x = decimal::from_bson(*d);
                     if !x.is_finite() {
-                        return Err(Fail::Value(
-                            "Attempt to convert NaN or infinity value to integer type".into(),
-                        ));
+                        return Err(non_finite(x.is_nan()));
                     }
                     let t = decimal::round_at(x, 0, dec::Rounding::Down);
-                    decimal::to_i64_exact(t).ok_or_else(overflow)?
+                    decimal::to_i64_exact(t).ok_or_else(|| overflow(d))?
                 }
                 Bson::String(s) => return parse_number(s, to),
                 _ => return Err(Fail::Unsupported),
             };
             if to == To::Int {
-                i32::try_from(n).map(Bson::Int32).map_err(|_| overflow())
+                i32::try_from(n).map(Bson::Int32).map_err(|_| match b {
+                    Bson::Double(f) => overflow(printf_g(*f)),
+                    Bson::Decimal128(d) => overflow(d),
+                    _ => overflow(n),
+                })
             } else {
                 Ok(Bson::Int64(n))
             }
@@ -281,13 +325,15 @@ fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
             Bson::String(s) => {
                 if s.len() != 24 {
                     return Err(Fail::Value(format!(
-                        "Failed to parse objectId '{s}': Invalid string length for parsing to OID, expected 24 but found {}",
+                        "Failed to parse objectId '{s}' {CLAUSE}: Invalid string length for parsing to OID, expected 24 but found {}",
                         s.len()
                     )));
                 }
+                // OID::parse's words: the first non-hex character, unquoted.
                 ObjectId::parse_str(s).map(Bson::ObjectId).map_err(|_| {
+                    let c = s.chars().find(|c| !c.is_ascii_hexdigit()).unwrap_or('?');
                     Fail::Value(format!(
-                        "Failed to parse objectId '{s}': Invalid character found in hex string"
+                        "Failed to parse objectId '{s}' {CLAUSE}: Invalid character found in hex string: {c}"
                     ))
                 })
             }
@@ -303,7 +349,7 @@ fn convert_value(b: &Bson, to: To) -> std::result::Result<Bson, Fail> {
                 let x = decimal::round_at(decimal::from_bson(*d), 0, dec::Rounding::Down);
                 decimal::to_i64_exact(x)
                     .map(|ms| Bson::DateTime(bson::DateTime::from_millis(ms)))
-                    .ok_or_else(overflow)
+                    .ok_or_else(|| overflow(d))
             }
             Bson::ObjectId(o) => Ok(Bson::DateTime(o.timestamp())),
             Bson::Timestamp(t) => Ok(Bson::DateTime(bson::DateTime::from_millis(
@@ -323,49 +369,90 @@ fn dec_of(n: AnyNum) -> Bson {
 
 fn float_to_i64(f: f64) -> std::result::Result<i64, Fail> {
     if !f.is_finite() {
-        return Err(Fail::Value(
-            "Attempt to convert NaN or infinity value to integer type".into(),
-        ));
+        return Err(non_finite(f.is_nan()));
     }
     let t = f.trunc();
     if !(-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&t) {
-        return Err(overflow());
+        return Err(overflow(printf_g(f)));
     }
     Ok(t as i64)
 }
 
-/// A string parsed whole as a base-10 number of the target type.
+/// A string parsed whole as a base-10 number of the target type, refused
+/// with MongoDB's `NumberParser` reasons: integers `No digits` (empty),
+/// `Overflow`, else `Did not consume whole string.`; doubles `Empty
+/// string`, `Leading whitespace`, `Did not consume any digits`, `Did not
+/// consume whole string.`, `Out of range`; decimals `Empty string`, else
+/// `Failed to parse string to decimal`. A `0x` prefix is refused first,
+/// with its own message.
 fn parse_number(s: &str, to: To) -> std::result::Result<Bson, Fail> {
-    let bad = |why: &str| Fail::Value(format!("Failed to parse number '{s}': {why}"));
+    let bad = |why: &str| Fail::Value(format!("Failed to parse number '{s}' {CLAUSE}: {why}"));
+    if s.starts_with("0x") {
+        return Err(Fail::Value(format!(
+            "Illegal hexadecimal input {CLAUSE}: {s}"
+        )));
+    }
     match to {
         To::Int | To::Long => {
             if s.is_empty() {
                 return Err(bad("No digits"));
             }
-            let n: i64 = s
-                .parse()
-                .map_err(|_| bad("Did not consume whole string."))?;
-            if to == To::Int {
-                i32::try_from(n)
-                    .map(Bson::Int32)
-                    .map_err(|_| bad("Out of range"))
-            } else {
-                Ok(Bson::Int64(n))
+            let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                let n: Option<i64> = s.parse().ok();
+                return match (to, n) {
+                    (To::Int, Some(n)) => i32::try_from(n)
+                        .map(Bson::Int32)
+                        .map_err(|_| bad("Overflow")),
+                    (_, Some(n)) => Ok(Bson::Int64(n)),
+                    (_, None) => Err(bad("Overflow")),
+                };
             }
+            Err(bad("Did not consume whole string."))
         }
         To::Double => {
-            let lower = s.to_ascii_lowercase();
-            let f = match lower.trim_start_matches(['-', '+']) {
-                "inf" | "infinity" | "nan" => lower.replace("infinity", "inf").parse::<f64>(),
-                _ if s.trim() != s || s.is_empty() => {
-                    return Err(bad("Did not consume whole string."))
-                }
-                _ => s.parse::<f64>(),
+            if s.is_empty() {
+                return Err(bad("Empty string"));
             }
-            .map_err(|_| bad("Did not consume whole string."))?;
+            if s.starts_with(|c: char| c.is_ascii_whitespace()) {
+                return Err(bad("Leading whitespace"));
+            }
+            let lower = s.to_ascii_lowercase();
+            let unsigned = lower.trim_start_matches(['-', '+']);
+            if matches!(unsigned, "inf" | "infinity" | "nan") {
+                return lower
+                    .replace("infinity", "inf")
+                    .parse::<f64>()
+                    .map(Bson::Double)
+                    .map_err(|_| bad("Did not consume whole string."));
+            }
+            let Ok(f) = s.parse::<f64>() else {
+                // How far strtod got: digits (or an infinity/NaN word)
+                // at the start mean it stopped early, else nothing.
+                let b = unsigned.as_bytes();
+                let digits = b.first().is_some_and(u8::is_ascii_digit)
+                    || (b.first() == Some(&b'.') && b.get(1).is_some_and(u8::is_ascii_digit))
+                    || unsigned.starts_with("inf")
+                    || unsigned.starts_with("nan");
+                return Err(bad(if digits {
+                    "Did not consume whole string."
+                } else {
+                    "Did not consume any digits"
+                }));
+            };
+            // strtod's ERANGE: too large, or too small for a normal double
+            // (MongoDB 7 refuses subnormals too).
+            let mantissa = unsigned.split(['e', 'E']).next().unwrap_or("");
+            let lost = f == 0.0 && mantissa.bytes().any(|c| (b'1'..=b'9').contains(&c));
+            if f.is_infinite() || lost || (f != 0.0 && f.abs() < f64::MIN_POSITIVE) {
+                return Err(bad("Out of range"));
+            }
             Ok(Bson::Double(f))
         }
         _ => {
+            if s.is_empty() {
+                return Err(bad("Empty string"));
+            }
             let d: bson::Decimal128 = s
                 .parse()
                 .map_err(|_| bad("Failed to parse string to decimal"))?;

@@ -2,7 +2,8 @@
 //!
 //! Owns: compiling the pattern (the `regex` crate, as the filter's `$regex`:
 //! no backreferences or lookaround — refused with 51111 "Invalid Regex",
-//! a documented gap) and the result shapes `{match, idx, captures}`, where
+//! a documented gap; other syntax errors read in PCRE2's words, as
+//! MongoDB's, `query/pcre_words.rs`) and the result shapes `{match, idx, captures}`, where
 //! `idx` counts code points and an unmatched group is null.
 //!
 //! Invariants: a null or missing input gives `false` / null / `[]`; options
@@ -54,9 +55,13 @@ fn compile(name: &str, pattern: &str, options: &str) -> Result<Regex> {
             "{name}: regular expression cannot contain an embedded null byte"
         ));
     }
-    let re = b
-        .build()
-        .map_err(|e| loc!(51111, "Invalid Regex in {name}: {e}"))?;
+    let re = b.build().map_err(|e| {
+        loc!(
+            51111,
+            "Invalid Regex in {name}: {}",
+            crate::query::pcre_words::compile_error(pattern, options, &e)
+        )
+    })?;
     LAST.with(|l| *l.borrow_mut() = Some((pattern.to_string(), options.to_string(), re.clone())));
     Ok(re)
 }

@@ -1304,3 +1304,65 @@ fn extreme_dates_do_not_panic() {
         }
     }
 }
+
+/// The message of a failing expression.
+fn msg(spec: Bson) -> String {
+    match ev(spec.clone(), &doc! {}) {
+        Ok(v) => panic!("{spec} should fail, gave {v:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn conversion_failures_in_mongodb_words() {
+    let c = "in $convert with no onError value";
+    for (spec, want) in [
+        (bson!({"$toInt": "abc"}), format!("Failed to parse number 'abc' {c}: Did not consume whole string.")),
+        (bson!({"$toInt": ""}), format!("Failed to parse number '' {c}: No digits")),
+        (bson!({"$toInt": "2147483648"}), format!("Failed to parse number '2147483648' {c}: Overflow")),
+        (bson!({"$toLong": "99999999999999999999"}), format!("Failed to parse number '99999999999999999999' {c}: Overflow")),
+        (bson!({"$toInt": "0x10"}), format!("Illegal hexadecimal input {c}: 0x10")),
+        (bson!({"$toDouble": ""}), format!("Failed to parse number '' {c}: Empty string")),
+        (bson!({"$toDouble": "x"}), format!("Failed to parse number 'x' {c}: Did not consume any digits")),
+        (bson!({"$toDouble": " 5"}), format!("Failed to parse number ' 5' {c}: Leading whitespace")),
+        (bson!({"$toDouble": "12abc"}), format!("Failed to parse number '12abc' {c}: Did not consume whole string.")),
+        (bson!({"$toDouble": "1e400"}), format!("Failed to parse number '1e400' {c}: Out of range")),
+        (bson!({"$toDecimal": "x"}), format!("Failed to parse number 'x' {c}: Failed to parse string to decimal")),
+        (bson!({"$toInt": 1e300}), format!("Conversion would overflow target type {c}: 1e+300")),
+        (bson!({"$toInt": 3.0e9}), format!("Conversion would overflow target type {c}: 3e+09")),
+        (bson!({"$toInt": 5_000_000_000i64}), format!("Conversion would overflow target type {c}: 5000000000")),
+        (bson!({"$toInt": f64::NAN}), format!("Attempt to convert NaN value to integer type {c}")),
+        (bson!({"$toLong": f64::INFINITY}), format!("Attempt to convert infinity value to integer type {c}")),
+        (bson!({"$toObjectId": "0123456789abcdef0123456z"}), format!("Failed to parse objectId '0123456789abcdef0123456z' {c}: Invalid character found in hex string: z")),
+        (bson!({"$toObjectId": "x"}), format!("Failed to parse objectId 'x' {c}: Invalid string length for parsing to OID, expected 24 but found 1")),
+    ] {
+        assert_eq!(msg(spec.clone()), want, "{spec}");
+        assert_eq!(code(spec, &doc! {}), 241);
+    }
+    // What strtod accepts still converts.
+    for s in ["1e3", "inf", "-Infinity", ".5", "5.", "+5", "1.5"] {
+        assert!(
+            matches!(ok(bson!({"$toDouble": s}), &doc! {}), Bson::Double(_)),
+            "{s}"
+        );
+    }
+    assert_eq!(printf_g_of(2147483648.0), "2.14748e+09");
+    assert_eq!(printf_g_of(123456.0), "123456");
+    assert_eq!(printf_g_of(0.0001), "0.0001");
+    assert_eq!(printf_g_of(1.0e-5), "1e-05");
+}
+
+#[test]
+fn regex_expression_errors_in_pcre2_words() {
+    let e = msg(bson!({"$regexMatch": {"input": "a", "regex": "a("}}));
+    assert_eq!(
+        e,
+        "Invalid Regex in $regexMatch: missing closing parenthesis"
+    );
+    let e = msg(bson!({"$regexFind": {"input": "a", "regex": "a", "options": "g"}}));
+    assert_eq!(e, "$regexFind invalid flag in regex options: g");
+}
+
+fn printf_g_of(f: f64) -> String {
+    super::convert::printf_g(f)
+}

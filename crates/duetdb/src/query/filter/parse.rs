@@ -470,18 +470,37 @@ impl RegexOp {
                 'x' => builder.ignore_whitespace(true),
                 // Unicode classes are the regex crate's default already.
                 'u' => &mut builder,
-                other => return Err(bad(format!("invalid flag in regex options: {other}"))),
+                // pcre_util::flagsToOptions with no operator name: the
+                // message starts with a space.
+                other => {
+                    return Err(Box::new(Error::Coded {
+                        code: 51108,
+                        name: "Location51108",
+                        msg: format!(" invalid flag in regex options: {other}"),
+                    }))
+                }
             };
             if !sorted.contains(&c) {
                 sorted.push(c);
             }
         }
         sorted.sort_unstable();
+        // As MongoDB's RegexMatchExpression: the flags are read first (an
+        // invalid one wins), then a null byte is refused, then a pattern
+        // that does not compile.
+        if pattern.contains('\0') {
+            return Err(bad(
+                "Regular expression cannot contain an embedded null byte",
+            ));
+        }
         let re = builder.build().map_err(|e| {
             Box::new(Error::Coded {
                 code: 51091,
                 name: "Location51091",
-                msg: format!("Regular expression is invalid: {e}"),
+                msg: format!(
+                    "Regular expression is invalid: {}",
+                    crate::query::pcre_words::compile_error(pattern, options, &e)
+                ),
             })
         })?;
         Ok(RegexOp {
@@ -504,14 +523,7 @@ fn parse_regex(ops: &Document) -> PResult<RegexOp> {
         Some(_) => return Err(bad("$options has to be a string")),
     };
     match ops.get("$regex") {
-        Some(Bson::String(pattern)) => {
-            if pattern.contains('\0') {
-                return Err(bad(
-                    "Regular expression cannot contain an embedded null byte",
-                ));
-            }
-            RegexOp::new(pattern, options.unwrap_or(""))
-        }
+        Some(Bson::String(pattern)) => RegexOp::new(pattern, options.unwrap_or("")),
         Some(Bson::RegularExpression(r)) => {
             let own = r.options.as_str();
             match options {

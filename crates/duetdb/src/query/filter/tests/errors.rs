@@ -47,9 +47,33 @@ fn parse_errors() {
     assert!(err(doc! {"a": {"$mod": 4}}).contains("needs to be an array"));
     assert!(err(doc! {"a": {"$mod": ["x", 1]}}).contains("divisor not a number"));
     assert!(err(doc! {"a": {"$mod": [f64::NAN, 1]}}).contains("invalid"));
-    assert!(err(doc! {"a": {"$regex": "("}}).contains("Regular expression is invalid"));
-    assert!(err(doc! {"a": re("(", "")}).contains("Regular expression is invalid"));
-    assert!(err(doc! {"a": {"$regex": "x", "$options": "q"}}).contains("invalid flag"));
+    // MongoDB's words: PCRE2's text after 51091's prefix; 51108 with the
+    // empty operator name of a query (a leading space); the flags before a
+    // null byte.
+    assert_eq!(
+        err(doc! {"a": {"$regex": "("}}),
+        "Regular expression is invalid: missing closing parenthesis"
+    );
+    assert_eq!(
+        err(doc! {"a": re("[a-", "")}),
+        "Regular expression is invalid: missing terminating ] for character class"
+    );
+    assert_eq!(
+        err(doc! {"a": {"$regex": "*x"}}),
+        "Regular expression is invalid: quantifier does not follow a repeatable item"
+    );
+    assert_eq!(
+        err(doc! {"a": {"$regex": "x", "$options": "iq"}}),
+        " invalid flag in regex options: q"
+    );
+    assert_eq!(
+        err(doc! {"a": {"$regex": "x\0", "$options": "q"}}),
+        " invalid flag in regex options: q"
+    );
+    assert_eq!(
+        err(doc! {"a": {"$regex": "x\0"}}),
+        "Regular expression cannot contain an embedded null byte"
+    );
     assert_eq!(err(doc! {"a": {"$regex": 5}}), "$regex has to be a string");
     assert_eq!(
         err(doc! {"a": {"$options": "i"}}),
