@@ -3,22 +3,31 @@
 //!
 //! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §13.4): a sequence
 //! of WAL-style frames `[len u32][crc32c u32][payload]`:
-//! - `H`: magic `DUETCKP\x01`, format version u32 (3), csn u64, collection
+//! - `H`: magic `DUETCKP\x01`, format version u32 (4), csn u64, collection
 //!   count u32, cluster time u64 of the state (version 1, still read, has no
 //!   time: it loads as 0);
 //! - per collection `C`: name, document count u64, index spec count u32, specs
-//!   (BSON, the `listIndexes` form), and (version 3) the collection options
+//!   (BSON, the `listIndexes` form), and (version 3 on) the collection options
 //!   (BSON, the `listCollections` form; versions 1 and 2, still read, have
 //!   none: defaults); then `D` frames of up to ~1 MiB of documents
-//!   (count u32, BSON documents) in record order;
+//!   (count u32, BSON documents) in record order; then (version 4) per
+//!   secondary index `O` frames holding its entry order: index number u32,
+//!   count u32, and for each entry in key order the position of its record
+//!   among the collection's documents (u32);
 //! - `E`: csn u64 and total documents u64; the file ends right after it.
 //!
-//! Indexes are not stored: they are rebuilt at load from the documents and
-//! specs (a stored index would double the checkpoint and need its own format
-//! and checks). Loading walks the frames in order, then verifies and decodes
-//! the documents frames on up to one thread per core and builds each
-//! collection's heap and indexes side by side (`store::bulk_load`); the
-//! phases are timed ([`LoadTimes`], in the recovery report).
+//! The index entries themselves are not stored: they are formed again at
+//! load from the documents and specs, so an index always holds exactly its
+//! documents' keys. The stored order (4 bytes an entry, about 5 % of a
+//! typical image) only saves the sort: the entries are placed by it and the
+//! tree is built from them after one linear check (each entry placed once,
+//! neighbours strictly ascending); an order that does not fit — a build
+//! whose key order differs — is ignored and the entries sorted, as for an
+//! image of version 3 or older, which stores none. Loading walks the frames
+//! in order, then verifies and decodes the documents frames on up to one
+//! thread per core and builds each collection's heap and indexes side by
+//! side (`store::bulk_load`); the phases are timed ([`LoadTimes`], in the
+//! recovery report).
 //!
 //! Invariants:
 //! - a checkpoint file under its final name is complete and synced: it is
@@ -28,7 +37,10 @@
 //!   any mismatch is a `Corrupt` error, never a partial state: nothing is
 //!   built before the whole frame walk succeeded, and a damaged frame is
 //!   named by its offset whichever thread found it (within a collection,
-//!   the first damaged documents frame in file order).
+//!   the first damaged documents frame in file order);
+//! - the loaded state does not depend on the stored entry orders, only the
+//!   time does: an intact order frame that does not fit its index is not an
+//!   error (the index is sorted instead), a damaged one is `Corrupt`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,14 +52,18 @@ use super::wal::{frame, frame_unchecked, read_frame};
 use crate::doc::DocRef;
 use crate::error::StorageError;
 use crate::store::bulk_load;
-use crate::store::index::IndexSpec;
+use crate::store::collection::CollectionState;
+use crate::store::heap::RecordId;
+use crate::store::index::{IndexSpec, IndexState};
 use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 
 const MAGIC: &[u8; 8] = b"DUETCKP\x01";
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Documents are framed in chunks of about this many bytes.
 const CHUNK: usize = 1 << 20;
+/// Most record positions in one order frame (about `CHUNK` bytes).
+const ORDER_CHUNK: usize = CHUNK / 4;
 /// Sync the file every this many bytes (RocksDB's `bytes_per_sync`): a
 /// checkpoint that leaves hundreds of MB dirty in the page cache makes the
 /// kernel throttle every writer of the machine, the WAL included, and the
@@ -91,6 +107,76 @@ pub fn write_as(
     name: &str,
     state: &DbState,
 ) -> Result<CheckpointInfo, StorageError> {
+    write_version(vfs, dir, name, state, FORMAT_VERSION)
+}
+
+/// Where each record of a collection lies among its records in heap order
+/// (its record id at load), to write the indexes' entry orders.
+enum Positions {
+    /// Indexed by record id (`u32::MAX`: no such record); used while the
+    /// ids are not much sparser than the records.
+    Dense(Vec<u32>),
+    /// The record ids in order, searched.
+    Sparse(Vec<RecordId>),
+}
+
+impl Positions {
+    fn new(c: &CollectionState) -> Option<Positions> {
+        let n = c.len();
+        if u32::try_from(n).is_err() {
+            // Positions are u32: such a collection's indexes are sorted at load.
+            return None;
+        }
+        let dense = usize::try_from(c.next_rid)
+            .ok()
+            .filter(|&ids| ids <= n.saturating_mul(4).saturating_add(1 << 16));
+        Some(match dense {
+            Some(ids) => {
+                let mut at = vec![u32::MAX; ids];
+                for (pos, (rid, _)) in c.heap.iter().enumerate() {
+                    // Ids are below `next_rid`; one that is not only loses the order.
+                    if let Some(slot) = usize::try_from(rid).ok().and_then(|r| at.get_mut(r)) {
+                        *slot = pos as u32;
+                    }
+                }
+                Positions::Dense(at)
+            }
+            None => Positions::Sparse(c.heap.iter().map(|(rid, _)| rid).collect()),
+        })
+    }
+
+    fn of(&self, rid: RecordId) -> Option<u32> {
+        match self {
+            Positions::Dense(at) => usize::try_from(rid)
+                .ok()
+                .and_then(|r| at.get(r))
+                .copied()
+                .filter(|&p| p != u32::MAX),
+            Positions::Sparse(ids) => ids.binary_search(&rid).ok().map(|p| p as u32),
+        }
+    }
+}
+
+/// The entry order of `index` (see [`bulk_load::EntryOrder`]), or `None`
+/// when an entry names a record not in the heap (it never does: the index
+/// would then be sorted at load).
+fn entry_order(index: &IndexState, positions: &Positions) -> Option<Vec<u32>> {
+    index
+        .tree
+        .iter()
+        .map(|((_, rid), ())| positions.of(*rid))
+        .collect()
+}
+
+/// [`write_as`] in format `version`: 4 (this build's) or 3 (no entry orders;
+/// kept to test that such images still load).
+fn write_version(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    name: &str,
+    state: &DbState,
+    version: u32,
+) -> Result<CheckpointInfo, StorageError> {
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
     if vfs.exists(&tmp) {
@@ -122,7 +208,7 @@ pub fn write_as(
         };
         let mut p = vec![b'H'];
         p.extend_from_slice(MAGIC);
-        p.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        p.extend_from_slice(&version.to_le_bytes());
         p.extend_from_slice(&state.csn.to_le_bytes());
         p.extend_from_slice(&(state.collections.len() as u32).to_le_bytes());
         p.extend_from_slice(&state.ts.to_le_bytes());
@@ -161,6 +247,34 @@ pub fn write_as(
                 emit(&mut chunk, &mut n, &mut out);
             }
             flush(&mut out, false)?;
+            if version < 4 || c.indexes.is_empty() {
+                continue;
+            }
+            let Some(positions) = Positions::new(c) else {
+                continue;
+            };
+            for (i, index) in c.indexes.iter().enumerate() {
+                let Some(order) = entry_order(index, &positions) else {
+                    continue;
+                };
+                // At least one frame, so an empty index's (empty) order is stored too.
+                let runs: Vec<&[u32]> = if order.is_empty() {
+                    vec![&[]]
+                } else {
+                    order.chunks(ORDER_CHUNK).collect()
+                };
+                for run in runs {
+                    let mut p = Vec::with_capacity(9 + 4 * run.len());
+                    p.push(b'O');
+                    p.extend_from_slice(&(i as u32).to_le_bytes());
+                    p.extend_from_slice(&(run.len() as u32).to_le_bytes());
+                    for pos in run {
+                        p.extend_from_slice(&pos.to_le_bytes());
+                    }
+                    frame(&p, &mut out);
+                    flush(&mut out, false)?;
+                }
+            }
         }
         let mut p = vec![b'E'];
         p.extend_from_slice(&state.csn.to_le_bytes());
@@ -198,6 +312,11 @@ pub struct LoadTimes {
     /// The heap, the `_id` index and the secondary indexes (side by side:
     /// `store::bulk_load`).
     pub build: Duration,
+    /// Secondary indexes built in the entry order the image stored (no sort).
+    pub indexes_in_stored_order: u32,
+    /// Secondary indexes whose entries were sorted (an image of format 3 or
+    /// older, or an order that did not fit the documents).
+    pub indexes_sorted: u32,
 }
 
 /// Load the checkpoint at `path` into a state for database `db`.
@@ -243,6 +362,9 @@ struct CollFrames<'a> {
     specs: Vec<IndexSpec>,
     options: CollectionOptions,
     frames: Vec<DocFrame<'a>>,
+    /// The stored entry order of each secondary index (format 4; `None`:
+    /// not stored, sorted at load).
+    orders: Vec<Option<bulk_load::EntryOrder>>,
     /// The collection frame's offset (named when its indexes do not build).
     at: usize,
 }
@@ -329,12 +451,18 @@ pub fn decode_timed(
             }
             frames.push(doc_frame);
         }
+        let orders = if version >= 4 {
+            walk_orders(buf, &mut pos, specs.len(), path)?
+        } else {
+            Vec::new()
+        };
         total += loaded;
         colls.push(CollFrames {
             name,
             specs,
             options,
             frames,
+            orders,
             at,
         });
     }
@@ -362,17 +490,63 @@ pub fn decode_timed(
         let docs = decode_frames(&coll.frames, path)?;
         times.decode += t.elapsed();
         let t = Instant::now();
-        let c = bulk_load::load_collection(
+        let (c, counts) = bulk_load::load_collection(
             &format!("{db}.{}", coll.name),
             coll.options,
             docs,
             coll.specs,
+            coll.orders,
         )
         .map_err(|e| corrupt(coll.at, format!("collection does not load: {e}")))?;
         times.build += t.elapsed();
+        times.indexes_in_stored_order += counts.stored;
+        times.indexes_sorted += counts.sorted;
         out.insert(coll.name, c);
     }
     Ok((state, times))
+}
+
+/// The order frames after a collection's documents frames (format 4),
+/// moving `*pos` past them: each `'O' index:u32 n:u32 position:u32[n]`, the
+/// index numbers ascending (an index's order may take several frames) and
+/// below `n_specs`. The walk stops at the first frame that is not an order
+/// frame (the next collection's or the end frame, checked by the caller: a
+/// damaged frame is reported there, at its offset).
+fn walk_orders(
+    buf: &[u8],
+    pos: &mut usize,
+    n_specs: usize,
+    path: &Path,
+) -> Result<Vec<Option<bulk_load::EntryOrder>>, StorageError> {
+    let mut orders: Vec<Option<bulk_load::EntryOrder>> = vec![None; n_specs];
+    let mut last = 0usize;
+    while let Ok(Some((p, next))) = read_frame(buf, *pos) {
+        if p.first() != Some(&b'O') {
+            break;
+        }
+        let at = *pos;
+        let corrupt = |what: &str| StorageError::corrupt(path, at as u64, what);
+        let mut r = Reader::new(p);
+        let (index, n) = match (r.u8(), r.u32(), r.u32()) {
+            (Ok(_), Ok(index), Ok(n)) => (index as usize, n as usize),
+            _ => return Err(corrupt("order frame too short")),
+        };
+        if index >= n_specs || index < last {
+            return Err(corrupt("order frame of no index in order"));
+        }
+        let positions = &p[r.pos..];
+        if positions.len() / 4 != n || positions.len() % 4 != 0 {
+            return Err(corrupt("order frame does not match its count"));
+        }
+        last = index;
+        orders[index].get_or_insert_with(Vec::new).extend(
+            positions
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        *pos = next;
+    }
+    Ok(orders)
 }
 
 /// The documents frame at `*pos`, its checksum not verified yet (that is
@@ -570,13 +744,25 @@ mod tests {
         let state = big_state(n);
         let fs = SimFs::new();
         let info = write(&fs, Path::new("/d"), &state).expect("test value");
-        let (back, _) = load_timed(&fs, &info.path, "t").expect("test value");
+        let (back, times) = load_timed(&fs, &info.path, "t").expect("test value");
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (3, 0),
+            "built in the stored order, no sort"
+        );
+        assert_same_collection(&state, &back, n as usize);
+    }
+
+    /// `back`'s collection `c` equals `state`'s: records, ids, `_id` index
+    /// and every secondary index (entries, multikey), and keeps its
+    /// invariants.
+    fn assert_same_collection(state: &DbState, back: &DbState, n: usize) {
         let (a, b) = (
             state.collection("c").expect("test value"),
             back.collection("c").expect("test value"),
         );
         b.check_invariants().expect("test value");
-        assert_eq!(a.len(), n as usize);
+        assert_eq!(a.len(), n);
         assert_eq!(b.len(), a.len());
         assert_eq!(b.next_rid, a.next_rid);
         assert_eq!(b.data_bytes, a.data_bytes);
@@ -690,10 +876,154 @@ mod tests {
                 ..Default::default()
             }
         );
-        // And what this build writes for those options is that image.
+        // And what format 3 writes for those options is that image; this
+        // build's (format 4) differs only in the version (no index, so no
+        // order frames).
         let fs = SimFs::new();
-        let info = write(&fs, Path::new("/d"), &state_with(c.options.clone())).expect("test value");
+        let state = state_with(c.options.clone());
+        let v3 = write_version(&fs, Path::new("/d"), "v3.ckpt", &state, 3).expect("test value");
+        assert_eq!(fs.read(&v3.path).expect("test value"), out);
+        let info = write(&fs, Path::new("/d"), &state).expect("test value");
         let written = fs.read(&info.path).expect("test value");
-        assert_eq!(written, out);
+        let header = read_frame(&written, 0)
+            .expect("test value")
+            .expect("test value");
+        assert_eq!(header.0[9..13], 4u32.to_le_bytes());
+        assert_eq!(written.len(), out.len());
+    }
+
+    /// An image of format 3 (no entry orders, as every earlier build wrote)
+    /// still loads: each index is then sorted, and equals the one built
+    /// insert by insert.
+    #[test]
+    fn a_format_3_image_with_indexes_loads_by_sorting() {
+        let n = (PARALLEL_MIN_DOCS as i32) + 77;
+        let state = big_state(n);
+        let fs = SimFs::new();
+        let info = write_version(&fs, Path::new("/d"), "old.ckpt", &state, 3).expect("test value");
+        let image = fs.read(&info.path).expect("test value");
+        assert!(frames_tagged(&image, b'O').is_empty());
+        let (back, times) = load_timed(&fs, &info.path, "t").expect("test value");
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (0, 3)
+        );
+        assert_same_collection(&state, &back, n as usize);
+        // The same state in format 4 is larger by the orders only: 4 bytes
+        // an entry plus the frames' headers.
+        let new = write(&fs, Path::new("/e"), &state).expect("test value");
+        let entries: usize = state
+            .collection("c")
+            .expect("test value")
+            .indexes
+            .iter()
+            .map(|i| i.tree.len())
+            .sum();
+        let grown = new.bytes - info.bytes;
+        assert!(
+            grown as usize >= 4 * entries && (grown as usize) < 4 * entries + 4096,
+            "{grown}"
+        );
+    }
+
+    /// Offsets of the frames whose payload starts with `tag`.
+    fn frames_tagged(image: &[u8], tag: u8) -> Vec<usize> {
+        let mut at = Vec::new();
+        let mut pos = 0;
+        while let Ok(Some((p, next))) = read_frame(image, pos) {
+            if p[0] == tag {
+                at.push(pos);
+            }
+            pos = next;
+        }
+        at
+    }
+
+    /// Rewrite the frame at `at` with `edit` applied to its payload and a
+    /// valid checksum (an intact frame with other content).
+    fn reframe(image: &[u8], at: usize, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let (p, next) = read_frame(image, at)
+            .expect("test value")
+            .expect("test value");
+        let mut p = p.to_vec();
+        edit(&mut p);
+        let mut out = image[..at].to_vec();
+        frame(&p, &mut out);
+        out.extend_from_slice(&image[next..]);
+        out
+    }
+
+    /// A damaged order frame is `Corrupt` at its offset; an intact one that
+    /// does not fit its index (entries out of key order) only costs a sort
+    /// — the state is the same; an order frame naming no index, or out of
+    /// index order, or whose count is wrong, is `Corrupt`.
+    #[test]
+    fn order_frames_damaged_or_not_fitting() {
+        let state = big_state((PARALLEL_MIN_DOCS as i32) + 5);
+        let fs = SimFs::new();
+        let info = write(&fs, Path::new("/d"), &state).expect("test value");
+        let good = fs.read(&info.path).expect("test value");
+        let orders = frames_tagged(&good, b'O');
+        assert!(orders.len() >= 3, "{} order frames", orders.len());
+        for &at in &orders {
+            let mut bad = good.clone();
+            bad[at + 20] ^= 0x01;
+            match decode(&bad, &info.path, "t") {
+                Err(StorageError::Corrupt { offset, what, .. }) => {
+                    assert_eq!(offset, at as u64, "{what}");
+                    assert_eq!(what, "checksum mismatch");
+                }
+                other => panic!("flip in the order frame at {at}: {other:?}"),
+            }
+        }
+        // The first index's first two entries swapped, checksum valid.
+        let swapped = reframe(&good, orders[0], |p| {
+            let (a, b) = (9..13, 13..17);
+            let first: Vec<u8> = p[a.clone()].to_vec();
+            p.copy_within(b.clone(), a.start);
+            p[b].copy_from_slice(&first);
+        });
+        let (back, times) = decode_timed(&swapped, &info.path, "t").expect("test value");
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (2, 1)
+        );
+        assert_same_collection(
+            &state,
+            &back,
+            state.collection("c").expect("test value").len(),
+        );
+        for (edit, why) in [
+            (
+                Box::new(|p: &mut Vec<u8>| p[1..5].copy_from_slice(&7u32.to_le_bytes()))
+                    as Box<dyn FnOnce(&mut Vec<u8>)>,
+                "no index",
+            ),
+            (
+                Box::new(|p: &mut Vec<u8>| p[5..9].copy_from_slice(&1u32.to_le_bytes())),
+                "count",
+            ),
+            (Box::new(|p: &mut Vec<u8>| p.truncate(7)), "too short"),
+        ] {
+            let bad = reframe(&good, orders[0], edit);
+            match decode(&bad, &info.path, "t") {
+                Err(StorageError::Corrupt { offset, .. }) => {
+                    assert_eq!(offset, orders[0] as u64, "{why}")
+                }
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+        // The last index's order frame before the first's.
+        let last = *orders.last().expect("test value");
+        let moved = reframe(&good, orders[0], |p| {
+            p[1..5].copy_from_slice(&2u32.to_le_bytes())
+        });
+        match decode(&moved, &info.path, "t") {
+            Err(StorageError::Corrupt { offset, .. }) => assert!(
+                offset as usize > orders[0] && offset as usize <= last + 64,
+                "{offset}"
+            ),
+            other => panic!("out of index order: {other:?}"),
+        }
     }
 }

@@ -200,9 +200,23 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
         fanout: usize,
         entries: Vec<(K, V)>,
     ) -> Result<Self, NotAscending> {
+        Self::try_from_sorted_with_fanout(fanout, entries).map_err(|_| NotAscending)
+    }
+
+    /// [`BTree::from_sorted`], handing the entries back untouched when they
+    /// are not strictly ascending (a caller that only hoped they were sorted
+    /// sorts them then, without collecting them again).
+    pub fn try_from_sorted(entries: Vec<(K, V)>) -> Result<Self, Vec<(K, V)>> {
+        Self::try_from_sorted_with_fanout(DEFAULT_FANOUT, entries)
+    }
+
+    fn try_from_sorted_with_fanout(
+        fanout: usize,
+        entries: Vec<(K, V)>,
+    ) -> Result<Self, Vec<(K, V)>> {
         let mut tree = Self::with_fanout(fanout);
         if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
-            return Err(NotAscending);
+            return Err(entries);
         }
         tree.len = entries.len();
         // Each node of the level being built, with the least key under it
@@ -1243,6 +1257,9 @@ mod tests {
             BTree::from_sorted(vec![(2u32, ()), (1, ())]).err(),
             Some(NotAscending)
         );
+        // Handed back as given, to be sorted by the caller.
+        let back = BTree::try_from_sorted(vec![(2u32, 'b'), (1, 'a')]).err();
+        assert_eq!(back, Some(vec![(2, 'b'), (1, 'a')]));
     }
 
     #[test]

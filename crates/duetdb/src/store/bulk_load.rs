@@ -3,6 +3,13 @@
 //! are built side by side on scoped threads, each index bottom-up from its
 //! sorted entries ([`BTree::from_sorted`]) instead of one insert per key.
 //!
+//! A secondary index's entries come in key order without a sort when the
+//! image stored that order ([`EntryOrder`]: the record position of each
+//! entry, in key order): the keys are still formed from the documents, and
+//! the order is only trusted after a linear check (every entry placed once,
+//! neighbours strictly ascending); an order that does not fit is ignored
+//! and the entries are sorted as without one.
+//!
 //! Invariants:
 //! - the result equals inserting the records one by one in order into an
 //!   empty collection and then calling [`CollectionState::create_index`]
@@ -12,6 +19,9 @@
 //! - a duplicate `_id`, a duplicate key of a unique index or a key that
 //!   cannot be formed is an error and nothing is returned (no partial
 //!   collection);
+//! - a stored order never changes the result, only its cost: the entries
+//!   placed by it are the documents' keys, and the tree is built from them
+//!   only when they are strictly ascending (else they are sorted);
 //! - at most [`workers`] threads run at once (one job per structure): the
 //!   entries being sorted are the peak of memory, and more threads than
 //!   cores would only hold more of them at the same time.
@@ -36,34 +46,107 @@ pub fn workers(jobs: usize) -> usize {
     jobs.clamp(1, cores.max(1))
 }
 
-/// The sorted entries of `spec` over `records` (record id = position) and
-/// whether a key came from an array. A unique index's duplicate is
-/// returned as the first key held twice.
-///
-/// Requires: nothing; a record whose keys cannot be formed is an error.
-pub fn sorted_entries<'a>(
+/// The order of one index's entries as a checkpoint image stores it: for
+/// each entry in key order, the position of its record among the loaded
+/// records (its record id at load). A record with several keys appears once
+/// per key (its keys are ascending, so the k-th appearance is its k-th
+/// least key).
+pub type EntryOrder = Vec<u32>;
+
+/// How a secondary index's entries were put in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordered {
+    /// By the stored [`EntryOrder`] (checked, no sort).
+    Stored,
+    /// Sorted (no stored order, or one that did not fit).
+    Sorted,
+}
+
+/// The entries of `spec` over `records` in record order (each record's
+/// keys ascending), the index of each record's first entry (plus the end),
+/// and whether a key came from an array.
+type Collected = (Vec<Entry>, Vec<usize>, bool);
+
+/// One entry of a secondary index.
+type Entry = (IndexKey, RecordId);
+
+fn collect_entries<'a>(
     spec: &IndexSpec,
     records: impl Iterator<Item = (RecordId, &'a DocRef)>,
     size_hint: usize,
-) -> Result<(Vec<(IndexKey, RecordId)>, bool), SortedError> {
+) -> Result<Collected, SortedError> {
     let mut multikey = false;
     let mut entries: Vec<(IndexKey, RecordId)> = Vec::with_capacity(size_hint);
+    let mut starts = Vec::with_capacity(size_hint + 1);
     for (rid, d) in records {
-        let (keys, m) = spec.keys_for(d).map_err(SortedError::Key)?;
+        let (mut keys, m) = spec.keys_for(d).map_err(SortedError::Key)?;
         multikey |= m;
+        starts.push(entries.len());
+        if keys.len() > 1 {
+            keys.sort_unstable();
+        }
         entries.extend(keys.into_iter().map(|k| (k, rid)));
     }
-    entries.sort_unstable();
+    starts.push(entries.len());
+    Ok((entries, starts, multikey))
+}
+
+/// `entries` (the records' entries in record order, `starts` as
+/// [`collect_entries`] gives them) rearranged by `order`, or `entries` back
+/// when `order` does not place every entry exactly once. The result is not
+/// checked for order here (the tree build checks it).
+fn apply_order(
+    entries: Vec<(IndexKey, RecordId)>,
+    starts: &[usize],
+    order: &[u32],
+) -> std::result::Result<Vec<Entry>, Vec<Entry>> {
+    let records = starts.len().saturating_sub(1);
+    if order.len() != entries.len() {
+        return Err(entries);
+    }
+    // The next unplaced entry of each record: distinct records own disjoint
+    // ranges and each cursor only moves forward within its own, so if no
+    // cursor runs past its range every entry is placed at most once — and,
+    // as many places as entries, exactly once.
+    let mut next: Vec<usize> = starts[..records].to_vec();
+    let mut from = Vec::with_capacity(order.len());
+    for &p in order {
+        let p = p as usize;
+        if p >= records || next[p] >= starts[p + 1] {
+            return Err(entries);
+        }
+        from.push(next[p]);
+        next[p] += 1;
+    }
+    let mut slots: Vec<Option<(IndexKey, RecordId)>> = entries.into_iter().map(Some).collect();
+    let mut placed = Vec::with_capacity(from.len());
+    for &i in &from {
+        match slots[i].take() {
+            Some(e) => placed.push(e),
+            None => {
+                // Unreachable (each entry is taken once, see above); even
+                // so, hand back every entry, to be sorted.
+                placed.extend(slots.into_iter().flatten());
+                return Err(placed);
+            }
+        }
+    }
+    Ok(placed)
+}
+
+/// A unique index's duplicate: two neighbours with equal keys. A record's
+/// keys are distinct, so equal neighbours are two records — whether or not
+/// the entries are sorted (sorted, every duplicate has such a neighbour).
+fn check_unique(spec: &IndexSpec, entries: &[(IndexKey, RecordId)]) -> Result<(), SortedError> {
     if spec.unique {
-        // A record's keys are distinct, so equal neighbours are two records.
         if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(SortedError::Duplicate(w[0].0.clone()));
         }
     }
-    Ok((entries, multikey))
+    Ok(())
 }
 
-/// Why [`sorted_entries`] failed.
+/// Why [`build_index`] failed.
 #[derive(Debug)]
 pub enum SortedError {
     /// A record's keys could not be formed.
@@ -72,22 +155,49 @@ pub enum SortedError {
     Duplicate(IndexKey),
 }
 
-/// An index of `spec` over `records`, built from its sorted entries.
+/// An index of `spec` over `records` (record id = position), built from
+/// its entries in key order: placed by `order` when it fits (see
+/// [`EntryOrder`]), else sorted; and which it was. A unique index's
+/// duplicate is returned as the first key found held twice.
+///
+/// Requires: nothing; a record whose keys cannot be formed is an error.
 pub fn build_index<'a>(
     spec: Arc<IndexSpec>,
     records: impl Iterator<Item = (RecordId, &'a DocRef)>,
     size_hint: usize,
     usage: Arc<crate::store::index::IndexUsage>,
-) -> Result<IndexState, SortedError> {
-    let (entries, multikey) = sorted_entries(&spec, records, size_hint)?;
-    let tree = BTree::from_sorted(entries.into_iter().map(|e| (e, ())).collect())
-        .map_err(|_| SortedError::Key(not_sorted(&spec.name)))?;
-    Ok(IndexState {
-        spec,
+    order: Option<&[u32]>,
+) -> Result<(IndexState, Ordered), SortedError> {
+    let (entries, starts, multikey) = collect_entries(&spec, records, size_hint)?;
+    let in_order = match order {
+        Some(order) => apply_order(entries, &starts, order),
+        None => Err(entries),
+    };
+    drop(starts);
+    let index = |tree| IndexState {
+        spec: spec.clone(),
         tree,
         multikey,
-        usage,
-    })
+        usage: usage.clone(),
+    };
+    if let Ok(entries) = in_order.as_ref() {
+        // A duplicate is one whatever the order; reported before the tree.
+        check_unique(&spec, entries)?;
+    }
+    let unsorted = match in_order {
+        Ok(entries) => match BTree::try_from_sorted(entries.into_iter().map(|e| (e, ())).collect())
+        {
+            Ok(tree) => return Ok((index(tree), Ordered::Stored)),
+            Err(back) => back.into_iter().map(|(e, ())| e).collect(),
+        },
+        Err(entries) => entries,
+    };
+    let mut entries: Vec<(IndexKey, RecordId)> = unsorted;
+    entries.sort_unstable();
+    check_unique(&spec, &entries)?;
+    let tree = BTree::from_sorted(entries.into_iter().map(|e| (e, ())).collect())
+        .map_err(|_| SortedError::Key(not_sorted(&spec.name)))?;
+    Ok((index(tree), Ordered::Sorted))
 }
 
 fn not_sorted(what: &str) -> Error {
@@ -99,17 +209,29 @@ fn not_sorted(what: &str) -> Error {
 enum Built {
     Heap(Heap<DocRef>, u64),
     Id(BTree<ValueKey, RecordId>),
-    Index(usize, IndexState),
+    Index(usize, IndexState, Ordered),
+}
+
+/// How a load put the secondary indexes' entries in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OrderCounts {
+    /// Indexes built in their stored order (no sort).
+    pub stored: u32,
+    /// Indexes whose entries were sorted.
+    pub sorted: u32,
 }
 
 /// The collection `ns` holding `docs` (record ids `0..n` in this order) with
-/// the options and the secondary indexes of `specs` (in this order).
+/// the options and the secondary indexes of `specs` (in this order), each
+/// index in the order `orders` gives for it when there is one and it fits
+/// (`orders[i]` for `specs[i]`; missing or `None`: sorted).
 pub fn load_collection(
     ns: &str,
     options: CollectionOptions,
     docs: Vec<DocRef>,
     specs: Vec<IndexSpec>,
-) -> Result<CollectionState> {
+    orders: Vec<Option<EntryOrder>>,
+) -> Result<(CollectionState, OrderCounts)> {
     let mut c = CollectionState::new(ns, Default::default());
     c.options = options;
     // The checks of `create_index` on the empty collection: conflicts among
@@ -154,8 +276,9 @@ pub fn load_collection(
             j => {
                 let at = j - 2;
                 let index = &proto.indexes[at];
-                build_index(index.spec.clone(), records(), n, index.usage.clone())
-                    .map(|built| Built::Index(at, built))
+                let order = orders.get(at).and_then(|o| o.as_deref());
+                build_index(index.spec.clone(), records(), n, index.usage.clone(), order)
+                    .map(|(built, how)| Built::Index(at, built, how))
                     .map_err(|e| match e {
                         SortedError::Key(e) => e,
                         SortedError::Duplicate(k) => proto.dup_key_error(index, &k),
@@ -188,6 +311,7 @@ pub fn load_collection(
         .into_inner()
         .map_err(|_| Error::Internal("a bulk load thread panicked".into()))?;
     let mut seen = 0;
+    let mut counts = OrderCounts::default();
     for out in results {
         seen += 1;
         match out? {
@@ -196,7 +320,13 @@ pub fn load_collection(
                 c.data_bytes = bytes;
             }
             Built::Id(tree) => c.id_index = tree,
-            Built::Index(at, index) => c.indexes[at] = index,
+            Built::Index(at, index, how) => {
+                c.indexes[at] = index;
+                match how {
+                    Ordered::Stored => counts.stored += 1,
+                    Ordered::Sorted => counts.sorted += 1,
+                }
+            }
         }
     }
     if seen != jobs {
@@ -205,7 +335,7 @@ pub fn load_collection(
         )));
     }
     c.next_rid = n as RecordId;
-    Ok(c)
+    Ok((c, counts))
 }
 
 #[cfg(test)]
@@ -250,7 +380,9 @@ mod tests {
     #[test]
     fn bulk_load_equals_inserts_then_index_builds() {
         let docs = docs(1009);
-        let bulk = load_collection("t.c", Default::default(), docs.clone(), specs()).expect("bulk");
+        let bulk = load_collection("t.c", Default::default(), docs.clone(), specs(), vec![])
+            .expect("bulk")
+            .0;
         let slow = one_by_one(&docs, specs()).expect("slow");
         bulk.check_invariants().expect("invariants");
         assert_eq!(bulk.len(), slow.len());
@@ -277,14 +409,15 @@ mod tests {
             Arc::new(rawdoc! {"_id": 1, "u": 1}),
             Arc::new(rawdoc! {"_id": 1.0, "u": 2}),
         ];
-        let e = load_collection("t.c", Default::default(), twice, vec![]).expect_err("dup _id");
+        let e =
+            load_collection("t.c", Default::default(), twice, vec![], vec![]).expect_err("dup _id");
         assert_eq!(e.code(), 11000);
         let dup_u = vec![
             Arc::new(rawdoc! {"_id": 1, "u": 1}),
             Arc::new(rawdoc! {"_id": 2, "u": 1}),
         ];
-        let e =
-            load_collection("t.c", Default::default(), dup_u.clone(), specs()).expect_err("dup u");
+        let e = load_collection("t.c", Default::default(), dup_u.clone(), specs(), vec![])
+            .expect_err("dup u");
         assert_eq!(e.code(), 11000);
         assert_eq!(
             e.code(),
@@ -294,13 +427,116 @@ mod tests {
             IndexSpec::new(&doc! {"a": 1}, Some("x"), false).expect("spec"),
             IndexSpec::new(&doc! {"b": 1}, Some("x"), false).expect("spec"),
         ];
-        let e = load_collection("t.c", Default::default(), docs(10), same_name.clone())
-            .expect_err("conflict");
+        let e = load_collection(
+            "t.c",
+            Default::default(),
+            docs(10),
+            same_name.clone(),
+            vec![],
+        )
+        .expect_err("conflict");
         assert_eq!(
             e.code(),
             one_by_one(&docs(10), same_name).expect_err("slow").code()
         );
         let no_id = vec![Arc::new(rawdoc! {"u": 1})];
-        assert!(load_collection("t.c", Default::default(), no_id, vec![]).is_err());
+        assert!(load_collection("t.c", Default::default(), no_id, vec![], vec![]).is_err());
+    }
+
+    /// The stored order of each index of `c` (record id = position, as
+    /// `one_by_one` numbers them).
+    fn orders_of(c: &CollectionState) -> Vec<Option<EntryOrder>> {
+        c.indexes
+            .iter()
+            .map(|i| Some(i.tree.iter().map(|((_, rid), ())| *rid as u32).collect()))
+            .collect()
+    }
+
+    /// With the stored orders every index is built without a sort and
+    /// equals the one built insert by insert (multikey records included:
+    /// `tags` has records with 0, 1 and 2 keys).
+    #[test]
+    fn stored_orders_build_without_sorting() {
+        let docs = docs(1009);
+        let slow = one_by_one(&docs, specs()).expect("slow");
+        let (bulk, counts) =
+            load_collection("t.c", Default::default(), docs, specs(), orders_of(&slow))
+                .expect("bulk");
+        assert_eq!(
+            counts,
+            OrderCounts {
+                stored: 3,
+                sorted: 0
+            }
+        );
+        bulk.check_invariants().expect("invariants");
+        for (b, s) in bulk.indexes.iter().zip(&slow.indexes) {
+            assert_eq!(b.multikey, s.multikey);
+            assert_eq!(b.tree, s.tree);
+            b.tree.check_invariants();
+        }
+    }
+
+    /// An order that does not fit the documents is ignored, never trusted:
+    /// out of key order, an entry placed twice (and one never), too short,
+    /// a position past the records — each index is then sorted and the
+    /// result is the same.
+    #[test]
+    fn an_order_that_does_not_fit_is_sorted_instead() {
+        let docs = docs(1009);
+        let slow = one_by_one(&docs, specs()).expect("slow");
+        let good = orders_of(&slow);
+        let mut bad = good.clone();
+        // `a_1_s_-1`: two neighbours of different records swapped.
+        let o = bad[0].as_mut().expect("order");
+        let i = (0..o.len() - 1)
+            .find(|&i| o[i] != o[i + 1])
+            .expect("two records");
+        o.swap(i, i + 1);
+        // `tags_1`: a record placed once more, the last entry's dropped.
+        let o = bad[1].as_mut().expect("order");
+        let last = o.len() - 1;
+        o[last] = o[0];
+        // `u_unique`: one entry short.
+        bad[2].as_mut().expect("order").pop();
+        let (bulk, counts) =
+            load_collection("t.c", Default::default(), docs.clone(), specs(), bad).expect("bulk");
+        assert_eq!(
+            counts,
+            OrderCounts {
+                stored: 0,
+                sorted: 3
+            }
+        );
+        for (b, s) in bulk.indexes.iter().zip(&slow.indexes) {
+            assert_eq!(b.tree, s.tree);
+        }
+        let mut past = good;
+        if let Some(o) = past[2].as_mut() {
+            o[0] = 5000;
+        }
+        let (bulk, counts) =
+            load_collection("t.c", Default::default(), docs, specs(), past).expect("bulk");
+        assert_eq!(
+            counts,
+            OrderCounts {
+                stored: 2,
+                sorted: 1
+            }
+        );
+        assert_eq!(bulk.indexes[2].tree, slow.indexes[2].tree);
+    }
+
+    /// A duplicate of a unique index fails with the stored order as without.
+    #[test]
+    fn a_duplicate_fails_with_a_stored_order() {
+        let dup_u = vec![
+            Arc::new(rawdoc! {"_id": 1, "u": 1}),
+            Arc::new(rawdoc! {"_id": 2, "u": 1}),
+        ];
+        let orders = vec![Some(vec![]), Some(vec![]), Some(vec![0, 1])];
+        let e =
+            load_collection("t.c", Default::default(), dup_u, specs(), orders).expect_err("dup u");
+        assert_eq!(e.code(), 11000);
     }
 }
