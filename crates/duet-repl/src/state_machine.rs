@@ -206,6 +206,39 @@ impl StateMachine {
             .ok_or_else(|| sm_err(ErrorVerb::Write, "the server is shutting down"))
     }
 
+    /// A named snapshot of a `CreateSnapshot` entry: created at `created_ms`
+    /// (the primary's clock, `CreateSnapshotAt`) or, for entries logged
+    /// before that existed, now.
+    async fn create_snapshot(
+        &self,
+        db: String,
+        name: String,
+        collections: Option<Vec<String>>,
+        ttl_secs: Option<u64>,
+        durable: bool,
+        created_ms: Option<u64>,
+    ) -> Result<Result<u64, (i32, String)>, StorageError> {
+        let engine = self.engine()?;
+        tokio::task::spawn_blocking(move || {
+            let opts = duetdb::SnapshotOptions {
+                collections,
+                ttl: ttl_secs.map(std::time::Duration::from_secs),
+                durable,
+            };
+            let database = engine.database(&db);
+            let info = match created_ms {
+                Some(ms) => database.and_then(|d| {
+                    let created = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                    d.create_snapshot_at(&name, opts, created)
+                }),
+                None => database.and_then(|d| d.create_snapshot_with(&name, opts)),
+            };
+            info.map(|i| i.csn).map_err(|e| (e.code(), e.to_string()))
+        })
+        .await
+        .map_err(|e| sm_err(ErrorVerb::Write, e))
+    }
+
     async fn apply_request(&mut self, req: Request) -> Result<(Response, bool), StorageError> {
         match req {
             Request::Group {
@@ -279,21 +312,9 @@ impl StateMachine {
                 ttl_secs,
                 durable,
             } => {
-                let engine = self.engine()?;
-                let r = tokio::task::spawn_blocking(move || {
-                    let opts = duetdb::SnapshotOptions {
-                        collections,
-                        ttl: ttl_secs.map(std::time::Duration::from_secs),
-                        durable,
-                    };
-                    engine
-                        .database(&db)
-                        .and_then(|d| d.create_snapshot_with(&name, opts))
-                        .map(|info| info.csn)
-                        .map_err(|e| (e.code(), e.to_string()))
-                })
-                .await
-                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                let r = self
+                    .create_snapshot(db, name, collections, ttl_secs, durable, None)
+                    .await?;
                 Ok((Response::Snapshot(r), false))
             }
             Request::DropSnapshot { db, name } => {
@@ -318,23 +339,9 @@ impl StateMachine {
                 durable,
                 created_ms,
             } => {
-                let engine = self.engine()?;
-                let r = tokio::task::spawn_blocking(move || {
-                    let opts = duetdb::SnapshotOptions {
-                        collections,
-                        ttl: ttl_secs.map(std::time::Duration::from_secs),
-                        durable,
-                    };
-                    let created =
-                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(created_ms);
-                    engine
-                        .database(&db)
-                        .and_then(|d| d.create_snapshot_at(&name, opts, created))
-                        .map(|info| info.csn)
-                        .map_err(|e| (e.code(), e.to_string()))
-                })
-                .await
-                .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                let r = self
+                    .create_snapshot(db, name, collections, ttl_secs, durable, Some(created_ms))
+                    .await?;
                 Ok((Response::Snapshot(r), false))
             }
             Request::DropDatabaseAt {
