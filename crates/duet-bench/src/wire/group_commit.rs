@@ -10,16 +10,11 @@
 //! counters are deltas over the measured window only (the load of the
 //! previous run is not counted); the run is bounded by `seconds`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
-
 use anyhow::{anyhow, Context, Result};
-use hdrhistogram::Histogram;
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::options::{CollectionOptions, WriteConcern};
+use mongodb::options::WriteConcern;
 
-use super::{WireSpec, WireTarget, WIRE_DB};
+use super::{insert_stream, WireSpec, WireTarget, WIRE_DB};
 
 /// The collection the clients insert into.
 const COLL: &str = "group_commit";
@@ -77,56 +72,20 @@ fn one(t: &WireTarget, clients: usize, seconds: f64) -> Result<Row> {
         .map(|_| t.lane())
         .collect::<Result<Vec<_>>>()
         .context("opening one connection per client")?;
-    let stop = AtomicBool::new(false);
-    let total = AtomicU64::new(0);
-    let start = Barrier::new(clients + 1);
     let wc = WriteConcern::builder().journal(true).build();
-    let (before, window, hists) = std::thread::scope(|s| -> Result<_> {
-        let handles: Vec<_> = lanes
-            .iter()
-            .enumerate()
-            .map(|(id, lane)| {
-                let (stop, total, start, wc) = (&stop, &total, &start, wc.clone());
-                s.spawn(move || -> Result<Histogram<u64>> {
-                    let coll = lane.database().collection_with_options::<Document>(
-                        COLL,
-                        CollectionOptions::builder().write_concern(wc).build(),
-                    );
-                    let mut h = Histogram::<u64>::new(3)?;
-                    let mut i = 0u64;
-                    start.wait();
-                    while !stop.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        lane.block_on(coll.insert_one(doc! {"c": id as i64, "i": i as i64}))?;
-                        h.record(t0.elapsed().as_micros() as u64)?;
-                        i += 1;
-                    }
-                    total.fetch_add(i, Ordering::Relaxed);
-                    Ok(h)
-                })
-            })
-            .collect();
-        let before = counters(t)?;
-        start.wait();
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(seconds));
-        stop.store(true, Ordering::Relaxed);
-        let mut hists = Vec::new();
-        for h in handles {
-            hists.push(
-                h.join()
-                    .map_err(|_| anyhow!("a client thread panicked"))??,
-            );
-        }
-        Ok((before, t0.elapsed(), hists))
-    })?;
+    let stream = insert_stream::run(
+        &lanes.iter().map(|l| &**l).collect::<Vec<_>>(),
+        COLL,
+        &wc,
+        seconds,
+        |c, i| doc! {"c": c as i64, "i": i as i64},
+        || counters(t),
+    )?;
     drop(lanes);
     let after = counters(t)?;
-    let mut all = Histogram::<u64>::new(3)?;
-    for h in &hists {
-        all.add(h)?;
-    }
-    let inserts = total.load(Ordering::Relaxed);
+    let (before, all) = (stream.at_start, stream.latency);
+    let window = stream.window;
+    let inserts = stream.inserts;
     let fsyncs = after.0.saturating_sub(before.0);
     let secs = window.as_secs_f64();
     Ok(Row {

@@ -31,6 +31,7 @@
 
 pub mod group_commit;
 mod htap;
+mod insert_stream;
 pub mod latency;
 pub mod replication;
 mod snapshot;

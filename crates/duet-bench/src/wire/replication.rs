@@ -30,13 +30,12 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use hdrhistogram::Histogram;
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::options::{Acknowledgment, ClientOptions, CollectionOptions, WriteConcern};
+use mongodb::options::{Acknowledgment, ClientOptions, WriteConcern};
 use rand::{Rng, SeedableRng};
 
 use super::spawn::ServeProcess;
-use super::{Lane, WIRE_DB};
+use super::{insert_stream, Lane, WIRE_DB};
 
 /// The replica set's name.
 const SET: &str = "bench";
@@ -351,50 +350,16 @@ fn writes(
         .map(|_| lane(port))
         .collect::<Result<Vec<_>>>()?;
     let wc = WriteConcern::builder().w(w).build();
-    let stop = AtomicBool::new(false);
-    let total = AtomicU64::new(0);
-    let start = Barrier::new(threads + 1);
-    let (window, hists) = std::thread::scope(|s| -> Result<_> {
-        let handles: Vec<_> = lanes
-            .iter()
-            .enumerate()
-            .map(|(t, lane)| {
-                let (stop, total, start, wc) = (&stop, &total, &start, wc.clone());
-                s.spawn(move || -> Result<Histogram<u64>> {
-                    let coll = lane.database().collection_with_options::<Document>(
-                        COLL,
-                        CollectionOptions::builder().write_concern(wc).build(),
-                    );
-                    let mut h = Histogram::<u64>::new(3)?;
-                    let mut i = 0i64;
-                    start.wait();
-                    while !stop.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        let id = base + (t as i64) * 1_000_000_000 + i;
-                        lane.block_on(coll.insert_one(document(id)))?;
-                        h.record(t0.elapsed().as_micros() as u64)?;
-                        i += 1;
-                    }
-                    total.fetch_add(i as u64, Ordering::Relaxed);
-                    Ok(h)
-                })
-            })
-            .collect();
-        start.wait();
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(seconds));
-        stop.store(true, Ordering::Relaxed);
-        let mut hists = Vec::new();
-        for h in handles {
-            hists.push(h.join().map_err(|_| anyhow!("a writer panicked"))??);
-        }
-        Ok((t0.elapsed(), hists))
-    })?;
-    let mut all = Histogram::<u64>::new(3)?;
-    for h in &hists {
-        all.add(h)?;
-    }
-    let inserts = total.load(Ordering::Relaxed);
+    let stream = insert_stream::run(
+        &lanes.iter().collect::<Vec<_>>(),
+        COLL,
+        &wc,
+        seconds,
+        |t, i| document(base + (t as i64) * 1_000_000_000 + i as i64),
+        || Ok(()),
+    )?;
+    let (all, window) = (stream.latency, stream.window);
+    let inserts = stream.inserts;
     let secs = window.as_secs_f64();
     Ok(WriteRow {
         w: label,
