@@ -41,6 +41,27 @@ def test_limit_single_batch_and_default_batch(db):
     assert len(list(db.c.find().limit(-4))) == 4
 
 
+def test_fractional_skip_limit_and_batch_size_truncate_as_mongodb(db):
+    # skip, limit and batchSize are IDL safeInt64 fields: MongoDB truncates
+    # a fraction toward zero instead of refusing it.
+    db.c.insert_many([{"i": i} for i in range(10)])
+    r = db.command({"find": "c", "batchSize": 2.7, "sort": {"i": 1}})
+    assert len(r["cursor"]["firstBatch"]) == 2
+    m = db.command({"getMore": r["cursor"]["id"], "collection": "c", "batchSize": 3.9})
+    assert [d["i"] for d in m["cursor"]["nextBatch"]] == [2, 3, 4]
+    r = db.command({"find": "c", "skip": 2.5, "limit": 3.5, "sort": {"i": 1}})
+    assert [d["i"] for d in r["cursor"]["firstBatch"]] == [2, 3, 4]
+    r = db.command({"aggregate": "c", "pipeline": [], "cursor": {"batchSize": 1.5}})
+    assert len(r["cursor"]["firstBatch"]) == 1
+    # -0.5 truncates to 0, which passes the `>= 0` check.
+    r = db.command({"aggregate": "c", "pipeline": [], "cursor": {"batchSize": -0.5}})
+    assert r["cursor"]["firstBatch"] == []
+    assert db.command({"count": "c", "limit": 4.2})["n"] == 4
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "batchSize": -1.5})
+    assert e.value.code == 51024
+
+
 def test_kill_cursors_and_not_found(db):
     db.c.insert_many([{"i": i} for i in range(50)])
     r = db.command({"find": "c", "batchSize": 1})

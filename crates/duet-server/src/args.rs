@@ -103,9 +103,35 @@ pub fn opt_i64(d: &Document, field: &str) -> CmdResult<Option<i64>> {
     }
 }
 
-/// An optional non-negative integral field.
+/// A number as MongoDB's IDL reads a `safeInt64` field
+/// (`BSONElement::safeNumberLong`): a fraction truncated toward zero, a value
+/// out of range clamped, NaN read as 0. `skip`, `limit` and `batchSize` are
+/// such fields, so `batchSize: 2.7` means 2 as on MongoDB.
+pub fn safe_number_long(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(i64::from(*i)),
+        Bson::Int64(i) => Some(*i),
+        // `as` saturates and maps NaN to 0: exactly safeNumberLong.
+        Bson::Double(f) => Some(*f as i64),
+        Bson::Decimal128(d) => d.to_string().parse::<f64>().ok().map(|f| f as i64),
+        _ => None,
+    }
+}
+
+/// An optional `safeInt64` field ([`safe_number_long`]).
+pub fn opt_safe_i64(d: &Document, field: &str) -> CmdResult<Option<i64>> {
+    match d.get(field) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(v) => match safe_number_long(v) {
+            Some(n) => Ok(Some(n)),
+            None => Err(wrong(field, "long", v)),
+        },
+    }
+}
+
+/// An optional non-negative `safeInt64` field (51024 below 0).
 pub fn opt_count(d: &Document, field: &str) -> CmdResult<Option<u64>> {
-    match opt_i64(d, field)? {
+    match opt_safe_i64(d, field)? {
         None => Ok(None),
         Some(n) if n < 0 => Err(CommandError::new(
             51024,
@@ -151,5 +177,22 @@ mod tests {
         assert_eq!(opt_i64(&d, "bad").expect_err("bad").code, 14);
         assert!(opt_count(&d, "neg").is_err());
         assert_eq!(opt_count(&d, "missing").expect("none"), None);
+    }
+
+    #[test]
+    fn safe_int64_fields_truncate_and_clamp_as_mongodb_does() {
+        let d = doc! {
+            "frac": 2.7, "small_neg": -0.5, "neg": -2.5, "huge": 1e30, "nan": f64::NAN,
+            "dec": bson::Decimal128::from_bytes([0; 16]), "s": "3",
+        };
+        assert_eq!(opt_count(&d, "frac").expect("frac"), Some(2));
+        // -0.5 truncates to 0, which the `>= 0` validator accepts.
+        assert_eq!(opt_count(&d, "small_neg").expect("small_neg"), Some(0));
+        assert_eq!(opt_count(&d, "neg").expect_err("neg").code, 51024);
+        assert_eq!(opt_count(&d, "huge").expect("huge"), Some(i64::MAX as u64));
+        assert_eq!(opt_count(&d, "nan").expect("nan"), Some(0));
+        assert_eq!(opt_safe_i64(&d, "neg").expect("neg"), Some(-2));
+        assert_eq!(opt_safe_i64(&d, "dec").expect("dec"), Some(0));
+        assert_eq!(opt_safe_i64(&d, "s").expect_err("s").code, 14);
     }
 }

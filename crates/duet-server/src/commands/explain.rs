@@ -331,7 +331,9 @@ impl Explainer<'_, '_, '_> {
         let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
         let query = Filter::bind_let(&query, args::opt_doc(cmd, "let")?)?;
         let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
-        let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
+        let limit = args::opt_safe_i64(cmd, "limit")?
+            .unwrap_or(0)
+            .unsigned_abs();
         let hint = cmd
             .get("hint")
             .filter(|h| !matches!(h, Bson::Null))

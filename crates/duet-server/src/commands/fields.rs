@@ -468,16 +468,9 @@ impl<'a> Val<'a> {
     /// A number as `safeInt64` reads it (`safeNumberLong`: doubles
     /// truncated toward zero, saturated; NaN is 0).
     fn safe_i64(self) -> Option<i64> {
-        let b = match self {
-            Val::Doc(b) => b.clone(),
-            Val::Raw(r) => Bson::try_from(r).ok()?,
-        };
-        match b {
-            Bson::Int32(i) => Some(i64::from(i)),
-            Bson::Int64(i) => Some(i),
-            Bson::Double(f) => Some(f as i64),
-            Bson::Decimal128(d) => d.to_string().parse::<f64>().ok().map(|f| f as i64),
-            _ => None,
+        match self {
+            Val::Doc(b) => crate::args::safe_number_long(b),
+            Val::Raw(r) => crate::args::safe_number_long(&Bson::try_from(r).ok()?),
         }
     }
 }

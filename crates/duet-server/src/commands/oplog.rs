@@ -802,7 +802,7 @@ fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str) -> CmdResult {
         .map(Projection::parse)
         .transpose()?;
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
-    let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0);
+    let limit = args::opt_safe_i64(cmd, "limit")?.unwrap_or(0);
     if limit < 0 {
         return Err(CommandError::bad_value("limit must be non-negative"));
     }
@@ -945,7 +945,9 @@ fn count(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let filter = Filter::parse(&query)?;
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
-    let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
+    let limit = args::opt_safe_i64(cmd, "limit")?
+        .unwrap_or(0)
+        .unsigned_abs();
     let (lo, hi) = ts_bounds(&query);
     let stable = engine.stable_cluster_time();
     let mut scan = Scanner::new(

@@ -345,7 +345,9 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResul
     let query = duetdb::lang::Filter::bind_let(&query, args::opt_doc(cmd, "let")?)?;
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     // A negative limit means the same as its absolute value for count.
-    let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0).unsigned_abs();
+    let limit = args::opt_safe_i64(cmd, "limit")?
+        .unwrap_or(0)
+        .unsigned_abs();
     let work_ns = super::duet_work_ns(cmd)?;
     if work_ns.is_some() && !ctx.state.config.enable_test_knobs {
         return Err(CommandError::new(

@@ -214,7 +214,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str, target: &Target<'_>) -> C
             ));
         }
     }
-    let limit = args::opt_i64(cmd, "limit")?.unwrap_or(0);
+    let limit = args::opt_safe_i64(cmd, "limit")?.unwrap_or(0);
     if limit < 0 {
         return Err(CommandError::bad_value("limit must be non-negative"));
     }
