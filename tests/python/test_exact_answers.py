@@ -342,6 +342,45 @@ def test_group_id_with_repeated_names_is_refused(db):
 
 # ---------------------------------------------------------------- error words
 
+def test_backreferences_and_look_around_match_as_pcre(db):
+    # PCRE2 (MongoDB's regex engine) has them; duet runs such patterns by
+    # bounded backtracking.
+    db.c.insert_many([
+        {"_id": 1, "pw": "abcdefg1", "w": "hello"},
+        {"_id": 2, "pw": "abcdefgh", "w": "world"},
+        {"_id": 3, "pw": "a1", "w": "cost $42"},
+    ])
+    ids = lambda f: sorted(d["_id"] for d in db.c.find(f))
+    assert ids({"pw": {"$regex": r"^(?=.*\d).{8,}$"}}) == [1]
+    assert ids({"w": {"$regex": r"(\w)\1"}}) == [1]
+    assert ids({"w": {"$regex": r"(?<=\$)\d+"}}) == [3]
+    assert ids({"w": {"$regex": r"^(?!h)", "$options": "i"}}) == [2, 3]
+    assert ids({"$jsonSchema": {"properties": {"pw": {"pattern": "^(?=.*[0-9])"}}}}) == [1, 3]
+    r = list(db.c.aggregate([
+        {"$match": {"_id": 1}},
+        {"$project": {"_id": 0,
+                      "f": {"$regexFind": {"input": "$w", "regex": r"(\w)\1"}},
+                      "all": {"$regexFindAll": {"input": "a11b22", "regex": r"(\d)\1"}},
+                      "m": {"$regexMatch": {"input": "$pw", "regex": r"^(?=.*\d)"}}}},
+    ]))
+    assert r == [{"f": {"match": "ll", "idx": 2, "captures": ["l"]},
+                  "all": [{"match": "11", "idx": 1, "captures": ["1"]},
+                          {"match": "22", "idx": 4, "captures": ["2"]}],
+                  "m": True}]
+    # A runaway match is bounded: no match in a filter (as PCRE2's match
+    # limit in MongoDB), 51156 in an expression.
+    db.c.insert_one({"_id": 4, "w": "a" * 40 + "cb"})
+    assert ids({"w": {"$regex": r"^(?:(a)|a)+\1b$"}}) == []
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([{"$project": {"m": {"$regexMatch": {
+            "input": "$w", "regex": r"^(?:(a)|a)+\1b$"}}}}]))
+    assert e.value.code == 51156
+    # Mistakes PCRE2 refuses stay refused.
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.find({"w": {"$regex": "a{3,1}"}}))
+    assert e.value.code == 51091
+
+
 def test_regex_and_conversion_errors_in_mongodb_words(db):
     db.c.insert_one({"_id": 1, "s": "abc"})
     cases = [

@@ -9,6 +9,7 @@ pub mod geo;
 pub mod index_spec;
 pub mod limits;
 pub mod partial;
+pub mod pattern;
 pub mod pcre_words;
 pub mod planner;
 pub mod projection;

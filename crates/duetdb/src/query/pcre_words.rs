@@ -10,9 +10,9 @@
 //!
 //! Invariants: the parse here uses the same flags as the compile it explains
 //! (`x` changes what is a syntax error); an error PCRE2 has no counterpart
-//! for (backreferences and look-around, which PCRE2 accepts and duet does
-//! not: a documented gap) keeps the `regex` crate's own one-line reason, so
-//! the answer still says why.
+//! for (PCRE2 syntax neither the `regex` crate nor the backtracking engine
+//! of `query/pattern.rs` accepts, `\Q…\E` say) keeps the `regex` crate's
+//! own one-line reason, so the answer still says why.
 
 use regex_syntax::ast::ErrorKind as A;
 use regex_syntax::hir::ErrorKind as H;

@@ -1,10 +1,11 @@
 //! `$regexMatch`, `$regexFind`, `$regexFindAll`.
 //!
-//! Owns: compiling the pattern (the `regex` crate, as the filter's `$regex`:
-//! no backreferences or lookaround — refused with 51111 "Invalid Regex",
-//! a documented gap; other syntax errors read in PCRE2's words, as
-//! MongoDB's, `query/pcre_words.rs`) and the result shapes `{match, idx, captures}`, where
-//! `idx` counts code points and an unmatched group is null.
+//! Owns: compiling the pattern (`query/pattern.rs`, as the filter's
+//! `$regex`: backreferences and look-around by bounded backtracking, a
+//! match past the step limit is 51156 as PCRE2's match limit is in MongoDB;
+//! syntax errors read in PCRE2's words, `query/pcre_words.rs`, 51111) and
+//! the result shapes `{match, idx, captures}`, where `idx` counts code
+//! points and an unmatched group is null.
 //!
 //! Invariants: a null or missing input gives `false` / null / `[]`; options
 //! may come from a BSON regex or from `options`, not both (51107); the last
@@ -14,20 +15,17 @@
 use std::cell::RefCell;
 
 use bson::{doc, Bson};
-use regex::{Regex, RegexBuilder};
 
 use crate::error::Result;
 use crate::query::expr::eval::Args;
 use crate::query::expr::{is_nullish, Named, Value};
-
-/// Compiled size bound of one pattern (as the filter's `$regex`).
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
+use crate::query::pattern::{self, CompileError, EachError, Groups, MatchError, Pattern};
 
 thread_local! {
-    static LAST: RefCell<Option<(String, String, Regex)>> = const { RefCell::new(None) };
+    static LAST: RefCell<Option<(String, String, Pattern)>> = const { RefCell::new(None) };
 }
 
-fn compile(name: &str, pattern: &str, options: &str) -> Result<Regex> {
+fn compile(name: &str, pattern: &str, options: &str) -> Result<Pattern> {
     let hit = LAST.with(|l| {
         l.borrow()
             .as_ref()
@@ -37,17 +35,11 @@ fn compile(name: &str, pattern: &str, options: &str) -> Result<Regex> {
     if let Some(r) = hit {
         return Ok(r);
     }
-    let mut b = RegexBuilder::new(pattern);
-    b.size_limit(REGEX_SIZE_LIMIT);
-    for c in options.chars() {
-        match c {
-            'i' => b.case_insensitive(true),
-            'm' => b.multi_line(true),
-            's' => b.dot_matches_new_line(true),
-            'x' => b.ignore_whitespace(true),
-            'u' => &mut b,
-            other => return Err(loc!(51108, "{name} invalid flag in regex options: {other}")),
-        };
+    if let Some(other) = options
+        .chars()
+        .find(|c| !matches!(c, 'i' | 'm' | 's' | 'x' | 'u'))
+    {
+        return Err(loc!(51108, "{name} invalid flag in regex options: {other}"));
     }
     if pattern.contains('\0') {
         return Err(loc!(
@@ -55,15 +47,26 @@ fn compile(name: &str, pattern: &str, options: &str) -> Result<Regex> {
             "{name}: regular expression cannot contain an embedded null byte"
         ));
     }
-    let re = b.build().map_err(|e| {
-        loc!(
+    let re = pattern::compile(pattern, options).map_err(|e| match e {
+        CompileError::Syntax(e) => loc!(
             51111,
             "Invalid Regex in {name}: {}",
             crate::query::pcre_words::compile_error(pattern, options, &e)
-        )
+        ),
+        CompileError::Flag(other) => loc!(51108, "{name} invalid flag in regex options: {other}"),
     })?;
     LAST.with(|l| *l.borrow_mut() = Some((pattern.to_string(), options.to_string(), re.clone())));
     Ok(re)
+}
+
+/// MongoDB's 51156 for a match that failed while running (PCRE2's match
+/// limit there; the backtracking step limit here).
+fn failed(name: &str, e: MatchError) -> crate::error::Error {
+    loc!(
+        51156,
+        "Error occurred while executing the regular expression in {name}. Result code: {}",
+        e.0
+    )
 }
 
 /// Evaluate `$regexMatch` / `$regexFind` / `$regexFindAll`.
@@ -114,36 +117,44 @@ pub(super) fn named(a: &Args<'_, '_>) -> Result<Value> {
     };
     let re = compile(name, &pattern, &opts)?;
     match a.n {
-        Named::RegexMatch => Ok(Some(Bson::Boolean(re.is_match(s)))),
-        Named::RegexFind => Ok(Some(match re.captures(s) {
-            Some(c) => found(s, &c),
+        Named::RegexMatch => Ok(Some(Bson::Boolean(
+            re.is_match(s).map_err(|e| failed(name, e))?,
+        ))),
+        Named::RegexFind => Ok(Some(match re.captures(s).map_err(|e| failed(name, e))? {
+            Some(g) => found(s, &g),
             None => Bson::Null,
         })),
         _ => {
             let mut out = Vec::new();
             let mut size = crate::doc::size::SizeBudget::new(name);
-            for c in re.captures_iter(s) {
-                let f = found(s, &c);
+            re.each_captures(s, |g| {
+                let f = found(s, &g);
                 size.add(crate::doc::size::array_element_len(out.len(), &f))?;
                 out.push(f);
-            }
+                Ok(())
+            })
+            .map_err(|e| match e {
+                EachError::Match(e) => failed(name, e),
+                EachError::Caller(e) => e,
+            })?;
             Ok(Some(Bson::Array(out)))
         }
     }
 }
 
-fn found(s: &str, c: &regex::Captures<'_>) -> Bson {
-    let Some(m) = c.get(0) else {
+fn found(s: &str, g: &Groups) -> Bson {
+    let Some(Some((start, end))) = g.first().copied() else {
         return Bson::Null;
     };
-    let idx = s.get(..m.start()).map_or(0, |p| p.chars().count());
-    let captures: Vec<Bson> = c
+    let text = |(a, b): (usize, usize)| s.get(a..b).unwrap_or_default().to_string();
+    let idx = s.get(..start).map_or(0, |p| p.chars().count());
+    let captures: Vec<Bson> = g
         .iter()
         .skip(1)
-        .map(|g| g.map_or(Bson::Null, |g| Bson::String(g.as_str().to_string())))
+        .map(|m| m.map_or(Bson::Null, |m| Bson::String(text(m))))
         .collect();
     Bson::Document(doc! {
-        "match": m.as_str(),
+        "match": text((start, end)),
         "idx": i32::try_from(idx).unwrap_or(i32::MAX),
         "captures": captures,
     })

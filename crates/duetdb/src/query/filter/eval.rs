@@ -294,7 +294,7 @@ impl RegexOp {
     /// is the same regex (pattern and options), as in MongoDB.
     fn matches(&self, v: RawBsonRef<'_>) -> bool {
         match v {
-            RawBsonRef::String(s) | RawBsonRef::Symbol(s) => self.re.is_match(s),
+            RawBsonRef::String(s) | RawBsonRef::Symbol(s) => self.re.is_match(s).unwrap_or(false),
             RawBsonRef::RegularExpression(r) => {
                 r.pattern.as_str() == self.pattern && r.options.as_str() == self.options
             }

@@ -19,16 +19,12 @@
 
 use bson::spec::ElementType;
 use bson::{Bson, Document, RawBson};
-use regex::RegexBuilder;
 
 use super::tree::{type_bit, CmpKind, FieldPath, InSet, Leaf, Node, Op, RegexOp, NUMBER_MASK};
 use super::MAX_FILTER_DEPTH;
 use crate::doc::value;
 use crate::error::{render, Error};
-
-/// Upper bound on the compiled size of one regex, so that a hostile pattern
-/// cannot take unbounded memory.
-const REGEX_SIZE_LIMIT: usize = 4 << 20;
+use crate::query::pattern;
 
 /// Parse results carry a boxed error: `Error` is large, and the parse functions
 /// recurse once per nesting level, so a small `Result` keeps their stack frames
@@ -459,27 +455,17 @@ fn mod_operand(v: &Bson, what: &str) -> PResult<i64> {
 
 impl RegexOp {
     fn new(pattern: &str, options: &str) -> PResult<RegexOp> {
-        let mut builder = RegexBuilder::new(pattern);
-        builder.size_limit(REGEX_SIZE_LIMIT);
         let mut sorted: Vec<char> = Vec::with_capacity(options.len());
         for c in options.chars() {
-            match c {
-                'i' => builder.case_insensitive(true),
-                'm' => builder.multi_line(true),
-                's' => builder.dot_matches_new_line(true),
-                'x' => builder.ignore_whitespace(true),
-                // Unicode classes are the regex crate's default already.
-                'u' => &mut builder,
+            if !matches!(c, 'i' | 'm' | 's' | 'x' | 'u') {
                 // pcre_util::flagsToOptions with no operator name: the
                 // message starts with a space.
-                other => {
-                    return Err(Box::new(Error::Coded {
-                        code: 51108,
-                        name: "Location51108",
-                        msg: format!(" invalid flag in regex options: {other}"),
-                    }))
-                }
-            };
+                return Err(Box::new(Error::Coded {
+                    code: 51108,
+                    name: "Location51108",
+                    msg: format!(" invalid flag in regex options: {c}"),
+                }));
+            }
             if !sorted.contains(&c) {
                 sorted.push(c);
             }
@@ -493,14 +479,17 @@ impl RegexOp {
                 "Regular expression cannot contain an embedded null byte",
             ));
         }
-        let re = builder.build().map_err(|e| {
+        let re = pattern::compile(pattern, options).map_err(|e| {
+            let why = match e {
+                pattern::CompileError::Syntax(e) => {
+                    crate::query::pcre_words::compile_error(pattern, options, &e)
+                }
+                pattern::CompileError::Flag(c) => format!("invalid flag in regex options: {c}"),
+            };
             Box::new(Error::Coded {
                 code: 51091,
                 name: "Location51091",
-                msg: format!(
-                    "Regular expression is invalid: {}",
-                    crate::query::pcre_words::compile_error(pattern, options, &e)
-                ),
+                msg: format!("Regular expression is invalid: {why}"),
             })
         })?;
         Ok(RegexOp {

@@ -21,8 +21,8 @@
 
 use std::cmp::Ordering;
 
+use crate::query::pattern::{self, Pattern};
 use bson::{Bson, Document};
-use regex::Regex;
 
 use crate::error::Error;
 use crate::query::expr::{compare, num_of};
@@ -56,7 +56,7 @@ pub(super) struct Schema {
     types: Option<u32>,
     required: Vec<String>,
     properties: Vec<(String, Schema)>,
-    pattern_properties: Vec<(Regex, Schema)>,
+    pattern_properties: Vec<(Pattern, Schema)>,
     additional_properties: Option<Additional>,
     min_properties: Option<usize>,
     max_properties: Option<usize>,
@@ -65,7 +65,7 @@ pub(super) struct Schema {
     multiple_of: Option<f64>,
     min_length: Option<usize>,
     max_length: Option<usize>,
-    pattern: Option<Regex>,
+    pattern: Option<Pattern>,
     enumeration: Option<Vec<Bson>>,
     items: Option<Items>,
     additional_items: Option<Additional>,
@@ -111,18 +111,19 @@ fn strings(v: &Bson, kw: &str) -> PResult<Vec<String>> {
         .collect()
 }
 
-fn regex(v: &Bson, kw: &str) -> PResult<Regex> {
+fn regex(v: &Bson, kw: &str) -> PResult<Pattern> {
     let Bson::String(p) = v else {
         return Err(fail(format!("$jsonSchema keyword '{kw}' must be a string")));
     };
-    regex::RegexBuilder::new(p)
-        .size_limit(1 << 20)
-        .build()
-        .map_err(|e| {
-            fail(format!(
-                "$jsonSchema keyword '{kw}' has an invalid regex: {e}"
-            ))
-        })
+    pattern::compile(p, "").map_err(|e| {
+        let why = match e {
+            pattern::CompileError::Syntax(e) => e.to_string(),
+            pattern::CompileError::Flag(c) => format!("invalid flag {c}"),
+        };
+        fail(format!(
+            "$jsonSchema keyword '{kw}' has an invalid regex: {why}"
+        ))
+    })
 }
 
 fn type_mask(v: &Bson, bson_type: bool) -> PResult<u32> {
@@ -384,7 +385,8 @@ impl Schema {
                 }
             }
             for (re, s) in &self.pattern_properties {
-                if re.is_match(k) {
+                // A backtracking match past its step limit counts as no match.
+                if re.is_match(k).unwrap_or(false) {
                     covered = true;
                     if !s.matches(v) {
                         return false;
@@ -439,7 +441,9 @@ impl Schema {
         if self.min_length.is_some_and(|m| n < m) || self.max_length.is_some_and(|m| n > m) {
             return false;
         }
-        self.pattern.as_ref().is_none_or(|re| re.is_match(s))
+        self.pattern
+            .as_ref()
+            .is_none_or(|re| re.is_match(s).unwrap_or(false))
     }
 
     fn matches_number(&self, v: &Bson) -> bool {

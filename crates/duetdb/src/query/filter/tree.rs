@@ -15,9 +15,9 @@
 //!   relies on it), and a regex's options are sorted as BSON stores them.
 //! - Paths are split once, at parse time, not per document.
 
+use crate::query::pattern::Pattern;
 use bson::spec::ElementType;
 use bson::RawBson;
-use regex::Regex;
 
 /// A node of the parsed filter. `And([])` is "always true", `Or([])` "always false".
 #[derive(Debug, Clone)]
@@ -92,7 +92,9 @@ pub(super) struct InSet {
 
 #[derive(Debug, Clone)]
 pub(super) struct RegexOp {
-    pub(super) re: Regex,
+    /// Matched against strings; a backtracking match that passes its step
+    /// limit counts as no match, as PCRE2's match limit does in MongoDB.
+    pub(super) re: Pattern,
     pub(super) pattern: String,
     /// Sorted, as BSON stores regex options; used to compare with stored regexes.
     pub(super) options: String,
