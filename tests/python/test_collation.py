@@ -73,6 +73,54 @@ def test_count_distinct_aggregate(fruit):
     assert srt == ["apple", "Apple", "banana", "Banana"]
 
 
+def test_expressions_and_lookups_use_the_collation(fruit, db):
+    # $expr in a filter.
+    got = names(fruit.find({"$expr": {"$eq": ["$name", "APPLE"]}}, collation=CI))
+    assert sorted(got) == ["Apple", "apple"]
+    assert names(fruit.find({"$expr": {"$eq": ["$name", "APPLE"]}})) == []
+    # Expressions in stages: $project, $in, $cmp, $switch through $bucket.
+    r = list(fruit.aggregate([
+        {"$match": {"_id": 1}},
+        {"$project": {"_id": 0, "eq": {"$eq": ["$name", "APPLE"]},
+                      "in": {"$in": ["$name", ["APPLE", "x"]]},
+                      "cmp": {"$cmp": ["$name", "apple"]},
+                      "lt": {"$lt": ["$name", "banana"]}}},
+    ], collation=CI))
+    assert r == [{"eq": True, "in": True, "cmp": 0, "lt": True}]
+    r = list(fruit.aggregate([
+        {"$match": {"_id": 1}},
+        {"$project": {"_id": 0, "eq": {"$eq": ["$name", "APPLE"]}}},
+    ]))
+    assert r == [{"eq": False}]
+    # $bucket boundaries compare under the collation: binary order would put
+    # "Apple" and "Banana" before "a".
+    buckets = list(fruit.aggregate([
+        {"$match": {"name": {"$in": ["apple", "Apple", "banana", "Banana", "cherry"]}}},
+        {"$bucket": {"groupBy": "$name", "boundaries": ["a", "c", "z"],
+                     "output": {"n": {"$sum": 1}}}},
+    ], collation=Collation(locale="en")))
+    assert buckets == [{"_id": "a", "n": 4}, {"_id": "c", "n": 1}]
+    # $lookup's join compares under the command's collation, both forms.
+    db.orders.insert_many([{"_id": 1, "fruit": "APPLE"}, {"_id": 2, "fruit": "CHERRY"}])
+    eq_form = {"$lookup": {"from": "fruit", "localField": "fruit",
+                           "foreignField": "name", "as": "m"}}
+    r = list(db.orders.aggregate([eq_form, {"$sort": {"_id": 1}}], collation=CI))
+    assert [sorted(x["name"] for x in d["m"]) for d in r] == [["Apple", "apple"], ["cherry"]]
+    r = list(db.orders.aggregate([eq_form, {"$sort": {"_id": 1}}]))
+    assert [d["m"] for d in r] == [[], []]
+    let_form = {"$lookup": {"from": "fruit", "let": {"f": "$fruit"}, "pipeline": [
+        {"$match": {"$expr": {"$eq": ["$name", "$$f"]}}}], "as": "m"}}
+    r = list(db.orders.aggregate([let_form, {"$sort": {"_id": 1}}], collation=CI))
+    assert [sorted(x["name"] for x in d["m"]) for d in r] == [["Apple", "apple"], ["cherry"]]
+    # $graphLookup's frontier too.
+    r = list(db.orders.aggregate([
+        {"$match": {"_id": 2}},
+        {"$graphLookup": {"from": "fruit", "startWith": "$fruit", "connectFromField": "name",
+                          "connectToField": "name", "as": "m", "maxDepth": 0}},
+    ], collation=CI))
+    assert [x["name"] for x in r[0]["m"]] == ["cherry"]
+
+
 def test_writes_with_a_collation(fruit):
     r = fruit.update_many({"name": "APPLE"}, {"$set": {"seen": True}}, collation=CI)
     assert r.matched_count == 2

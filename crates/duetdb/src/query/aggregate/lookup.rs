@@ -29,9 +29,11 @@
 //!   result is unchanged) so that an index on the field is used.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use bson::{Bson, Document};
 
+use crate::doc::collation::Collator;
 use crate::doc::size::document_len;
 use crate::error::{Error, Result};
 use crate::query::aggregate::exec::Exec;
@@ -116,6 +118,9 @@ pub(super) struct Lookup {
     pipeline: Option<SubPipeline>,
     /// The sub-pipeline reads one of `let_vars`.
     correlated: bool,
+    /// The command's collation: the join compares strings under it, as
+    /// MongoDB's `$lookup` does (not the foreign collection's default).
+    collator: Option<Arc<Collator>>,
 }
 
 impl Lookup {
@@ -247,6 +252,7 @@ impl Lookup {
             let_vars,
             pipeline,
             correlated,
+            collator: ctx.collator.clone(),
         })
     }
 
@@ -268,7 +274,8 @@ impl Lookup {
         match &self.pipeline {
             None => {
                 let from = self.from.as_deref().unwrap_or_default();
-                let filter = Filter::parse(&join.unwrap_or_default())?;
+                let filter =
+                    Filter::parse(&join.unwrap_or_default())?.with_collation(self.collator.clone());
                 rt.foreign.scan(from, &filter, &mut |d| {
                     matches.add(crate::doc::to_document(d)?)?;
                     Ok(ControlFlow::Continue(()))
@@ -278,10 +285,17 @@ impl Lookup {
                 let key = self as *const Lookup as usize;
                 let all = rt.cached(key, || {
                     let mut m = Matches::new(self.from.as_deref(), rt.limits.memory_limit_bytes);
-                    run_sub(rt, self.from.as_deref(), None, &sub.parsed, &mut |d| {
-                        m.add(d)?;
-                        Ok(ControlFlow::Continue(()))
-                    })?;
+                    run_sub(
+                        rt,
+                        self.from.as_deref(),
+                        None,
+                        &sub.parsed,
+                        None,
+                        &mut |d| {
+                            m.add(d)?;
+                            Ok(ControlFlow::Continue(()))
+                        },
+                    )?;
                     Ok(m.docs)
                 })?;
                 for d in all.iter() {
@@ -289,10 +303,18 @@ impl Lookup {
                 }
             }
             Some(sub) if !self.correlated => {
-                run_sub(rt, self.from.as_deref(), join, &sub.parsed, &mut |d| {
-                    matches.add(d)?;
-                    Ok(ControlFlow::Continue(()))
-                })?;
+                let coll = self.collator.clone();
+                run_sub(
+                    rt,
+                    self.from.as_deref(),
+                    join,
+                    &sub.parsed,
+                    coll,
+                    &mut |d| {
+                        matches.add(d)?;
+                        Ok(ControlFlow::Continue(()))
+                    },
+                )?;
             }
             Some(sub) => {
                 let mut values = Vec::with_capacity(self.let_vars.len());
@@ -310,7 +332,8 @@ impl Lookup {
                 };
                 let ctx = sub.ctx.with_vars(values)?;
                 let parsed = Pipeline::parse_in(&sub.raw, &ctx)?;
-                run_sub(rt, self.from.as_deref(), scan, &parsed, &mut |d| {
+                let coll = self.collator.clone();
+                run_sub(rt, self.from.as_deref(), scan, &parsed, coll, &mut |d| {
                     matches.add(d)?;
                     Ok(ControlFlow::Continue(()))
                 })?;
@@ -499,10 +522,14 @@ pub(super) fn run_sub(
     from: Option<&str>,
     scan: Option<Document>,
     pipeline: &Pipeline,
+    collator: Option<Arc<Collator>>,
     out: &mut dyn FnMut(Document) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
     let stages = &pipeline.stages;
-    let scan_filter = scan.as_ref().map(Filter::parse).transpose()?;
+    let scan_filter = match &scan {
+        Some(f) => Some(Filter::parse(f)?.with_collation(collator)),
+        None => None,
+    };
     let docs = if let Some(Stage::Documents(e)) = stages.first() {
         let mut exec = Exec::new(&stages[1..], None, &[], rt);
         for d in super::exec::documents_of(e)? {
@@ -606,7 +633,7 @@ impl UnionWith {
         rt: &Runtime<'_>,
         out: &mut dyn FnMut(Document) -> Result<ControlFlow<()>>,
     ) -> Result<()> {
-        run_sub(rt, self.coll.as_deref(), None, &self.pipeline, out)
+        run_sub(rt, self.coll.as_deref(), None, &self.pipeline, None, out)
     }
 }
 
@@ -625,6 +652,8 @@ pub(super) struct GraphLookup {
     max_depth: Option<i64>,
     depth_field: Option<Vec<String>>,
     restrict: Option<Document>,
+    /// The command's collation, for the frontier's matches.
+    collator: Option<Arc<Collator>>,
 }
 
 impl GraphLookup {
@@ -738,6 +767,7 @@ impl GraphLookup {
             max_depth,
             depth_field,
             restrict,
+            collator: ctx.collator.clone(),
         })
     }
 
@@ -760,7 +790,8 @@ impl GraphLookup {
         let mut depth: i64 = 0;
         while !frontier.is_empty() && self.max_depth.is_none_or(|m| depth <= m) {
             dedup_values(&mut frontier);
-            let filter = Filter::parse(&self.frontier_filter(&frontier))?;
+            let filter = Filter::parse(&self.frontier_filter(&frontier))?
+                .with_collation(self.collator.clone());
             let mut next: Vec<Bson> = Vec::new();
             let mut failed_id = None;
             rt.foreign.scan(&self.from, &filter, &mut |d| {

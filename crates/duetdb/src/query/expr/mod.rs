@@ -49,6 +49,7 @@ macro_rules! loc {
 mod arithmetic;
 mod array;
 mod compare;
+pub use compare::under_collation;
 mod convert;
 mod date;
 mod datefmt;

@@ -20,8 +20,9 @@ use bson::raw::RawDocument;
 use bson::{Bson, Document};
 use parking_lot::Mutex;
 
+use crate::doc::collation::Collator;
 use crate::error::{Error, Result};
-use crate::query::expr::{truthy_bson, Expr, Root, Scope};
+use crate::query::expr::{truthy_bson, under_collation, Expr, Root, Scope};
 
 /// Where the first evaluation error of a filter's `$expr`s is kept.
 pub(super) type ErrorSlot = Arc<Mutex<Option<Error>>>;
@@ -31,6 +32,8 @@ pub(super) struct ExprNode {
     pub(super) spec: Bson,
     pub(super) expr: Option<Expr>,
     pub(super) error: ErrorSlot,
+    /// The filter's collation, in scope while the expression runs.
+    pub(super) coll: Option<Arc<Collator>>,
 }
 
 impl ExprNode {
@@ -39,6 +42,7 @@ impl ExprNode {
             spec: spec.clone(),
             expr: None,
             error: Arc::new(Mutex::new(None)),
+            coll: None,
         }
     }
 
@@ -52,7 +56,7 @@ impl ExprNode {
         let Some(e) = &self.expr else {
             return false;
         };
-        match e.eval(&Root::Raw(doc)) {
+        match under_collation(self.coll.as_ref(), || e.eval(&Root::Raw(doc))) {
             Ok(v) => v.as_ref().is_some_and(truthy_bson),
             Err(err) => {
                 let mut slot = self.error.lock();

@@ -266,7 +266,8 @@ fn collate(node: &mut Node, c: &Arc<Collator>) {
     match node {
         Node::And(ch) | Node::Or(ch) | Node::Nor(ch) => ch.iter_mut().for_each(|n| collate(n, c)),
         Node::Not(n) => collate(n, c),
-        Node::Expr(_) | Node::Schema(_) => {}
+        Node::Expr(e) => e.coll = Some(c.clone()),
+        Node::Schema(_) => {}
         Node::Leaf(leaf) => {
             match &mut leaf.op {
                 tree::Op::Eq(v) | tree::Op::Cmp(_, v) => *v = c.key_raw(v.as_raw_bson_ref()),
