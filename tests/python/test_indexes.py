@@ -198,6 +198,48 @@ def test_text_index_and_text_search(db):
     assert e.value.code == 27
 
 
+def test_text_search_reads_the_commands_snapshot(client, db):
+    # $text reads what every other read of the command reads: a named
+    # snapshot, atClusterTime, a transaction's snapshot.
+    db.a.create_index([("body", "text")])
+    db.a.insert_many([{"_id": 1, "body": "coffee shop"}, {"_id": 2, "body": "tea room"}])
+    db.command({"createSnapshot": "before"})
+    ts = db.command({"find": "a", "readConcern": {"level": "snapshot"}})["cursor"]["atClusterTime"]
+    db.a.update_one({"_id": 2}, {"$set": {"body": "coffee bar"}})
+    db.a.delete_one({"_id": 1})
+    q = {"$text": {"$search": "coffee"}}
+    named = {"$duet": {"snapshotName": "before"}}
+
+    def ids(r):
+        return sorted(d["_id"] for d in r["cursor"]["firstBatch"])
+
+    assert ids(db.command({"find": "a", "filter": q})) == [2]
+    assert ids(db.command({"find": "a", "filter": q, **named})) == [1]
+    r = db.command({"find": "a", "filter": q,
+                    "readConcern": {"level": "snapshot", "atClusterTime": ts}})
+    assert ids(r) == [1] and r["cursor"]["atClusterTime"] == ts
+    assert db.command({"count": "a", "query": q, **named})["n"] == 1
+    r = db.command({"aggregate": "a", "pipeline": [{"$match": q}, {"$project": {"_id": 1}}],
+                    "cursor": {}, **named})
+    assert ids(r) == [1]
+    db.command({"dropSnapshot": "before"})
+    with client.start_session() as s:
+        s.start_transaction()
+        assert [d["_id"] for d in db.a.find(q, session=s)] == [2]
+        # A write from outside after the transaction's snapshot is not seen.
+        db.a.insert_one({"_id": 3, "body": "coffee again"})
+        assert [d["_id"] for d in db.a.find(q, session=s)] == [2]
+        assert db.a.count_documents(q, session=s) == 1
+        # After the transaction writes the collection: refused, not answered
+        # without its own writes.
+        db.a.update_one({"_id": 2}, {"$set": {"body": "juice"}}, session=s)
+        with pytest.raises(OperationFailure) as e:
+            list(db.a.find(q, session=s))
+        assert e.value.code == 263
+        s.abort_transaction()
+    assert sorted(d["_id"] for d in db.a.find(q)) == [2, 3]
+
+
 def test_compound_text_indexes(db):
     from pymongo import DESCENDING, TEXT
     from pymongo.errors import WriteError

@@ -25,8 +25,9 @@
 //! `getMore` and `killCursors` check it (see `cursor.rs`).
 //!
 //! A `$text` filter (find, count, an aggregate's first `$match`) runs the
-//! engine's text search (`Collection::text_find`) on the latest state,
-//! results materialized; `{$meta: "textScore"}` works in find projections
+//! engine's text search (`Collection::text_find`) on the command's read
+//! source (latest state, named snapshot, `atClusterTime`, a transaction's
+//! snapshot), results materialized; `{$meta: "textScore"}` works in find projections
 //! and sorts.
 //!
 //! `find` with `tailable` on a capped collection: `tailable.rs`.
@@ -199,7 +200,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     let first = first_batch_size(cmd)?;
     let single_batch = strict_bool(cmd, "find", "singleBatch")?;
     if plan.filter.contains_key("$text") {
-        return text_find(ctx, coll, plan, first, single_batch);
+        return text_find(ctx, cmd, coll, target, plan, (first, single_batch));
     }
     let projection = plan.parsed_projection()?;
     let limits = read_limits(ctx, cmd)?;
@@ -226,13 +227,16 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
 }
 
 /// A find with `$text` (text indexes, `{$meta: "textScore"}`): run by the
-/// engine's text search on the latest state, its results materialized.
+/// engine's text search on the command's source (the latest state, a named
+/// snapshot, `atClusterTime`, the transaction's snapshot), its results
+/// materialized.
 fn text_find(
     ctx: &Ctx<'_>,
+    cmd: &Document,
     coll: &str,
+    target: &mut Target<'_>,
     plan: FindPlan,
-    first: usize,
-    single_batch: bool,
+    (first, single_batch): (usize, bool),
 ) -> CmdResult {
     if plan.options.hint.is_some() {
         // MongoDB: a $text query always uses the text index.
@@ -246,12 +250,16 @@ fn text_find(
         skip: plan.options.skip,
         limit: plan.options.limit,
     };
-    let docs = ctx
-        .database()?
-        .collection(coll)
-        .text_find(&plan.filter, options)?;
+    let source = read_source(ctx, cmd, coll, target)?;
+    let docs = source.text_find(&plan.filter, options)?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-    cursor_reply(ctx, cursor, (first, AtEnd::Close), single_batch, None)
+    cursor_reply(
+        ctx,
+        cursor,
+        (first, AtEnd::Close),
+        single_batch,
+        source.at(),
+    )
 }
 
 pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
@@ -359,7 +367,7 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResul
     }
     let work_ns = work_ns.filter(|ns| *ns > 0);
     if query.contains_key("$text") {
-        let mut n = ctx.database()?.collection(coll).text_count(&query)?;
+        let mut n = read_source(ctx, cmd, coll, target)?.text_count(&query)?;
         n = n.saturating_sub(skip);
         if limit > 0 {
             n = n.min(limit);
@@ -574,9 +582,16 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         .and_then(|s| s.get_document("$match").ok())
         .is_some_and(|m| m.contains_key("$text"));
     if text_first {
-        let docs = ctx.database()?.collection(coll).text_aggregate(&stages)?;
+        let source = read_source(ctx, cmd, coll, target)?;
+        let docs = source.text_aggregate(&stages)?;
         let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-        return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
+        return cursor_reply(
+            ctx,
+            cursor,
+            (first, AtEnd::KeepWhenFull),
+            false,
+            source.at(),
+        );
     }
     let limits = read_limits(ctx, cmd)?;
     // `$out`/`$merge` write: they read the latest state (one root, as the

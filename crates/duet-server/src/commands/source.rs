@@ -242,6 +242,38 @@ pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
 }
 
 impl ReadSource<'_> {
+    /// A find with a top-level `$text` on this source: the live state, the
+    /// held snapshot (named, `atClusterTime`), or the transaction's.
+    pub fn text_find(
+        &self,
+        filter: &Document,
+        options: duetdb::TextFindOptions,
+    ) -> CmdResult<Vec<Document>> {
+        Ok(match self {
+            ReadSource::Live { coll, .. } => coll.text_find(filter, options)?,
+            ReadSource::Held { coll, .. } => coll.text_find(filter, options)?,
+            ReadSource::Txn(c) => c.text_find(filter, options)?,
+        })
+    }
+
+    /// How many documents a `$text` filter matches on this source.
+    pub fn text_count(&self, filter: &Document) -> CmdResult<u64> {
+        Ok(match self {
+            ReadSource::Live { coll, .. } => coll.text_count(filter)?,
+            ReadSource::Held { coll, .. } => coll.text_count(filter)?,
+            ReadSource::Txn(c) => c.text_count(filter)?,
+        })
+    }
+
+    /// A pipeline starting with a `$text` `$match`, on this source.
+    pub fn text_aggregate(&self, stages: &[Document]) -> CmdResult<Vec<Document>> {
+        Ok(match self {
+            ReadSource::Live { coll, .. } => coll.text_aggregate(stages)?,
+            ReadSource::Held { coll, .. } => coll.text_aggregate(stages)?,
+            ReadSource::Txn(c) => c.text_aggregate(stages)?,
+        })
+    }
+
     /// The cluster time to report (`atClusterTime`), if the client asked for one.
     pub fn at(&self) -> Option<Timestamp> {
         match self {

@@ -143,7 +143,7 @@ fn matches(
 
 /// A find whose filter has a top-level `$text` on collection `name` of
 /// `state` (see the module doc).
-fn find_in(
+pub(super) fn find_in(
     state: &DbState,
     name: &str,
     filter: &Document,
@@ -239,7 +239,7 @@ fn find_in(
 
 /// How many documents a filter with a top-level `$text` matches in
 /// collection `name` of `state`.
-fn count_in(state: &DbState, name: &str, filter: &Document) -> Result<u64> {
+pub(super) fn count_in(state: &DbState, name: &str, filter: &Document) -> Result<u64> {
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
     let rest_doc = rest;
@@ -261,13 +261,7 @@ impl Collection {
     /// matches, then the other stages on them (as materialized documents).
     /// `{$meta: "textScore"}` is not available in later stages.
     pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
-        let Some(Ok(first)) = pipeline.first().map(|s| s.get_document("$match")) else {
-            return Err(Error::BadValue(
-                "$text is only allowed in the first $match stage".into(),
-            ));
-        };
-        let docs = self.text_find(first, TextFindOptions::default())?;
-        crate::query::Pipeline::parse(&pipeline[1..])?.run_on(docs)
+        aggregate_with(pipeline, |m| self.text_find(m, TextFindOptions::default()))
     }
 
     /// How many documents a filter with a top-level `$text` matches.
@@ -286,4 +280,24 @@ impl SnapshotCollection {
     pub fn text_count(&self, filter: &Document) -> Result<u64> {
         count_in(self.state(), self.name(), filter)
     }
+
+    /// [`Collection::text_aggregate`] as of this snapshot.
+    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
+        aggregate_with(pipeline, |m| self.text_find(m, TextFindOptions::default()))
+    }
+}
+
+/// A pipeline whose first stage is `{$match: {$text: …}}`: `find` runs that
+/// `$match`, the other stages run on its documents.
+pub(super) fn aggregate_with(
+    pipeline: &[Document],
+    find: impl FnOnce(&Document) -> Result<Vec<Document>>,
+) -> Result<Vec<Document>> {
+    let Some(Ok(first)) = pipeline.first().map(|s| s.get_document("$match")) else {
+        return Err(Error::BadValue(
+            "$text is only allowed in the first $match stage".into(),
+        ));
+    };
+    let docs = find(first)?;
+    crate::query::Pipeline::parse(&pipeline[1..])?.run_on(docs)
 }

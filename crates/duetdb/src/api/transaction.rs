@@ -751,6 +751,50 @@ impl<'t> TxnCollection<'t> {
             .try_borrow_mut()
             .map_err(|_| Error::Internal("transaction collection used re-entrantly".into()))
     }
+
+    /// The transaction's snapshot, for a `$text` read of this collection:
+    /// the text index is not kept for the transaction's own writes, so a
+    /// collection it has written is refused (263) rather than answered
+    /// without them. Not recorded as a predicate read (a `serializable`
+    /// commit does not validate it).
+    fn text_state(&self) -> Result<Arc<DbState>> {
+        let txn = self.txn()?;
+        if txn.writes.get(&self.name).is_some_and(|w| !w.is_empty()) {
+            return Err(Error::Coded {
+                code: 263,
+                name: "OperationNotSupportedInTransaction",
+                msg: format!(
+                    "$text cannot read collection '{}' after this transaction wrote to it",
+                    self.name
+                ),
+            });
+        }
+        Ok(txn.snapshot.clone())
+    }
+
+    /// [`Collection::text_find`] as this transaction sees the collection
+    /// (its snapshot; see `text_state`).
+    pub fn text_find(
+        &self,
+        filter: &Document,
+        options: crate::api::TextFindOptions,
+    ) -> Result<Vec<Document>> {
+        let state = self.text_state()?;
+        crate::api::text::find_in(&state, &self.name, filter, options)
+    }
+
+    /// [`Collection::text_count`] as this transaction sees the collection.
+    pub fn text_count(&self, filter: &Document) -> Result<u64> {
+        let state = self.text_state()?;
+        crate::api::text::count_in(&state, &self.name, filter)
+    }
+
+    /// [`Collection::text_aggregate`] as this transaction sees the collection.
+    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
+        crate::api::text::aggregate_with(pipeline, |m| {
+            self.text_find(m, crate::api::TextFindOptions::default())
+        })
+    }
 }
 
 impl Crud for TxnCollection<'_> {
