@@ -51,18 +51,26 @@ pub fn decode(body: &[u8]) -> Result<Query, MsgError> {
         .or_else(|| command.get("query"))
         .and_then(|q| q.as_document())
         .cloned();
-    if let (Some(inner), true) = (
-        wrapped,
-        command
-            .keys()
-            .next()
-            .is_some_and(|k| k.starts_with('$') || k == "query"),
-    ) {
-        let rp = command.get("$readPreference").cloned();
-        command = inner;
-        if let Some(rp) = rp {
-            command.insert("$readPreference", rp);
+    let is_wrapper = command
+        .keys()
+        .next()
+        .is_some_and(|k| k.starts_with('$') || k == "query");
+    match wrapped.filter(|_| is_wrapper) {
+        Some(mut inner) => {
+            // The command as sent, for the repeated-name rules (as OP_MSG's
+            // body): `$query` wins over `query`, as in the lookup above.
+            let inner_raw = raw
+                .get_document("$query")
+                .or_else(|_| raw.get_document("query"))
+                .map_err(|e| MsgError::invalid_bson(e.to_string()))?;
+            crate::dupfields::keep_duplicates(inner_raw, None, &mut inner)?;
+            let rp = command.get("$readPreference").cloned();
+            command = inner;
+            if let Some(rp) = rp {
+                command.insert("$readPreference", rp);
+            }
         }
+        None => crate::dupfields::keep_duplicates(raw, None, &mut command)?,
     }
     Ok(Query {
         db: db.to_string(),
@@ -118,5 +126,42 @@ mod tests {
         let mut b = query("admin.$cmd", &doc! {"a": 1});
         b.truncate(b.len() - 2);
         assert!(decode(&b).is_err());
+    }
+
+    fn raw_query(ns: &str, d: &bson::RawDocumentBuf) -> Vec<u8> {
+        let mut b = 0i32.to_le_bytes().to_vec();
+        b.extend(ns.as_bytes());
+        b.push(0);
+        b.extend(0i32.to_le_bytes());
+        b.extend((-1i32).to_le_bytes());
+        b.extend(d.as_bytes());
+        b
+    }
+
+    #[test]
+    fn repeated_names_follow_the_op_msg_rules() {
+        use bson::raw::cstr;
+        use bson::{rawdoc, RawDocumentBuf};
+        // A command field sent twice: 40413, bare or wrapped in `$query`.
+        let mut twice = rawdoc! {"find": "c"};
+        twice.append(cstr!("limit"), 1);
+        twice.append(cstr!("limit"), 2);
+        let e = decode(&raw_query("x.$cmd", &twice)).expect_err("repeat");
+        assert_eq!(e.code, 40413);
+        let mut wrapped = RawDocumentBuf::new();
+        wrapped.append(cstr!("$query"), twice.clone());
+        wrapped.append(cstr!("$readPreference"), rawdoc! {"mode": "primary"});
+        let e = decode(&raw_query("x.$cmd", &wrapped)).expect_err("repeat");
+        assert_eq!(e.code, 40413);
+        // A filter repeating a name keeps both conditions, as `$and`.
+        let mut filter = rawdoc! {"a": 1};
+        filter.append(cstr!("a"), 2);
+        let q = decode(&raw_query(
+            "x.$cmd",
+            &rawdoc! {"find": "c", "filter": filter},
+        ))
+        .expect("decode");
+        let f = q.command.get_document("filter").expect("filter");
+        assert_eq!(f, &doc! {"$and": [{"a": 1}, {"a": 2}]});
     }
 }
