@@ -375,7 +375,7 @@ impl Member {
             own_times: Default::default(),
             history: Default::default(),
             next_token: AtomicU64::new(0),
-            retries: Default::default(),
+            retries: crate::retries::Retries::open(&dir)?,
             applied_index: AtomicU64::new(0),
             last_write_ts: AtomicU64::new(0),
             last_write_wall_ms: AtomicU64::new(0),
