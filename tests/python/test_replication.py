@@ -787,3 +787,35 @@ def test_max_staleness_selects_by_last_write(cluster):
     assert stale.d.c.count_documents({}) == 3
     stale.close()
     client.close()
+
+
+def test_an_idle_primary_writes_noops(tmp_path):
+    """`--repl-noop-interval-secs` (MongoDB's periodic no-op, every 10 s by
+    default; 0.3 s here): with nothing written, the primary writes no-op
+    entries, so a secondary's `lastWrite` (opTime and date, what drivers
+    compare for maxStalenessSeconds) and its `rs.status()` optime follow
+    the primary's clock; no database changes."""
+    ports = free_ports(3)
+    members = [Member(tmp_path, i, ports, extra=["--repl-noop-interval-secs", "0.3"])
+               for i in range(3)]
+    try:
+        p = primary_of(members)
+        with set_client(members) as c:
+            c.get_database("d", write_concern=WriteConcern(w=3)).c.insert_one({"_id": 1})
+        sec = next(m for m in members if m is not p)
+        with sec.direct() as d:
+            first = d.admin.command("hello")["lastWrite"]
+
+            def advanced():
+                lw = d.admin.command("hello")["lastWrite"]
+                return (lw["lastWriteDate"] - first["lastWriteDate"]).total_seconds() >= 2 \
+                    and lw["opTime"]["ts"] > first["opTime"]["ts"]
+            wait_for("the secondary's lastWrite to advance while idle", advanced)
+            st = d.admin.command("replSetGetStatus")
+            me = next(x for x in st["members"] if x.get("self"))
+            assert me["optime"]["ts"] > first["opTime"]["ts"], me
+            assert d.d.command("count", "c",
+                               read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 1
+    finally:
+        for m in members:
+            m.stop()

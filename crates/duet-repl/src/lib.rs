@@ -43,5 +43,5 @@ pub mod types;
 
 pub use member::{
     ConfigMember, Harness, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT,
-    DEFAULT_RECONFIG_CATCH_UP, DEFAULT_SNAPSHOT_ENTRIES,
+    DEFAULT_NOOP_INTERVAL, DEFAULT_RECONFIG_CATCH_UP, DEFAULT_SNAPSHOT_ENTRIES,
 };

@@ -15,6 +15,8 @@
 //!   cluster time carried in the entry (`DropDatabaseAt`; the older
 //!   `DropDatabase` entries drop at each member's own time), which then
 //!   counts as applied (`last_write_ts`) like a group's.
+//! - An idle primary's no-op changes nothing but the applied time: its
+//!   cluster time and wall-clock date become the last write's.
 //!
 //! After each group applied, the database's state is recorded by its
 //! cluster time (`history.rs`) for snapshot reads at that time.
@@ -397,6 +399,28 @@ impl StateMachine {
                     .store(wall_ms.max(0) as u64, Ordering::Relaxed);
                 self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
                 Ok((Response::Dropped { existed }, true))
+            }
+            Request::Noop {
+                ts,
+                wall_ms,
+                origin,
+            } => {
+                let engine = self.engine()?;
+                // As a drop of no database: the time passes through this
+                // member's clock (in flight on the primary that took it,
+                // adopted elsewhere) and is finished at once.
+                let mine = origin.member == self.shared.me
+                    && origin.incarnation == self.shared.incarnation
+                    && self.shared.own_times.lock().remove(&origin.token);
+                if !mine {
+                    engine.adopt_time(ts);
+                }
+                engine.abandon_time(ts);
+                self.shared
+                    .last_write_wall_ms
+                    .store(wall_ms.max(0) as u64, Ordering::Relaxed);
+                self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+                Ok((Response::Applied, false))
             }
             Request::DropDatabase { db } => {
                 let engine = self.engine()?;

@@ -14,7 +14,9 @@
 //! - with Raft snapshots every few entries, the log is purged, and a member
 //!   whose disk was wiped catches up from a snapshot (then from the log),
 //!   also across its own restart, and knows the retryable writes the
-//!   snapshot holds.
+//!   snapshot holds;
+//! - an idle primary writes no-op entries, so a secondary's last write time
+//!   and date advance while no database changes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +63,16 @@ async fn start(dir: &Path, id: u64, members: &[String]) -> Node {
 }
 
 async fn start_with(dir: &Path, id: u64, members: &[String], snapshot_entries: u64) -> Node {
+    start_opts(dir, id, members, snapshot_entries, Duration::ZERO).await
+}
+
+async fn start_opts(
+    dir: &Path,
+    id: u64,
+    members: &[String],
+    snapshot_entries: u64,
+    noop_interval: Duration,
+) -> Node {
     let engine = Arc::new(Engine::open(dir).expect("engine"));
     let member = Member::start(
         Options {
@@ -70,6 +82,7 @@ async fn start_with(dir: &Path, id: u64, members: &[String], snapshot_entries: u
             data_dir: dir.to_path_buf(),
             commit_timeout: Duration::from_secs(10),
             snapshot_entries,
+            noop_interval,
         },
         &engine,
     )
@@ -419,6 +432,70 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
     }
     nodes[s] = Some(back);
     drop((coll, db, pe));
+    for n in nodes.iter().flatten() {
+        rt.block_on(n.member.shutdown());
+    }
+}
+
+#[test]
+fn an_idle_primary_writes_noops_that_advance_every_members_last_write() {
+    let rt = runtime();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ports = free_ports(3);
+    let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("m{i}"))).collect();
+    let every = Duration::from_millis(200);
+    let nodes: Vec<Option<Node>> = rt.block_on(async {
+        let mut v = Vec::new();
+        for (i, d) in dirs.iter().enumerate() {
+            v.push(Some(start_opts(d, i as u64, &members, 0, every).await));
+        }
+        v
+    });
+    let p = primary(&nodes);
+    let pe = nodes[p].as_ref().expect("p").engine.clone();
+    pe.database("d")
+        .expect("db")
+        .collection("c")
+        .insert_one(doc! {"_id": 1})
+        .expect("insert");
+    let csn = pe.get("d").expect("n").expect("d").csn();
+    let s = (p + 1) % 3;
+    let sm = nodes[s].as_ref().expect("s").member.clone();
+    let se = nodes[s].as_ref().expect("s").engine.clone();
+    wait_until("the write on the secondary", || {
+        se.get("d").expect("name").is_some_and(|d| d.csn() == csn)
+    });
+    let before = sm.status();
+    let wal = wal_records(&dirs[s]);
+    // Nothing is written; the secondary's last write moves on by a second
+    // (five intervals) with the primary's clock, through applied entries.
+    wait_until("the secondary's last write to advance", || {
+        let now = sm.status();
+        now.last_write_wall_ms >= before.last_write_wall_ms + 1000
+            && now.last_write_ts > before.last_write_ts
+            && now.applied.1 > before.applied.1
+    });
+    assert_eq!(se.get("d").expect("n").expect("d").csn(), csn);
+    assert_eq!(wal_records(&dirs[s]), wal, "no-ops change no database");
+    let noop_ts = sm.status().last_write_ts;
+    // A write after the no-ops takes a later time (the primary's clock
+    // went through theirs).
+    pe.database("d")
+        .expect("db")
+        .collection("c")
+        .insert_one(doc! {"_id": 2})
+        .expect("insert after");
+    let ts = pe
+        .get("d")
+        .expect("n")
+        .expect("d")
+        .snapshot()
+        .cluster_time();
+    assert!(ts > noop_ts, "{ts} after {noop_ts}");
+    wait_until("the write after the no-ops", || {
+        count(nodes[s].as_ref().expect("s")) == 2
+    });
     for n in nodes.iter().flatten() {
         rt.block_on(n.member.shutdown());
     }
