@@ -640,9 +640,18 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
     client = set_client(cluster)
     db = client.get_database("app", write_concern=WriteConcern("majority"))
     db.items.insert_many([{"_id": i, "v": i} for i in range(30)])
+    db.users.insert_many([{"_id": i, "name": f"u{i}"} for i in range(3)])
     db.command("createSnapshot", "s1")
     db.items.update_many({}, {"$inc": {"v": 100}})
+    db.users.update_many({}, {"$set": {"name": "changed"}})
     want = [{"_id": i, "v": i} for i in range(30)]
+    joined = [{"_id": i, "v": i, "u": [{"_id": i, "name": f"u{i}"}]} for i in range(3)]
+    lookup = bson.SON([
+        ("aggregate", "items"),
+        ("pipeline", [{"$match": {"_id": {"$lt": 3}}}, {"$sort": {"_id": 1}},
+                      {"$lookup": {"from": "users", "localField": "_id",
+                                   "foreignField": "_id", "as": "u"}}]),
+        ("cursor", {}), ("$duet", {"snapshotName": "s1", "consistency": "all"})])
     for m in cluster:
         with m.direct() as d:
             wait_for("member %d to take the snapshot" % m.i, lambda: any(
@@ -651,6 +660,9 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
             for level in ("one", "majority", "all"):
                 assert snapshot_read(d, "s1", level) == want, (m.i, level)
             assert snapshot_read(d, "s1", "all", agg=True) == want, m.i
+            # The $lookup's collection is checked too, and read in the snapshot.
+            got = d.app.command(lookup, read_preference=ReadPreference.SECONDARY_PREFERRED)
+            assert got["cursor"]["firstBatch"] == joined, (m.i, got)
             # A collection the snapshot does not hold is empty everywhere.
             assert snapshot_read(d, "s1", "all", coll="nothing") == []
     with p.direct() as d:
