@@ -485,7 +485,9 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
     """With a Raft snapshot every 50 entries the log is purged; a member
     whose data directory is wiped comes back empty, receives a snapshot
     (every database's checkpoint image, in chunks), then the log, and holds
-    every document; its own restart then starts from its files."""
+    every document; its own restart then starts from its files. The
+    snapshot carries the retry table: made primary, the member answers a
+    write retried from before the wipe as done, without applying it again."""
     ports = free_ports(3)
     members = [Member(tmp_path, i, ports, ["--repl-snapshot-entries", "50"]) for i in range(3)]
     try:
@@ -498,6 +500,14 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         for b in range(0, n // 2, step):
             coll.insert_many([{"_id": i, "pad": "x" * 100} for i in range(b, b + step)])
         client.e.x.insert_one({"_id": 1})
+        lsid = {"id": bson.Binary(os.urandom(16), 4)}
+        retried = {"insert": "r", "$db": "d", "documents": [{"_id": 1}],
+                   "lsid": lsid, "txnNumber": bson.Int64(3)}
+        sock = wire.connect(p.port, timeout=20)
+        try:
+            assert wire.command(sock, retried)["n"] == 1
+        finally:
+            sock.close()
         victim = next(m for m in members if m is not p)
         wait_for("replication before the wipe",
                  lambda: victim.direct().d.c.with_options(
@@ -529,6 +539,26 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         assert victim.stop() == 0
         victim.start()
         wait_for("the restarted member", lambda: sec().count_documents({}) == n + 1)
+        # Made primary (the third member stopped, the primary stepping down),
+        # it answers the write retried from before its wipe as done.
+        third = next(m for m in members if m is not p and m is not victim)
+        third.proc.send_signal(signal.SIGSTOP)
+        try:
+            with p.direct() as d:
+                try:
+                    d.admin.command("replSetStepDown", 60, secondaryCatchUpPeriodSecs=20)
+                except OperationFailure as e:
+                    assert e.code == 262, e.details
+            assert primary_of(members, timeout=60) is victim
+            sock = wire.connect(victim.port, timeout=20)
+            try:
+                reply = wire.command(sock, retried)
+                assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
+                assert wire.command(sock, {"count": "r", "$db": "d"})["n"] == 1
+            finally:
+                sock.close()
+        finally:
+            third.proc.send_signal(signal.SIGCONT)
         client.close()
     finally:
         for m in members:
