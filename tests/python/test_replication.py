@@ -357,6 +357,74 @@ def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
         sock.close()
 
 
+def sees_primary(client, m, timeout=30):
+    """Wait until `client` has found `m` as the set's primary."""
+    def ok():
+        try:
+            return client.admin.command("hello")["me"] == f"127.0.0.1:{m.port}"
+        except ConnectionFailure:
+            return False
+    wait_for("the driver to find the new primary", ok, timeout)
+
+
+def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_restarts(cluster):
+    """The set remembers which retryable writes and transaction commits it
+    applied (their lsid + txnNumber), durably and on every member: a
+    pymongo `commit_transaction` retried after SIGKILL of the primary that
+    committed it succeeds on the new primary (MongoDB answers a retried
+    commit of a committed transaction with ok), and after every member
+    restarted, the primary (a restarted member) still answers the retried
+    commit and a retried write as done without applying the write again."""
+    p = primary_of(cluster)
+    lsid = {"id": bson.Binary(os.urandom(16), 4)}
+    insert = {"insert": "retry", "$db": "app", "documents": [{"_id": 1}],
+              "lsid": lsid, "txnNumber": bson.Int64(7)}
+    sock = wire.connect(p.port, timeout=20)
+    try:
+        assert wire.command(sock, insert)["n"] == 1
+    finally:
+        sock.close()
+    with set_client(cluster, retryWrites=True) as c:
+        coll = c.get_database("app", write_concern=WriteConcern("majority")).txn
+        with c.start_session() as s:
+            s.start_transaction()
+            coll.insert_one({"_id": 1}, session=s)
+            coll.insert_one({"_id": 2}, session=s)
+            s.commit_transaction()
+            p.kill()
+            new = primary_of(cluster)
+            assert new is not p
+            # The driver's one retry of a commit follows its rediscovery;
+            # here the test waits for that rather than racing it.
+            sees_primary(c, new)
+            # pymongo sends the commit again (same lsid and txnNumber) to
+            # the new primary, whose session table never saw it.
+            s.commit_transaction()
+            assert coll.count_documents({}) == 2
+            for m in cluster:
+                if m is not p:
+                    m.stop()
+            for m in cluster:
+                m.start()
+            q = primary_of(cluster)
+            sees_primary(c, q)
+            s.commit_transaction()
+        assert coll.count_documents({}) == 2
+    sock = wire.connect(q.port, timeout=20)
+    try:
+        reply = wire.command(sock, insert)
+        assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
+        # Control: the same insert as a new write (another txnNumber) does run.
+        reply = wire.command(sock, dict(insert, txnNumber=bson.Int64(8)))
+        assert reply["writeErrors"][0]["code"] == 11000, reply
+        # A commit of a transaction the set never ran is still 251.
+        reply = wire.command(sock, {"commitTransaction": 1, "$db": "admin", "lsid": lsid,
+                                    "txnNumber": bson.Int64(9), "autocommit": False})
+        assert reply["ok"] == 0 and reply["code"] == 251, reply
+    finally:
+        sock.close()
+
+
 def snapshot_docs(d, name):
     reply = d.app.command(bson.SON([("find", "items"), ("filter", {}), ("sort", {"_id": 1}),
                                     ("batchSize", 1000), ("$duet", {"snapshotName": name})]),
@@ -417,7 +485,9 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
     """With a Raft snapshot every 50 entries the log is purged; a member
     whose data directory is wiped comes back empty, receives a snapshot
     (every database's checkpoint image, in chunks), then the log, and holds
-    every document; its own restart then starts from its files."""
+    every document; its own restart then starts from its files. The
+    snapshot carries the retry table: made primary, the member answers a
+    write retried from before the wipe as done, without applying it again."""
     ports = free_ports(3)
     members = [Member(tmp_path, i, ports, ["--repl-snapshot-entries", "50"]) for i in range(3)]
     try:
@@ -430,6 +500,14 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         for b in range(0, n // 2, step):
             coll.insert_many([{"_id": i, "pad": "x" * 100} for i in range(b, b + step)])
         client.e.x.insert_one({"_id": 1})
+        lsid = {"id": bson.Binary(os.urandom(16), 4)}
+        retried = {"insert": "r", "$db": "d", "documents": [{"_id": 1}],
+                   "lsid": lsid, "txnNumber": bson.Int64(3)}
+        sock = wire.connect(p.port, timeout=20)
+        try:
+            assert wire.command(sock, retried)["n"] == 1
+        finally:
+            sock.close()
         victim = next(m for m in members if m is not p)
         wait_for("replication before the wipe",
                  lambda: victim.direct().d.c.with_options(
@@ -461,6 +539,26 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         assert victim.stop() == 0
         victim.start()
         wait_for("the restarted member", lambda: sec().count_documents({}) == n + 1)
+        # Made primary (the third member stopped, the primary stepping down),
+        # it answers the write retried from before its wipe as done.
+        third = next(m for m in members if m is not p and m is not victim)
+        third.proc.send_signal(signal.SIGSTOP)
+        try:
+            with p.direct() as d:
+                try:
+                    d.admin.command("replSetStepDown", 60, secondaryCatchUpPeriodSecs=20)
+                except OperationFailure as e:
+                    assert e.code == 262, e.details
+            assert primary_of(members, timeout=60) is victim
+            sock = wire.connect(victim.port, timeout=20)
+            try:
+                reply = wire.command(sock, retried)
+                assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
+                assert wire.command(sock, {"count": "r", "$db": "d"})["n"] == 1
+            finally:
+                sock.close()
+        finally:
+            third.proc.send_signal(signal.SIGCONT)
         client.close()
     finally:
         for m in members:
@@ -572,9 +670,18 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
     client = set_client(cluster)
     db = client.get_database("app", write_concern=WriteConcern("majority"))
     db.items.insert_many([{"_id": i, "v": i} for i in range(30)])
+    db.users.insert_many([{"_id": i, "name": f"u{i}"} for i in range(3)])
     db.command("createSnapshot", "s1")
     db.items.update_many({}, {"$inc": {"v": 100}})
+    db.users.update_many({}, {"$set": {"name": "changed"}})
     want = [{"_id": i, "v": i} for i in range(30)]
+    joined = [{"_id": i, "v": i, "u": [{"_id": i, "name": f"u{i}"}]} for i in range(3)]
+    lookup = bson.SON([
+        ("aggregate", "items"),
+        ("pipeline", [{"$match": {"_id": {"$lt": 3}}}, {"$sort": {"_id": 1}},
+                      {"$lookup": {"from": "users", "localField": "_id",
+                                   "foreignField": "_id", "as": "u"}}]),
+        ("cursor", {}), ("$duet", {"snapshotName": "s1", "consistency": "all"})])
     for m in cluster:
         with m.direct() as d:
             wait_for("member %d to take the snapshot" % m.i, lambda: any(
@@ -583,6 +690,9 @@ def test_named_snapshot_reads_with_consistency_levels(cluster):
             for level in ("one", "majority", "all"):
                 assert snapshot_read(d, "s1", level) == want, (m.i, level)
             assert snapshot_read(d, "s1", "all", agg=True) == want, m.i
+            # The $lookup's collection is checked too, and read in the snapshot.
+            got = d.app.command(lookup, read_preference=ReadPreference.SECONDARY_PREFERRED)
+            assert got["cursor"]["firstBatch"] == joined, (m.i, got)
             # A collection the snapshot does not hold is empty everywhere.
             assert snapshot_read(d, "s1", "all", coll="nothing") == []
     with p.direct() as d:
@@ -719,3 +829,35 @@ def test_max_staleness_selects_by_last_write(cluster):
     assert stale.d.c.count_documents({}) == 3
     stale.close()
     client.close()
+
+
+def test_an_idle_primary_writes_noops(tmp_path):
+    """`--repl-noop-interval-secs` (MongoDB's periodic no-op, every 10 s by
+    default; 0.3 s here): with nothing written, the primary writes no-op
+    entries, so a secondary's `lastWrite` (opTime and date, what drivers
+    compare for maxStalenessSeconds) and its `rs.status()` optime follow
+    the primary's clock; no database changes."""
+    ports = free_ports(3)
+    members = [Member(tmp_path, i, ports, extra=["--repl-noop-interval-secs", "0.3"])
+               for i in range(3)]
+    try:
+        p = primary_of(members)
+        with set_client(members) as c:
+            c.get_database("d", write_concern=WriteConcern(w=3)).c.insert_one({"_id": 1})
+        sec = next(m for m in members if m is not p)
+        with sec.direct() as d:
+            first = d.admin.command("hello")["lastWrite"]
+
+            def advanced():
+                lw = d.admin.command("hello")["lastWrite"]
+                return (lw["lastWriteDate"] - first["lastWriteDate"]).total_seconds() >= 2 \
+                    and lw["opTime"]["ts"] > first["opTime"]["ts"]
+            wait_for("the secondary's lastWrite to advance while idle", advanced)
+            st = d.admin.command("replSetGetStatus")
+            me = next(x for x in st["members"] if x.get("self"))
+            assert me["optime"]["ts"] > first["opTime"]["ts"], me
+            assert d.d.command("count", "c",
+                               read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 1
+    finally:
+        for m in members:
+            m.stop()

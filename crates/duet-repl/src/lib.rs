@@ -7,7 +7,8 @@
 //! - `log_store`: the durable Raft log and vote (`<data dir>/repl.raft/`);
 //! - `state_machine`: applying committed entries to the engine;
 //! - `pending`: this member's writer groups waiting for their commit;
-//! - `retries`: which retryable writes the set applied (failover dedup);
+//! - `retries`: which retryable writes and transaction commits the set
+//!   applied (failover dedup; durable, carried by Raft snapshots);
 //! - `snapshot`: Raft snapshots (every database's checkpoint image);
 //! - `replicator`: the engine's `Replicate` hook (writer → Raft);
 //! - `network`: Raft RPCs over TCP between members;
@@ -43,5 +44,5 @@ pub mod types;
 
 pub use member::{
     ConfigMember, Harness, Member, Options, Role, Status, DEFAULT_COMMIT_TIMEOUT,
-    DEFAULT_RECONFIG_CATCH_UP, DEFAULT_SNAPSHOT_ENTRIES,
+    DEFAULT_NOOP_INTERVAL, DEFAULT_RECONFIG_CATCH_UP, DEFAULT_SNAPSHOT_ENTRIES,
 };

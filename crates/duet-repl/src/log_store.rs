@@ -284,7 +284,7 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()>
     fsync_dir(dir)
 }
 
-fn frame(payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 8);
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
@@ -293,7 +293,7 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 }
 
 /// The valid frames of `buf` and where they end.
-fn frames(buf: &[u8]) -> (Vec<&[u8]>, usize) {
+pub(crate) fn frames(buf: &[u8]) -> (Vec<&[u8]>, usize) {
     let mut out = Vec::new();
     let mut pos = 0;
     while buf.len() - pos >= 8 {

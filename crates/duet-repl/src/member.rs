@@ -56,6 +56,9 @@ pub const ELECTION_TIMEOUT_MS: (u64, u64) = (2500, 5000);
 pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Log entries applied between two Raft snapshots (`--repl-snapshot-entries`).
 pub const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
+/// An idle primary writes a no-op when nothing was written for this long
+/// (`--repl-noop-interval-secs`; MongoDB's `periodicNoopIntervalSecs`, 10).
+pub const DEFAULT_NOOP_INTERVAL: Duration = Duration::from_secs(10);
 /// Most entries kept in the log below the last snapshot (a member that far
 /// behind still catches up from the log; further behind, from a snapshot).
 pub const MAX_LOGS_KEPT: u64 = 1_000;
@@ -88,6 +91,10 @@ pub struct Options {
     /// log below it but for `min(this / 10, MAX_LOGS_KEPT)` entries
     /// (0: never; the log then grows without bound).
     pub snapshot_entries: u64,
+    /// The primary writes a no-op entry when it has applied no write for
+    /// this long, so secondaries' `lastWrite` advance while idle (zero:
+    /// never; [`DEFAULT_NOOP_INTERVAL`] in the server).
+    pub noop_interval: Duration,
 }
 
 /// A member's role as MongoDB names it.
@@ -375,7 +382,7 @@ impl Member {
             own_times: Default::default(),
             history: Default::default(),
             next_token: AtomicU64::new(0),
-            retries: Default::default(),
+            retries: crate::retries::Retries::open(&dir)?,
             applied_index: AtomicU64::new(0),
             last_write_ts: AtomicU64::new(0),
             last_write_wall_ms: AtomicU64::new(0),
@@ -465,6 +472,13 @@ impl Member {
             listener: parking_lot::Mutex::new(tasks),
             reconfiguring: parking_lot::Mutex::new(()),
         });
+        if !member.opts.noop_interval.is_zero() {
+            let task = tokio::spawn(idle_noops(
+                Arc::downgrade(&member),
+                member.opts.noop_interval,
+            ));
+            member.listener.lock().push(task);
+        }
         engine.set_replicator(Some(Arc::new(Replicator {
             member: member.clone(),
             commit_timeout: member.opts.commit_timeout,
@@ -729,8 +743,42 @@ impl Member {
     /// has reached it (a read with `afterClusterTime` = this reply's
     /// `operationTime` is served there without waiting for a later write).
     pub fn drop_database(&self, db: &str) -> Result<bool, Error> {
+        let answer = self.propose_timed("dropDatabase", |ts, wall_ms, origin| {
+            Request::DropDatabaseAt {
+                db: db.to_string(),
+                ts,
+                wall_ms,
+                origin,
+            }
+        });
+        Ok(matches!(answer?, Response::Dropped { existed: true }))
+    }
+
+    /// Write an idle primary's no-op entry (`Request::Noop`), at a cluster
+    /// time taken as `dropDatabase` takes its. Blocking.
+    pub fn write_noop(&self) -> Result<(), Error> {
+        self.propose_timed("a no-op", |ts, wall_ms, origin| Request::Noop {
+            ts,
+            wall_ms,
+            origin,
+        })
+        .map(|_| ())
+    }
+
+    /// Propose the entry `make` builds from a cluster time taken here, on
+    /// the primary, under the clock's order (so the log stays in time
+    /// order), and wait for this member's answer to it. The time stays in
+    /// flight until the apply (or, if the entry never applies here, this
+    /// call) finishes it. Blocking.
+    fn propose_timed(
+        &self,
+        what: &str,
+        make: impl FnOnce(u64, i64, crate::types::Origin) -> Request,
+    ) -> Result<Response, Error> {
         if !self.is_writable_primary() {
-            return Err(not_primary("not primary: dropDatabase goes to the primary"));
+            return Err(not_primary(format!(
+                "not primary: {what} goes to the primary"
+            )));
         }
         let engine = self
             .shared
@@ -740,16 +788,15 @@ impl Member {
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed) + 1;
         let (ts, queued) = engine.ordered_time(|ts, wall_ms| {
             self.shared.own_times.lock().insert(token);
-            let req = Request::DropDatabaseAt {
-                db: db.to_string(),
+            let req = make(
                 ts,
                 wall_ms,
-                origin: crate::types::Origin {
+                crate::types::Origin {
                     member: self.shared.me,
                     incarnation: self.shared.incarnation,
                     token,
                 },
-            };
+            );
             (ts, self.runtime.block_on(self.raft.client_write_ff(req)))
         });
         let timeout = self.opts.commit_timeout;
@@ -764,14 +811,12 @@ impl Member {
                 Ok(Err(_)) => Err(Error::Coded {
                     code: 91,
                     name: "ShutdownInProgress",
-                    msg: "the replica-set member stopped before dropDatabase committed".into(),
+                    msg: format!("the replica-set member stopped before {what} committed"),
                 }),
                 Err(_) => Err(Error::Coded {
                     code: 64,
                     name: "WriteConcernFailed",
-                    msg: format!(
-                        "dropDatabase was not committed within {timeout:?} (it may still be)"
-                    ),
+                    msg: format!("{what} was not committed within {timeout:?} (it may still be)"),
                 }),
             },
         };
@@ -780,7 +825,7 @@ impl Member {
             // adopts the time again.
             engine.abandon_time(ts);
         }
-        Ok(matches!(answer?, Response::Dropped { existed: true }))
+        answer
     }
 
     /// Propose `req` and wait (blocking) for this member's answer to it.
@@ -1050,6 +1095,36 @@ impl Member {
         }
         // The engine keeps this member as its replicator: its writes now
         // fail (not primary) rather than bypass the set.
+    }
+}
+
+/// MongoDB's periodic no-op writer: while this member is the writable
+/// primary and has applied no write (group, drop or no-op) for `every`, it
+/// writes a no-op entry, so secondaries' `lastWrite` (and `optime`) advance
+/// with the primary's clock although nothing is written. Ends with the
+/// member (aborted at shutdown).
+async fn idle_noops(member: std::sync::Weak<Member>, every: Duration) {
+    // Checked twice per interval: a no-op follows `every` to `1.5 every`
+    // of idleness.
+    let mut tick = tokio::time::interval((every / 2).max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(m) = member.upgrade() else {
+            return;
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let last_ms = m.shared.last_write_wall_ms.load(Ordering::Relaxed);
+        if now_ms.saturating_sub(last_ms) < every.as_millis() as u64 || !m.is_writable_primary() {
+            continue;
+        }
+        match tokio::task::spawn_blocking(move || m.write_noop()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "idle no-op not written"),
+            Err(e) => tracing::debug!(error = %e, "idle no-op task failed"),
+        }
     }
 }
 

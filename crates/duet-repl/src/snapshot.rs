@@ -12,16 +12,21 @@
 //! - `snapshot.build`, `snapshot.tmp`, `snapshot.restore`: work files of a
 //!   build or an install, removed when it ends (and at start).
 //!
-//! Format (little-endian): `"DUETRSN\x01" | meta_len u32 | bincode(meta) |
-//! ndb u32 | per database: name | nfile u32 | per file: name | len u64 |
-//! bytes` then `crc32c(all preceding bytes) u32`; a name is `len u32 |
-//! UTF-8`. The checksum is verified before an install touches a database.
+//! Format (little-endian): `"DUETRSN\x02" | meta_len u32 | bincode(meta) |
+//! retries | ndb u32 | per database: name | nfile u32 | per file: name |
+//! len u64 | bytes` then `crc32c(all preceding bytes) u32`; a name is `len
+//! u32 | UTF-8`; `retries` is the retryable-write table as of the snapshot
+//! (`retries::encode`: `n u32 | per tag: len u32 | bytes`, oldest first).
+//! Version 1 (`"DUETRSN\x01"`, written before the table was carried) has no
+//! `retries` and still installs (the member keeps its own table). The
+//! checksum is verified before an install touches a database.
 //!
 //! Invariants:
 //! - a snapshot's databases are exactly their published states after the
 //!   entry `meta.last_log_id` was applied: they are taken (O(1) each, no
 //!   lock) between two applies, when every applied group is published and
-//!   none other is;
+//!   none other is; its retry table is taken at the same point (the tags of
+//!   the entries applied up to there);
 //! - the `snapshot` file is replaced only by a snapshot of a later log id
 //!   (builds and installs serialise on [`Snapshots::lock`]).
 
@@ -42,7 +47,9 @@ pub const INCOMING_FILE: &str = "snapshot.incoming";
 const BUILD_DIR: &str = "snapshot.build";
 const TMP_FILE: &str = "snapshot.tmp";
 const RESTORE_DIR: &str = "snapshot.restore";
-const MAGIC: &[u8; 8] = b"DUETRSN\x01";
+const MAGIC: &[u8; 8] = b"DUETRSN\x02";
+/// Snapshots written before they carried the retry table.
+const MAGIC_V1: &[u8; 8] = b"DUETRSN\x01";
 /// Longest name (database or file) a snapshot may hold.
 const MAX_NAME: usize = 1024;
 
@@ -56,6 +63,15 @@ pub struct Snapshots {
 pub struct Capture {
     pub meta: Meta,
     pub dbs: Vec<(String, duetdb::Snapshot)>,
+    /// The retryable-write table (`retries.rs`), oldest first.
+    pub retries: Vec<Vec<u8>>,
+}
+
+/// What an install put in place: the snapshot's metadata and its retry
+/// table (`None`: a version-1 snapshot, which has none).
+pub struct Installed {
+    pub meta: Meta,
+    pub retries: Option<Vec<Vec<u8>>>,
 }
 
 fn other(e: impl std::fmt::Display) -> std::io::Error {
@@ -129,22 +145,25 @@ fn plain(name: &str) -> bool {
 /// The header's metadata of snapshot file `path`.
 pub fn read_meta(path: &Path) -> std::io::Result<Meta> {
     let mut r = BufReader::new(File::open(path)?);
-    read_header(&mut r)
+    Ok(read_header(&mut r)?.0)
 }
 
-fn read_header(r: &mut impl Read) -> std::io::Result<Meta> {
+/// The metadata, and whether the file carries a retry table (version 2).
+fn read_header(r: &mut impl Read) -> std::io::Result<(Meta, bool)> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
-    if &magic != MAGIC {
-        return Err(other("not a duet replica-set snapshot"));
-    }
+    let with_retries = match &magic {
+        m if m == MAGIC => true,
+        m if m == MAGIC_V1 => false,
+        _ => return Err(other("not a duet replica-set snapshot")),
+    };
     let len = get_u32(r)? as usize;
     if len > 1 << 20 {
         return Err(other(format!("snapshot metadata of {len} bytes")));
     }
     let mut b = vec![0u8; len];
     r.read_exact(&mut b)?;
-    bincode::deserialize(&b).map_err(other)
+    Ok((bincode::deserialize(&b).map_err(other)?, with_retries))
 }
 
 /// The metadata of the member's current snapshot (`None`: none yet).
@@ -160,7 +179,7 @@ pub fn open_current(dir: &Path) -> std::io::Result<Option<(Meta, File)>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let meta = read_header(&mut BufReader::new(&mut f))?;
+    let (meta, _) = read_header(&mut BufReader::new(&mut f))?;
     f.seek(SeekFrom::Start(0))?;
     Ok(Some((meta, f)))
 }
@@ -184,6 +203,7 @@ pub fn build(dir: &Path, lock: &Snapshots, cap: Capture) -> std::io::Result<(Met
     let meta = bincode::serialize(&cap.meta).map_err(other)?;
     w.write_all(&(meta.len() as u32).to_le_bytes())?;
     w.write_all(&meta)?;
+    crate::retries::encode(&mut w, &cap.retries)?;
     w.write_all(&(cap.dbs.len() as u32).to_le_bytes())?;
     for (name, _) in &cap.dbs {
         put_name(&mut w, name)?;
@@ -249,12 +269,18 @@ fn verify(path: &Path) -> std::io::Result<()> {
 /// Replace every database of `engine` with those of the member's
 /// `snapshot` file (blocking): each is unpacked to a directory and
 /// restored in place of the database of its name; databases it does not
-/// hold are dropped. Its metadata.
-pub fn install(engine: &Engine, dir: &Path) -> std::io::Result<Meta> {
+/// hold are dropped. Its metadata and retry table (the caller installs the
+/// table).
+pub fn install(engine: &Engine, dir: &Path) -> std::io::Result<Installed> {
     let path = dir.join(SNAPSHOT_FILE);
     verify(&path)?;
     let mut r = BufReader::new(File::open(&path)?);
-    let meta = read_header(&mut r)?;
+    let (meta, with_retries) = read_header(&mut r)?;
+    let retries = if with_retries {
+        Some(crate::retries::decode(&mut r)?)
+    } else {
+        None
+    };
     let staging = dir.join(RESTORE_DIR);
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging)?;
@@ -294,7 +320,7 @@ pub fn install(engine: &Engine, dir: &Path) -> std::io::Result<Meta> {
         }
     }
     let _ = std::fs::remove_dir_all(&staging);
-    Ok(meta)
+    Ok(Installed { meta, retries })
 }
 
 #[cfg(test)]

@@ -15,9 +15,16 @@
 //!   cluster time carried in the entry (`DropDatabaseAt`; the older
 //!   `DropDatabase` entries drop at each member's own time), which then
 //!   counts as applied (`last_write_ts`) like a group's.
+//! - An idle primary's no-op changes nothing but the applied time: its
+//!   cluster time and wall-clock date become the last write's.
 //!
 //! After each group applied, the database's state is recorded by its
 //! cluster time (`history.rs`) for snapshot reads at that time.
+//!
+//! The retry tags a group carries (`retries.rs`) are written ahead once the
+//! group is known to apply here (it continues its database's log), and
+//! recorded in memory once it is published; a Raft snapshot carries the
+//! table, and installing one replaces it.
 //!
 //! Where the applied position is kept: `repl.raft/applied` (last applied
 //! log id and membership), rewritten after each batch, synced after a
@@ -159,9 +166,9 @@ impl StateMachine {
             tracing::warn!(snapshot = %meta.snapshot_id,
                 "installing the Raft snapshot again (an install was interrupted)");
             let engine = sm.engine().map_err(|e| e.to_string())?;
-            let meta = snapshot::install(&engine, &sm.dir)
+            let got = snapshot::install(&engine, &sm.dir)
                 .map_err(|e| format!("cannot install the Raft snapshot: {e}"))?;
-            sm.installed(&meta, &engine).map_err(|e| e.to_string())?;
+            sm.installed(&got, &engine).map_err(|e| e.to_string())?;
         }
         if let Some(l) = sm.applied.last {
             sm.shared.applied_index.store(l.index, Ordering::Release);
@@ -172,8 +179,21 @@ impl StateMachine {
         Ok(sm)
     }
 
-    /// The databases now hold snapshot `meta`: it is the applied position.
-    fn installed(&mut self, meta: &Meta, engine: &Engine) -> Result<(), StorageError> {
+    /// The databases now hold snapshot `got`: its retry table replaces this
+    /// member's (before the applied position moves, so a crash in between
+    /// installs the snapshot again at open), and it is the applied position.
+    fn installed(
+        &mut self,
+        got: &snapshot::Installed,
+        engine: &Engine,
+    ) -> Result<(), StorageError> {
+        if let Some(tags) = &got.retries {
+            self.shared
+                .retries
+                .replace(tags)
+                .map_err(|e| snap_err(ErrorVerb::Write, e))?;
+        }
+        let meta = &got.meta;
         self.applied.last = meta.last_log_id;
         self.applied.membership = meta.last_membership.clone();
         self.save(true)?;
@@ -264,22 +284,21 @@ impl StateMachine {
                     .then(|| self.shared.pending.take(origin.token))
                     .flatten();
                 let response = match pending {
-                    Some(tx) => self.hand_back(&db, first, tx).await?,
+                    Some(tx) => self.hand_back(&db, first, tx, &retries).await?,
                     None => {
                         let engine = self.engine()?;
                         let shared = self.shared.clone();
                         let db = db.clone();
+                        let tags = retries.clone();
                         tokio::task::spawn_blocking(move || {
-                            apply_group(&engine, &shared, &db, first, payload)
+                            apply_group(&engine, &shared, &db, first, payload, &tags)
                         })
                         .await
                         .map_err(|e| sm_err(ErrorVerb::Write, e))??
                     }
                 };
                 if response == Response::Applied {
-                    for tag in &retries {
-                        self.shared.retries.record(tag);
-                    }
+                    self.shared.retries.record(&retries);
                     // The state just after this group, for snapshot reads at
                     // its time (only if no other group of the database was
                     // published since: every one passes through here).
@@ -381,6 +400,28 @@ impl StateMachine {
                 self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
                 Ok((Response::Dropped { existed }, true))
             }
+            Request::Noop {
+                ts,
+                wall_ms,
+                origin,
+            } => {
+                let engine = self.engine()?;
+                // As a drop of no database: the time passes through this
+                // member's clock (in flight on the primary that took it,
+                // adopted elsewhere) and is finished at once.
+                let mine = origin.member == self.shared.me
+                    && origin.incarnation == self.shared.incarnation
+                    && self.shared.own_times.lock().remove(&origin.token);
+                if !mine {
+                    engine.adopt_time(ts);
+                }
+                engine.abandon_time(ts);
+                self.shared
+                    .last_write_wall_ms
+                    .store(wall_ms.max(0) as u64, Ordering::Relaxed);
+                self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+                Ok((Response::Applied, false))
+            }
             Request::DropDatabase { db } => {
                 let engine = self.engine()?;
                 let shared = self.shared.clone();
@@ -397,12 +438,14 @@ impl StateMachine {
         }
     }
 
-    /// This member's own group: let its waiting writer log and publish it.
+    /// This member's own group: let its waiting writer log and publish it
+    /// (its retry tags written ahead, `retries.rs`).
     async fn hand_back(
         &self,
         db: &str,
         first: u64,
         tx: std::sync::mpsc::SyncSender<Outcome>,
+        tags: &[Vec<u8>],
     ) -> Result<Response, StorageError> {
         let engine = self.engine()?;
         // The writer is blocked waiting, so the published csn is stable.
@@ -411,6 +454,10 @@ impl StateMachine {
             let _ = tx.try_send(Outcome::Failed(crate::pending::superseded(db)));
             return Ok(Response::Skipped);
         }
+        self.shared
+            .retries
+            .log(tags)
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
         let (ack_tx, ack_rx) = tokio::sync::oneshot::channel();
         if tx.try_send(Outcome::Committed(ack_tx)).is_err() {
             return Err(sm_err(
@@ -430,13 +477,15 @@ impl StateMachine {
 }
 
 /// Apply another origin's group entry (blocking: it may create the
-/// database and waits for its writer).
+/// database and waits for its writer), its retry tags written ahead
+/// (`retries.rs`).
 fn apply_group(
     engine: &Engine,
     shared: &Shared,
     db: &str,
     first: u64,
     payload: Vec<u8>,
+    tags: &[Vec<u8>],
 ) -> Result<Response, StorageError> {
     let handle = match engine.get(db) {
         Ok(Some(d)) => d,
@@ -449,6 +498,10 @@ fn apply_group(
     if first != handle.csn() + 1 {
         return Ok(Response::Skipped);
     }
+    shared
+        .retries
+        .log(tags)
+        .map_err(|e| sm_err(ErrorVerb::Write, e))?;
     shared.pending.supersede(db, Some(first));
     let applied = handle.apply_replicated(Arc::from(payload));
     shared.pending.unblock(db);
@@ -519,6 +572,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .map(|d| (d.name().to_string(), d.snapshot()))
                     .filter(|(_, s)| s.csn() > 0)
                     .collect(),
+                retries: self.shared.retries.tags(),
             }
         });
         Builder {
@@ -558,7 +612,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let shared = self.shared.clone();
         let want = meta.last_log_id;
         let started = std::time::Instant::now();
-        let got = tokio::task::spawn_blocking(move || -> std::io::Result<Meta> {
+        let got = tokio::task::spawn_blocking(move || -> std::io::Result<snapshot::Installed> {
             let _g = shared.snapshots.lock.lock();
             let got = snapshot::read_meta(&dir.join(INCOMING_FILE))?;
             if got.last_log_id != want {
@@ -576,7 +630,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .map_err(|e| snap_err(ErrorVerb::Write, e))?;
         let engine = self.engine()?;
         self.installed(&got, &engine)?;
-        tracing::info!(snapshot = %got.snapshot_id, secs = started.elapsed().as_secs_f64(),
+        tracing::info!(snapshot = %got.meta.snapshot_id, secs = started.elapsed().as_secs_f64(),
             "installed a Raft snapshot");
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! either one writer group's WAL record of one database — the exact bytes
 //! the database's WAL stores (`duetdb::durability::wal::encode_record`) —
 //! or a `dropDatabase` or named-snapshot command, which carry the primary's
-//! times. New variants are appended (bincode numbers them by position), so
+//! times, or an idle primary's no-op (a time only). New variants are appended (bincode numbers them by position), so
 //! logs written by an older build still decode. Entries are encoded with bincode on the wire and in
 //! the Raft log file.
 
@@ -91,6 +91,16 @@ pub enum Request {
         durable: bool,
         created_ms: u64,
     },
+    /// An idle primary's no-op (MongoDB's periodic no-op oplog entry): it
+    /// changes no database; every member takes its cluster time `ts` and
+    /// wall-clock `wall_ms` as its last write's, so secondaries' `lastWrite`
+    /// advance while nothing is written (drivers compare them for
+    /// `maxStalenessSeconds`). `origin` as in `DropDatabaseAt`.
+    Noop {
+        ts: u64,
+        wall_ms: i64,
+        origin: Origin,
+    },
 }
 
 /// What applying an entry did.
@@ -149,6 +159,16 @@ mod tests {
             },
         };
         assert_eq!(tag(&at), 4);
+        let noop = Request::Noop {
+            ts: 8 << 32,
+            wall_ms: 8000,
+            origin: Origin {
+                member: 1,
+                incarnation: 2,
+                token: 4,
+            },
+        };
+        assert_eq!(tag(&noop), 6);
         let old = bincode::serialize(&Request::DropDatabase { db: db() }).expect("encode");
         assert_eq!(
             bincode::deserialize::<Request>(&old).expect("an old entry decodes"),

@@ -9,10 +9,14 @@
 //! - after the primary stops, another member is elected and takes writes,
 //!   and every write acknowledged before is on the new primary;
 //! - a restarted member catches up from the Raft log and skips what its
-//!   databases already hold;
+//!   databases already hold, and still knows the retryable writes and the
+//!   transaction commits it applied before (their origin tags);
 //! - with Raft snapshots every few entries, the log is purged, and a member
 //!   whose disk was wiped catches up from a snapshot (then from the log),
-//!   also across its own restart.
+//!   also across its own restart, and knows the retryable writes the
+//!   snapshot holds;
+//! - an idle primary writes no-op entries, so a secondary's last write time
+//!   and date advance while no database changes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,6 +63,16 @@ async fn start(dir: &Path, id: u64, members: &[String]) -> Node {
 }
 
 async fn start_with(dir: &Path, id: u64, members: &[String], snapshot_entries: u64) -> Node {
+    start_opts(dir, id, members, snapshot_entries, Duration::ZERO).await
+}
+
+async fn start_opts(
+    dir: &Path,
+    id: u64,
+    members: &[String],
+    snapshot_entries: u64,
+    noop_interval: Duration,
+) -> Node {
     let engine = Arc::new(Engine::open(dir).expect("engine"));
     let member = Member::start(
         Options {
@@ -68,12 +82,32 @@ async fn start_with(dir: &Path, id: u64, members: &[String], snapshot_entries: u
             data_dir: dir.to_path_buf(),
             commit_timeout: Duration::from_secs(10),
             snapshot_entries,
+            noop_interval,
         },
         &engine,
     )
     .await
     .expect("member");
     Node { engine, member }
+}
+
+/// A retryable write's (or a transaction commit's) origin tag, as the
+/// server makes it: `txnNumber` then the session id.
+fn tag(lsid: u8, n: i64) -> Arc<[u8]> {
+    let mut t = n.to_le_bytes().to_vec();
+    t.extend_from_slice(&[lsid; 16]);
+    t.into()
+}
+
+/// A retryable write of `tag` on `engine`'s database `d`.
+fn tagged_insert(engine: &Engine, tag: Arc<[u8]>, id: i32) {
+    engine
+        .database("d")
+        .expect("db")
+        .with_origin(tag)
+        .collection("c")
+        .insert_one(doc! {"_id": id, "v": id})
+        .expect("tagged insert");
 }
 
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
@@ -160,6 +194,18 @@ fn three_members_replicate_fail_over_and_catch_up() {
     }
     coll.update_many(doc! {"_id": {"$lt": 5}}, doc! {"$set": {"u": true}})
         .expect("update");
+    // A retryable write and a transaction's commit, tagged as the server
+    // tags them.
+    tagged_insert(&pe, tag(1, 1), 20);
+    let mut tx = pe
+        .database("d")
+        .expect("db")
+        .begin(duetdb::TxnOptions::default());
+    tx.insert_one("c", doc! {"_id": 21}).expect("txn insert");
+    tx.tag(tag(2, 5));
+    tx.commit().expect("commit");
+    coll.delete_many(doc! {"_id": {"$gte": 20}})
+        .expect("delete");
     let csn = pe.get("d").expect("n").expect("d").csn();
     for n in nodes.iter().flatten() {
         wait_until("replication to every member", || {
@@ -216,8 +262,18 @@ fn three_members_replicate_fail_over_and_catch_up() {
             .expect("insert on the new primary");
     }
 
-    // The old primary comes back and catches up from the log.
+    for n in nodes.iter().flatten() {
+        assert!(n.member.applied_retryable(&tag(1, 1)));
+        assert!(n.member.applied_retryable(&tag(2, 5)));
+        assert!(!n.member.applied_retryable(&tag(2, 4)));
+    }
+
+    // The old primary comes back and catches up from the log; it knows the
+    // retryable writes it applied before it stopped (their entries are not
+    // applied again: its databases hold them), from its own files.
     let back = rt.block_on(start(&dirs[p], p as u64, &members));
+    assert!(back.member.applied_retryable(&tag(1, 1)), "after a restart");
+    assert!(back.member.applied_retryable(&tag(2, 5)), "after a restart");
     wait_until("the restarted member to catch up", || count(&back) == 30);
     nodes[p] = Some(back);
     let want = wal_records(&dirs[q]);
@@ -281,6 +337,9 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
     for i in 0..40 {
         coll.insert_one(doc! {"_id": i, "v": i}).expect("insert");
     }
+    // Retryable writes the wiped member must know from the snapshot: one
+    // before the wipe, one after (the log of both is purged).
+    tagged_insert(&pe, tag(3, 1), 1000);
     // Another database the wiped member must get too, and one dropped.
     pe.database("e")
         .expect("e")
@@ -294,7 +353,7 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
         .expect("insert gone");
     let s = (p + 1) % 3;
     wait_until("replication before the wipe", || {
-        documents(nodes[s].as_ref().expect("s")).len() == 40
+        documents(nodes[s].as_ref().expect("s")).len() == 41
     });
 
     // Member s loses its disk; the set goes on writing and purges its log.
@@ -311,6 +370,9 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
         .expect("drop gone");
     coll.update_many(doc! {"_id": {"$lt": 10}}, doc! {"$set": {"u": true}})
         .expect("update");
+    tagged_insert(&pe, tag(3, 2), 1001);
+    coll.delete_many(doc! {"_id": {"$gte": 1000}})
+        .expect("delete");
     for i in 40..100 {
         coll.insert_one(doc! {"_id": i, "v": i}).expect("insert");
     }
@@ -328,6 +390,12 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
     assert_eq!(want.len(), 100);
     wait_until("the wiped member to catch up", || documents(&back) == want);
     assert!(back.member.status().snapshots_installed >= 1);
+    for n in [1, 2] {
+        assert!(
+            back.member.applied_retryable(&tag(3, n)),
+            "retryable write {n} known from the snapshot"
+        );
+    }
     assert!(back.engine.get("gone").expect("name").is_none());
     let e = back.engine.get("e").expect("name").expect("e").snapshot();
     assert_eq!(e.collection("x").count(doc! {}).expect("count"), 1);
@@ -356,8 +424,78 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
     drop(again);
     let back = rt.block_on(start_with(&dirs[s], s as u64, &members, EVERY));
     assert_eq!(documents(&back), want, "at once, from its own disk");
+    for n in [1, 2] {
+        assert!(
+            back.member.applied_retryable(&tag(3, n)),
+            "{n} after a restart"
+        );
+    }
     nodes[s] = Some(back);
     drop((coll, db, pe));
+    for n in nodes.iter().flatten() {
+        rt.block_on(n.member.shutdown());
+    }
+}
+
+#[test]
+fn an_idle_primary_writes_noops_that_advance_every_members_last_write() {
+    let rt = runtime();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ports = free_ports(3);
+    let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("m{i}"))).collect();
+    let every = Duration::from_millis(200);
+    let nodes: Vec<Option<Node>> = rt.block_on(async {
+        let mut v = Vec::new();
+        for (i, d) in dirs.iter().enumerate() {
+            v.push(Some(start_opts(d, i as u64, &members, 0, every).await));
+        }
+        v
+    });
+    let p = primary(&nodes);
+    let pe = nodes[p].as_ref().expect("p").engine.clone();
+    pe.database("d")
+        .expect("db")
+        .collection("c")
+        .insert_one(doc! {"_id": 1})
+        .expect("insert");
+    let csn = pe.get("d").expect("n").expect("d").csn();
+    let s = (p + 1) % 3;
+    let sm = nodes[s].as_ref().expect("s").member.clone();
+    let se = nodes[s].as_ref().expect("s").engine.clone();
+    wait_until("the write on the secondary", || {
+        se.get("d").expect("name").is_some_and(|d| d.csn() == csn)
+    });
+    let before = sm.status();
+    let wal = wal_records(&dirs[s]);
+    // Nothing is written; the secondary's last write moves on by a second
+    // (five intervals) with the primary's clock, through applied entries.
+    wait_until("the secondary's last write to advance", || {
+        let now = sm.status();
+        now.last_write_wall_ms >= before.last_write_wall_ms + 1000
+            && now.last_write_ts > before.last_write_ts
+            && now.applied.1 > before.applied.1
+    });
+    assert_eq!(se.get("d").expect("n").expect("d").csn(), csn);
+    assert_eq!(wal_records(&dirs[s]), wal, "no-ops change no database");
+    let noop_ts = sm.status().last_write_ts;
+    // A write after the no-ops takes a later time (the primary's clock
+    // went through theirs).
+    pe.database("d")
+        .expect("db")
+        .collection("c")
+        .insert_one(doc! {"_id": 2})
+        .expect("insert after");
+    let ts = pe
+        .get("d")
+        .expect("n")
+        .expect("d")
+        .snapshot()
+        .cluster_time();
+    assert!(ts > noop_ts, "{ts} after {noop_ts}");
+    wait_until("the write after the no-ops", || {
+        count(nodes[s].as_ref().expect("s")) == 2
+    });
     for n in nodes.iter().flatten() {
         rt.block_on(n.member.shutdown());
     }

@@ -102,6 +102,7 @@ impl Cluster {
                 data_dir: self.dirs[i].clone(),
                 commit_timeout: Duration::from_secs(2),
                 snapshot_entries: 64,
+                noop_interval: Duration::ZERO,
             },
             &engine,
             Harness {

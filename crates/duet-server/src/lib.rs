@@ -274,6 +274,11 @@ pub struct ServeArgs {
     /// then grows without bound).
     #[arg(long, default_value_t = duet_repl::DEFAULT_SNAPSHOT_ENTRIES)]
     pub repl_snapshot_entries: u64,
+    /// Seconds without any write after which the primary writes a no-op
+    /// entry, so secondaries' lastWrite keeps up with its clock while idle
+    /// (MongoDB's periodicNoopIntervalSecs; 0: never).
+    #[arg(long, default_value_t = duet_repl::DEFAULT_NOOP_INTERVAL.as_secs_f64())]
+    pub repl_noop_interval_secs: f64,
     // --- wire compression (issue #20) ---
     /// Compressors offered to drivers for OP_COMPRESSED, in order of
     /// preference (comma-separated: snappy, zstd, zlib), or `disabled`
@@ -309,6 +314,7 @@ fn repl_options(args: &ServeArgs) -> Result<Option<duet_repl::Options>, String> 
         data_dir: args.data_dir.clone(),
         commit_timeout: secs(args.repl_commit_timeout_secs, "repl-commit-timeout-secs")?,
         snapshot_entries: args.repl_snapshot_entries,
+        noop_interval: secs(args.repl_noop_interval_secs, "repl-noop-interval-secs")?,
     }))
 }
 

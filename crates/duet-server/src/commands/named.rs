@@ -10,14 +10,18 @@
 //! Read consistency levels (the Cassandra Snapshotted Reads paper's): a read
 //! on a named snapshot may ask `$duet: {consistency: "one" | "majority" |
 //! "all"}` (default `one`: served from this member's copy as is). With
-//! `majority` or `all`, the member serving it computes the digest of the
-//! collection read in its copy (`duet_repl::digest`) and asks the other
+//! `majority` or `all`, the member serving it computes the digest of each
+//! collection the read reads in its copy — the source collection, and an
+//! `aggregate`'s `$lookup`/`$graphLookup`/`$unionWith` collections, in
+//! sub-pipelines too ([`read_collections`]) — (`duet_repl::digest`) and asks the other
 //! members of the configuration for theirs (over the Raft port, each
 //! answering once it has applied the log as far as this member has, within
 //! [`DIGEST_WAIT`] or what is left of `maxTimeMS`, past which the read
-//! fails with 50 MaxTimeMSExpired); the read runs only if that many members — this one
+//! fails with 50 MaxTimeMSExpired); the read runs only if, for every
+//! collection it reads, that many members — this one
 //! included — hold the same digest: a majority of the configuration's
-//! members, or all of them. Otherwise it fails: 301 DataCorruptionDetected
+//! members, or all of them (collections are checked one after the other,
+//! all within the one `maxTimeMS`). Otherwise it fails: 301 DataCorruptionDetected
 //! when a member answered with another digest (the copies differ; the
 //! members are named), 133 FailedToSatisfyReadPreference when too few
 //! answered (down, unreachable, or without the snapshot). A server that is
@@ -182,9 +186,29 @@ impl Consistency {
     }
 }
 
+/// The collections of a named snapshot that read `cmd` on collection
+/// `coll` reads: `coll`, then those an `aggregate`'s pipeline joins or
+/// unions (sorted, once each). A pipeline that does not parse adds none: the
+/// command fails on it anyway.
+pub fn read_collections(cmd: &Document, coll: &str) -> Vec<String> {
+    let mut out = vec![coll.to_string()];
+    if !cmd.contains_key("aggregate") {
+        return out;
+    }
+    let Ok(stages) = cmd.get_array("pipeline") else {
+        return out;
+    };
+    let stages: Option<Vec<Document>> = stages.iter().map(|s| s.as_document().cloned()).collect();
+    if let Some(p) = stages.and_then(|s| duetdb::lang::Pipeline::parse(&s).ok()) {
+        out.extend(p.foreign_names().into_iter().filter(|f| f != coll));
+    }
+    out
+}
+
 /// A read of collection `coll` of named snapshot `name` (already resolved
 /// here as `snap`) at the consistency level `cmd` asks for: `Ok` when enough
-/// members hold the same copy (see the module documentation).
+/// members hold the same copy of every collection it reads
+/// ([`read_collections`]; see the module documentation).
 pub fn check_consistency(
     ctx: &Ctx<'_>,
     cmd: &Document,
@@ -204,21 +228,24 @@ pub fn check_consistency(
     if need <= 1 {
         return Ok(());
     }
-    let mine = duet_repl::digest::of_snapshot(snap, coll);
-    // `maxTimeMS` bounds the wait too; without it, the members' scans and
-    // the round trips get `DIGEST_GRACE` beyond the wait.
-    let (wait, limit) = match ctx.cancel.deadline() {
-        Some(d) => {
-            let left = d.saturating_duration_since(std::time::Instant::now());
-            (DIGEST_WAIT.min(left), left)
+    for coll in read_collections(cmd, coll) {
+        let mine = duet_repl::digest::of_snapshot(snap, &coll);
+        // `maxTimeMS` bounds the wait too; without it, the members' scans and
+        // the round trips get `DIGEST_GRACE` beyond the wait.
+        let (wait, limit) = match ctx.cancel.deadline() {
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                (DIGEST_WAIT.min(left), left)
+            }
+            None => (DIGEST_WAIT, DIGEST_WAIT + DIGEST_GRACE),
+        };
+        let answers = m.member_digests((ctx.db, name, &coll), &mine, need - 1, wait, limit);
+        if let Some(r) = ctx.cancel.reason() {
+            return Err(CommandError::new(r.code(), r.code_name(), r.message()));
         }
-        None => (DIGEST_WAIT, DIGEST_WAIT + DIGEST_GRACE),
-    };
-    let answers = m.member_digests((ctx.db, name, coll), &mine, need - 1, wait, limit);
-    if let Some(r) = ctx.cancel.reason() {
-        return Err(CommandError::new(r.code(), r.code_name(), r.message()));
+        judge(name, &coll, level, members, &mine, &answers)?;
     }
-    judge(name, coll, level, members, &mine, &answers)
+    Ok(())
 }
 
 /// Whether this member's digest `mine` and the other members' `answers`
@@ -281,6 +308,25 @@ fn judge(
 mod tests {
     use super::*;
     use duet_repl::digest::Digest;
+
+    #[test]
+    fn an_aggregate_checks_the_collections_its_pipeline_reads() {
+        let find = doc! {"find": "items", "filter": {}};
+        assert_eq!(read_collections(&find, "items"), ["items"]);
+        let agg = doc! {"aggregate": "items", "pipeline": [
+            {"$lookup": {"from": "users", "localField": "u", "foreignField": "_id", "as": "u"}},
+            {"$unionWith": {"coll": "archive", "pipeline": [
+                {"$graphLookup": {"from": "tree", "startWith": "$p", "connectFromField": "p",
+                                  "connectToField": "_id", "as": "t"}}]}},
+            {"$lookup": {"from": "items", "pipeline": [], "as": "self"}},
+        ], "cursor": {}};
+        assert_eq!(
+            read_collections(&agg, "items"),
+            ["items", "archive", "tree", "users"]
+        );
+        let bad = doc! {"aggregate": "items", "pipeline": [{"$nope": 1}], "cursor": {}};
+        assert_eq!(read_collections(&bad, "items"), ["items"]);
+    }
 
     #[test]
     fn consistency_levels_count_agreeing_members_and_name_the_others() {

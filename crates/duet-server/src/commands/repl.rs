@@ -302,10 +302,38 @@ pub fn origin(
     if session.in_transaction() {
         return None;
     }
-    let (id, n) = (session.lsid.as_ref()?, session.txn_number?);
+    Some(tag(session.lsid.as_ref()?, session.txn_number?))
+}
+
+/// The tag of client operation `txnNumber` `n` of session `id`: `n` (8
+/// bytes, little-endian) then the `lsid` bytes. A retryable write and a
+/// transaction's commit are tagged alike (a session uses a number once).
+pub fn tag(id: &[u8], n: i64) -> std::sync::Arc<[u8]> {
     let mut tag = n.to_le_bytes().to_vec();
     tag.extend_from_slice(id);
-    Some(tag.into())
+    tag.into()
+}
+
+/// The tag a transaction's commit carries on a replica-set member (`None`
+/// outside a set): replicated with the commit, so a `commitTransaction`
+/// retried on another primary, or after a restart, is recognised
+/// ([`committed_transaction`]).
+pub fn transaction_tag(
+    state: &std::sync::Arc<crate::state::ServerState>,
+    id: &[u8],
+    n: i64,
+) -> Option<std::sync::Arc<[u8]>> {
+    state.repl.get()?;
+    Some(tag(id, n))
+}
+
+/// Whether the set applied the commit of transaction `n` of session `id`
+/// (the session table here does not know it: the commit ran on a primary
+/// that failed since, or before this member restarted). MongoDB answers a
+/// retried `commitTransaction` of a committed transaction with ok on any
+/// primary (the outcome is in its replicated `config.transactions`).
+pub fn committed_transaction(ctx: &Ctx<'_>, id: &[u8], n: i64) -> bool {
+    member(ctx).is_some_and(|m| m.applied_retryable(&tag(id, n)))
 }
 
 /// A retryable write the set already applied — made on a primary that

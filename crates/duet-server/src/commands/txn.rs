@@ -266,7 +266,11 @@ fn run_in_open(ctx: &Ctx<'_>, name: &str, cmd: &Document, s: &mut Session) -> Cm
 /// `commitTransaction` / `abortTransaction`.
 pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
     let (id, n) = session_of(ctx, args)?;
+    let commit_retry = name == "commitTransaction";
     let Some(session) = ctx.state.sessions.get(&id) else {
+        if commit_retry && super::repl::committed_transaction(ctx, &id, n) {
+            return recognised_commit(ctx, &id, n);
+        }
         return Err(no_such_transaction(format!(
             "no transaction {n} on this session (the session has no server-side state: ended, expired, or never started one)"
         )));
@@ -274,6 +278,9 @@ pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
     let mut s = session.lock();
     s.last_use = Instant::now();
     check_not_too_old(&s, n)?;
+    if s.txn_number != Some(n) && commit_retry && super::repl::committed_transaction(ctx, &id, n) {
+        return Ok(committed_elsewhere(&mut s, n));
+    }
     if s.txn_number != Some(n) {
         return Err(no_such_transaction(format!(
             "Given transaction number {n} does not match any in-progress transactions on this session"
@@ -284,6 +291,30 @@ pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
     } else {
         abort(&mut s, n)
     }
+}
+
+/// A retried `commitTransaction` of a transaction the replica set committed
+/// while this member's session table never saw it (it ran on a primary that
+/// failed since, or before this member restarted): ok, as MongoDB answers
+/// it. The session then knows the number as committed (so an
+/// `abortTransaction` of it gets 256, a start with it 50911).
+fn recognised_commit(ctx: &Ctx<'_>, id: &[u8], n: i64) -> CmdResult {
+    let session = session_entry(ctx, id)?;
+    let mut s = session.lock();
+    s.last_use = Instant::now();
+    check_not_too_old(&s, n)?;
+    Ok(committed_elsewhere(&mut s, n))
+}
+
+fn committed_elsewhere(s: &mut Session, n: i64) -> Document {
+    s.abort_open("a newer txnNumber arrived on its session");
+    s.txn_number = Some(n);
+    s.state = TxnState::Committed;
+    tracing::info!(
+        txn_number = n,
+        "retried commitTransaction of a transaction the set committed: answered as done"
+    );
+    doc! {"ok": 1.0}
 }
 
 fn commit(ctx: &Ctx<'_>, s: &mut Session, id: &SessionId, n: i64) -> CmdResult {
@@ -298,6 +329,11 @@ fn commit(ctx: &Ctx<'_>, s: &mut Session, id: &SessionId, n: i64) -> CmdResult {
                 bson::RawDocumentBuf::try_from(&doc! {"lsid": {"id": lsid}, "txnNumber": n})
             {
                 txn.set_origin(origin);
+            }
+            // The replica set commits the transaction's tag with it, so a
+            // retried commit is recognised on any member that applied it.
+            if let Some(tag) = super::repl::transaction_tag(ctx.state, id, n) {
+                txn.tag(tag);
             }
             // A transaction that began before its database existed creates it now.
             if txn.write_count() > 0 {

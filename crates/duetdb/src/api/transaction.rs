@@ -59,6 +59,8 @@ pub struct Transaction {
     predicate_reads: Vec<PredicateRead>,
     /// Given to change events of the commit (see [`Transaction::set_origin`]).
     origin: Option<Arc<bson::RawDocumentBuf>>,
+    /// The client operation's tag the commit carries (see [`Transaction::tag`]).
+    tag: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for Transaction {
@@ -86,6 +88,7 @@ impl Database {
             point_reads: Vec::new(),
             predicate_reads: Vec::new(),
             origin: None,
+            tag: None,
         }
     }
 
@@ -647,6 +650,14 @@ impl Transaction {
         self.origin = Some(Arc::new(origin));
     }
 
+    /// Tag the commit as client operation `tag`, as `Database::with_origin`
+    /// tags a write: a replica set commits the tag with the record, so every
+    /// member knows the commit happened (a `commitTransaction` retried on a
+    /// new primary is recognised).
+    pub fn tag(&mut self, tag: Arc<[u8]>) {
+        self.tag = Some(tag);
+    }
+
     /// Validate and apply every buffered write at one csn through the writer.
     /// On a conflict (WriteConflict, 112) or a constraint violation
     /// (DuplicateKey) nothing changed and the transaction is over.
@@ -678,7 +689,9 @@ impl Transaction {
         let outcome = self
             .db
             .writer()
-            .at_boundary(move |state, fx| apply_commit(state, fx, commit))?;
+            .at_boundary_tagged(self.tag.take(), move |state, fx| {
+                apply_commit(state, fx, commit)
+            })?;
         Ok(CommitInfo {
             csn: crate::write::writer::last_commit_csn(),
             snapshot_csn,

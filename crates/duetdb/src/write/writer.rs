@@ -276,10 +276,20 @@ impl Writer {
         &self,
         step: impl FnOnce(&mut DbState, &mut Effects) -> Result<R> + Send + 'static,
     ) -> Result<R> {
+        self.at_boundary_tagged(None, step)
+    }
+
+    /// [`Writer::at_boundary`] for a step of client operation `origin` (a
+    /// transaction's commit: see `Transaction::tag`).
+    pub fn at_boundary_tagged<R: Send + 'static>(
+        &self,
+        origin: Option<Arc<[u8]>>,
+        step: impl FnOnce(&mut DbState, &mut Effects) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
         let boxed = BoundaryStep(Box::new(move |state, fx| {
             step(state, fx).map(|r| Box::new(r) as Box<dyn std::any::Any + Send>)
         }));
-        match self.submit(Command::AtBoundary(boxed))? {
+        match self.submit_tagged(Command::AtBoundary(boxed), None, origin)? {
             Reply::Boundary(r) => {
                 r.0.downcast::<R>()
                     .map(|r| *r)
@@ -291,18 +301,16 @@ impl Writer {
         }
     }
 
-    /// Execute `command` as the single writer and wait until it is published.
+    /// Execute `command` as the single writer and wait until it is published
+    /// (the unit tests' entry; the engine's goes through `submit_tagged`).
+    #[cfg(test)]
     pub fn submit(&self, command: Command) -> Result<Reply> {
-        self.submit_with(command, None)
+        self.submit_tagged(command, None, None)
     }
 
-    /// [`Writer::submit`] with a per-write durability (`None`: the default).
-    pub fn submit_with(&self, command: Command, durability: Option<Durability>) -> Result<Reply> {
-        self.submit_tagged(command, durability, None)
-    }
-
-    /// [`Writer::submit_with`] for a command of client operation `origin`
-    /// (see `Database::with_origin`).
+    /// Execute `command` as the single writer, with a per-write durability
+    /// (`None`: the default), as client operation `origin` (see
+    /// `Database::with_origin`), and wait until it is published.
     pub fn submit_tagged(
         &self,
         command: Command,
