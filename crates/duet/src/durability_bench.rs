@@ -183,6 +183,7 @@ pub fn run(
         "\n| updates since the last checkpoint | checkpoint bytes | checkpoint time |"
     )?;
     writeln!(out, "|---|---|---|")?;
+    // Handles keep the database open: dropped before the recovery reopen.
     let c = db.collection("bench");
     let mut rng = Rng::new(99);
     for k in [0u64, 100, 1_000, 10_000, 100_000] {
@@ -204,6 +205,7 @@ pub fn run(
             t.elapsed()
         )?;
     }
+    drop(c);
     writeln!(
         out,
         "\n| load | updates/s | ratio | p50 µs | p99 µs | max µs |"
