@@ -687,6 +687,33 @@ pub(super) fn decode(
         }
         let docs = decode_frames(&frames, path)?;
         drop(frames);
+        // Record id -> position: a table while the ids are not much sparser
+        // than the records (a binary search per entry cost more than the
+        // documents' decode), else searched.
+        let max = rids.last().map_or(0, |r| r.saturating_add(1));
+        let dense = usize::try_from(max)
+            .ok()
+            .filter(|&m| m <= rids.len().saturating_mul(4).saturating_add(1 << 16))
+            .map(|m| {
+                let mut at = vec![u32::MAX; m];
+                for (pos, &rid) in rids.iter().enumerate() {
+                    at[rid as usize] = u32::try_from(pos).unwrap_or(u32::MAX);
+                }
+                at
+            });
+        let position = |rid: u64| -> Option<u32> {
+            match &dense {
+                Some(at) => usize::try_from(rid)
+                    .ok()
+                    .and_then(|r| at.get(r))
+                    .copied()
+                    .filter(|&p| p != u32::MAX),
+                None => rids
+                    .binary_search(&rid)
+                    .ok()
+                    .and_then(|p| u32::try_from(p).ok()),
+            }
+        };
         let mut orders = Vec::with_capacity(coll.indexes.len());
         for ext in &coll.indexes {
             let mut order: Option<Vec<u32>> = Some(Vec::new());
@@ -707,11 +734,10 @@ pub(super) fn decode(
                         for b in ids.chunks_exact(8) {
                             let mut a = [0u8; 8];
                             a.copy_from_slice(b);
-                            match rids.binary_search(&u64::from_le_bytes(a)) {
-                                // Positions are u32 (load_collection checks the fit).
-                                Ok(p) if u32::try_from(p).is_ok() => o.push(p as u32),
+                            match position(u64::from_le_bytes(a)) {
+                                Some(p) => o.push(p),
                                 // Names no record: the order does not fit; sorted.
-                                _ => {
+                                None => {
                                     order = None;
                                     break;
                                 }
