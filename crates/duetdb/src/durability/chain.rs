@@ -176,7 +176,9 @@ pub struct Written {
 /// with the fewest live bytes (down to half that). Rewriting a file's live
 /// pieces costs what the writes since it was written made dead, so the
 /// bytes written still follow the write rate, amortized.
-fn evicted(state: &DbState, prev: &Chain) -> BTreeSet<u64> {
+///
+/// Also returns the live bytes `state` has in each file of `prev`.
+fn evicted(state: &DbState, prev: &Chain) -> (BTreeSet<u64>, BTreeMap<u64, u64>) {
     let mut live: BTreeMap<u64, u64> = BTreeMap::new();
     for c in state.collections.values() {
         c.heap.for_each_page(&mut |addr, _, _| {
@@ -194,7 +196,7 @@ fn evicted(state: &DbState, prev: &Chain) -> BTreeSet<u64> {
     }
     let mut out = BTreeSet::new();
     let mut kept: Vec<(u64, u64)> = Vec::new();
-    for (file, used) in live {
+    for (&file, &used) in &live {
         let size = prev.sizes.get(&file).copied().unwrap_or(0);
         if (used as f64) < MIN_LIVE * size as f64 {
             out.insert(file);
@@ -207,7 +209,7 @@ fn evicted(state: &DbState, prev: &Chain) -> BTreeSet<u64> {
         let drop = kept.len() + 1 - MAX_FILES / 2;
         out.extend(kept.iter().take(drop).map(|&(_, f)| f));
     }
-    out
+    (out, live)
 }
 
 /// Write the checkpoint of `state` to `dir` (tmp, synced, renamed; the
@@ -221,7 +223,7 @@ pub fn write(
     prev: Option<&Chain>,
 ) -> Result<Written, StorageError> {
     let prev = prev.filter(|p| p.state.csn < state.csn);
-    let evict = prev.map(|p| evicted(state, p)).unwrap_or_default();
+    let (evict, live) = prev.map(|p| evicted(state, p)).unwrap_or_default();
     // Where `prev` holds a piece that stays (not in an evicted file).
     let reuse = |map: &HashMap<usize, Loc>, addr: usize| {
         map.get(&addr).filter(|l| !evict.contains(&l.file)).copied()
@@ -234,28 +236,16 @@ pub fn write(
         vfs.remove(&tmp)
             .map_err(|e| StorageError::io("remove", &tmp, &e))?;
     }
-    // The files this checkpoint will point into: known before writing, as
-    // every reused piece is one `prev` recorded.
-    let mut refs: BTreeMap<u64, u64> = BTreeMap::new();
-    if let Some(p) = prev {
-        let mut note = |l: &Loc| {
-            refs.insert(l.file, p.sizes.get(&l.file).copied().unwrap_or(0));
-        };
-        for c in state.collections.values() {
-            c.heap.for_each_page(&mut |addr, _, _| {
-                if let Some(l) = reuse(&p.pages, addr) {
-                    note(&l);
-                }
-            });
-            for i in &c.indexes {
-                i.tree.for_each_leaf(&mut |addr, _| {
-                    if let Some(l) = reuse(&p.leaves, addr) {
-                        note(&l);
-                    }
-                });
-            }
-        }
-    }
+    // The files this checkpoint will point into (known before writing: the
+    // files of `prev` that hold a live piece and are not evicted).
+    let refs: BTreeMap<u64, u64> = match prev {
+        Some(p) => live
+            .keys()
+            .filter(|f| !evict.contains(f))
+            .map(|f| (*f, p.sizes.get(f).copied().unwrap_or(0)))
+            .collect(),
+        None => BTreeMap::new(),
+    };
     let file = vfs
         .create(&tmp)
         .map_err(|e| StorageError::io("create", &tmp, &e))?;
