@@ -5,7 +5,10 @@
 //!    100k documents, for in-memory, `none`, `batch` and `fsync`;
 //! 2. the same `batch` update load on `docs` documents without and with a
 //!    checkpoint being written continuously (does latency stall?);
-//! 3. recovery time of `docs` documents with a secondary index: checkpoint +
+//! 3. the cost of one checkpoint (bytes written, time) after `k` updates
+//!    since the previous one, for growing `k` (does it follow the write
+//!    rate or the data size?);
+//! 4. recovery time of `docs` documents with a secondary index: checkpoint +
 //!    WAL tail, and WAL only.
 
 use std::io::Write;
@@ -177,6 +180,34 @@ pub fn run(
     )?;
     writeln!(
         out,
+        "\n| updates since the last checkpoint | checkpoint bytes | checkpoint time |"
+    )?;
+    writeln!(out, "|---|---|---|")?;
+    // Handles keep the database open: dropped before the recovery reopen.
+    let c = db.collection("bench");
+    let mut rng = Rng::new(99);
+    for k in [0u64, 100, 1_000, 10_000, 100_000] {
+        for _ in 0..k {
+            let id = rng.below(docs) as i64;
+            c.update_one(doc! {"_id": id}, doc! {"$inc": {"n": 1}})?;
+        }
+        // A state with no change is not checkpointed again: one write.
+        if k == 0 {
+            c.update_one(doc! {"_id": 0i64}, doc! {"$inc": {"n": 1}})?;
+        }
+        let t = Instant::now();
+        let info = db.checkpoint()?;
+        writeln!(
+            out,
+            "| {} | {} | {:.1?} |",
+            k.max(1),
+            info.map_or(0, |i| i.bytes),
+            t.elapsed()
+        )?;
+    }
+    drop(c);
+    writeln!(
+        out,
         "\n| load | updates/s | ratio | p50 µs | p99 µs | max µs |"
     )?;
     writeln!(out, "|---|---|---|---|---|---|")?;
@@ -196,14 +227,23 @@ pub fn run(
             n
         })
     };
+    let before = db.checkpoint_stats().unwrap_or_default();
     let busy = updates(&db, docs, threads, seconds);
     stop.store(true, Ordering::Relaxed);
     let n_ckpt = ckpts.join().unwrap_or(0);
+    let after = db.checkpoint_stats().unwrap_or_default();
+    let written = after.checkpoints.saturating_sub(before.checkpoints).max(1);
     row(
         out,
         &format!("checkpoints running ({n_ckpt} written)"),
         &busy,
         quiet.ops_per_s,
+    )?;
+    writeln!(
+        out,
+        "\nback to back: {n_ckpt} checkpoints, {:.1} ms each on average, last {} bytes",
+        after.micros_total.saturating_sub(before.micros_total) as f64 / written as f64 / 1000.0,
+        after.last_bytes
     )?;
     drop(db);
 

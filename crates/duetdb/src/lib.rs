@@ -124,6 +124,7 @@ pub mod replication {
 /// the WAL.
 pub mod storage {
     pub use crate::durability::background::registered as background_registrations;
+    pub use crate::durability::checkpoint::checkpoint_name;
     pub use crate::durability::fdcache::{
         max_open_files, open_files, set_max_open_files, DEFAULT_MAX_OPEN_FILES,
     };

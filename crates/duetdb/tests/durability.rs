@@ -954,3 +954,81 @@ fn durability_batch_buffer_write_failure_stops_writes() {
     let n = db.collection("c").count(doc! {}).expect("count");
     assert!((1..=2).contains(&n), "recovered {n} documents");
 }
+
+/// Checkpoints after small changes are chained (format 5): each writes a
+/// fraction of the first one's bytes; the files on disk are exactly those
+/// the current and previous checkpoints need (older ones are deleted once
+/// no installed checkpoint points into them), and reopening loads the
+/// state — after a crash too (the previous chain stays loadable).
+#[test]
+fn durability_chained_checkpoints_write_what_changed_and_keep_what_they_need() {
+    let fs = SimFs::new();
+    let db = Database::open_with(dir(), sim_opts(&fs)).expect("open");
+    let c = db.collection("c");
+    c.create_index(doc! {"k": 1}, IndexOptions::default())
+        .expect("index");
+    let docs: Vec<_> = (0..5_000i64)
+        .map(|i| doc! {"_id": i, "k": i % 100, "s": "z".repeat(80)})
+        .collect();
+    c.insert_many(docs, true).expect("insert");
+    let first = db.checkpoint().expect("checkpoint").expect("written");
+    let mut last = first.clone();
+    for round in 0..12i64 {
+        c.update_one(doc! {"_id": round * 7}, doc! {"$set": {"k": -round}})
+            .expect("update");
+        last = db.checkpoint().expect("checkpoint").expect("written");
+        assert!(
+            last.bytes * 20 < first.bytes,
+            "round {round}: {} of {}",
+            last.bytes,
+            first.bytes
+        );
+        let ckpts: Vec<String> = fs
+            .state()
+            .files_in(&dir())
+            .into_iter()
+            .filter(|n| n.starts_with("ckpt-"))
+            .collect();
+        // The first (whole) checkpoint is still pointed into; never more
+        // than the chain's bound plus the previous checkpoint's own file.
+        assert!(
+            ckpts.contains(&duetdb::storage::checkpoint_name(first.csn)),
+            "{ckpts:?}"
+        );
+        assert!(ckpts.len() <= 10, "{ckpts:?}");
+    }
+    let want = digest(&db);
+    drop((c, db));
+    let db = Database::open_with(dir(), sim_opts(&fs)).expect("reopen");
+    assert_eq!(digest(&db), want);
+    let r = db.recovery_report().expect("durable").clone();
+    assert_eq!(r.checkpoint.map(|(csn, _)| csn), Some(last.csn));
+    assert!(r.checkpoint_files.len() >= 2, "{:?}", r.checkpoint_files);
+    assert_eq!(r.phases.checkpoint.indexes_sorted, 0);
+    // The first checkpoint after open is written whole; two later, the old
+    // chain is no longer needed and its files are gone.
+    c_update_and_checkpoint(&db, 3);
+    c_update_and_checkpoint(&db, 4);
+    let left: Vec<String> = fs
+        .state()
+        .files_in(&dir())
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect();
+    assert!(
+        !left.contains(&duetdb::storage::checkpoint_name(first.csn)),
+        "{left:?}"
+    );
+    assert!(left.len() <= 2, "{left:?}");
+    let want = digest(&db);
+    drop(db);
+    let db = Database::open_with(dir(), sim_opts(&fs)).expect("reopen");
+    assert_eq!(digest(&db), want);
+}
+
+fn c_update_and_checkpoint(db: &Database, k: i64) {
+    db.collection("c")
+        .update_one(doc! {"_id": k}, doc! {"$set": {"k": 1000 + k}})
+        .expect("update");
+    db.checkpoint().expect("checkpoint").expect("written");
+}

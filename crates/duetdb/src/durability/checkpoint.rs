@@ -1,6 +1,11 @@
 //! Checkpoints: a complete image of one published state, written from a held
 //! `cow` snapshot so writers never pause, and loaded at recovery.
 //!
+//! This file writes the self-contained image (format 4: durable snapshots,
+//! hot backups, replication snapshots) and loads every format; the
+//! database's own checkpoints are chained (format 5, [`super::chain`]: only
+//! what changed is written) and loaded through [`load_with_files`].
+//!
 //! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §13.4): a sequence
 //! of WAL-style frames `[len u32][crc32c u32][payload]`:
 //! - `H`: magic `DUETCKP\x01`, format version u32 (4), csn u64, collection
@@ -46,6 +51,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::chain;
 use super::effect::{put_options, put_spec, put_str, read_options, read_spec, DecodeError, Reader};
 use super::io::Vfs;
 use super::wal::{frame, frame_unchecked, read_frame};
@@ -58,7 +64,7 @@ use crate::store::index::{IndexSpec, IndexState};
 use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 
-const MAGIC: &[u8; 8] = b"DUETCKP\x01";
+pub(super) const MAGIC: &[u8; 8] = b"DUETCKP\x01";
 pub const FORMAT_VERSION: u32 = 4;
 /// Documents are framed in chunks of about this many bytes.
 const CHUNK: usize = 1 << 20;
@@ -330,14 +336,38 @@ pub fn load_timed(
     path: &Path,
     db: &str,
 ) -> Result<(DbState, LoadTimes), StorageError> {
+    load_with_files(vfs, path, db).map(|(state, times, _)| (state, times))
+}
+
+/// [`load_timed`], also returning the checkpoint files (csns, ascending)
+/// the image needs: its own, and for a chained image (format 5,
+/// [`super::chain`]) the older files its map points into, which are read
+/// from the same directory.
+pub fn load_with_files(
+    vfs: &dyn Vfs,
+    path: &Path,
+    db: &str,
+) -> Result<(DbState, LoadTimes, Vec<u64>), StorageError> {
     let t = Instant::now();
     let buf = vfs
         .read(path)
         .map_err(|e| StorageError::io("read", path, &e))?;
     let read = t.elapsed();
-    let (state, mut times) = decode_timed(&buf, path, db)?;
-    times.read = read;
-    Ok((state, times))
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let older = |csn: u64| -> Result<(PathBuf, Vec<u8>), StorageError> {
+        let p = dir.join(checkpoint_name(csn));
+        if !vfs.exists(&p) {
+            return Err(StorageError::Missing {
+                path: p,
+                what: format!("an older checkpoint file {} needs", path.display()),
+            });
+        }
+        let b = vfs.read(&p).map_err(|e| StorageError::io("read", &p, &e))?;
+        Ok((p, b))
+    };
+    let (state, mut times, files) = decode_inner(&buf, path, db, Some(&older))?;
+    times.read += read;
+    Ok((state, times, files))
 }
 
 /// Decode a checkpoint image read from `path` (named in errors). Any damage
@@ -348,12 +378,14 @@ pub fn decode(buf: &[u8], path: &Path, db: &str) -> Result<DbState, StorageError
 
 /// A documents frame found by the walk: its payload after the tag and count
 /// (checksum not verified yet), the count, its checksum and its offset.
-struct DocFrame<'a> {
-    docs: &'a [u8],
-    n: u32,
-    payload: &'a [u8],
-    crc: u32,
-    at: usize,
+pub(super) struct DocFrame<'a> {
+    pub(super) docs: &'a [u8],
+    pub(super) n: u32,
+    pub(super) payload: &'a [u8],
+    pub(super) crc: u32,
+    pub(super) at: usize,
+    /// The file it is in (named in errors; a chained image reads several).
+    pub(super) path: &'a Path,
 }
 
 /// One collection found by the walk.
@@ -371,7 +403,7 @@ struct CollFrames<'a> {
 
 /// Below this many documents a collection is decoded on the calling thread:
 /// starting threads would cost more than they save.
-const PARALLEL_MIN_DOCS: u64 = 16 * 1024;
+pub(super) const PARALLEL_MIN_DOCS: u64 = 16 * 1024;
 
 /// [`decode`], also saying where the time went. The frames are walked
 /// first (every header, collection frame and count checked in order); the
@@ -385,6 +417,20 @@ pub fn decode_timed(
     path: &Path,
     db: &str,
 ) -> Result<(DbState, LoadTimes), StorageError> {
+    decode_inner(buf, path, db, None).map(|(state, times, _)| (state, times))
+}
+
+/// Reads an older checkpoint file of a chain by its csn.
+pub(super) type ReadOlder<'a> = &'a dyn Fn(u64) -> Result<(PathBuf, Vec<u8>), StorageError>;
+
+/// [`decode_timed`] of any format; a chained image (format 5) reads the
+/// older files it needs with `older` (with `None` it must need none).
+fn decode_inner(
+    buf: &[u8],
+    path: &Path,
+    db: &str,
+    older: Option<ReadOlder>,
+) -> Result<(DbState, LoadTimes, Vec<u64>), StorageError> {
     let mut times = LoadTimes::default();
     let t = Instant::now();
     let corrupt = |off: usize, what: String| StorageError::corrupt(path, off as u64, what);
@@ -407,10 +453,16 @@ pub fn decode_timed(
         return Err(corrupt(at, "not a duetdb checkpoint (bad header)".into()));
     }
     let version = r.u32().map_err(dec(at))?;
+    if version == chain::CHAIN_VERSION {
+        return chain::decode(buf, path, db, r, pos, older);
+    }
     if !(1..=FORMAT_VERSION).contains(&version) {
         return Err(corrupt(
             at,
-            format!("format version {version}, this build reads {FORMAT_VERSION}"),
+            format!(
+                "format version {version}, this build reads 1 to {}",
+                chain::CHAIN_VERSION
+            ),
         ));
     }
     let csn = r.u64().map_err(dec(at))?;
@@ -503,7 +555,8 @@ pub fn decode_timed(
         times.indexes_sorted += counts.sorted;
         out.insert(coll.name, c);
     }
-    Ok((state, times))
+    let files = vec![state.csn];
+    Ok((state, times, files))
 }
 
 /// The order frames after a collection's documents frames (format 4),
@@ -556,7 +609,7 @@ fn walk_orders(
 fn walk_doc_frame<'a>(
     buf: &'a [u8],
     pos: &mut usize,
-    path: &Path,
+    path: &'a Path,
 ) -> Result<DocFrame<'a>, StorageError> {
     let at = *pos;
     let (payload, crc, next) = match frame_unchecked(buf, at) {
@@ -576,6 +629,7 @@ fn walk_doc_frame<'a>(
         payload,
         crc,
         at,
+        path,
     };
     let mut r = Reader::new(payload);
     match (r.u8(), r.u32()) {
@@ -609,7 +663,7 @@ impl DocFrame<'_> {
 /// Verify and decode `frames` (in order) on up to one thread per core,
 /// each thread a contiguous run of frames; the first error in file order
 /// wins.
-fn decode_frames(frames: &[DocFrame], path: &Path) -> Result<Vec<DocRef>, StorageError> {
+pub(super) fn decode_frames(frames: &[DocFrame], path: &Path) -> Result<Vec<DocRef>, StorageError> {
     let n_docs: u64 = frames.iter().map(|f| u64::from(f.n)).sum();
     let threads = if n_docs < PARALLEL_MIN_DOCS {
         1
@@ -642,9 +696,10 @@ fn decode_frames(frames: &[DocFrame], path: &Path) -> Result<Vec<DocRef>, Storag
 }
 
 /// Verify and decode a run of frames on this thread.
-fn decode_run(frames: &[DocFrame], path: &Path) -> Result<Vec<DocRef>, StorageError> {
+fn decode_run(frames: &[DocFrame], _path: &Path) -> Result<Vec<DocRef>, StorageError> {
     let mut docs = Vec::with_capacity(frames.iter().map(|f| f.n as usize).sum());
     for f in frames {
+        let path = f.path;
         if !f.checksum_ok() {
             return Err(StorageError::corrupt(
                 path,

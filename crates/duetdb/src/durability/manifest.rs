@@ -24,7 +24,9 @@
 //!
 //! Invariants:
 //! - the checkpoints it names exist and are complete (they were synced and
-//!   renamed into place before the manifest naming them was written);
+//!   renamed into place before the manifest naming them was written), and
+//!   so do the older checkpoint files a chained one points into (files are
+//!   deleted only when neither named checkpoint needs them);
 //! - the WAL holds every record after `previous` (or after csn 0 when there is
 //!   no previous checkpoint), so a corrupt current checkpoint can fall back;
 //! - every segment that holds a record recovery may need is named, and every

@@ -24,10 +24,13 @@
 //!   one continues its last segment (recovery replayed it, cut any torn tail
 //!   and synced it).
 //! - **checkpoint**: take the published state (an O(1) `cow` snapshot; the
-//!   writer keeps going), write it to a new file, fsync, rename, install a new
+//!   writer keeps going), write what changed since the last checkpoint to a
+//!   new file ([`chain`]: pages and leaves written then are pointed to, not
+//!   written again), fsync, rename, install a new
 //!   manifest (tmp + fsync + rename + dir fsync) that no longer names the WAL
 //!   segments older than the *previous* checkpoint (which stays as fallback),
-//!   then delete those segments and older checkpoints. A segment is thus
+//!   then delete those segments and the checkpoint files neither the current
+//!   nor the previous checkpoint needs. A segment is thus
 //!   un-named before it is deleted, and named before it is written: a named
 //!   segment that is missing is damage, never a protocol window.
 //! - **clean close**: sync the log, then record its synced end in the
@@ -47,6 +50,7 @@
 //!   first read by name ([`Durable::load_pin`]).
 
 pub mod background;
+pub mod chain;
 pub mod changes;
 pub mod checkpoint;
 pub mod effect;
@@ -221,6 +225,14 @@ pub struct Durable {
     _locks: Vec<Arc<dyn DirLock>>,
     /// Checkpoints installed since open, and the last one's figures.
     checkpoint_stats: Mutex<CheckpointStats>,
+    /// What the last checkpoint wrote, for the next one to write only what
+    /// changed ([`chain`]); `None` after open or a failure: the next one is
+    /// written whole. Only touched under `checkpointing`.
+    chain: Mutex<Option<chain::Chain>>,
+    /// The checkpoint files (csns) each installed checkpoint needs, by its
+    /// csn; `None`: not known (kept with every older file until it is no
+    /// longer installed).
+    needs: Mutex<Vec<(u64, Option<Vec<u64>>)>>,
 }
 
 /// Checkpoints installed since the database was opened (metrics).
@@ -294,6 +306,15 @@ impl Durable {
         let (wal, manifest) = start_log(dir, &opts, &recovered)?;
         let Recovered { state, report, .. } = recovered;
         remove_orphan_pins(&*vfs, dir, &manifest.get());
+        let m = manifest.get();
+        let needs = [m.current, m.previous]
+            .into_iter()
+            .filter(|&c| c != 0)
+            .map(|c| {
+                let known = report.checkpoint.as_ref().filter(|(csn, _)| *csn == c);
+                (c, known.map(|_| report.checkpoint_files.clone()))
+            })
+            .collect();
         Ok((
             Durable {
                 dir: dir.to_path_buf(),
@@ -305,6 +326,8 @@ impl Durable {
                 first_times: Mutex::new(Default::default()),
                 _locks: locks,
                 checkpoint_stats: Mutex::new(CheckpointStats::default()),
+                chain: Mutex::new(None),
+                needs: Mutex::new(needs),
             },
             state,
         ))
@@ -331,7 +354,12 @@ impl Durable {
         }
         debug_assert!(state.csn > current, "checkpoints follow published states");
         let t0 = Instant::now();
-        let info = checkpoint::write(vfs, &self.dir, state)?;
+        let mut chain = self.chain.lock();
+        // Taken: a failure below leaves none, so the next one is written whole.
+        let prev = chain.take();
+        let written = chain::write(vfs, &self.dir, state, prev.as_ref())?;
+        drop(prev);
+        let info = written.info.clone();
         let synced = self.wal.as_ref().map_or(0, |w| w.synced_lsn());
         // Ages of the segments that may expire, read before taking the
         // manifest's lock (a segment's newest change is older than the next
@@ -357,6 +385,15 @@ impl Durable {
         if let Some(w) = &self.wal {
             w.bytes_since_checkpoint.store(0, Ordering::Relaxed);
         }
+        {
+            let m = self.manifest.get();
+            let mut needs = self.needs.lock();
+            needs.retain(|(c, _)| *c == m.previous);
+            needs.push((state.csn, Some(written.chain.files())));
+        }
+        let full = written.full;
+        *chain = Some(written.chain);
+        drop(chain);
         self.remove_obsolete(&obsolete, &self.manifest.get());
         {
             let us = t0.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
@@ -368,7 +405,7 @@ impl Durable {
             st.last_csn = info.csn;
         }
         tracing::info!(
-            csn = info.csn, bytes = info.bytes, documents = info.documents,
+            csn = info.csn, bytes = info.bytes, documents = info.documents, full,
             elapsed = ?t0.elapsed(), "checkpoint installed"
         );
         Ok(Some(info))
@@ -653,10 +690,25 @@ impl Durable {
                 tracing::warn!(path = %path.display(), error = %e, "could not remove WAL segment");
             }
         }
+        // The files the installed checkpoints need: a chained checkpoint
+        // (format 5) needs older files too; one whose needs are unknown
+        // keeps every file up to its own.
+        let needs = self.needs.lock().clone();
+        let needed = |csn: u64| {
+            csn == m.current
+                || csn == m.previous
+                || needs.iter().any(|(c, files)| {
+                    (*c == m.current || *c == m.previous)
+                        && match files {
+                            Some(f) => f.contains(&csn),
+                            None => csn <= *c,
+                        }
+                })
+        };
         if let Ok(names) = vfs.list(&self.dir) {
             for n in names {
                 let stale = match checkpoint::parse_checkpoint_name(&n) {
-                    Some(csn) => csn != m.current && csn != m.previous,
+                    Some(csn) => !needed(csn),
                     None => n.starts_with("ckpt-") && n.ends_with(".tmp"),
                 };
                 if stale {

@@ -891,6 +891,21 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
         acc
     }
 
+    /// Calls `f` for every leaf in key order with its address (an identity,
+    /// valid while this version is held) and its keys. A leaf at the same
+    /// address in two held versions is the same leaf with the same entries
+    /// (nodes are immutable once shared): incremental checkpoints reuse what
+    /// they wrote for it.
+    pub fn for_each_leaf(&self, f: &mut impl FnMut(usize, &[K])) {
+        if let Some(root) = self.root.as_deref() {
+            visit_nodes(root, &mut |node| {
+                if let Node::Leaf(leaf) = node {
+                    f(node as *const Node<K, V> as usize, &leaf.keys);
+                }
+            });
+        }
+    }
+
     /// A weak reference to every node: a probe is dead once no version holds
     /// that node any more (leak tests: released snapshots free their nodes).
     pub fn node_probes(&self) -> Vec<std::sync::Weak<dyn std::any::Any>>

@@ -552,6 +552,35 @@ fn check_node<T>(node: &Node<T>, level: u32) -> usize {
     }
 }
 
+/// The values of one leaf page in id order, with their offsets in the page
+/// (see [`Heap::for_each_page`]).
+pub struct PageSlots<'a, T> {
+    slots: &'a [Option<T>],
+    mask: u64,
+}
+
+impl<'a, T> PageSlots<'a, T> {
+    /// Bit `i` is set when the page holds id `base + i`.
+    pub fn present(&self) -> u64 {
+        self.mask
+    }
+}
+
+impl<'a, T> Iterator for PageSlots<'a, T> {
+    type Item = (u32, &'a T);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.mask != 0 {
+            let i = self.mask.trailing_zeros();
+            self.mask &= self.mask - 1;
+            if let Some(v) = self.slots.get(i as usize).and_then(Option::as_ref) {
+                return Some((i, v));
+            }
+        }
+        None
+    }
+}
+
 /// One inner node on the iterator's path, with the children still to visit.
 struct Frame<'a, T> {
     node: &'a Inner<T>,
@@ -664,6 +693,44 @@ impl<T: Clone> Heap<T> {
         }
         let per_node = std::mem::size_of::<Node<T>>() + 2 * std::mem::size_of::<usize>();
         (count, count * per_node)
+    }
+
+    /// Calls `f` for every leaf page in id order with its address (an
+    /// identity, valid while this version is held), its first id and its
+    /// values in id order. A page at the same address in two held versions
+    /// is the same page with the same values (pages are immutable once
+    /// shared): incremental checkpoints reuse what they wrote for it.
+    pub fn for_each_page(&self, f: &mut impl FnMut(usize, RecordId, PageSlots<'_, T>)) {
+        fn walk<T>(
+            node: &Node<T>,
+            level: u32,
+            base: RecordId,
+            f: &mut impl FnMut(usize, RecordId, PageSlots<'_, T>),
+        ) {
+            match node {
+                Node::Leaf(page) => f(
+                    node as *const Node<T> as usize,
+                    base,
+                    PageSlots {
+                        slots: &page.slots,
+                        mask: page.present,
+                    },
+                ),
+                Node::Inner(inner) => {
+                    let mut mask = inner.present;
+                    while mask != 0 {
+                        let i = mask.trailing_zeros() as usize;
+                        mask &= mask - 1;
+                        if let Some(child) = inner.children[i].as_deref() {
+                            walk(child, level - 1, base | ((i as u64) << shift(level)), f);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(root) = self.root.as_deref() {
+            walk(root, self.height, 0, f);
+        }
     }
 
     /// A weak reference to every node: a probe is dead once no version holds

@@ -99,6 +99,9 @@ pub struct RecoveryReport {
     pub phases: RecoveryPhases,
     /// The manifest as found (the default when there was none).
     pub manifest: Manifest,
+    /// The checkpoint files (csns, ascending) the loaded checkpoint needs:
+    /// its own, and a chained one's older files.
+    pub checkpoint_files: Vec<u64>,
 }
 
 /// Recovery's phases: loading the checkpoint used (its own split) and
@@ -365,8 +368,9 @@ fn load_base(
         }
         let path = dir.join(checkpoint::checkpoint_name(csn));
         let loaded = if vfs.exists(&path) {
-            checkpoint::load_timed(vfs, &path, db).map(|(state, times)| {
+            checkpoint::load_with_files(vfs, &path, db).map(|(state, times, files)| {
                 report.phases.checkpoint = times;
+                report.checkpoint_files = files;
                 state
             })
         } else {
