@@ -10,6 +10,14 @@
 //! of K scans starts together, the VLS paper's fully overlapping scans, where
 //! one shared remset entry serves all K scans).
 //!
+//! Beside wall-clock figures it reports CPU time from the threads' own clocks
+//! (`CLOCK_THREAD_CPUTIME_ID`): `scan_cpu_ms_median` per scan and
+//! `update_cpu_us_per_op` for the update threads (which also run the writer's
+//! work for their commands as group leaders). On a shared machine a thread's
+//! wall time is mostly its share of the cores; its CPU time is the work it
+//! did, so strategy overheads show up there even when the wall figures are
+//! scheduling noise.
+//!
 //! Every scan's count is checked: a full count must see exactly `records`
 //! documents and a range count exactly the range width (updates never change
 //! `v`), so a target that loses or double-counts documents under updates shows
@@ -145,11 +153,45 @@ pub struct Params {
     pub scan_start: ScanStart,
 }
 
+/// CPU time this thread has used so far (zero where the clock is unavailable).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// What one update thread did: updates, their latencies, its CPU time.
+struct UpdateOut {
+    ops: u64,
+    lat: Latencies,
+    cpu: Duration,
+}
+
+/// What one analytic thread did: scan durations (wall and CPU, ms) and counts
+/// that were not the known answer.
+struct ScanOut {
+    wall_ms: Vec<f64>,
+    cpu_ms: Vec<f64>,
+    wrong: u64,
+}
+
 struct CellOut {
     update_ops: u64,
     update_lat: Latencies,
+    update_cpu: Duration,
     wall_s: f64,
     scan_ms: Vec<f64>,
+    scan_cpu_ms: Vec<f64>,
     wrong_counts: u64,
     space_start: Vec<(String, f64)>,
     space_peak: Vec<(String, f64)>,
@@ -204,38 +246,45 @@ fn run_cell(
         Ok::<_, anyhow::Error>(run)
     })?;
     let mut update_lat = Latencies::new();
-    for (_, l) in &run.writers {
-        update_lat.merge(l);
+    for w in &run.writers {
+        update_lat.merge(&w.lat);
     }
     let mut space_peak = space_peak
         .into_inner()
         .map_err(|_| anyhow!("space sampler poisoned"))?;
     space_peak.extend(target.cell_figures());
     Ok(CellOut {
-        update_ops: run.writers.iter().map(|(n, _)| n).sum(),
+        update_ops: run.writers.iter().map(|w| w.ops).sum(),
         update_lat,
+        update_cpu: run.writers.iter().map(|w| w.cpu).sum(),
         wall_s: run.wall_s,
         scan_ms: run
             .readers
             .iter()
-            .flat_map(|(d, _)| d.iter().copied())
+            .flat_map(|r| r.wall_ms.iter().copied())
             .collect(),
-        wrong_counts: run.readers.iter().map(|(_, w)| w).sum(),
+        scan_cpu_ms: run
+            .readers
+            .iter()
+            .flat_map(|r| r.cpu_ms.iter().copied())
+            .collect(),
+        wrong_counts: run.readers.iter().map(|r| r.wrong).sum(),
         space_start,
         space_peak,
     })
 }
 
 /// One update thread: zipfian keys until the deadline, paced to its share
-/// of `update_rate`; (updates, latencies).
+/// of `update_rate`.
 fn update_stream(
     target: &dyn HtapTarget,
     p: &Params,
     seed: u64,
     threads: usize,
     clock: &CellClock,
-) -> Result<(u64, Latencies)> {
+) -> Result<UpdateOut> {
     let mut sess = target.session()?;
+    let cpu0 = thread_cpu();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut keys = ScrambledZipfian::new(0, p.records.max(1) - 1);
     let mut pacer = Pacer::new(p.update_rate, threads);
@@ -251,27 +300,32 @@ fn update_stream(
         n += 1;
         clock.count();
     }
-    Ok((n, lat))
+    Ok(UpdateOut {
+        ops: n,
+        lat,
+        cpu: thread_cpu().saturating_sub(cpu0),
+    })
 }
 
-/// One analytic thread: `scan` under `strategy` while the updates run;
-/// (durations in ms, counts that were not the known answer).
+/// One analytic thread: `scan` under `strategy` while the updates run.
 fn scan_loop(
     target: &dyn HtapTarget,
     p: &Params,
     (strategy, scan, rounds): (Strategy, ScanKind, Option<&Rounds>),
     seed: u64,
     clock: &CellClock,
-) -> Result<(Vec<f64>, u64)> {
+) -> Result<ScanOut> {
     let mut sess = target.session()?;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut durations = Vec::new();
+    let mut cpu_ms = Vec::new();
     let mut wrong = 0;
     while clock.reading(durations.len()) {
         if let Some(r) = rounds {
             r.arrive()?;
         }
         let t0 = Instant::now();
+        let cpu0 = thread_cpu();
         let (got, want) = match scan {
             ScanKind::Full => (sess.full_scan_count(strategy)?, p.records),
             _ => {
@@ -281,11 +335,16 @@ fn scan_loop(
             }
         };
         durations.push(t0.elapsed().as_secs_f64() * 1000.0);
+        cpu_ms.push(thread_cpu().saturating_sub(cpu0).as_secs_f64() * 1000.0);
         if got != want {
             wrong += 1;
         }
     }
-    Ok((durations, wrong))
+    Ok(ScanOut {
+        wall_ms: durations,
+        cpu_ms,
+        wrong,
+    })
 }
 
 /// Sample the target's space figures every 250 ms into `peak` until `done`.
@@ -387,9 +446,18 @@ pub fn run(
                             "update_latency_us_p99",
                             cell.update_lat.quantile_us(0.99),
                         );
+                        if cell.update_ops > 0 && cell.update_cpu > Duration::ZERO {
+                            col.add(
+                                &name,
+                                &c,
+                                "update_cpu_us_per_op",
+                                cell.update_cpu.as_secs_f64() * 1e6 / cell.update_ops as f64,
+                            );
+                        }
                         if k > 0 {
                             col.add(&name, &c, "scans_completed", cell.scan_ms.len() as f64);
                             col.add(&name, &c, "scan_ms_median", median(&cell.scan_ms));
+                            col.add(&name, &c, "scan_cpu_ms_median", median(&cell.scan_cpu_ms));
                         }
                         for (n, v) in &cell.space_start {
                             col.add(&name, &c, &format!("{n}_start"), *v);

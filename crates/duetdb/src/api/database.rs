@@ -166,6 +166,7 @@ impl Database {
             total.scans_started += s.scans_started;
             total.queue_wait_us_total += s.queue_wait_us_total;
             total.background_resets += s.background_resets;
+            total.reset_words_written += s.reset_words_written;
             total.olcp_propagated += s.olcp_propagated;
             total.olcp_inflight += s.olcp_inflight;
             let (t, r) = (&mut total.remset, s.remset);

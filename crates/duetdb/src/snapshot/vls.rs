@@ -293,7 +293,7 @@ where
             let rids = index_rids(&index, &plan);
             // explain's keysExamined: the pass reads every entry of its intervals.
             filter.count_keys(rids.len() as u64);
-            Some(pass.index_table(&rids))
+            Some(pass.index_table(&rids, start_next_rid))
         }
     };
     let complete = !pass.stopped && record_set.is_none();
@@ -502,8 +502,8 @@ where
 
     /// Index table pass over the record ids of the index as of the start, in
     /// index order; returns the record set (filters the remset pass).
-    fn index_table(&mut self, rids: &[RecordId]) -> HashSet<RecordId> {
-        let mut set = HashSet::with_capacity(rids.len());
+    fn index_table(&mut self, rids: &[RecordId], start_next_rid: RecordId) -> RecordSet {
+        let mut set = RecordSet::for_scan(rids.len(), start_next_rid);
         let mut i = 0;
         while i < rids.len() && self.go_on() {
             self.drain();
@@ -532,11 +532,11 @@ where
 
     /// Remset pass: the start versions of records superseded before this
     /// scan read them. Every entry the slot still needs is released.
-    fn remset_pass(&mut self, record_set: Option<&HashSet<RecordId>>) -> u64 {
+    fn remset_pass(&mut self, record_set: Option<&RecordSet>) -> u64 {
         let mut from_remset = 0;
         for (id, entry) in self.vls.remset.pending_for(self.slot) {
             self.read.read(entry.rid, "remset");
-            let wanted = record_set.is_none_or(|s| s.contains(&entry.rid));
+            let wanted = record_set.is_none_or(|s| s.contains(entry.rid));
             if wanted && !self.stopped {
                 from_remset += 1;
                 self.emit(&entry.doc);
@@ -544,6 +544,63 @@ where
             self.vls.remset.release(self.slot, id, &entry);
         }
         from_remset
+    }
+}
+
+/// The record set of an index scan: the record ids its start-time index
+/// reached (the remset pass reads only entries of these records). Dense — a
+/// bitmap over the ids below the start's next id, one bit per record, no
+/// hashing — when that bitmap is at most 8x the bytes of the reached ids (a
+/// range over a sizeable share of the collection); a hash set otherwise
+/// (point lookups, small ranges of a big collection). Both answer alike.
+pub(crate) enum RecordSet {
+    Dense(Vec<u64>),
+    Sparse(HashSet<RecordId>),
+}
+
+impl RecordSet {
+    /// An empty set for a scan that reaches `reached` ids (with repeats, for
+    /// multikey indexes) among `0..start_next_rid`.
+    pub(crate) fn for_scan(reached: usize, start_next_rid: RecordId) -> RecordSet {
+        let bitmap_bytes = start_next_rid.div_ceil(64).saturating_mul(8);
+        let ids_bytes = (reached as u64).saturating_mul(8);
+        match usize::try_from(start_next_rid.div_ceil(64)) {
+            Ok(words) if bitmap_bytes <= ids_bytes.saturating_mul(8) => {
+                RecordSet::Dense(vec![0; words])
+            }
+            _ => RecordSet::Sparse(HashSet::with_capacity(reached)),
+        }
+    }
+
+    /// Add `rid`; false when it was there already (a multikey index reaches
+    /// a record once per key).
+    pub(crate) fn insert(&mut self, rid: RecordId) -> bool {
+        match self {
+            RecordSet::Dense(words) => {
+                let Ok(w) = usize::try_from(rid / 64) else {
+                    return false;
+                };
+                if w >= words.len() {
+                    // Not from the start-time index; kept exact all the same.
+                    words.resize(w + 1, 0);
+                }
+                let bit = 1u64 << (rid % 64);
+                let fresh = words[w] & bit == 0;
+                words[w] |= bit;
+                fresh
+            }
+            RecordSet::Sparse(set) => set.insert(rid),
+        }
+    }
+
+    pub(crate) fn contains(&self, rid: RecordId) -> bool {
+        match self {
+            RecordSet::Dense(words) => usize::try_from(rid / 64)
+                .ok()
+                .and_then(|w| words.get(w))
+                .is_some_and(|word| word & (1u64 << (rid % 64)) != 0),
+            RecordSet::Sparse(set) => set.contains(&rid),
+        }
     }
 }
 
@@ -657,5 +714,59 @@ fn register(
             }
         }
         None => Registration::NoSlot,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecordSet;
+    use rand::{Rng, SeedableRng};
+
+    /// The dense and the sparse record set answer alike, repeats included
+    /// (multikey), and ids beyond the start's next id stay exact.
+    #[test]
+    fn dense_and_sparse_record_sets_agree() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for round in 0..50 {
+            let next: u64 = rng.gen_range(1..5000);
+            let reached: Vec<u64> = (0..rng.gen_range(0..600))
+                .map(|_| rng.gen_range(0..next + 70))
+                .collect();
+            let mut dense = RecordSet::Dense(vec![0; next.div_ceil(64) as usize]);
+            let mut sparse = RecordSet::Sparse(Default::default());
+            for &rid in &reached {
+                assert_eq!(
+                    dense.insert(rid),
+                    sparse.insert(rid),
+                    "round {round}, rid {rid}"
+                );
+            }
+            for rid in 0..next + 200 {
+                assert_eq!(
+                    dense.contains(rid),
+                    sparse.contains(rid),
+                    "round {round}, rid {rid}"
+                );
+            }
+        }
+    }
+
+    /// Dense for a range over a sizeable share of the collection, sparse for
+    /// a few ids of a big one.
+    #[test]
+    fn the_record_set_is_dense_only_when_the_bitmap_is_small() {
+        assert!(matches!(
+            RecordSet::for_scan(30_000, 300_000),
+            RecordSet::Dense(_)
+        ));
+        assert!(matches!(
+            RecordSet::for_scan(600, 300_000),
+            RecordSet::Dense(_)
+        ));
+        assert!(matches!(
+            RecordSet::for_scan(10, 300_000),
+            RecordSet::Sparse(_)
+        ));
+        assert!(matches!(RecordSet::for_scan(0, 0), RecordSet::Dense(_)));
     }
 }

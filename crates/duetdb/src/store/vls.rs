@@ -17,30 +17,40 @@
 //! `i` reading `r`. Both decide through a compare-and-swap on the word of `r`'s
 //! status mask that holds bit `i`:
 //!
-//! - the writer (update or delete of `r`): `temp = (stable ^ status) | local_active`
-//!   (Table I `REMSET_MASK_INS`); CAS `status → !(stable ^ local_active)`
-//!   (`STATUS_MASK_UPD`: "changed" for every active slot); only after the CAS
-//!   succeeds, if `temp` has a 0 bit, insert the *current* version into the
-//!   remset with mask `temp`, then replace the record;
+//! - the writer (update or delete of `r`): atomically swap
+//!   `status → !(stable ^ local_active)` (`STATUS_MASK_UPD`: "changed" for
+//!   every active slot, "stable" for every inactive one) and compute, from the
+//!   value it replaced, `temp = (stable ^ old) | local_active` (Table I
+//!   `REMSET_MASK_INS`); then, if `temp` has a 0 bit, insert the *current*
+//!   version into the remset with mask `temp`, then replace the record. (The
+//!   paper's CAS loop always installs the same target whatever it read, so it
+//!   is exactly one swap.)
 //! - scan `i`, having read version `v` of `r` from a published state taken after
-//!   its start: if bit `i` of `status` is not "stable", skip `r`; else CAS
-//!   `status → status ^ bit_i` (`STATUS_MASK_SCAN_UPD`); if that succeeds, `v` is
-//!   the stable version: use it.
+//!   its start: set its bit `i` to "not stable" with one atomic RMW
+//!   (`fetch_or`/`fetch_and` depending on the slot's stable value,
+//!   `STATUS_MASK_SCAN_UPD`); if the bit it replaced was "stable", `v` is the
+//!   stable version: use it; otherwise skip `r`. ("Read" and "changed" are the
+//!   same value, so the RMW is idempotent and needs no compare-and-retry.)
 //!
-//! Whichever CAS wins decides where scan `i` gets `r`: if the scan's CAS wins, no
-//! update of `r` has been applied since the scan started (an update would have
-//! marked the bit first), so `v` — from a state no older than the start — is the
-//! start version, and the writer then sees bit `i` read and copies nothing for
-//! `i`. If the writer's CAS wins, the scan skips `r` and finds the start version
-//! in the remset. Either way scan `i` reads `r` exactly once, in its start
-//! version. Inserts get `!(stable ^ local_active)`, so active scans skip them.
+//! Whichever RMW comes first decides where scan `i` gets `r`: if the scan's
+//! comes first, no update of `r` has been applied since the scan started (an
+//! update would have marked the bit first), so `v` — from a state no older than
+//! the start — is the start version, and the writer then sees bit `i` read and
+//! copies nothing for `i`. If the writer's comes first, the scan skips `r` and
+//! finds the start version in the remset. Either way scan `i` reads `r` exactly
+//! once, in its start version. Inserts get `!(stable ^ local_active)`, so active
+//! scans skip them.
 //!
 //! A full scan that visited every record flips its stable bit when its table
 //! pass ends (every surviving record's bit was flipped by the scan or the
 //! writer). A scan that did not visit every record (index scans, early stop)
 //! does not flip; instead a background pass sets its bit back to "stable" in
 //! every record before the slot can be reused (the paper's background reset),
-//! without stalling the writer.
+//! without stalling the writer. The pass reads each word first and writes only
+//! the words whose bit is not stable: nothing sets an inactive slot's bit to
+//! "not stable", so a bit read as stable stays so, and an index scan over a
+//! small range leaves most of the array untouched (clean cache lines, no
+//! locked instruction per record).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -125,15 +135,15 @@ impl StatusArray {
         }
     }
 
-    /// The atomic word holding bit word `w` of `rid`, if allocated.
-    fn word(&self, rid: RecordId, w: usize) -> Option<WordRef> {
+    /// Run `f` on the mask words of `rid` (`words` atomics), if allocated.
+    /// One load of the chunk list and no reference count traffic: the writer
+    /// calls this on every update while a scan is active.
+    fn with_mask<R>(&self, rid: RecordId, f: impl FnOnce(&[AtomicU64]) -> R) -> Option<R> {
         let chunks = self.chunks.load();
         let idx = usize::try_from(rid).ok()?;
-        let chunk = chunks.get(idx / CHUNK)?.clone();
-        Some(WordRef {
-            chunk,
-            at: (idx % CHUNK) * self.words + w,
-        })
+        let chunk = chunks.get(idx / CHUNK)?;
+        let at = (idx % CHUNK) * self.words;
+        Some(f(&chunk[at..at + self.words]))
     }
 
     /// The chunk list as of now, for a scan to use over many records.
@@ -162,10 +172,6 @@ impl StatusArray {
         }
         self.chunks.store(Arc::new(grown));
     }
-
-    fn len_records(&self) -> usize {
-        self.chunks.load().len() * CHUNK
-    }
 }
 
 /// A scan's cached view of the status chunks (reloaded per page of records).
@@ -181,17 +187,6 @@ impl StatusView {
         self.chunks
             .get(idx / CHUNK)
             .map(|c| &c[(idx % CHUNK) * self.words + w])
-    }
-}
-
-struct WordRef {
-    chunk: Arc<[AtomicU64]>,
-    at: usize,
-}
-
-impl WordRef {
-    fn atomic(&self) -> &AtomicU64 {
-        &self.chunk[self.at]
     }
 }
 
@@ -215,6 +210,9 @@ pub struct VlsStats {
     pub scans_started: u64,
     pub queue_wait_us_total: u64,
     pub background_resets: u64,
+    /// Status words the background resets had to write (the rest were
+    /// already stable and were only read).
+    pub reset_words_written: u64,
     pub remset: RemsetStats,
     /// Versions handed to running OLCP queries, in total and held right now.
     pub olcp_propagated: u64,
@@ -240,6 +238,7 @@ pub struct CollectionVls {
     scans_started: AtomicU64,
     queue_wait_us: AtomicU64,
     resets: AtomicU64,
+    reset_written: AtomicU64,
 }
 
 impl std::fmt::Debug for CollectionVls {
@@ -296,6 +295,7 @@ impl CollectionVls {
             scans_started: AtomicU64::new(0),
             queue_wait_us: AtomicU64::new(0),
             resets: AtomicU64::new(0),
+            reset_written: AtomicU64::new(0),
         }
     }
 
@@ -333,12 +333,11 @@ impl CollectionVls {
         let stable = self.stable();
         let active = self.local_active();
         self.status.ensure(rid, stable);
-        for w in 0..self.words {
-            let value = !(stable.0[w] ^ active.0[w]);
-            if let Some(word) = self.status.word(rid, w) {
-                word.atomic().store(value, Ordering::Release);
+        self.status.with_mask(rid, |mask| {
+            for (w, word) in mask.iter().enumerate() {
+                word.store(!(stable.0[w] ^ active.0[w]), Ordering::Release);
             }
-        }
+        });
     }
 
     /// Record `rid` is about to be replaced or deleted; `current` is its version
@@ -350,28 +349,15 @@ impl CollectionVls {
         let stable = self.stable();
         let active = self.local_active();
         let mut temp = Mask::ONES;
-        for w in 0..self.words {
-            let Some(word) = self.status.word(rid, w) else {
-                continue;
-            };
-            let target = !(stable.0[w] ^ active.0[w]);
-            let mut cur = word.atomic().load(Ordering::Acquire);
-            loop {
-                let t = (stable.0[w] ^ cur) | active.0[w];
-                match word.atomic().compare_exchange_weak(
-                    cur,
-                    target,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        temp.0[w] = t;
-                        break;
-                    }
-                    Err(now) => cur = now,
-                }
+        self.status.with_mask(rid, |mask| {
+            for (w, word) in mask.iter().enumerate() {
+                // The paper's CAS loop installs this target whatever it read:
+                // one swap does the same, with no retry when a scan's RMW on
+                // another bit of the word lands in between.
+                let old = word.swap(!(stable.0[w] ^ active.0[w]), Ordering::AcqRel);
+                temp.0[w] = (stable.0[w] ^ old) | active.0[w];
             }
-        }
+        });
         if temp.is_all_ones(self.words) {
             return;
         }
@@ -540,35 +526,50 @@ impl CollectionVls {
         let me = self.clone();
         let spawned = std::thread::Builder::new()
             .name("duet-vls-reset".into())
-            .spawn(move || {
-                me.reset_bit(slot);
-                me.slots.lock().resetting -= 1;
-                me.free_slot(slot);
-            });
+            .spawn(move || me.reset_and_free(slot));
         if spawned.is_err() {
             // No thread to spare: do it inline (slower for this caller, still correct).
-            self.reset_bit(slot);
-            self.slots.lock().resetting -= 1;
-            self.free_slot(slot);
+            self.reset_and_free(slot);
         }
+    }
+
+    fn reset_and_free(&self, slot: usize) {
+        let written = self.reset_bit(slot);
+        self.reset_written.fetch_add(written, Ordering::Relaxed);
+        self.slots.lock().resetting -= 1;
+        self.free_slot(slot);
     }
 
     /// Set bit `slot` to its stable value in every record. The slot is inactive,
     /// so the writer sets the same value on any record it touches meanwhile.
-    fn reset_bit(&self, slot: usize) {
+    ///
+    /// Each word is read first and written only when its bit is not stable
+    /// (a plain load per record instead of a locked RMW): while the slot is
+    /// inactive nothing sets its bit to "not stable" (the writer writes
+    /// "stable" for inactive slots, and no scan claims through it), so a bit
+    /// read as stable stays stable. Returns how many words it wrote.
+    fn reset_bit(&self, slot: usize) -> u64 {
         let w = slot / 64;
         let bit = 1u64 << (slot % 64);
         let stable_bit = self.stable[w].load(Ordering::Acquire) & bit;
-        let n = self.status.len_records();
-        for rid in 0..n as u64 {
-            if let Some(word) = self.status.word(rid, w) {
+        // Chunks appended after this load are initialised from the stable
+        // mask of their time and get "stable" for inactive slots on insert.
+        let chunks = self.status.chunks.load_full();
+        let mut written = 0;
+        for chunk in chunks.iter() {
+            for word in chunk.iter().skip(w).step_by(self.words) {
+                if word.load(Ordering::Acquire) & bit == stable_bit {
+                    continue;
+                }
+                written += 1;
                 if stable_bit != 0 {
-                    word.atomic().fetch_or(bit, Ordering::AcqRel);
+                    word.fetch_or(bit, Ordering::AcqRel);
                 } else {
-                    word.atomic().fetch_and(!bit, Ordering::AcqRel);
+                    word.fetch_and(!bit, Ordering::AcqRel);
                 }
             }
         }
+        written
     }
 
     fn free_slot(&self, slot: usize) {
@@ -606,16 +607,16 @@ impl CollectionVls {
             "claim by VLS slot {slot} after its table pass"
         );
         let stable_bit = self.stable[w].load(Ordering::Acquire) & bit;
-        let mut cur = word.load(Ordering::Acquire);
-        loop {
-            if cur & bit != stable_bit {
-                return false; // changed or inserted since the scan started, or already read
-            }
-            match word.compare_exchange_weak(cur, cur ^ bit, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
+        // Set the bit to "not stable" ("read" and "changed" are one value):
+        // one RMW, idempotent, so no load-compare-retry loop. The bit it
+        // replaced says who came first.
+        let old = if stable_bit == 0 {
+            word.fetch_or(bit, Ordering::AcqRel)
+        } else {
+            word.fetch_and(!bit, Ordering::AcqRel)
+        };
+        // Not stable: changed or inserted since the scan started, or already read.
+        old & bit == stable_bit
     }
 
     /// The collection was dropped: running scans must fail, the remset is freed.
@@ -638,6 +639,7 @@ impl CollectionVls {
             scans_started: self.scans_started.load(Ordering::Relaxed),
             queue_wait_us_total: self.queue_wait_us.load(Ordering::Relaxed),
             background_resets: self.resets.load(Ordering::Relaxed),
+            reset_words_written: self.reset_written.load(Ordering::Relaxed),
             remset: self.remset.stats(),
             olcp_propagated: self.propagated.load(Ordering::Relaxed),
             olcp_inflight: self
@@ -756,6 +758,171 @@ mod tests {
         vls.finish_table(slot, false);
         vls.release(slot, false);
         assert_eq!(vls.stats().scans_active, 0);
+    }
+
+    fn register(vls: &CollectionVls) -> usize {
+        let ticket = vls.take_ticket();
+        vls.wait_turn(ticket, Duration::from_secs(30));
+        vls.try_register(ticket).expect("a free slot")
+    }
+
+    fn doc(id: i32) -> DocRef {
+        Arc::new(rawdoc! {"_id": id})
+    }
+
+    /// Both decisions are single atomic RMWs on the record's word, so any run
+    /// is one of two orders per (record, scan). In either order, and for
+    /// either stable value of the slot (before and after a completed full
+    /// scan flipped it), the scan gets the record exactly once: from the
+    /// table when its RMW came first, from the remset otherwise; a scan that
+    /// never reached the record gets it from the remset; a second update
+    /// keeps nothing more.
+    #[test]
+    fn claim_and_supersede_decide_exactly_once_in_either_order() {
+        for flipped in [false, true] {
+            for scan_first in [false, true] {
+                let vls = Arc::new(CollectionVls::new(VlsOptions::default()));
+                for rid in 0..4 {
+                    vls.on_insert(rid);
+                }
+                if flipped {
+                    let slot = register(&vls);
+                    let view = vls.status_view();
+                    for rid in 0..4 {
+                        assert!(vls.claim(&view, slot, rid));
+                    }
+                    vls.finish_table(slot, true);
+                    vls.release(slot, false);
+                }
+                let (a, b) = (register(&vls), register(&vls));
+                let stable_a = vls.stable().0[0] & (1 << a);
+                assert_eq!(stable_a != 0, flipped && a == 0, "slot {a}'s stable value");
+                let view = vls.status_view();
+                let claimed_first = scan_first && vls.claim(&view, a, 1);
+                vls.on_supersede(1, &doc(1));
+                let claimed_late = !scan_first && vls.claim(&view, a, 1);
+                let pending_a = vls.remset.pending_for(a);
+                let from_remset_a = pending_a.iter().filter(|(_, e)| e.rid == 1).count();
+                assert_eq!(
+                    usize::from(claimed_first) + usize::from(claimed_late) + from_remset_a,
+                    1,
+                    "flipped {flipped}, scan first {scan_first}"
+                );
+                assert_eq!(claimed_first, scan_first);
+                assert_eq!(vls.remset.pending_for(b).len(), 1, "b never read record 1");
+                let inserts = vls.remset.stats().inserts;
+                vls.on_supersede(1, &doc(1));
+                assert_eq!(
+                    vls.remset.stats().inserts,
+                    inserts,
+                    "a second update keeps nothing"
+                );
+                // Untouched records: claimed once, then skipped.
+                assert!(vls.claim(&view, a, 2));
+                assert!(!vls.claim(&view, a, 2));
+                for slot in [a, b] {
+                    for (id, e) in vls.remset.pending_for(slot) {
+                        vls.remset.release(slot, id, &e);
+                    }
+                }
+                assert_eq!(vls.remset.stats().entries, 0, "reclaimed at once");
+            }
+        }
+    }
+
+    /// Real threads: a writer superseding records races a scan claiming every
+    /// record, both walking the ids upwards from one barrier so that they
+    /// meet on the same words often; whatever interleaving they take, each
+    /// record reaches the scan exactly once, from the table or from the
+    /// remset. Rounds alternate the slot's stable value, and odd rounds
+    /// supersede some records twice. (A planted writer that loads and then
+    /// stores instead of one swap was caught at its first run.)
+    #[test]
+    fn a_racing_writer_and_scan_still_read_each_record_once() {
+        const N: u64 = 20_000;
+        for round in 0..4u64 {
+            let vls = Arc::new(CollectionVls::new(VlsOptions::default()));
+            for rid in 0..N {
+                vls.on_insert(rid);
+            }
+            if round % 2 == 1 {
+                let slot = register(&vls);
+                let view = vls.status_view();
+                for rid in 0..N {
+                    assert!(vls.claim(&view, slot, rid));
+                }
+                vls.finish_table(slot, true);
+                vls.release(slot, false);
+            }
+            let slot = register(&vls);
+            let view = vls.status_view();
+            let start = std::sync::Barrier::new(2);
+            let claimed: Vec<RecordId> = std::thread::scope(|s| {
+                let writer = s.spawn(|| {
+                    start.wait();
+                    for rid in 0..N {
+                        vls.on_supersede(rid, &doc(rid as i32));
+                        if round % 2 == 1 && rid % 3 == 0 {
+                            vls.on_supersede(rid / 2, &doc(rid as i32));
+                        }
+                    }
+                });
+                start.wait();
+                let got = (0..N).filter(|&rid| vls.claim(&view, slot, rid)).collect();
+                writer.join().expect("writer thread");
+                got
+            });
+            let mut seen = vec![0u8; N as usize];
+            for rid in claimed {
+                seen[rid as usize] += 1;
+            }
+            for (id, e) in vls.remset.pending_for(slot) {
+                seen[e.rid as usize] += 1;
+                vls.remset.release(slot, id, &e);
+            }
+            let wrong: Vec<usize> = (0..seen.len()).filter(|&r| seen[r] != 1).collect();
+            assert!(
+                wrong.is_empty(),
+                "round {round}: records read not once: {wrong:?}"
+            );
+        }
+    }
+
+    /// The background reset reads every word but writes only those whose
+    /// bit the scan or the writer changed (claimed, superseded, inserted
+    /// while the slot was active), and afterwards the slot sees every
+    /// record as stable again.
+    #[test]
+    fn a_background_reset_writes_only_the_words_that_changed() {
+        let vls = Arc::new(CollectionVls::new(VlsOptions::default()));
+        for rid in 0..10_000 {
+            vls.on_insert(rid);
+        }
+        let slot = register(&vls);
+        let view = vls.status_view();
+        for rid in [3, 500, 9_999] {
+            assert!(vls.claim(&view, slot, rid));
+        }
+        vls.on_supersede(42, &doc(42));
+        vls.on_supersede(43, &doc(43));
+        vls.on_insert(10_000);
+        for (id, e) in vls.remset.pending_for(slot) {
+            vls.remset.release(slot, id, &e);
+        }
+        vls.finish_table(slot, false);
+        vls.release(slot, true);
+        // The reset runs on its own thread; the slot is free once it is done.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while vls.slots.lock().free.0[0] & (1 << slot) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let again = register(&vls);
+        assert_eq!(again, slot, "the reset slot is free again");
+        assert_eq!(vls.stats().reset_words_written, 6);
+        let view = vls.status_view();
+        for rid in 0..=10_000 {
+            assert!(vls.claim(&view, again, rid), "record {rid} is stable again");
+        }
     }
 
     /// The planted violations below show the debug checks can fire.
