@@ -62,7 +62,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::checkpoint::{
-    checkpoint_name, decode_frames, CheckpointInfo, DocFrame, LoadTimes, ReadOlder, MAGIC,
+    checkpoint_name, decode_frames, install, CheckpointInfo, DocFrame, LoadTimes, ReadOlder, MAGIC,
 };
 use super::effect::{put_options, put_spec, put_str, read_options, read_spec, DecodeError, Reader};
 use super::io::Vfs;
@@ -99,6 +99,18 @@ struct Extent {
     off: u64,
     len: u64,
     pieces: u32,
+}
+
+/// Frame one piece's `payload` at the end of `out`, the buffer of file `csn`
+/// after its first `written` bytes; where the frame lies.
+fn frame_piece(payload: &[u8], out: &mut Vec<u8>, written: u64, csn: u64) -> Loc {
+    let off = written + out.len() as u64;
+    frame(payload, out);
+    Loc {
+        file: csn,
+        off,
+        len: written + out.len() as u64 - off,
+    }
 }
 
 /// Append `loc` to `extents`, extending the last run when it continues it.
@@ -302,13 +314,7 @@ pub fn write(
                         for (_, d) in slots {
                             payload.extend_from_slice(d.as_bytes());
                         }
-                        let off = bytes + out.len() as u64;
-                        frame(&payload, &mut out);
-                        let loc = Loc {
-                            file: csn,
-                            off,
-                            len: bytes + out.len() as u64 - off,
-                        };
+                        let loc = frame_piece(&payload, &mut out, bytes, csn);
                         failed = flush(&mut out, &mut bytes, false);
                         loc
                     }
@@ -334,13 +340,7 @@ pub fn write(
                             for (_, rid) in keys {
                                 payload.extend_from_slice(&rid.to_le_bytes());
                             }
-                            let off = bytes + out.len() as u64;
-                            frame(&payload, &mut out);
-                            let loc = Loc {
-                                file: csn,
-                                off,
-                                len: bytes + out.len() as u64 - off,
-                            };
+                            let loc = frame_piece(&payload, &mut out, bytes, csn);
                             failed = flush(&mut out, &mut bytes, false);
                             loc
                         }
@@ -374,16 +374,9 @@ pub fn write(
         p.extend_from_slice(&documents.to_le_bytes());
         frame(&p, &mut out);
         flush(&mut out, &mut bytes, true)?;
-        file.sync()
-            .map_err(|e| StorageError::io("fsync", &tmp, &e))?;
-        vfs.rename(&tmp, &path)
-            .map_err(|e| StorageError::io("rename", &tmp, &e))
+        Ok(())
     })();
-    if let Err(e) = result {
-        // Never reuse a file whose fsync failed; a later checkpoint writes a new one.
-        let _ = vfs.remove(&tmp);
-        return Err(e);
-    }
+    install(vfs, &*file, &tmp, &path, result)?;
     let mut sizes = refs;
     sizes.insert(csn, bytes);
     let full = sizes.len() == 1;

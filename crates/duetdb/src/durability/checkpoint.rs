@@ -287,16 +287,9 @@ fn write_version(
         p.extend_from_slice(&documents.to_le_bytes());
         frame(&p, &mut out);
         flush(&mut out, true)?;
-        file.sync()
-            .map_err(|e| StorageError::io("fsync", &tmp, &e))?;
-        vfs.rename(&tmp, &path)
-            .map_err(|e| StorageError::io("rename", &tmp, &e))
+        Ok(())
     })();
-    if let Err(e) = result {
-        // Never reuse a file whose fsync failed; a later checkpoint writes a new one.
-        let _ = vfs.remove(&tmp);
-        return Err(e);
-    }
+    install(vfs, &*file, &tmp, &path, result)?;
     Ok(CheckpointInfo {
         csn: state.csn,
         path,
@@ -729,6 +722,29 @@ fn decode_run(frames: &[DocFrame], _path: &Path) -> Result<Vec<DocRef>, StorageE
         }
     }
     Ok(docs)
+}
+
+/// Finish a checkpoint file written at `tmp`: when its writing `result` is
+/// good, sync it and rename it to `path`; otherwise (or when either fails)
+/// remove `tmp`, so a file whose fsync failed is never reused (a later
+/// checkpoint writes a new one).
+pub(super) fn install(
+    vfs: &dyn Vfs,
+    file: &dyn super::io::VFile,
+    tmp: &Path,
+    path: &Path,
+    result: Result<(), StorageError>,
+) -> Result<(), StorageError> {
+    let result = result.and_then(|()| {
+        file.sync()
+            .map_err(|e| StorageError::io("fsync", tmp, &e))?;
+        vfs.rename(tmp, path)
+            .map_err(|e| StorageError::io("rename", tmp, &e))
+    });
+    if result.is_err() {
+        let _ = vfs.remove(tmp);
+    }
+    result
 }
 
 #[cfg(test)]
