@@ -62,13 +62,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::checkpoint::{
-    checkpoint_name, decode_frames, install, CheckpointInfo, DocFrame, LoadTimes, ReadOlder, MAGIC,
+    build_collection, checkpoint_name, decode_frames, install, CheckpointInfo, DocFrame, LoadTimes,
+    ReadOlder, MAGIC,
 };
 use super::effect::{put_options, put_spec, put_str, read_options, read_spec, DecodeError, Reader};
 use super::io::Vfs;
 use super::wal::{frame, frame_unchecked};
 use crate::error::StorageError;
-use crate::store::bulk_load;
 use crate::store::heap::RecordId;
 use crate::store::DbState;
 
@@ -732,18 +732,12 @@ pub(super) fn decode(
             orders.push(order);
         }
         times.decode += t.elapsed();
-        let t = Instant::now();
-        let (c, counts) = bulk_load::load_collection(
+        let c = build_collection(
             &format!("{db}.{}", coll.name),
-            coll.options,
-            docs,
-            coll.specs,
-            orders,
+            (coll.options, docs, coll.specs, orders),
+            &mut times,
         )
-        .map_err(|e| corrupt(coll.at, &format!("collection does not load: {e}")))?;
-        times.build += t.elapsed();
-        times.indexes_in_stored_order += counts.stored;
-        times.indexes_sorted += counts.sorted;
+        .map_err(|e| corrupt(coll.at, &e))?;
         out.insert(coll.name, c);
     }
     let mut needs = refs;

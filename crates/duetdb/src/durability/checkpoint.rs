@@ -534,22 +534,38 @@ fn decode_inner(
         let t = Instant::now();
         let docs = decode_frames(&coll.frames, path)?;
         times.decode += t.elapsed();
-        let t = Instant::now();
-        let (c, counts) = bulk_load::load_collection(
+        let c = build_collection(
             &format!("{db}.{}", coll.name),
-            coll.options,
-            docs,
-            coll.specs,
-            coll.orders,
+            (coll.options, docs, coll.specs, coll.orders),
+            &mut times,
         )
-        .map_err(|e| corrupt(coll.at, format!("collection does not load: {e}")))?;
-        times.build += t.elapsed();
-        times.indexes_in_stored_order += counts.stored;
-        times.indexes_sorted += counts.sorted;
+        .map_err(|e| corrupt(coll.at, e))?;
         out.insert(coll.name, c);
     }
     let files = vec![state.csn];
     Ok((state, times, files))
+}
+
+/// One collection of a loaded checkpoint built from its decoded documents
+/// and stored index orders (`bulk_load`), its build time and index counts
+/// added to `times`; the reason it does not load otherwise.
+pub(super) fn build_collection(
+    ns: &str,
+    (options, docs, specs, orders): (
+        CollectionOptions,
+        Vec<DocRef>,
+        Vec<IndexSpec>,
+        Vec<Option<bulk_load::EntryOrder>>,
+    ),
+    times: &mut LoadTimes,
+) -> Result<CollectionState, String> {
+    let t = Instant::now();
+    let (c, counts) = bulk_load::load_collection(ns, options, docs, specs, orders)
+        .map_err(|e| format!("collection does not load: {e}"))?;
+    times.build += t.elapsed();
+    times.indexes_in_stored_order += counts.stored;
+    times.indexes_sorted += counts.sorted;
+    Ok(c)
 }
 
 /// The order frames after a collection's documents frames (format 4),
