@@ -193,8 +193,7 @@ def test_secondary_reads_need_secondary_ok(cluster):
     s = next(m for m in cluster if m is not p)
     with set_client(cluster) as c:
         c.app.items.insert_one({"_id": 1})
-    sock = wire.connect(s.port)
-    try:
+    with wire.connected(s.port) as sock:
         reply = wire.command(sock, {"find": "items", "$db": "app"})
         assert reply["ok"] == 0 and reply["code"] == 13435, reply
         assert reply["codeName"] == "NotPrimaryNoSecondaryOk"
@@ -206,8 +205,6 @@ def test_secondary_reads_need_secondary_ok(cluster):
                                     "lsid": {"id": bson.Binary(os.urandom(16), 4)},
                                     "txnNumber": bson.Int64(1)})
         assert reply["code"] == 10107 and "RetryableWriteError" in reply["errorLabels"], reply
-    finally:
-        sock.close()
 
 
 def test_write_concerns(cluster):
@@ -332,19 +329,15 @@ def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
     # A primary younger than its followers' leader lease (5 s) cannot hand
     # over at once: its heir's first election is refused and it stands
     # again after its election timeout.
-    sock = wire.connect(p.port, timeout=20)
-    try:
+    with wire.connected(p.port, timeout=20) as sock:
         assert wire.command(sock, insert)["n"] == 1
         assert wire.command(sock, {"replSetStepDown": 30, "$db": "admin"})["ok"] == 1
-    finally:
-        sock.close()
     q = primary_of(cluster)
     assert q is not p
     # The stepping-down primary asked its heir to stand (Raft TimeoutNow).
     assert any("asked to stand for election" in m.log_path.read_text()
                for m in cluster if m is not p)
-    sock = wire.connect(q.port)
-    try:
+    with wire.connected(q.port) as sock:
         wait_for("the new primary to apply the write", lambda: wire.command(
             sock, {"count": "retry", "$db": "app"})["n"] == 1)
         reply = wire.command(sock, insert)
@@ -353,8 +346,6 @@ def test_a_retried_write_is_not_applied_twice_on_a_new_primary(cluster):
         reply = wire.command(sock, dict(insert, txnNumber=bson.Int64(8)))
         assert reply["writeErrors"][0]["code"] == 11000, reply
         assert wire.command(sock, {"count": "retry", "$db": "app"})["n"] == 1
-    finally:
-        sock.close()
 
 
 def sees_primary(client, m, timeout=30):
@@ -379,11 +370,8 @@ def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_resta
     lsid = {"id": bson.Binary(os.urandom(16), 4)}
     insert = {"insert": "retry", "$db": "app", "documents": [{"_id": 1}],
               "lsid": lsid, "txnNumber": bson.Int64(7)}
-    sock = wire.connect(p.port, timeout=20)
-    try:
+    with wire.connected(p.port, timeout=20) as sock:
         assert wire.command(sock, insert)["n"] == 1
-    finally:
-        sock.close()
     with set_client(cluster, retryWrites=True) as c:
         coll = c.get_database("app", write_concern=WriteConcern("majority")).txn
         with c.start_session() as s:
@@ -410,8 +398,7 @@ def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_resta
             sees_primary(c, q)
             s.commit_transaction()
         assert coll.count_documents({}) == 2
-    sock = wire.connect(q.port, timeout=20)
-    try:
+    with wire.connected(q.port, timeout=20) as sock:
         reply = wire.command(sock, insert)
         assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
         # Control: the same insert as a new write (another txnNumber) does run.
@@ -421,8 +408,6 @@ def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_resta
         reply = wire.command(sock, {"commitTransaction": 1, "$db": "admin", "lsid": lsid,
                                     "txnNumber": bson.Int64(9), "autocommit": False})
         assert reply["ok"] == 0 and reply["code"] == 251, reply
-    finally:
-        sock.close()
 
 
 def snapshot_docs(d, name):
@@ -503,11 +488,8 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         lsid = {"id": bson.Binary(os.urandom(16), 4)}
         retried = {"insert": "r", "$db": "d", "documents": [{"_id": 1}],
                    "lsid": lsid, "txnNumber": bson.Int64(3)}
-        sock = wire.connect(p.port, timeout=20)
-        try:
+        with wire.connected(p.port, timeout=20) as sock:
             assert wire.command(sock, retried)["n"] == 1
-        finally:
-            sock.close()
         victim = next(m for m in members if m is not p)
         wait_for("replication before the wipe",
                  lambda: victim.direct().d.c.with_options(
@@ -550,13 +532,10 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
                 except OperationFailure as e:
                     assert e.code == 262, e.details
             assert primary_of(members, timeout=60) is victim
-            sock = wire.connect(victim.port, timeout=20)
-            try:
+            with wire.connected(victim.port, timeout=20) as sock:
                 reply = wire.command(sock, retried)
                 assert reply["ok"] == 1 and reply["n"] == 1 and "writeErrors" not in reply, reply
                 assert wire.command(sock, {"count": "r", "$db": "d"})["n"] == 1
-            finally:
-                sock.close()
         finally:
             third.proc.send_signal(signal.SIGCONT)
         client.close()

@@ -1,5 +1,6 @@
 """Raw wire-protocol helpers for tests that speak to the server byte by byte."""
 
+import contextlib
 import socket
 import struct
 
@@ -11,6 +12,16 @@ OP_REPLY, OP_QUERY, OP_MSG = 1, 2004, 2013
 def connect(port, timeout=5.0):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     return s
+
+
+@contextlib.contextmanager
+def connected(port, timeout=5.0):
+    """A socket to the server on `port`, closed when the block ends."""
+    s = connect(port, timeout)
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 def frame(op, payload, request_id=1):

@@ -983,12 +983,7 @@ fn durability_chained_checkpoints_write_what_changed_and_keep_what_they_need() {
             last.bytes,
             first.bytes
         );
-        let ckpts: Vec<String> = fs
-            .state()
-            .files_in(&dir())
-            .into_iter()
-            .filter(|n| n.starts_with("ckpt-"))
-            .collect();
+        let ckpts = ckpt_files(&fs);
         // The first (whole) checkpoint is still pointed into; never more
         // than the chain's bound plus the previous checkpoint's own file.
         assert!(
@@ -1009,12 +1004,7 @@ fn durability_chained_checkpoints_write_what_changed_and_keep_what_they_need() {
     // chain is no longer needed and its files are gone.
     c_update_and_checkpoint(&db, 3);
     c_update_and_checkpoint(&db, 4);
-    let left: Vec<String> = fs
-        .state()
-        .files_in(&dir())
-        .into_iter()
-        .filter(|n| n.starts_with("ckpt-"))
-        .collect();
+    let left = ckpt_files(&fs);
     assert!(
         !left.contains(&duetdb::storage::checkpoint_name(first.csn)),
         "{left:?}"
@@ -1024,6 +1014,15 @@ fn durability_chained_checkpoints_write_what_changed_and_keep_what_they_need() {
     drop(db);
     let db = Database::open_with(dir(), sim_opts(&fs)).expect("reopen");
     assert_eq!(digest(&db), want);
+}
+
+/// The checkpoint files in the simulated data directory.
+fn ckpt_files(fs: &SimFs) -> Vec<String> {
+    fs.state()
+        .files_in(&dir())
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect()
 }
 
 fn c_update_and_checkpoint(db: &Database, k: i64) {
