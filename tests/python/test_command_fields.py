@@ -313,3 +313,23 @@ def test_write_concern_field_twice_is_40413(server, db):
     r = send(server, db, ("insert", "c"), ("documents", [{"_id": 9}]),
              ("writeConcern", raw(("w", 1), ("j", True))))
     assert r["ok"] == 1.0 and r["n"] == 1, r
+
+
+def test_read_concern_or_collation_field_twice_is_40413(server, db):
+    """readConcern and collation are parsed by their own IDL structs: a name
+    sent twice inside them is 40413 under their context names, for any command
+    and inside an update statement; nothing is written."""
+    setup(db)
+    refused(send(server, db, ("find", "c"),
+                 ("readConcern", raw(("level", "local"), ("level", "snapshot")))),
+            40413, "BSON field 'readConcern.level' is a duplicate field")
+    refused(send(server, db, ("count", "c"),
+                 ("collation", raw(("locale", "en"), ("strength", 1), ("locale", "fr")))),
+            40413, "BSON field 'collation.locale' is a duplicate field")
+    refused(send(server, db, ("update", "c"),
+                 ("updates", [raw(("q", {}), ("u", {"$set": {"z": 1}}), ("multi", True),
+                                  ("collation", raw(("locale", "en"), ("locale", "en"))))])),
+            40413, "BSON field 'collation.locale' is a duplicate field")
+    assert db.c.count_documents({"z": 1}) == 0
+    r = send(server, db, ("find", "c"), ("collation", raw(("locale", "en"), ("strength", 2))))
+    assert r["ok"] == 1.0, r

@@ -39,7 +39,7 @@ pub fn keep_duplicates(
     match ident {
         Some("documents") => mark_raw(raw, doc),
         Some(ident @ ("updates" | "deletes")) => {
-            if first_repeat(raw).is_some() {
+            if statement_repeats(raw) {
                 crate::commands::fields::check_raw_statement(ident, raw).map_err(to_msg)?;
             }
             statement_filter(raw, doc)
@@ -84,19 +84,29 @@ fn strict_levels_repeat(raw: &RawDocument) -> bool {
         raw.get_array(field).is_ok_and(|a| {
             a.into_iter()
                 .flatten()
-                .any(|s| matches!(s, RawBsonRef::Document(d) if first_repeat(d).is_some()))
+                .any(|s| matches!(s, RawBsonRef::Document(d) if statement_repeats(d)))
         })
     };
-    first_repeat(raw).is_some()
-        || raw
-            .get_document("cursor")
+    let sub_repeats = |field: &str| {
+        raw.get_document(field)
             .is_ok_and(|c| first_repeat(c).is_some())
+    };
+    first_repeat(raw).is_some()
+        || sub_repeats("cursor")
         || statements("updates")
         || statements("deletes")
-        || raw
-            .get_document("writeConcern")
-            .is_ok_and(|c| first_repeat(c).is_some())
+        || sub_repeats("writeConcern")
+        || sub_repeats("readConcern")
+        || sub_repeats("collation")
         || raw.get_document("explain").is_ok_and(strict_levels_repeat)
+}
+
+/// Whether an update or delete statement, or its `collation`, repeats a name.
+fn statement_repeats(stmt: &RawDocument) -> bool {
+    first_repeat(stmt).is_some()
+        || stmt
+            .get_document("collation")
+            .is_ok_and(|c| first_repeat(c).is_some())
 }
 
 fn to_msg(e: crate::error::CommandError) -> MsgError {

@@ -496,16 +496,19 @@ pub fn check_raw(canonical: &str, cmd: &RawDocument) -> CmdResult<()> {
 /// [`check_raw`] for one update or delete statement sent in a document
 /// sequence (`updates`/`deletes`); other sequences pass.
 pub fn check_raw_statement(ident: &str, stmt: &RawDocument) -> CmdResult<()> {
+    let elems = raw_elems(stmt);
     match ident {
-        "updates" => statement("update.updates", UPDATE_STATEMENT, &raw_elems(stmt)),
-        "deletes" => statement("delete.deletes", DELETE_STATEMENT, &raw_elems(stmt)),
-        _ => Ok(()),
+        "updates" => statement("update.updates", UPDATE_STATEMENT, &elems)?,
+        "deletes" => statement("delete.deletes", DELETE_STATEMENT, &elems)?,
+        _ => return Ok(()),
     }
+    // The statement's collation is parsed when it runs, after its fields.
+    no_repeat(sub_of(&elems, "collation"), "collation")
 }
 
 fn check_elems(canonical: &str, cmd: &Elems<'_>) -> CmdResult<()> {
     let Some(spec) = spec(canonical) else {
-        return Ok(());
+        return repeats_in_parsed_objects(cmd);
     };
     let mut seen: Vec<&str> = Vec::new();
     for &(k, v) in cmd.iter().skip(1) {
@@ -549,23 +552,7 @@ fn check_elems(canonical: &str, cmd: &Elems<'_>) -> CmdResult<()> {
             _ => {}
         }
     }
-    // writeConcern is a generic argument, read after the command's own
-    // fields by `WriteConcernOptions::parse` through a non-strict IDL
-    // struct: any of its fields sent twice is 40413 under that struct's
-    // name (`BSON field 'WriteConcernOptions.w' is a duplicate field`).
-    if let Some(wc) = cmd
-        .iter()
-        .find(|(k, _)| *k == "writeConcern")
-        .and_then(|(_, v)| v.sub())
-    {
-        let mut seen: Vec<&str> = Vec::new();
-        for (k, _) in &wc {
-            if seen.contains(k) {
-                return Err(duplicate(&format!("WriteConcernOptions.{k}")));
-            }
-            seen.push(k);
-        }
-    }
+    repeats_in_parsed_objects(cmd)?;
     if canonical == "explain" {
         if let Some(inner) = cmd
             .iter()
@@ -578,6 +565,49 @@ fn check_elems(canonical: &str, cmd: &Elems<'_>) -> CmdResult<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// The objects MongoDB parses with their own IDL structs after the
+/// command's fields, each refusing a field sent twice with 40413 under its
+/// parser's context name: `writeConcern` (`WriteConcernOptions.w`), then
+/// `readConcern` (`readConcern.level`, `ReadConcernArgs::parse`) for every
+/// command, and a `collation` when the command runs
+/// (`CollatorFactoryICU::makeFromBSON`: `collation.locale`), also the one of
+/// each update or delete statement.
+fn repeats_in_parsed_objects(cmd: &Elems<'_>) -> CmdResult<()> {
+    no_repeat(sub_of(cmd, "writeConcern"), "WriteConcernOptions")?;
+    no_repeat(sub_of(cmd, "readConcern"), "readConcern")?;
+    no_repeat(sub_of(cmd, "collation"), "collation")?;
+    for list in ["updates", "deletes"] {
+        let items = cmd
+            .iter()
+            .find(|(k, _)| *k == list)
+            .and_then(|(_, v)| v.items())
+            .unwrap_or_default();
+        for stmt in items.into_iter().filter_map(Val::sub) {
+            no_repeat(sub_of(&stmt, "collation"), "collation")?;
+        }
+    }
+    Ok(())
+}
+
+/// The elements of the object field `name` of `d` (the first one).
+fn sub_of<'a>(d: &Elems<'a>, name: &str) -> Option<Elems<'a>> {
+    d.iter()
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.sub())
+}
+
+/// 40413 under `context` for the first name `obj` repeats.
+fn no_repeat(obj: Option<Elems<'_>>, context: &str) -> CmdResult<()> {
+    let mut seen: Vec<&str> = Vec::new();
+    for (k, _) in obj.unwrap_or_default() {
+        if seen.contains(&k) {
+            return Err(duplicate(&format!("{context}.{k}")));
+        }
+        seen.push(k);
     }
     Ok(())
 }
@@ -864,5 +894,45 @@ mod tests {
         // Its own fields come first.
         let r = rawdoc! {"insert": "c", "writeConcern": {"w": 1, "w": 1}, "frob": 1};
         assert_eq!(check_raw("insert", &r).expect_err("refused").code, 40415);
+    }
+
+    #[test]
+    fn a_field_repeated_in_read_concern_or_collation_is_40413() {
+        use bson::rawdoc;
+        let message = |cmd: &str, r: &RawDocument| check_raw(cmd, r).expect_err("refused").message;
+        let r = rawdoc! {"find": "c", "readConcern": {"level": "local", "level": "snapshot"}};
+        assert_eq!(
+            message("find", &r),
+            "BSON field 'readConcern.level' is a duplicate field"
+        );
+        // readConcern is parsed for every command, checked by a spec or not.
+        let r = rawdoc! {"dbStats": 1, "readConcern": {"level": "local", "level": "local"}};
+        assert_eq!(
+            message("dbStats", &r),
+            "BSON field 'readConcern.level' is a duplicate field"
+        );
+        let r = rawdoc! {"find": "c", "collation": {"locale": "en", "strength": 1, "locale": "fr"}};
+        assert_eq!(
+            message("find", &r),
+            "BSON field 'collation.locale' is a duplicate field"
+        );
+        let r = rawdoc! {
+            "update": "c",
+            "updates": [{"q": {}, "u": {}, "collation": {"locale": "en", "locale": "en"}}]
+        };
+        assert_eq!(
+            message("update", &r),
+            "BSON field 'collation.locale' is a duplicate field"
+        );
+        let stmt = rawdoc! {"q": {}, "limit": 0, "collation": {"strength": 1, "strength": 2}};
+        let e = check_raw_statement("deletes", &stmt).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "BSON field 'collation.strength' is a duplicate field"
+        );
+        // Distinct names pass.
+        let r =
+            rawdoc! {"find": "c", "collation": {"locale": "en"}, "readConcern": {"level": "local"}};
+        assert!(check_raw("find", &r).is_ok());
     }
 }
