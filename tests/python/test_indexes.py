@@ -240,6 +240,55 @@ def test_text_search_reads_the_commands_snapshot(client, db):
     assert sorted(d["_id"] for d in db.a.find(q)) == [2, 3]
 
 
+
+def test_text_search_in_a_pipeline_keeps_its_score_and_joins(client, db):
+    """A $text first stage in an aggregation: {$meta: "textScore"} in later
+    stages (also after an inclusion $project and inside $facet), $sort by it,
+    $lookup into another collection (of the same snapshot), let variables,
+    $out; the score never leaks into what is returned or written."""
+    db.a.create_index([("body", "text")])
+    db.a.insert_many([{"_id": 1, "body": "red apple", "k": 1},
+                      {"_id": 2, "body": "green pear", "k": 2},
+                      {"_id": 3, "body": "apple apple pie", "k": 2}])
+    db.b.insert_many([{"_id": 10, "k": 1, "n": "one"}, {"_id": 11, "k": 2, "n": "two"}])
+    text = {"$match": {"$text": {"$search": "apple"}}}
+    by_score = {"$sort": {"s": {"$meta": "textScore"}}}
+    r = list(db.a.aggregate([text, by_score, {"$project": {"s": {"$meta": "textScore"}}}]))
+    assert [d["_id"] for d in r] == [3, 1] and r[0]["s"] > r[1]["s"] > 0
+    r = list(db.a.aggregate([text, {"$project": {"k": 1}}, by_score,
+                             {"$addFields": {"s": {"$meta": "textScore"}}}]))
+    assert [d["_id"] for d in r] == [3, 1] and all("s" in d for d in r)
+    r = list(db.a.aggregate([text, {"$lookup": {"from": "b", "localField": "k",
+                                                "foreignField": "k", "as": "j"}}, by_score]))
+    assert [(d["_id"], [j["n"] for j in d["j"]]) for d in r] == [(3, ["two"]), (1, ["one"])]
+    assert all(set(d) == {"_id", "body", "k", "j"} for d in r)
+    r = list(db.a.aggregate([text, {"$facet": {"f": [by_score]}},
+                             {"$project": {"ids": "$f._id", "f": 1}}]))
+    assert r[0]["ids"] == [3, 1] and all(set(d) == {"_id", "body", "k"} for d in r[0]["f"])
+    r = list(db.a.aggregate([text, {"$match": {"$expr": {"$gt": ["$k", "$$lim"]}}}],
+                            let={"lim": 1}))
+    assert [d["_id"] for d in r] == [3]
+    db.a.aggregate([text, {"$project": {"s": {"$meta": "textScore"}}}, {"$out": "o"}])
+    assert sorted(d["_id"] for d in db.o.find()) == [1, 3]
+    assert all(set(d) == {"_id", "s"} for d in db.o.find())
+    # Without a $text first stage there is no score (MongoDB's 40218); an
+    # unknown $meta kind is 17308.
+    with pytest.raises(OperationFailure) as e:
+        list(db.a.aggregate([{"$addFields": {"s": {"$meta": "textScore"}}}]))
+    assert e.value.code == 40218
+    with pytest.raises(OperationFailure) as e:
+        list(db.a.aggregate([text, {"$addFields": {"s": {"$meta": "bogus"}}}]))
+    assert e.value.code == 17308
+    # In a transaction, the join reads the transaction's view of the other collection.
+    with client.start_session() as s:
+        s.start_transaction()
+        db.b.update_one({"_id": 10}, {"$set": {"n": "uno"}}, session=s)
+        r = list(db.a.aggregate([text, {"$lookup": {"from": "b", "localField": "k",
+                                                    "foreignField": "k", "as": "j"}}],
+                                session=s))
+        assert sorted(j["n"] for d in r for j in d["j"]) == ["two", "uno"]
+        s.abort_transaction()
+
 def test_compound_text_indexes(db):
     from pymongo import DESCENDING, TEXT
     from pymongo.errors import WriteError

@@ -577,22 +577,12 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         )
     })?;
     let first = first_batch_size(cursor_opts)?;
+    // A `$text` first stage reads the text index, then runs the other
+    // stages on its matches (`api::text`), on the same sources.
     let text_first = stages
         .first()
         .and_then(|s| s.get_document("$match").ok())
         .is_some_and(|m| m.contains_key("$text"));
-    if text_first {
-        let source = read_source(ctx, cmd, coll, target)?;
-        let docs = source.text_aggregate(&stages)?;
-        let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-        return cursor_reply(
-            ctx,
-            cursor,
-            (first, AtEnd::KeepWhenFull),
-            false,
-            source.at(),
-        );
-    }
     let limits = read_limits(ctx, cmd)?;
     // `$out`/`$merge` write: they read the latest state (one root, as the
     // default held snapshot would) and publish their output as one writer
@@ -608,17 +598,24 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
     if writes && !target.in_transaction() && !held_on_purpose {
         let strategy = super::duet_strategy(cmd)?.unwrap_or(duetdb::Strategy::Cow);
         with_output_database(ctx, &stages, |out| {
-            ctx.database()?
-                .collection(coll)
-                .aggregate_into(stages.clone(), strategy, &limits, let_vars, out)
-                .map(drop)
-                .map_err(Into::into)
+            let c = ctx.database()?.collection(coll);
+            let written = if text_first {
+                c.text_aggregate(&stages, &limits, let_vars, out).map(drop)
+            } else {
+                c.aggregate_into(stages.clone(), strategy, &limits, let_vars, out)
+                    .map(drop)
+            };
+            written.map_err(Into::into)
         })?;
         let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, Vec::new());
         return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
     }
     let source = read_source(ctx, cmd, coll, target)?;
-    let docs = source.aggregate(stages, &limits, let_vars)?;
+    let docs = if text_first {
+        source.text_aggregate(&stages, &limits, let_vars)?
+    } else {
+        source.aggregate(stages, &limits, let_vars)?
+    };
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
     cursor_reply(
         ctx,

@@ -266,11 +266,19 @@ impl ReadSource<'_> {
     }
 
     /// A pipeline starting with a `$text` `$match`, on this source.
-    pub fn text_aggregate(&self, stages: &[Document]) -> CmdResult<Vec<Document>> {
+    pub fn text_aggregate(
+        &self,
+        stages: &[Document],
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> CmdResult<Vec<Document>> {
+        let limits = self.limits_for(limits);
         Ok(match self {
-            ReadSource::Live { coll, .. } => coll.text_aggregate(stages)?,
-            ReadSource::Held { coll, .. } => coll.text_aggregate(stages)?,
-            ReadSource::Txn(c) => c.text_aggregate(stages)?,
+            ReadSource::Live { coll, .. } => {
+                coll.text_aggregate(stages, &limits, let_vars, None)?
+            }
+            ReadSource::Held { coll, .. } => coll.text_aggregate(stages, &limits, let_vars)?,
+            ReadSource::Txn(c) => c.text_aggregate(stages, &limits, let_vars)?,
         })
     }
 

@@ -14,14 +14,18 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use bson::{Bson, Document};
 
 use crate::api::{Collection, SnapshotCollection};
+use crate::doc::collation::Collator;
 use crate::doc::DocRef;
 use crate::error::{Error, Result};
-use crate::query::text::{equality_on, split, TextQuery};
-use crate::query::{Filter, Projection, SortSpec};
+use crate::query::aggregate::{ParseCtx, Pinned, Runtime};
+use crate::query::limits::ReadLimits;
+use crate::query::text::{equality_on, split, strip_text_score, TextQuery, TEXT_SCORE_FIELD};
+use crate::query::{Filter, Pipeline, Projection, SortSpec};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
 use crate::store::index::{IndexKind, KeyPart};
@@ -257,11 +261,36 @@ impl Collection {
         find_in(self.db.snapshot().state(), &self.name, filter, options)
     }
 
-    /// A pipeline whose first stage is `{$match: {$text: …}}`: the text
-    /// matches, then the other stages on them (as materialized documents).
-    /// `{$meta: "textScore"}` is not available in later stages.
-    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
-        aggregate_with(pipeline, |m| self.text_find(m, TextFindOptions::default()))
+    /// A pipeline whose first stage is `{$match: {$text: …}}` on the latest
+    /// published state: the text matches (with their score), then the other
+    /// stages under `limits`, the command's `let` and the collection's
+    /// collation, their `$lookup`s reading the same state. A final
+    /// `$out`/`$merge` writes into `out_db` (`None`: this database) and
+    /// returns nothing.
+    pub fn text_aggregate(
+        &self,
+        pipeline: &[Document],
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+        out_db: Option<&crate::api::Database>,
+    ) -> Result<Vec<Document>> {
+        let collator = self.collator()?;
+        crate::query::expr::under_collation(collator.as_ref(), || {
+            let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+            let snap = self.db.snapshot();
+            let pinned =
+                Pinned::from_state(snap.state(), &p.rest.foreign_names(), limits.cancel.clone());
+            let spill = limits.spill_dir_or(self.database().spill_dir());
+            let rt = Runtime::new(&pinned, limits.clone(), spill);
+            let docs = p.run(snap.state(), &self.name, &rt)?;
+            match p.rest.output() {
+                Some(out) => {
+                    out_db.unwrap_or(self.database()).write_output(out, docs)?;
+                    Ok(Vec::new())
+                }
+                None => Ok(docs),
+            }
+        })
     }
 
     /// How many documents a filter with a top-level `$text` matches.
@@ -281,23 +310,86 @@ impl SnapshotCollection {
         count_in(self.state(), self.name(), filter)
     }
 
-    /// [`Collection::text_aggregate`] as of this snapshot.
-    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
-        aggregate_with(pipeline, |m| self.text_find(m, TextFindOptions::default()))
+    /// [`Collection::text_aggregate`] as of this snapshot; its `$lookup`s
+    /// read the same snapshot. A held snapshot cannot write: `$out`/`$merge`
+    /// are refused.
+    pub fn text_aggregate(
+        &self,
+        pipeline: &[Document],
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<Vec<Document>> {
+        let collator = self.collator()?;
+        crate::query::expr::under_collation(collator.as_ref(), || {
+            let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+            if let Some(out) = p.rest.output() {
+                return Err(Error::IllegalOperation(format!(
+                    "{} cannot run on a held snapshot: it writes; run it on the live collection",
+                    out.stage_name()
+                )));
+            }
+            let pinned =
+                Pinned::from_state(self.state(), &p.rest.foreign_names(), limits.cancel.clone());
+            let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
+            p.run(self.state(), self.name(), &rt)
+        })
     }
 }
 
-/// A pipeline whose first stage is `{$match: {$text: …}}`: `find` runs that
-/// `$match`, the other stages run on its documents.
-pub(super) fn aggregate_with(
-    pipeline: &[Document],
-    find: impl FnOnce(&Document) -> Result<Vec<Document>>,
-) -> Result<Vec<Document>> {
-    let Some(Ok(first)) = pipeline.first().map(|s| s.get_document("$match")) else {
-        return Err(Error::BadValue(
-            "$text is only allowed in the first $match stage".into(),
-        ));
-    };
-    let docs = find(first)?;
-    crate::query::Pipeline::parse(&pipeline[1..])?.run_on(docs)
+/// A pipeline whose first stage is `{$match: {$text: …}}`, parsed: that
+/// filter, and the other stages, whose documents carry the match's score
+/// (`query::text`'s module doc).
+pub(super) struct TextPipeline {
+    first: Document,
+    pub(super) rest: Pipeline,
+}
+
+impl TextPipeline {
+    pub(super) fn parse(
+        pipeline: &[Document],
+        let_vars: Option<&Document>,
+        collator: Option<Arc<Collator>>,
+    ) -> Result<TextPipeline> {
+        let Some(Ok(first)) = pipeline.first().map(|s| s.get_document("$match")) else {
+            return Err(Error::BadValue(
+                "$text is only allowed in the first $match stage".into(),
+            ));
+        };
+        let ctx = ParseCtx::new(let_vars)?
+            .with_collation(collator)
+            .with_text_score();
+        Ok(TextPipeline {
+            first: first.clone(),
+            rest: Pipeline::parse_in(&pipeline[1..], &ctx)?,
+        })
+    }
+
+    /// The text matches in collection `name` of `state`, each with its
+    /// score, through the other stages under `rt`; the score taken out of
+    /// what comes back.
+    pub(super) fn run(
+        &self,
+        state: &DbState,
+        name: &str,
+        rt: &Runtime<'_>,
+    ) -> Result<Vec<Document>> {
+        let (query, rest_doc) = split(&self.first)?.ok_or_else(|| {
+            Error::BadValue("$text is only allowed in the first $match stage".into())
+        })?;
+        let rest = Filter::parse(&rest_doc)?;
+        let docs = match state.collection(name) {
+            Some(coll) => matches(coll, &query, &rest_doc, &rest)?
+                .into_iter()
+                .map(|(_, d, score)| {
+                    let mut d = crate::doc::to_document(&d)?;
+                    d.insert(TEXT_SCORE_FIELD, score);
+                    Ok(d)
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        let mut out = self.rest.run_on_with(docs, rt)?;
+        out.iter_mut().for_each(strip_text_score);
+        Ok(out)
+    }
 }

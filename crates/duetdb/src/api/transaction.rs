@@ -802,11 +802,30 @@ impl<'t> TxnCollection<'t> {
         crate::api::text::count_in(&state, &self.name, filter)
     }
 
-    /// [`Collection::text_aggregate`] as this transaction sees the collection.
-    pub fn text_aggregate(&self, pipeline: &[Document]) -> Result<Vec<Document>> {
-        crate::api::text::aggregate_with(pipeline, |m| {
-            self.text_find(m, crate::api::TextFindOptions::default())
-        })
+    /// [`Collection::text_aggregate`] as this transaction sees the
+    /// collection; its `$lookup`s read the other collections as the
+    /// transaction sees them. `$out`/`$merge` are refused (263).
+    pub fn text_aggregate(
+        &self,
+        pipeline: &[Document],
+        limits: &crate::query::limits::ReadLimits,
+        let_vars: Option<&Document>,
+    ) -> Result<Vec<Document>> {
+        let p = crate::api::text::TextPipeline::parse(pipeline, let_vars, None)?;
+        if let Some(out) = p.rest.output() {
+            return Err(Error::Coded {
+                code: 263,
+                name: "OperationNotSupportedInTransaction",
+                msg: format!("{} cannot be used in a transaction", out.stage_name()),
+            });
+        }
+        let state = self.text_state()?;
+        let mut txn = self.txn()?;
+        let foreign = TxnForeign {
+            txn: std::sync::Mutex::new(&mut **txn),
+        };
+        let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
+        p.run(&state, &self.name, &rt)
     }
 }
 

@@ -51,8 +51,29 @@ impl SortSpec {
     /// Parse `{a: 1, b: -1}`. Directions must be numbers equal to 1 or -1; `$meta`
     /// sorts are not supported; `{}` means "no sort" (every pair compares equal).
     pub fn parse(spec: &Document) -> Result<SortSpec> {
+        SortSpec::parse_in(spec, false)
+    }
+
+    /// [`SortSpec::parse`] for a pipeline's `$sort`: `{k: {$meta:
+    /// "textScore"}}` orders by the hidden score a `$text` first stage gives
+    /// (`query::text::TEXT_SCORE_FIELD`), highest first.
+    pub fn parse_in_pipeline(spec: &Document) -> Result<SortSpec> {
+        SortSpec::parse_in(spec, true)
+    }
+
+    fn parse_in(spec: &Document, text_score: bool) -> Result<SortSpec> {
         let mut keys = Vec::with_capacity(spec.len());
         for (k, v) in spec {
+            if text_score {
+                if let Bson::Document(d) = v {
+                    if d.len() == 1
+                        && matches!(d.get("$meta"), Some(Bson::String(m)) if m == "textScore")
+                    {
+                        keys.push((crate::query::text::TEXT_SCORE_FIELD.to_string(), false));
+                        continue;
+                    }
+                }
+            }
             path::validate(k).map_err(|e| Error::bad_value(format!("invalid sort path: {e}")))?;
             if k.split('.').any(|p| p.starts_with('$')) {
                 return Err(Error::bad_value(format!(

@@ -16,12 +16,65 @@
 //! Invariant: a matching document has one of the query's terms among its
 //! index keys, so the union of the index entries of the query terms holds
 //! every match (what `api::text` scans).
+//!
+//! In a pipeline, a text match's score travels with its document as the
+//! hidden top-level field [`TEXT_SCORE_FIELD`] (MongoDB keeps it as document
+//! metadata): `{$meta: "textScore"}` reads it, `$sort` orders by it, stages
+//! that keep or reshape the document keep it (an inclusion `$project` and
+//! `$replaceRoot` too),
+//! `$group` drops it, and [`strip_text_score`] removes it, at any depth,
+//! from what the pipeline returns or writes. Its name starts with `$`, so no
+//! filter, projection or update path can name it.
 
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
 use crate::error::{Error, Result};
 use crate::store::text::{fold, language, terms_of, tokens, unknown_language, Language, TextSpec};
+
+/// The hidden field holding a text match's score in a pipeline (see the
+/// module doc).
+pub const TEXT_SCORE_FIELD: &str = "$__duet_textScore";
+
+/// Remove [`TEXT_SCORE_FIELD`] from `doc` and every document below it (a
+/// `$facet` output or a `$push` of `$$ROOT` may carry matched documents).
+pub fn strip_text_score(doc: &mut Document) {
+    doc.remove(TEXT_SCORE_FIELD);
+    for (_, v) in doc.iter_mut() {
+        strip_in(v);
+    }
+}
+
+fn strip_in(v: &mut Bson) {
+    match v {
+        Bson::Document(d) => strip_text_score(d),
+        Bson::Array(items) => items.iter_mut().for_each(strip_in),
+        _ => {}
+    }
+}
+
+/// MongoDB's 40218 when a pipeline asks for `{$meta: "textScore"}` (in an
+/// expression or a `$sort`) without a `$text` first stage to give it.
+pub fn text_score_unavailable(stages: &[Document]) -> Result<()> {
+    fn asks(v: &Bson) -> bool {
+        match v {
+            Bson::Document(d) => {
+                matches!(d.get("$meta"), Some(Bson::String(s)) if s == "textScore")
+                    || d.values().any(asks)
+            }
+            Bson::Array(items) => items.iter().any(asks),
+            _ => false,
+        }
+    }
+    if stages.iter().any(|s| s.values().any(asks)) {
+        return Err(Error::Coded {
+            code: 40218,
+            name: "Location40218",
+            msg: "query requires text score metadata, but it is not available".into(),
+        });
+    }
+    Ok(())
+}
 
 /// A parsed `$text` operator.
 #[derive(Debug, Clone, PartialEq)]
@@ -343,5 +396,48 @@ mod tests {
         assert_eq!(code(doc! {"$search": 1}), 14);
         assert_eq!(code(doc! {"$search": "x", "$language": "klingon"}), 17262);
         assert_eq!(code(doc! {"$search": "x", "$foo": 1}), 2);
+    }
+
+    #[test]
+    fn the_score_reaches_meta_sort_and_projection_and_never_leaves_the_pipeline() {
+        use crate::query::aggregate::{ParseCtx, Pipeline, Runtime};
+        let scored = |id: i32, s: f64| {
+            let mut d = doc! {"_id": id, "t": "x"};
+            d.insert(TEXT_SCORE_FIELD, s);
+            d
+        };
+        let stages = vec![
+            doc! {"$project": {"t": 1}},
+            doc! {"$sort": {"s": {"$meta": "textScore"}}},
+            doc! {"$replaceRoot": {"newRoot": {"id": "$_id"}}},
+            doc! {"$addFields": {"score": {"$meta": "textScore"}}},
+        ];
+        let ctx = ParseCtx::new(None).expect("ctx").with_text_score();
+        let p = Pipeline::parse_in(&stages, &ctx).expect("parse");
+        let docs = vec![scored(1, 0.5), scored(2, 2.0), scored(3, 1.0)];
+        let mut out = p.run_on_with(docs, &Runtime::standalone()).expect("run");
+        let ids: Vec<_> = out.iter().map(|d| d.get_i32("id").expect("id")).collect();
+        assert_eq!(ids, vec![2, 3, 1]);
+        assert_eq!(out[0].get_f64("score").expect("score"), 2.0);
+        out.iter_mut().for_each(strip_text_score);
+        assert_eq!(out[0], doc! {"id": 2, "score": 2.0});
+        // Nested copies (a $push of $$ROOT, a $facet) go too.
+        let mut d = doc! {"a": [scored(1, 1.0)], "b": {"c": scored(2, 1.0)}};
+        strip_text_score(&mut d);
+        assert_eq!(
+            d,
+            doc! {"a": [{"_id": 1, "t": "x"}], "b": {"c": {"_id": 2, "t": "x"}}}
+        );
+        // Without a $text first stage: 40218, in an expression or a $sort.
+        for stage in [
+            doc! {"$sort": {"s": {"$meta": "textScore"}}},
+            doc! {"$facet": {"f": [{"$project": {"s": {"$meta": "textScore"}}}]}},
+        ] {
+            let e = Pipeline::parse(&[stage]).expect_err("no score");
+            assert_eq!(e.code(), 40218);
+        }
+        let e = Pipeline::parse_in(&[doc! {"$project": {"s": {"$meta": 1}}}], &ctx)
+            .expect_err("not a string");
+        assert_eq!(e.code(), 17307);
     }
 }

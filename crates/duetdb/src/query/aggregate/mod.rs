@@ -281,6 +281,9 @@ pub struct ParseCtx {
     /// The command's collation: `$match` filters, `$sort` and `$group` keys
     /// compare strings under it (`None`: simple).
     collator: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+    /// Whether documents carry a text score (the stages after a `$text`
+    /// first stage): else `{$meta: "textScore"}` is 40218.
+    text_score: bool,
 }
 
 impl ParseCtx {
@@ -292,7 +295,15 @@ impl ParseCtx {
             depth: 0,
             within: Within::Top,
             collator: None,
+            text_score: false,
         })
+    }
+
+    /// This context for the stages after a `$text` first stage: their
+    /// documents carry the match's score (`query::text::TEXT_SCORE_FIELD`).
+    pub fn with_text_score(mut self) -> ParseCtx {
+        self.text_score = true;
+        self
     }
 
     /// This context with the command's collation.
@@ -347,6 +358,7 @@ impl ParseCtx {
             depth: self.depth + 1,
             within,
             collator: self.collator.clone(),
+            text_score: self.text_score,
         })
     }
 
@@ -377,6 +389,9 @@ impl Pipeline {
             return Err(Error::bad_value(format!(
                 "Pipeline length must be no longer than {MAX_PIPELINE_STAGES} stages"
             )));
+        }
+        if !ctx.text_score && ctx.depth == 0 {
+            crate::query::text::text_score_unavailable(stages)?;
         }
         let mut out = Vec::with_capacity(stages.len());
         for (i, s) in stages.iter().enumerate() {
@@ -573,7 +588,7 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
                 return Err(coded!(15976, "$sort stage must have at least one sort key"));
             }
             one(Stage::Sort(
-                SortSpec::parse(spec)?.with_collation(ctx.collator.clone()),
+                SortSpec::parse_in_pipeline(spec)?.with_collation(ctx.collator.clone()),
             ))
         }
         "$limit" => {

@@ -29,6 +29,7 @@ use crate::query::aggregate::group::GroupState;
 use crate::query::aggregate::{ParseCtx, Runtime, Stage};
 use crate::query::expr::{num_of, parse_field_path, type_name, Expr, Root, Value};
 use crate::query::filter::Filter;
+use crate::query::text::TEXT_SCORE_FIELD;
 
 /// The document flowing through per-document stages: read in place while no
 /// stage has rewritten it.
@@ -227,7 +228,14 @@ pub(super) fn parse_replace_root(arg: &Bson, ctx: &ParseCtx) -> Result<Stage> {
 /// The new root: the expression's value, which must be a document (40228).
 fn replace_root(expr: &Expr, with: bool, cur: &Cur<'_>) -> Result<Document> {
     match expr.eval(&cur.root())? {
-        Some(Bson::Document(d)) => Ok(d),
+        Some(Bson::Document(mut d)) => {
+            // A text match's score is metadata: the new root keeps it.
+            let score = Expr::Root(vec![TEXT_SCORE_FIELD.to_string()]);
+            if let Some(s) = score.eval(&cur.root())? {
+                d.insert(TEXT_SCORE_FIELD, s);
+            }
+            Ok(d)
+        }
         other => {
             let what = if with {
                 "'replacement document'"

@@ -251,10 +251,40 @@ fn parse_object(d: &Document, depth: usize, scope: &mut Scope) -> Result<Expr> {
     Ok(Expr::Doc(fields))
 }
 
+/// `{$meta: "textScore"}`: the hidden score field a `$text` first stage
+/// gives its documents (`query::text::TEXT_SCORE_FIELD`); MongoDB's other
+/// metadata kinds are known but not produced here.
+fn parse_meta(arg: &Bson) -> Result<Expr> {
+    let Bson::String(kind) = arg else {
+        return Err(loc!(17307, "$meta only supports string arguments"));
+    };
+    match kind.as_str() {
+        "textScore" => Ok(Expr::Root(vec![
+            crate::query::text::TEXT_SCORE_FIELD.to_string()
+        ])),
+        "randVal"
+        | "searchScore"
+        | "searchHighlights"
+        | "searchScoreDetails"
+        | "geoNearDistance"
+        | "geoNearPoint"
+        | "recordId"
+        | "indexKey"
+        | "sortKey"
+        | "searchSequenceToken" => Err(Error::Coded {
+            code: 2,
+            name: "BadValue",
+            msg: format!("$meta \"{kind}\" is not supported (only \"textScore\")"),
+        }),
+        other => Err(loc!(17308, "Unsupported argument to $meta: {other}")),
+    }
+}
+
 fn parse_operator(name: &str, arg: &Bson, depth: usize, scope: &mut Scope) -> Result<Expr> {
     let sub = depth + 1;
     match name {
         "$literal" => return Ok(Expr::Literal(arg.clone())),
+        "$meta" => return parse_meta(arg),
         "$let" => return parse_let(arg, sub, scope),
         "$map" => return parse_map(arg, sub, scope),
         "$filter" => return parse_filter(arg, sub, scope),

@@ -42,7 +42,15 @@ impl Projection {
         };
         let mut out = match self.mode {
             Mode::All => return Ok(d.clone()),
-            Mode::Include => include_doc(&self.root, d, root, 1)?,
+            Mode::Include => {
+                let mut out = include_doc(&self.root, d, root, 1)?;
+                // A text match's score is metadata in MongoDB: a projection
+                // keeps it (`query::text`'s module doc).
+                if let Some(score) = d.get(crate::query::text::TEXT_SCORE_FIELD) {
+                    out.insert(crate::query::text::TEXT_SCORE_FIELD, score.clone());
+                }
+                out
+            }
             Mode::Exclude => exclude_doc(&self.root, d, 1)?,
         };
         for (name, cond) in &self.elem_matches {
