@@ -393,15 +393,24 @@ def test_regex_and_conversion_errors_in_mongodb_words(db):
         (lambda: list(db.c.aggregate([{"$project": {"m": {"$regexMatch": {
             "input": "$s", "regex": "+"}}}}])),
          51111, "Invalid Regex in $regexMatch: quantifier does not follow a repeatable item"),
+        # A field's conversion fails while the pipeline runs: the
+        # executor's context comes first.
         (lambda: list(db.c.aggregate([{"$project": {"n": {"$toInt": "$s"}}}])),
-         241, "Failed to parse number 'abc' in $convert with no onError value: "
+         241, "PlanExecutor error during aggregation :: caused by :: "
+              "Failed to parse number 'abc' in $convert with no onError value: "
               "Did not consume whole string."),
         (lambda: list(db.c.aggregate([{"$project": {"n": {"$convert": {
             "input": "$s", "to": "double"}}}}])),
-         241, "Failed to parse number 'abc' in $convert with no onError value: "
+         241, "PlanExecutor error during aggregation :: caused by :: "
+              "Failed to parse number 'abc' in $convert with no onError value: "
               "Did not consume any digits"),
+        # MongoDB's optimizer folds an operator on constants before the
+        # pipeline runs, so its error is bare there; duetdb evaluates it while
+        # running (docs/design.md §14.4): the same words after the executor's
+        # context.
         (lambda: list(db.c.aggregate([{"$project": {"n": {"$toInt": 1e10}}}])),
-         241, "Conversion would overflow target type in $convert with no onError value: 1e+10"),
+         241, "PlanExecutor error during aggregation :: caused by :: "
+              "Conversion would overflow target type in $convert with no onError value: 1e+10"),
     ]
     for run, code, msg in cases:
         with pytest.raises(OperationFailure) as e:
@@ -411,3 +420,40 @@ def test_regex_and_conversion_errors_in_mongodb_words(db):
     r = list(db.c.aggregate([{"$project": {"_id": 0, "n": {"$convert": {
         "input": "$s", "to": "int", "onError": "bad"}}}}]))
     assert r == [{"n": "bad"}]
+
+
+def test_errors_raised_while_executing_carry_mongodbs_context(db):
+    """An error raised while a plan runs carries MongoDB 7's context
+    ("PlanExecutor error during aggregation :: caused by :: …", "Executor
+    error during find command", "… during getMore"), code unchanged; an
+    error of parsing does not."""
+    db.g.insert_many([{"_id": i, "x": i} for i in range(3000)])
+
+    def failure(f):
+        with pytest.raises(OperationFailure) as e:
+            f()
+        return e.value.code, e.value.details["errmsg"]
+
+    by_zero = {"$divide": [1, {"$subtract": ["$x", "$x"]}]}
+    assert failure(lambda: list(db.g.aggregate([{"$project": {"d": by_zero}}]))) \
+        == (2, "PlanExecutor error during aggregation :: caused by :: can't $divide by zero")
+    code, msg = failure(lambda: list(db.g.aggregate([{"$project": {"d": {"$nope": 1}}}])))
+    assert code == 168 and not msg.startswith("PlanExecutor"), msg
+    assert failure(lambda: list(db.g.find({"$expr": by_zero}))) \
+        == (2, "Executor error during find command :: caused by :: can't $divide by zero")
+    # A constant regex is compiled by MongoDB's optimizer, before anything
+    # runs: its error is bare, also inside a $project (no "Invalid $project"
+    # either), and it fails even on an empty collection or a dead branch.
+    bad = {"$regexMatch": {"input": "$s", "regex": "+"}}
+    words = "Invalid Regex in $regexMatch: quantifier does not follow a repeatable item"
+    for coll in (db.g, db.empty):
+        assert failure(lambda: list(coll.aggregate([{"$project": {"d": bad}}]))) \
+            == (51111, words)
+        assert failure(lambda: list(coll.find({"$expr": {"$cond": [False, bad, True]}}))) \
+            == (51111, words)
+    # Past the first batch, the error reaches a getMore.
+    late = {"$expr": {"$lt": [{"$divide": [1, {"$subtract": ["$x", 2500]}]}, 100]}}
+    seen = []
+    code, msg = failure(lambda: [seen.append(d) for d in db.g.find(late).batch_size(2)])
+    assert seen and (code, msg) == (
+        2, "Executor error during getMore :: caused by :: can't $divide by zero")

@@ -41,6 +41,14 @@ impl CommandError {
         }
         self
     }
+    /// The same error with MongoDB's context for errors raised while a
+    /// plan executes (`Executor error during find command :: caused by ::
+    /// …`): code, labels and details unchanged.
+    pub fn caused_by(mut self, context: &str) -> CommandError {
+        self.message = format!("{context} :: caused by :: {}", self.message);
+        self
+    }
+
     pub fn bad_value(m: impl Into<String>) -> CommandError {
         CommandError::new(2, "BadValue", m)
     }

@@ -34,6 +34,7 @@ mod write;
 pub use bson;
 
 // The embedded API.
+pub use api::aggregate::pipeline_parses;
 pub use api::engine::validate_db_name;
 pub use api::out::output_database;
 pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};

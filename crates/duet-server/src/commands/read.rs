@@ -175,7 +175,11 @@ fn cursor_reply(
     at: Option<Timestamp>,
 ) -> CmdResult {
     let ns = cursor.ns.clone();
-    let batch = cursor.next_batch(first)?;
+    // Only a find's stream can fail here (aggregates hand over finished
+    // documents): its errors are the executor's, as MongoDB words them.
+    let batch = cursor
+        .next_batch(first)
+        .map_err(|e| e.caused_by("Executor error during find command"))?;
     let full = batch.len() == first && at_end == AtEnd::KeepWhenFull;
     let id = if single_batch || (cursor.is_exhausted() && !full) {
         0
@@ -310,7 +314,9 @@ pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
             "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
         ));
     }
-    let batch = cursor.next_batch(size)?;
+    let batch = cursor
+        .next_batch(size)
+        .map_err(|e| e.caused_by("Executor error during getMore"))?;
     let out_id = lease.finish();
     Ok(doc! {"cursor": {"nextBatch": batch, "id": out_id, "ns": ns}, "ok": 1.0})
 }
@@ -558,7 +564,7 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             let docs = with_output_database(ctx, &stages, |out| {
                 ctx.database()?
                     .aggregate_into(stages.clone(), &limits, let_vars, out)
-                    .map_err(Into::into)
+                    .map_err(|e| executing_aggregate(e.into(), &stages, let_vars))
             })?;
             let cursor = Cursor::from_owned(ctx.ns("$cmd.aggregate"), ctx.conn.id, docs);
             return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
@@ -605,17 +611,18 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
                 c.aggregate_into(stages.clone(), strategy, &limits, let_vars, out)
                     .map(drop)
             };
-            written.map_err(Into::into)
+            written.map_err(|e| executing_aggregate(e.into(), &stages, let_vars))
         })?;
         let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, Vec::new());
         return cursor_reply(ctx, cursor, (first, AtEnd::KeepWhenFull), false, None);
     }
     let source = read_source(ctx, cmd, coll, target)?;
-    let docs = if text_first {
-        source.text_aggregate(&stages, &limits, let_vars)?
+    let run = if text_first {
+        source.text_aggregate(&stages, &limits, let_vars)
     } else {
-        source.aggregate(stages, &limits, let_vars)?
+        source.aggregate(stages.clone(), &limits, let_vars)
     };
+    let docs = run.map_err(|e| executing_aggregate(e, &stages, let_vars))?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
     cursor_reply(
         ctx,
@@ -624,6 +631,20 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
         false,
         source.at(),
     )
+}
+
+/// An aggregate's error with MongoDB's executor context when its pipeline
+/// parsed (the error came from running it), as MongoDB words those.
+fn executing_aggregate(
+    e: CommandError,
+    stages: &[Document],
+    let_vars: Option<&Document>,
+) -> CommandError {
+    if duetdb::pipeline_parses(stages, let_vars) {
+        e.caused_by("PlanExecutor error during aggregation")
+    } else {
+        e
+    }
 }
 
 /// Run `f` with the database a final `$out`/`$merge` of `stages` names

@@ -433,6 +433,23 @@ fn read_of(p: &Prepared) -> Read {
     }
 }
 
+/// Whether `pipeline` parses as a run of it would parse it (a `$text`
+/// first stage included): an error of a run whose pipeline parses was
+/// raised while executing it, which MongoDB reports under "PlanExecutor
+/// error during aggregation" (the server adds that context). Called only
+/// after a run failed, so a successful run parses once.
+pub fn pipeline_parses(pipeline: &[Document], let_vars: Option<&Document>) -> bool {
+    let text_first = pipeline
+        .first()
+        .and_then(|s| s.get_document("$match").ok())
+        .is_some_and(|m| m.contains_key("$text"));
+    if text_first {
+        crate::api::text::TextPipeline::parse(pipeline, let_vars, None).is_ok()
+    } else {
+        prepare_with(pipeline, let_vars).is_ok()
+    }
+}
+
 impl SnapshotCollection {
     /// Run an aggregation pipeline on this snapshot (always `cow`: the snapshot
     /// is held anyway).

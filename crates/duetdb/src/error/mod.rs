@@ -170,6 +170,13 @@ pub enum Error {
         name: &'static str,
         msg: String,
     },
+    /// An error of optimizing a parsed expression (MongoDB's precompilation
+    /// of a constant regex, `query::expr::regex::precompile`): reported exactly as
+    /// the error it holds, and never under a stage's parse context
+    /// (`Invalid $project :: caused by :: …`), since MongoDB optimizes after
+    /// parsing.
+    #[error("{0}")]
+    Optimize(Box<Error>),
 }
 
 impl Error {
@@ -214,6 +221,7 @@ impl Error {
             Error::ChangeStreamHistoryLost(_) => 286,
             Error::DocumentValidationFailure(_) => 121,
             Error::Coded { code, .. } => *code,
+            Error::Optimize(inner) => inner.code(),
         }
     }
 
@@ -260,6 +268,7 @@ impl Error {
             Error::ValueTooLarge { .. } => "BSONObjectTooLarge",
             Error::ChangeStreamHistoryLost(_) => "ChangeStreamHistoryLost",
             Error::Coded { name, .. } => name,
+            Error::Optimize(inner) => inner.code_name(),
         }
     }
 

@@ -418,6 +418,26 @@ fn parse_named(n: Named, arg: &Bson, sub: usize, scope: &mut Scope) -> Result<Ex
             return Err(missing_arg(n, r, d));
         }
     }
+    if matches!(
+        n,
+        Named::RegexMatch | Named::RegexFind | Named::RegexFindAll
+    ) {
+        let arg = |name: &str| {
+            keys.iter()
+                .position(|x| *x == name)
+                .and_then(|i| args[i].as_ref())
+        };
+        if let (Some(Expr::Literal(regex)), None | Some(Expr::Literal(_))) =
+            (arg("regex"), arg("options"))
+        {
+            let options = match arg("options") {
+                Some(Expr::Literal(o)) => Some(o),
+                _ => None,
+            };
+            super::regex::precompile(n, regex, options)
+                .map_err(|e| Error::Optimize(Box::new(e)))?;
+        }
+    }
     Ok(Expr::Named(n, args))
 }
 

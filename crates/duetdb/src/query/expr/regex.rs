@@ -69,6 +69,48 @@ fn failed(name: &str, e: MatchError) -> crate::error::Error {
     )
 }
 
+/// The pattern and options of `regex` and `options` as given (`None`: no
+/// pattern, null or missing), with MongoDB's type checks.
+fn pattern_of(name: &str, regex: &Value, options: &Value) -> Result<(Option<String>, String)> {
+    let (pattern, mut opts) = match regex {
+        v if is_nullish(v) => (None, String::new()),
+        Some(Bson::String(s)) => (Some(s.clone()), String::new()),
+        Some(Bson::RegularExpression(r)) => (Some(r.pattern.to_string()), r.options.to_string()),
+        _ => {
+            return Err(loc!(
+                51105,
+                "{name} needs 'regex' to be of type string or regex"
+            ))
+        }
+    };
+    match options {
+        v if is_nullish(v) => {}
+        Some(Bson::String(o)) => {
+            if !opts.is_empty() {
+                return Err(loc!(
+                    51107,
+                    "{name} found regex option(s) specified in both 'regex' and 'option' fields"
+                ));
+            }
+            opts = o.clone();
+        }
+        _ => return Err(loc!(51106, "{name} needs 'options' to be of type string")),
+    }
+    Ok((pattern, opts))
+}
+
+/// MongoDB compiles a constant `regex` (with constant or no `options`) once,
+/// when the pipeline is optimized, before it runs: its errors are the
+/// optimizer's, reported bare (`Error::Optimize`), even when the operator
+/// would never be evaluated.
+pub(super) fn precompile(n: Named, regex: &Bson, options: Option<&Bson>) -> Result<()> {
+    let (pattern, opts) = pattern_of(n.name(), &Some(regex.clone()), &options.cloned())?;
+    if let Some(p) = pattern {
+        compile(n.name(), &p, &opts)?;
+    }
+    Ok(())
+}
+
 /// Evaluate `$regexMatch` / `$regexFind` / `$regexFindAll`.
 pub(super) fn named(a: &Args<'_, '_>) -> Result<Value> {
     let name = a.name();
@@ -82,30 +124,7 @@ pub(super) fn named(a: &Args<'_, '_>) -> Result<Value> {
     let input = a.get("input")?;
     let regex = a.get("regex")?;
     let options = a.get("options")?;
-    let (pattern, mut opts) = match &regex {
-        v if is_nullish(v) => (None, String::new()),
-        Some(Bson::String(s)) => (Some(s.clone()), String::new()),
-        Some(Bson::RegularExpression(r)) => (Some(r.pattern.to_string()), r.options.to_string()),
-        _ => {
-            return Err(loc!(
-                51105,
-                "{name} needs 'regex' to be of type string or regex"
-            ))
-        }
-    };
-    match &options {
-        v if is_nullish(v) => {}
-        Some(Bson::String(o)) => {
-            if !opts.is_empty() {
-                return Err(loc!(
-                    51107,
-                    "{name} found regex option(s) specified in both 'regex' and 'option' fields"
-                ));
-            }
-            opts = o.clone();
-        }
-        _ => return Err(loc!(51106, "{name} needs 'options' to be of type string")),
-    }
+    let (pattern, opts) = pattern_of(name, &regex, &options)?;
     if is_nullish(&input) {
         return empty();
     }

@@ -283,10 +283,13 @@ fn parse_leaf(v: &Bson, full: &[String], st: &mut State) -> Result<Leaf> {
         // which keeps its code: `Invalid $project :: caused by :: …`.
         _ if st.dialect == Dialect::Stage => Expr::parse_in(v, &mut st.scope)
             .map(Leaf::Computed)
-            .map_err(|e| Error::Coded {
-                code: e.code(),
-                name: e.code_name(),
-                msg: format!("Invalid $project :: caused by :: {e}"),
+            .map_err(|e| match e {
+                e @ Error::Optimize(_) => e,
+                e => Error::Coded {
+                    code: e.code(),
+                    name: e.code_name(),
+                    msg: format!("Invalid $project :: caused by :: {e}"),
+                },
             }),
         Bson::Document(sub) => parse_find_operator(sub, v, full, st),
         other => Err(Error::bad_value(format!(
