@@ -278,6 +278,43 @@ fn serializable_phantom_and_point_reads() {
 }
 
 #[test]
+fn serializable_text_reads_are_validated_at_commit() {
+    // A `$text` read keeps no record of its matches: under serializable it
+    // reads the whole collection, and a commit since the snapshot that
+    // changed that collection fails the transaction.
+    let db = Database::in_memory();
+    let notes = db.collection("notes");
+    notes
+        .create_index_spec(&doc! {"key": {"body": "text"}})
+        .unwrap();
+    notes
+        .insert_one(doc! {"_id": 1, "body": "coffee shop"})
+        .unwrap();
+    let search = doc! {"$text": {"$search": "coffee"}};
+    let begin = |isolation: TxnOptions| {
+        let mut t = db.begin(isolation);
+        assert!(t.collection("notes").text_count(&search).unwrap() >= 1);
+        t.insert_one("log", doc! {"seen": 1}).unwrap();
+        t
+    };
+    let t = begin(TxnOptions::serializable());
+    notes
+        .insert_one(doc! {"_id": 2, "body": "coffee bar"})
+        .unwrap();
+    assert_eq!(t.commit().unwrap_err().code(), 112);
+    // A change to another collection does not conflict.
+    let t = begin(TxnOptions::serializable());
+    db.collection("other").insert_one(doc! {"x": 1}).unwrap();
+    t.commit().unwrap();
+    // Snapshot isolation does not validate reads.
+    let t = begin(TxnOptions::default());
+    notes
+        .insert_one(doc! {"_id": 3, "body": "coffee beans"})
+        .unwrap();
+    t.commit().unwrap();
+}
+
+#[test]
 fn read_only_transactions_commit_without_the_writer() {
     let db = accounts(2, 1);
     let mut t = db.begin(TxnOptions::serializable());

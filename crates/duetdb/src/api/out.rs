@@ -205,6 +205,7 @@ fn commit(
         writes,
         point_reads: Vec::new(),
         predicate_reads: Vec::new(),
+        collection_reads: Vec::new(),
         planted_bug: PlantedBug::None,
         origin: None,
     };

@@ -57,6 +57,8 @@ pub struct Transaction {
     write_bytes: usize,
     point_reads: Vec<PointRead>,
     predicate_reads: Vec<PredicateRead>,
+    /// Collections a `$text` read (see `TxnCommit::collection_reads`).
+    collection_reads: Vec<String>,
     /// Given to change events of the commit (see [`Transaction::set_origin`]).
     origin: Option<Arc<bson::RawDocumentBuf>>,
     /// The client operation's tag the commit carries (see [`Transaction::tag`]).
@@ -87,6 +89,7 @@ impl Database {
             write_bytes: 0,
             point_reads: Vec::new(),
             predicate_reads: Vec::new(),
+            collection_reads: Vec::new(),
             origin: None,
             tag: None,
         }
@@ -230,6 +233,7 @@ impl Transaction {
         self.writes.clear();
         self.point_reads.clear();
         self.predicate_reads.clear();
+        self.collection_reads.clear();
         self.write_bytes = 0;
     }
 
@@ -682,6 +686,7 @@ impl Transaction {
             writes: std::mem::take(&mut self.writes),
             point_reads: std::mem::take(&mut self.point_reads),
             predicate_reads: std::mem::take(&mut self.predicate_reads),
+            collection_reads: std::mem::take(&mut self.collection_reads),
             planted_bug: self.options.planted_bug(),
             origin: self.origin.take(),
         };
@@ -768,10 +773,11 @@ impl<'t> TxnCollection<'t> {
     /// The transaction's snapshot, for a `$text` read of this collection:
     /// the text index is not kept for the transaction's own writes, so a
     /// collection it has written is refused (263) rather than answered
-    /// without them. Not recorded as a predicate read (a `serializable`
-    /// commit does not validate it).
+    /// without them. Under `serializable` the read is recorded as a read of
+    /// the whole collection: the commit fails if any commit since the
+    /// snapshot changed it (coarse, as the text matches keep no record).
     fn text_state(&self) -> Result<Arc<DbState>> {
-        let txn = self.txn()?;
+        let mut txn = self.txn()?;
         if txn.writes.get(&self.name).is_some_and(|w| !w.is_empty()) {
             return Err(Error::Coded {
                 code: 263,
@@ -781,6 +787,9 @@ impl<'t> TxnCollection<'t> {
                     self.name
                 ),
             });
+        }
+        if txn.serializable() && !txn.collection_reads.contains(&self.name) {
+            txn.collection_reads.push(self.name.clone());
         }
         Ok(txn.snapshot.clone())
     }

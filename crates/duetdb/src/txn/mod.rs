@@ -179,6 +179,10 @@ pub struct TxnCommit {
     pub(crate) writes: WriteSet,
     pub(crate) point_reads: Vec<PointRead>,
     pub(crate) predicate_reads: Vec<PredicateRead>,
+    /// Collections read as a whole (a `$text` read, which keeps no record of
+    /// what it matched): under serializable, any commit since the snapshot
+    /// that changed one of them fails this commit.
+    pub(crate) collection_reads: Vec<String>,
     pub(crate) planted_bug: PlantedBug,
     /// Opaque metadata of the committing client for change events
     /// (the server's `{lsid, txnNumber}`).
@@ -196,6 +200,7 @@ impl std::fmt::Debug for TxnCommit {
             )
             .field("point_reads", &self.point_reads.len())
             .field("predicate_reads", &self.predicate_reads.len())
+            .field("collection_reads", &self.collection_reads)
             .finish()
     }
 }
@@ -346,12 +351,27 @@ fn validate_writes(state: &DbState, writes: &WriteSet) -> Result<()> {
     Ok(())
 }
 
-/// Serializable: every point read still sees the same version, and every
-/// predicate still matches the same `(record, version)` set, own writes aside.
+/// Serializable: every point read still sees the same version, every
+/// collection read as a whole is unchanged, and every predicate still
+/// matches the same `(record, version)` set, own writes aside.
 fn validate_reads(state: &DbState, commit: &TxnCommit) -> Result<()> {
     for r in &commit.point_reads {
         if !same_version(latest_version(state, &r.coll, &r.id), r.seen.as_ref()) {
             return Err(conflict(state, &r.coll, &r.id, "read of"));
+        }
+    }
+    for coll in &commit.collection_reads {
+        let unchanged = match (commit.snapshot.collection(coll), state.collection(coll)) {
+            (Some(a), Some(b)) => a.heap.same_root(&b.heap),
+            (None, None) => true,
+            _ => false,
+        };
+        if !unchanged {
+            return Err(Error::WriteConflict(format!(
+                "a $text query on {}.{} read by this serializable transaction: \
+                 the collection changed after its snapshot",
+                state.db, coll
+            )));
         }
     }
     let no_writes = BTreeMap::new();
