@@ -135,6 +135,17 @@ pub(super) fn check_var_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A name an expression binds (`$let`'s `vars`, an `as`): a user variable
+/// name, or `CURRENT`, the one system variable MongoDB lets users rebind
+/// (`validateNameForUserWrite`); a command's or `$lookup`'s `let` constants
+/// may not.
+fn check_bound_name(name: &str) -> Result<()> {
+    if name == "CURRENT" {
+        return Ok(());
+    }
+    check_var_name(name)
+}
+
 pub(super) fn parse_at(v: &Bson, depth: usize, scope: &mut Scope) -> Result<Expr> {
     if depth > MAX_EXPR_DEPTH {
         return Err(Error::bad_value(format!(
@@ -143,7 +154,7 @@ pub(super) fn parse_at(v: &Bson, depth: usize, scope: &mut Scope) -> Result<Expr
     }
     match v {
         Bson::String(s) if s.starts_with("$$") => parse_variable(&s[2..], scope),
-        Bson::String(s) if s.starts_with('$') => Ok(Expr::Field(parse_field_path(&s[1..])?)),
+        Bson::String(s) if s.starts_with('$') => Ok(current(scope, parse_field_path(&s[1..])?)),
         Bson::Array(items) => Ok(Expr::Array(
             items
                 .iter()
@@ -152,6 +163,16 @@ pub(super) fn parse_at(v: &Bson, depth: usize, scope: &mut Scope) -> Result<Expr
         )),
         Bson::Document(d) => parse_object(d, depth, scope),
         other => Ok(Expr::Literal(other.clone())),
+    }
+}
+
+/// A field path of `$$CURRENT`: the document itself unless a `$let` rebound
+/// `CURRENT`, whose value field paths inside its `in` then start from (as
+/// MongoDB's do).
+fn current(scope: &Scope, path: Vec<String>) -> Expr {
+    match scope.lookup("CURRENT") {
+        Some(id) => Expr::Var(id, path),
+        None => Expr::Field(path),
     }
 }
 
@@ -297,7 +318,10 @@ fn parse_operator(name: &str, arg: &Bson, depth: usize, scope: &mut Scope) -> Re
                 Named::GetField,
                 vec![
                     Some(parse_at(arg, sub, scope)?),
-                    Some(Expr::Root(Vec::new())),
+                    Some(match scope.lookup("CURRENT") {
+                        Some(id) => Expr::Var(id, Vec::new()),
+                        None => Expr::Root(Vec::new()),
+                    }),
                 ],
             ));
         }
@@ -467,7 +491,7 @@ fn as_name(d: &Document, op: &str) -> Result<String> {
     match d.get("as") {
         None => Ok("this".to_string()),
         Some(Bson::String(s)) => {
-            check_var_name(s)?;
+            check_bound_name(s)?;
             Ok(s.clone())
         }
         Some(other) => Err(Error::bad_value(format!(
@@ -492,7 +516,7 @@ fn parse_let(arg: &Bson, sub: usize, scope: &mut Scope) -> Result<Expr> {
     // Every value sees the outer scope only; the body sees them all.
     let mut values = Vec::with_capacity(vars.len());
     for (name, v) in vars {
-        check_var_name(name)?;
+        check_bound_name(name)?;
         values.push((name.as_str(), parse_at(v, sub, scope)?));
     }
     let bound: Vec<(u32, Expr)> = values

@@ -1366,3 +1366,47 @@ fn regex_expression_errors_in_pcre2_words() {
 fn printf_g_of(f: f64) -> String {
     super::convert::printf_g(f)
 }
+
+#[test]
+fn let_may_rebind_current_and_field_paths_follow_it() {
+    let d = doc! {"a": 1, "sub": {"a": 2, "b": {"a": 3}}};
+    let rebound = |current: Bson, body: Bson| {
+        ok(
+            bson!({"$let": {"vars": {"CURRENT": current}, "in": body}}),
+            &d,
+        )
+    };
+    assert_eq!(rebound(bson!("$sub"), bson!("$a")), bson!(2));
+    assert_eq!(rebound(bson!("$sub"), bson!("$$CURRENT.b.a")), bson!(3));
+    assert_eq!(rebound(bson!("$sub"), bson!("$$ROOT.a")), bson!(1));
+    assert_eq!(rebound(bson!("$sub"), bson!({"$getField": "a"})), bson!(2));
+    // Nested: the inner binding is seen from the outer one's value.
+    assert_eq!(
+        rebound(
+            bson!("$sub"),
+            bson!({"$let": {"vars": {"CURRENT": "$b"}, "in": "$a"}})
+        ),
+        bson!(3)
+    );
+    // Outside the $let, paths start from the document again.
+    assert_eq!(
+        ok(
+            bson!([{"$let": {"vars": {"CURRENT": "$sub"}, "in": "$a"}}, "$a"]),
+            &d
+        ),
+        bson!([2, 1])
+    );
+    // `as` may bind it too: paths then start from the element.
+    assert_eq!(
+        ok(
+            bson!({"$map": {"input": [{"a": 5}, {"a": 6}], "as": "CURRENT", "in": "$a"}}),
+            &d
+        ),
+        bson!([5, 6])
+    );
+    // Other system names stay refused.
+    assert_eq!(
+        parse_code(bson!({"$let": {"vars": {"ROOT": 1}, "in": 1}})),
+        16867
+    );
+}
