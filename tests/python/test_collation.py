@@ -198,3 +198,73 @@ def test_bad_collations_are_refused(fruit, db):
     with pytest.raises(OperationFailure) as e:
         db.create_collection("bad", collation={"locale": "en", "caseFirst": "sideways"})
     assert e.value.code == 9
+
+
+def test_update_operators_and_pipelines_follow_the_collation(db):
+    """MongoDB's update operators take the statement's collation:
+    $addToSet, $pull, $pullAll, $min/$max, $push's $sort, arrayFilters, and
+    a pipeline update's expressions; findAndModify and bulk writes too."""
+    from pymongo import UpdateOne
+    c = db.upd
+    c.insert_one({"_id": 1, "tags": ["Red", "blue"], "m": "b",
+                  "g": [{"k": "X", "v": 1}]})
+    c.update_one({"_id": 1}, {"$addToSet": {"tags": {"$each": ["RED", "green"]}}}, collation=CI)
+    assert c.find_one()["tags"] == ["Red", "blue", "green"]
+    c.update_one({"_id": 1}, {"$pull": {"tags": "GREEN"}}, collation=CI)
+    c.update_one({"_id": 1}, {"$min": {"m": "B"}}, collation=CI)
+    assert c.find_one()["m"] == "b"
+    c.update_one({"_id": 1}, {"$set": {"g.$[e].v": 5}}, array_filters=[{"e.k": "x"}],
+                 collation=CI)
+    assert c.find_one()["g"][0]["v"] == 5
+    c.update_one({"_id": 1}, [{"$set": {"eq": {"$eq": ["$m", "B"]}}}], collation=CI)
+    assert c.find_one()["eq"] is True
+    c.update_one({"_id": 1}, [{"$set": {"eq": {"$eq": ["$m", "B"]}}}])
+    assert c.find_one()["eq"] is False
+    doc = c.find_one_and_update({"_id": 1}, {"$pullAll": {"tags": ["red", "BLUE"]}},
+                                collation=CI, return_document=True)
+    assert doc["tags"] == []
+    c.bulk_write([UpdateOne({"_id": 1}, {"$addToSet": {"tags": {"$each": ["a", "A"]}}},
+                            collation=CI)])
+    assert c.find_one()["tags"] == ["a"]
+
+
+def test_elem_match_projection_and_database_aggregate(db):
+    db.ep.insert_one({"_id": 1, "xs": ["Apple", "pear"]})
+    got = db.ep.find_one({}, {"xs": {"$elemMatch": {"$eq": "apple"}}}, collation=CI)
+    assert got["xs"] == ["Apple"]
+    assert "xs" not in db.ep.find_one({}, {"xs": {"$elemMatch": {"$eq": "apple"}}})
+    pipeline = [{"$documents": [{"k": "a"}, {"k": "A"}, {"k": "b"}]},
+                {"$group": {"_id": "$k", "s": {"$addToSet": "$k"}}}, {"$sort": {"_id": 1}}]
+    r = db.command("aggregate", 1, pipeline=pipeline, cursor={},
+                   collation={"locale": "en", "strength": 2})
+    assert len(r["cursor"]["firstBatch"]) == 2
+    r = db.command("aggregate", 1, pipeline=pipeline, cursor={})
+    assert len(r["cursor"]["firstBatch"]) == 3
+
+
+def test_collation_inside_a_transaction(db):
+    db.create_collection("ppl", collation=CI)
+    db.ppl.insert_many([{"_id": 1, "n": "Ann"}, {"_id": 2, "n": "ann"}])
+    db.plain.insert_many([{"_id": 1, "n": "Bob"}, {"_id": 2, "n": "bob"}])
+    with db.client.start_session() as s:
+        with s.start_transaction():
+            # The collection's default inside the transaction ...
+            assert db.ppl.count_documents({"n": "ANN"}, session=s) == 2
+            # ... and the option, on reads, updates and deletes.
+            assert len(list(db.plain.find({"n": "BOB"}, collation=CI, session=s))) == 2
+            r = db.plain.update_many({"n": "BOB"}, {"$set": {"x": 1}}, collation=CI, session=s)
+            assert r.matched_count == 2
+            assert len(list(db.plain.aggregate([{"$group": {"_id": "$n"}}],
+                                               collation=CI, session=s))) == 1
+            assert db.plain.delete_many({"n": "BOB"}, collation=CI, session=s).deleted_count == 2
+    assert db.plain.count_documents({}) == 0
+
+
+def test_collation_on_a_tailable_cursor(db):
+    from pymongo import CursorType
+    db.create_collection("cap", capped=True, size=4096)
+    db.cap.insert_many([{"n": "Ann"}, {"n": "bob"}, {"n": "ANN"}])
+    cur = db.cap.find({"n": "ann"}, cursor_type=CursorType.TAILABLE, collation=CI)
+    assert [d["n"] for d in cur] == ["Ann", "ANN"]
+    cur = db.cap.find({"n": "ann"}, cursor_type=CursorType.TAILABLE)
+    assert [d["n"] for d in cur] == []
