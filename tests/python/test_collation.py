@@ -268,3 +268,43 @@ def test_collation_on_a_tailable_cursor(db):
     assert [d["n"] for d in cur] == ["Ann", "ANN"]
     cur = db.cap.find({"n": "ann"}, cursor_type=CursorType.TAILABLE)
     assert [d["n"] for d in cur] == []
+
+
+def test_index_kinds_and_collation(db):
+    """MongoDB's rule: btree, hashed, 2dsphere and wildcard indexes take a
+    collation; a text index refuses one (67), also one inherited from the
+    collection's default unless {locale: "simple"} is given."""
+    c = db.kinds
+    with pytest.raises(OperationFailure) as e:
+        c.create_index([("body", "text")], collation=CI)
+    assert e.value.code == 67
+    assert "Index type 'text' does not support collation: { locale: \"en\"" in str(e.value)
+    assert c.create_index([("body", "text")], collation=Collation(locale="simple"))
+    db.create_collection("kinds_ci", collation=CI)
+    with pytest.raises(OperationFailure) as e:
+        db.kinds_ci.create_index([("body", "text")])
+    assert e.value.code == 67
+    assert db.kinds_ci.create_index([("body", "text")], collation=Collation(locale="simple"))
+
+    # 2dsphere: its other fields are keyed under the collation.
+    g = db.geo_ci
+    g.create_index([("loc", "2dsphere"), ("name", 1)], collation=CI, name="loc_name")
+    g.insert_many([{"loc": {"type": "Point", "coordinates": [1, 1]}, "name": n}
+                   for n in ("Ann", "ann", "Bob")])
+    near = {"loc": {"$geoWithin": {"$centerSphere": [[1, 1], 0.01]}}, "name": "ANN"}
+    assert g.count_documents(near, collation=CI) == 2
+    assert "loc_name" in plan_text(g.find(near).collation(CI).explain())
+    assert g.count_documents(near) == 0
+    idx = {i["name"]: i for i in g.list_indexes()}
+    assert idx["loc_name"]["collation"]["strength"] == 2
+
+    # Wildcard: values keyed under the collation, used by a same-collation query.
+    w = db.wild_ci
+    w.create_index([("$**", 1)], collation=CI, name="all_ci")
+    w.insert_many([{"a": {"b": "X"}}, {"a": {"b": "x"}}, {"a": {"b": "y"}}])
+    assert w.count_documents({"a.b": "x"}, collation=CI) == 2
+    assert "all_ci" in plan_text(w.find({"a.b": "x"}).collation(CI).explain())
+    # A simple query on strings does not use it, and answers binary.
+    assert "all_ci" not in plan_text(w.find({"a.b": "x"}).explain())
+    assert w.count_documents({"a.b": "x"}) == 1
+    assert w.count_documents({"a.b": {"$gt": "X"}}, collation=CI) == 1
