@@ -308,3 +308,29 @@ def test_index_kinds_and_collation(db):
     assert "all_ci" not in plan_text(w.find({"a.b": "x"}).explain())
     assert w.count_documents({"a.b": "x"}) == 1
     assert w.count_documents({"a.b": {"$gt": "X"}}, collation=CI) == 1
+
+
+def test_id_index_stays_simple_and_a_collated_id_index_can_be_added(db):
+    """The `_id` index stays simple (a documented difference from MongoDB's,
+    whose `_id` index takes the collection's default); a unique collated
+    `{_id: 1}` index, given its collation explicitly, enforces MongoDB's
+    rule and answers `_id` lookups under the collation."""
+    db.create_collection("ids", collation=CI)
+    c = db.ids
+    c.insert_one({"_id": "a"})
+    c.insert_one({"_id": "A"})  # MongoDB would refuse this one (E11000).
+    assert c.count_documents({"_id": "A"}) == 2  # The filter collates.
+    idx = {i["name"]: i for i in c.list_indexes()}
+    assert "collation" not in idx["_id_"]
+    # A bare {_id: 1} is the _id index: nothing new.
+    c.create_index("_id")
+    assert len(list(c.list_indexes())) == 1
+    c.delete_one({"_id": "A"}, collation=Collation(locale="simple"))
+    c.create_index("_id", unique=True, name="_id_ci", collation=CI)
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": "A"})
+    assert "_id_ci" in plan_text(c.find({"_id": "A"}).explain())
+    assert [d["_id"] for d in c.find({"_id": "A"})] == ["a"]
+    # Numbers still take the _id index.
+    c.insert_one({"_id": 5})
+    assert "_id_ci" not in plan_text(c.find({"_id": 5}).explain())

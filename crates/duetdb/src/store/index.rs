@@ -369,8 +369,13 @@ impl IndexSpec {
     }
 
     /// Is this the primary key pattern `{_id: 1}`?
+    /// The primary key pattern `{_id: 1}`, simple: the `_id` index itself.
+    /// A collated `{_id: 1}` is a secondary index (it enforces `_id`
+    /// uniqueness and answers `_id` bounds under its collation, which the
+    /// simple `_id` index cannot: docs/design.md §6.1).
     pub fn is_id_pattern(&self) -> bool {
-        matches!(self.kind, IndexKind::Ordered)
+        self.collation.is_none()
+            && matches!(self.kind, IndexKind::Ordered)
             && self.fields.len() == 1
             && self.fields[0].0 == "_id"
             && self.fields[0].1
