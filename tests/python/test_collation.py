@@ -334,3 +334,13 @@ def test_id_index_stays_simple_and_a_collated_id_index_can_be_added(db):
     # Numbers still take the _id index.
     c.insert_one({"_id": 5})
     assert "_id_ci" not in plan_text(c.find({"_id": 5}).explain())
+
+
+def test_explain_of_a_collated_update_counts_what_it_would_modify(db):
+    db.create_collection("ex", collation=CI)
+    db.ex.insert_one({"_id": 1, "tags": ["a"]})
+    r = db.command("explain", {"findAndModify": "ex", "query": {"_id": 1},
+                               "update": {"$addToSet": {"tags": "A"}}},
+                   verbosity="executionStats")
+    stage = r["executionStats"]["executionStages"]
+    assert stage["nMatched"] == 1 and stage["nWouldModify"] == 0
