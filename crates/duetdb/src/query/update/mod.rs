@@ -218,8 +218,13 @@ impl UpdateSpec {
     /// This update applied under collation `c` (`None`: binary): its value
     /// comparisons, `$pull` conditions, `arrayFilters`, `$push` `$sort` and
     /// pipeline expressions compare strings by it, as MongoDB's do under
-    /// the command's collation.
+    /// the command's collation. A spec already under a collation keeps it
+    /// (its filters' operands are keys already: keying them again would
+    /// corrupt them).
     pub fn with_collation(mut self, c: Option<Arc<Collator>>) -> UpdateSpec {
+        if self.coll.is_some() || c.is_none() {
+            return self;
+        }
         if let Kind::Operators(ops) = &mut self.kind {
             for fop in ops.iter_mut() {
                 match &mut fop.op {
