@@ -198,3 +198,149 @@ def test_bad_collations_are_refused(fruit, db):
     with pytest.raises(OperationFailure) as e:
         db.create_collection("bad", collation={"locale": "en", "caseFirst": "sideways"})
     assert e.value.code == 9
+
+
+def test_update_operators_and_pipelines_follow_the_collation(db):
+    """MongoDB's update operators take the statement's collation:
+    $addToSet, $pull, $pullAll, $min/$max, $push's $sort, arrayFilters, and
+    a pipeline update's expressions; findAndModify and bulk writes too."""
+    from pymongo import UpdateOne
+    c = db.upd
+    c.insert_one({"_id": 1, "tags": ["Red", "blue"], "m": "b",
+                  "g": [{"k": "X", "v": 1}]})
+    c.update_one({"_id": 1}, {"$addToSet": {"tags": {"$each": ["RED", "green"]}}}, collation=CI)
+    assert c.find_one()["tags"] == ["Red", "blue", "green"]
+    c.update_one({"_id": 1}, {"$pull": {"tags": "GREEN"}}, collation=CI)
+    c.update_one({"_id": 1}, {"$min": {"m": "B"}}, collation=CI)
+    assert c.find_one()["m"] == "b"
+    c.update_one({"_id": 1}, {"$set": {"g.$[e].v": 5}}, array_filters=[{"e.k": "x"}],
+                 collation=CI)
+    assert c.find_one()["g"][0]["v"] == 5
+    c.update_one({"_id": 1}, [{"$set": {"eq": {"$eq": ["$m", "B"]}}}], collation=CI)
+    assert c.find_one()["eq"] is True
+    c.update_one({"_id": 1}, [{"$set": {"eq": {"$eq": ["$m", "B"]}}}])
+    assert c.find_one()["eq"] is False
+    doc = c.find_one_and_update({"_id": 1}, {"$pullAll": {"tags": ["red", "BLUE"]}},
+                                collation=CI, return_document=True)
+    assert doc["tags"] == []
+    c.bulk_write([UpdateOne({"_id": 1}, {"$addToSet": {"tags": {"$each": ["a", "A"]}}},
+                            collation=CI)])
+    assert c.find_one()["tags"] == ["a"]
+
+
+def test_elem_match_projection_and_database_aggregate(db):
+    db.ep.insert_one({"_id": 1, "xs": ["Apple", "pear"]})
+    got = db.ep.find_one({}, {"xs": {"$elemMatch": {"$eq": "apple"}}}, collation=CI)
+    assert got["xs"] == ["Apple"]
+    assert "xs" not in db.ep.find_one({}, {"xs": {"$elemMatch": {"$eq": "apple"}}})
+    pipeline = [{"$documents": [{"k": "a"}, {"k": "A"}, {"k": "b"}]},
+                {"$group": {"_id": "$k", "s": {"$addToSet": "$k"}}}, {"$sort": {"_id": 1}}]
+    r = db.command("aggregate", 1, pipeline=pipeline, cursor={},
+                   collation={"locale": "en", "strength": 2})
+    assert len(r["cursor"]["firstBatch"]) == 2
+    r = db.command("aggregate", 1, pipeline=pipeline, cursor={})
+    assert len(r["cursor"]["firstBatch"]) == 3
+
+
+def test_collation_inside_a_transaction(db):
+    db.create_collection("ppl", collation=CI)
+    db.ppl.insert_many([{"_id": 1, "n": "Ann"}, {"_id": 2, "n": "ann"}])
+    db.plain.insert_many([{"_id": 1, "n": "Bob"}, {"_id": 2, "n": "bob"}])
+    with db.client.start_session() as s:
+        with s.start_transaction():
+            # The collection's default inside the transaction ...
+            assert db.ppl.count_documents({"n": "ANN"}, session=s) == 2
+            # ... and the option, on reads, updates and deletes.
+            assert len(list(db.plain.find({"n": "BOB"}, collation=CI, session=s))) == 2
+            r = db.plain.update_many({"n": "BOB"}, {"$set": {"x": 1}}, collation=CI, session=s)
+            assert r.matched_count == 2
+            assert len(list(db.plain.aggregate([{"$group": {"_id": "$n"}}],
+                                               collation=CI, session=s))) == 1
+            assert db.plain.delete_many({"n": "BOB"}, collation=CI, session=s).deleted_count == 2
+    assert db.plain.count_documents({}) == 0
+
+
+def test_collation_on_a_tailable_cursor(db):
+    from pymongo import CursorType
+    db.create_collection("cap", capped=True, size=4096)
+    db.cap.insert_many([{"n": "Ann"}, {"n": "bob"}, {"n": "ANN"}])
+    cur = db.cap.find({"n": "ann"}, cursor_type=CursorType.TAILABLE, collation=CI)
+    assert [d["n"] for d in cur] == ["Ann", "ANN"]
+    cur = db.cap.find({"n": "ann"}, cursor_type=CursorType.TAILABLE)
+    assert [d["n"] for d in cur] == []
+
+
+def test_index_kinds_and_collation(db):
+    """MongoDB's rule: btree, hashed, 2dsphere and wildcard indexes take a
+    collation; a text index refuses one (67), also one inherited from the
+    collection's default unless {locale: "simple"} is given."""
+    c = db.kinds
+    with pytest.raises(OperationFailure) as e:
+        c.create_index([("body", "text")], collation=CI)
+    assert e.value.code == 67
+    assert "Index type 'text' does not support collation: { locale: \"en\"" in str(e.value)
+    assert c.create_index([("body", "text")], collation=Collation(locale="simple"))
+    db.create_collection("kinds_ci", collation=CI)
+    with pytest.raises(OperationFailure) as e:
+        db.kinds_ci.create_index([("body", "text")])
+    assert e.value.code == 67
+    assert db.kinds_ci.create_index([("body", "text")], collation=Collation(locale="simple"))
+
+    # 2dsphere: its other fields are keyed under the collation.
+    g = db.geo_ci
+    g.create_index([("loc", "2dsphere"), ("name", 1)], collation=CI, name="loc_name")
+    g.insert_many([{"loc": {"type": "Point", "coordinates": [1, 1]}, "name": n}
+                   for n in ("Ann", "ann", "Bob")])
+    near = {"loc": {"$geoWithin": {"$centerSphere": [[1, 1], 0.01]}}, "name": "ANN"}
+    assert g.count_documents(near, collation=CI) == 2
+    assert "loc_name" in plan_text(g.find(near).collation(CI).explain())
+    assert g.count_documents(near) == 0
+    idx = {i["name"]: i for i in g.list_indexes()}
+    assert idx["loc_name"]["collation"]["strength"] == 2
+
+    # Wildcard: values keyed under the collation, used by a same-collation query.
+    w = db.wild_ci
+    w.create_index([("$**", 1)], collation=CI, name="all_ci")
+    w.insert_many([{"a": {"b": "X"}}, {"a": {"b": "x"}}, {"a": {"b": "y"}}])
+    assert w.count_documents({"a.b": "x"}, collation=CI) == 2
+    assert "all_ci" in plan_text(w.find({"a.b": "x"}).collation(CI).explain())
+    # A simple query on strings does not use it, and answers binary.
+    assert "all_ci" not in plan_text(w.find({"a.b": "x"}).explain())
+    assert w.count_documents({"a.b": "x"}) == 1
+    assert w.count_documents({"a.b": {"$gt": "X"}}, collation=CI) == 1
+
+
+def test_id_index_stays_simple_and_a_collated_id_index_can_be_added(db):
+    """The `_id` index stays simple (a documented difference from MongoDB's,
+    whose `_id` index takes the collection's default); a unique collated
+    `{_id: 1}` index, given its collation explicitly, enforces MongoDB's
+    rule and answers `_id` lookups under the collation."""
+    db.create_collection("ids", collation=CI)
+    c = db.ids
+    c.insert_one({"_id": "a"})
+    c.insert_one({"_id": "A"})  # MongoDB would refuse this one (E11000).
+    assert c.count_documents({"_id": "A"}) == 2  # The filter collates.
+    idx = {i["name"]: i for i in c.list_indexes()}
+    assert "collation" not in idx["_id_"]
+    # A bare {_id: 1} is the _id index: nothing new.
+    c.create_index("_id")
+    assert len(list(c.list_indexes())) == 1
+    c.delete_one({"_id": "A"}, collation=Collation(locale="simple"))
+    c.create_index("_id", unique=True, name="_id_ci", collation=CI)
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": "A"})
+    assert "_id_ci" in plan_text(c.find({"_id": "A"}).explain())
+    assert [d["_id"] for d in c.find({"_id": "A"})] == ["a"]
+    # Numbers still take the _id index.
+    c.insert_one({"_id": 5})
+    assert "_id_ci" not in plan_text(c.find({"_id": 5}).explain())
+
+
+def test_explain_of_a_collated_update_counts_what_it_would_modify(db):
+    db.create_collection("ex", collation=CI)
+    db.ex.insert_one({"_id": 1, "tags": ["a"]})
+    r = db.command("explain", {"findAndModify": "ex", "query": {"_id": 1},
+                               "update": {"$addToSet": {"tags": "A"}}},
+                   verbosity="executionStats")
+    stage = r["executionStats"]["executionStages"]
+    assert stage["nMatched"] == 1 and stage["nWouldModify"] == 0

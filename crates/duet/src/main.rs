@@ -172,7 +172,8 @@ enum CheckCommand {
         slots: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Kind of the index scans use: plain, partial, sparse, hashed, wildcard or geo.
+        /// Kind of the index scans use: plain, partial, sparse, hashed, wildcard, geo or
+        /// text (`$text` searches join the mix).
         #[arg(long, default_value = "plain")]
         index: String,
     },

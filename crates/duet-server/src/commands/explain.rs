@@ -598,7 +598,10 @@ impl Explainer<'_, '_, '_> {
     /// A write's explain: its matches found (never written) on this source.
     fn write(&self, find: &FindPlan, kind: WriteKind) -> CmdResult<Document> {
         let (base, blocking, duet) = self.plan(find)?;
-        let parsed = Filter::parse(&find.filter)?;
+        // The write's collation (the command's, else the collection's):
+        // its filter and `nWouldModify` compare under it, as the write would.
+        let collator = self.source.collator()?;
+        let parsed = Filter::parse(&find.filter)?.with_collation(collator.clone());
         let run = if self.executes() {
             let (found, c) = self.counted(|limits| {
                 let mut docs = Vec::new();
@@ -626,6 +629,7 @@ impl Explainer<'_, '_, '_> {
         if let Some((_, found)) = &run {
             match &kind {
                 WriteKind::Update { spec, upsert } => {
+                    let spec = spec.clone().with_collation(collator);
                     let mut modify = 0i64;
                     for d in found {
                         if spec.would_modify(d, &parsed)? {

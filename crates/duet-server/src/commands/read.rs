@@ -209,6 +209,11 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     let projection = plan.parsed_projection()?;
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
+    // `$elemMatch` in the projection compares under the find's collation.
+    let projection = match projection {
+        Some(p) => Some(p.with_collation(source.collator()?)),
+        None => None,
+    };
     let stream = source.find_stream(&plan, &limits)?;
     let o = &plan.options;
     let sorted_in_memory =
@@ -563,7 +568,13 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
             let limits = read_limits(ctx, cmd)?;
             let docs = with_output_database(ctx, &stages, |out| {
                 ctx.database()?
-                    .aggregate_into(stages.clone(), &limits, let_vars, out)
+                    .aggregate_collated(
+                        stages.clone(),
+                        &limits,
+                        let_vars,
+                        out,
+                        super::source::collation_of(cmd)?.as_ref(),
+                    )
                     .map_err(|e| executing_aggregate(e.into(), &stages, let_vars))
             })?;
             let cursor = Cursor::from_owned(ctx.ns("$cmd.aggregate"), ctx.conn.id, docs);

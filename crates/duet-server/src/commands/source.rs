@@ -71,13 +71,30 @@ impl Target<'_> {
         name: &str,
         bypass: bool,
     ) -> CmdResult<Box<dyn Crud + 's>> {
+        self.collection_collated(ctx, name, bypass, None)
+    }
+
+    /// [`Target::collection_with`] under a statement's `collation` option
+    /// (`None`: the collection's default), live or in the transaction.
+    pub fn collection_collated<'s>(
+        &'s mut self,
+        ctx: &Ctx<'_>,
+        name: &str,
+        bypass: bool,
+        collation: Option<Document>,
+    ) -> CmdResult<Box<dyn Crud + 's>> {
         Ok(match self {
             Target::Live => Box::new(
                 ctx.database()?
                     .collection(name)
-                    .bypass_document_validation(bypass),
+                    .bypass_document_validation(bypass)
+                    .with_collation(collation),
             ),
-            Target::Txn(txn) => Box::new(txn.collection(name).bypass_document_validation(bypass)),
+            Target::Txn(txn) => Box::new(
+                txn.collection(name)
+                    .bypass_document_validation(bypass)
+                    .with_collation(collation),
+            ),
         })
     }
 }
@@ -132,14 +149,7 @@ pub fn read_source<'s>(
             at,
             spill_dir,
         },
-        ReadSource::Txn(c) => {
-            if collation.is_some() {
-                return Err(CommandError::not_supported(
-                    "a collation inside a transaction is not supported by duetdb",
-                ));
-            }
-            ReadSource::Txn(c)
-        }
+        ReadSource::Txn(c) => ReadSource::Txn(c.with_collation(collation)),
     };
     ctx.note_read(coll, cmd, &source);
     Ok(source)
@@ -324,6 +334,16 @@ impl ReadSource<'_> {
     /// materialized for live `vls`/`olcp`/`none` reads and in a transaction.
     /// What a server cursor can keep between `getMore`s (see
     /// `duetdb::FindStream`).
+    /// The collator this read compares strings under: the command's
+    /// `collation`, else the collection's default (`None`: simple).
+    pub fn collator(&self) -> CmdResult<Option<std::sync::Arc<duetdb::Collator>>> {
+        Ok(match self {
+            ReadSource::Live { coll, .. } => coll.collator()?,
+            ReadSource::Held { coll, .. } => coll.collator()?,
+            ReadSource::Txn(coll) => coll.collator()?,
+        })
+    }
+
     pub fn find_stream(
         &self,
         plan: &FindPlan,

@@ -207,13 +207,6 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str, target: &Target<'_>) -> C
              (readConcern 'snapshot' or a named snapshot)",
         ));
     }
-    if let Some(c) = args::opt_doc(cmd, "collation")? {
-        if c.get_str("locale").ok() != Some("simple") {
-            return Err(CommandError::not_supported(
-                "collations are not supported by duetdb",
-            ));
-        }
-    }
     let limit = args::opt_safe_i64(cmd, "limit")?.unwrap_or(0);
     if limit < 0 {
         return Err(CommandError::bad_value("limit must be non-negative"));
@@ -229,11 +222,19 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str, target: &Target<'_>) -> C
         ));
     }
     let filter_doc = Filter::bind_let(&filter_doc, args::opt_doc(cmd, "let")?)?;
-    let filter = Filter::parse(&filter_doc)?;
+    // The cursor's filter (and `$elemMatch` projection) compare under the
+    // command's collation, else the collection's default, as a find's do.
+    let collator = ctx
+        .database()?
+        .collection(coll)
+        .with_collation(super::source::collation_of(cmd)?)
+        .collator()?;
+    let filter = Filter::parse(&filter_doc)?.with_collation(collator.clone());
     let projection = args::opt_doc(cmd, "projection")?
         .filter(|p| !p.is_empty())
         .map(Projection::parse)
-        .transpose()?;
+        .transpose()?
+        .map(|p| p.with_collation(collator));
     let await_data = args::flag(cmd, "awaitData")?;
     let ns = ctx.ns(coll);
     let Some(pos) = ctx.database()?.collection(coll).open_tail()? else {

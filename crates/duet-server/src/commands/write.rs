@@ -224,38 +224,9 @@ fn refuse_unsupported(stmt: &Document) -> CmdResult<()> {
     Ok(())
 }
 
-/// The handle a statement with a `collation` runs on: the live collection
-/// with the option set; `None` without one (the command's handle, under
-/// the collection's default collation). Inside a transaction a collation is
-/// refused (115).
-fn collated_handle(
-    ctx: &Ctx<'_>,
-    name: &str,
-    bypass: bool,
-    live: bool,
-    stmt: &Document,
-) -> CmdResult<Option<duetdb::Collection>> {
-    let Some(c) = super::source::collation_of(stmt)? else {
-        return Ok(None);
-    };
-    if !live {
-        return Err(CommandError::not_supported(
-            "a collation inside a transaction is not supported by duetdb",
-        ));
-    }
-    Ok(Some(
-        ctx.database()?
-            .collection(name)
-            .bypass_document_validation(bypass)
-            .with_collation(Some(c)),
-    ))
-}
-
 pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let (name, stmts, ordered) = batch(cmd, "update", "updates")?;
-    let live = matches!(target, Target::Live);
     let bypass = args::flag(cmd, "bypassDocumentValidation")?;
-    let coll = target.collection_with(ctx, name, bypass)?;
     let let_vars = args::opt_doc(cmd, "let")?;
     // IDL type errors fail the whole command, before any statement runs.
     let mut filters = Vec::with_capacity(stmts.len());
@@ -273,11 +244,10 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
             upsert: args::flag(stmt, "upsert")?,
             hint: stmt.get("hint").cloned(),
         };
-        let collated = collated_handle(ctx, name, bypass, live, stmt)?;
-        let coll: &dyn duetdb::Crud = match &collated {
-            Some(c) => c,
-            None => &*coll,
-        };
+        // Each statement runs under its own `collation` (else the
+        // collection's default), live or in the transaction.
+        let collation = super::source::collation_of(stmt)?;
+        let coll = target.collection_collated(ctx, name, bypass, collation)?;
         Ok(coll.update_with_spec(q, spec, args::flag(stmt, "multi")?, options)?)
     };
     let (mut n, mut modified, mut upserted) = (0i64, 0i64, Vec::new());
@@ -299,8 +269,6 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
 
 pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
     let (name, stmts, ordered) = batch(cmd, "delete", "deletes")?;
-    let live = matches!(target, Target::Live);
-    let coll = target.collection(ctx, name)?;
     // `limit` is required (IDL), checked for every statement first.
     for stmt in &stmts {
         if stmt.get("limit").is_none() {
@@ -312,11 +280,8 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
         }
     }
     let one = |_: usize, stmt: &Document, q| -> Result<u64, StmtError> {
-        let collated = collated_handle(ctx, name, false, live, stmt)?;
-        let coll: &dyn duetdb::Crud = match &collated {
-            Some(c) => c,
-            None => &*coll,
-        };
+        let collation = super::source::collation_of(stmt)?;
+        let coll = target.collection_collated(ctx, name, false, collation)?;
         match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
             0 => Ok(coll.delete_many(q)?),
             1 => Ok(coll.delete_one(q)?),
@@ -431,14 +396,9 @@ pub fn find_and_modify(
         },
         hint: cmd.get("hint").cloned(),
     };
-    let live = matches!(target, Target::Live);
     let bypass = args::flag(cmd, "bypassDocumentValidation")?;
-    let collated = collated_handle(ctx, name, bypass, live, cmd)?;
-    let coll = target.collection_with(ctx, name, bypass)?;
-    let coll: &dyn duetdb::Crud = match &collated {
-        Some(c) => c,
-        None => &*coll,
-    };
+    let collation = super::source::collation_of(cmd)?;
+    let coll = target.collection_collated(ctx, name, bypass, collation)?;
     let (value, out) = coll.find_and_modify_with_spec(query, spec, options)?;
     let last_error = if remove {
         doc! {"n": i32::from(out.removed)}

@@ -24,11 +24,12 @@
 //! executor every page, so nothing is materialized before the rest's `$sort`.
 
 use std::ops::ControlFlow;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bson::Document;
 
 use crate::api::{Collection, Database, SnapshotCollection};
+use crate::doc::collation::Collator;
 use crate::error::{Error, Result};
 use crate::query::aggregate::{
     prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
@@ -554,7 +555,40 @@ impl Database {
         let_vars: Option<&Document>,
         out_db: Option<&Database>,
     ) -> Result<Vec<Document>> {
-        let mut p = prepare_with(&pipeline, let_vars)?;
+        self.aggregate_collated(pipeline, limits, let_vars, out_db, None)
+    }
+
+    /// [`Database::aggregate_into`] under the command's `collation`
+    /// (`None`: simple; there is no collection default to fall back on):
+    /// its stages and expressions compare strings under it, as a
+    /// collection's aggregation does.
+    pub fn aggregate_collated(
+        &self,
+        pipeline: Vec<Document>,
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+        out_db: Option<&Database>,
+        collation: Option<&Document>,
+    ) -> Result<Vec<Document>> {
+        let collator = match collation {
+            Some(d) => Collator::from_document(d)?,
+            None => None,
+        };
+        crate::query::expr::under_collation(collator.as_ref(), || {
+            self.aggregate_documents(&pipeline, limits, let_vars, out_db, collator.clone())
+        })
+    }
+
+    /// [`Database::aggregate_collated`] with the collation in scope.
+    fn aggregate_documents(
+        &self,
+        pipeline: &[Document],
+        limits: &ReadLimits,
+        let_vars: Option<&Document>,
+        out_db: Option<&Database>,
+        collator: Option<Arc<Collator>>,
+    ) -> Result<Vec<Document>> {
+        let mut p = prepare_collated(pipeline, let_vars, collator)?;
         p.limit_memory(limits.memory_limit_bytes);
         if !p.documents {
             let first = pipeline

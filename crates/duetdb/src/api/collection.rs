@@ -174,11 +174,14 @@ impl Crud for Collection {
     }
 
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
+        let collator = self.collator()?;
         let cmd = UpdateCommand {
             coll: self.name.clone(),
-            filter: self.parse_filter(&u.filter)?,
+            filter: Filter::parse(&u.filter)?.with_collation(collator.clone()),
             filter_doc: u.filter,
-            update: u.spec,
+            // The update's comparisons (`$addToSet`, `$pull`, `$min`, a
+            // pipeline's expressions…) take the operation's collation too.
+            update: u.spec.with_collation(collator),
             multi: u.multi,
             upsert: u.options.upsert,
             bypass_validation: self.bypass_validation,
@@ -205,20 +208,21 @@ impl Crud for Collection {
 
     fn modify_first(&self, m: CheckedModify) -> Result<FindAndModifyOutcome> {
         let o = &m.options;
+        let collator = self.collator()?;
         let cmd = FindAndModifyCommand {
             coll: self.name.clone(),
-            filter: self.parse_filter(&m.filter)?,
+            filter: Filter::parse(&m.filter)?.with_collation(collator.clone()),
             sort: o
                 .sort
                 .as_ref()
                 .map(SortSpec::parse)
                 .transpose()?
-                .map(|s| s.with_collation(self.collator().ok().flatten())),
+                .map(|s| s.with_collation(collator.clone())),
             upsert: o.upsert,
             return_new: o.return_document == ReturnDocument::After,
             hint: o.hint.as_ref().map(Hint::from_bson).transpose()?,
             filter_doc: m.filter,
-            update: m.update,
+            update: m.update.map(|u| u.with_collation(collator)),
             bypass_validation: self.bypass_validation,
         };
         match self.db.submit(Command::FindAndModify(cmd))? {

@@ -407,7 +407,7 @@ impl Find {
 
     /// The collator of this find: its `collation` option, else the
     /// collection's default (`None`: simple).
-    fn collator(&self) -> Result<Option<Arc<Collator>>> {
+    pub fn collator(&self) -> Result<Option<Arc<Collator>>> {
         if let Some(d) = &self.options.collation {
             return Collator::from_document(d);
         }
@@ -431,7 +431,7 @@ impl Find {
             .as_ref()
             .map(SortSpec::parse)
             .transpose()?
-            .map(|s| s.with_collation(collator))
+            .map(|s| s.with_collation(collator.clone()))
             .filter(|s| !s.is_empty())
             // `$near` orders by distance unless the find sorts otherwise.
             .or_else(|| filter.near().map(SortSpec::near));
@@ -453,7 +453,9 @@ impl Find {
             .as_ref()
             .filter(|p| !p.is_empty())
             .map(Projection::parse)
-            .transpose()?;
+            .transpose()?
+            // `$elemMatch` compares under the find's collation.
+            .map(|p| p.with_collation(collator));
         Ok((spec, projection))
     }
 

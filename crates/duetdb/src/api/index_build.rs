@@ -179,13 +179,15 @@ impl Collection {
             .published()
             .collection(&self.name)
             .and_then(|c| c.options.collation.clone());
+        let bare = crate::query::index_spec::parse(spec)?;
         let spec = match default {
-            Some(c) if !spec.contains_key("collation") => {
+            // A bare `{_id: 1}` names the `_id` index, which stays simple.
+            Some(c) if !spec.contains_key("collation") && !bare.is_id_pattern() => {
                 let mut d = spec.clone();
                 d.insert("collation", c.spec().to_document());
                 crate::query::index_spec::parse(&d)?
             }
-            _ => crate::query::index_spec::parse(spec)?,
+            _ => bare,
         };
         let name = if spec.is_id_pattern() {
             ID_INDEX_NAME.to_string()

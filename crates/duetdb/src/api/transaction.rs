@@ -11,6 +11,10 @@
 //! active (not aborted, within its lifetime); a refused write (too large, a
 //! duplicate `_id`, a failing update, a failed validation: 121, judged by
 //! the snapshot's collection options) leaves the buffer as it was.
+//! A [`TxnCollection`]'s reads, updates and deletes compare strings under
+//! its `collation` option, else the collection's default as the snapshot
+//! knows it, exactly as a live collection's do (MongoDB allows a collation
+//! in a transaction).
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::BTreeMap;
@@ -22,6 +26,7 @@ use bson::{Bson, DateTime, Document, RawBson};
 
 use crate::api::crud::{self, CheckedModify, CheckedUpdate, Crud, PreparedDoc};
 use crate::api::{Database, FindOptions, ReturnDocument};
+use crate::doc::collation::Collator;
 use crate::doc::{self, DocRef};
 use crate::error::{DuplicateKey, Error, Result};
 use crate::query::aggregate::{Foreign, Runtime};
@@ -321,6 +326,7 @@ impl Transaction {
             txn: RefCell::new(self),
             name: coll.to_string(),
             bypass_validation: false,
+            collation: None,
         }
     }
 
@@ -508,32 +514,40 @@ impl Transaction {
         coll: &str,
         filter: &Document,
         options: &FindOptions,
+        collator: Option<&Arc<Collator>>,
     ) -> Result<Vec<DocRef>> {
         self.check_active()?;
-        let parsed = Filter::parse(filter)?;
+        let parsed = Filter::parse(filter)?.with_collation(collator.cloned());
         let sort = options
             .sort
             .as_ref()
             .map(SortSpec::parse)
             .transpose()?
+            .map(|s| s.with_collation(collator.cloned()))
             .filter(|s| !s.is_empty());
         let docs = self.matching(coll, &parsed)?;
         Ok(crud::page(docs, sort.as_ref(), options.skip, options.limit))
     }
 
-    /// Update (or replace, or upsert) with a checked spec. All new versions
-    /// are computed before any is buffered, so a failing update changes nothing.
+    /// Update (or replace, or upsert) with a checked spec (already under
+    /// `collator`, as the filter is made here). All new versions are computed
+    /// before any is buffered, so a failing update changes nothing.
     fn update_in(
         &mut self,
         coll: &str,
-        filter: Document,
-        update: &UpdateSpec,
-        multi: bool,
-        upsert: bool,
+        u: CheckedUpdate,
         bypass: bool,
+        collator: Option<&Arc<Collator>>,
     ) -> Result<UpdateResult> {
+        let CheckedUpdate {
+            filter,
+            spec: update,
+            multi,
+            options,
+        } = u;
+        let (update, upsert) = (&update, options.upsert);
         self.check_active()?;
-        let parsed = Filter::parse(&filter)?;
+        let parsed = Filter::parse(&filter)?.with_collation(collator.cloned());
         let mut found = self.matching(coll, &parsed)?;
         if !multi {
             found.truncate(1);
@@ -568,9 +582,15 @@ impl Transaction {
         })
     }
 
-    fn delete_in(&mut self, coll: &str, filter: Document, multi: bool) -> Result<u64> {
+    fn delete_in(
+        &mut self,
+        coll: &str,
+        filter: Document,
+        multi: bool,
+        collator: Option<&Arc<Collator>>,
+    ) -> Result<u64> {
         self.check_active()?;
-        let parsed = Filter::parse(&filter)?;
+        let parsed = Filter::parse(&filter)?.with_collation(collator.cloned());
         let mut found = self.matching(coll, &parsed)?;
         if !multi {
             found.truncate(1);
@@ -589,6 +609,7 @@ impl Transaction {
         coll: &str,
         m: CheckedModify,
         bypass: bool,
+        collator: Option<&Arc<Collator>>,
     ) -> Result<FindAndModifyOutcome> {
         let CheckedModify {
             filter,
@@ -601,7 +622,7 @@ impl Transaction {
             ..Default::default()
         };
         let after = options.return_document == ReturnDocument::After;
-        let Some(old) = self.find_in(coll, &filter, &first)?.pop() else {
+        let Some(old) = self.find_in(coll, &filter, &first, collator)?.pop() else {
             let Some(update) = update.filter(|_| options.upsert) else {
                 return Ok(FindAndModifyOutcome::default());
             };
@@ -627,7 +648,7 @@ impl Transaction {
                 removed: true,
             });
         };
-        let parsed = Filter::parse(&filter)?;
+        let parsed = Filter::parse(&filter)?.with_collation(collator.cloned());
         let new = updated_version(&old, &update, &parsed, DateTime::now())?.map(Arc::new);
         if let Some(n) = &new {
             self.validate(coll, bypass, Some(&old), n)?;
@@ -746,6 +767,9 @@ pub struct TxnCollection<'t> {
     name: String,
     /// `bypassDocumentValidation` for this view's writes.
     bypass_validation: bool,
+    /// The `collation` option of this view's operations (`None`: the
+    /// collection's default).
+    collation: Option<Document>,
 }
 
 impl std::fmt::Debug for TxnCollection<'_> {
@@ -762,6 +786,28 @@ impl<'t> TxnCollection<'t> {
     pub fn bypass_document_validation(mut self, bypass: bool) -> TxnCollection<'t> {
         self.bypass_validation = bypass;
         self
+    }
+
+    /// This view with a `collation` option: its reads, updates and deletes
+    /// compare strings under it (`{locale: "simple"}`: binary); `None` uses
+    /// the collection's default collation.
+    pub fn with_collation(mut self, collation: Option<Document>) -> TxnCollection<'t> {
+        self.collation = collation;
+        self
+    }
+
+    /// The collator of this view's operations: its `collation` option, else
+    /// the collection's default in the transaction's snapshot (`None`:
+    /// simple).
+    pub fn collator(&self) -> Result<Option<Arc<Collator>>> {
+        match &self.collation {
+            Some(d) => Collator::from_document(d),
+            None => Ok(self
+                .txn()?
+                .snapshot
+                .collection(&self.name)
+                .and_then(|c| c.options.collation.clone())),
+        }
     }
 
     fn txn(&self) -> Result<RefMut<'_, &'t mut Transaction>> {
@@ -820,21 +866,24 @@ impl<'t> TxnCollection<'t> {
         limits: &crate::query::limits::ReadLimits,
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
-        let p = crate::api::text::TextPipeline::parse(pipeline, let_vars, None)?;
-        if let Some(out) = p.rest.output() {
-            return Err(Error::Coded {
-                code: 263,
-                name: "OperationNotSupportedInTransaction",
-                msg: format!("{} cannot be used in a transaction", out.stage_name()),
-            });
-        }
-        let state = self.text_state()?;
-        let mut txn = self.txn()?;
-        let foreign = TxnForeign {
-            txn: std::sync::Mutex::new(&mut **txn),
-        };
-        let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
-        p.run(&state, &self.name, &rt)
+        let collator = self.collator()?;
+        crate::query::expr::under_collation(collator.as_ref(), || {
+            let p = crate::api::text::TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+            if let Some(out) = p.rest.output() {
+                return Err(Error::Coded {
+                    code: 263,
+                    name: "OperationNotSupportedInTransaction",
+                    msg: format!("{} cannot be used in a transaction", out.stage_name()),
+                });
+            }
+            let state = self.text_state()?;
+            let mut txn = self.txn()?;
+            let foreign = TxnForeign {
+                txn: std::sync::Mutex::new(&mut **txn),
+            };
+            let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
+            p.run(&state, &self.name, &rt)
+        })
     }
 }
 
@@ -862,38 +911,43 @@ impl Crud for TxnCollection<'_> {
     }
 
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
-        let upsert = u.options.upsert;
-        self.txn()?.update_in(
-            &self.name,
-            u.filter,
-            &u.spec,
-            u.multi,
-            upsert,
-            self.bypass_validation,
-        )
+        let collator = self.collator()?;
+        let u = CheckedUpdate {
+            spec: u.spec.with_collation(collator.clone()),
+            ..u
+        };
+        self.txn()?
+            .update_in(&self.name, u, self.bypass_validation, collator.as_ref())
     }
 
     fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
-        self.txn()?.delete_in(&self.name, filter, multi)
+        let collator = self.collator()?;
+        self.txn()?
+            .delete_in(&self.name, filter, multi, collator.as_ref())
     }
 
-    fn modify_first(&self, m: CheckedModify) -> Result<FindAndModifyOutcome> {
+    fn modify_first(&self, mut m: CheckedModify) -> Result<FindAndModifyOutcome> {
+        let collator = self.collator()?;
+        m.update = m.update.map(|u| u.with_collation(collator.clone()));
         self.txn()?
-            .modify_first_in(&self.name, m, self.bypass_validation)
+            .modify_first_in(&self.name, m, self.bypass_validation, collator.as_ref())
     }
 
     fn find_raw(&self, filter: Document, options: FindOptions) -> Result<Vec<DocRef>> {
-        self.txn()?.find_in(&self.name, &filter, &options)
+        let collator = self.collator()?;
+        self.txn()?
+            .find_in(&self.name, &filter, &options, collator.as_ref())
     }
 
     fn count(&self, filter: Document) -> Result<u64> {
+        let filter = Filter::parse(&filter)?.with_collation(self.collator()?);
         let mut txn = self.txn()?;
         txn.check_active()?;
-        Ok(txn.matching(&self.name, &Filter::parse(&filter)?)?.len() as u64)
+        Ok(txn.matching(&self.name, &filter)?.len() as u64)
     }
 
     fn distinct(&self, path: &str, filter: Document) -> Result<Vec<Bson>> {
-        let mut d = Distinct::new(path)?;
+        let mut d = Distinct::new(path)?.with_collation(self.collator()?);
         for doc in self.find_raw(filter, FindOptions::default())? {
             d.feed(&doc);
         }
@@ -919,7 +973,24 @@ impl TxnCollection<'_> {
         pipeline: Vec<Document>,
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
-        let p = Pipeline::parse_with_let(&pipeline, let_vars)?;
+        let collator = self.collator()?;
+        // The pipeline's stages and expressions compare under the
+        // collation, as a live aggregation's do.
+        crate::query::expr::under_collation(collator.as_ref(), || {
+            self.aggregate_collated(&pipeline, let_vars, collator.clone())
+        })
+    }
+
+    /// [`TxnCollection::aggregate_let`] with the collation in scope: parsed
+    /// under it (`$match`, `$sort`, `$group`…) and run.
+    fn aggregate_collated(
+        &self,
+        pipeline: &[Document],
+        let_vars: Option<&Document>,
+        collator: Option<Arc<Collator>>,
+    ) -> Result<Vec<Document>> {
+        let ctx = crate::query::aggregate::ParseCtx::new(let_vars)?.with_collation(collator);
+        let p = Pipeline::parse_in(pipeline, &ctx)?;
         if let Some(out) = p.output() {
             return Err(Error::Coded {
                 code: 263,

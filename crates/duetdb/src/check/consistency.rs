@@ -12,6 +12,14 @@
 //! must equal the model at its start csn: each matching document exactly once,
 //! in its start version, nothing newer.
 //!
+//! With a text index ([`CheckIndex::Text`]) `$text` searches join the mix:
+//! each document's `t` is one word naming its `k` ([`text_word`]), so a
+//! search for two words is `k ∈ {a, b}`. A `$text` read returns a whole
+//! vector (no mid-scan yield) from one published state whose csn the API
+//! does not report: it is recorded with the csns before and after, and its
+//! result must equal the model at *one* csn of that window (one consistent
+//! snapshot, not a mix of two).
+//!
 //! A checker that cannot fail proves nothing: under `none` it must report
 //! violations (tests assert that it does).
 
@@ -71,6 +79,15 @@ pub enum CheckIndex {
     /// longitude encodes `k` ([`geo_point`]): `k` ranges run as `$geoWithin`
     /// boxes through it.
     Geo,
+    /// `{t: "text"}` where every document's `t` is [`text_word`] of its `k`:
+    /// `$text` searches for two words read the text index.
+    Text,
+}
+
+/// The one word of a document's `t` under [`CheckIndex::Text`]: `k` in a
+/// token the tokenizer keeps whole and no stemmer rule changes.
+fn text_word(k: i64) -> String {
+    format!("kw{k}")
 }
 
 /// The location of a document with `k` under [`CheckIndex::Geo`]: a point
@@ -88,23 +105,26 @@ fn geo_box(l: i64, h: i64) -> Document {
 }
 
 impl CheckIndex {
-    pub const ALL: [CheckIndex; 6] = [
+    pub const ALL: [CheckIndex; 7] = [
         CheckIndex::Plain,
         CheckIndex::Partial,
         CheckIndex::Sparse,
         CheckIndex::Hashed,
         CheckIndex::Wildcard,
         CheckIndex::Geo,
+        CheckIndex::Text,
     ];
 
-    /// By name (`plain`, `partial`, `sparse`, `hashed`, `wildcard`, `geo`).
+    /// By name (`plain`, `partial`, `sparse`, `hashed`, `wildcard`, `geo`,
+    /// `text`).
     pub fn parse(name: &str) -> Result<CheckIndex, String> {
         CheckIndex::ALL
             .into_iter()
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
             .ok_or_else(|| {
                 format!(
-                    "unknown index kind '{name}': plain, partial, sparse, hashed, wildcard or geo"
+                    "unknown index kind '{name}': plain, partial, sparse, hashed, wildcard, \
+                     geo or text"
                 )
             })
     }
@@ -120,6 +140,21 @@ impl CheckIndex {
             CheckIndex::Hashed => doc! {"key": {"k": "hashed"}},
             CheckIndex::Wildcard => doc! {"key": {"$**": 1}},
             CheckIndex::Geo => doc! {"key": {"g": "2dsphere"}},
+            CheckIndex::Text => doc! {"key": {"t": "text"}},
+        }
+    }
+
+    /// The fields a document with `k` carries for this index beyond
+    /// `{_id, k, v, pad}` (set again whenever `k` changes).
+    fn derived(self, k: i64, d: &mut Document) {
+        match self {
+            CheckIndex::Geo => {
+                d.insert("g", geo_point(k));
+            }
+            CheckIndex::Text => {
+                d.insert("t", text_word(k));
+            }
+            _ => {}
         }
     }
 }
@@ -174,6 +209,8 @@ enum Query {
     IdRange(i64, i64),
     /// `l <= k < h` as a `$geoWithin` box on `g` ([`CheckIndex::Geo`]).
     KGeo(i64, i64),
+    /// `k ∈ {a, b}` as a `$text` search for their words ([`CheckIndex::Text`]).
+    KText(i64, i64),
 }
 
 impl Query {
@@ -185,6 +222,9 @@ impl Query {
             Query::KIn(a, b) => doc! {"k": {"$in": [a, b]}},
             Query::IdRange(l, h) => doc! {"_id": {"$gte": l, "$lt": h}},
             Query::KGeo(l, h) => geo_box(l, h),
+            Query::KText(a, b) => {
+                doc! {"$text": {"$search": format!("{} {}", text_word(a), text_word(b))}}
+            }
         }
     }
 
@@ -193,7 +233,7 @@ impl Query {
             Query::All => true,
             Query::VGte(x) => v >= x,
             Query::KRange(l, h) | Query::KGeo(l, h) => k >= l && k < h,
-            Query::KIn(a, b) => k == a || k == b,
+            Query::KIn(a, b) | Query::KText(a, b) => k == a || k == b,
             Query::IdRange(l, h) => id >= l && id < h,
         }
     }
@@ -294,9 +334,9 @@ fn run_workload(
         let mut rng =
             Rng(cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (round_no << 20) ^ (w as u64 + 1));
         let max_id = cfg.docs;
-        let geo = cfg.index == CheckIndex::Geo;
+        let index = cfg.index;
         handles.push(std::thread::spawn(move || {
-            writer(&coll, &stop, &next_id, &log, &mut rng, max_id, geo)
+            writer(&coll, &stop, &next_id, &log, &mut rng, max_id, index)
         }));
     }
     let scanners: Vec<_> = (0..cfg.scans)
@@ -346,6 +386,10 @@ fn random_query(rng: &mut Rng, docs: i64, index: CheckIndex) -> Query {
         5
     };
     match rng.below(kinds) {
+        4 if index == CheckIndex::Text => Query::KText(
+            rng.below(K_RANGE as u64) as i64,
+            rng.below(K_RANGE as u64) as i64,
+        ),
         4 => Query::KIn(
             rng.below(K_RANGE as u64) as i64,
             rng.below(K_RANGE as u64) as i64,
@@ -371,6 +415,9 @@ fn random_query(rng: &mut Rng, docs: i64, index: CheckIndex) -> Query {
 /// Run `q` once, yielding now and then so writes land mid-scan. A failed
 /// scan is recorded with an impossible start csn (a violation).
 fn scan_once(db: &Database, coll: &Collection, q: Query, strategy: Strategy) -> ScanRecord {
+    if let Query::KText(..) = q {
+        return text_once(db, coll, q);
+    }
     let mut rows = Vec::new();
     let mut seen = 0u64;
     let outcome = coll.scan_with(q.filter(), strategy, |d| {
@@ -414,6 +461,75 @@ fn scan_once(db: &Database, coll: &Collection, q: Query, strategy: Strategy) -> 
     }
 }
 
+/// A `$text` search through the live collection (one published state,
+/// whatever the strategy): recorded with the csns before and after it, the
+/// window its state must lie in (`verify`).
+fn text_once(db: &Database, coll: &Collection, q: Query) -> ScanRecord {
+    let start_csn = db.csn();
+    let found = coll.text_find(&q.filter(), crate::api::TextFindOptions::default());
+    let end_csn = db.csn();
+    let rows = match found {
+        Ok(docs) => docs
+            .iter()
+            .map(|d| {
+                let get = |f: &str| {
+                    d.get(f)
+                        .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+                };
+                (
+                    get("_id").unwrap_or(-1),
+                    get("k").unwrap_or(-1),
+                    get("v").unwrap_or(-1),
+                )
+            })
+            .collect(),
+        Err(e) => {
+            tracing::error!("checker $text search failed: {e}");
+            return ScanRecord {
+                query: q,
+                start_csn: u64::MAX,
+                end_csn,
+                rows: vec![(-1, -1, -1)],
+                from_remset: 0,
+            };
+        }
+    };
+    ScanRecord {
+        query: q,
+        start_csn,
+        end_csn,
+        rows,
+        from_remset: 0,
+    }
+}
+
+/// `None` when `rec` (a `$text` search) equals the model at one csn of its
+/// window: `model` is the state at its start; the log entries from
+/// `next` on with csns up to its end are applied one at a time to a copy.
+fn compare_in_window(
+    model: &BTreeMap<i64, (i64, i64)>,
+    log: &[(u64, Op)],
+    next: usize,
+    rec: &ScanRecord,
+) -> Option<String> {
+    let first = compare(model, rec)?;
+    let mut later = model.clone();
+    let window: Vec<&(u64, Op)> = log[next..]
+        .iter()
+        .take_while(|(c, _)| *c <= rec.end_csn)
+        .collect();
+    for (i, (csn, op)) in window.iter().enumerate() {
+        apply(&mut later, *op);
+        // Writes of one csn (one group) are published together: compare
+        // only after the last of them.
+        let group_ends = window.get(i + 1).is_none_or(|(c, _)| c != csn);
+        if group_ends && compare(&later, rec).is_none() {
+            return None;
+        }
+    }
+    Some(format!("at no csn of its window: at the start, {first}"))
+}
+
 /// Replay the log in csn order into the model and compare every scan (sorted
 /// by start csn) with the model at its start.
 fn verify(
@@ -453,7 +569,11 @@ fn verify(
             ));
             continue;
         }
-        if let Some(why) = compare(&model, rec) {
+        let differs = match rec.query {
+            Query::KText(..) => compare_in_window(&model, log, applied, rec),
+            _ => compare(&model, rec),
+        };
+        if let Some(why) = differs {
             report.violations += 1;
             if report.examples.len() < 8 {
                 report.examples.push(format!(
@@ -493,9 +613,7 @@ fn load(coll: &Collection, n: i64, index: CheckIndex) -> crate::error::Result<()
     let mut batch = Vec::with_capacity(1000);
     for i in 0..n {
         let mut d = doc! {"_id": i, "k": i % K_RANGE, "v": 0i64, "pad": pad()};
-        if index == CheckIndex::Geo {
-            d.insert("g", geo_point(i % K_RANGE));
-        }
+        index.derived(i % K_RANGE, &mut d);
         batch.push(d);
         if batch.len() == 1000 {
             coll.insert_many(std::mem::take(&mut batch), true)?;
@@ -515,7 +633,7 @@ fn writer(
     log: &Mutex<Vec<(u64, Op)>>,
     rng: &mut Rng,
     max_id: i64,
-    geo: bool,
+    index: CheckIndex,
 ) -> u64 {
     let mut mine = Vec::new();
     let mut n = 0;
@@ -537,17 +655,13 @@ fn writer(
                 .is_ok(),
             Op::SetK(id, k) => {
                 let mut set = doc! {"k": k};
-                if geo {
-                    set.insert("g", geo_point(k));
-                }
+                index.derived(k, &mut set);
                 coll.update_one(doc! {"_id": id}, doc! {"$set": set})
                     .is_ok()
             }
             Op::Insert(id, k) => {
                 let mut d = doc! {"_id": id, "k": k, "v": 0i64, "pad": pad()};
-                if geo {
-                    d.insert("g", geo_point(k));
-                }
+                index.derived(k, &mut d);
                 coll.insert_one(d).is_ok()
             }
             Op::Delete(id) => coll.delete_one(doc! {"_id": id}).is_ok(),
@@ -639,5 +753,75 @@ fn compare(model: &BTreeMap<i64, (i64, i64)>, rec: &ScanRecord) -> Option<String
         let n = problems.len();
         problems.truncate(3);
         Some(format!("{n} differences, e.g. {}", problems.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_rec(rows: Vec<(i64, i64, i64)>, start_csn: u64, end_csn: u64) -> ScanRecord {
+        ScanRecord {
+            query: Query::KText(7, 999),
+            start_csn,
+            end_csn,
+            rows,
+            from_remset: 0,
+        }
+    }
+
+    /// A `$text` result must be the model at one csn of its window: the
+    /// start, the end or one between; a mix of two states is a violation.
+    #[test]
+    fn a_text_result_must_be_one_state_of_its_window() {
+        let model: BTreeMap<i64, (i64, i64)> = [(1, (5, 0)), (2, (6, 0))].into();
+        let log = [
+            (10, Op::SetK(1, 7)),
+            (11, Op::SetK(2, 7)),
+            (12, Op::Delete(1)),
+        ];
+        // Nothing matched at the start: fine.
+        assert!(compare_in_window(&model, &log, 0, &text_rec(vec![], 9, 12)).is_none());
+        // The state at csn 10, and at 11.
+        let at10 = vec![(1, 7, 0)];
+        assert!(compare_in_window(&model, &log, 0, &text_rec(at10.clone(), 9, 12)).is_none());
+        let at11 = vec![(1, 7, 0), (2, 7, 0)];
+        assert!(compare_in_window(&model, &log, 0, &text_rec(at11.clone(), 9, 12)).is_none());
+        // The state at 12 (1 deleted) but a window ending at 11: no.
+        let at12 = vec![(2, 7, 0)];
+        assert!(compare_in_window(&model, &log, 0, &text_rec(at12.clone(), 9, 11)).is_some());
+        assert!(compare_in_window(&model, &log, 0, &text_rec(at12, 9, 12)).is_none());
+        // A state after the window's end is not accepted either.
+        assert!(compare_in_window(&model, &log, 0, &text_rec(at11, 9, 10)).is_some());
+        // Never published: 2 moved while 1 kept its old k… and both seen.
+        let mixed = vec![(1, 7, 0), (2, 7, 0), (2, 7, 0)];
+        assert!(compare_in_window(&model, &log, 0, &text_rec(mixed, 9, 12)).is_some());
+    }
+
+    /// `$text` searches run and are checked in the text mode.
+    #[test]
+    fn the_text_mode_checks_text_searches() {
+        let cfg = CheckConfig {
+            index: CheckIndex::Text,
+            rounds: 2,
+            docs: 500,
+            scans: 2,
+            scans_per_round: 10,
+            ..CheckConfig::default()
+        };
+        let mut texts = 0;
+        for seed in 0..50u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            if matches!(
+                random_query(&mut rng, 500, CheckIndex::Text),
+                Query::KText(..)
+            ) {
+                texts += 1;
+            }
+        }
+        assert!(texts > 0);
+        let report = run(&cfg, |_| {});
+        assert_eq!(report.violations, 0, "{:#?}", report.examples);
+        assert!(report.scans_checked > 0);
     }
 }

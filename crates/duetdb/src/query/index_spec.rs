@@ -128,12 +128,15 @@ pub fn parse(d: &Document) -> Result<IndexSpec> {
         None => {}
         Some(Bson::Document(c)) => {
             spec.collation = crate::doc::collation::Collator::from_document(c)?;
-            if spec.collation.is_some()
-                && !matches!(spec.kind, IndexKind::Ordered | IndexKind::Hashed { .. })
-            {
-                return Err(cannot(
-                    "Index type does not support a non-simple collation in duetdb",
-                ));
+            // MongoDB's rule (index_key_validate): btree, hashed, 2dsphere
+            // and wildcard indexes take a collation; text (and 2d, refused
+            // anyway) do not, even one inherited from the collection's
+            // default: `{locale: "simple"}` must then be given.
+            if let (Some(c), IndexKind::Text(_)) = (&spec.collation, &spec.kind) {
+                return Err(cannot(format!(
+                    "Index type 'text' does not support collation: {}",
+                    crate::error::render_shell(&Bson::Document(c.spec().to_document()))
+                )));
             }
         }
         Some(_) => {

@@ -369,8 +369,13 @@ impl IndexSpec {
     }
 
     /// Is this the primary key pattern `{_id: 1}`?
+    /// The primary key pattern `{_id: 1}`, simple: the `_id` index itself.
+    /// A collated `{_id: 1}` is a secondary index (it enforces `_id`
+    /// uniqueness and answers `_id` bounds under its collation, which the
+    /// simple `_id` index cannot: docs/design.md §6.1).
     pub fn is_id_pattern(&self) -> bool {
-        matches!(self.kind, IndexKind::Ordered)
+        self.collation.is_none()
+            && matches!(self.kind, IndexKind::Ordered)
             && self.fields.len() == 1
             && self.fields[0].0 == "_id"
             && self.fields[0].1
@@ -690,6 +695,20 @@ impl IndexSpec {
 
     /// The values one ordered field contributes (missing: null; an array:
     /// its elements, empty: undefined), sorted and deduplicated.
+    /// `vals` (sorted, deduplicated) as collation keys under this index's
+    /// collation, sorted and deduplicated again (keys may collide).
+    fn collated(&self, mut vals: Vec<RawBson>) -> Vec<RawBson> {
+        let Some(c) = &self.collation else {
+            return vals;
+        };
+        for v in &mut vals {
+            *v = c.key_raw(v.as_raw_bson_ref());
+        }
+        vals.sort_by(|a, b| value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+        vals.dedup_by(|a, b| value::equal(a.as_raw_bson_ref(), b.as_raw_bson_ref()));
+        vals
+    }
+
     fn field_values(doc: &RawDocument, path: &str) -> Vec<RawBson> {
         let mut vals: Vec<RawBson> = Vec::new();
         let reached = crate::doc::path::values(doc, path);
@@ -752,7 +771,9 @@ impl IndexSpec {
                         .collect(),
                 );
             } else {
-                per_field.push(Self::field_values(doc, path));
+                // The other fields are keyed as an ordered index's are,
+                // under the index's collation.
+                per_field.push(self.collated(Self::field_values(doc, path)));
             }
         }
         let total = per_field
@@ -852,6 +873,12 @@ impl IndexSpec {
 
     fn wildcard_keys(&self, w: &WildcardSpec, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {
         let mut pairs = w.keys(doc, MAX_KEYS_PER_DOC)?;
+        // Values (not paths) are keyed under the index's collation.
+        if let Some(c) = &self.collation {
+            for (_, v) in &mut pairs {
+                *v = c.key_raw(v.as_raw_bson_ref());
+            }
+        }
         pairs.sort_by(|(pa, va), (pb, vb)| {
             pa.cmp(pb)
                 .then_with(|| value::compare(va.as_raw_bson_ref(), vb.as_raw_bson_ref()))

@@ -44,7 +44,7 @@ pub(super) fn parse_sort_by_count(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stag
     }
     let group = bson::doc! {"_id": arg.clone(), "count": {"$sum": 1}};
     Ok(vec![
-        Stage::Group(Group::parse(&group, &ctx.scope)?),
+        Stage::Group(Group::parse(&group, &ctx.scope)?.with_collation(ctx.collator.clone())),
         Stage::Sort(SortSpec::parse(&bson::doc! {"count": -1})?),
     ])
 }
@@ -249,8 +249,8 @@ pub(super) fn parse_bucket(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         }
     }
     Ok(vec![
-        Stage::Group(Group::parse(&group, &ctx.scope)?),
-        Stage::Sort(SortSpec::parse(&bson::doc! {"_id": 1})?),
+        Stage::Group(Group::parse(&group, &ctx.scope)?.with_collation(ctx.collator.clone())),
+        Stage::Sort(SortSpec::parse(&bson::doc! {"_id": 1})?.with_collation(ctx.collator.clone())),
     ])
 }
 
@@ -377,7 +377,7 @@ impl BucketAuto {
         Ok(BucketAuto {
             group_by,
             buckets,
-            output: Group::parse(&group, &ctx.scope)?,
+            output: Group::parse(&group, &ctx.scope)?.with_collation(ctx.collator.clone()),
             granularity,
         })
     }

@@ -172,7 +172,9 @@ pub(super) fn parse_fill(arg: &Bson, ctx: &ParseCtx) -> Result<Vec<Stage>> {
             ctx,
         )?)));
     } else if let Some(s) = &sort_by {
-        stages.push(Stage::Sort(SortSpec::parse(s)?));
+        stages.push(Stage::Sort(
+            SortSpec::parse(s)?.with_collation(ctx.collator.clone()),
+        ));
     }
     if !values.is_empty() {
         let mut fields = Vec::with_capacity(values.len());

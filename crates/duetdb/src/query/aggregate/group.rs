@@ -18,6 +18,11 @@
 //!   depend on arrival order either.
 //! - Keys, set elements and min/max equal under `compare` but not identical
 //!   keep the representative [`canonical_cmp`] picks, not the first to arrive.
+//! - Under a collation ([`Group::with_collation`], the command's) group keys
+//!   and `$addToSet` elements are ordered by their collation keys
+//!   ([`OrdBson::collated`]), so `"a"` and `"A"` are one group or one element
+//!   under strength 2, in memory, merged and spilled alike; `$min`/`$max`
+//!   compare under the collation in scope (the aggregation's).
 //! - Integer sums are exact (i128); the widest input type decides the result
 //!   type; any decimal128 input makes the sum exact decimal128.
 //! - The state's memory estimate only grows by what is retained, and a group
@@ -451,7 +456,7 @@ impl Group {
                     let dirs: Vec<bool> = sort.iter().map(|(_, asc)| *asc != *bottom).collect();
                     feed_top(acc, key, v.unwrap_or(Bson::Null), *n, &dirs)?
                 }
-                _ => feed_acc(acc, op, v)?,
+                _ => feed_acc(acc, op, v, self)?,
             };
         }
         Ok(())
@@ -545,7 +550,9 @@ impl Group {
         self.fields.iter().map(|(_, op, _)| op)
     }
 
-    /// Keys equal under this collation are one group.
+    /// Keys equal under this collation are one group, and elements equal
+    /// under it one `$addToSet` element (MongoDB's accumulators take the
+    /// command's collation).
     pub(super) fn key_of(&self, v: Bson) -> OrdBson {
         match &self.collator {
             Some(c) => OrdBson::collated(v, c),
@@ -581,8 +588,9 @@ fn replace_key_if_smaller(groups: &mut BTreeMap<OrdBson, Vec<Acc>>, key: &OrdBso
     }
 }
 
-/// Feed one value; returns the bytes the state grew by.
-fn feed_acc(acc: &mut Acc, op: &AccOp, v: Value) -> Result<usize> {
+/// Feed one value; returns the bytes the state grew by. `$addToSet` keys
+/// its elements as `group` keys its groups (under its collation).
+fn feed_acc(acc: &mut Acc, op: &AccOp, v: Value, group: &Group) -> Result<usize> {
     let want = if matches!(acc, Acc::Min(_)) {
         Ordering::Less
     } else {
@@ -625,7 +633,7 @@ fn feed_acc(acc: &mut Acc, op: &AccOp, v: Value) -> Result<usize> {
         }
         Acc::AddToSet(set, bytes) => {
             let Some(v) = v else { return Ok(0) };
-            add_to_set(set, bytes, OrdBson::new(v))
+            add_to_set(set, bytes, group.key_of(v))
         }
         Acc::MergeObjects(d, bytes) => match v {
             None | Some(Bson::Null) | Some(Bson::Undefined) => Ok(0),

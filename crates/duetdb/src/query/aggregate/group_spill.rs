@@ -249,7 +249,7 @@ fn read_record(group: &Group, run: &mut RunReader) -> Result<Option<(OrdBson, Ve
     let accs = states
         .into_iter()
         .zip(ops)
-        .map(|(s, op)| decode_acc(s, op))
+        .map(|(s, op)| decode_acc(s, op, group))
         .collect::<Result<Vec<Acc>>>()?;
     Ok(Some((group.key_of(key), accs)))
 }
@@ -350,7 +350,7 @@ pub(super) fn encode_acc(acc: Acc) -> Bson {
 }
 
 /// The state [`encode_acc`] wrote for an accumulator `op`.
-pub(super) fn decode_acc(v: Bson, op: &AccOp) -> Result<Acc> {
+pub(super) fn decode_acc(v: Bson, op: &AccOp, group: &Group) -> Result<Acc> {
     let pair = |v: Bson| -> Result<(Bson, usize)> {
         let mut it = array(v)?.into_iter();
         match (it.next(), it.next(), it.next()) {
@@ -379,7 +379,10 @@ pub(super) fn decode_acc(v: Bson, op: &AccOp) -> Result<Acc> {
         }
         AccOp::AddToSet => {
             let (items, n) = pair(v)?;
-            Acc::AddToSet(array(items)?.into_iter().map(OrdBson::new).collect(), n)
+            Acc::AddToSet(
+                array(items)?.into_iter().map(|v| group.key_of(v)).collect(),
+                n,
+            )
         }
         AccOp::MergeObjects => match pair(v)? {
             (Bson::Document(d), n) => Acc::MergeObjects(d, n),

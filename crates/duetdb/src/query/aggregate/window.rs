@@ -178,7 +178,7 @@ impl Window {
                 "partitionBy" => partition_by = Some(ctx.expr(v)?),
                 "sortBy" => match v {
                     Bson::Document(d) if !d.is_empty() => {
-                        sort_by = Some(SortSpec::parse(d)?);
+                        sort_by = Some(SortSpec::parse(d)?.with_collation(ctx.collator.clone()));
                         if let Some(spec) = &mut spill_sort {
                             for (path, dir) in d {
                                 spec.insert(format!("d.{path}"), dir.clone());
@@ -230,7 +230,9 @@ impl Window {
         Ok(Window {
             partition_by,
             sort_by,
-            spill_sort: spill_sort.and_then(|d| SortSpec::parse(&d).ok()),
+            spill_sort: spill_sort
+                .and_then(|d| SortSpec::parse(&d).ok())
+                .map(|s| s.with_collation(ctx.collator.clone())),
             outputs,
         })
     }
@@ -758,7 +760,8 @@ fn parse_func(f: &Bson, sort_by: Option<&SortSpec>, ctx: &ParseCtx) -> Result<Fu
             let mut group_spec = bson::doc! {"_id": null};
             group_spec.insert("v", bson::doc! {name: arg.clone()});
             let group = Group::parse(&group_spec, &ctx.scope)
-                .map_err(|_| failed(format!("Unrecognized window function, {name}")))?;
+                .map_err(|_| failed(format!("Unrecognized window function, {name}")))?
+                .with_collation(ctx.collator.clone());
             Ok(Func::Acc(
                 Box::new(group),
                 bounds_or_whole(window, sort_by)?,

@@ -54,6 +54,12 @@ pub fn under_collation<R>(c: Option<&Arc<Collator>>, f: impl FnOnce() -> R) -> R
     f()
 }
 
+/// The collation in scope on this thread ([`under_collation`]), if any: for
+/// the other value comparisons of a collated command (update operators).
+pub(crate) fn collation_in_scope() -> Option<Arc<Collator>> {
+    COLLATION.with(|s| s.borrow().clone())
+}
+
 /// [`value::compare`] on owned values without cloning the common scalar
 /// cases; strings under the collation in scope ([`under_collation`]).
 pub fn compare(a: &Bson, b: &Bson) -> Ordering {

@@ -49,6 +49,7 @@ macro_rules! loc {
 mod arithmetic;
 mod array;
 mod compare;
+pub(crate) use compare::collation_in_scope;
 pub use compare::under_collation;
 mod convert;
 mod date;

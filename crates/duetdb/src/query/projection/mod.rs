@@ -160,6 +160,23 @@ impl Projection {
         parse(spec, Dialect::Find, Scope::new())
     }
 
+    /// This (freshly parsed) projection under collation `c`: its
+    /// `$elemMatch` conditions compare strings by it, as MongoDB's find
+    /// projection uses the command's collation. (Computed fields compare
+    /// under the collation in scope where they run: a pipeline's.)
+    pub fn with_collation(
+        mut self,
+        c: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+    ) -> Projection {
+        if c.is_some() {
+            self.elem_matches = std::mem::take(&mut self.elem_matches)
+                .into_iter()
+                .map(|(k, cond)| (k, cond.with_collation(c.clone())))
+                .collect();
+        }
+        self
+    }
+
     /// Parse the argument of a `$project` stage (and of `$unset`, given as
     /// the exclusion of its paths).
     pub fn parse_stage(spec: &Document) -> Result<Projection> {

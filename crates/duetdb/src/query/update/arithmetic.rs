@@ -9,14 +9,14 @@
 //!   at 34 digits, half to even); a double meeting a decimal becomes a decimal
 //!   of 15 significant digits first, as MongoDB's `SafeNum` does;
 //! - `$min`/`$max` compare across types with [`crate::doc::value::compare_bson`],
-//!   the order filters and indexes use.
+//!   the order filters and indexes use (strings under the update's
+//!   collation).
 
 use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
 use crate::doc::types::type_name;
-use crate::doc::value;
 use crate::error::{render, Error, Result};
 use crate::query::expr::decimal;
 
@@ -122,7 +122,7 @@ pub(super) fn min_or_max(arg: &Bson, min: bool, cur: Option<&Bson>) -> Action {
     };
     match cur {
         None => Action::Set(arg.clone()),
-        Some(c) if value::compare_bson(arg, c) == want => Action::Set(arg.clone()),
+        Some(c) if super::compare(arg, c) == want => Action::Set(arg.clone()),
         Some(_) => Action::Keep,
     }
 }

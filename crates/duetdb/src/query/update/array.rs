@@ -7,17 +7,16 @@
 //! - a missing field is created by `$push`/`$addToSet` and left alone by `$pop`,
 //!   `$pull`, `$pullAll`; a non-array field is an error (code 2, `$pop` code 14);
 //! - element equality (`$addToSet`, `$pullAll`) and order (`$push` `$sort`) go
-//!   through [`crate::doc::value`], as filters and indexes do;
+//!   through [`crate::doc::value`], as filters and indexes do, strings under
+//!   the update's collation (`super::compare`);
 //! - an operator that changes nothing returns [`Action::Keep`] (no rewrite).
 
 use bson::{Bson, Document, RawDocumentBuf};
 
 use crate::doc::types::type_name;
-use crate::doc::value;
 use crate::error::{Error, Result};
 use crate::query::sort::SortKey;
 
-use super::elem_cond::exact_equal;
 use super::{id_render, Action, ElemCond, PushArgs, PushSort};
 
 /// `$push`: the current array (or a new one) with `args` applied.
@@ -57,7 +56,7 @@ pub(super) fn add_to_set(each: &[Bson], cur: Option<&Bson>, field: &str) -> Resu
     };
     let before = arr.len();
     for v in each {
-        if !arr.iter().any(|x| value::equal_bson(x, v)) {
+        if !arr.iter().any(|x| super::equal(x, v)) {
             arr.push(v.clone());
         }
     }
@@ -100,7 +99,7 @@ pub(super) fn pull(cond: &ElemCond, cur: Option<&Bson>) -> Result<Action> {
 
 /// `$pullAll`: remove the elements equal to one of `vals`.
 pub(super) fn pull_all(vals: &[Bson], cur: Option<&Bson>) -> Result<Action> {
-    remove_matching(cur, |x| vals.iter().any(|v| exact_equal(x, v)))
+    remove_matching(cur, |x| vals.iter().any(|v| super::equal(x, v)))
 }
 
 /// The current array without the elements `gone` accepts. `$pullAll` on a
@@ -140,7 +139,7 @@ fn push_into(arr: &mut Vec<Bson>, args: &PushArgs) {
     match &args.sort {
         None => {}
         Some(PushSort::Whole(asc)) => arr.sort_by(|a, b| {
-            let ord = value::compare_bson(a, b);
+            let ord = super::compare(a, b);
             if *asc {
                 ord
             } else {

@@ -7,12 +7,18 @@
 //!   type bracket, and an array element matches when it or one of its elements
 //!   does;
 //! - any other operator is evaluated by the filter engine ([`Filter`]) on the
-//!   element wrapped as `{v: element}`, so `$pull` and `find` agree.
+//!   element wrapped as `{v: element}`, so `$pull` and `find` agree;
+//! - under a collation ([`ElemCond::with_collation`]) strings compare by it:
+//!   plain values and comparison operands are held as collation keys and
+//!   each element is keyed before it is compared (as filters do), filters
+//!   take it through [`Filter::with_collation`].
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use bson::{Bson, Document, RawDocumentBuf};
 
+use crate::doc::collation::Collator;
 use crate::doc::value;
 use crate::error::{Error, Result};
 use crate::query::filter::Filter;
@@ -29,6 +35,9 @@ pub(crate) enum ElemCond {
     Wrapped(Filter),
     /// A query on document elements (`{score: {$gt: 8}}`).
     Query(Filter),
+    /// `Equal` or `Ops` under a collation: their operands are keys, and each
+    /// element is keyed before the inner condition sees it.
+    Collated(Box<ElemCond>, Arc<Collator>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,8 +106,32 @@ impl ElemCond {
         Ok(ElemCond::Ops(ops))
     }
 
+    /// This (freshly parsed) condition comparing strings under `c`, as
+    /// MongoDB's `$pull` and `$elemMatch` projection use the command's
+    /// collation; `None` keeps it binary.
+    pub(crate) fn with_collation(self, c: Option<Arc<Collator>>) -> ElemCond {
+        let Some(c) = c else {
+            return self;
+        };
+        match self {
+            ElemCond::Equal(v) => ElemCond::Collated(Box::new(ElemCond::Equal(c.key_bson(&v))), c),
+            ElemCond::Ops(ops) => ElemCond::Collated(
+                Box::new(ElemCond::Ops(
+                    ops.into_iter()
+                        .map(|(op, v)| (op, c.key_bson(&v)))
+                        .collect(),
+                )),
+                c,
+            ),
+            ElemCond::Wrapped(f) => ElemCond::Wrapped(f.with_collation(Some(c))),
+            ElemCond::Query(f) => ElemCond::Query(f.with_collation(Some(c))),
+            collated @ ElemCond::Collated(..) => collated,
+        }
+    }
+
     pub(crate) fn matches(&self, elem: &Bson) -> bool {
         match self {
+            ElemCond::Collated(inner, c) => inner.matches(&c.key_bson(elem)),
             ElemCond::Equal(v) => exact_equal(elem, v),
             ElemCond::Ops(ops) => ops.iter().all(|(op, arg)| op_matches(*op, arg, elem)),
             ElemCond::Wrapped(f) => {

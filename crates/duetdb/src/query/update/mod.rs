@@ -29,6 +29,15 @@
 //! - `_id` never changes once the input has one (code 66) and stays the first field.
 //! - Values are compared only through [`crate::doc::value`] (`$min`, `$max`,
 //!   `$addToSet`, `$pull`), so updates agree with filters and indexes.
+//! - Under a collation ([`UpdateSpec::with_collation`], the command's or the
+//!   collection's default, as MongoDB's update nodes take the expression
+//!   context's collator) strings compare by it in `$min`/`$max`,
+//!   `$addToSet`, `$pull` (its conditions too), `$pullAll`, `$push`'s
+//!   `$sort`, `arrayFilters` and a pipeline's expressions: [`UpdateSpec::apply`]
+//!   puts the collation in scope ([`crate::query::expr::under_collation`])
+//!   and the operators compare through [`compare`]; filters inside the
+//!   update (`$pull` conditions, `arrayFilters`) are re-keyed by
+//!   [`crate::query::Filter::with_collation`].
 //! - Results nest at most [`MAX_DEPTH`] levels; paths have at most
 //!   [`crate::doc::path::MAX_PATH_COMPONENTS`] components. No input makes this
 //!   module panic.
@@ -43,8 +52,12 @@ mod pipeline;
 mod positional;
 mod upsert;
 
+use std::cmp::Ordering;
+use std::sync::Arc;
+
 use bson::{Bson, DateTime, Document};
 
+use crate::doc::collation::Collator;
 use crate::doc::path::numeric_component;
 use crate::doc::MAX_DEPTH;
 use crate::error::{render, Error, Result};
@@ -76,6 +89,8 @@ pub struct UpdateSpec {
     dynamic: bool,
     /// Some operator path has a positional `$`.
     positional: bool,
+    /// The collation strings compare under while it applies (`None`: binary).
+    coll: Option<Arc<Collator>>,
 }
 
 #[derive(Debug, Clone)]
@@ -173,6 +188,7 @@ impl UpdateSpec {
             filters,
             dynamic,
             positional,
+            coll: None,
         })
     }
 
@@ -195,7 +211,35 @@ impl UpdateSpec {
             filters: ArrayFilters::default(),
             dynamic: false,
             positional: false,
+            coll: None,
         })
+    }
+
+    /// This update applied under collation `c` (`None`: binary): its value
+    /// comparisons, `$pull` conditions, `arrayFilters`, `$push` `$sort` and
+    /// pipeline expressions compare strings by it, as MongoDB's do under
+    /// the command's collation. A spec already under a collation keeps it
+    /// (its filters' operands are keys already: keying them again would
+    /// corrupt them).
+    pub fn with_collation(mut self, c: Option<Arc<Collator>>) -> UpdateSpec {
+        if self.coll.is_some() || c.is_none() {
+            return self;
+        }
+        if let Kind::Operators(ops) = &mut self.kind {
+            for fop in ops.iter_mut() {
+                match &mut fop.op {
+                    Op::Pull(cond) => *cond = cond.clone().with_collation(c.clone()),
+                    Op::Push(PushArgs {
+                        sort: Some(PushSort::Pattern(spec)),
+                        ..
+                    }) => *spec = spec.clone().with_collation(c.clone()),
+                    _ => {}
+                }
+            }
+        }
+        self.filters = std::mem::take(&mut self.filters).with_collation(c.clone());
+        self.coll = c;
+        self
     }
 
     /// A replacement document (no operators)?
@@ -235,6 +279,11 @@ impl UpdateSpec {
 
     /// The new version of `doc`.
     pub fn apply(&self, doc: &Document, ctx: &ApplyContext) -> Result<Document> {
+        crate::query::expr::under_collation(self.coll.as_ref(), || self.apply_here(doc, ctx))
+    }
+
+    /// [`UpdateSpec::apply`] with the collation in scope.
+    fn apply_here(&self, doc: &Document, ctx: &ApplyContext) -> Result<Document> {
         let mut out = match &self.kind {
             Kind::Replacement(repl) => apply::apply_replacement(repl, doc)?,
             Kind::Pipeline(p) => apply::apply_replacement(&p.run(doc)?, doc)?,
@@ -313,6 +362,21 @@ fn cut_at_numeric(p: &[String]) -> &[String] {
         .map(|(i, _)| i)
         .unwrap_or(p.len());
     &p[..end]
+}
+
+/// `a` against `b` in BSON order, strings under the collation in scope
+/// (the update's, while [`UpdateSpec::apply`] runs).
+fn compare(a: &Bson, b: &Bson) -> Ordering {
+    match crate::query::expr::collation_in_scope() {
+        // In key space, as filters and collated indexes compare.
+        Some(c) => crate::doc::value::compare_bson(&c.key_bson(a), &c.key_bson(b)),
+        None => crate::doc::value::compare_bson(a, b),
+    }
+}
+
+/// `a` equals `b` under [`compare`].
+fn equal(a: &Bson, b: &Bson) -> bool {
+    compare(a, b) == Ordering::Equal
 }
 
 /// `{_id: …}` of the document being updated, for error messages (as MongoDB

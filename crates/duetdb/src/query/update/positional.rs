@@ -79,6 +79,20 @@ impl ArrayFilters {
         self.get(ident).is_some()
     }
 
+    /// These filters under collation `c` (the update's).
+    pub(super) fn with_collation(
+        self,
+        c: Option<std::sync::Arc<crate::doc::collation::Collator>>,
+    ) -> ArrayFilters {
+        ArrayFilters {
+            filters: self
+                .filters
+                .into_iter()
+                .map(|(id, f)| (id, f.with_collation(c.clone())))
+                .collect(),
+        }
+    }
+
     pub(super) fn names(&self) -> impl Iterator<Item = &str> {
         self.filters.iter().map(|(id, _)| id.as_str())
     }

@@ -570,3 +570,29 @@ fn inc_and_mul_on_decimal128_are_exact() {
         14
     );
 }
+
+/// Under a collation `$pull`'s query conditions compare by it; giving the
+/// collation twice keeps the first (operands are not keyed twice).
+#[test]
+fn a_collated_update_keys_its_conditions_once() {
+    let ci = crate::doc::collation::Collator::from_document(&doc! {"locale": "en", "strength": 2})
+        .expect("valid");
+    let spec = UpdateSpec::parse(&doc! {"$pull": {"g": {"k": "X"}}})
+        .expect("parse")
+        .with_collation(ci.clone())
+        .with_collation(ci);
+    let doc = doc! {"_id": 1, "g": [{"k": "x"}, {"k": "q"}, {"k": "y"}]};
+    let ctx = ApplyContext {
+        is_upsert_insert: false,
+        now: bson::DateTime::now(),
+        position: None,
+    };
+    let out = spec.apply(&doc, &ctx).expect("apply");
+    assert_eq!(
+        out.get_array("g").ok(),
+        Some(&vec![
+            Bson::Document(doc! {"k": "q"}),
+            Bson::Document(doc! {"k": "y"})
+        ])
+    );
+}
