@@ -451,6 +451,10 @@ def test_errors_raised_while_executing_carry_mongodbs_context(db):
             == (51111, words)
         assert failure(lambda: list(coll.find({"$expr": {"$cond": [False, bad, True]}}))) \
             == (51111, words)
+    assert failure(lambda: db.g.distinct("x", {"$expr": by_zero})) \
+        == (2, "Executor error during distinct command :: caused by :: can't $divide by zero")
+    code, msg = failure(lambda: db.g.distinct("x", {"x": {"$nope": 1}}))
+    assert code == 2 and not msg.startswith("Executor"), msg
     # Past the first batch, the error reaches a getMore.
     late = {"$expr": {"$lt": [{"$divide": [1, {"$subtract": ["$x", 2500]}]}, 100]}}
     seen = []

@@ -431,7 +431,17 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdRe
     let query = args::opt_doc(cmd, "query")?.cloned().unwrap_or_default();
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
-    let values = source.distinct(key, query, &limits)?;
+    // A key and query that parse failed while running: the executor's
+    // context, as MongoDB's distinct words it.
+    let values = source.distinct(key, query.clone(), &limits).map_err(|e| {
+        let parses =
+            duetdb::lang::Distinct::new(key).is_ok() && duetdb::lang::Filter::parse(&query).is_ok();
+        if parses {
+            e.caused_by("Executor error during distinct command")
+        } else {
+            e
+        }
+    })?;
     let mut reply = doc! {"values": values};
     if let Some(ts) = source.at() {
         reply.insert("atClusterTime", ts);
