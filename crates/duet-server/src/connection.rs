@@ -12,7 +12,9 @@
 //!   panic in either (a bug) becomes an InternalError reply, never a crashed
 //!   server;
 //! - a reply is serialized once, into the buffer that is sent (header room,
-//!   opcode prefix, document), and written with one `write`;
+//!   opcode prefix, document), and written with one `write`; a find by one
+//!   `_id` answered from stored bytes (`read::point_find`) has its document
+//!   copied from the store straight into that buffer, never decoded;
 //! - every command runs under a cancellation token, listed in the server's
 //!   operation registry (`currentOp`) until its blocking thread returns. The
 //!   token carries the `maxTimeMS` deadline (the engine's reads check it once
@@ -56,6 +58,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use crate::commands;
+use crate::commands::read::{RawCursor, RawCursorSlot};
 use crate::error::CommandError;
 use crate::state::{ConnInfo, ServerState};
 use crate::tls::Stream;
@@ -191,15 +194,36 @@ fn client_went_away(e: &std::io::Error) -> bool {
 /// OP_MSG / OP_REPLY framing (at most 36 bytes).
 const MAX_REPLY_DOC_BYTES: usize = wire::MAX_MESSAGE_BYTES - 64;
 
+/// A command's reply: its document and, for a find by one `_id` answered
+/// from stored bytes (`read::point_find`), its cursor, which goes first.
+struct Answer {
+    doc: Document,
+    cursor: Option<RawCursor>,
+}
+
+impl Answer {
+    fn of(doc: Document) -> Answer {
+        Answer { doc, cursor: None }
+    }
+}
+
 /// The reply message's bytes, built in one buffer so a reply is copied once
 /// and sent with one `write`: room for the header (filled in when it is
-/// sent, [`Reply::with_header`]), the opcode's `prefix`, then `doc`. A reply
-/// that could not be sent in one message becomes a BSONObjectTooLarge error
-/// (cursor batches are bounded as they are built, see `cursor.rs`; this
-/// guards every other reply).
-fn serialize(prefix: &[u8], doc: &Document) -> Vec<u8> {
-    let size = duetdb::raw::document_len(doc);
+/// sent, [`Reply::with_header`]), the opcode's `prefix`, then the reply
+/// document. A reply that could not be sent in one message becomes a
+/// BSONObjectTooLarge error (cursor batches are bounded as they are built,
+/// see `cursor.rs`; this guards every other reply).
+fn serialize(prefix: &[u8], answer: &Answer) -> Vec<u8> {
+    let doc = &answer.doc;
     let start = wire::HEADER_LEN + prefix.len();
+    // A raw cursor goes with a successful reply only (the command's `ok`,
+    // then the cluster time); anything else is answered as it stands.
+    let raw = answer
+        .cursor
+        .as_ref()
+        .filter(|_| matches!(doc.get("ok"), Some(Bson::Double(v)) if *v == 1.0))
+        .filter(|_| !doc.contains_key("cursor"));
+    let size = duetdb::raw::document_len(doc) + raw.map_or(0, raw_cursor_len);
     let mut out = Vec::with_capacity(start + size);
     out.resize(wire::HEADER_LEN, 0);
     out.extend_from_slice(prefix);
@@ -213,7 +237,11 @@ fn serialize(prefix: &[u8], doc: &Document) -> Vec<u8> {
             ),
         )
     } else {
-        if doc.to_writer(&mut out).is_ok() {
+        let written = match raw {
+            None => doc.to_writer(&mut out).is_ok(),
+            Some(c) => write_with_cursor(&mut out, c, doc),
+        };
+        if written {
             return out;
         }
         out.truncate(start);
@@ -221,6 +249,60 @@ fn serialize(prefix: &[u8], doc: &Document) -> Vec<u8> {
     };
     let _ = err.to_reply().to_writer(&mut out);
     out
+}
+
+/// The bytes of the element `cursor: {firstBatch: [doc], id: 0, ns}`.
+fn raw_cursor_len(c: &RawCursor) -> usize {
+    let batch = 4 + c.doc.as_ref().map_or(0, |d| 3 + d.as_bytes().len()) + 1;
+    let cursor = 4 + (12 + batch) + (4 + 8) + (4 + 4 + c.ns.len() + 1) + 1;
+    8 + cursor
+}
+
+/// Append the reply document `{cursor: {firstBatch: [doc], id: 0, ns},
+/// ...rest}` to `out`: the stored document's bytes copied once, straight
+/// into the buffer that is sent. The same bytes as serializing
+/// `{cursor: {firstBatch: [<doc decoded>], id: 0_i64, ns}}` followed by
+/// `rest`'s fields.
+fn write_with_cursor(out: &mut Vec<u8>, c: &RawCursor, rest: &Document) -> bool {
+    fn patch_len(out: &mut [u8], at: usize) {
+        let len = (out.len() - at) as i32;
+        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    }
+    let reply = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.push(0x03);
+    out.extend_from_slice(b"cursor\0");
+    let cursor = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.push(0x04);
+    out.extend_from_slice(b"firstBatch\0");
+    let batch = out.len();
+    out.extend_from_slice(&[0; 4]);
+    if let Some(d) = &c.doc {
+        out.push(0x03);
+        out.extend_from_slice(b"0\0");
+        out.extend_from_slice(d.as_bytes());
+    }
+    out.push(0);
+    patch_len(out, batch);
+    out.push(0x12);
+    out.extend_from_slice(b"id\0");
+    out.extend_from_slice(&0i64.to_le_bytes());
+    out.push(0x02);
+    out.extend_from_slice(b"ns\0");
+    out.extend_from_slice(&((c.ns.len() + 1) as i32).to_le_bytes());
+    out.extend_from_slice(c.ns.as_bytes());
+    out.push(0);
+    out.push(0);
+    patch_len(out, cursor);
+    // `rest`'s fields and terminator, without its own length.
+    let fields = out.len();
+    if rest.to_writer(&mut *out).is_err() {
+        return false;
+    }
+    out.drain(fields..fields + 4);
+    patch_len(out, reply);
+    true
 }
 
 /// A reply message (its header not yet written), and whether it may be
@@ -264,16 +346,18 @@ async fn handle_msg(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) ->
                 may_compress = compressible(&req.command);
                 run_command(state, conn, db, req.command).await
             }
-            _ => CommandError::new(
-                40571,
-                "Location40571",
-                "OP_MSG requests require a $db argument",
-            )
-            .to_reply(),
+            _ => Answer::of(
+                CommandError::new(
+                    40571,
+                    "Location40571",
+                    "OP_MSG requests require a $db argument",
+                )
+                .to_reply(),
+            ),
         },
         Err(e) => {
             tracing::debug!(conn = conn.id, error = %e.message, "malformed OP_MSG");
-            CommandError::from(e).to_reply()
+            Answer::of(CommandError::from(e).to_reply())
         }
     };
     if more_to_come {
@@ -297,7 +381,7 @@ async fn handle_query(state: &Arc<ServerState>, conn: &ConnInfo, frame: &Frame) 
             tracing::debug!(conn = conn.id, error = %e.message, "malformed OP_QUERY");
             (
                 opquery::REPLY_QUERY_FAILURE,
-                doc! {"$err": e.message.clone(), "code": e.code, "ok": 0.0},
+                Answer::of(doc! {"$err": e.message.clone(), "code": e.code, "ok": 0.0}),
             )
         }
     };
@@ -444,14 +528,16 @@ async fn run_command(
     conn: &ConnInfo,
     db: String,
     cmd: Document,
-) -> Document {
+) -> Answer {
     let max_time = match crate::args::opt_i64(&cmd, "maxTimeMS") {
         Ok(None) | Ok(Some(0)) => None,
         Ok(Some(ms)) if ms > 0 => Some(Duration::from_millis(ms as u64)),
         Ok(Some(_)) => {
-            return CommandError::bad_value("maxTimeMS must be non-negative").to_reply();
+            return Answer::of(
+                CommandError::bad_value("maxTimeMS must be non-negative").to_reply(),
+            );
         }
-        Err(e) => return e.to_reply(),
+        Err(e) => return Answer::of(e.to_reply()),
     };
     let name = commands::command_name(&cmd).unwrap_or("").to_string();
     // A getMore's maxTimeMS is a tailable awaitData cursor's await time
@@ -472,15 +558,27 @@ async fn run_command(
         // Microseconds of work: the hand-off to a blocking thread would
         // cost more than the command itself.
         let started = Instant::now();
+        let slot = RawCursorSlot::default();
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            commands::execute_op(state, conn, &db, &cmd, &token, Some(op.report()))
+            commands::execute_raw(
+                state,
+                conn,
+                &db,
+                &cmd,
+                &token,
+                Some(op.report()),
+                Some(&slot),
+            )
         }))
         .unwrap_or_else(|_| {
             tracing::error!(conn = conn.id, command = %name, "command panicked (a bug)");
             CommandError::internal(format!("command '{name}' failed internally")).to_reply()
         });
         finished(state, conn, &db, &cmd, &name, &reply, started, op.report());
-        return reply;
+        return Answer {
+            doc: reply,
+            cursor: slot.into_inner(),
+        };
     }
     let mut task = {
         let state = state.clone();
@@ -491,15 +589,25 @@ async fn run_command(
             // Listed until the engine call has returned.
             let op = op;
             let started = Instant::now();
+            let slot = RawCursorSlot::default();
+            let run = || {
+                commands::execute_raw(
+                    &state,
+                    &conn,
+                    &db,
+                    &cmd,
+                    &token,
+                    Some(op.report()),
+                    Some(&slot),
+                )
+            };
             let reply = if crate::runtime::is_write(&name) && state.fsync.count() > 0 {
                 match state.fsync.wait_unlocked(&token) {
-                    Ok(()) => {
-                        commands::execute_op(&state, &conn, &db, &cmd, &token, Some(op.report()))
-                    }
+                    Ok(()) => run(),
                     Err(e) => e.to_reply(),
                 }
             } else {
-                commands::execute_op(&state, &conn, &db, &cmd, &token, Some(op.report()))
+                run()
             };
             finished(
                 &state,
@@ -513,7 +621,10 @@ async fn run_command(
             );
             // This thread may own pages another thread's drop just freed.
             crate::memory::release_if_asked();
-            reply
+            Answer {
+                doc: reply,
+                cursor: slot.into_inner(),
+            }
         })
     };
     let joined = match max_time {
@@ -532,15 +643,17 @@ async fn run_command(
                     // The commit goes on in the background: its outcome is unknown.
                     e = e.with_label(commands::txn::UNKNOWN_COMMIT);
                 }
-                return e.to_reply();
+                return Answer::of(e.to_reply());
             }
         },
     };
     match joined {
-        Ok(reply) => reply,
+        Ok(answer) => answer,
         Err(e) => {
             tracing::error!(conn = conn.id, command = %name, error = %e, "command panicked (a bug)");
-            CommandError::internal(format!("command '{name}' failed internally")).to_reply()
+            Answer::of(
+                CommandError::internal(format!("command '{name}' failed internally")).to_reply(),
+            )
         }
     }
 }
@@ -548,6 +661,122 @@ async fn run_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A find by one `_id` answered from stored bytes sends exactly the
+    /// reply the planned find sends, and reads the way it reads (the
+    /// `_id` index use counted); finds it may not answer are left alone.
+    #[test]
+    fn a_point_find_from_stored_bytes_is_the_planned_reply() {
+        let state = ServerState::new(
+            duetdb::Engine::in_memory(),
+            crate::state::Config {
+                data_dir: None,
+                ..crate::state::Config::default()
+            },
+        );
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
+        let conn = ConnInfo::new(1, addr, addr);
+        let run = |db: &str, cmd: &Document, raw: bool| {
+            let slot = RawCursorSlot::default();
+            let token = duetdb::CancelToken::new();
+            let doc =
+                commands::execute_raw(&state, &conn, db, cmd, &token, None, raw.then_some(&slot));
+            let answer = Answer {
+                doc,
+                cursor: slot.into_inner(),
+            };
+            let used = answer.cursor.is_some();
+            (serialize(&opmsg::REPLY_PREFIX, &answer), used)
+        };
+        let r = run(
+            "t",
+            &doc! {"insert": "c", "documents": [
+                {"_id": 1, "a": "x", "n": {"deep": [1, 2.5, {"k": null}]}},
+                {"_id": "s", "b": true},
+                {"_id": 7.0, "c": 1},
+                {"_id": bson::oid::ObjectId::from_bytes([1; 12])},
+            ]},
+            false,
+        );
+        assert!(!r.1);
+        let id_ops = |state: &Arc<ServerState>| {
+            let r = commands::execute(
+                state,
+                &conn,
+                "t",
+                &doc! {"aggregate": "c", "pipeline": [{"$indexStats": {}}], "cursor": {}},
+            );
+            let batch = r
+                .get_document("cursor")
+                .and_then(|c| c.get_array("firstBatch"))
+                .cloned()
+                .unwrap_or_default();
+            batch
+                .iter()
+                .filter_map(Bson::as_document)
+                .find(|s| s.get_str("name").ok() == Some("_id_"))
+                .and_then(|s| s.get_document("accesses").ok())
+                .and_then(|a| a.get_i64("ops").ok())
+                .unwrap_or(-1)
+        };
+        let answered = [
+            doc! {"find": "c", "filter": {"_id": 1}},
+            doc! {"find": "c", "filter": {"_id": 1i64}, "limit": 1, "singleBatch": true},
+            doc! {"find": "c", "filter": {"_id": "s"}, "batchSize": 2, "comment": "x"},
+            doc! {"find": "c", "filter": {"_id": 7}},
+            doc! {"find": "c", "filter": {"_id": bson::oid::ObjectId::from_bytes([1; 12])}},
+            doc! {"find": "c", "filter": {"_id": 99}},
+            doc! {"find": "nope", "filter": {"_id": 1}},
+            doc! {"find": "c", "filter": {"_id": 1}, "readConcern": {"level": "local"}},
+        ];
+        for cmd in &answered {
+            let before = id_ops(&state);
+            assert!(before >= 0);
+            let (planned, used) = run("t", cmd, false);
+            assert!(!used);
+            let after_planned = id_ops(&state);
+            let (raw, used) = run("t", cmd, true);
+            assert!(used, "{cmd}");
+            assert_eq!(raw, planned, "{cmd}");
+            assert_eq!(
+                id_ops(&state) - after_planned,
+                after_planned - before,
+                "{cmd}"
+            );
+        }
+        let planned_only = [
+            doc! {"find": "c", "filter": {"_id": 1}, "projection": {"a": 1}},
+            doc! {"find": "c", "filter": {"_id": 1}, "batchSize": 1},
+            doc! {"find": "c", "filter": {"_id": 1}, "batchSize": 0},
+            doc! {"find": "c", "filter": {"_id": 1}, "skip": 1},
+            doc! {"find": "c", "filter": {"_id": 1}, "limit": -1},
+            doc! {"find": "c", "filter": {"_id": 1}, "singleBatch": 1},
+            doc! {"find": "c", "filter": {"_id": 1.0}},
+            doc! {"find": "c", "filter": {"_id": 1, "a": "x"}},
+            doc! {"find": "c", "filter": {"_id": {"$eq": 1}}},
+            doc! {"find": "c", "filter": {"_id": 1}, "collation": {"locale": "en"}},
+            doc! {"find": "c", "filter": {"_id": 1}, "readConcern": {"level": "majority"}},
+        ];
+        for cmd in &planned_only {
+            assert!(!run("t", cmd, true).1, "{cmd}");
+        }
+        // A collection with a default collation is planned.
+        run(
+            "t",
+            &doc! {"create": "ci", "collation": {"locale": "en", "strength": 2}},
+            false,
+        );
+        run(
+            "t",
+            &doc! {"insert": "ci", "documents": [{"_id": "A"}]},
+            false,
+        );
+        let cmd = doc! {"find": "ci", "filter": {"_id": "a"}};
+        let (planned, _) = run("t", &cmd, false);
+        let (raw, used) = run("t", &cmd, true);
+        assert!(!used);
+        assert_eq!(raw, planned);
+    }
 
     #[test]
     fn only_commands_that_never_wait_run_inline() {

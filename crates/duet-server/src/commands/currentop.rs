@@ -119,6 +119,7 @@ pub fn plan_summary(
         cancel: &token,
         report: None,
         origin: None,
+        raw_cursor: None,
     };
     let explain =
         super::read::explain(&ctx, &doc! {"explain": inner, "verbosity": "queryPlanner"}).ok()?;

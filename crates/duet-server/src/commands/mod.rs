@@ -85,6 +85,10 @@ pub struct Ctx<'a> {
     /// is (its `lsid` and `txnNumber`): its writes carry it, so every member
     /// learns the write was applied (`repl.rs`).
     pub origin: Option<Arc<[u8]>>,
+    /// Where a find by one `_id` may leave its cursor as the stored
+    /// document's bytes, for the connection to write into the reply as they
+    /// are (`read::point_find`); `None` off the connection's inline path.
+    pub raw_cursor: Option<&'a read::RawCursorSlot>,
 }
 
 impl Ctx<'_> {
@@ -430,8 +434,25 @@ pub fn execute_op(
     cancel: &duetdb::CancelToken,
     report: Option<&crate::ops::OpReport>,
 ) -> Document {
+    execute_raw(state, conn, db, cmd, cancel, report, None)
+}
+
+/// [`execute_op`], where a find by one `_id` may answer with its cursor in
+/// `raw_cursor` (the stored document's bytes) and the rest of its reply
+/// (`ok`, the cluster time) as the returned document: the connection writes
+/// the two together (`connection.rs`), byte for byte the reply
+/// [`execute_op`] would have built.
+pub fn execute_raw(
+    state: &Arc<ServerState>,
+    conn: &ConnInfo,
+    db: &str,
+    cmd: &Document,
+    cancel: &duetdb::CancelToken,
+    report: Option<&crate::ops::OpReport>,
+    raw_cursor: Option<&read::RawCursorSlot>,
+) -> Document {
     OpCounters::bump(&state.ops.command, 1);
-    let mut reply = match dispatch(state, conn, db, cmd, cancel, report) {
+    let mut reply = match dispatch(state, conn, db, cmd, cancel, report, raw_cursor) {
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");
@@ -574,6 +595,7 @@ fn dispatch(
     cmd: &Document,
     cancel: &duetdb::CancelToken,
     report: Option<&crate::ops::OpReport>,
+    raw_cursor: Option<&read::RawCursorSlot>,
 ) -> CmdResult {
     let name =
         command_name(cmd).ok_or_else(|| CommandError::bad_value("empty command document"))?;
@@ -612,6 +634,7 @@ fn dispatch(
         cancel,
         report,
         origin: repl::origin(state, &session),
+        raw_cursor,
     };
     // Users cached by connections are keyed by admin's csn, which a
     // recreated admin starts again: a drop of admin moves the epoch too.

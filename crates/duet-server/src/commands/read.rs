@@ -200,6 +200,9 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     if strict_bool(cmd, "find", "tailable")? {
         return super::tailable::find(ctx, cmd, coll, target);
     }
+    if let Some(reply) = point_find(ctx, cmd, coll, target)? {
+        return Ok(reply);
+    }
     let plan = FindPlan::from_find(cmd)?;
     let first = first_batch_size(cmd)?;
     let single_batch = strict_bool(cmd, "find", "singleBatch")?;
@@ -233,6 +236,108 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
         Box::new(FindSource::new(stream, projection)),
     );
     cursor_reply(ctx, cursor, (first, at_end), single_batch, source.at())
+}
+
+/// The cursor of a find by one `_id` answered from the stored document's
+/// bytes: `{firstBatch: [doc], id: 0, ns}` once written (`connection.rs`),
+/// the document sent as stored, never decoded.
+#[derive(Debug)]
+pub struct RawCursor {
+    pub ns: String,
+    /// The document found (`None`: an empty batch).
+    pub doc: Option<DocRef>,
+}
+
+/// Where [`point_find`] leaves its [`RawCursor`] (`Ctx::raw_cursor`).
+pub type RawCursorSlot = std::cell::RefCell<Option<RawCursor>>;
+
+/// A find that is one `_id` lookup in the latest published state, answered
+/// without planning and without a `Document` for its result: the stored
+/// document goes into `ctx.raw_cursor` and the reply returned is `{ok: 1}`,
+/// the cursor to be written before it. The same answer the planned find
+/// gives (its IDHACK plan reads the same `_id` index entry, and a batch of
+/// at most one document that is not full closes the cursor: id 0), the
+/// same reads noted (`currentOp`) and counted (`$indexStats`). `None` for
+/// anything else — any field that could change the answer or fail
+/// (projection, skip, a `batchSize` under 2, a read concern other than
+/// `local`/`available`, a named snapshot, a collation, an `_id` that is not
+/// an integer, string or ObjectId) — which the planned path then answers,
+/// errors included.
+fn point_find(
+    ctx: &Ctx<'_>,
+    cmd: &Document,
+    coll: &str,
+    target: &mut Target<'_>,
+) -> CmdResult<Option<Document>> {
+    let Some(slot) = ctx.raw_cursor else {
+        return Ok(None);
+    };
+    if !matches!(target, Target::Live) || ctx.snapshot_name().is_some() {
+        return Ok(None);
+    }
+    let Some(id) = plain_point(cmd) else {
+        return Ok(None);
+    };
+    let source = read_source(ctx, cmd, coll, target)?;
+    let super::source::ReadSource::Held {
+        coll: held,
+        at: None,
+        ..
+    } = &source
+    else {
+        return Ok(None);
+    };
+    // The planned read checks its token before its first document.
+    ctx.cancel.check()?;
+    let Some(doc) = held.point_read(id) else {
+        return Ok(None);
+    };
+    *slot.borrow_mut() = Some(RawCursor {
+        ns: ctx.ns(coll),
+        doc,
+    });
+    Ok(Some(doc! {"ok": 1.0}))
+}
+
+/// The `_id` of a find [`point_find`] may answer: a filter `{_id: v}`, and
+/// only fields that cannot change a one-document answer, with values that
+/// cannot fail.
+fn plain_point(cmd: &Document) -> Option<&Bson> {
+    let filter = match cmd.get("filter") {
+        Some(Bson::Document(f)) if f.len() == 1 => f,
+        _ => return None,
+    };
+    let id = filter.get("_id")?;
+    let whole = |v: &Bson, min: i64| match v {
+        Bson::Int32(n) => i64::from(*n) >= min,
+        Bson::Int64(n) => *n >= min,
+        _ => false,
+    };
+    let plain = cmd.iter().all(|(k, v)| match k.as_str() {
+        "find"
+        | "filter"
+        | "comment"
+        | "maxTimeMS"
+        | "lsid"
+        | "$db"
+        | "$clusterTime"
+        | "$readPreference"
+        | "apiVersion"
+        | "apiStrict"
+        | "apiDeprecationErrors" => true,
+        "limit" => whole(v, 0),
+        // A full first batch would leave the cursor open.
+        "batchSize" => whole(v, 2),
+        "singleBatch" => matches!(v, Bson::Boolean(_)),
+        "readConcern" => match v {
+            Bson::Document(rc) => rc.iter().all(|(k, v)| {
+                k == "level" && matches!(v, Bson::String(l) if l == "local" || l == "available")
+            }),
+            _ => false,
+        },
+        _ => false,
+    });
+    plain.then_some(id)
 }
 
 /// A find with `$text` (text indexes, `{$meta: "textScore"}`): run by the

@@ -113,6 +113,35 @@ impl SnapshotCollection {
         find
     }
 
+    /// The document a find `{_id: id}` reads in this snapshot, looked up in
+    /// the `_id` index without planning (the server's point read, which
+    /// sends the stored bytes as they are): counted as a use of the `_id`
+    /// index as the planned read counts it. `None` when such a find is not a
+    /// plain `_id` lookup here, so the caller must plan it: a collation
+    /// applies (this handle's or the collection's default), or `id` is not
+    /// one of the values whose index key is itself (an integer, string or
+    /// ObjectId). `Some(None)`: no document has that `_id` (or the
+    /// collection does not exist).
+    pub fn point_read(&self, id: &Bson) -> Option<Option<crate::doc::DocRef>> {
+        let key = match id {
+            Bson::Int32(_) | Bson::Int64(_) | Bson::String(_) | Bson::ObjectId(_) => {
+                crate::doc::value::to_raw(id)?
+            }
+            _ => return None,
+        };
+        if self.collation.is_some() {
+            return None;
+        }
+        let Some(c) = self.state.collection(&self.name) else {
+            return Some(None);
+        };
+        if c.options.collation.is_some() {
+            return None;
+        }
+        c.id_usage.record();
+        Some(c.rid_of_id(&key).and_then(|rid| c.get(rid)).cloned())
+    }
+
     /// Calls `f` with the BSON bytes of every document of the collection as
     /// of this snapshot, in storage order, stopping early when `f` returns
     /// `false`; how many documents it was called with. What a digest of a
