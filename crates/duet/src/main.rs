@@ -175,6 +175,9 @@ enum CheckCommand {
         /// Kind of the index scans use: plain, partial, sparse, hashed, wildcard or geo.
         #[arg(long, default_value = "plain")]
         index: String,
+        /// Run with delta indexing on (small delta layers, so merges run mid-scan).
+        #[arg(long)]
+        delta_indexing: bool,
     },
     /// SIGKILL campaign: a child writes batches (fsync durability) and is
     /// killed at random moments; every recovery is checked against the
@@ -486,6 +489,7 @@ fn run(cli: Cli) -> Result<()> {
                     slots,
                     seed,
                     index,
+                    delta_indexing,
                 },
         } => {
             let strategy: duetdb::Strategy = strategy.parse()?;
@@ -502,8 +506,14 @@ fn run(cli: Cli) -> Result<()> {
                 slots,
                 stop_on_violation: false,
                 index,
+                delta_indexing,
             };
-            writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round")?;
+            let delta = if delta_indexing {
+                ", delta indexing on"
+            } else {
+                ""
+            };
+            writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round{delta}")?;
             let started = Instant::now();
             let mut last_print = Instant::now();
             let report = duetdb::check::run(&cfg, |r| {
