@@ -46,7 +46,7 @@ struct DbInner {
     /// The snapshot strategy of reads that do not choose one.
     default_strategy: parking_lot::RwLock<Strategy>,
     /// The index view of reads that do not choose one (`store::delta`).
-    default_index_read: parking_lot::RwLock<crate::IndexRead>,
+    default_index_read: parking_lot::RwLock<crate::store::delta::IndexRead>,
     /// Live reads by the strategy they ran under.
     reads: ReadCounts,
     durable: Option<Arc<Durable>>,
@@ -76,9 +76,9 @@ pub struct DbOptions {
     /// Strategy of reads that do not choose one (`auto`: `cow` for `_id` lookups, `vls` otherwise).
     pub default_strategy: Strategy,
     /// Delta indexing (`store::delta`, `write::delta`); off by default.
-    pub delta: crate::DeltaOptions,
+    pub delta: crate::store::DeltaOptions,
     /// Index view of reads that do not choose one (fresh by default).
-    pub index_read: crate::IndexRead,
+    pub index_read: crate::store::delta::IndexRead,
 }
 
 impl std::fmt::Debug for Database {
@@ -147,27 +147,27 @@ impl Database {
     }
 
     /// The index view of reads that do not choose one.
-    pub fn default_index_read(&self) -> crate::IndexRead {
+    pub fn default_index_read(&self) -> crate::store::delta::IndexRead {
         *self.inner.default_index_read.read()
     }
 
     /// Change the database's default index view (`fresh` or `stale`).
-    pub fn set_default_index_read(&self, read: crate::IndexRead) {
+    pub fn set_default_index_read(&self, read: crate::store::delta::IndexRead) {
         *self.inner.default_index_read.write() = read;
     }
 
     /// Delta indexing's settings from the next write group on. Switching it
     /// off folds every index's layers into its tree at the next group.
-    pub fn set_delta_indexing(&self, options: crate::DeltaOptions) {
+    pub fn set_delta_indexing(&self, options: crate::store::DeltaOptions) {
         self.inner.writer.set_delta(options);
     }
 
-    pub fn delta_indexing(&self) -> crate::DeltaOptions {
+    pub fn delta_indexing(&self) -> crate::store::DeltaOptions {
         self.inner.writer.delta()
     }
 
     /// Delta indexing figures: cuts, merges, entries merged, merge lag.
-    pub fn delta_stats(&self) -> crate::DeltaStats {
+    pub fn delta_stats(&self) -> crate::write::delta::DeltaStats {
         self.inner.writer.delta_stats()
     }
 
@@ -284,7 +284,7 @@ impl Database {
             path: Some(path.to_path_buf()),
             snapshots: Default::default(),
             default_strategy: parking_lot::RwLock::new(Strategy::default()),
-            default_index_read: parking_lot::RwLock::new(crate::IndexRead::default()),
+            default_index_read: parking_lot::RwLock::new(crate::store::delta::IndexRead::default()),
             reads: ReadCounts::default(),
             durable: Some(durable.clone()),
             background: parking_lot::Mutex::new(None),

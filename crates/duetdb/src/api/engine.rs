@@ -62,7 +62,7 @@ pub struct Engine {
     drops: DropLog,
     /// Delta indexing and the default index view of every database, open
     /// and created later ([`Engine::set_delta_indexing`]).
-    delta: RwLock<(crate::DeltaOptions, crate::IndexRead)>,
+    delta: RwLock<(crate::store::DeltaOptions, crate::store::delta::IndexRead)>,
 }
 
 /// Databases closed per thread at most when an Engine is dropped.
@@ -237,7 +237,11 @@ impl Engine {
     /// Delta indexing (`store::delta`) for every database, open now and
     /// created later, and their reads' default index view (`fresh` or
     /// `stale`). `duet serve --delta-indexing`, `--index-read`.
-    pub fn set_delta_indexing(&self, delta: crate::DeltaOptions, index_read: crate::IndexRead) {
+    pub fn set_delta_indexing(
+        &self,
+        delta: crate::store::DeltaOptions,
+        index_read: crate::store::delta::IndexRead,
+    ) {
         let dbs = self.dbs.read();
         *self.delta.write() = (delta, index_read);
         for db in dbs.values() {

@@ -134,7 +134,7 @@ pub struct Find {
     pub(crate) limits: ReadLimits,
     /// The index view (`None`: the database's default, fresh for a held
     /// snapshot, which chooses with `SnapshotCollection::with_index_read`).
-    pub(crate) index_read: Option<crate::IndexRead>,
+    pub(crate) index_read: Option<crate::store::delta::IndexRead>,
 }
 
 /// A find's result with how it was produced.
@@ -160,7 +160,7 @@ impl Find {
     /// Read the indexes in this view (`store::delta`). A stale find on the
     /// live database reads the latest published version held, as `cow`
     /// (the strategies that follow the writer would mix index views).
-    pub fn index_read(mut self, read: crate::IndexRead) -> Find {
+    pub fn index_read(mut self, read: crate::store::delta::IndexRead) -> Find {
         self.index_read = Some(read);
         self
     }
@@ -251,9 +251,9 @@ impl Find {
         let stale = match &self.source {
             Source::Latest(db) => {
                 self.index_read.unwrap_or_else(|| db.default_index_read())
-                    == crate::IndexRead::Stale
+                    == crate::store::delta::IndexRead::Stale
             }
-            Source::Fixed(_) => self.index_read == Some(crate::IndexRead::Stale),
+            Source::Fixed(_) => self.index_read == Some(crate::store::delta::IndexRead::Stale),
         };
         let stale_state;
         let source = if stale {

@@ -138,8 +138,8 @@ impl SnapshotCollection {
     /// snapshot's documents, so every result still matches the filter but
     /// documents whose entries are newer than the last merge are missed.
     /// `Fresh` (the default) is exactly the snapshot.
-    pub fn with_index_read(mut self, read: crate::IndexRead) -> SnapshotCollection {
-        if read == crate::IndexRead::Stale {
+    pub fn with_index_read(mut self, read: crate::store::delta::IndexRead) -> SnapshotCollection {
+        if read == crate::store::delta::IndexRead::Stale {
             self.state = Arc::new(self.state.stale_for(&self.name));
         }
         self

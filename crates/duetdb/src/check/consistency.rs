@@ -56,7 +56,7 @@ pub struct CheckConfig {
 }
 
 /// Delta indexing's settings under [`CheckConfig::delta_indexing`].
-pub const CHECK_DELTA: crate::DeltaOptions = crate::DeltaOptions {
+pub const CHECK_DELTA: crate::store::DeltaOptions = crate::store::DeltaOptions {
     on: true,
     merge_at: 16,
     max_active: 64,
@@ -267,7 +267,7 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
         delta: if cfg.delta_indexing {
             CHECK_DELTA
         } else {
-            crate::DeltaOptions::default()
+            crate::store::DeltaOptions::default()
         },
         ..DbOptions::default()
     };
