@@ -58,6 +58,10 @@ pub enum BenchCommand {
     /// writer's throughput during the build as a ratio, and build times.
     #[command(name = "index-build")]
     IndexBuild(IndexBuildArgs),
+    /// DStore's delta indexing on vs off: an update mix moving the keys of 3
+    /// secondary indexes (updates/s, CPU per update, merge lag), and range
+    /// reads in the fresh vs the stale index view (embedded engine).
+    Delta(DeltaArgs),
     /// Recovery of N documents with 3 secondary indexes (checkpoint + WAL
     /// tail): open time split into phases, and the time until `duet serve`
     /// on the directory answers a `ping`.
@@ -87,6 +91,30 @@ pub struct RecoveryArgs {
     #[arg(long)]
     pub keep: bool,
     /// Directory for `recovery.json` and `.md`.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct DeltaArgs {
+    /// Documents in the collection updated.
+    #[arg(long, default_value_t = 300_000)]
+    pub records: u64,
+    /// Seconds the updater runs per round.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Rounds per mode (off and on alternate).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Seconds of range reads per index view.
+    #[arg(long, default_value_t = 1.0)]
+    pub read_seconds: f64,
+    /// Width of a range read's interval on `a` (values in 0..records).
+    #[arg(long, default_value_t = 100)]
+    pub read_width: i64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Directory for `delta.json` and `.md`.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
 }
@@ -528,6 +556,25 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 serde_json::to_string_pretty(&report)?,
             )?;
             std::fs::write(a.out.join("replication.md"), &md)?;
+            println!("{md}");
+            Ok(None)
+        }
+        BenchCommand::Delta(a) => {
+            let params = crate::workload::delta::Params {
+                records: a.records,
+                seconds: a.seconds,
+                repeat: a.repeat,
+                seed: a.seed,
+                read_seconds: a.read_seconds,
+                read_width: a.read_width,
+            };
+            let (report, md) = crate::workload::delta::run(&params)?;
+            std::fs::create_dir_all(&a.out)?;
+            std::fs::write(
+                a.out.join("delta.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            std::fs::write(a.out.join("delta.md"), &md)?;
             println!("{md}");
             Ok(None)
         }

@@ -240,6 +240,16 @@ pub struct ServeArgs {
     /// its last checkpoint.
     #[arg(long, default_value_t = 256.0)]
     pub checkpoint_wal_mb: f64,
+    // --- delta indexing (issue #19) ---
+    /// Delta indexing (DStore): writes record secondary-index changes in
+    /// per-index delta layers, merged into the indexes in bulk by a
+    /// background thread per database (docs/design.md "Delta indexing").
+    #[arg(long)]
+    pub delta_indexing: bool,
+    /// The index view of reads that do not choose one with `$duet:
+    /// {indexRead}`: `fresh` (exact) or `stale` (merged indexes only).
+    #[arg(long, default_value = "fresh")]
+    pub index_read: String,
     // --- TTL monitor (issue #18) ---
     /// Seconds between passes of the TTL monitor, which deletes documents
     /// of TTL indexes (`expireAfterSeconds`) once expired (MongoDB's
@@ -430,10 +440,21 @@ pub fn serve_cli(mut args: ServeArgs) -> Result<(), Box<dyn std::error::Error + 
         checkpoint_wal_bytes: (mib(args.checkpoint_wal_mb, "checkpoint-wal-mb")? as u64).max(1),
         ..Default::default()
     };
+    let index_read: duetdb::IndexRead = args
+        .index_read
+        .parse()
+        .map_err(|e: String| format!("--index-read: {e}"))?;
     let engine = std::sync::Arc::new(match &config.data_dir {
         Some(dir) => duetdb::Engine::open_with(dir, durability)?,
         None => duetdb::Engine::in_memory(),
     });
+    engine.set_delta_indexing(
+        duetdb::DeltaOptions {
+            on: args.delta_indexing,
+            ..Default::default()
+        },
+        index_read,
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // A worker answers a `--max-memory-gb` release request when it goes

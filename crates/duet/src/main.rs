@@ -176,6 +176,9 @@ enum CheckCommand {
         /// text (`$text` searches join the mix).
         #[arg(long, default_value = "plain")]
         index: String,
+        /// Run with delta indexing on (small delta layers, so merges run mid-scan).
+        #[arg(long)]
+        delta_indexing: bool,
     },
     /// SIGKILL campaign: a child writes batches (fsync durability) and is
     /// killed at random moments; every recovery is checked against the
@@ -487,6 +490,7 @@ fn run(cli: Cli) -> Result<()> {
                     slots,
                     seed,
                     index,
+                    delta_indexing,
                 },
         } => {
             let strategy: duetdb::Strategy = strategy.parse()?;
@@ -503,8 +507,14 @@ fn run(cli: Cli) -> Result<()> {
                 slots,
                 stop_on_violation: false,
                 index,
+                delta_indexing,
             };
-            writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round")?;
+            let delta = if delta_indexing {
+                ", delta indexing on"
+            } else {
+                ""
+            };
+            writeln!(out, "checking {strategy} for {seconds}s: {scans} scans, {writers} writers, {docs} documents per round{delta}")?;
             let started = Instant::now();
             let mut last_print = Instant::now();
             let report = duetdb::check::run(&cfg, |r| {

@@ -66,12 +66,15 @@ pub use snapshot::olcp::{OlcpOptions, OlcpReport, PointRange, PointReader};
 pub use snapshot::retained::{CollectionCost, RetainedCost};
 pub use snapshot::scan::ScanOutcome;
 pub use snapshot::{Choice, ReadStats, Strategy};
+pub use store::delta::IndexRead;
 pub use store::index_build::{BuildPhase, IndexBuildProgress};
 pub use store::options::{CollectionOptions, OptionError, ValidationAction, ValidationLevel};
 pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};
+pub use store::DeltaOptions;
 pub use txn::{CommitInfo, CommitOutcome, Isolation, TxnOptions, DEFAULT_LIFETIME};
 pub use write::command::UpdateResult;
+pub use write::delta::DeltaStats;
 pub use write::writer::{last_commit_csn, WriterStats};
 
 /// Documents as the engine stores them (raw BSON behind an `Arc`), and the
@@ -108,8 +111,9 @@ pub mod lang {
 pub mod structures {
     pub use crate::store::btree::BTree;
     pub use crate::store::collection::CollectionState;
+    pub use crate::store::delta::DeltaLayer;
     pub use crate::store::heap::{Heap, RecordId};
-    pub use crate::store::index::IndexState;
+    pub use crate::store::index::{IndexKey, IndexState};
     pub use crate::store::DbState;
 }
 

@@ -28,6 +28,7 @@ fn checker_finds_no_violation_under_olcp() {
         slots: 64,
         stop_on_violation: false,
         index: check::CheckIndex::Plain,
+        delta_indexing: false,
     };
     let report = check::run(&cfg, |_| {});
     assert_eq!(report.violations, 0, "{:#?}", report.examples);

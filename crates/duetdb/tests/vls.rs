@@ -27,6 +27,7 @@ fn config(strategy: Strategy) -> CheckConfig {
         slots: 64,
         stop_on_violation: false,
         index: check::CheckIndex::Plain,
+        delta_indexing: false,
     }
 }
 
@@ -114,6 +115,7 @@ fn db_with(n: i32, remset: RemsetMode) -> Database {
                 ..VlsOptions::default()
             },
             default_strategy: Strategy::Vls,
+            ..DbOptions::default()
         },
     );
     let c = db.collection("c");

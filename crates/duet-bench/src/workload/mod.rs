@@ -7,6 +7,7 @@
 //! drive its transactions directly.
 
 pub mod changes;
+pub mod delta;
 pub mod htap;
 pub mod index_build;
 pub mod recovery;

@@ -521,6 +521,9 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
             ("workNsPerDoc", v) => {
                 work_ns(v)?;
             }
+            ("indexRead", v) => {
+                index_read_of(v)?;
+            }
             ("consistency", Bson::String(s)) => {
                 named::Consistency::parse(s)?;
             }
@@ -532,7 +535,7 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
             }
             (other, _) => {
                 return Err(CommandError::bad_value(format!(
-                "unknown $duet option '{other}' (supported: snapshot, snapshotName, consistency, workNsPerDoc)"
+                "unknown $duet option '{other}' (supported: snapshot, snapshotName, consistency, workNsPerDoc, indexRead)"
             )))
             }
         }
@@ -543,6 +546,29 @@ pub fn duet_strategy(cmd: &Document) -> CmdResult<Option<duetdb::Strategy>> {
         ));
     }
     Ok(strategy)
+}
+
+/// One `$duet.indexRead` value: `"fresh"` or `"stale"`.
+fn index_read_of(v: &Bson) -> CmdResult<duetdb::IndexRead> {
+    match v {
+        Bson::String(s) => s
+            .parse::<duetdb::IndexRead>()
+            .map_err(|e| CommandError::bad_value(format!("$duet.indexRead: {e}"))),
+        other => Err(CommandError::type_mismatch(format!(
+            "$duet.indexRead must be a string, not {:?}",
+            other.element_type()
+        ))),
+    }
+}
+
+/// `$duet: {indexRead: "fresh" | "stale"}` (delta indexing's index views,
+/// docs/design.md "Delta indexing"); `None` when absent (the database's
+/// default applies).
+pub fn duet_index_read(cmd: &Document) -> CmdResult<Option<duetdb::IndexRead>> {
+    let Some(opts) = crate::args::opt_doc(cmd, "$duet")? else {
+        return Ok(None);
+    };
+    opts.get("indexRead").map(index_read_of).transpose()
 }
 
 /// Upper bound of `$duet.workNsPerDoc`: 1 ms per document already makes a

@@ -5,7 +5,8 @@
 //! [`read_source`] decides, in this order:
 //! 1. inside a transaction: the transaction (its snapshot overlaid with its
 //!    own writes; `txn.rs` has already refused any `$duet` option, 263);
-//! 2. `$duet: {snapshot: <none|vls|cow|olcp|auto>}`: the live collection
+//! 2. `$duet: {snapshot: <none|vls|cow|olcp|auto>}` (and not a stale
+//!    index read, below): the live collection
 //!    under that strategy, resolved by the engine's one chooser (`auto` by
 //!    plan; `olcp` on an order-dependent pipeline runs as `vls`). Refused
 //!    with `readConcern.atClusterTime`, which names a held state;
@@ -14,6 +15,11 @@
 //!    digest first checked against that many members', `named.rs`), the one read concern `snapshot` resolves
 //!    (reported as `atClusterTime`), or the latest published root — the
 //!    default read, `cow` by construction.
+//!
+//! `$duet: {indexRead: "stale"}` (or the database's default index read,
+//! `duet serve --index-read`) reads the held version's indexes in their
+//! stale view (delta indexing's merged roots only); it is refused beside a
+//! `$duet.snapshot` other than `cow`/`auto` (those follow the writer).
 //!
 //! Every read runs under the command's [`ReadLimits`] ([`read_limits`]): its
 //! cancellation token (`maxTimeMS`, `killOp`, a closed connection,
@@ -38,7 +44,7 @@ use duetdb::{
 };
 
 use super::read::FindPlan;
-use super::{duet_strategy, read_concern, Ctx, ReadConcern};
+use super::{duet_index_read, duet_strategy, read_concern, Ctx, ReadConcern};
 use crate::error::{CmdResult, CommandError};
 
 /// Where a CRUD command's reads and writes go.
@@ -175,19 +181,31 @@ fn choose_source<'s>(
         return Ok(ReadSource::Txn(txn.collection(coll)));
     }
     let db = ctx.database()?;
+    let index_read = duet_index_read(cmd)?;
+    let stale = index_read.unwrap_or_else(|| db.default_index_read()) == duetdb::IndexRead::Stale;
     if let Some(strategy) = duet_strategy(cmd)? {
-        if cmd
-            .get_document("readConcern")
-            .is_ok_and(|rc| rc.contains_key("atClusterTime"))
+        if index_read == Some(duetdb::IndexRead::Stale)
+            && !matches!(strategy, Strategy::Cow | Strategy::Auto)
         {
-            return Err(CommandError::bad_value(
-                "$duet.snapshot cannot be combined with readConcern.atClusterTime",
-            ));
+            return Err(CommandError::bad_value(format!(
+                "$duet.indexRead \"stale\" reads a held copy-on-write version: it cannot be combined with $duet.snapshot \"{}\"",
+                strategy.name()
+            )));
         }
-        return Ok(ReadSource::Live {
-            coll: db.collection(coll),
-            strategy,
-        });
+        if !stale {
+            if cmd
+                .get_document("readConcern")
+                .is_ok_and(|rc| rc.contains_key("atClusterTime"))
+            {
+                return Err(CommandError::bad_value(
+                    "$duet.snapshot cannot be combined with readConcern.atClusterTime",
+                ));
+            }
+            return Ok(ReadSource::Live {
+                coll: db.collection(coll),
+                strategy,
+            });
+        }
     }
     // `db@snapshot` (snapdb.rs) names the snapshot as the database.
     let named = crate::args::opt_doc(cmd, "$duet")?
@@ -219,8 +237,14 @@ fn choose_source<'s>(
         }
         (None, ReadConcern::Default) => (db.snapshot(), None),
     };
+    // The stale view: the merged index roots of the read's version.
+    let read = if stale {
+        duetdb::IndexRead::Stale
+    } else {
+        duetdb::IndexRead::Fresh
+    };
     Ok(ReadSource::Held {
-        coll: snap.collection(coll),
+        coll: snap.collection(coll).with_index_read(read),
         snap,
         at,
         spill_dir: db.spill_dir(),

@@ -45,6 +45,8 @@ struct DbInner {
     snapshots: crate::snapshot::named::Registry,
     /// The snapshot strategy of reads that do not choose one.
     default_strategy: parking_lot::RwLock<Strategy>,
+    /// The index view of reads that do not choose one (`store::delta`).
+    default_index_read: parking_lot::RwLock<crate::store::delta::IndexRead>,
     /// Live reads by the strategy they ran under.
     reads: ReadCounts,
     durable: Option<Arc<Durable>>,
@@ -73,6 +75,10 @@ pub struct DbOptions {
     pub vls: VlsOptions,
     /// Strategy of reads that do not choose one (`auto`: `cow` for `_id` lookups, `vls` otherwise).
     pub default_strategy: Strategy,
+    /// Delta indexing (`store::delta`, `write::delta`); off by default.
+    pub delta: crate::store::DeltaOptions,
+    /// Index view of reads that do not choose one (fresh by default).
+    pub index_read: crate::store::delta::IndexRead,
 }
 
 impl std::fmt::Debug for Database {
@@ -111,11 +117,14 @@ impl Database {
             vls_options: options.vls,
             ..DbState::default()
         };
+        let writer = Writer::with_hub(name, initial, hub);
+        writer.set_delta(options.delta);
         Database {
             inner: Arc::new(DbInner {
-                writer: Writer::with_hub(name, initial, hub),
+                writer,
                 path,
                 default_strategy: parking_lot::RwLock::new(options.default_strategy),
+                default_index_read: parking_lot::RwLock::new(options.index_read),
                 reads: ReadCounts::default(),
                 snapshots: Default::default(),
                 durable: None,
@@ -135,6 +144,36 @@ impl Database {
     /// Change the store-wide default strategy (e.g. `none` for the baseline).
     pub fn set_default_strategy(&self, strategy: Strategy) {
         *self.inner.default_strategy.write() = strategy;
+    }
+
+    /// The index view of reads that do not choose one.
+    pub fn default_index_read(&self) -> crate::store::delta::IndexRead {
+        *self.inner.default_index_read.read()
+    }
+
+    /// Change the database's default index view (`fresh` or `stale`).
+    pub fn set_default_index_read(&self, read: crate::store::delta::IndexRead) {
+        *self.inner.default_index_read.write() = read;
+    }
+
+    /// Delta indexing's settings from the next write group on. Switching it
+    /// off folds every index's layers into its tree at the next group.
+    pub fn set_delta_indexing(&self, options: crate::store::DeltaOptions) {
+        self.inner.writer.set_delta(options);
+    }
+
+    pub fn delta_indexing(&self) -> crate::store::DeltaOptions {
+        self.inner.writer.delta()
+    }
+
+    /// Delta indexing figures: cuts, merges, entries merged, merge lag.
+    pub fn delta_stats(&self) -> crate::write::delta::DeltaStats {
+        self.inner.writer.delta_stats()
+    }
+
+    /// Are delta merges queued, running or not yet installed?
+    pub fn delta_busy(&self) -> bool {
+        self.inner.writer.delta_busy()
     }
 
     /// Start a new window for the remset peak figures of [`Database::vls_stats`].
@@ -245,6 +284,7 @@ impl Database {
             path: Some(path.to_path_buf()),
             snapshots: Default::default(),
             default_strategy: parking_lot::RwLock::new(Strategy::default()),
+            default_index_read: parking_lot::RwLock::new(crate::store::delta::IndexRead::default()),
             reads: ReadCounts::default(),
             durable: Some(durable.clone()),
             background: parking_lot::Mutex::new(None),

@@ -60,6 +60,9 @@ pub struct Engine {
     replicator: RwLock<Option<Arc<dyn Replicate>>>,
     /// The `dropDatabase` events (a dropped database's WAL is gone).
     drops: DropLog,
+    /// Delta indexing and the default index view of every database, open
+    /// and created later ([`Engine::set_delta_indexing`]).
+    delta: RwLock<(crate::store::DeltaOptions, crate::store::delta::IndexRead)>,
 }
 
 /// Databases closed per thread at most when an Engine is dropped.
@@ -115,6 +118,7 @@ impl Engine {
             hub: Arc::new(ChangeHub::default()),
             replicator: RwLock::new(None),
             drops: DropLog::in_memory(crate::durability::DEFAULT_CHANGE_RETENTION),
+            delta: Default::default(),
         }
     }
 
@@ -181,6 +185,7 @@ impl Engine {
             hub,
             replicator: RwLock::new(None),
             drops,
+            delta: Default::default(),
         })
     }
 
@@ -222,8 +227,27 @@ impl Engine {
             _ => Database::in_hub(name, None, Default::default(), self.hub.clone()),
         };
         db.set_replicator(self.replicator.read().clone());
+        let (delta, index_read) = *self.delta.read();
+        db.set_delta_indexing(delta);
+        db.set_default_index_read(index_read);
         dbs.insert(name.to_string(), db.clone());
         Ok((db, true))
+    }
+
+    /// Delta indexing (`store::delta`) for every database, open now and
+    /// created later, and their reads' default index view (`fresh` or
+    /// `stale`). `duet serve --delta-indexing`, `--index-read`.
+    pub fn set_delta_indexing(
+        &self,
+        delta: crate::store::DeltaOptions,
+        index_read: crate::store::delta::IndexRead,
+    ) {
+        let dbs = self.dbs.read();
+        *self.delta.write() = (delta, index_read);
+        for db in dbs.values() {
+            db.set_delta_indexing(delta);
+            db.set_default_index_read(index_read);
+        }
     }
 
     /// Make every database (those open now and those created later) commit
@@ -399,6 +423,9 @@ impl Engine {
             self.hub.clone(),
         )?;
         db.set_replicator(self.replicator.read().clone());
+        let (delta, index_read) = *self.delta.read();
+        db.set_delta_indexing(delta);
+        db.set_default_index_read(index_read);
         dbs.insert(name.to_string(), db.clone());
         Ok(db)
     }

@@ -132,6 +132,9 @@ pub struct Find {
     pub(crate) options: FindOptions,
     pub(crate) strategy: Option<Strategy>,
     pub(crate) limits: ReadLimits,
+    /// The index view (`None`: the database's default, fresh for a held
+    /// snapshot, which chooses with `SnapshotCollection::with_index_read`).
+    pub(crate) index_read: Option<crate::store::delta::IndexRead>,
 }
 
 /// A find's result with how it was produced.
@@ -150,7 +153,16 @@ impl Find {
             options: FindOptions::default(),
             strategy: None,
             limits: ReadLimits::default(),
+            index_read: None,
         }
+    }
+
+    /// Read the indexes in this view (`store::delta`). A stale find on the
+    /// live database reads the latest published version held, as `cow`
+    /// (the strategies that follow the writer would mix index views).
+    pub fn index_read(mut self, read: crate::store::delta::IndexRead) -> Find {
+        self.index_read = Some(read);
+        self
     }
 
     pub fn sort(mut self, sort: Document) -> Find {
@@ -236,7 +248,24 @@ impl Find {
         let read = Read::Find {
             top_k: sort.is_some() && spec.limit > 0,
         };
-        let db = match &self.source {
+        let stale = match &self.source {
+            Source::Latest(db) => {
+                self.index_read.unwrap_or_else(|| db.default_index_read())
+                    == crate::store::delta::IndexRead::Stale
+            }
+            Source::Fixed(_) => self.index_read == Some(crate::store::delta::IndexRead::Stale),
+        };
+        let stale_state;
+        let source = if stale {
+            stale_state = Source::Fixed(Arc::new(self.source.state().stale_for(&self.coll)));
+            if let Source::Latest(db) = &self.source {
+                db.note_read(Strategy::Cow);
+            }
+            &stale_state
+        } else {
+            &self.source
+        };
+        let db = match source {
             Source::Fixed(state) => {
                 let Some(c) = state.collection(&self.coll) else {
                     return Ok(self.done_stream(held_outcome(state.csn, empty_plan())));

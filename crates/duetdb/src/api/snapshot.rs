@@ -82,7 +82,7 @@ pub(crate) fn stats_of(c: &CollectionState) -> CollStats {
     indexes.extend(
         c.indexes
             .iter()
-            .map(|i| (i.spec.name.clone(), i.tree.len() as u64)),
+            .map(|i| (i.spec.name.clone(), i.len() as u64)),
     );
     CollStats {
         count,
@@ -159,6 +159,19 @@ impl SnapshotCollection {
             }
         }
         n
+    }
+
+    /// This handle reading the collection's indexes in `read`'s view:
+    /// `Stale` plans and scans the merged index roots only (`store::delta`:
+    /// an earlier state of the indexes, cheaper to walk), fetching this
+    /// snapshot's documents, so every result still matches the filter but
+    /// documents whose entries are newer than the last merge are missed.
+    /// `Fresh` (the default) is exactly the snapshot.
+    pub fn with_index_read(mut self, read: crate::store::delta::IndexRead) -> SnapshotCollection {
+        if read == crate::store::delta::IndexRead::Stale {
+            self.state = Arc::new(self.state.stale_for(&self.name));
+        }
+        self
     }
 
     /// This handle with a `collation` option for its reads (`None`: the

@@ -99,7 +99,7 @@ pub(crate) fn storage_stats_in(state: &crate::store::DbState, name: &str) -> Res
         )| { index_key_out_of_line(&k.0) });
         indexes.push(IndexSize {
             name: i.spec.name.clone(),
-            entries: i.tree.len() as u64,
+            entries: i.len() as u64,
             bytes: bytes as u64,
         });
     }
@@ -176,7 +176,7 @@ impl Collection {
         keys_per_index.extend(
             c.indexes
                 .iter()
-                .map(|i| (i.spec.name.clone(), i.tree.len() as u64)),
+                .map(|i| (i.spec.name.clone(), i.len() as u64)),
         );
         Ok(Validation {
             csn: state.csn,

@@ -125,7 +125,7 @@ fn matches(
                 RecordId::MIN,
             );
             let hi = (index.spec.bound_key(parts, KeyPart::High), RecordId::MAX);
-            for ((_, rid), _) in index.tree.range(Bound::Included(&lo), Bound::Included(&hi)) {
+            for ((_, rid), _) in index.range(Bound::Included(&lo), Bound::Included(&hi)) {
                 rids.insert(*rid);
             }
         }

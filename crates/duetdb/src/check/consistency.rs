@@ -58,7 +58,17 @@ pub struct CheckConfig {
     pub stop_on_violation: bool,
     /// The kind of the index on `k` that index scans use.
     pub index: CheckIndex,
+    /// Run with delta indexing on ([`CHECK_DELTA`]: small layers, so cuts,
+    /// merges, installs and the writer's own merges all happen mid-scan).
+    pub delta_indexing: bool,
 }
+
+/// Delta indexing's settings under [`CheckConfig::delta_indexing`].
+pub const CHECK_DELTA: crate::store::DeltaOptions = crate::store::DeltaOptions {
+    on: true,
+    merge_at: 16,
+    max_active: 64,
+};
 
 /// The index on `k` (every index kind must stay consistent under every
 /// strategy: each is a secondary structure in the same copy-on-write state).
@@ -173,6 +183,7 @@ impl Default for CheckConfig {
             slots: 64,
             stop_on_violation: false,
             index: CheckIndex::Plain,
+            delta_indexing: false,
         }
     }
 }
@@ -293,6 +304,12 @@ fn round(cfg: &CheckConfig, round_no: u64, report: &mut CheckReport) {
             ..VlsOptions::default()
         },
         default_strategy: cfg.strategy,
+        delta: if cfg.delta_indexing {
+            CHECK_DELTA
+        } else {
+            crate::store::DeltaOptions::default()
+        },
+        ..DbOptions::default()
     };
     let db = Database::with_options("check", None, options);
     let coll = db.collection("c");

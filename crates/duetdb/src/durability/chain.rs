@@ -234,6 +234,11 @@ pub fn write(
     state: &DbState,
     prev: Option<&Chain>,
 ) -> Result<Written, StorageError> {
+    // Delta indexing: the fresh view of every index (see `checkpoint`); the
+    // chain keeps this folded state, so its leaves' addresses stay valid,
+    // and the next checkpoint rewrites the leaves a fold copied.
+    let folded = state.with_deltas_folded();
+    let state = &folded;
     let prev = prev.filter(|p| p.state.csn < state.csn);
     let (evict, live) = prev.map(|p| evicted(state, p)).unwrap_or_default();
     // Where `prev` holds a piece that stays (not in an evicted file).

@@ -183,6 +183,11 @@ fn write_version(
     state: &DbState,
     version: u32,
 ) -> Result<CheckpointInfo, StorageError> {
+    // Delta indexing: write each index's fresh view (its layers folded into
+    // a copy of its tree), so a checkpoint holds plain indexes and loads
+    // with no layers, equal to the state it was taken of.
+    let folded = state.with_deltas_folded();
+    let state = &folded;
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
     if vfs.exists(&tmp) {

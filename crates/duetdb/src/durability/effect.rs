@@ -538,9 +538,12 @@ pub fn decode(r: &mut Reader<'_>) -> Result<Effect, DecodeError> {
 fn ensure<'a>(state: &'a mut DbState, name: &str) -> &'a mut CollectionState {
     let ns = format!("{}.{name}", state.db);
     let options = state.vls_options;
-    Arc::make_mut(&mut state.collections)
+    let delta = state.delta.on;
+    let c = Arc::make_mut(&mut state.collections)
         .entry(name.to_string())
-        .or_insert_with(|| CollectionState::new(&ns, options))
+        .or_insert_with(|| CollectionState::new(&ns, options));
+    c.delta_indexing = delta;
+    c
 }
 
 /// Apply one record's effects in order (recovery). A transaction's block

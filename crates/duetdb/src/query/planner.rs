@@ -1098,7 +1098,7 @@ where
                 if !bounds_nonempty(lo, hi) {
                     continue;
                 }
-                let range = index.tree.range(lo.as_ref(), hi.as_ref());
+                let range = index.range(lo.as_ref(), hi.as_ref());
                 let entries: Box<dyn Iterator<Item = (&EntryKey, &())>> = if *reverse {
                     Box::new(range.rev())
                 } else {

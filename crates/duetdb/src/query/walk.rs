@@ -261,7 +261,7 @@ impl Walk {
                     let mut last: Option<EntryKey> = None;
                     // The tree gives an empty range for crossing bounds.
                     {
-                        let range = ix.tree.range(lo, hi);
+                        let range = ix.range(lo, hi);
                         let entries: Box<dyn Iterator<Item = (&EntryKey, &())>> = if *reverse {
                             Box::new(range.rev())
                         } else {

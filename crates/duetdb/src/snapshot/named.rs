@@ -377,6 +377,7 @@ fn restrict(published: &Arc<DbState>, names: &[String]) -> Result<(Arc<DbState>,
             ts: published.ts,
             collections: Arc::new(kept),
             vls_options: published.vls_options,
+            delta: published.delta,
         }),
         names,
     ))

@@ -101,6 +101,10 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
         c.id_index.node_addrs_into(&mut latest_nodes);
         for i in &c.indexes {
             i.tree.node_addrs_into(&mut latest_nodes);
+            // Delta indexing's layers are nodes of the version too.
+            for l in i.frozen.iter().map(|f| &**f).chain([&i.active]) {
+                l.map().node_addrs_into(&mut latest_nodes);
+            }
         }
         c.heap.walk_unknown(&snap_pages, &mut |d| {
             latest_docs.insert(Arc::as_ptr(d) as usize);
@@ -130,6 +134,13 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
             });
             cc.index_nodes += n as u64;
             cc.node_bytes += b as u64;
+            for l in i.frozen.iter().map(|f| &**f).chain([&i.active]) {
+                let (n, b) = l.map().walk_unknown(&latest_nodes, &|k: &(IndexKey, _)| {
+                    index_key_out_of_line(&k.0)
+                });
+                cc.index_nodes += n as u64;
+                cc.node_bytes += b as u64;
+            }
         }
         total.add(&cc);
         cost.by_collection.insert(name.clone(), cc);

@@ -29,7 +29,7 @@ use crate::snapshot::{choose, Read, Strategy};
 use crate::store::btree::BTree;
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
-use crate::store::index::{IndexKey, ValueKey};
+use crate::store::index::{IndexKey, IndexState, ValueKey};
 use crate::store::vls::OlcpSink;
 use crate::store::DbState;
 use crate::write::writer::Writer;
@@ -72,7 +72,8 @@ impl ScanOutcome {
 #[derive(Debug, Clone)]
 pub enum IndexAtStart {
     Id(BTree<ValueKey, RecordId>),
-    Secondary(BTree<(IndexKey, RecordId), ()>),
+    /// The index version (merged tree and delta layers: read fresh).
+    Secondary(Box<IndexState>),
 }
 
 /// Which index to capture at registration.
@@ -309,7 +310,7 @@ where
                     };
                     let mut n = 0;
                     let mut last = None;
-                    for (key, _) in ix.tree.range(lower.as_ref(), hi.as_ref()) {
+                    for (key, _) in ix.range(lower.as_ref(), hi.as_ref()) {
                         if let Some(d) = c.heap.get(key.1) {
                             if emit(d, visit).is_break() {
                                 return Ok(());

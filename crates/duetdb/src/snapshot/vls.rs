@@ -633,7 +633,7 @@ pub(crate) fn index_rids(index: &IndexAtStart, plan: &Plan) -> Vec<RecordId> {
             }
         }
         (
-            IndexAtStart::Secondary(tree),
+            IndexAtStart::Secondary(ix),
             Access::IndexScan {
                 intervals, reverse, ..
             },
@@ -644,7 +644,7 @@ pub(crate) fn index_rids(index: &IndexAtStart, plan: &Plan) -> Vec<RecordId> {
                 Box::new(intervals.iter())
             };
             for (lo, hi) in order {
-                let range = tree.range(lo.as_ref(), hi.as_ref());
+                let range = ix.range(lo.as_ref(), hi.as_ref());
                 if *reverse {
                     out.extend(range.rev().map(|((_, rid), _)| *rid));
                 } else {
@@ -682,7 +682,7 @@ fn register(
         Some(IndexRef::Secondary(name)) => match c.index(name) {
             Some(ix) => {
                 ix.usage.record();
-                Some(IndexAtStart::Secondary(ix.tree.clone()))
+                Some(IndexAtStart::Secondary(Box::new(ix.clone())))
             }
             // Dropped since planning: the scan cannot be answered as planned.
             None => return Registration::Gone,

@@ -177,6 +177,8 @@ pub fn build_index<'a>(
     let index = |tree| IndexState {
         spec: spec.clone(),
         tree,
+        frozen: None,
+        active: Default::default(),
         multikey,
         usage: usage.clone(),
     };

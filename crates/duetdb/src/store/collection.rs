@@ -13,7 +13,10 @@
 //! - `_id` values are unique (by MongoDB equality: `1` and `1.0` collide);
 //! - `data_bytes` is the sum of the stored documents' sizes;
 //! - each mutation either applies completely or returns an error having changed
-//!   nothing (all checks run before the first write).
+//!   nothing (all checks run before the first write);
+//! - these hold of each index's fresh view (merged tree plus delta layers,
+//!   `store::delta`): with `delta_indexing`, writes change eligible indexes'
+//!   active layers, never their trees, and unique checks read the fresh view.
 
 use std::ops::Bound;
 use std::sync::Arc;
@@ -79,6 +82,11 @@ pub struct CollectionState {
     pub options: CollectionOptions,
     /// Reads that used the `_id` index (`IDHACK` or an `_id` range).
     pub id_usage: Arc<IndexUsage>,
+    /// Delta indexing (`store::delta`): writes put the changes of eligible
+    /// secondary indexes in their active delta layers instead of their
+    /// trees. Set by the database state the writer works on
+    /// (`DbState::collection_mut`); reads never look at it.
+    pub delta_indexing: bool,
 }
 
 impl CollectionState {
@@ -93,7 +101,36 @@ impl CollectionState {
             vls: Arc::new(CollectionVls::new(vls)),
             options: CollectionOptions::default(),
             id_usage: IndexUsage::new(),
+            delta_indexing: false,
         }
+    }
+
+    /// This version with every index in its stale view (the merged roots
+    /// alone, `store::delta`): what an `indexRead: "stale"` read plans and
+    /// scans on. The heap is this version's.
+    pub fn stale(&self) -> CollectionState {
+        let mut c = self.clone();
+        for i in &mut c.indexes {
+            if i.has_delta() {
+                *i = i.stale();
+            }
+        }
+        c
+    }
+
+    /// Does any index of this version have delta layers?
+    pub fn has_index_deltas(&self) -> bool {
+        self.indexes.iter().any(IndexState::has_delta)
+    }
+
+    /// This version with every index's layers folded into its tree (the
+    /// same fresh view, no layers): what a checkpoint writes.
+    pub fn with_deltas_folded(&self) -> CollectionState {
+        let mut c = self.clone();
+        for i in &mut c.indexes {
+            i.fold();
+        }
+        c
     }
 
     pub fn len(&self) -> usize {
@@ -128,7 +165,7 @@ impl CollectionState {
             indexes: self
                 .indexes
                 .iter()
-                .map(|i| (i.spec.name.clone(), i.tree.len()))
+                .map(|i| (i.spec.name.clone(), i.len()))
                 .collect(),
         }
     }
@@ -150,7 +187,7 @@ impl CollectionState {
                 .indexes
                 .iter()
                 .zip(&other.indexes)
-                .all(|(a, b)| Arc::ptr_eq(&a.spec, &b.spec) && a.tree.len() == b.tree.len())
+                .all(|(a, b)| Arc::ptr_eq(&a.spec, &b.spec) && a.len() == b.len())
     }
 
     pub(crate) fn dup_id_error(&self, id: &RawBson) -> Error {
@@ -214,10 +251,11 @@ impl CollectionState {
         let keys = self.keys_checked(&raw, None)?;
         let rid = self.next_rid;
         self.next_rid += 1;
+        let delta = self.delta_indexing;
         for (index, (keys, multikey)) in self.indexes.iter_mut().zip(keys) {
             index.multikey |= multikey;
             for k in keys {
-                index.tree.insert((k, rid), ());
+                index.insert_entry((k, rid), delta);
             }
         }
         self.data_bytes += raw.as_bytes().len() as u64;
@@ -277,6 +315,7 @@ impl CollectionState {
             }
             new_keys.push(Some((keys, multikey)));
         }
+        let delta = self.delta_indexing;
         for (index, computed) in self.indexes.iter_mut().zip(new_keys) {
             let Some((new_keys, multikey)) = computed else {
                 continue;
@@ -287,10 +326,10 @@ impl CollectionState {
             }
             index.multikey |= multikey;
             for k in old_keys {
-                index.tree.remove(&(k, rid));
+                index.remove_entry((k, rid), delta);
             }
             for k in new_keys {
-                index.tree.insert((k, rid), ());
+                index.insert_entry((k, rid), delta);
             }
         }
         self.vls.on_supersede(rid, &old);
@@ -311,10 +350,11 @@ impl CollectionState {
             .heap
             .remove(rid)
             .ok_or_else(|| Error::Internal(format!("delete of missing record {rid}")))?;
+        let delta = self.delta_indexing;
         for index in &mut self.indexes {
             let (keys, _) = index.spec.keys_for(&old)?;
             for k in keys {
-                index.tree.remove(&(k, rid));
+                index.remove_entry((k, rid), delta);
             }
         }
         if let Some(id) = doc::id_of(&old) {
@@ -514,13 +554,17 @@ impl CollectionState {
 fn check_index(index: &IndexState, per_record: &[(RecordId, Vec<IndexKey>)]) -> Result<(), String> {
     let name = &index.spec.name;
     let expected: usize = per_record.iter().map(|(_, k)| k.len()).sum();
-    if index.tree.len() != expected {
+    if index.len() != expected {
         return Err(format!(
             "index {name} has {} entries, expected {expected}",
-            index.tree.len()
+            index.len()
         ));
     }
-    for ((key, rid), _) in index.tree.range(Bound::Unbounded, Bound::Unbounded) {
+    // The fresh view (merged tree and delta layers); its count must be the
+    // walk's too, or the layers' net counts are off.
+    let mut walked = 0;
+    for ((key, rid), _) in index.range(Bound::Unbounded, Bound::Unbounded) {
+        walked += 1;
         let Ok(at) = per_record.binary_search_by_key(rid, |(r, _)| *r) else {
             return Err(format!("index {name} points at missing record {rid}"));
         };
@@ -529,6 +573,11 @@ fn check_index(index: &IndexState, per_record: &[(RecordId, Vec<IndexKey>)]) -> 
                 "index {name}: an entry of record {rid} is not one of its keys"
             ));
         }
+    }
+    if walked != expected {
+        return Err(format!(
+            "index {name}: the fresh view holds {walked} entries, its count says {expected}"
+        ));
     }
     Ok(())
 }

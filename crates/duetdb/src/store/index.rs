@@ -44,6 +44,7 @@ use crate::doc::collation::{self, Collator};
 use crate::doc::value;
 use crate::error::{Error, Result};
 use crate::store::btree::BTree;
+use crate::store::delta::{DeltaLayer, IndexRange};
 use crate::store::heap::RecordId;
 pub use crate::store::text::TextSpec;
 pub use crate::store::wildcard::{WildcardProjection, WildcardSpec};
@@ -956,11 +957,26 @@ impl IndexUsage {
     }
 }
 
+/// The B+tree of a secondary index's entries.
+pub type IndexTree = BTree<(IndexKey, RecordId), ()>;
+
 /// One secondary index of a collection version. Cloning is O(1).
+///
+/// With delta indexing (`store::delta`), `tree` is the merged root and
+/// `frozen`/`active` the delta layers above it; every read of the index goes
+/// through [`IndexState::range`] (the fresh view) unless it asked for the
+/// stale view ([`IndexState::stale`]: the merged root alone). Without delta
+/// indexing both layers stay empty and `range` is the tree's own range.
 #[derive(Debug, Clone)]
 pub struct IndexState {
     pub spec: Arc<IndexSpec>,
-    pub tree: BTree<(IndexKey, RecordId), ()>,
+    /// The merged root (the whole index when there are no delta layers).
+    pub tree: IndexTree,
+    /// The layer cut from `active` and being merged into `tree` off the
+    /// writer's thread (`write::delta`); its `Arc` identifies the merge.
+    pub frozen: Option<Arc<DeltaLayer>>,
+    /// The writer's changes since the last cut, net of `tree` + `frozen`.
+    pub active: DeltaLayer,
     pub multikey: bool,
     /// Shared by all versions of this index.
     pub usage: Arc<IndexUsage>,
@@ -971,18 +987,160 @@ impl IndexState {
         IndexState {
             spec: Arc::new(spec),
             tree: BTree::new(),
+            frozen: None,
+            active: DeltaLayer::default(),
             multikey: false,
             usage: IndexUsage::new(),
         }
     }
 
-    /// A record other than `except` that holds `key`, if any (unique checks).
+    /// May this index keep delta layers? Ordinary (single-field or compound,
+    /// possibly multikey) b-tree indexes only: hashed, wildcard, text and
+    /// 2dsphere indexes keep synchronous maintenance (their readers, the
+    /// text search and the geo covering, are not worth a second path).
+    pub fn delta_eligible(&self) -> bool {
+        matches!(self.spec.kind, IndexKind::Ordered)
+    }
+
+    /// Does this version have delta layers (entries not yet in `tree`)?
+    pub fn has_delta(&self) -> bool {
+        self.frozen.is_some() || !self.active.is_empty()
+    }
+
+    /// Entries in the fresh view: `tree`'s, plus the layers' net inserts.
+    pub fn len(&self) -> usize {
+        let net = |l: &DeltaLayer| l.inserts() as isize - l.removes() as isize;
+        let n =
+            self.tree.len() as isize + self.frozen.as_deref().map_or(0, net) + net(&self.active);
+        n.max(0) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Delta entries not yet merged (frozen and active), the merge lag.
+    pub fn delta_len(&self) -> usize {
+        self.frozen.as_deref().map_or(0, DeltaLayer::len) + self.active.len()
+    }
+
+    /// Entries with `lo <= entry <= hi` (per the bounds) in the fresh view,
+    /// ascending; `.rev()` for descending. Crossing bounds: empty.
+    pub fn range<'a>(
+        &'a self,
+        lo: std::ops::Bound<&(IndexKey, RecordId)>,
+        hi: std::ops::Bound<&(IndexKey, RecordId)>,
+    ) -> IndexRange<'a> {
+        match &self.frozen {
+            Some(f) => IndexRange::new(&self.tree, &[f, &self.active], lo, hi),
+            None => IndexRange::new(&self.tree, &[&self.active], lo, hi),
+        }
+    }
+
+    /// Every entry of the fresh view, ascending.
+    pub fn iter(&self) -> IndexRange<'_> {
+        use std::ops::Bound::Unbounded;
+        self.range(Unbounded, Unbounded)
+    }
+
+    /// The stale view of this version: the merged root alone (an earlier
+    /// fresh view, see `store::delta`), as an index without layers.
+    pub fn stale(&self) -> IndexState {
+        IndexState {
+            frozen: None,
+            active: DeltaLayer::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The fresh view as one tree: `tree` with the layers folded in (a
+    /// checkpoint writes this; cost O(layer entries · log n), sharing every
+    /// node the layers do not touch).
+    pub fn merged_tree(&self) -> IndexTree {
+        let mut t = self.tree.clone();
+        if let Some(f) = &self.frozen {
+            f.apply_to(&mut t);
+        }
+        self.active.apply_to(&mut t);
+        t
+    }
+
+    /// Fold both layers into `tree` here (delta indexing turned off, or a
+    /// checkpoint's copy).
+    pub fn fold(&mut self) {
+        if self.has_delta() {
+            self.tree = self.merged_tree();
+            self.frozen = None;
+            self.active = DeltaLayer::default();
+        }
+    }
+
+    /// Add `entry` to the index: to the active layer when `delta` (and the
+    /// index is eligible), else to the tree (folding any layers first, so
+    /// the tree is the whole index again).
+    pub fn insert_entry(&mut self, entry: (IndexKey, RecordId), delta: bool) {
+        if delta && self.delta_eligible() {
+            self.active.insert(entry);
+        } else {
+            self.fold();
+            self.tree.insert(entry, ());
+        }
+    }
+
+    /// Remove `entry` (present in the fresh view); see [`IndexState::insert_entry`].
+    pub fn remove_entry(&mut self, entry: (IndexKey, RecordId), delta: bool) {
+        if delta && self.delta_eligible() {
+            self.active.remove(entry);
+        } else {
+            self.fold();
+            self.tree.remove(&entry);
+        }
+    }
+
+    /// Move the active layer to `frozen` for a merge: the merged root and
+    /// the layer to fold into it. `None` when a layer is frozen already (one
+    /// merge at a time) or nothing is active.
+    pub fn cut(&mut self) -> Option<(IndexTree, Arc<DeltaLayer>)> {
+        if self.frozen.is_some() || self.active.is_empty() {
+            return None;
+        }
+        let layer = Arc::new(std::mem::take(&mut self.active));
+        self.frozen = Some(layer.clone());
+        Some((self.tree.clone(), layer))
+    }
+
+    /// Install `merged` (the tree this version's `frozen` was cut over, with
+    /// `layer` folded in) when `layer` is still this version's frozen layer;
+    /// false (nothing changed) when it is not (merged here meanwhile, index
+    /// rebuilt or dropped). The fresh view is unchanged either way.
+    pub fn install(&mut self, layer: &Arc<DeltaLayer>, merged: IndexTree) -> bool {
+        match &self.frozen {
+            Some(f) if Arc::ptr_eq(f, layer) => {
+                self.tree = merged;
+                self.frozen = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Fold the frozen layer into `tree` on this thread (the writer's
+    /// back-pressure when the merger lags); a later merge result for it no
+    /// longer installs.
+    pub fn merge_frozen_here(&mut self) {
+        if let Some(f) = self.frozen.take() {
+            f.apply_to(&mut self.tree);
+        }
+    }
+
+    /// A record other than `except` that holds `key` in the fresh view, if
+    /// any (unique checks: the merged tree and the layers, on the writer's
+    /// path, so a duplicate is refused at the write as without layers).
     pub fn holder_of(&self, key: &IndexKey, except: Option<RecordId>) -> Option<RecordId> {
         use std::ops::Bound::Included;
         let lo = (key.clone(), RecordId::MIN);
         let hi = (key.clone(), RecordId::MAX);
-        self.tree
-            .range(Included(&lo), Included(&hi))
+        self.range(Included(&lo), Included(&hi))
             .map(|((_, rid), _)| *rid)
             .find(|rid| Some(*rid) != except)
     }

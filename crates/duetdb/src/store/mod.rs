@@ -3,6 +3,8 @@
 //!
 //! - `heap`: radix tree `RecordId → document` (the record heap);
 //! - `btree`: the persistent B+tree under every index;
+//! - `delta`: delta indexing's layers over an index's merged tree and the
+//!   merged (fresh) view of a key range;
 //! - `index`: index specs, key extraction, key order; `hashed`: MongoDB's
 //!   hash of a value (hashed indexes); `wildcard`: wildcard index coverage and keys; `text`: text index terms and scores;
 //! - `collection`: one version of a collection (heap + indexes + VLS bookkeeping);
@@ -19,6 +21,7 @@
 pub mod btree;
 pub mod bulk_load;
 pub mod collection;
+pub mod delta;
 pub mod geo;
 pub mod hashed;
 pub mod heap;
@@ -31,4 +34,4 @@ pub mod text;
 pub mod vls;
 pub mod wildcard;
 
-pub use state::DbState;
+pub use state::{DbState, DeltaOptions};

@@ -139,6 +139,12 @@ pub struct Writer {
     groups: AtomicU64,
     commands: AtomicU64,
     largest_group: AtomicU64,
+    /// Delta indexing's merger (`write::delta`): its finished merges are
+    /// installed, and full layers cut, by each leader before it publishes.
+    merger: crate::write::delta::Merger,
+    /// Delta indexing's settings, copied into each group's working state
+    /// (a setting of the writer, not data: never logged or checkpointed).
+    delta: Mutex<crate::store::DeltaOptions>,
     /// Debug builds: nanoseconds spent applying groups and checking them.
     #[cfg(debug_assertions)]
     check_cost: (AtomicU64, AtomicU64),
@@ -186,6 +192,8 @@ impl Writer {
             groups: AtomicU64::new(0),
             commands: AtomicU64::new(0),
             largest_group: AtomicU64::new(0),
+            merger: Default::default(),
+            delta: Mutex::new(crate::store::DeltaOptions::default()),
             #[cfg(debug_assertions)]
             check_cost: (AtomicU64::new(0), AtomicU64::new(0)),
         }
@@ -223,6 +231,26 @@ impl Writer {
             largest_group: self.largest_group.load(Ordering::Relaxed),
             csn: self.published.load().csn,
         }
+    }
+
+    /// Delta indexing's settings from the next group on (switched off:
+    /// the next group folds every index's layers into its tree).
+    pub fn set_delta(&self, options: crate::store::DeltaOptions) {
+        *self.delta.lock() = options;
+    }
+
+    pub fn delta(&self) -> crate::store::DeltaOptions {
+        *self.delta.lock()
+    }
+
+    /// Delta indexing figures (merges, lag).
+    pub fn delta_stats(&self) -> crate::write::delta::DeltaStats {
+        self.merger.stats()
+    }
+
+    /// Are delta merges queued, running or waiting for a group to install them?
+    pub fn delta_busy(&self) -> bool {
+        self.merger.busy()
     }
 
     /// The write-ahead log, if the database has one.
@@ -420,6 +448,7 @@ impl Writer {
     /// Apply `group` to a working copy and publish it. Requires: caller is leader.
     fn lead(&self, group: &[Arc<Slot>]) {
         let mut working: DbState = (*self.published.load_full()).clone();
+        working.delta = *self.delta.lock();
         let start_csn = working.csn;
         // Recorded for the WAL, and for the change tail once a stream
         // opened (without either nobody reads them).
@@ -454,6 +483,11 @@ impl Writer {
                     }
                 }
                 *s.reply.lock() = Some(reply);
+            }
+            if working.csn != start_csn {
+                // Install finished merges, cut full delta layers (the
+                // fresh views do not change: no effects, no csn).
+                self.merger.maintain(&mut working);
             }
             #[cfg(debug_assertions)]
             if working.csn != start_csn {
@@ -604,6 +638,7 @@ impl Writer {
             return Ok(Reply::Existed(false));
         }
         let mut working: DbState = (*published).clone();
+        working.delta = *self.delta.lock();
         let recorded = self.hub.is_active();
         let effects = recorded.then(|| rec.effects.clone());
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -624,6 +659,7 @@ impl Writer {
             return Err(Error::Internal(why));
         }
         working.csn = rec.lsn;
+        self.merger.maintain(&mut working);
         working.ts = working.ts.max(rec.ts);
         let stamp = Stamp {
             ts: rec.ts,
