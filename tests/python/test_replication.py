@@ -410,6 +410,69 @@ def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_resta
         assert reply["ok"] == 0 and reply["code"] == 251, reply
 
 
+def test_a_retried_write_gets_its_first_reply_after_a_failover_and_restarts(cluster):
+    """A retried write (same lsid and txnNumber) answered from the set's
+    retry table carries the first execution's reply: an update's `n`,
+    `nModified` and `upserted` ids, a findAndModify's `lastErrorObject` and
+    `value` (projected by the command's `fields`) — on the primary that ran
+    it, on the next primary after a SIGKILL of that one, and on a primary
+    after every member restarted. Nothing is applied twice."""
+    p = primary_of(cluster)
+
+    def cmd(n, body):
+        # A session of its own each: a driver retries its session's newest
+        # number only (an older one is 225 TransactionTooOld).
+        lsid = {"id": bson.Binary(os.urandom(16), 4)}
+        return dict(body, **{"$db": "app", "lsid": lsid, "txnNumber": bson.Int64(n)})
+
+    writes = [
+        cmd(1, {"update": "r", "updates": [
+            {"q": {"_id": "u1"}, "u": {"$set": {"v": 1}}, "upsert": True}]}),
+        cmd(2, {"update": "r", "ordered": True, "updates": [
+            {"q": {"_id": "u2"}, "u": {"$inc": {"v": 1}}, "upsert": True},
+            {"q": {"_id": "u1"}, "u": {"$inc": {"v": 1}}},
+            {"q": {"_id": "none"}, "u": {"$inc": {"v": 1}}},
+            {"q": {"_id": "u3"}, "u": {"$set": {"v": 3}}, "upsert": True}]}),
+        cmd(3, {"findAndModify": "r", "query": {"_id": "u1"}, "update": {"$inc": {"v": 10}},
+                "new": True, "fields": {"v": 1, "_id": 0}}),
+        cmd(4, {"findAndModify": "r", "query": {"_id": "f1"}, "update": {"$set": {"w": 1}},
+                "upsert": True}),
+        cmd(5, {"findAndModify": "r", "query": {"_id": "u2"}, "remove": True}),
+        cmd(6, {"delete": "r", "deletes": [{"q": {"_id": "u3"}, "limit": 1}]}),
+        cmd(7, {"insert": "r", "documents": [{"_id": "i1"}, {"_id": "i2"}]}),
+    ]
+    with wire.connected(p.port, timeout=20) as sock:
+        first = [wire.command(sock, w) for w in writes]
+        assert first[0]["upserted"] == [{"index": 0, "_id": "u1"}], first[0]
+        assert first[1]["n"] == 3 and first[1]["nModified"] == 1, first[1]
+        assert first[1]["upserted"] == [{"index": 0, "_id": "u2"}, {"index": 3, "_id": "u3"}]
+        assert first[2]["value"] == {"v": 12}, first[2]
+        assert first[3]["lastErrorObject"]["upserted"] == "f1" and first[3]["value"] is None
+        assert first[4]["value"] == {"_id": "u2", "v": 1}, first[4]
+        # The primary that ran them answers from its session table.
+        assert [wire.command(sock, w) for w in writes] == first
+    want = {"u1": 12, "f1": None}
+
+    def check(where):
+        m = primary_of(cluster)
+        with wire.connected(m.port, timeout=20) as sock:
+            again = [wire.command(sock, w) for w in writes]
+            for w, a, b in zip(writes, first, again):
+                assert a == b, (where, w, a, b)
+            found = wire.command(sock, {"find": "r", "$db": "app", "sort": {"_id": 1}})
+            docs = found["cursor"]["firstBatch"]
+        assert {d["_id"]: d.get("v") for d in docs} == dict(want, i1=None, i2=None), (where, docs)
+
+    p.kill()
+    check("the next primary after a SIGKILL of the one that ran them")
+    for m in cluster:
+        if m is not p:
+            m.stop()
+    for m in cluster:
+        m.start()
+    check("a primary after every member restarted")
+
+
 def snapshot_docs(d, name):
     reply = d.app.command(bson.SON([("find", "items"), ("filter", {}), ("sort", {"_id": 1}),
                                     ("batchSize", 1000), ("$duet", {"snapshotName": name})]),

@@ -563,6 +563,13 @@ impl Member {
         self.shared.retries.contains(origin)
     }
 
+    /// What the commands of client operation `origin` did, in the order the
+    /// set applied them (`duetdb::WriteOutcome`, encoded; an empty one:
+    /// nothing recorded), or `None` when the set did not apply it here.
+    pub fn retry_outcomes(&self, origin: &[u8]) -> Option<Vec<Vec<u8>>> {
+        self.shared.retries.outcomes(origin)
+    }
+
     /// Index of the last entry applied here (a write acknowledged by this
     /// member is at or below it).
     pub fn applied_index(&self) -> u64 {

@@ -53,9 +53,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::log_store::write_atomic;
 use crate::pending::{Outcome, Pending};
+use crate::retries::Retry;
 use crate::snapshot::{self, Capture, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
 use crate::types::{
-    record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership,
+    record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership, Tagged,
     TypeConfig,
 };
 
@@ -259,7 +260,87 @@ impl StateMachine {
         .map_err(|e| sm_err(ErrorVerb::Write, e))
     }
 
-    async fn apply_request(&mut self, req: Request) -> Result<(Response, bool), StorageError> {
+    /// A group entry at log index `index` (see the module documentation).
+    async fn apply_group_entry(
+        &mut self,
+        index: u64,
+        db: String,
+        origin: crate::types::Origin,
+        payload: Vec<u8>,
+        retries: Vec<Tagged>,
+    ) -> Result<(Response, bool), StorageError> {
+        let retries: Vec<Retry> = retries
+            .into_iter()
+            .enumerate()
+            .map(|(pos, t)| Retry {
+                tag: t.tag,
+                outcome: t.outcome,
+                index,
+                pos: pos as u32,
+            })
+            .collect();
+        let Some((first, _)) = record_range(&payload) else {
+            return Err(sm_err(
+                ErrorVerb::Read,
+                "a group entry without a record header",
+            ));
+        };
+        let stamp = (payload.len() >= 36).then(|| {
+            let ts = u64::from_le_bytes(payload[20..28].try_into().unwrap_or_default());
+            let wall = u64::from_le_bytes(payload[28..36].try_into().unwrap_or_default());
+            (ts, wall)
+        });
+        let mine = origin.member == self.shared.me && origin.incarnation == self.shared.incarnation;
+        let pending = mine
+            .then(|| self.shared.pending.take(origin.token))
+            .flatten();
+        let response = match pending {
+            Some(tx) => self.hand_back(&db, first, tx, &retries).await?,
+            None => {
+                let engine = self.engine()?;
+                let shared = self.shared.clone();
+                let db = db.clone();
+                let tags = retries.clone();
+                tokio::task::spawn_blocking(move || {
+                    apply_group(&engine, &shared, &db, first, payload, &tags)
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))??
+            }
+        };
+        if response == Response::Applied {
+            self.shared.retries.record(&retries);
+            // The state just after this group, for snapshot reads at
+            // its time (only if no other group of the database was
+            // published since: every one passes through here).
+            if let (Some((ts, _)), Ok(engine)) = (stamp, self.engine()) {
+                if let Some(snap) = engine
+                    .get(&db)
+                    .ok()
+                    .flatten()
+                    .map(|d| d.snapshot())
+                    .filter(|s| s.cluster_time() == ts)
+                {
+                    self.shared.history.record(&db, snap);
+                }
+            }
+        }
+        // After the group is published here (or skipped): a read
+        // waiting for this time (`Member::wait_for_time`) may go.
+        if let Some((ts, wall)) = stamp {
+            self.shared
+                .last_write_wall_ms
+                .store(wall, Ordering::Relaxed);
+            self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+        }
+        Ok((response, false))
+    }
+
+    async fn apply_request(
+        &mut self,
+        index: u64,
+        req: Request,
+    ) -> Result<(Response, bool), StorageError> {
         match req {
             Request::Group {
                 db,
@@ -267,62 +348,19 @@ impl StateMachine {
                 payload,
                 retries,
             } => {
-                let Some((first, _)) = record_range(&payload) else {
-                    return Err(sm_err(
-                        ErrorVerb::Read,
-                        "a group entry without a record header",
-                    ));
-                };
-                let stamp = (payload.len() >= 36).then(|| {
-                    let ts = u64::from_le_bytes(payload[20..28].try_into().unwrap_or_default());
-                    let wall = u64::from_le_bytes(payload[28..36].try_into().unwrap_or_default());
-                    (ts, wall)
-                });
-                let mine = origin.member == self.shared.me
-                    && origin.incarnation == self.shared.incarnation;
-                let pending = mine
-                    .then(|| self.shared.pending.take(origin.token))
-                    .flatten();
-                let response = match pending {
-                    Some(tx) => self.hand_back(&db, first, tx, &retries).await?,
-                    None => {
-                        let engine = self.engine()?;
-                        let shared = self.shared.clone();
-                        let db = db.clone();
-                        let tags = retries.clone();
-                        tokio::task::spawn_blocking(move || {
-                            apply_group(&engine, &shared, &db, first, payload, &tags)
-                        })
-                        .await
-                        .map_err(|e| sm_err(ErrorVerb::Write, e))??
-                    }
-                };
-                if response == Response::Applied {
-                    self.shared.retries.record(&retries);
-                    // The state just after this group, for snapshot reads at
-                    // its time (only if no other group of the database was
-                    // published since: every one passes through here).
-                    if let (Some((ts, _)), Ok(engine)) = (stamp, self.engine()) {
-                        if let Some(snap) = engine
-                            .get(&db)
-                            .ok()
-                            .flatten()
-                            .map(|d| d.snapshot())
-                            .filter(|s| s.cluster_time() == ts)
-                        {
-                            self.shared.history.record(&db, snap);
-                        }
-                    }
-                }
-                // After the group is published here (or skipped): a read
-                // waiting for this time (`Member::wait_for_time`) may go.
-                if let Some((ts, wall)) = stamp {
-                    self.shared
-                        .last_write_wall_ms
-                        .store(wall, Ordering::Relaxed);
-                    self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
-                }
-                Ok((response, false))
+                // An older log's group: bare tags, no outcomes.
+                let retries = retries.into_iter().map(Tagged::bare).collect();
+                self.apply_group_entry(index, db, origin, payload, retries)
+                    .await
+            }
+            Request::GroupReplies {
+                db,
+                origin,
+                payload,
+                retries,
+            } => {
+                self.apply_group_entry(index, db, origin, payload, retries)
+                    .await
             }
             Request::CreateSnapshot {
                 db,
@@ -445,7 +483,7 @@ impl StateMachine {
         db: &str,
         first: u64,
         tx: std::sync::mpsc::SyncSender<Outcome>,
-        tags: &[Vec<u8>],
+        tags: &[Retry],
     ) -> Result<Response, StorageError> {
         let engine = self.engine()?;
         // The writer is blocked waiting, so the published csn is stable.
@@ -485,7 +523,7 @@ fn apply_group(
     db: &str,
     first: u64,
     payload: Vec<u8>,
-    tags: &[Vec<u8>],
+    tags: &[Retry],
 ) -> Result<Response, StorageError> {
     let handle = match engine.get(db) {
         Ok(Some(d)) => d,
@@ -535,7 +573,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     Response::Applied
                 }
                 EntryPayload::Normal(req) => {
-                    let (r, must_sync) = self.apply_request(req).await?;
+                    let (r, must_sync) = self.apply_request(e.log_id.index, req).await?;
                     sync |= must_sync;
                     r
                 }
@@ -572,7 +610,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .map(|d| (d.name().to_string(), d.snapshot()))
                     .filter(|(_, s)| s.csn() > 0)
                     .collect(),
-                retries: self.shared.retries.tags(),
+                retries: self.shared.retries.entries(),
             }
         });
         Builder {
