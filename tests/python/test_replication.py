@@ -410,13 +410,28 @@ def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_resta
         assert reply["ok"] == 0 and reply["code"] == 251, reply
 
 
+def assert_committed(sock, txn, where=""):
+    """`abortTransaction` of committed transaction `txn` is MongoDB's 256,
+    before and after a retried `commitTransaction` (ok)."""
+    for command in ("abortTransaction", "commitTransaction", "abortTransaction"):
+        reply = wire.command(sock, dict({command: 1, "$db": "admin"}, **txn))
+        if command == "commitTransaction":
+            assert reply["ok"] == 1, (where, reply)
+        else:
+            assert reply["ok"] == 0 and reply["code"] == 256, (where, reply)
+            assert reply["codeName"] == "TransactionCommitted", (where, reply)
+            assert reply["errmsg"] == "Transaction 4 has been committed.", (where, reply)
+
+
 def test_a_retried_write_gets_its_first_reply_after_a_failover_and_restarts(cluster):
     """A retried write (same lsid and txnNumber) answered from the set's
     retry table carries the first execution's reply: an update's `n`,
     `nModified` and `upserted` ids, a findAndModify's `lastErrorObject` and
     `value` (projected by the command's `fields`) — on the primary that ran
     it, on the next primary after a SIGKILL of that one, and on a primary
-    after every member restarted. Nothing is applied twice."""
+    after every member restarted. Nothing is applied twice. An
+    `abortTransaction` of a transaction committed there is 256
+    TransactionCommitted on each of them (251 on the others before)."""
     p = primary_of(cluster)
 
     def cmd(n, body):
@@ -451,6 +466,14 @@ def test_a_retried_write_gets_its_first_reply_after_a_failover_and_restarts(clus
         assert first[4]["value"] == {"_id": "u2", "v": 1}, first[4]
         # The primary that ran them answers from its session table.
         assert [wire.command(sock, w) for w in writes] == first
+        # A transaction committed there: aborting it is 256 TransactionCommitted.
+        txn = {"lsid": {"id": bson.Binary(os.urandom(16), 4)}, "txnNumber": bson.Int64(4),
+               "autocommit": False}
+        reply = wire.command(sock, dict({"insert": "t", "documents": [{"_id": 1}],
+                                         "startTransaction": True, "$db": "app"}, **txn))
+        assert reply["ok"] == 1, reply
+        assert wire.command(sock, dict({"commitTransaction": 1, "$db": "admin"}, **txn))["ok"] == 1
+        assert_committed(sock, txn)
     want = {"u1": 12, "f1": None}
 
     def check(where):
@@ -459,6 +482,8 @@ def test_a_retried_write_gets_its_first_reply_after_a_failover_and_restarts(clus
             again = [wire.command(sock, w) for w in writes]
             for w, a, b in zip(writes, first, again):
                 assert a == b, (where, w, a, b)
+            # Its session table never saw the transaction; the set did.
+            assert_committed(sock, txn, where)
             found = wire.command(sock, {"find": "r", "$db": "app", "sort": {"_id": 1}})
             docs = found["cursor"]["firstBatch"]
         assert {d["_id"]: d.get("v") for d in docs} == dict(want, i1=None, i2=None), (where, docs)
