@@ -23,6 +23,7 @@ from pymongo.errors import (
     ConnectionFailure,
     NotPrimaryError,
     OperationFailure,
+    ServerSelectionTimeoutError,
     WriteConcernError,
 )
 from pymongo.write_concern import WriteConcern
@@ -896,6 +897,75 @@ def test_max_staleness_selects_by_last_write(cluster):
     assert stale.d.c.count_documents({}) == 3
     stale.close()
     client.close()
+
+
+def test_max_staleness_excludes_a_secondary_kept_behind(tmp_path):
+    """maxStalenessSeconds end to end: a secondary under an `fsync` lock
+    stops applying the set's log (as MongoDB's does), so its `lastWrite`
+    stays while the primary's idle no-ops move the primary's on. pymongo
+    then leaves it out of `readPreference=secondary&maxStalenessSeconds=90`
+    reads (staleness = lag + heartbeatFrequencyMS; 80 s here, so a lag of
+    over 10 s is too stale, a no-op interval is not), reads from the other
+    secondary; with that one stopped, selection fails while a client
+    without maxStalenessSeconds reads the stale copy. After `fsyncUnlock`
+    it catches up and is selected again."""
+    ports = free_ports(3)
+    members = [Member(tmp_path, i, ports, extra=["--repl-noop-interval-secs", "0.3"])
+               for i in range(3)]
+    clients = []
+
+    def client(secondaries=1, **kw):
+        c = set_client(members, readPreference="secondary", **kw)
+        clients.append(c)
+        # Staleness counts from the primary's lastWriteDate once the driver
+        # knows it (before, from the freshest secondary's it knows).
+        wait_for("the driver to discover the set", lambda: c.primary is not None
+                 and len(c.secondaries) == secondaries)
+        return c
+
+    try:
+        p = primary_of(members)
+        lag, fresh = [m for m in members if m is not p]
+        with set_client(members) as c:
+            c.get_database("d", write_concern=WriteConcern(w=3)).c.insert_one({"_id": 1})
+        with lag.direct() as d:
+            assert d.admin.command("fsync", lock=True)["lockCount"] == 1
+            held = d.admin.command("hello")["lastWrite"]
+            with set_client(members) as c:
+                c.get_database("d", write_concern=WriteConcern(w=2)).c.insert_one({"_id": 2})
+            time.sleep(12)
+            now = d.admin.command("hello")["lastWrite"]
+            assert now == held, (now, held)
+            with p.direct() as pd:
+                plw = pd.admin.command("hello")["lastWrite"]
+            assert (plw["lastWriteDate"] - held["lastWriteDate"]).total_seconds() > 11, (plw, held)
+            assert d.d.command("count", "c",
+                               read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 1
+
+            stale_ok = client(2, maxStalenessSeconds=90, heartbeatFrequencyMS=80000)
+            for _ in range(10):
+                cur = stale_ok.d.c.find({})
+                assert len(list(cur)) == 2
+                assert cur.address[1] == fresh.port, (cur.address, fresh.port, lag.port)
+            assert fresh.stop() == 0
+            picky = client(maxStalenessSeconds=90, heartbeatFrequencyMS=80000,
+                           serverSelectionTimeoutMS=3000)
+            with pytest.raises(ServerSelectionTimeoutError):
+                picky.d.c.find_one({})
+            anyone = client()
+            cur = anyone.d.c.find({})
+            assert len(list(cur)) == 1 and cur.address[1] == lag.port
+            assert d.admin.command("fsyncUnlock")["lockCount"] == 0
+            wait_for("the unlocked member to catch up", lambda: d.d.command(
+                "count", "c", read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 2)
+        caught_up = client(maxStalenessSeconds=90, heartbeatFrequencyMS=80000)
+        cur = caught_up.d.c.find({})
+        assert len(list(cur)) == 2 and cur.address[1] == lag.port
+    finally:
+        for c in clients:
+            c.close()
+        for m in members:
+            m.stop()
 
 
 def test_an_idle_primary_writes_noops(tmp_path):

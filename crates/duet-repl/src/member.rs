@@ -393,6 +393,7 @@ impl Member {
             dir: dir.clone(),
             identity: identity.clone(),
             transport: harness.transport.clone(),
+            apply_paused: tokio::sync::watch::Sender::new(false),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
@@ -561,6 +562,14 @@ impl Member {
     /// retryable write's tag, `Database::with_origin`).
     pub fn applied_retryable(&self, origin: &[u8]) -> bool {
         self.shared.retries.contains(origin)
+    }
+
+    /// Pause (`true`) or resume applying committed entries: the server's
+    /// `fsync` lock, under which MongoDB's secondaries stop applying their
+    /// oplog too. A paused member keeps receiving the log and answering
+    /// `hello`; its applied position and `lastWrite` stay where they were.
+    pub fn pause_applies(&self, paused: bool) {
+        self.shared.apply_paused.send_replace(paused);
     }
 
     /// What the commands of client operation `origin` did, in the order the

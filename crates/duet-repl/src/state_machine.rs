@@ -21,6 +21,10 @@
 //! After each group applied, the database's state is recorded by its
 //! cluster time (`history.rs`) for snapshot reads at that time.
 //!
+//! While the server holds an `fsync` lock (`Shared::apply_paused`), applies
+//! wait: as MongoDB's `fsyncLock` stops a secondary's oplog application, the
+//! member falls behind (its `lastWrite` stays) until `fsyncUnlock`.
+//!
 //! The retry tags a group carries (`retries.rs`) are written ahead once the
 //! group is known to apply here (it continues its database's log), and
 //! recorded in memory once it is published; a Raft snapshot carries the
@@ -98,6 +102,11 @@ pub struct Shared {
     pub identity: Arc<crate::log_store::Identity>,
     /// How this member's Raft RPCs travel.
     pub transport: crate::network::Transport,
+    /// `true` while applies are paused (`Member::pause_applies`: the
+    /// server's `fsync` lock, as MongoDB's `fsyncLock` stops a secondary's
+    /// oplog application): committed entries wait, unapplied, until it is
+    /// `false` again.
+    pub apply_paused: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -562,6 +571,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        // Paused (an `fsync` lock): apply nothing until it is lifted.
+        let mut paused = self.shared.apply_paused.subscribe();
+        if *paused.borrow() {
+            tracing::info!("applies paused by an fsync lock");
+            let _ = paused.wait_for(|p| !*p).await;
+            tracing::info!("applies resumed");
+        }
         let mut out = Vec::new();
         let mut sync = false;
         for e in entries {
