@@ -93,6 +93,8 @@ pub struct Shared {
     /// Snapshots built and installed by this process (`replSetGetStatus`).
     pub snapshots_built: AtomicU64,
     pub snapshots_installed: AtomicU64,
+    /// Idle no-op entries applied by this process (`replSetGetStatus`).
+    pub noops_applied: AtomicU64,
     /// The configuration version that removed this member from the set, as
     /// the primary told it (0: not removed; `member::mark_removed`).
     pub removed: AtomicU64,
@@ -110,6 +112,23 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Make `ts`, the time of an entry of `origin` about to be applied
+    /// here, in flight in this member's clock: the primary's own entry's
+    /// time is in flight already (its proposer's token still registered),
+    /// any other is adopted. Under `own_times`' lock, which a proposer that
+    /// gives up holds while it removes its token and finishes its time
+    /// (`Member::propose_timed`): otherwise the apply could find the token
+    /// gone and adopt the time while it was still in flight.
+    pub fn take_time(&self, engine: &Engine, origin: &crate::types::Origin, ts: u64) {
+        let mut own = self.own_times.lock();
+        let mine = origin.member == self.me
+            && origin.incarnation == self.incarnation
+            && own.remove(&origin.token);
+        if !mine {
+            engine.adopt_time(ts);
+        }
+    }
+
     /// Raise the last write's time (`hello.lastWrite`, the applied time
     /// reads wait for) to the newest group time the engine's databases
     /// hold: at open (a restarted member has applied every group its
@@ -419,14 +438,7 @@ impl StateMachine {
                 let engine = self.engine()?;
                 let shared = self.shared.clone();
                 let existed = tokio::task::spawn_blocking(move || {
-                    // The primary's own entry: its time is in flight here
-                    // already, unless its proposer gave up and finished it.
-                    let mine = origin.member == shared.me
-                        && origin.incarnation == shared.incarnation
-                        && shared.own_times.lock().remove(&origin.token);
-                    if !mine {
-                        engine.adopt_time(ts);
-                    }
+                    shared.take_time(&engine, &origin, ts);
                     shared.pending.supersede(&db, None);
                     let existed = engine
                         .try_drop_database_at(&db, ts, wall_ms)
@@ -456,17 +468,13 @@ impl StateMachine {
                 // As a drop of no database: the time passes through this
                 // member's clock (in flight on the primary that took it,
                 // adopted elsewhere) and is finished at once.
-                let mine = origin.member == self.shared.me
-                    && origin.incarnation == self.shared.incarnation
-                    && self.shared.own_times.lock().remove(&origin.token);
-                if !mine {
-                    engine.adopt_time(ts);
-                }
+                self.shared.take_time(&engine, &origin, ts);
                 engine.abandon_time(ts);
                 self.shared
                     .last_write_wall_ms
                     .store(wall_ms.max(0) as u64, Ordering::Relaxed);
                 self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+                self.shared.noops_applied.fetch_add(1, Ordering::Relaxed);
                 Ok((Response::Applied, false))
             }
             Request::DropDatabase { db } => {

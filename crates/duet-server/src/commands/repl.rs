@@ -616,6 +616,7 @@ fn one_member(ctx: &Ctx<'_>, set: &str) -> Status {
         purged_index: 0,
         snapshots_built: 0,
         snapshots_installed: 0,
+        noops_applied: 0,
     }
 }
 
@@ -713,6 +714,7 @@ pub fn get_status(ctx: &Ctx<'_>) -> CmdResult {
             "raftPurgedIndex": s.purged_index as i64,
             "snapshotsBuilt": s.snapshots_built as i64,
             "snapshotsInstalled": s.snapshots_installed as i64,
+            "noopsApplied": s.noops_applied as i64,
         },
         "ok": 1.0,
     })
