@@ -23,6 +23,7 @@ from pymongo.errors import (
     ConnectionFailure,
     NotPrimaryError,
     OperationFailure,
+    ServerSelectionTimeoutError,
     WriteConcernError,
 )
 from pymongo.write_concern import WriteConcern
@@ -408,6 +409,94 @@ def test_a_retried_commit_and_write_are_recognised_after_a_leader_kill_and_resta
         reply = wire.command(sock, {"commitTransaction": 1, "$db": "admin", "lsid": lsid,
                                     "txnNumber": bson.Int64(9), "autocommit": False})
         assert reply["ok"] == 0 and reply["code"] == 251, reply
+
+
+def assert_committed(sock, txn, where=""):
+    """`abortTransaction` of committed transaction `txn` is MongoDB's 256,
+    before and after a retried `commitTransaction` (ok)."""
+    for command in ("abortTransaction", "commitTransaction", "abortTransaction"):
+        reply = wire.command(sock, dict({command: 1, "$db": "admin"}, **txn))
+        if command == "commitTransaction":
+            assert reply["ok"] == 1, (where, reply)
+        else:
+            assert reply["ok"] == 0 and reply["code"] == 256, (where, reply)
+            assert reply["codeName"] == "TransactionCommitted", (where, reply)
+            assert reply["errmsg"] == "Transaction 4 has been committed.", (where, reply)
+
+
+def test_a_retried_write_gets_its_first_reply_after_a_failover_and_restarts(cluster):
+    """A retried write (same lsid and txnNumber) answered from the set's
+    retry table carries the first execution's reply: an update's `n`,
+    `nModified` and `upserted` ids, a findAndModify's `lastErrorObject` and
+    `value` (projected by the command's `fields`) — on the primary that ran
+    it, on the next primary after a SIGKILL of that one, and on a primary
+    after every member restarted. Nothing is applied twice. An
+    `abortTransaction` of a transaction committed there is 256
+    TransactionCommitted on each of them (251 on the others before)."""
+    p = primary_of(cluster)
+
+    def cmd(n, body):
+        # A session of its own each: a driver retries its session's newest
+        # number only (an older one is 225 TransactionTooOld).
+        lsid = {"id": bson.Binary(os.urandom(16), 4)}
+        return dict(body, **{"$db": "app", "lsid": lsid, "txnNumber": bson.Int64(n)})
+
+    writes = [
+        cmd(1, {"update": "r", "updates": [
+            {"q": {"_id": "u1"}, "u": {"$set": {"v": 1}}, "upsert": True}]}),
+        cmd(2, {"update": "r", "ordered": True, "updates": [
+            {"q": {"_id": "u2"}, "u": {"$inc": {"v": 1}}, "upsert": True},
+            {"q": {"_id": "u1"}, "u": {"$inc": {"v": 1}}},
+            {"q": {"_id": "none"}, "u": {"$inc": {"v": 1}}},
+            {"q": {"_id": "u3"}, "u": {"$set": {"v": 3}}, "upsert": True}]}),
+        cmd(3, {"findAndModify": "r", "query": {"_id": "u1"}, "update": {"$inc": {"v": 10}},
+                "new": True, "fields": {"v": 1, "_id": 0}}),
+        cmd(4, {"findAndModify": "r", "query": {"_id": "f1"}, "update": {"$set": {"w": 1}},
+                "upsert": True}),
+        cmd(5, {"findAndModify": "r", "query": {"_id": "u2"}, "remove": True}),
+        cmd(6, {"delete": "r", "deletes": [{"q": {"_id": "u3"}, "limit": 1}]}),
+        cmd(7, {"insert": "r", "documents": [{"_id": "i1"}, {"_id": "i2"}]}),
+    ]
+    with wire.connected(p.port, timeout=20) as sock:
+        first = [wire.command(sock, w) for w in writes]
+        assert first[0]["upserted"] == [{"index": 0, "_id": "u1"}], first[0]
+        assert first[1]["n"] == 3 and first[1]["nModified"] == 1, first[1]
+        assert first[1]["upserted"] == [{"index": 0, "_id": "u2"}, {"index": 3, "_id": "u3"}]
+        assert first[2]["value"] == {"v": 12}, first[2]
+        assert first[3]["lastErrorObject"]["upserted"] == "f1" and first[3]["value"] is None
+        assert first[4]["value"] == {"_id": "u2", "v": 1}, first[4]
+        # The primary that ran them answers from its session table.
+        assert [wire.command(sock, w) for w in writes] == first
+        # A transaction committed there: aborting it is 256 TransactionCommitted.
+        txn = {"lsid": {"id": bson.Binary(os.urandom(16), 4)}, "txnNumber": bson.Int64(4),
+               "autocommit": False}
+        reply = wire.command(sock, dict({"insert": "t", "documents": [{"_id": 1}],
+                                         "startTransaction": True, "$db": "app"}, **txn))
+        assert reply["ok"] == 1, reply
+        assert wire.command(sock, dict({"commitTransaction": 1, "$db": "admin"}, **txn))["ok"] == 1
+        assert_committed(sock, txn)
+    want = {"u1": 12, "f1": None}
+
+    def check(where):
+        m = primary_of(cluster)
+        with wire.connected(m.port, timeout=20) as sock:
+            again = [wire.command(sock, w) for w in writes]
+            for w, a, b in zip(writes, first, again):
+                assert a == b, (where, w, a, b)
+            # Its session table never saw the transaction; the set did.
+            assert_committed(sock, txn, where)
+            found = wire.command(sock, {"find": "r", "$db": "app", "sort": {"_id": 1}})
+            docs = found["cursor"]["firstBatch"]
+        assert {d["_id"]: d.get("v") for d in docs} == dict(want, i1=None, i2=None), (where, docs)
+
+    p.kill()
+    check("the next primary after a SIGKILL of the one that ran them")
+    for m in cluster:
+        if m is not p:
+            m.stop()
+    for m in cluster:
+        m.start()
+    check("a primary after every member restarted")
 
 
 def snapshot_docs(d, name):
@@ -808,6 +897,75 @@ def test_max_staleness_selects_by_last_write(cluster):
     assert stale.d.c.count_documents({}) == 3
     stale.close()
     client.close()
+
+
+def test_max_staleness_excludes_a_secondary_kept_behind(tmp_path):
+    """maxStalenessSeconds end to end: a secondary under an `fsync` lock
+    stops applying the set's log (as MongoDB's does), so its `lastWrite`
+    stays while the primary's idle no-ops move the primary's on. pymongo
+    then leaves it out of `readPreference=secondary&maxStalenessSeconds=90`
+    reads (staleness = lag + heartbeatFrequencyMS; 80 s here, so a lag of
+    over 10 s is too stale, a no-op interval is not), reads from the other
+    secondary; with that one stopped, selection fails while a client
+    without maxStalenessSeconds reads the stale copy. After `fsyncUnlock`
+    it catches up and is selected again."""
+    ports = free_ports(3)
+    members = [Member(tmp_path, i, ports, extra=["--repl-noop-interval-secs", "0.3"])
+               for i in range(3)]
+    clients = []
+
+    def client(secondaries=1, **kw):
+        c = set_client(members, readPreference="secondary", **kw)
+        clients.append(c)
+        # Staleness counts from the primary's lastWriteDate once the driver
+        # knows it (before, from the freshest secondary's it knows).
+        wait_for("the driver to discover the set", lambda: c.primary is not None
+                 and len(c.secondaries) == secondaries)
+        return c
+
+    try:
+        p = primary_of(members)
+        lag, fresh = [m for m in members if m is not p]
+        with set_client(members) as c:
+            c.get_database("d", write_concern=WriteConcern(w=3)).c.insert_one({"_id": 1})
+        with lag.direct() as d:
+            assert d.admin.command("fsync", lock=True)["lockCount"] == 1
+            held = d.admin.command("hello")["lastWrite"]
+            with set_client(members) as c:
+                c.get_database("d", write_concern=WriteConcern(w=2)).c.insert_one({"_id": 2})
+            time.sleep(12)
+            now = d.admin.command("hello")["lastWrite"]
+            assert now == held, (now, held)
+            with p.direct() as pd:
+                plw = pd.admin.command("hello")["lastWrite"]
+            assert (plw["lastWriteDate"] - held["lastWriteDate"]).total_seconds() > 11, (plw, held)
+            assert d.d.command("count", "c",
+                               read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 1
+
+            stale_ok = client(2, maxStalenessSeconds=90, heartbeatFrequencyMS=80000)
+            for _ in range(10):
+                cur = stale_ok.d.c.find({})
+                assert len(list(cur)) == 2
+                assert cur.address[1] == fresh.port, (cur.address, fresh.port, lag.port)
+            assert fresh.stop() == 0
+            picky = client(maxStalenessSeconds=90, heartbeatFrequencyMS=80000,
+                           serverSelectionTimeoutMS=3000)
+            with pytest.raises(ServerSelectionTimeoutError):
+                picky.d.c.find_one({})
+            anyone = client()
+            cur = anyone.d.c.find({})
+            assert len(list(cur)) == 1 and cur.address[1] == lag.port
+            assert d.admin.command("fsyncUnlock")["lockCount"] == 0
+            wait_for("the unlocked member to catch up", lambda: d.d.command(
+                "count", "c", read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 2)
+        caught_up = client(maxStalenessSeconds=90, heartbeatFrequencyMS=80000)
+        cur = caught_up.d.c.find({})
+        assert len(list(cur)) == 2 and cur.address[1] == lag.port
+    finally:
+        for c in clients:
+            c.close()
+        for m in members:
+            m.stop()
 
 
 def test_an_idle_primary_writes_noops(tmp_path):

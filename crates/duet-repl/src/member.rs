@@ -164,6 +164,8 @@ pub struct Status {
     /// Raft snapshots this process built, and installed (sent by the leader).
     pub snapshots_built: u64,
     pub snapshots_installed: u64,
+    /// Idle no-op entries this process applied.
+    pub noops_applied: u64,
 }
 
 impl Status {
@@ -319,6 +321,12 @@ pub struct Harness {
     /// [`ELECTION_TIMEOUT_MS`] (openraft draws each timeout from it with a
     /// thread-local RNG: a range of width 1 makes it one fixed value).
     pub election_timeout_ms: Option<(u64, u64)>,
+    /// Called with `true` before and `false` after the member's own
+    /// blocking work that waits on the runtime's timers (an idle no-op's
+    /// proposal and commit wait, on a blocking thread): a simulation whose
+    /// paused clock does not advance while a blocking task runs paces it
+    /// meanwhile, as it does around its clients' operations.
+    pub blocking: Option<Arc<dyn Fn(bool) + Send + Sync>>,
 }
 
 /// A running member (see the module documentation).
@@ -389,10 +397,12 @@ impl Member {
             snapshots: Default::default(),
             snapshots_built: AtomicU64::new(0),
             snapshots_installed: AtomicU64::new(0),
+            noops_applied: AtomicU64::new(0),
             removed: AtomicU64::new(read_removed(&dir)),
             dir: dir.clone(),
             identity: identity.clone(),
             transport: harness.transport.clone(),
+            apply_paused: tokio::sync::watch::Sender::new(false),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
@@ -476,6 +486,7 @@ impl Member {
             let task = tokio::spawn(idle_noops(
                 Arc::downgrade(&member),
                 member.opts.noop_interval,
+                harness.blocking.clone(),
             ));
             member.listener.lock().push(task);
         }
@@ -550,6 +561,7 @@ impl Member {
             purged_index: m.purged.map_or(0, |l| l.index),
             snapshots_built: self.shared.snapshots_built.load(Ordering::Relaxed),
             snapshots_installed: self.shared.snapshots_installed.load(Ordering::Relaxed),
+            noops_applied: self.shared.noops_applied.load(Ordering::Relaxed),
         }
     }
 
@@ -561,6 +573,21 @@ impl Member {
     /// retryable write's tag, `Database::with_origin`).
     pub fn applied_retryable(&self, origin: &[u8]) -> bool {
         self.shared.retries.contains(origin)
+    }
+
+    /// Pause (`true`) or resume applying committed entries: the server's
+    /// `fsync` lock, under which MongoDB's secondaries stop applying their
+    /// oplog too. A paused member keeps receiving the log and answering
+    /// `hello`; its applied position and `lastWrite` stay where they were.
+    pub fn pause_applies(&self, paused: bool) {
+        self.shared.apply_paused.send_replace(paused);
+    }
+
+    /// What the commands of client operation `origin` did, in the order the
+    /// set applied them (`duetdb::WriteOutcome`, encoded; an empty one:
+    /// nothing recorded), or `None` when the set did not apply it here.
+    pub fn retry_outcomes(&self, origin: &[u8]) -> Option<Vec<Vec<u8>>> {
+        self.shared.retries.outcomes(origin)
     }
 
     /// Index of the last entry applied here (a write acknowledged by this
@@ -820,10 +847,14 @@ impl Member {
                 }),
             },
         };
-        if answer.is_err() && self.shared.own_times.lock().remove(&token) {
+        if answer.is_err() {
             // Not applied here (yet): if the entry still commits, its apply
-            // adopts the time again.
-            engine.abandon_time(ts);
+            // adopts the time again — after this finished it, since both
+            // hold `own_times` (`Shared::take_time`).
+            let mut own = self.shared.own_times.lock();
+            if own.remove(&token) {
+                engine.abandon_time(ts);
+            }
         }
         answer
     }
@@ -1103,7 +1134,11 @@ impl Member {
 /// writes a no-op entry, so secondaries' `lastWrite` (and `optime`) advance
 /// with the primary's clock although nothing is written. Ends with the
 /// member (aborted at shutdown).
-async fn idle_noops(member: std::sync::Weak<Member>, every: Duration) {
+async fn idle_noops(
+    member: std::sync::Weak<Member>,
+    every: Duration,
+    blocking: Option<Arc<dyn Fn(bool) + Send + Sync>>,
+) {
     // Checked twice per interval: a no-op follows `every` to `1.5 every`
     // of idleness.
     let mut tick = tokio::time::interval((every / 2).max(Duration::from_millis(1)));
@@ -1120,7 +1155,14 @@ async fn idle_noops(member: std::sync::Weak<Member>, every: Duration) {
         if now_ms.saturating_sub(last_ms) < every.as_millis() as u64 || !m.is_writable_primary() {
             continue;
         }
-        match tokio::task::spawn_blocking(move || m.write_noop()).await {
+        if let Some(f) = &blocking {
+            f(true);
+        }
+        let written = tokio::task::spawn_blocking(move || m.write_noop()).await;
+        if let Some(f) = &blocking {
+            f(false);
+        }
+        match written {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "idle no-op not written"),
             Err(e) => tracing::debug!(error = %e, "idle no-op task failed"),

@@ -23,7 +23,7 @@ use openraft::error::{ClientWriteError, RaftError};
 
 use crate::member::Member;
 use crate::pending::Outcome;
-use crate::types::{NodeId, Origin, Request};
+use crate::types::{NodeId, Origin, Request, Tagged};
 
 pub struct Replicator {
     pub member: Arc<Member>,
@@ -69,7 +69,7 @@ impl Replicate for Replicator {
         }
         let (tx, rx) = sync_channel(1);
         let token = m.shared.pending.register(rec.db, rec.first, tx)?;
-        let req = Request::Group {
+        let req = Request::GroupReplies {
             db: rec.db.to_string(),
             origin: Origin {
                 member: m.shared.me,
@@ -77,7 +77,14 @@ impl Replicate for Replicator {
                 token,
             },
             payload: rec.payload.to_vec(),
-            retries: rec.origins.iter().map(|o| o.to_vec()).collect(),
+            retries: rec
+                .origins
+                .iter()
+                .map(|o| Tagged {
+                    tag: o.tag.to_vec(),
+                    outcome: o.outcome.clone(),
+                })
+                .collect(),
         };
         // Queued in Raft's log here, on the writer's thread, so entries
         // enter the log in the order their times were taken (the writer

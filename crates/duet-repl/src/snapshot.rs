@@ -12,13 +12,16 @@
 //! - `snapshot.build`, `snapshot.tmp`, `snapshot.restore`: work files of a
 //!   build or an install, removed when it ends (and at start).
 //!
-//! Format (little-endian): `"DUETRSN\x02" | meta_len u32 | bincode(meta) |
+//! Format (little-endian): `"DUETRSN\x03" | meta_len u32 | bincode(meta) |
 //! retries | ndb u32 | per database: name | nfile u32 | per file: name |
 //! len u64 | bytes` then `crc32c(all preceding bytes) u32`; a name is `len
 //! u32 | UTF-8`; `retries` is the retryable-write table as of the snapshot
-//! (`retries::encode`: `n u32 | per tag: len u32 | bytes`, oldest first).
-//! Version 1 (`"DUETRSN\x01"`, written before the table was carried) has no
-//! `retries` and still installs (the member keeps its own table). The
+//! (`retries::encode`: `n u32 | per entry: len u32 | bincode(Retry)`, the
+//! tags with their commands' outcomes, oldest tag first). Version 2
+//! (`"DUETRSN\x02"`) carries bare tags (`n u32 | per tag: len u32 |
+//! bytes`; installed as tags without outcomes); version 1 (`"DUETRSN\x01"`,
+//! written before the table was carried) has no `retries` and still
+//! installs (the member keeps its own table). The
 //! checksum is verified before an install touches a database.
 //!
 //! Invariants:
@@ -47,7 +50,9 @@ pub const INCOMING_FILE: &str = "snapshot.incoming";
 const BUILD_DIR: &str = "snapshot.build";
 const TMP_FILE: &str = "snapshot.tmp";
 const RESTORE_DIR: &str = "snapshot.restore";
-const MAGIC: &[u8; 8] = b"DUETRSN\x02";
+const MAGIC: &[u8; 8] = b"DUETRSN\x03";
+/// Snapshots whose retry table holds bare tags (no outcomes).
+const MAGIC_V2: &[u8; 8] = b"DUETRSN\x02";
 /// Snapshots written before they carried the retry table.
 const MAGIC_V1: &[u8; 8] = b"DUETRSN\x01";
 /// Longest name (database or file) a snapshot may hold.
@@ -63,15 +68,15 @@ pub struct Snapshots {
 pub struct Capture {
     pub meta: Meta,
     pub dbs: Vec<(String, duetdb::Snapshot)>,
-    /// The retryable-write table (`retries.rs`), oldest first.
-    pub retries: Vec<Vec<u8>>,
+    /// The retryable-write table (`retries.rs`), oldest tag first.
+    pub retries: Vec<crate::retries::Retry>,
 }
 
 /// What an install put in place: the snapshot's metadata and its retry
 /// table (`None`: a version-1 snapshot, which has none).
 pub struct Installed {
     pub meta: Meta,
-    pub retries: Option<Vec<Vec<u8>>>,
+    pub retries: Option<Vec<crate::retries::Retry>>,
 }
 
 fn other(e: impl std::fmt::Display) -> std::io::Error {
@@ -148,13 +153,22 @@ pub fn read_meta(path: &Path) -> std::io::Result<Meta> {
     Ok(read_header(&mut r)?.0)
 }
 
-/// The metadata, and whether the file carries a retry table (version 2).
-fn read_header(r: &mut impl Read) -> std::io::Result<(Meta, bool)> {
+/// Which retry table a snapshot file carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    None,
+    Tags,
+    Outcomes,
+}
+
+/// The metadata, and which retry table the file carries.
+fn read_header(r: &mut impl Read) -> std::io::Result<(Meta, Table)> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
     let with_retries = match &magic {
-        m if m == MAGIC => true,
-        m if m == MAGIC_V1 => false,
+        m if m == MAGIC => Table::Outcomes,
+        m if m == MAGIC_V2 => Table::Tags,
+        m if m == MAGIC_V1 => Table::None,
         _ => return Err(other("not a duet replica-set snapshot")),
     };
     let len = get_u32(r)? as usize;
@@ -276,10 +290,10 @@ pub fn install(engine: &Engine, dir: &Path) -> std::io::Result<Installed> {
     verify(&path)?;
     let mut r = BufReader::new(File::open(&path)?);
     let (meta, with_retries) = read_header(&mut r)?;
-    let retries = if with_retries {
-        Some(crate::retries::decode(&mut r)?)
-    } else {
-        None
+    let retries = match with_retries {
+        Table::Outcomes => Some(crate::retries::decode(&mut r)?),
+        Table::Tags => Some(crate::retries::decode_tags(&mut r)?),
+        Table::None => None,
     };
     let staging = dir.join(RESTORE_DIR);
     let _ = std::fs::remove_dir_all(&staging);

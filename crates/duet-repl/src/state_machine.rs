@@ -21,6 +21,10 @@
 //! After each group applied, the database's state is recorded by its
 //! cluster time (`history.rs`) for snapshot reads at that time.
 //!
+//! While the server holds an `fsync` lock (`Shared::apply_paused`), applies
+//! wait: as MongoDB's `fsyncLock` stops a secondary's oplog application, the
+//! member falls behind (its `lastWrite` stays) until `fsyncUnlock`.
+//!
 //! The retry tags a group carries (`retries.rs`) are written ahead once the
 //! group is known to apply here (it continues its database's log), and
 //! recorded in memory once it is published; a Raft snapshot carries the
@@ -53,9 +57,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::log_store::write_atomic;
 use crate::pending::{Outcome, Pending};
+use crate::retries::Retry;
 use crate::snapshot::{self, Capture, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
 use crate::types::{
-    record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership,
+    record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership, Tagged,
     TypeConfig,
 };
 
@@ -88,6 +93,8 @@ pub struct Shared {
     /// Snapshots built and installed by this process (`replSetGetStatus`).
     pub snapshots_built: AtomicU64,
     pub snapshots_installed: AtomicU64,
+    /// Idle no-op entries applied by this process (`replSetGetStatus`).
+    pub noops_applied: AtomicU64,
     /// The configuration version that removed this member from the set, as
     /// the primary told it (0: not removed; `member::mark_removed`).
     pub removed: AtomicU64,
@@ -97,9 +104,31 @@ pub struct Shared {
     pub identity: Arc<crate::log_store::Identity>,
     /// How this member's Raft RPCs travel.
     pub transport: crate::network::Transport,
+    /// `true` while applies are paused (`Member::pause_applies`: the
+    /// server's `fsync` lock, as MongoDB's `fsyncLock` stops a secondary's
+    /// oplog application): committed entries wait, unapplied, until it is
+    /// `false` again.
+    pub apply_paused: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
+    /// Make `ts`, the time of an entry of `origin` about to be applied
+    /// here, in flight in this member's clock: the primary's own entry's
+    /// time is in flight already (its proposer's token still registered),
+    /// any other is adopted. Under `own_times`' lock, which a proposer that
+    /// gives up holds while it removes its token and finishes its time
+    /// (`Member::propose_timed`): otherwise the apply could find the token
+    /// gone and adopt the time while it was still in flight.
+    pub fn take_time(&self, engine: &Engine, origin: &crate::types::Origin, ts: u64) {
+        let mut own = self.own_times.lock();
+        let mine = origin.member == self.me
+            && origin.incarnation == self.incarnation
+            && own.remove(&origin.token);
+        if !mine {
+            engine.adopt_time(ts);
+        }
+    }
+
     /// Raise the last write's time (`hello.lastWrite`, the applied time
     /// reads wait for) to the newest group time the engine's databases
     /// hold: at open (a restarted member has applied every group its
@@ -259,7 +288,87 @@ impl StateMachine {
         .map_err(|e| sm_err(ErrorVerb::Write, e))
     }
 
-    async fn apply_request(&mut self, req: Request) -> Result<(Response, bool), StorageError> {
+    /// A group entry at log index `index` (see the module documentation).
+    async fn apply_group_entry(
+        &mut self,
+        index: u64,
+        db: String,
+        origin: crate::types::Origin,
+        payload: Vec<u8>,
+        retries: Vec<Tagged>,
+    ) -> Result<(Response, bool), StorageError> {
+        let retries: Vec<Retry> = retries
+            .into_iter()
+            .enumerate()
+            .map(|(pos, t)| Retry {
+                tag: t.tag,
+                outcome: t.outcome,
+                index,
+                pos: pos as u32,
+            })
+            .collect();
+        let Some((first, _)) = record_range(&payload) else {
+            return Err(sm_err(
+                ErrorVerb::Read,
+                "a group entry without a record header",
+            ));
+        };
+        let stamp = (payload.len() >= 36).then(|| {
+            let ts = u64::from_le_bytes(payload[20..28].try_into().unwrap_or_default());
+            let wall = u64::from_le_bytes(payload[28..36].try_into().unwrap_or_default());
+            (ts, wall)
+        });
+        let mine = origin.member == self.shared.me && origin.incarnation == self.shared.incarnation;
+        let pending = mine
+            .then(|| self.shared.pending.take(origin.token))
+            .flatten();
+        let response = match pending {
+            Some(tx) => self.hand_back(&db, first, tx, &retries).await?,
+            None => {
+                let engine = self.engine()?;
+                let shared = self.shared.clone();
+                let db = db.clone();
+                let tags = retries.clone();
+                tokio::task::spawn_blocking(move || {
+                    apply_group(&engine, &shared, &db, first, payload, &tags)
+                })
+                .await
+                .map_err(|e| sm_err(ErrorVerb::Write, e))??
+            }
+        };
+        if response == Response::Applied {
+            self.shared.retries.record(&retries);
+            // The state just after this group, for snapshot reads at
+            // its time (only if no other group of the database was
+            // published since: every one passes through here).
+            if let (Some((ts, _)), Ok(engine)) = (stamp, self.engine()) {
+                if let Some(snap) = engine
+                    .get(&db)
+                    .ok()
+                    .flatten()
+                    .map(|d| d.snapshot())
+                    .filter(|s| s.cluster_time() == ts)
+                {
+                    self.shared.history.record(&db, snap);
+                }
+            }
+        }
+        // After the group is published here (or skipped): a read
+        // waiting for this time (`Member::wait_for_time`) may go.
+        if let Some((ts, wall)) = stamp {
+            self.shared
+                .last_write_wall_ms
+                .store(wall, Ordering::Relaxed);
+            self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+        }
+        Ok((response, false))
+    }
+
+    async fn apply_request(
+        &mut self,
+        index: u64,
+        req: Request,
+    ) -> Result<(Response, bool), StorageError> {
         match req {
             Request::Group {
                 db,
@@ -267,62 +376,19 @@ impl StateMachine {
                 payload,
                 retries,
             } => {
-                let Some((first, _)) = record_range(&payload) else {
-                    return Err(sm_err(
-                        ErrorVerb::Read,
-                        "a group entry without a record header",
-                    ));
-                };
-                let stamp = (payload.len() >= 36).then(|| {
-                    let ts = u64::from_le_bytes(payload[20..28].try_into().unwrap_or_default());
-                    let wall = u64::from_le_bytes(payload[28..36].try_into().unwrap_or_default());
-                    (ts, wall)
-                });
-                let mine = origin.member == self.shared.me
-                    && origin.incarnation == self.shared.incarnation;
-                let pending = mine
-                    .then(|| self.shared.pending.take(origin.token))
-                    .flatten();
-                let response = match pending {
-                    Some(tx) => self.hand_back(&db, first, tx, &retries).await?,
-                    None => {
-                        let engine = self.engine()?;
-                        let shared = self.shared.clone();
-                        let db = db.clone();
-                        let tags = retries.clone();
-                        tokio::task::spawn_blocking(move || {
-                            apply_group(&engine, &shared, &db, first, payload, &tags)
-                        })
-                        .await
-                        .map_err(|e| sm_err(ErrorVerb::Write, e))??
-                    }
-                };
-                if response == Response::Applied {
-                    self.shared.retries.record(&retries);
-                    // The state just after this group, for snapshot reads at
-                    // its time (only if no other group of the database was
-                    // published since: every one passes through here).
-                    if let (Some((ts, _)), Ok(engine)) = (stamp, self.engine()) {
-                        if let Some(snap) = engine
-                            .get(&db)
-                            .ok()
-                            .flatten()
-                            .map(|d| d.snapshot())
-                            .filter(|s| s.cluster_time() == ts)
-                        {
-                            self.shared.history.record(&db, snap);
-                        }
-                    }
-                }
-                // After the group is published here (or skipped): a read
-                // waiting for this time (`Member::wait_for_time`) may go.
-                if let Some((ts, wall)) = stamp {
-                    self.shared
-                        .last_write_wall_ms
-                        .store(wall, Ordering::Relaxed);
-                    self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
-                }
-                Ok((response, false))
+                // An older log's group: bare tags, no outcomes.
+                let retries = retries.into_iter().map(Tagged::bare).collect();
+                self.apply_group_entry(index, db, origin, payload, retries)
+                    .await
+            }
+            Request::GroupReplies {
+                db,
+                origin,
+                payload,
+                retries,
+            } => {
+                self.apply_group_entry(index, db, origin, payload, retries)
+                    .await
             }
             Request::CreateSnapshot {
                 db,
@@ -372,14 +438,7 @@ impl StateMachine {
                 let engine = self.engine()?;
                 let shared = self.shared.clone();
                 let existed = tokio::task::spawn_blocking(move || {
-                    // The primary's own entry: its time is in flight here
-                    // already, unless its proposer gave up and finished it.
-                    let mine = origin.member == shared.me
-                        && origin.incarnation == shared.incarnation
-                        && shared.own_times.lock().remove(&origin.token);
-                    if !mine {
-                        engine.adopt_time(ts);
-                    }
+                    shared.take_time(&engine, &origin, ts);
                     shared.pending.supersede(&db, None);
                     let existed = engine
                         .try_drop_database_at(&db, ts, wall_ms)
@@ -409,17 +468,13 @@ impl StateMachine {
                 // As a drop of no database: the time passes through this
                 // member's clock (in flight on the primary that took it,
                 // adopted elsewhere) and is finished at once.
-                let mine = origin.member == self.shared.me
-                    && origin.incarnation == self.shared.incarnation
-                    && self.shared.own_times.lock().remove(&origin.token);
-                if !mine {
-                    engine.adopt_time(ts);
-                }
+                self.shared.take_time(&engine, &origin, ts);
                 engine.abandon_time(ts);
                 self.shared
                     .last_write_wall_ms
                     .store(wall_ms.max(0) as u64, Ordering::Relaxed);
                 self.shared.last_write_ts.fetch_max(ts, Ordering::Release);
+                self.shared.noops_applied.fetch_add(1, Ordering::Relaxed);
                 Ok((Response::Applied, false))
             }
             Request::DropDatabase { db } => {
@@ -445,7 +500,7 @@ impl StateMachine {
         db: &str,
         first: u64,
         tx: std::sync::mpsc::SyncSender<Outcome>,
-        tags: &[Vec<u8>],
+        tags: &[Retry],
     ) -> Result<Response, StorageError> {
         let engine = self.engine()?;
         // The writer is blocked waiting, so the published csn is stable.
@@ -485,7 +540,7 @@ fn apply_group(
     db: &str,
     first: u64,
     payload: Vec<u8>,
-    tags: &[Vec<u8>],
+    tags: &[Retry],
 ) -> Result<Response, StorageError> {
     let handle = match engine.get(db) {
         Ok(Some(d)) => d,
@@ -524,6 +579,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        // Paused (an `fsync` lock): apply nothing until it is lifted.
+        let mut paused = self.shared.apply_paused.subscribe();
+        if *paused.borrow() {
+            tracing::info!("applies paused by an fsync lock");
+            let _ = paused.wait_for(|p| !*p).await;
+            tracing::info!("applies resumed");
+        }
         let mut out = Vec::new();
         let mut sync = false;
         for e in entries {
@@ -535,7 +597,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     Response::Applied
                 }
                 EntryPayload::Normal(req) => {
-                    let (r, must_sync) = self.apply_request(req).await?;
+                    let (r, must_sync) = self.apply_request(e.log_id.index, req).await?;
                     sync |= must_sync;
                     r
                 }
@@ -572,7 +634,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .map(|d| (d.name().to_string(), d.snapshot()))
                     .filter(|(_, s)| s.csn() > 0)
                     .collect(),
-                retries: self.shared.retries.tags(),
+                retries: self.shared.retries.entries(),
             }
         });
         Builder {

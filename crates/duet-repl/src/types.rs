@@ -101,6 +101,35 @@ pub enum Request {
         wall_ms: i64,
         origin: Origin,
     },
+    /// `Group`, its client operations' tags each with what its command did
+    /// (`duetdb::WriteOutcome`, encoded), so a retry answered from the
+    /// retry table gets the first execution's reply (`retries.rs`). Every
+    /// group is proposed in this form now; `Group` entries of older logs
+    /// apply as tags without outcomes.
+    GroupReplies {
+        db: String,
+        origin: Origin,
+        payload: Vec<u8>,
+        retries: Vec<Tagged>,
+    },
+}
+
+/// One tagged command of a group entry: its client operation's tag and its
+/// outcome (empty: nothing to tell).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tagged {
+    pub tag: Vec<u8>,
+    pub outcome: Vec<u8>,
+}
+
+impl Tagged {
+    /// A tag of an older log's `Group` entry (no outcome).
+    pub fn bare(tag: Vec<u8>) -> Tagged {
+        Tagged {
+            tag,
+            outcome: Vec::new(),
+        }
+    }
 }
 
 /// What applying an entry did.
@@ -169,6 +198,22 @@ mod tests {
             },
         };
         assert_eq!(tag(&noop), 6);
+        let group = Request::GroupReplies {
+            db: db(),
+            origin: Origin {
+                member: 1,
+                incarnation: 2,
+                token: 5,
+            },
+            payload: vec![1, 2],
+            retries: vec![Tagged {
+                tag: vec![3],
+                outcome: vec![4],
+            }],
+        };
+        assert_eq!(tag(&group), 7);
+        let b = bincode::serialize(&group).expect("encode");
+        assert_eq!(bincode::deserialize::<Request>(&b).expect("decode"), group);
         let old = bincode::serialize(&Request::DropDatabase { db: db() }).expect("encode");
         assert_eq!(
             bincode::deserialize::<Request>(&old).expect("an old entry decodes"),

@@ -45,6 +45,18 @@ const CLIENTS: u64 = 3;
 const KEYS: i64 = 4;
 /// Virtual time the clients and faults run.
 const RUN: Duration = Duration::from_secs(30);
+/// The primary's idle no-ops (`--repl-noop-interval-secs`): off unless
+/// `DUET_SIM_NOOP_MS=N` turns them on every N ms (150 interleaves them
+/// with the clients' groups and the faults; idleness is judged by the wall
+/// clock, the entries' dates, which runs slower than the virtual one here).
+/// Off in CI: with them on, seeds 1 and 3 hit the clock's "adopted while in
+/// flight" assertion on the writer path (docs/design.md §19, "Simulation").
+fn noop_interval() -> Duration {
+    std::env::var("DUET_SIM_NOOP_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_millis)
+}
 
 struct Node {
     engine: Arc<Engine>,
@@ -61,6 +73,9 @@ struct Cluster {
     nodes: Mutex<Vec<Option<Node>>>,
     /// What the fault schedule did, with the virtual time (printed on failure).
     timeline: Mutex<Vec<String>>,
+    /// Idle no-ops applied by members' earlier incarnations (counted at
+    /// each crash).
+    noops: std::sync::atomic::AtomicU64,
     start: tokio::time::Instant,
 }
 
@@ -102,12 +117,21 @@ impl Cluster {
                 data_dir: self.dirs[i].clone(),
                 commit_timeout: Duration::from_secs(2),
                 snapshot_entries: 64,
-                noop_interval: Duration::ZERO,
+                noop_interval: noop_interval(),
             },
             &engine,
             Harness {
                 transport: Transport::Sim(self.net.clone()),
                 election_timeout_ms: Some((t, t + 1)),
+                // An idle no-op waits on a blocking thread like a client's
+                // operation: the clock is paced meanwhile.
+                blocking: Some(Arc::new(|on: bool| {
+                    if on {
+                        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })),
             },
         )
         .await
@@ -121,6 +145,8 @@ impl Cluster {
     async fn crash(&self, i: usize) {
         let node = self.nodes.lock().unwrap()[i].take();
         if let Some(n) = node {
+            self.noops
+                .fetch_add(n.member.status().noops_applied, Ordering::Relaxed);
             n.member.shutdown().await;
         }
     }
@@ -376,6 +402,8 @@ struct Run {
     history: String,
     ok_appends: usize,
     summary: String,
+    /// Idle no-op entries applied, every member and incarnation together.
+    noops: u64,
 }
 
 /// One seed's run: the history, or why the cluster went wrong.
@@ -397,6 +425,7 @@ async fn simulate(seed: u64) -> Result<Run, String> {
         addrs,
         nodes: Mutex::new((0..MEMBERS).map(|_| None).collect()),
         timeline: Mutex::new(Vec::new()),
+        noops: std::sync::atomic::AtomicU64::new(0),
         start: tokio::time::Instant::now(),
     });
     for i in 0..MEMBERS {
@@ -542,10 +571,12 @@ async fn simulate(seed: u64) -> Result<Run, String> {
     }
     paced.store(true, Ordering::Relaxed);
     let _ = pacer.await;
+    let noops = c.noops.load(Ordering::Relaxed);
     Ok(Run {
         history,
         ok_appends: acked.len(),
-        summary,
+        summary: format!("{summary}; idle no-ops applied {noops}"),
+        noops,
     })
 }
 
@@ -586,6 +617,10 @@ fn check_seed(seed: u64) -> Run {
     assert!(
         run.ok_appends > 0,
         "seed {seed}: no append was acknowledged"
+    );
+    assert!(
+        noop_interval().is_zero() || run.noops > 0,
+        "seed {seed}: no idle no-op was applied"
     );
     run
 }

@@ -73,7 +73,7 @@ pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};
 pub use store::DeltaOptions;
 pub use txn::{CommitInfo, CommitOutcome, Isolation, TxnOptions, DEFAULT_LIFETIME};
-pub use write::command::UpdateResult;
+pub use write::command::{UpdateResult, WriteOutcome};
 pub use write::delta::DeltaStats;
 pub use write::writer::{last_commit_csn, WriterStats};
 
@@ -120,7 +120,7 @@ pub mod structures {
 /// The seam a replica set plugs into (`durability::replicate`).
 pub mod replication {
     pub use crate::api::backup::write_image;
-    pub use crate::durability::replicate::{Commit, GroupRecord, Replicate};
+    pub use crate::durability::replicate::{Commit, GroupRecord, Replicate, Tagged};
 }
 
 /// The storage seam: the file-system trait with its real and simulated

@@ -733,7 +733,8 @@ pub fn shutdown(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
 }
 
 /// `{fsync: 1, lock?: bool}` on `admin`: checkpoint every database now; with
-/// `lock: true` write commands then wait until `fsyncUnlock`.
+/// `lock: true` write commands then wait until `fsyncUnlock`, and a
+/// secondary applies no more of the set's log until then.
 pub fn fsync(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     on_admin(ctx, "fsync")?;
     let lock = args::flag(cmd, "lock")?;
@@ -758,6 +759,15 @@ pub fn fsync(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         }
     }
     let mut out = doc! {"numFiles": files};
+    if count.is_some() {
+        // A secondary also stops applying the set's log, as MongoDB's stop
+        // their oplog application (a primary's writes wait for the lock
+        // already; its own entries, a no-op's or a `dropDatabase`'s, still
+        // apply).
+        if let Some(m) = ctx.state.repl.get().filter(|m| !m.is_writable_primary()) {
+            m.pause_applies(true);
+        }
+    }
     if let Some(n) = count {
         tracing::info!(
             lock_count = n,
@@ -784,6 +794,11 @@ pub fn fsync_unlock(ctx: &Ctx<'_>) -> CmdResult {
             "fsyncUnlock called when not locked",
         )),
         Some(n) => {
+            if n == 0 {
+                if let Some(m) = ctx.state.repl.get() {
+                    m.pause_applies(false);
+                }
+            }
             tracing::info!(lock_count = n, "fsyncUnlock");
             Ok(doc! {"info": "fsyncUnlock completed", "lockCount": i64::from(n), "ok": 1.0})
         }

@@ -337,11 +337,13 @@ pub fn committed_transaction(ctx: &Ctx<'_>, id: &[u8], n: i64) -> bool {
 }
 
 /// A retryable write the set already applied — made on a primary that
-/// failed before the driver got the reply — is answered as done instead of
-/// running again. The primary that ran it answers from its session table
-/// (the exact reply); another member builds the reply from the command:
-/// every statement counted as applied (MongoDB rebuilds it from its oplog
-/// entries; ours does not keep per-statement results).
+/// failed before the driver got the reply, or on this member before it
+/// restarted — is answered as done instead of running again. The primary
+/// that ran it answers from its session table (the exact reply); another
+/// member, or this one after a restart, builds the first execution's reply
+/// from what the set recorded with the write's tag (`duetdb::WriteOutcome`
+/// per statement: counts, upserted ids, a findAndModify's document —
+/// MongoDB rebuilds it from its oplog entries and `config.image_collection`).
 pub fn retried(
     ctx: &Ctx<'_>,
     name: &str,
@@ -350,35 +352,123 @@ pub fn retried(
 ) -> Option<Document> {
     let m = member(ctx)?;
     let origin = ctx.origin.as_ref()?;
-    if !m.applied_retryable(origin) {
-        return None;
-    }
+    let outcomes = m.retry_outcomes(origin)?;
     if let (Some(id), Some(n)) = (&session.lsid, session.txn_number) {
         if let Some(s) = ctx.state.sessions.get(id) {
             let s = s.lock();
-            if s.txn_number == Some(n)
-                && matches!(s.state, crate::sessions::TxnState::Written { .. })
+            // Answered by the session itself: its reply, or 225 for a
+            // number older than its newest (as MongoDB answers).
+            if s.txn_number.is_some_and(|t| t > n)
+                || (s.txn_number == Some(n)
+                    && matches!(s.state, crate::sessions::TxnState::Written { .. }))
             {
                 return None;
             }
         }
     }
-    let count = |field: &str| cmd.get_array(field).map_or(0, |a| a.len()) as i32;
     tracing::info!(
         conn = ctx.conn.id,
         command = name,
-        "retried write was applied before a failover: answered as done"
+        "retried write was applied before a failover or a restart: answered as done"
     );
-    Some(match name {
-        "insert" => doc! {"n": count("documents"), "ok": 1.0},
-        "update" => doc! {"n": count("updates"), "nModified": count("updates"), "ok": 1.0},
-        "delete" => doc! {"n": count("deletes"), "ok": 1.0},
-        _ => doc! {
-            "lastErrorObject": {"n": 1, "updatedExisting": true},
-            "value": Bson::Null,
-            "ok": 1.0,
+    Some(retry_reply(name, cmd, &outcomes))
+}
+
+/// The reply of write command `name` (`cmd`) that the set applied with
+/// these outcomes, one per statement applied, in order: statement `i`'s is
+/// the `i`-th (an ordered batch stops at its first failure, so the
+/// statements applied are its first ones). A tag recorded without outcomes
+/// (by an older build) gets a reply built from the command: every
+/// statement counted, no upserted ids, no findAndModify document.
+pub(crate) fn retry_reply(name: &str, cmd: &Document, outcomes: &[Vec<u8>]) -> Document {
+    use duetdb::WriteOutcome as W;
+    let decoded: Option<Vec<W>> = outcomes
+        .iter()
+        .map(|o| W::decode(o).filter(|w| *w != W::Other))
+        .collect();
+    let from_command = || {
+        let count = |field: &str| cmd.get_array(field).map_or(0, |a| a.len()) as i32;
+        match name {
+            "insert" => doc! {"n": count("documents"), "ok": 1.0},
+            "update" => doc! {"n": count("updates"), "nModified": count("updates"), "ok": 1.0},
+            "delete" => doc! {"n": count("deletes"), "ok": 1.0},
+            _ => doc! {
+                "lastErrorObject": {"n": 1, "updatedExisting": true},
+                "value": Bson::Null,
+                "ok": 1.0,
+            },
+        }
+    };
+    let Some(outs) = decoded.filter(|d| !d.is_empty()) else {
+        return from_command();
+    };
+    let as_i32 = |n: u64| i32::try_from(n).unwrap_or(i32::MAX);
+    match name {
+        "insert" => {
+            let n: u64 = outs
+                .iter()
+                .map(|o| match o {
+                    W::Inserted { n } => *n,
+                    _ => 0,
+                })
+                .sum();
+            doc! {"n": as_i32(n), "ok": 1.0}
+        }
+        "delete" => {
+            let n: u64 = outs
+                .iter()
+                .map(|o| match o {
+                    W::Deleted(n) => *n,
+                    _ => 0,
+                })
+                .sum();
+            doc! {"n": as_i32(n), "ok": 1.0}
+        }
+        "update" => {
+            let (mut n, mut modified, mut upserted) = (0u64, 0u64, Vec::new());
+            for (i, o) in outs.iter().enumerate() {
+                if let W::Updated(u) = o {
+                    n += u.matched;
+                    modified += u.modified;
+                    if let Some(id) = &u.upserted_id {
+                        n += 1;
+                        upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
+                    }
+                }
+            }
+            let mut d = doc! {"n": as_i32(n), "nModified": as_i32(modified)};
+            if !upserted.is_empty() {
+                d.insert("upserted", upserted);
+            }
+            d.insert("ok", 1.0);
+            d
+        }
+        _ => match outs.first() {
+            Some(W::FoundAndModified {
+                doc,
+                update,
+                removed,
+            }) => {
+                let remove = crate::args::flag(cmd, "remove").unwrap_or(*removed);
+                // Projected as the first execution's was (the retry sends
+                // the same `fields`).
+                let value = doc.as_ref().and_then(|d| project(cmd, d));
+                super::write::find_and_modify_reply(remove, value, update, *removed)
+            }
+            _ => from_command(),
         },
-    })
+    }
+}
+
+/// `doc` projected with the command's `fields` (itself without any).
+fn project(cmd: &Document, doc: &Document) -> Option<Document> {
+    let fields = match cmd.get("fields") {
+        Some(Bson::Document(f)) if !f.is_empty() => f,
+        _ => return Some(doc.clone()),
+    };
+    let p = duetdb::lang::Projection::parse(fields).ok()?;
+    let raw = duetdb::raw::to_raw_document(doc).ok()?;
+    p.apply(&raw).ok()
 }
 
 /// A write concern's `w`.
@@ -526,6 +616,7 @@ fn one_member(ctx: &Ctx<'_>, set: &str) -> Status {
         purged_index: 0,
         snapshots_built: 0,
         snapshots_installed: 0,
+        noops_applied: 0,
     }
 }
 
@@ -623,6 +714,7 @@ pub fn get_status(ctx: &Ctx<'_>) -> CmdResult {
             "raftPurgedIndex": s.purged_index as i64,
             "snapshotsBuilt": s.snapshots_built as i64,
             "snapshotsInstalled": s.snapshots_installed as i64,
+            "noopsApplied": s.noops_applied as i64,
         },
         "ok": 1.0,
     })

@@ -204,13 +204,7 @@ pub fn in_transaction(ctx: &Ctx<'_>, name: &str, cmd: &Document, args: &SessionA
         }
         match &s.state {
             TxnState::InProgress { .. } => {}
-            TxnState::Committed => {
-                return Err(CommandError::new(
-                    256,
-                    "TransactionCommitted",
-                    format!("Transaction {n} has been committed."),
-                ))
-            }
+            TxnState::Committed => return Err(transaction_committed(n)),
             TxnState::Aborted { reason } => {
                 return Err(no_such_transaction(format!(
                     "Transaction {n} has been aborted: {reason}"
@@ -268,8 +262,15 @@ pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
     let (id, n) = session_of(ctx, args)?;
     let commit_retry = name == "commitTransaction";
     let Some(session) = ctx.state.sessions.get(&id) else {
-        if commit_retry && super::repl::committed_transaction(ctx, &id, n) {
-            return recognised_commit(ctx, &id, n);
+        if super::repl::committed_transaction(ctx, &id, n) {
+            // A commit retried: ok; an abort: 256, as MongoDB answers both
+            // from its replicated `config.transactions`.
+            let reply = recognised_commit(ctx, &id, n)?;
+            return if commit_retry {
+                Ok(reply)
+            } else {
+                Err(transaction_committed(n))
+            };
         }
         return Err(no_such_transaction(format!(
             "no transaction {n} on this session (the session has no server-side state: ended, expired, or never started one)"
@@ -278,8 +279,11 @@ pub fn finish(ctx: &Ctx<'_>, name: &str, args: &SessionArgs) -> CmdResult {
     let mut s = session.lock();
     s.last_use = Instant::now();
     check_not_too_old(&s, n)?;
-    if s.txn_number != Some(n) && commit_retry && super::repl::committed_transaction(ctx, &id, n) {
-        return Ok(committed_elsewhere(&mut s, n));
+    if s.txn_number != Some(n) && super::repl::committed_transaction(ctx, &id, n) {
+        // Committed on another member (or before this one restarted): the
+        // session learns it, then answers as for its own commit (an abort
+        // of it is 256).
+        committed_elsewhere(&mut s, n);
     }
     if s.txn_number != Some(n) {
         return Err(no_such_transaction(format!(
@@ -312,7 +316,7 @@ fn committed_elsewhere(s: &mut Session, n: i64) -> Document {
     s.state = TxnState::Committed;
     tracing::info!(
         txn_number = n,
-        "retried commitTransaction of a transaction the set committed: answered as done"
+        "commitTransaction or abortTransaction of a transaction the set committed: the session knows it committed"
     );
     doc! {"ok": 1.0}
 }
@@ -397,17 +401,23 @@ fn commit_error(e: duetdb::Error) -> CommandError {
     }
 }
 
+/// 256 TransactionCommitted: an `abortTransaction` (or any command but a
+/// retried commit) of transaction `n`, committed; MongoDB's words.
+fn transaction_committed(n: i64) -> CommandError {
+    CommandError::new(
+        256,
+        "TransactionCommitted",
+        format!("Transaction {n} has been committed."),
+    )
+}
+
 fn abort(s: &mut Session, n: i64) -> CmdResult {
     match &s.state {
         TxnState::InProgress { .. } => {
             s.abort_open("abortTransaction");
             Ok(doc! {"ok": 1.0})
         }
-        TxnState::Committed => Err(CommandError::new(
-            256,
-            "TransactionCommitted",
-            format!("Cannot abort transaction {n}: it has been committed."),
-        )),
+        TxnState::Committed => Err(transaction_committed(n)),
         TxnState::Aborted { reason } => Err(no_such_transaction(format!(
             "Transaction {n} has been aborted: {reason}"
         ))),

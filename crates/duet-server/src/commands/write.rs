@@ -400,21 +400,37 @@ pub fn find_and_modify(
     let collation = super::source::collation_of(cmd)?;
     let coll = target.collection_collated(ctx, name, bypass, collation)?;
     let (value, out) = coll.find_and_modify_with_spec(query, spec, options)?;
+    Ok(find_and_modify_reply(
+        remove,
+        value,
+        &out.update,
+        out.removed,
+    ))
+}
+
+/// A findAndModify's reply: what it returned (`value`, projected) and what
+/// it did (also a retry's reply from the replica set's table, `repl.rs`).
+pub(super) fn find_and_modify_reply(
+    remove: bool,
+    value: Option<Document>,
+    update: &UpdateResult,
+    removed: bool,
+) -> Document {
     let last_error = if remove {
-        doc! {"n": i32::from(out.removed)}
+        doc! {"n": i32::from(removed)}
     } else {
         let mut d = doc! {
-            "n": if out.update.matched > 0 || out.update.upserted_id.is_some() { 1 } else { 0 },
-            "updatedExisting": out.update.matched > 0,
+            "n": if update.matched > 0 || update.upserted_id.is_some() { 1 } else { 0 },
+            "updatedExisting": update.matched > 0,
         };
-        if let Some(id) = out.update.upserted_id {
-            d.insert("upserted", id);
+        if let Some(id) = &update.upserted_id {
+            d.insert("upserted", id.clone());
         }
         d
     };
-    Ok(doc! {
+    doc! {
         "lastErrorObject": last_error,
         "value": value.map(Bson::Document).unwrap_or(Bson::Null),
         "ok": 1.0,
-    })
+    }
 }

@@ -38,14 +38,25 @@ pub struct GroupRecord<'a> {
     /// The record payload (`wal::encode_record`), logged verbatim everywhere.
     pub payload: &'a [u8],
     /// The origin tags of the group's successful commands
-    /// (`Database::with_origin`): which client operations it applied.
-    pub origins: &'a [std::sync::Arc<[u8]>],
+    /// (`Database::with_origin`), each with what its command did: which
+    /// client operations it applied, and their replies' details.
+    pub origins: &'a [Tagged],
     /// To be called once the record is queued in the replicated log, before
     /// waiting for its commit: it lets the next database's writer take its
     /// time (`ClusterClock::order`), so the log holds groups in time order.
     /// Not calling it is safe (the writer releases the order when
     /// `replicate` returns) but serializes every database's commits.
     pub proposed: &'a dyn Fn(),
+}
+
+/// One successful command of a tagged client operation: its tag and its
+/// outcome (`write::command::WriteOutcome::encode`; empty when the command's
+/// reply has nothing to tell, e.g. a transaction's commit), so that a retry
+/// answered from the replica set's table gets the first execution's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tagged {
+    pub tag: std::sync::Arc<[u8]>,
+    pub outcome: Vec<u8>,
 }
 
 impl std::fmt::Debug for GroupRecord<'_> {

@@ -193,6 +193,113 @@ pub enum Reply {
     Boundary(BoundaryResult),
 }
 
+/// What a client write did, as a replica set remembers it with the write's
+/// tag (`durability::replicate::Tagged`): a retry of the write on any member
+/// is answered from it as the first execution was (counts, upserted ids, a
+/// findAndModify's document — MongoDB keeps the latter's pre/post image for
+/// exactly this, `config.image_collection`). Encoded as a small BSON
+/// document; `Other` is every reply with nothing to tell (encoded empty).
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteOutcome {
+    Inserted {
+        n: u64,
+    },
+    Updated(UpdateResult),
+    Deleted(u64),
+    FoundAndModified {
+        /// The document returned (before or after, as the command asked),
+        /// not projected: the retry projects it with the command's `fields`.
+        doc: Option<Document>,
+        update: UpdateResult,
+        removed: bool,
+    },
+    Other,
+}
+
+impl WriteOutcome {
+    /// The outcome of a successful command's reply.
+    pub fn of(reply: &Reply) -> WriteOutcome {
+        match reply {
+            Reply::Inserted(o) => WriteOutcome::Inserted {
+                n: o.inserted.len() as u64,
+            },
+            Reply::Updated(r) => WriteOutcome::Updated(r.clone()),
+            Reply::Deleted(n) => WriteOutcome::Deleted(*n),
+            Reply::FoundAndModified(o) => WriteOutcome::FoundAndModified {
+                doc: o.doc.as_ref().and_then(|d| doc::to_document(d).ok()),
+                update: o.update.clone(),
+                removed: o.removed,
+            },
+            _ => WriteOutcome::Other,
+        }
+    }
+
+    /// The bytes a replica set stores (empty for `Other`).
+    pub fn encode(&self) -> Vec<u8> {
+        let counts = |u: &UpdateResult, d: &mut Document| {
+            d.insert("m", u.matched as i64);
+            d.insert("mo", u.modified as i64);
+            if let Some(id) = &u.upserted_id {
+                d.insert("up", id.clone());
+            }
+        };
+        let d = match self {
+            WriteOutcome::Other => return Vec::new(),
+            WriteOutcome::Inserted { n } => bson::doc! {"k": "i", "n": *n as i64},
+            WriteOutcome::Deleted(n) => bson::doc! {"k": "d", "n": *n as i64},
+            WriteOutcome::Updated(u) => {
+                let mut d = bson::doc! {"k": "u"};
+                counts(u, &mut d);
+                d
+            }
+            WriteOutcome::FoundAndModified {
+                doc,
+                update,
+                removed,
+            } => {
+                let mut d = bson::doc! {"k": "f", "rm": *removed};
+                counts(update, &mut d);
+                if let Some(doc) = doc {
+                    d.insert("doc", doc.clone());
+                }
+                d
+            }
+        };
+        doc::to_raw_document(&d)
+            .map(|r| r.into_bytes())
+            .unwrap_or_default()
+    }
+
+    /// What [`WriteOutcome::encode`] wrote; `None` for bytes it never
+    /// writes (an empty outcome is `Other`).
+    pub fn decode(bytes: &[u8]) -> Option<WriteOutcome> {
+        if bytes.is_empty() {
+            return Some(WriteOutcome::Other);
+        }
+        let raw = RawDocumentBuf::from_bytes(bytes.to_vec()).ok()?;
+        let d = doc::to_document(&raw).ok()?;
+        let count = |f: &str| d.get_i64(f).ok().and_then(|n| u64::try_from(n).ok());
+        let update = || -> Option<UpdateResult> {
+            Some(UpdateResult {
+                matched: count("m")?,
+                modified: count("mo")?,
+                upserted_id: d.get("up").cloned(),
+            })
+        };
+        Some(match d.get_str("k").ok()? {
+            "i" => WriteOutcome::Inserted { n: count("n")? },
+            "d" => WriteOutcome::Deleted(count("n")?),
+            "u" => WriteOutcome::Updated(update()?),
+            "f" => WriteOutcome::FoundAndModified {
+                doc: d.get_document("doc").ok().cloned(),
+                update: update()?,
+                removed: d.get_bool("rm").ok()?,
+            },
+            _ => return None,
+        })
+    }
+}
+
 /// Apply `cmd` to `state` (see the module contract).
 pub fn apply_command(state: &mut DbState, fx: &mut Effects, cmd: Command) -> Result<Reply> {
     match cmd {
@@ -683,5 +790,41 @@ fn find_and_modify(
                 removed: false,
             }))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_outcomes_survive_their_encoding() {
+        let u = UpdateResult {
+            matched: 0,
+            modified: 0,
+            upserted_id: Some(Bson::String("u1".into())),
+        };
+        let all = [
+            WriteOutcome::Inserted { n: 3 },
+            WriteOutcome::Deleted(2),
+            WriteOutcome::Updated(u.clone()),
+            WriteOutcome::FoundAndModified {
+                doc: Some(bson::doc! {"_id": 1, "v": 12}),
+                update: u,
+                removed: false,
+            },
+            WriteOutcome::FoundAndModified {
+                doc: None,
+                update: UpdateResult::default(),
+                removed: true,
+            },
+            WriteOutcome::Other,
+        ];
+        for o in all {
+            assert_eq!(WriteOutcome::decode(&o.encode()), Some(o.clone()), "{o:?}");
+        }
+        assert_eq!(WriteOutcome::decode(b"junk"), None);
+        let d = doc::to_raw_document(&bson::doc! {"k": "?"}).expect("raw");
+        assert_eq!(WriteOutcome::decode(d.as_bytes()), None);
     }
 }

@@ -47,14 +47,14 @@ use parking_lot::{Condvar, Mutex};
 use crate::durability::changes::Stamp;
 use crate::durability::changes::{ChangeHub, ChangeRecord};
 use crate::durability::effect::{self, Effects};
-use crate::durability::replicate::{Commit, GroupRecord, Replicate};
+use crate::durability::replicate::{Commit, GroupRecord, Replicate, Tagged};
 use crate::durability::wal::{self, Record, SyncMode, Wal};
 use crate::durability::Durability;
 use crate::error::{Error, Result};
 #[cfg(debug_assertions)]
 use crate::store::collection::Fingerprint;
 use crate::store::DbState;
-use crate::write::command::{apply_command, BoundaryStep, Command, Reply};
+use crate::write::command::{apply_command, BoundaryStep, Command, Reply, WriteOutcome};
 
 /// Most commands one leader applies before publishing (bounds reply latency).
 pub const MAX_GROUP: usize = 1024;
@@ -518,10 +518,19 @@ impl Writer {
                         // then logged, before publishing: nobody may see (or
                         // be told about) a group a crash or a failover could
                         // take back.
-                        let origins: Vec<Arc<[u8]>> = group
+                        // With what each did: a retry answered from the
+                        // replica set's table gets the same reply.
+                        let origins: Vec<Tagged> = group
                             .iter()
                             .filter(|s| s.csn.load(Ordering::Relaxed) != 0)
-                            .filter_map(|s| s.origin.clone())
+                            .filter_map(|s| {
+                                let tag = s.origin.clone()?;
+                                let outcome = match s.reply.lock().as_ref() {
+                                    Some(Ok(r)) => WriteOutcome::of(r).encode(),
+                                    _ => Vec::new(),
+                                };
+                                Some(Tagged { tag, outcome })
+                            })
                             .collect();
                         let logged = self
                             .replicate(start_csn + 1, working.csn, stamp, &effects, &origins, order)
@@ -594,7 +603,7 @@ impl Writer {
         lsn: u64,
         stamp: Stamp,
         effects: &[effect::Effect],
-        origins: &[Arc<[u8]>],
+        origins: &[Tagged],
         order: Option<parking_lot::MutexGuard<'_, ()>>,
     ) -> Result<(Vec<u8>, Option<Commit>)> {
         let payload = wal::encode_record(first, lsn, stamp, effects)?;
