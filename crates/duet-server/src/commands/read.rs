@@ -746,9 +746,14 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdR
     let run = if text_first {
         source.text_aggregate(&stages, &limits, let_vars)
     } else {
-        source.aggregate(stages.clone(), &limits, let_vars)
+        source.aggregate(stages, &limits, let_vars)
     };
-    let docs = run.map_err(|e| executing_aggregate(e, &stages, let_vars))?;
+    // The stages moved into the run: a failure reads them again from the
+    // command (the error path only).
+    let docs = run.map_err(|e| match pipeline_of(cmd) {
+        Ok(stages) => executing_aggregate(e, &stages, let_vars),
+        Err(_) => e,
+    })?;
     let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
     cursor_reply(
         ctx,
