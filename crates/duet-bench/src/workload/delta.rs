@@ -89,38 +89,6 @@ pub struct Report {
     pub update_ratio: f64,
 }
 
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
-}
-
-fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: as above.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
-}
-
 fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -168,7 +136,7 @@ fn one_round(p: &Params, on: bool, round: usize) -> Result<Round> {
         let seed = rng.gen::<u64>();
         std::thread::spawn(move || -> Result<(u64, Duration)> {
             let mut rng = StdRng::seed_from_u64(seed);
-            let cpu0 = thread_cpu();
+            let cpu0 = super::thread_cpu();
             let mut ops = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let id = rng.gen_range(0..n) as i64;
@@ -178,10 +146,10 @@ fn one_round(p: &Params, on: bool, round: usize) -> Result<Round> {
                 )?;
                 ops += 1;
             }
-            Ok((ops, thread_cpu() - cpu0))
+            Ok((ops, super::thread_cpu() - cpu0))
         })
     };
-    let p0 = process_cpu();
+    let p0 = super::process_cpu();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(p.seconds));
     stop.store(true, Ordering::Relaxed);
@@ -189,7 +157,7 @@ fn one_round(p: &Params, on: bool, round: usize) -> Result<Round> {
         .join()
         .map_err(|_| anyhow::anyhow!("updater panicked"))??;
     let wall = t0.elapsed().as_secs_f64();
-    let pcpu = process_cpu() - p0;
+    let pcpu = super::process_cpu() - p0;
     let stats = db.delta_stats();
     let snap = db.snapshot();
     let unmerged_at_end: u64 = snap

@@ -153,23 +153,6 @@ pub struct Params {
     pub scan_start: ScanStart,
 }
 
-/// CPU time this thread has used so far (zero where the clock is unavailable).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
-}
-
 /// What one update thread did: updates, their latencies, its CPU time.
 struct UpdateOut {
     ops: u64,
@@ -284,7 +267,7 @@ fn update_stream(
     clock: &CellClock,
 ) -> Result<UpdateOut> {
     let mut sess = target.session()?;
-    let cpu0 = thread_cpu();
+    let cpu0 = super::thread_cpu();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut keys = ScrambledZipfian::new(0, p.records.max(1) - 1);
     let mut pacer = Pacer::new(p.update_rate, threads);
@@ -303,7 +286,7 @@ fn update_stream(
     Ok(UpdateOut {
         ops: n,
         lat,
-        cpu: thread_cpu().saturating_sub(cpu0),
+        cpu: super::thread_cpu().saturating_sub(cpu0),
     })
 }
 
@@ -325,7 +308,7 @@ fn scan_loop(
             r.arrive()?;
         }
         let t0 = Instant::now();
-        let cpu0 = thread_cpu();
+        let cpu0 = super::thread_cpu();
         let (got, want) = match scan {
             ScanKind::Full => (sess.full_scan_count(strategy)?, p.records),
             _ => {
@@ -335,7 +318,7 @@ fn scan_loop(
             }
         };
         durations.push(t0.elapsed().as_secs_f64() * 1000.0);
-        cpu_ms.push(thread_cpu().saturating_sub(cpu0).as_secs_f64() * 1000.0);
+        cpu_ms.push(super::thread_cpu().saturating_sub(cpu0).as_secs_f64() * 1000.0);
         if got != want {
             wrong += 1;
         }

@@ -249,3 +249,30 @@ pub fn join_all<T>(
     }
     Ok(out)
 }
+
+/// CPU time `clock` has counted so far (zero where it is unavailable).
+fn cpu_clock(clock: libc::clockid_t) -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// CPU time this thread has used so far (zero where the clock is unavailable).
+pub(crate) fn thread_cpu() -> std::time::Duration {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time this process has used so far (zero where the clock is unavailable).
+pub(crate) fn process_cpu() -> std::time::Duration {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
