@@ -929,6 +929,10 @@ def test_max_staleness_excludes_a_secondary_kept_behind(tmp_path):
         with set_client(members) as c:
             c.get_database("d", write_concern=WriteConcern(w=3)).c.insert_one({"_id": 1})
         with lag.direct() as d:
+            # w: 3 is answered once every member holds the entry in its log;
+            # this one may still be applying it.
+            wait_for("the write applied on the member to lock", lambda: d.d.command(
+                "count", "c", read_preference=ReadPreference.SECONDARY_PREFERRED)["n"] == 1)
             assert d.admin.command("fsync", lock=True)["lockCount"] == 1
             held = d.admin.command("hello")["lastWrite"]
             with set_client(members) as c:

@@ -61,6 +61,9 @@ pub const DEFAULT_SNAPSHOT_ENTRIES: u64 = 10_000;
 pub const DEFAULT_NOOP_INTERVAL: Duration = Duration::from_secs(10);
 /// Most entries kept in the log below the last snapshot (a member that far
 /// behind still catches up from the log; further behind, from a snapshot).
+/// How long an `fsync` lock waits for a batch of applies already running.
+const PAUSE_WAIT: Duration = Duration::from_secs(30);
+
 pub const MAX_LOGS_KEPT: u64 = 1_000;
 /// Most entries in one AppendEntries RPC (openraft's default is 300). openraft
 /// gives each RPC one heartbeat interval (250 ms); 300 large groups to a
@@ -403,6 +406,7 @@ impl Member {
             identity: identity.clone(),
             transport: harness.transport.clone(),
             apply_paused: tokio::sync::watch::Sender::new(false),
+            apply_busy: tokio::sync::watch::Sender::new(false),
         });
         let sm = StateMachine::open(dir, shared.clone())?;
         let config = openraft::Config {
@@ -579,8 +583,24 @@ impl Member {
     /// `fsync` lock, under which MongoDB's secondaries stop applying their
     /// oplog too. A paused member keeps receiving the log and answering
     /// `hello`; its applied position and `lastWrite` stay where they were.
+    ///
+    /// A pause returns once no batch is being applied (a batch that started
+    /// before it finishes first, at most `PAUSE_WAIT`; past that it warns
+    /// and returns). Requires: called from a thread outside the runtime.
     pub fn pause_applies(&self, paused: bool) {
         self.shared.apply_paused.send_replace(paused);
+        if !paused {
+            return;
+        }
+        let mut busy = self.shared.apply_busy.subscribe();
+        let idle = self.runtime.block_on(async move {
+            tokio::time::timeout(PAUSE_WAIT, busy.wait_for(|b| !*b))
+                .await
+                .is_ok()
+        });
+        if !idle {
+            tracing::warn!("fsync lock: a batch of applies still running after {PAUSE_WAIT:?}");
+        }
     }
 
     /// What the commands of client operation `origin` did, in the order the

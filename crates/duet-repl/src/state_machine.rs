@@ -109,6 +109,21 @@ pub struct Shared {
     /// oplog application): committed entries wait, unapplied, until it is
     /// `false` again.
     pub apply_paused: tokio::sync::watch::Sender<bool>,
+    /// `true` while a batch of entries is being applied: a pause waits for
+    /// it to be `false` so that, once the `fsync` lock is answered, this
+    /// member's state and `lastWrite` no longer move (a batch that had
+    /// started before the pause would otherwise finish after it).
+    pub apply_busy: tokio::sync::watch::Sender<bool>,
+}
+
+/// Marks a batch of applies as running until dropped (also on an error
+/// return), for `Member::pause_applies` to wait on.
+struct Busy<'a>(&'a tokio::sync::watch::Sender<bool>);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
 }
 
 impl Shared {
@@ -579,13 +594,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        // Paused (an `fsync` lock): apply nothing until it is lifted.
-        let mut paused = self.shared.apply_paused.subscribe();
-        if *paused.borrow() {
+        // Paused (an `fsync` lock): apply nothing until it is lifted. Busy
+        // is raised before the pause is read and the pause before busy is
+        // read (`Member::pause_applies`), so either this batch sees the
+        // pause or the pause waits for this batch.
+        let shared = self.shared.clone();
+        let mut paused = shared.apply_paused.subscribe();
+        let _busy = loop {
+            shared.apply_busy.send_replace(true);
+            let busy = Busy(&shared.apply_busy);
+            if !*paused.borrow_and_update() {
+                break busy;
+            }
+            drop(busy);
             tracing::info!("applies paused by an fsync lock");
             let _ = paused.wait_for(|p| !*p).await;
             tracing::info!("applies resumed");
-        }
+        };
         let mut out = Vec::new();
         let mut sync = false;
         for e in entries {

@@ -745,13 +745,25 @@ pub fn fsync(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     }
     // Lock first, so no write starts between the checkpoint and the lock.
     let count = lock.then(|| ctx.state.fsync.lock());
+    // A secondary also stops applying the set's log, as MongoDB's stop their
+    // oplog application, before the checkpoint, so the files hold the state
+    // the lock keeps (a primary's writes wait for the lock already; its own
+    // entries, a no-op's or a `dropDatabase`'s, still apply).
+    let paused = lock
+        .then(|| ctx.state.repl.get().filter(|m| !m.is_writable_primary()))
+        .flatten();
+    if let Some(m) = paused {
+        m.pause_applies(true);
+    }
     let mut files = 0i32;
     for (name, db) in ctx.state.engine.list_databases() {
         match db.checkpoint() {
             Ok(_) => files += 1,
             Err(e) => {
-                if lock {
-                    ctx.state.fsync.unlock();
+                if lock && ctx.state.fsync.unlock() == Some(0) {
+                    if let Some(m) = paused {
+                        m.pause_applies(false);
+                    }
                 }
                 tracing::error!(db = %name, error = %e, "fsync: checkpoint failed");
                 return Err(e.into());
@@ -759,15 +771,6 @@ pub fn fsync(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         }
     }
     let mut out = doc! {"numFiles": files};
-    if count.is_some() {
-        // A secondary also stops applying the set's log, as MongoDB's stop
-        // their oplog application (a primary's writes wait for the lock
-        // already; its own entries, a no-op's or a `dropDatabase`'s, still
-        // apply).
-        if let Some(m) = ctx.state.repl.get().filter(|m| !m.is_writable_primary()) {
-            m.pause_applies(true);
-        }
-    }
     if let Some(n) = count {
         tracing::info!(
             lock_count = n,
