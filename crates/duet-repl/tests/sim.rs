@@ -45,17 +45,16 @@ const CLIENTS: u64 = 3;
 const KEYS: i64 = 4;
 /// Virtual time the clients and faults run.
 const RUN: Duration = Duration::from_secs(30);
-/// The primary's idle no-ops (`--repl-noop-interval-secs`): off unless
-/// `DUET_SIM_NOOP_MS=N` turns them on every N ms (150 interleaves them
-/// with the clients' groups and the faults; idleness is judged by the wall
-/// clock, the entries' dates, which runs slower than the virtual one here).
-/// Off in CI: with them on, seeds 1 and 3 hit the clock's "adopted while in
-/// flight" assertion on the writer path (docs/design.md §19, "Simulation").
+/// The primary's idle no-ops (`--repl-noop-interval-secs`): every 150 ms
+/// by default, interleaved with the clients' groups and the faults
+/// (idleness is judged by the wall clock, the entries' dates, which runs
+/// slower than the virtual one here); `DUET_SIM_NOOP_MS=N` sets another
+/// interval, `0` turns them off.
 fn noop_interval() -> Duration {
     std::env::var("DUET_SIM_NOOP_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .map_or(Duration::ZERO, Duration::from_millis)
+        .map_or(Duration::from_millis(150), Duration::from_millis)
 }
 
 struct Node {

@@ -13,12 +13,18 @@
 //!
 //! Invariants:
 //! - `tick` results are strictly increasing and even;
-//! - a time stays *in flight* from `tick` until [`ClusterClock::done`]
-//!   (published or abandoned); [`ClusterClock::stable`] is below every time
-//!   in flight, so every group with a time `<= stable()` is final: it is
-//!   either visible (in the change tail and its database's published state)
-//!   or will never exist. A reader that stops at `stable()` can never later
-//!   find a group it skipped.
+//! - a time stays *in flight* from `tick` (or `adopt`) until the matching
+//!   [`ClusterClock::done`] (published or abandoned); [`ClusterClock::stable`]
+//!   is below every time in flight, so every group with a time `<= stable()`
+//!   is final: it is either visible (in the change tail and its database's
+//!   published state) or will never exist. A reader that stops at `stable()`
+//!   can never later find a group it skipped.
+//! - in flight is counted per time: under a replica set two members' clocks
+//!   may take the same time for different entries of which at most one
+//!   commits (an old primary's proposal, later truncated, and the new
+//!   primary's); the old primary then adopts the committed one's time while
+//!   its own proposal of that time is still in flight, and each of the two
+//!   finishes once.
 //! - under a replica set, every database's writer takes its time and
 //!   proposes its group while holding [`ClusterClock::order`], so the
 //!   replicated log holds groups in time order across databases;
@@ -27,7 +33,7 @@
 //!   readers call them on every read and must not contend with the writers'
 //!   `tick`/`done`.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -42,7 +48,9 @@ pub struct Stamp {
 #[derive(Default)]
 struct Inner {
     last: u64,
-    in_flight: BTreeSet<u64>,
+    /// Each time in flight and how many takers hold it (see the module
+    /// invariants: more than one only under a replica set).
+    in_flight: BTreeMap<u64, u32>,
 }
 
 /// See the module documentation.
@@ -60,8 +68,8 @@ pub struct ClusterClock {
 
 impl Inner {
     fn stable(&self) -> u64 {
-        match self.in_flight.first() {
-            Some(first) => first - 1,
+        match self.in_flight.first_key_value() {
+            Some((first, _)) => first - 1,
             None => self.last,
         }
     }
@@ -124,7 +132,8 @@ impl ClusterClock {
         let ts = from_wall.max(g.last + 2);
         debug_assert!(ts & 1 == 0 && ts > g.last);
         g.last = ts;
-        g.in_flight.insert(ts);
+        let fresh = g.in_flight.insert(ts, 1).is_none();
+        debug_assert!(fresh, "time {ts} ticked while in flight");
         self.publish(&g);
         Stamp { ts, wall_ms }
     }
@@ -133,20 +142,26 @@ impl ClusterClock {
     /// applied here): in flight until [`Self::done`], like a tick, and later
     /// ticks are above it. A time at or below [`Self::stable`] (this clock
     /// ran ahead of the member that took it) is still registered, but a
-    /// change-stream reader may already have passed it.
+    /// change-stream reader may already have passed it. A time this clock
+    /// holds in flight already (its own proposal of the same time, which
+    /// can then never commit) is held once more.
     pub fn adopt(&self, ts: u64) {
         let mut g = self.inner.lock();
         g.last = g.last.max(ts + (ts & 1));
-        let fresh = g.in_flight.insert(ts);
-        debug_assert!(fresh, "time {ts} adopted while in flight");
+        *g.in_flight.entry(ts).or_insert(0) += 1;
         self.publish(&g);
     }
 
     /// The group of time `ts` was published or abandoned.
     pub fn done(&self, ts: u64) {
         let mut g = self.inner.lock();
-        let removed = g.in_flight.remove(&ts);
-        debug_assert!(removed, "time {ts} finished twice or never started");
+        match g.in_flight.get_mut(&ts) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                g.in_flight.remove(&ts);
+            }
+            None => debug_assert!(false, "time {ts} finished twice or never started"),
+        }
         self.publish(&g);
     }
 
@@ -179,5 +194,32 @@ mod tests {
         assert_eq!(c.stable(), a.ts - 1, "b is done but a is not");
         c.done(a.ts);
         assert_eq!(c.stable(), b.ts);
+    }
+
+    /// An old primary's own proposal of time `t` (never to commit) and the
+    /// new primary's committed entry of the same `t`, applied here: `t`
+    /// stays in flight until both finished, in either order.
+    #[test]
+    fn a_time_held_twice_is_in_flight_until_both_finish() {
+        for own_first in [true, false] {
+            let c = ClusterClock::new();
+            let before = c.tick();
+            c.done(before.ts);
+            let t = c.tick();
+            c.adopt(t.ts);
+            assert_eq!(c.stable(), t.ts - 1);
+            c.done(t.ts);
+            assert_eq!(c.stable(), t.ts - 1, "one taker of {t:?} still holds it");
+            if own_first {
+                c.done(t.ts);
+            } else {
+                c.adopt(t.ts);
+                c.done(t.ts);
+                c.done(t.ts);
+            }
+            assert_eq!(c.stable(), t.ts);
+            let next = c.tick();
+            assert!(next.ts > t.ts);
+        }
     }
 }
