@@ -538,6 +538,10 @@ pub(crate) fn updated_version(
     filter: &Filter,
     now: DateTime,
 ) -> Result<Option<RawDocumentBuf>> {
+    if let Some(new_raw) = update.patch_raw(old) {
+        // `_id` untouched, size and depth within limits (`raw.rs`).
+        return Ok((new_raw.as_bytes() != old.as_bytes()).then_some(new_raw));
+    }
     let old_doc = doc::to_document(old)?;
     // The array position the query matched, for a positional `$`.
     let position = if update.needs_position() {

@@ -147,7 +147,7 @@ fn as_decimal(v: &Bson) -> decimal::Dec {
 /// `cur + arg` or `cur * arg` with MongoDB's promotion: int32 overflowing becomes
 /// int64; a double operand makes a double; int64 overflow is `Ok(None)` (an error
 /// for the caller, as in MongoDB).
-fn arithmetic(cur: &Bson, arg: &Bson, add: bool) -> Result<Option<Bson>> {
+pub(super) fn arithmetic(cur: &Bson, arg: &Bson, add: bool) -> Result<Option<Bson>> {
     use Bson::{Double, Int32, Int64};
     let name = if add { "$inc" } else { "$mul" };
     let f = |x: f64, y: f64| if add { x + y } else { x * y };

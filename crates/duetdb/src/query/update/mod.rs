@@ -50,6 +50,7 @@ mod elem_cond;
 mod parse;
 mod pipeline;
 mod positional;
+mod raw;
 mod upsert;
 
 use std::cmp::Ordering;
@@ -275,6 +276,14 @@ impl UpdateSpec {
         };
         let new = self.apply(&doc, &ctx)?;
         Ok(crate::doc::to_raw_document(&new)?.as_bytes() != old.as_bytes())
+    }
+
+    /// The new version of stored document `old` (an update of it, not an
+    /// upsert's insert) built from its bytes, when the update is one `raw.rs`
+    /// patches (top-level `$set`/`$inc`/`$unset`); `None`: use
+    /// [`UpdateSpec::apply`], which gives the same document or the error.
+    pub fn patch_raw(&self, old: &bson::RawDocument) -> Option<bson::RawDocumentBuf> {
+        raw::patch(self, old)
     }
 
     /// The new version of `doc`.

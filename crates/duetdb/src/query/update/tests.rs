@@ -596,3 +596,110 @@ fn a_collated_update_keys_its_conditions_once() {
         ])
     );
 }
+
+/// A value for the raw-patch property test: the types `$inc` meets and
+/// others it must refuse, nested values, and the edge integers.
+fn arb_value() -> impl Strategy<Value = Bson> {
+    let leaf = prop_oneof![
+        any::<i32>().prop_map(Bson::Int32),
+        prop_oneof![Just(i64::MAX), Just(i64::MIN), any::<i64>()].prop_map(Bson::Int64),
+        prop_oneof![Just(f64::NAN), Just(-0.0), any::<f64>()].prop_map(Bson::Double),
+        (-1000i64..1000).prop_map(|n| Bson::Decimal128(
+            format!("{n}.5")
+                .parse()
+                .unwrap_or_else(|_| bson::Decimal128::from_bytes([0; 16]))
+        )),
+        "[a-z]{0,6}".prop_map(Bson::String),
+        Just(Bson::Null),
+        any::<bool>().prop_map(Bson::Boolean),
+    ];
+    leaf.prop_recursive(3, 12, 3, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(Bson::Array),
+            prop::collection::btree_map("[a-c]", inner, 0..3)
+                .prop_map(|m| Bson::Document(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    /// The raw patch (`raw.rs`) of top-level `$set`/`$inc`/`$unset`/
+    /// `$setOnInsert`, when it answers, is byte for byte the general path's
+    /// document; when the general path fails, the patch does not answer.
+    #[test]
+    fn raw_patch_is_the_general_path_byte_for_byte(
+        start in prop::collection::btree_map("[a-f]", arb_value(), 0..6),
+        ops in prop::collection::btree_map(
+            "[a-h]",
+            (0..4u8, arb_value()),
+            1..4,
+        ),
+    ) {
+        let mut d = doc! {"_id": 7};
+        for (k, v) in &start { d.insert(k.clone(), v.clone()); }
+        let mut spec = Document::new();
+        for (k, (op, v)) in &ops {
+            let name = ["$set", "$inc", "$unset", "$setOnInsert"][usize::from(*op)];
+            let arg = if *op == 1 { Bson::Int32(3) } else { v.clone() };
+            let arg = if *op == 1 && matches!(v, Bson::Int64(_) | Bson::Double(_)) { v.clone() } else { arg };
+            let entry = spec.entry(name.to_string()).or_insert_with(|| Bson::Document(Document::new()));
+            if let Bson::Document(e) = entry { e.insert(k.clone(), arg); }
+        }
+        let Ok(u) = UpdateSpec::parse(&spec) else { return Ok(()) };
+        let old = crate::doc::to_raw_document(&d).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let general = u
+            .apply(&d, &ctx())
+            .and_then(|n| crate::doc::to_raw_document(&n));
+        match (u.patch_raw(&old), general) {
+            (Some(p), Ok(g)) => prop_assert_eq!(p.as_bytes(), g.as_bytes(), "{:?}", spec),
+            (Some(p), Err(e)) => prop_assert!(false, "patched {:?} where the general path fails: {}", p, e),
+            (None, _) => {}
+        }
+    }
+}
+
+#[test]
+fn raw_patch_answers_the_common_updates() {
+    let d = doc! {"_id": 1, "a": 1, "b": "x", "c": {"d": 1}};
+    let old = crate::doc::to_raw_document(&d).expect("encodes");
+    for (spec, want) in [
+        (
+            doc! {"$set": {"b": "yy"}},
+            doc! {"_id": 1, "a": 1, "b": "yy", "c": {"d": 1}},
+        ),
+        (
+            doc! {"$inc": {"a": 2_i64}},
+            doc! {"_id": 1, "a": 3_i64, "b": "x", "c": {"d": 1}},
+        ),
+        (
+            doc! {"$unset": {"c": ""}, "$set": {"z": 1, "e": [1]}},
+            doc! {"_id": 1, "a": 1, "b": "x", "e": [1], "z": 1},
+        ),
+        (
+            doc! {"$setOnInsert": {"q": 1}, "$inc": {"n": 1.5}},
+            doc! {"_id": 1, "a": 1, "b": "x", "c": {"d": 1}, "n": 1.5},
+        ),
+    ] {
+        let u = UpdateSpec::parse(&spec).expect("parses");
+        let got = u
+            .patch_raw(&old)
+            .unwrap_or_else(|| panic!("{spec:?} not patched"));
+        assert_eq!(
+            crate::doc::to_document(&got).expect("decodes"),
+            want,
+            "{spec:?}"
+        );
+    }
+    // What the patch leaves to the general path.
+    for spec in [
+        doc! {"$set": {"c.d": 2}},
+        doc! {"$inc": {"b": 1}},
+        doc! {"$inc": {"a": i64::MAX}},
+        doc! {"$push": {"e": 1}},
+        doc! {"$set": {"_id": 1}},
+    ] {
+        let u = UpdateSpec::parse(&spec).expect("parses");
+        assert!(u.patch_raw(&old).is_none(), "{spec:?}");
+    }
+}
