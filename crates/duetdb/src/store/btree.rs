@@ -97,6 +97,15 @@ fn child_index<K: Ord>(separators: &[K], key: &K) -> usize {
     separators.partition_point(|s| s <= key)
 }
 
+/// Start loading every cache line of `items` (a hint: see `doc::prefetch`).
+#[inline]
+fn prefetch_all<T>(items: &[T]) {
+    let p = items.as_ptr().cast::<u8>();
+    for off in (0..std::mem::size_of_val(items)).step_by(64) {
+        crate::doc::prefetch(p.wrapping_add(off));
+    }
+}
+
 fn min_fill(fanout: usize) -> usize {
     // ceil(f/2): a split of f+1 gives two halves of at least this, and a merge
     // of an underfull node (min-1) with a minimal sibling (min) fits in f.
@@ -269,8 +278,19 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
         let mut node = self.root.as_deref()?;
         loop {
             match node {
-                Node::Inner(inner) => node = &inner.children[child_index(&inner.keys, key)],
+                Node::Inner(inner) => {
+                    // On a tree larger than the cache every level is a chain of
+                    // misses (node, then the key lines the binary search
+                    // probes one after another, then the child pointer):
+                    // requesting the node's keys and children at once overlaps
+                    // them.
+                    prefetch_all(&inner.keys);
+                    prefetch_all(&inner.children);
+                    node = &inner.children[child_index(&inner.keys, key)];
+                }
                 Node::Leaf(leaf) => {
+                    prefetch_all(&leaf.keys);
+                    prefetch_all(&leaf.vals);
                     return leaf.keys.binary_search(key).ok().map(|i| &leaf.vals[i]);
                 }
             }
