@@ -344,3 +344,35 @@ def test_explain_of_a_collated_update_counts_what_it_would_modify(db):
                    verbosity="executionStats")
     stage = r["executionStats"]["executionStages"]
     assert stage["nMatched"] == 1 and stage["nWouldModify"] == 0
+
+
+def test_explain_of_an_update_or_delete_plans_with_its_statements_collation(fruit, db):
+    """Issue #18: `explain` of `update`/`delete` plans with the statement's
+    `collation` (MongoDB's commands have none of their own): a collated index
+    is chosen under the same collation only, and the matches counted under it."""
+    fruit.create_index("name", collation=CI, name="name_ci")
+    ci = CI.document
+
+    def explain(cmd):
+        return db.command("explain", cmd, verbosity="executionStats")
+
+    upd = {"q": {"name": "apple"}, "u": {"$set": {"x": 1}}, "multi": True}
+    r = explain({"update": "fruit", "updates": [dict(upd, collation=ci)]})
+    assert "name_ci" in plan_text(r)
+    stage = r["executionStats"]["executionStages"]
+    assert stage["nMatched"] == 2 and stage["nWouldModify"] == 2
+    # Without it: the simple collation, so not that index; one binary match.
+    r = explain({"update": "fruit", "updates": [upd]})
+    assert "name_ci" not in plan_text(r)
+    assert r["executionStats"]["executionStages"]["nMatched"] == 1
+    r = explain({"delete": "fruit", "deletes": [{"q": {"name": "BANANA"}, "limit": 0, "collation": ci}]})
+    assert "name_ci" in plan_text(r)
+    assert r["executionStats"]["executionStages"]["nWouldDelete"] == 2
+    r = explain({"delete": "fruit", "deletes": [{"q": {"name": "BANANA"}, "limit": 0}]})
+    assert "name_ci" not in plan_text(r)
+    assert r["executionStats"]["executionStages"]["nWouldDelete"] == 0
+    # A bad statement collation is refused as the write would refuse it.
+    with pytest.raises(OperationFailure):
+        explain({"update": "fruit", "updates": [dict(upd, collation={"locale": "xx_nope"})]})
+    # Nothing was written.
+    assert fruit.count_documents({"x": 1}) == 0
