@@ -19,7 +19,6 @@
 //! [`Exec`](crate::query::aggregate::Exec) (`$limit` stops the scan,
 //! blocking stages are bounded there).
 
-use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -147,7 +146,9 @@ impl Matches {
             .text_term_pos()
             .ok_or_else(|| Error::Internal("text index without its term field".into()))?;
         let prefixes = prefixes(&index.spec.fields[..term_pos], rest_doc)?;
-        let mut rids = BTreeSet::new();
+        // One range per (term, prefix): each in record order only within
+        // one key, so the union is sorted and deduplicated at the end.
+        let mut rids: Vec<RecordId> = Vec::new();
         let mut entries = 0usize;
         for term in query.terms(text)? {
             for prefix in &prefixes {
@@ -160,7 +161,7 @@ impl Matches {
                 );
                 let hi = (index.spec.bound_key(parts, KeyPart::High), RecordId::MAX);
                 for ((_, rid), _) in index.range(Bound::Included(&lo), Bound::Included(&hi)) {
-                    rids.insert(*rid);
+                    rids.push(*rid);
                     entries += 1;
                     if entries.is_multiple_of(PAGE_DOCS) {
                         cancel.check()?;
@@ -168,13 +169,15 @@ impl Matches {
                 }
             }
         }
+        rids.sort_unstable();
+        rids.dedup();
         Ok(Matches {
             coll: Box::new(coll.clone()),
             spec: IndexSpec::clone(&index.spec),
             text: TextSpec::clone(text),
             query,
             rest,
-            rids: rids.into_iter().collect::<Vec<_>>().into_iter(),
+            rids: rids.into_iter(),
             cancel,
             pulled: 0,
         })
