@@ -310,30 +310,79 @@ def test_index_kinds_and_collation(db):
     assert w.count_documents({"a.b": {"$gt": "X"}}, collation=CI) == 1
 
 
-def test_id_index_stays_simple_and_a_collated_id_index_can_be_added(db):
-    """The `_id` index stays simple (a documented difference from MongoDB's,
-    whose `_id` index takes the collection's default); a unique collated
-    `{_id: 1}` index, given its collation explicitly, enforces MongoDB's
-    rule and answers `_id` lookups under the collation."""
+def test_the_id_index_takes_the_collections_collation(db, client):
+    """Issue #18: as MongoDB's, the `_id` index of a collection created with
+    a collation takes it: `_id`s equal under it conflict (11000 on `_id_`,
+    on insert, upsert, in a transaction, through `$out`), a string `_id`
+    equality uses the index under that collation, and `listIndexes` shows
+    `_id_` with the collation. A collection without one keeps a simple `_id`."""
     db.create_collection("ids", collation=CI)
     c = db.ids
-    c.insert_one({"_id": "a"})
-    c.insert_one({"_id": "A"})  # MongoDB would refuse this one (E11000).
-    assert c.count_documents({"_id": "A"}) == 2  # The filter collates.
-    idx = {i["name"]: i for i in c.list_indexes()}
-    assert "collation" not in idx["_id_"]
-    # A bare {_id: 1} is the _id index: nothing new.
-    c.create_index("_id")
-    assert len(list(c.list_indexes())) == 1
-    c.delete_one({"_id": "A"}, collation=Collation(locale="simple"))
-    c.create_index("_id", unique=True, name="_id_ci", collation=CI)
+    c.insert_one({"_id": "a", "v": 1})
+    with pytest.raises(DuplicateKeyError) as e:
+        c.insert_one({"_id": "A"})
+    assert e.value.code == 11000 and "index: _id_" in str(e.value)
+    # An upsert by "A" finds "a" (the filter collates): no second document.
+    c.update_one({"_id": "A"}, {"$set": {"v": 2}}, upsert=True)
+    assert list(c.find()) == [{"_id": "a", "v": 2}]
+    # An upsert that inserts a conflicting `_id`: refused.
+    with pytest.raises(DuplicateKeyError):
+        c.update_one({"_id": "A", "v": 99}, {"$set": {"w": 1}}, upsert=True)
+    # Updating other fields keeps the document and the index.
+    c.update_many({}, {"$inc": {"v": 1}})
+    assert c.find_one({"_id": "A"}) == {"_id": "a", "v": 3}
+    # Lookups under the collation go through the `_id` index.
+    assert "_id_" in plan_text(c.find({"_id": "A"}).explain())
+    assert "COLLSCAN" not in plan_text(c.find({"_id": "A"}).explain())
+    # Simple-collation operations still compare bytewise.
+    assert c.count_documents({"_id": "A"}, collation=Collation(locale="simple")) == 0
+    idx = list(c.list_indexes())
+    assert [i["name"] for i in idx] == ["_id_"]
+    assert idx[0]["collation"]["locale"] == "en" and idx[0]["collation"]["strength"] == 2
+    info = next(db.list_collections(filter={"name": "ids"}))
+    assert info["idIndex"]["collation"]["strength"] == 2
+    with pytest.raises(OperationFailure):
+        c.drop_index("_id_")
+    c.drop_indexes()
+    assert [i["name"] for i in c.list_indexes()] == ["_id_"]
     with pytest.raises(DuplicateKeyError):
         c.insert_one({"_id": "A"})
-    assert "_id_ci" in plan_text(c.find({"_id": "A"}).explain())
-    assert [d["_id"] for d in c.find({"_id": "A"})] == ["a"]
-    # Numbers still take the _id index.
-    c.insert_one({"_id": 5})
-    assert "_id_ci" not in plan_text(c.find({"_id": 5}).explain())
+    # Inside a transaction: refused at the latest by the commit.
+    with client.start_session() as s:
+        with pytest.raises(OperationFailure) as e:
+            with s.start_transaction():
+                c.insert_one({"_id": "B"}, session=s)
+                c.insert_one({"_id": "b"}, session=s)
+        assert e.value.code == 11000
+    assert c.count_documents({}) == 1
+    # `$out` into it: a conflicting output fails, changing nothing.
+    db.src.insert_many([{"_id": "x"}, {"_id": "X"}])
+    with pytest.raises(OperationFailure) as e:
+        list(db.src.aggregate([{"$out": "ids"}]))
+    assert e.value.code == 11000
+    assert [d["_id"] for d in c.find()] == ["a"]
+    db.src.delete_one({"_id": "X"})
+    list(db.src.aggregate([{"$out": "ids"}]))
+    assert [d["_id"] for d in c.find({"_id": "X"})] == ["x"]
+    # A renamed collection keeps its collation and its `_id` index.
+    c.rename("ids2")
+    with pytest.raises(DuplicateKeyError):
+        db.ids2.insert_one({"_id": "X"})
+    assert [i.get("collation", {}).get("strength") for i in db.ids2.list_indexes()] == [2]
+    # Numbers are unaffected by a collation.
+    db.ids2.insert_one({"_id": 5})
+    assert db.ids2.find_one({"_id": 5}) == {"_id": 5}
+    # A capped copy keeps the collation, so its `_id` index takes it too.
+    db.command("convertToCapped", "ids2", size=1 << 20)
+    assert [i.get("collation", {}).get("strength") for i in db.ids2.list_indexes()] == [2]
+    with pytest.raises(DuplicateKeyError):
+        db.ids2.insert_one({"_id": "X"})
+    # A collection without a collation: the `_id` index stays simple.
+    db.plain_ids.insert_many([{"_id": "a"}, {"_id": "A"}])
+    assert "collation" not in list(db.plain_ids.list_indexes())[0]
+    # `{locale: "simple"}` is no collation.
+    db.create_collection("simple_ids", collation=Collation(locale="simple"))
+    db.simple_ids.insert_many([{"_id": "a"}, {"_id": "A"}])
 
 
 def test_explain_of_a_collated_update_counts_what_it_would_modify(db):
@@ -344,3 +393,35 @@ def test_explain_of_a_collated_update_counts_what_it_would_modify(db):
                    verbosity="executionStats")
     stage = r["executionStats"]["executionStages"]
     assert stage["nMatched"] == 1 and stage["nWouldModify"] == 0
+
+
+def test_explain_of_an_update_or_delete_plans_with_its_statements_collation(fruit, db):
+    """Issue #18: `explain` of `update`/`delete` plans with the statement's
+    `collation` (MongoDB's commands have none of their own): a collated index
+    is chosen under the same collation only, and the matches counted under it."""
+    fruit.create_index("name", collation=CI, name="name_ci")
+    ci = CI.document
+
+    def explain(cmd):
+        return db.command("explain", cmd, verbosity="executionStats")
+
+    upd = {"q": {"name": "apple"}, "u": {"$set": {"x": 1}}, "multi": True}
+    r = explain({"update": "fruit", "updates": [dict(upd, collation=ci)]})
+    assert "name_ci" in plan_text(r)
+    stage = r["executionStats"]["executionStages"]
+    assert stage["nMatched"] == 2 and stage["nWouldModify"] == 2
+    # Without it: the simple collation, so not that index; one binary match.
+    r = explain({"update": "fruit", "updates": [upd]})
+    assert "name_ci" not in plan_text(r)
+    assert r["executionStats"]["executionStages"]["nMatched"] == 1
+    r = explain({"delete": "fruit", "deletes": [{"q": {"name": "BANANA"}, "limit": 0, "collation": ci}]})
+    assert "name_ci" in plan_text(r)
+    assert r["executionStats"]["executionStages"]["nWouldDelete"] == 2
+    r = explain({"delete": "fruit", "deletes": [{"q": {"name": "BANANA"}, "limit": 0}]})
+    assert "name_ci" not in plan_text(r)
+    assert r["executionStats"]["executionStages"]["nWouldDelete"] == 0
+    # A bad statement collation is refused as the write would refuse it.
+    with pytest.raises(OperationFailure):
+        explain({"update": "fruit", "updates": [dict(upd, collation={"locale": "xx_nope"})]})
+    # Nothing was written.
+    assert fruit.count_documents({"x": 1}) == 0

@@ -235,3 +235,43 @@ def test_sample_spills_with_allow_disk_use(make_server, tmp_path):
     spill = tmp_path / "data" / "limits" / "spill"
     if spill.exists():
         assert list(spill.iterdir()) == []
+
+
+def test_text_search_is_bounded_like_a_sort(make_server, tmp_path):
+    """Issue #18: a `$text` read over many matches streams (a cursor pulls
+    them in batches; a limit reads only what it returns) and a sort by
+    `{$meta: "textScore"}`, in find or aggregate, is held under
+    `--query-memory-limit-bytes` like any sort: 292 without disk use,
+    spilled with it."""
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    n = 3_000
+    db.t.insert_many(
+        [{"_id": i, "body": " ".join(["coffee"] * (i % 3 + 1)) + " " + "p" * 100} for i in range(n)]
+    )
+    db.t.create_index([("body", "text")])
+    q = {"$text": {"$search": "coffee"}}
+    score = {"s": {"$meta": "textScore"}}
+    want = sorted(range(n), key=lambda i: -(i % 3))
+    # Unsorted: streamed in batches through getMore.
+    cur = db.t.find(q, {"_id": 1}, batch_size=100)
+    assert [d["_id"] for d in cur] == list(range(n))
+    assert [d["_id"] for d in db.t.find(q, limit=5)] == [0, 1, 2, 3, 4]
+    # Sorted by score: bounded like a sort.
+    with pytest.raises(OperationFailure) as e:
+        list(db.t.find(q, score, sort=[("s", {"$meta": "textScore"})], allow_disk_use=False))
+    assert e.value.code == 292
+    runs = c.admin.command("serverStatus")["duet"]["spill"]["runs"]
+    got = list(db.t.find(q, score, sort=[("s", {"$meta": "textScore"})], allow_disk_use=True))
+    assert [d["_id"] for d in got] == want
+    assert got[0]["s"] > got[-1]["s"]
+    assert c.admin.command("serverStatus")["duet"]["spill"]["runs"] > runs
+    top = list(db.t.find(q, score, sort=[("s", {"$meta": "textScore"})], limit=7, allow_disk_use=False))
+    assert [d["_id"] for d in top] == want[:7]
+    pipeline = [{"$match": q}, {"$sort": score}, {"$project": {"_id": 1}}]
+    with pytest.raises(OperationFailure) as e:
+        list(db.t.aggregate(pipeline, allowDiskUse=False))
+    assert e.value.code == 292
+    assert [d["_id"] for d in db.t.aggregate(pipeline, allowDiskUse=True)] == want
+    assert [d["_id"] for d in db.t.aggregate([{"$match": q}, {"$limit": 3}])] == [0, 1, 2]

@@ -153,6 +153,33 @@ impl CursorSource for FindSource {
     }
 }
 
+/// A `$text` find's result as the engine streams it (`duetdb::TextStream`):
+/// the matches pulled from the held collection version as batches are asked
+/// for (projection and scores applied by the stream), or a sort's output.
+pub struct TextSource {
+    stream: duetdb::TextStream,
+}
+
+impl TextSource {
+    pub fn new(stream: duetdb::TextStream) -> TextSource {
+        TextSource { stream }
+    }
+}
+
+impl CursorSource for TextSource {
+    fn next_doc(&mut self) -> CmdResult<Option<Document>> {
+        Ok(self.stream.next().transpose()?)
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.stream.held_bytes()
+    }
+
+    fn set_cancel(&mut self, token: duetdb::CancelToken) {
+        self.stream.set_cancel(token);
+    }
+}
+
 /// A find's matching stored documents (shared with the snapshot it read),
 /// projected as they are handed out.
 pub struct StoredDocs {

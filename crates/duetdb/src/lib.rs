@@ -43,8 +43,8 @@ pub use api::{
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
     FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
     IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StorageStats, TailPosition,
-    TextFindOptions, Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, Validation,
-    BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
+    TextFindOptions, TextStream, Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions,
+    Validation, BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use doc::collation::{Collation, Collator};

@@ -589,3 +589,71 @@ fn transactions_use_collations() {
     txn.commit().expect("commit");
     assert_eq!(db.collection("s").count(doc! {}).expect("count"), 0);
 }
+
+/// Issue #18: the `_id` index of a collection created with a collation
+/// takes it (as MongoDB's): `_id`s equal under it conflict, a string `_id`
+/// bound uses it, `listIndexes` shows it once as `_id_` with the collation,
+/// and all of it survives recovery from the WAL and from a checkpoint.
+#[test]
+fn the_id_index_takes_the_default_collation_and_survives_recovery() {
+    let fs = SimFs::new();
+    let opts = DurabilityOptions {
+        mode: Durability::Fsync,
+        checkpoint_wal_bytes: u64::MAX,
+        checkpoint_interval: None,
+        background_checkpoints: false,
+        vfs: Arc::new(fs.clone()),
+        ..Default::default()
+    };
+    let dir = PathBuf::from("/db");
+    let options = CollectionOptions {
+        collation: Collator::from_document(&ci()).expect("collation"),
+        ..Default::default()
+    };
+    {
+        let db = Database::open_with(&dir, opts.clone()).expect("open");
+        db.create_collection_with("p", options.clone())
+            .expect("create");
+        let c = db.collection("p");
+        c.insert_one(doc! {"_id": "ann", "n": "a"}).expect("insert");
+        let e = c.insert_one(doc! {"_id": "ANN"}).expect_err("dup");
+        assert_eq!(e.code(), 11000);
+        assert!(e.to_string().contains("_id_"), "{e}");
+        // A simple collection: two documents.
+        let plain = db.collection("plain");
+        plain.insert_one(doc! {"_id": "ann"}).expect("insert");
+        plain.insert_one(doc! {"_id": "ANN"}).expect("simple _id");
+    }
+    for round in 0..2 {
+        let db = Database::open_with(&dir, opts.clone()).expect("reopen");
+        let c = db.collection("p");
+        let list = c.list_indexes().expect("indexes");
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list[0].get_str("name").ok(), Some("_id_"));
+        assert_eq!(
+            list[0]
+                .get_document("collation")
+                .expect("collation")
+                .get_i32("strength")
+                .ok(),
+            Some(2)
+        );
+        let e = c.insert_one(doc! {"_id": "Ann"}).expect_err("dup");
+        assert_eq!(e.code(), 11000, "round {round}");
+        let plan = c.find(doc! {"_id": "ANN"}).explain().expect("explain");
+        assert!(access(&plan).contains("_id_"), "{plan}");
+        assert!(!access(&plan).contains("COLLSCAN"), "{plan}");
+        assert_eq!(
+            names(c.find(doc! {"_id": "ANN"}).run().expect("find")),
+            ["a"]
+        );
+        assert_eq!(c.stats().expect("stats").indexes.len(), 1);
+        c.check_invariants().expect("consistent");
+        assert!(db.collection("plain").list_indexes().expect("list")[0]
+            .get("collation")
+            .is_none());
+        if round == 0 {
+            db.checkpoint().expect("checkpoint");
+        }
+    }
+}

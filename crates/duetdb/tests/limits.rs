@@ -608,3 +608,124 @@ fn a_find_stream_reads_its_snapshot_page_by_page() {
     assert_eq!(errs[0].code(), 279);
     assert!(s.next().is_none());
 }
+
+/// A collection of `n` documents that all match `$text: {$search: "coffee"}`
+/// (scores differ: 1 to 4 repeats), ~160 bytes each, with a text index.
+fn text_loaded(n: i32) -> (Database, Collection) {
+    let db = Database::in_memory();
+    let c = db.collection("t");
+    c.insert_many(
+        (0..n).map(|i| {
+            let words = vec!["coffee"; (i % 4 + 1) as usize].join(" ");
+            doc! {"_id": i, "body": format!("{words} house {}", "x".repeat(100))}
+        }),
+        true,
+    )
+    .expect("insert");
+    c.create_index_spec(&doc! {"key": {"body": "text"}})
+        .expect("text index");
+    (db, c)
+}
+
+/// Issue #18: `$text` reads stream the matches through the same bounded
+/// execution as other reads: an unsorted find holds record ids and a
+/// position, not documents; a sort by score (find or aggregate) is bounded by
+/// the memory limit exactly as a sort: 292 without disk use, spilled runs
+/// (same answer) with it, a top-k under a limit; an aggregate's `$limit`
+/// ends the scan.
+#[test]
+fn text_reads_stream_or_are_bounded_by_the_memory_limit() {
+    let n = 5_000;
+    let (_db, c) = text_loaded(n);
+    let search = doc! {"$text": {"$search": "coffee"}};
+    let by_score = doc! {"s": {"$meta": "textScore"}};
+    // Unsorted, with a limit: 10 documents read, the rest never fetched;
+    // what the stream holds is the candidates' record ids (8 bytes each),
+    // far below the documents' bytes.
+    let limits = limited(64 * 1024, false);
+    let mut stream = c
+        .text_find_stream(
+            &search,
+            duetdb::TextFindOptions {
+                limit: 10,
+                ..Default::default()
+            },
+            &limits,
+        )
+        .expect("stream");
+    assert!(!stream.ran_sort());
+    let held_at_start = stream.held_bytes();
+    assert!(held_at_start <= n as usize * 8, "{held_at_start}");
+    let first: Vec<_> = stream.by_ref().take(10).map(|d| d.expect("doc")).collect();
+    assert_eq!(ids(&first), (0..10).collect::<Vec<_>>());
+    assert!(stream.next().is_none());
+    // Without a limit, every match, in record order, read as pulled.
+    let all = c
+        .text_find_stream(&search, Default::default(), &limits)
+        .expect("stream")
+        .collect::<duetdb::Result<Vec<_>>>()
+        .expect("all");
+    assert_eq!(ids(&all), (0..n).collect::<Vec<_>>());
+    // The order a sort by score gives: highest first, ties in record order.
+    let mut want: Vec<i32> = (0..n).collect();
+    want.sort_by_key(|i| std::cmp::Reverse(i % 4));
+    let sorted_find = |limits: &ReadLimits, limit: u64| {
+        c.text_find_stream(
+            &search,
+            duetdb::TextFindOptions {
+                sort: Some(by_score.clone()),
+                projection: Some(doc! {"_id": 1, "s": {"$meta": "textScore"}}),
+                limit,
+                ..Default::default()
+            },
+            limits,
+        )
+    };
+    // 5000 documents of ~160 bytes do not fit in 64 KB: 292, as a sort.
+    let e = sorted_find(&limited(64 * 1024, false), 0).expect_err("over the limit");
+    assert_eq!(
+        (e.code(), e.code_name()),
+        (292, "QueryExceededMemoryLimitNoDiskUseAllowed")
+    );
+    let before = spill_stats();
+    let stream = sorted_find(&limited(64 * 1024, true), 0).expect("spilling sort");
+    assert!(stream.ran_sort());
+    assert!(stream.spilled_runs() > 1, "no spill");
+    let got = stream.collect::<duetdb::Result<Vec<_>>>().expect("sorted");
+    assert_eq!(ids(&got), want);
+    assert!(got[0].get_f64("s").expect("score") > got[n as usize - 1].get_f64("s").expect("s"));
+    assert!(spill_stats().runs > before.runs);
+    // A limit: a top-k of 10 fits.
+    let top = sorted_find(&limited(64 * 1024, false), 10)
+        .expect("top-k")
+        .collect::<duetdb::Result<Vec<_>>>()
+        .expect("top");
+    assert_eq!(ids(&top), want[..10].to_vec());
+    // Aggregate: a `$sort` on the score is bounded the same way.
+    let pipeline = vec![
+        doc! {"$match": search.clone()},
+        doc! {"$sort": by_score.clone()},
+        doc! {"$project": {"_id": 1}},
+    ];
+    let e = c
+        .text_aggregate(&pipeline, &limited(64 * 1024, false), None, None)
+        .expect_err("over the limit");
+    assert_eq!(e.code(), 292);
+    let before = spill_stats();
+    let got = c
+        .text_aggregate(&pipeline, &limited(64 * 1024, true), None, None)
+        .expect("spilled");
+    assert_eq!(ids(&got), want);
+    assert!(spill_stats().runs > before.runs);
+    // A `$limit` after the `$text` stage: 10 documents, under any limit.
+    let got = c
+        .text_aggregate(
+            &[doc! {"$match": search.clone()}, doc! {"$limit": 10}],
+            &limited(4 * 1024, false),
+            None,
+            None,
+        )
+        .expect("limited");
+    assert_eq!(ids(&got), (0..10).collect::<Vec<_>>());
+    assert_eq!(c.text_count(&search).expect("count"), n as u64);
+}

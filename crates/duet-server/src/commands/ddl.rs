@@ -45,12 +45,20 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let mut out = Vec::new();
     for name in snap.list_collection_names() {
         let options = snap.collection_options(&name).unwrap_or_default();
+        // The `_id` index as `listIndexes` shows it (with the collection's
+        // collation when it took one).
+        let id_index = snap
+            .collection(&name)
+            .list_indexes()
+            .ok()
+            .and_then(|l| l.into_iter().next())
+            .unwrap_or_else(|| doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"});
         let full = doc! {
             "name": name.clone(),
             "type": "collection",
             "options": options.to_document(),
             "info": {"readOnly": read_only},
-            "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+            "idIndex": id_index,
         };
         if let Some(f) = &filter {
             let raw = duetdb::raw::to_raw_document(&full)?;

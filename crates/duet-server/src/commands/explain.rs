@@ -80,6 +80,19 @@ pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     } else {
         cmd
     };
+    // An update's or delete's collation is its statement's (the command has
+    // none): the source is built under it, so the plan (index choice), the
+    // filter and `nWouldModify` follow it, as the write would.
+    let with_stmt_collation;
+    let options = match statement_collation(name, inner)? {
+        Some(c) if !options.contains_key("collation") => {
+            let mut o = options.clone();
+            o.insert("collation", c);
+            with_stmt_collation = o;
+            &with_stmt_collation
+        }
+        _ => options,
+    };
     let mut target = Target::Live;
     let source = read_source(ctx, options, coll, &mut target)?;
     let ex = Explainer {
@@ -112,6 +125,23 @@ pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     );
     out.insert("ok", 1.0);
     Ok(out)
+}
+
+/// The `collation` of the one statement of an explained `update` (in
+/// `updates`) or `delete` (in `deletes`); `None` for other commands, or a
+/// statement without one. A batch of other than one statement is refused
+/// later (16).
+fn statement_collation(name: &str, inner: &Document) -> CmdResult<Option<Document>> {
+    let field = match name {
+        "update" => "updates",
+        "delete" => "deletes",
+        _ => return Ok(None),
+    };
+    let stmts = args::doc_array(inner, field)?;
+    match stmts.as_slice() {
+        [stmt] => Ok(args::opt_doc(stmt, "collation")?.cloned()),
+        _ => Ok(None),
+    }
 }
 
 /// `aggregate` with `explain: true`: the `queryPlanner` explain of its pipeline.

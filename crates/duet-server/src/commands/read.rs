@@ -25,10 +25,12 @@
 //! `getMore` and `killCursors` check it (see `cursor.rs`).
 //!
 //! A `$text` filter (find, count, an aggregate's first `$match`) runs the
-//! engine's text search (`Collection::text_find`) on the command's read
-//! source (latest state, named snapshot, `atClusterTime`, a transaction's
-//! snapshot), results materialized; `{$meta: "textScore"}` works in find projections
-//! and sorts.
+//! engine's text search (`Collection::text_find_stream`, `text_aggregate`)
+//! on the command's read source (latest state, named snapshot,
+//! `atClusterTime`, a transaction's snapshot) under the command's limits: a
+//! find's cursor pulls the matches as batches are asked for (a sort is
+//! bounded by the memory limit); `{$meta: "textScore"}` works in find
+//! projections and sorts.
 //!
 //! `find` with `tailable` on a capped collection: `tailable.rs`.
 //!
@@ -46,7 +48,7 @@ use super::snapdb;
 use super::source::{read_limits, read_source, Target};
 use super::Ctx;
 use crate::args;
-use crate::cursor::{Cursor, FindSource, Killed, DEFAULT_FIRST_BATCH};
+use crate::cursor::{Cursor, FindSource, Killed, TextSource, DEFAULT_FIRST_BATCH};
 use crate::error::{CmdResult, CommandError};
 use crate::state::OpCounters;
 
@@ -342,8 +344,10 @@ fn plain_point(cmd: &Document) -> Option<&Bson> {
 
 /// A find with `$text` (text indexes, `{$meta: "textScore"}`): run by the
 /// engine's text search on the command's source (the latest state, a named
-/// snapshot, `atClusterTime`, the transaction's snapshot), its results
-/// materialized.
+/// snapshot, `atClusterTime`, the transaction's snapshot) under the read's
+/// limits: the cursor pulls the matches from the held version as batches are
+/// asked for, or reads a sort's output (bounded by the memory limit: spilled,
+/// or 292 without disk use), as a find's.
 fn text_find(
     ctx: &Ctx<'_>,
     cmd: &Document,
@@ -364,16 +368,23 @@ fn text_find(
         skip: plan.options.skip,
         limit: plan.options.limit,
     };
+    let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
-    let docs = source.text_find(&plan.filter, options)?;
-    let cursor = Cursor::from_owned(ctx.ns(coll), ctx.conn.id, docs);
-    cursor_reply(
-        ctx,
-        cursor,
-        (first, AtEnd::Close),
-        single_batch,
-        source.at(),
-    )
+    let stream = source.text_find(&plan.filter, options, &limits)?;
+    let o = &plan.options;
+    let at_end = if stream.ran_sort() || (o.limit > 0 && o.limit <= first as u64) {
+        AtEnd::Close
+    } else {
+        AtEnd::KeepWhenFull
+    };
+    // The stream holds the collection version it reads.
+    let cursor = Cursor::new(
+        ctx.ns(coll),
+        ctx.conn.id,
+        None,
+        Box::new(TextSource::new(stream)),
+    );
+    cursor_reply(ctx, cursor, (first, at_end), single_batch, source.at())
 }
 
 pub fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {

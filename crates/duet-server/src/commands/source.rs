@@ -276,17 +276,20 @@ pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
 }
 
 impl ReadSource<'_> {
-    /// A find with a top-level `$text` on this source: the live state, the
-    /// held snapshot (named, `atClusterTime`), or the transaction's.
+    /// A find with a top-level `$text` on this source (the live state, the
+    /// held snapshot (named, `atClusterTime`), or the transaction's) as a
+    /// stream under `limits` (`duetdb::TextStream`).
     pub fn text_find(
         &self,
         filter: &Document,
         options: duetdb::TextFindOptions,
-    ) -> CmdResult<Vec<Document>> {
+        limits: &ReadLimits,
+    ) -> CmdResult<duetdb::TextStream> {
+        let limits = self.limits_for(limits);
         Ok(match self {
-            ReadSource::Live { coll, .. } => coll.text_find(filter, options)?,
-            ReadSource::Held { coll, .. } => coll.text_find(filter, options)?,
-            ReadSource::Txn(c) => c.text_find(filter, options)?,
+            ReadSource::Live { coll, .. } => coll.text_find_stream(filter, options, &limits)?,
+            ReadSource::Held { coll, .. } => coll.text_find_stream(filter, options, &limits)?,
+            ReadSource::Txn(c) => c.text_find_stream(filter, options, &limits)?,
         })
     }
 

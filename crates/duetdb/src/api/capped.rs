@@ -43,6 +43,7 @@ use crate::error::{CancelToken, Error, Result};
 use crate::query::Filter;
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
+use crate::store::index::IndexSpec;
 use crate::store::options::{round_capped_size, CollectionOptions};
 use crate::store::vls::{CollectionVls, VlsOptions};
 
@@ -220,10 +221,19 @@ fn log_creation(
     fx.record(|| Effect::CreateCollection {
         name: coll.to_string(),
     });
+    let id_index = options.collation.clone().map(IndexSpec::collated_id);
     fx.record(|| Effect::SetOptions {
         coll: coll.to_string(),
         options,
     });
+    // The collated `_id` index comes with the creation (as `capped_copy`
+    // builds it), before the documents.
+    if let Some(spec) = id_index {
+        fx.record(|| Effect::CreateIndex {
+            coll: coll.to_string(),
+            spec,
+        });
+    }
     for d in docs {
         fx.insert(coll, d);
     }
@@ -245,6 +255,10 @@ fn capped_copy(
     let insert_all = |docs: &mut dyn Iterator<Item = &DocRef>, trim: bool| {
         let mut c = CollectionState::new(ns, vls);
         c.options = options.clone();
+        // A collation: the `_id` index takes it (`IndexSpec::collated_id`).
+        if let Some(col) = &options.collation {
+            c.create_index(IndexSpec::collated_id(col.clone()))?;
+        }
         for d in docs {
             let id: RawBson = doc::id_of(d)
                 .ok_or_else(|| Error::Internal(format!("a document of {ns} has no _id")))?

@@ -291,6 +291,9 @@ fn events_of(
                 from: from.clone(),
                 to: to.clone(),
             },
+            // The collated `_id` index is part of its collection's creation
+            // (MongoDB reports no index creation for `_id_` either).
+            Effect::CreateIndex { spec, .. } if spec.is_collated_id() => continue,
             Effect::CreateIndex { coll, spec } => ChangeKind::CreateIndex {
                 coll: coll.clone(),
                 spec: bson::doc! {"v": 2, "key": spec.key_pattern(), "name": spec.name.clone(), "unique": spec.unique},

@@ -679,7 +679,21 @@ pub(crate) fn list_indexes_in(state: &crate::store::DbState, name: &str) -> Resu
     let c = state
         .collection(name)
         .ok_or_else(|| Error::NamespaceNotFound(name.to_string()))?;
-    let mut out = vec![bson::doc! {"v": 2, "key": {"_id": 1}, "name": ID_INDEX_NAME}];
-    out.extend(c.indexes.iter().map(|i| i.spec.to_document()));
+    // The `_id` index: with the collection's collation when it has one
+    // (the collated `_id` index, listed once, as MongoDB's `_id_`).
+    let mut id = bson::doc! {"v": 2, "key": {"_id": 1}, "name": ID_INDEX_NAME};
+    if let Some(c) = c
+        .collated_id_index()
+        .and_then(|i| i.spec.collation.as_ref())
+    {
+        id.insert("collation", c.spec().to_document());
+    }
+    let mut out = vec![id];
+    out.extend(
+        c.indexes
+            .iter()
+            .filter(|i| !i.spec.is_collated_id())
+            .map(|i| i.spec.to_document()),
+    );
     Ok(out)
 }

@@ -18,6 +18,7 @@ use crate::durability::{
 use crate::error::{Error, Result};
 use crate::snapshot::{ReadCounts, ReadStats, Strategy};
 use crate::store::collection::CollectionState;
+use crate::store::index::IndexSpec;
 use crate::store::options::CollectionOptions;
 use crate::store::vls::{VlsOptions, VlsStats};
 use crate::store::DbState;
@@ -454,12 +455,22 @@ impl Database {
             }
             let mut c = CollectionState::new(&format!("{}.{name}", state.db), state.vls_options);
             c.options = options.clone();
+            // A non-simple default collation: the `_id` index takes it (as
+            // MongoDB's), kept as the collated `_id` index beside the simple
+            // one (`IndexSpec::collated_id`), logged with the creation.
+            let id_index = options.collation.clone().map(IndexSpec::collated_id);
+            if let Some(spec) = &id_index {
+                c.create_index(spec.clone())?;
+            }
             Arc::make_mut(&mut state.collections).insert(name.clone(), c);
             fx.record(|| Effect::CreateCollection { name: name.clone() });
             fx.record(|| Effect::SetOptions {
-                coll: name,
+                coll: name.clone(),
                 options,
             });
+            if let Some(spec) = id_index {
+                fx.record(|| Effect::CreateIndex { coll: name, spec });
+            }
             Ok(())
         })
     }

@@ -37,6 +37,6 @@ pub use find::{Find, FindOptions, FindOutcome, FindStream};
 pub use index_build::{IndexBuildMode, IndexBuildOptions, BACKGROUND_BUILD_MIN_DOCS};
 pub use snapshot::{Snapshot, SnapshotCollection};
 pub use stats::{IndexSize, StorageStats, Validation};
-pub use text::TextFindOptions;
+pub use text::{TextFindOptions, TextStream};
 pub use transaction::{Transaction, TxnCollection};
 pub use ttl::{TtlCounters, TtlMonitor, TtlPass, DEFAULT_TTL_SLEEP};

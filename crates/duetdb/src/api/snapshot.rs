@@ -82,6 +82,7 @@ pub(crate) fn stats_of(c: &CollectionState) -> CollStats {
     indexes.extend(
         c.indexes
             .iter()
+            .filter(|i| !i.spec.is_collated_id())
             .map(|i| (i.spec.name.clone(), i.len() as u64)),
     );
     CollStats {

@@ -1,19 +1,26 @@
-//! Running `$text` finds and counts on a live collection or a held
-//! snapshot's: the text index
-//! gives the candidates (the union of its entries for the query's terms),
-//! each candidate is checked against the whole query (`query::text`) and
-//! the rest of the filter, and scored; `{$meta: "textScore"}` may be
-//! projected and sorted on.
+//! Running `$text` finds, counts and aggregates on a live collection, a
+//! held snapshot's or a transaction's: the text index gives the candidates
+//! (the union of its entries for the query's terms), each candidate is
+//! checked against the whole query (`query::text`) and the rest of the
+//! filter, and scored; `{$meta: "textScore"}` may be projected and sorted
+//! on.
 //!
 //! Reads one published state (a copy-on-write root: consistent, whatever
 //! writes run meanwhile). MongoDB's rules: `$text` at the top level of the
 //! filter only, exactly one text index (else 27 IndexNotFound). A compound
 //! text index is read only under equalities on all its prefix fields (else
 //! 291 NoQueryExecutionPlans): per term, one key range per prefix value.
+//!
+//! Memory (issue #18): what is held is bounded as in any read. The matches
+//! are pulled one at a time ([`Matches`]: the candidates' record ids, never
+//! their documents); a find is a [`TextStream`] (lazy without a sort; a sort
+//! goes through a [`Sorter`] under the read's memory limit: top-k, spilled
+//! runs, or 292); an aggregate pushes each match through the other stages'
+//! [`Exec`](crate::query::aggregate::Exec) (`$limit` stops the scan,
+//! blocking stages are bounded there).
 
-use std::cmp::Ordering;
-use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bson::{Bson, Document};
@@ -21,14 +28,16 @@ use bson::{Bson, Document};
 use crate::api::{Collection, SnapshotCollection};
 use crate::doc::collation::Collator;
 use crate::doc::DocRef;
-use crate::error::{Error, Result};
+use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::{ParseCtx, Pinned, Runtime};
-use crate::query::limits::ReadLimits;
+use crate::query::limits::{ReadLimits, PAGE_DOCS};
+use crate::query::sorter::{SortedStream, Sorter};
 use crate::query::text::{equality_on, split, strip_text_score, TextQuery, TEXT_SCORE_FIELD};
 use crate::query::{Filter, Pipeline, Projection, SortSpec};
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
-use crate::store::index::{IndexKind, KeyPart};
+use crate::store::index::{IndexKind, IndexSpec, KeyPart};
+use crate::store::text::TextSpec;
 use crate::store::DbState;
 
 /// Options of a `$text` find.
@@ -92,67 +101,295 @@ fn prefixes(fields: &[(String, bool)], rest_doc: &Document) -> Result<Vec<Vec<Ke
     Ok(out)
 }
 
-/// Matching `(record, document, score)` of a `$text` filter on `coll`;
-/// `rest_doc` is the filter without `$text` (`rest` parsed), where a
-/// compound text index finds the equalities on its prefix fields.
-fn matches(
-    coll: &CollectionState,
-    query: &TextQuery,
-    rest_doc: &Document,
-    rest: &Filter,
-) -> Result<Vec<(RecordId, DocRef, f64)>> {
-    let index = coll
-        .indexes
-        .iter()
-        .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
-        .ok_or_else(|| Error::IndexNotFound("text index required for $text query".into()))?;
-    let IndexKind::Text(spec) = &index.spec.kind else {
-        return Err(Error::Internal("text index without a text spec".into()));
-    };
-    let term_pos = index
-        .spec
-        .text_term_pos()
-        .ok_or_else(|| Error::Internal("text index without its term field".into()))?;
-    let prefixes = prefixes(&index.spec.fields[..term_pos], rest_doc)?;
-    let mut rids = BTreeSet::new();
-    for term in query.terms(spec)? {
-        for prefix in &prefixes {
-            let mut parts = prefix.clone();
-            parts.push(KeyPart::Val(bson::RawBson::String(term.clone())));
-            // Every suffix value lies between the Low and High fills.
-            let lo = (
-                index.spec.bound_key(parts.clone(), KeyPart::Low),
-                RecordId::MIN,
-            );
-            let hi = (index.spec.bound_key(parts, KeyPart::High), RecordId::MAX);
-            for ((_, rid), _) in index.range(Bound::Included(&lo), Bound::Included(&hi)) {
-                rids.insert(*rid);
+/// The matches of a `$text` filter on one held collection version, produced
+/// on demand in record order: what every `$text` read (find, count, the
+/// first stage of an aggregate) pulls from.
+///
+/// Holds the version (shared nodes, never copied) and the candidates'
+/// record ids (the union of the text index's entries for the query's terms,
+/// deduplicated, as MongoDB's TEXT_OR stage keeps its record ids): 8 bytes
+/// a candidate, never a document. Each candidate is fetched, checked against
+/// the whole text query and the rest of the filter, and scored when it is
+/// pulled.
+struct Matches {
+    coll: Box<CollectionState>,
+    spec: IndexSpec,
+    text: TextSpec,
+    query: TextQuery,
+    rest: Filter,
+    rids: std::vec::IntoIter<RecordId>,
+    cancel: CancelToken,
+    pulled: usize,
+}
+
+impl Matches {
+    /// The candidates of `query` in `coll`; `rest_doc` is the filter without
+    /// `$text` (`rest` parsed), where a compound text index finds the
+    /// equalities on its prefix fields.
+    fn open(
+        coll: &CollectionState,
+        query: TextQuery,
+        rest_doc: &Document,
+        rest: Filter,
+        cancel: CancelToken,
+    ) -> Result<Matches> {
+        let index = coll
+            .indexes
+            .iter()
+            .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
+            .ok_or_else(|| Error::IndexNotFound("text index required for $text query".into()))?;
+        let IndexKind::Text(text) = &index.spec.kind else {
+            return Err(Error::Internal("text index without a text spec".into()));
+        };
+        let term_pos = index
+            .spec
+            .text_term_pos()
+            .ok_or_else(|| Error::Internal("text index without its term field".into()))?;
+        let prefixes = prefixes(&index.spec.fields[..term_pos], rest_doc)?;
+        // One range per (term, prefix): each in record order only within
+        // one key, so the union is sorted and deduplicated at the end.
+        let mut rids: Vec<RecordId> = Vec::new();
+        let mut entries = 0usize;
+        for term in query.terms(text)? {
+            for prefix in &prefixes {
+                let mut parts = prefix.clone();
+                parts.push(KeyPart::Val(bson::RawBson::String(term.clone())));
+                // Every suffix value lies between the Low and High fills.
+                let lo = (
+                    index.spec.bound_key(parts.clone(), KeyPart::Low),
+                    RecordId::MIN,
+                );
+                let hi = (index.spec.bound_key(parts, KeyPart::High), RecordId::MAX);
+                for ((_, rid), _) in index.range(Bound::Included(&lo), Bound::Included(&hi)) {
+                    rids.push(*rid);
+                    entries += 1;
+                    if entries.is_multiple_of(PAGE_DOCS) {
+                        cancel.check()?;
+                    }
+                }
+            }
+        }
+        rids.sort_unstable();
+        rids.dedup();
+        Ok(Matches {
+            coll: Box::new(coll.clone()),
+            spec: IndexSpec::clone(&index.spec),
+            text: TextSpec::clone(text),
+            query,
+            rest,
+            rids: rids.into_iter(),
+            cancel,
+            pulled: 0,
+        })
+    }
+
+    /// The next match: its record, document and score.
+    fn next(&mut self) -> Result<Option<(RecordId, DocRef, f64)>> {
+        for rid in self.rids.by_ref() {
+            self.pulled += 1;
+            if self.pulled.is_multiple_of(PAGE_DOCS) {
+                self.cancel.check()?;
+            }
+            let Some(doc) = self.coll.heap.get(rid) else {
+                continue;
+            };
+            if !self.spec.holds(doc) || !self.rest.matches(doc) {
+                continue;
+            }
+            if let Some(score) = self.query.score(&self.text, doc)? {
+                return Ok(Some((rid, doc.clone(), score)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Bytes held: the candidates not yet pulled.
+    fn held_bytes(&self) -> usize {
+        self.rids.len() * std::mem::size_of::<RecordId>()
+    }
+}
+
+/// `doc` with its score as the hidden [`TEXT_SCORE_FIELD`] (a copy: what a
+/// sort or a pipeline stage reads the score from).
+fn scored(doc: &DocRef, score: f64) -> Result<DocRef> {
+    let key = <&bson::raw::CStr>::try_from(TEXT_SCORE_FIELD)
+        .map_err(|e| Error::Internal(format!("text score field name: {e}")))?;
+    let mut buf = bson::RawDocumentBuf::clone(doc);
+    buf.append(key, score);
+    Ok(Arc::new(buf))
+}
+
+/// Where a [`TextStream`]'s documents come from.
+enum Kind {
+    /// The matches in record order, pulled as asked for.
+    Scan(Box<Matches>),
+    /// A sort's output (top-k, in memory, or merged from spilled runs);
+    /// documents carry their score as [`TEXT_SCORE_FIELD`].
+    Sorted(SortedStream),
+    Done,
+}
+
+/// The documents of a `$text` find, produced on demand with skip, limit and
+/// projection applied (`{$meta: "textScore"}` fields filled in):
+/// `Iterator<Item = Result<Document>> + Send + 'static`, so a server cursor
+/// can keep it between `getMore`s. Without a sort it holds the candidates'
+/// record ids and a position; with one, what the [`Sorter`] holds (at most
+/// the read's memory limit, then spilled runs, or 292 without disk use; a
+/// top-k heap of `skip + limit` documents under a limit), as a find's sort.
+pub struct TextStream {
+    kind: Kind,
+    projection: Option<Projection>,
+    score_fields: Vec<String>,
+    skip: u64,
+    /// Documents still to yield (`None`: no limit).
+    left: Option<u64>,
+    spilled_runs: u64,
+    failed: bool,
+}
+
+impl std::fmt::Debug for TextStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextStream")
+            .field("held_bytes", &self.held_bytes())
+            .field("spilled_runs", &self.spilled_runs)
+            .finish()
+    }
+}
+
+impl TextStream {
+    fn empty() -> TextStream {
+        TextStream {
+            kind: Kind::Done,
+            projection: None,
+            score_fields: Vec::new(),
+            skip: 0,
+            left: None,
+            spilled_runs: 0,
+            failed: false,
+        }
+    }
+
+    /// Bytes this stream holds itself: the candidates' record ids not yet
+    /// read, or the sort's in-memory part. Not the collection version it
+    /// reads, whose nodes and documents are shared with the database.
+    pub fn held_bytes(&self) -> usize {
+        match &self.kind {
+            Kind::Scan(m) => m.held_bytes(),
+            Kind::Sorted(s) => s.held_bytes(),
+            Kind::Done => 0,
+        }
+    }
+
+    /// Sorted runs the read spilled to disk (0 when the sort fit in memory).
+    pub fn spilled_runs(&self) -> u64 {
+        self.spilled_runs
+    }
+
+    /// Was the result sorted (and so already computed, not streamed)?
+    pub fn ran_sort(&self) -> bool {
+        matches!(self.kind, Kind::Sorted(_))
+    }
+
+    /// Check `token` from now on (each `getMore` runs under its own token).
+    pub fn set_cancel(&mut self, token: CancelToken) {
+        match &mut self.kind {
+            Kind::Scan(m) => m.cancel = token,
+            Kind::Sorted(s) => s.set_cancel(token),
+            Kind::Done => {}
+        }
+    }
+
+    /// The next match (before skip/limit) and its score.
+    fn next_match(&mut self) -> Result<Option<(DocRef, f64)>> {
+        match &mut self.kind {
+            Kind::Scan(m) => Ok(m.next()?.map(|(_, d, s)| (d, s))),
+            Kind::Sorted(s) => match s.next().transpose()? {
+                None => Ok(None),
+                Some(d) => {
+                    let mut doc = crate::doc::to_document(&d)?;
+                    let score = match doc.remove(TEXT_SCORE_FIELD) {
+                        Some(Bson::Double(s)) => s,
+                        _ => {
+                            return Err(Error::Internal(
+                                "a sorted text match lost its score".into(),
+                            ))
+                        }
+                    };
+                    let raw = bson::RawDocumentBuf::try_from(&doc)
+                        .map_err(|e| Error::InvalidBson(e.to_string()))?;
+                    Ok(Some((Arc::new(raw), score)))
+                }
+            },
+            Kind::Done => Ok(None),
+        }
+    }
+
+    fn step(&mut self) -> Result<Option<Document>> {
+        if self.left == Some(0) {
+            return Ok(None);
+        }
+        while self.skip > 0 {
+            if self.next_match()?.is_none() {
+                return Ok(None);
+            }
+            self.skip -= 1;
+        }
+        let Some((d, score)) = self.next_match()? else {
+            return Ok(None);
+        };
+        if let Some(n) = &mut self.left {
+            *n -= 1;
+        }
+        let mut out = match &self.projection {
+            Some(p) => p.apply(&d)?,
+            None => crate::doc::to_document(&d)?,
+        };
+        for f in &self.score_fields {
+            out.insert(f.clone(), score);
+        }
+        Ok(Some(out))
+    }
+}
+
+impl Iterator for TextStream {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(Some(d)) => Some(Ok(d)),
+            Ok(None) => {
+                self.kind = Kind::Done;
+                None
+            }
+            Err(e) => {
+                self.failed = true;
+                self.kind = Kind::Done;
+                Some(Err(e))
             }
         }
     }
-    let mut out = Vec::new();
-    for rid in rids {
-        let Some(doc) = coll.heap.get(rid) else {
-            continue;
-        };
-        if !index.spec.holds(doc) || !rest.matches(doc) {
-            continue;
-        }
-        if let Some(score) = query.score(spec, doc)? {
-            out.push((rid, doc.clone(), score));
-        }
-    }
-    Ok(out)
 }
 
+// A server cursor keeps a stream across commands, on any thread.
+const _: fn() = || {
+    fn assert_send_static<T: Send + 'static>() {}
+    assert_send_static::<TextStream>();
+};
+
 /// A find whose filter has a top-level `$text` on collection `name` of
-/// `state` (see the module doc).
-pub(super) fn find_in(
+/// `state` (see the module doc), under `limits` (a sort spills to
+/// `spill_dir` when allowed).
+pub(super) fn stream_in(
     state: &DbState,
     name: &str,
     filter: &Document,
     options: TextFindOptions,
-) -> Result<Vec<Document>> {
+    limits: &ReadLimits,
+    spill_dir: Option<PathBuf>,
+) -> Result<TextStream> {
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
     let rest_doc = rest;
@@ -170,88 +407,75 @@ pub(super) fn find_in(
     let projection = (!plain.is_empty())
         .then(|| Projection::parse(&plain))
         .transpose()?;
-    // Sort: components in order, each by score or by a field.
-    enum By {
-        Score,
-        Field(SortSpec),
-    }
-    let mut order = Vec::new();
-    for (k, v) in options.sort.iter().flatten() {
-        if is_score_meta(v)? {
-            order.push(By::Score);
-        } else {
-            let mut one = Document::new();
-            one.insert(k.clone(), v.clone());
-            order.push(By::Field(SortSpec::parse(&one)?));
+    // Sort: components in order, each by score (highest first, the hidden
+    // field a pipeline's `$sort` reads) or by a field.
+    let sort = match &options.sort {
+        Some(s) if !s.is_empty() => {
+            for v in s.values() {
+                is_score_meta(v)?;
+            }
+            Some(SortSpec::parse_in_pipeline(s)?)
         }
-    }
+        _ => None,
+    };
     let Some(coll) = state.collection(name) else {
-        return Ok(Vec::new());
+        return Ok(TextStream::empty());
     };
-    let mut found = matches(coll, &query, &rest_doc, &rest)?;
-    if !order.is_empty() {
-        let keyed: Vec<_> = found
-            .drain(..)
-            .map(|(rid, d, s)| {
-                let keys: Vec<_> = order
-                    .iter()
-                    .map(|b| match b {
-                        By::Score => None,
-                        By::Field(spec) => Some(spec.sort_key(&d)),
-                    })
-                    .collect();
-                (keys, rid, d, s)
-            })
-            .collect();
-        let mut keyed = keyed;
-        keyed.sort_by(|(ka, ra, _, sa), (kb, rb, _, sb)| {
-            for (i, b) in order.iter().enumerate() {
-                let o = match (b, &ka[i], &kb[i]) {
-                    (By::Score, _, _) => sb.partial_cmp(sa).unwrap_or(Ordering::Equal),
-                    (By::Field(spec), Some(x), Some(y)) => spec.compare_keys(x, y),
-                    _ => Ordering::Equal,
-                };
-                if o != Ordering::Equal {
-                    return o;
-                }
+    let mut matches = Matches::open(coll, query, &rest_doc, rest, limits.cancel.clone())?;
+    let (kind, spilled_runs) = match sort {
+        None => (Kind::Scan(Box::new(matches)), 0),
+        Some(sort) => {
+            // A limit keeps only the first `skip + limit` (top-k).
+            let keep = (options.limit > 0).then(|| {
+                usize::try_from(options.skip.saturating_add(options.limit)).unwrap_or(usize::MAX)
+            });
+            let mut sorter = Sorter::new(sort, limits, limits.spill_dir_or(spill_dir), keep);
+            // Ties in record order, as before any spill.
+            while let Some((rid, d, score)) = matches.next()? {
+                sorter.push_tied(scored(&d, score)?, rid)?;
             }
-            ra.cmp(rb)
-        });
-        found = keyed.into_iter().map(|(_, r, d, s)| (r, d, s)).collect();
-    }
-    let skip = usize::try_from(options.skip).unwrap_or(usize::MAX);
-    let limit = match options.limit {
-        0 => usize::MAX,
-        n => usize::try_from(n).unwrap_or(usize::MAX),
+            let sorted = sorter.finish()?;
+            let runs = sorted.spilled_runs();
+            (Kind::Sorted(sorted), runs)
+        }
     };
-    found
-        .into_iter()
-        .skip(skip)
-        .take(limit)
-        .map(|(_, d, score)| {
-            let mut out = match &projection {
-                Some(p) => p.apply(&d)?,
-                None => crate::doc::to_document(&d)?,
-            };
-            for f in &score_fields {
-                out.insert(f.clone(), score);
-            }
-            Ok(out)
-        })
-        .collect()
+    Ok(TextStream {
+        kind,
+        projection,
+        score_fields,
+        skip: options.skip,
+        left: (options.limit > 0).then_some(options.limit),
+        spilled_runs,
+        failed: false,
+    })
+}
+
+/// [`stream_in`] collected under the default limits.
+pub(super) fn find_in(
+    state: &DbState,
+    name: &str,
+    filter: &Document,
+    options: TextFindOptions,
+) -> Result<Vec<Document>> {
+    stream_in(state, name, filter, options, &ReadLimits::default(), None)?.collect()
 }
 
 /// How many documents a filter with a top-level `$text` matches in
-/// collection `name` of `state`.
+/// collection `name` of `state` (counted as they are pulled: none held).
 pub(super) fn count_in(state: &DbState, name: &str, filter: &Document) -> Result<u64> {
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
     let rest_doc = rest;
     let rest = Filter::parse(&rest_doc)?;
-    match state.collection(name) {
-        Some(coll) => Ok(matches(coll, &query, &rest_doc, &rest)?.len() as u64),
-        None => Ok(0),
+    let Some(coll) = state.collection(name) else {
+        return Ok(0);
+    };
+    let mut matches = Matches::open(coll, query, &rest_doc, rest, CancelToken::never())?;
+    let mut n = 0u64;
+    while matches.next()?.is_some() {
+        n += 1;
     }
+    Ok(n)
 }
 
 impl Collection {
@@ -259,6 +483,25 @@ impl Collection {
     /// the latest published state.
     pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
         find_in(self.db.snapshot().state(), &self.name, filter, options)
+    }
+
+    /// [`Collection::text_find`] as a stream under `limits` (see
+    /// [`TextStream`]): it holds the collection version it reads.
+    pub fn text_find_stream(
+        &self,
+        filter: &Document,
+        options: TextFindOptions,
+        limits: &ReadLimits,
+    ) -> Result<TextStream> {
+        let spill = self.database().spill_dir();
+        stream_in(
+            self.db.snapshot().state(),
+            &self.name,
+            filter,
+            options,
+            limits,
+            spill,
+        )
     }
 
     /// A pipeline whose first stage is `{$match: {$text: …}}` on the latest
@@ -303,6 +546,16 @@ impl SnapshotCollection {
     /// [`Collection::text_find`] as of this snapshot.
     pub fn text_find(&self, filter: &Document, options: TextFindOptions) -> Result<Vec<Document>> {
         find_in(self.state(), self.name(), filter, options)
+    }
+
+    /// [`Collection::text_find_stream`] as of this snapshot.
+    pub fn text_find_stream(
+        &self,
+        filter: &Document,
+        options: TextFindOptions,
+        limits: &ReadLimits,
+    ) -> Result<TextStream> {
+        stream_in(self.state(), self.name(), filter, options, limits, None)
     }
 
     /// [`Collection::text_count`] as of this snapshot.
@@ -377,18 +630,24 @@ impl TextPipeline {
             Error::BadValue("$text is only allowed in the first $match stage".into())
         })?;
         let rest = Filter::parse(&rest_doc)?;
-        let docs = match state.collection(name) {
-            Some(coll) => matches(coll, &query, &rest_doc, &rest)?
-                .into_iter()
-                .map(|(_, d, score)| {
-                    let mut d = crate::doc::to_document(&d)?;
-                    d.insert(TEXT_SCORE_FIELD, score);
-                    Ok(d)
-                })
-                .collect::<Result<Vec<_>>>()?,
-            None => Vec::new(),
+        let Some(coll) = state.collection(name) else {
+            let mut out = self.rest.run_on_with(Vec::new(), rt)?;
+            out.iter_mut().for_each(strip_text_score);
+            return Ok(out);
         };
-        let mut out = self.rest.run_on_with(docs, rt)?;
+        // The matches are pushed one at a time through the other stages
+        // (`query::aggregate::exec`): per-document stages and `$limit` hold
+        // nothing (a `$limit` ends the scan), blocking ones hold what they
+        // must under the read's memory limit (a `$sort` on the score spills
+        // or fails with 292 as any `$sort`).
+        let mut matches = Matches::open(coll, query, &rest_doc, rest, rt.limits.cancel.clone())?;
+        let mut exec = self.rest.exec(rt);
+        while let Some((_, d, score)) = matches.next()? {
+            if exec.push_doc(&scored(&d, score)?)?.is_break() {
+                break;
+            }
+        }
+        let mut out = exec.finish()?;
         out.iter_mut().for_each(strip_text_score);
         Ok(out)
     }

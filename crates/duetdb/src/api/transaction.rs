@@ -851,6 +851,18 @@ impl<'t> TxnCollection<'t> {
         crate::api::text::find_in(&state, &self.name, filter, options)
     }
 
+    /// [`Collection::text_find_stream`] as this transaction sees the
+    /// collection (its snapshot; see `text_state`).
+    pub fn text_find_stream(
+        &self,
+        filter: &Document,
+        options: crate::api::TextFindOptions,
+        limits: &crate::query::limits::ReadLimits,
+    ) -> Result<crate::api::TextStream> {
+        let state = self.text_state()?;
+        crate::api::text::stream_in(&state, &self.name, filter, options, limits, None)
+    }
+
     /// [`Collection::text_count`] as this transaction sees the collection.
     pub fn text_count(&self, filter: &Document) -> Result<u64> {
         let state = self.text_state()?;

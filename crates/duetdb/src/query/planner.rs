@@ -843,7 +843,8 @@ fn plan_among(
     let sort_for = |index: &IndexState| {
         sort.filter(|s| collation::same(index.spec.collation.as_deref(), s.collator.as_deref()))
     };
-    // The `_id` index is simple.
+    // The primary `_id` index is simple (a collated `_id` index is one of
+    // the secondary indexes).
     let id_sort = sort.filter(|s| s.collator.is_none());
     let sargs = if coll_q.is_some() {
         simple_sargs.clone()

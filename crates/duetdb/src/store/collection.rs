@@ -410,6 +410,20 @@ impl CollectionState {
         Ok(true)
     }
 
+    /// Is `c` this collection's default collation (same specification)?
+    fn is_default_collation(&self, c: Option<&crate::doc::collation::Collator>) -> bool {
+        match (c, self.options.collation.as_deref()) {
+            (Some(a), Some(b)) => a.spec() == b.spec(),
+            _ => false,
+        }
+    }
+
+    /// The collated `_id` index ([`IndexSpec::is_collated_id`]), on a
+    /// collection created with a non-simple default collation.
+    pub fn collated_id_index(&self) -> Option<&IndexState> {
+        self.indexes.iter().find(|i| i.spec.is_collated_id())
+    }
+
     /// Whether `spec` may be added as a new index: `Ok(true)` when it may,
     /// `Ok(false)` when an identical index exists (or `spec` is the primary
     /// key pattern), an error on a conflict. Changes nothing.
@@ -422,7 +436,13 @@ impl CollectionState {
         if spec.is_id_pattern() && spec.partial.is_none() {
             return Ok(false); // the primary index always exists
         }
-        if spec.name == ID_INDEX_NAME {
+        // The name is the `_id` index's; a secondary index may carry it only
+        // as the collated `_id` index of a collection whose default
+        // collation it has (`IndexSpec::collated_id`, created with the
+        // collection, replayed from the log).
+        if spec.name == ID_INDEX_NAME
+            && !(spec.is_collated_id() && self.is_default_collation(spec.collation.as_deref()))
+        {
             return Err(Error::IndexConflict(
                 "the name _id_ is reserved for the _id index".into(),
             ));

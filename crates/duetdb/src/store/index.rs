@@ -382,6 +382,40 @@ impl IndexSpec {
             && self.fields[0].1
     }
 
+    /// The collated `_id` index of a collection created with a non-simple
+    /// default collation (`collation`): `{_id: 1}`, unique, named `_id_`,
+    /// kept beside the simple primary index (`CollectionState::id_index`,
+    /// which every exact `_id` lookup keeps using) so that `_id`s equal
+    /// under the collation conflict (11000 on `_id_`) and `_id` bounds
+    /// under the collation have an index, as MongoDB's `_id` index that
+    /// takes the collection's collation.
+    pub fn collated_id(collation: Arc<Collator>) -> IndexSpec {
+        IndexSpec {
+            name: crate::store::collection::ID_INDEX_NAME.to_string(),
+            fields: vec![("_id".to_string(), true)],
+            unique: true,
+            kind: IndexKind::Ordered,
+            sparse: false,
+            partial: None,
+            expire_after_seconds: None,
+            collation: Some(collation),
+        }
+    }
+
+    /// Is this the collated `_id` index ([`IndexSpec::collated_id`])? Only
+    /// it may carry the name `_id_` among the secondary indexes.
+    pub fn is_collated_id(&self) -> bool {
+        self.name == crate::store::collection::ID_INDEX_NAME
+            && self.unique
+            && self.collation.is_some()
+            && matches!(self.kind, IndexKind::Ordered)
+            && self.fields.len() == 1
+            && self.fields[0] == ("_id".to_string(), true)
+            && !self.sparse
+            && self.partial.is_none()
+            && self.expire_after_seconds.is_none()
+    }
+
     /// The key pattern document (`{a: 1, b: -1}`, `{c: "hashed"}`, `{"$**": 1}`).
     pub fn key_pattern(&self) -> Document {
         let mut d = Document::new();

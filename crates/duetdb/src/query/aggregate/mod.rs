@@ -457,6 +457,13 @@ impl Pipeline {
         self.run_on_with(docs, &Runtime::standalone())
     }
 
+    /// Push-based execution of these stages under `rt` ([`Exec`]):
+    /// what a caller that produces the input itself (the `$text` first stage,
+    /// `api::text`) pushes its documents into, one at a time.
+    pub fn exec<'p>(&'p self, rt: &'p Runtime<'p>) -> Exec<'p> {
+        exec::Exec::new(&[], None, &self.stages, rt)
+    }
+
     /// [`Pipeline::run_on`] with `rt`'s other collections and limits.
     pub fn run_on_with(&self, docs: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
         let mut docs = docs;
