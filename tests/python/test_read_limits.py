@@ -203,11 +203,28 @@ def test_set_window_fields_spills_by_partition(make_server, tmp_path):
     # Partitions in partition order, each in _id order.
     keys = [((d["k"] % 100), d["_id"]) for d in got]
     assert keys == sorted(keys)
-    # One partition bigger than the limit: 292 even with disk use.
-    whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}}
+    # One partition bigger than the limit: spooled to disk with disk use
+    # (bounded, unbounded and shifted windows read it by position), 292 without.
+    whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {
+        "n": {"$documentNumber": {}},
+        "near": {"$sum": "$k", "window": {"documents": [-1, 1]}},
+        "top": {"$max": "$k", "window": {"documents": ["unbounded", "unbounded"]}},
+        "prev": {"$shift": {"output": "$k", "by": -1, "default": -1}},
+    }}}
     with pytest.raises(OperationFailure) as e:
-        list(db.c.aggregate([whole], allowDiskUse=True))
+        list(db.c.aggregate([whole], allowDiskUse=False))
     assert e.value.code == 292
+    got = list(db.c.aggregate([whole, {"$project": {"pad": 0}}], allowDiskUse=True))
+    ks = [(i * 7919) % 1000 for i in range(5_000)]
+    assert [d["_id"] for d in got] == list(range(5_000))
+    for i, d in enumerate(got):
+        near = sum(ks[max(0, i - 1):i + 2])
+        prev = ks[i - 1] if i else -1
+        assert (d["n"], d["near"], d["top"], d["prev"]) == (i + 1, near, 999, prev), d
+    plan = db.command("explain", {"aggregate": "c", "pipeline": [whole], "cursor": {}, "allowDiskUse": True},
+                      verbosity="executionStats")
+    windows = [s for s in plan["stages"] if "$setWindowFields" in s]
+    assert windows and windows[0]["usedDisk"] is True and windows[0]["spills"] > 0, plan
     spill = tmp_path / "data" / "limits" / "spill"
     if spill.exists():
         assert list(spill.iterdir()) == []

@@ -440,7 +440,9 @@ impl Explainer<'_, '_, '_> {
                 duet.insert(k, v.clone());
             }
         }
-        // Runs the `$group` stages spilled (MongoDB's per-stage `spills`).
+        // Files the `$group` stages and `$setWindowFields` partitions spilled
+        // (MongoDB's per-stage `spills`; one count for the pipeline, shown on
+        // each stage that may spill).
         let mut spills = 0i64;
         let run = if self.executes() {
             let ((docs, report), mut c) =
@@ -487,7 +489,8 @@ impl Explainer<'_, '_, '_> {
         let last = rest.len();
         for (i, s) in rest.into_iter().enumerate() {
             let mut d = s.clone();
-            if run.is_some() && d.contains_key("$group") {
+            let spilling = ["$group", "$setWindowFields", "$fill"];
+            if run.is_some() && spilling.iter().any(|k| d.contains_key(*k)) {
                 d.insert("usedDisk", spills > 0);
                 d.insert("spills", spills);
             }

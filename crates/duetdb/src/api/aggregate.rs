@@ -66,9 +66,10 @@ pub struct AggregateExplain {
     /// The commit the other collections (`$lookup`, `$unionWith`, ...) were
     /// read at: always `start_csn` (one snapshot per pipeline).
     pub foreign_csn: Option<u64>,
-    /// Runs the pipeline's `$group` stages spilled to disk (MongoDB's
+    /// Files the pipeline's `$group` stages and `$setWindowFields`
+    /// partitions spilled to disk (MongoDB's
     /// `spills`; `usedDisk` when above 0).
-    pub group_spills: u64,
+    pub spills: u64,
 }
 
 impl AggregateExplain {
@@ -85,8 +86,8 @@ impl AggregateExplain {
             "fromRemset": self.from_remset as i64,
             "stoppedEarly": self.stopped_early,
             "foreignCsn": self.foreign_csn.map(|c| c as i64),
-            "usedDisk": self.group_spills > 0,
-            "spills": self.group_spills as i64,
+            "usedDisk": self.spills > 0,
+            "spills": self.spills as i64,
         }
     }
 }
@@ -268,7 +269,7 @@ impl Collection {
                 from_remset: outcome.from_remset,
                 stopped_early,
                 foreign_csn: rt.foreign.csn(),
-                group_spills: rt.group_spills(),
+                spills: rt.spills(),
             },
         ))
     }
@@ -373,7 +374,7 @@ impl Collection {
                 from_remset: 0,
                 stopped_early: false,
                 foreign_csn: rt.foreign.csn(),
-                group_spills: rt.group_spills(),
+                spills: rt.spills(),
             },
         ))
     }
@@ -483,8 +484,8 @@ impl SnapshotCollection {
         Ok(self.aggregate_spilling(pipeline, limits, let_vars)?.0)
     }
 
-    /// [`SnapshotCollection::aggregate_let`], with the runs its `$group`
-    /// stages spilled to disk (explain's `usedDisk` / `spills`).
+    /// [`SnapshotCollection::aggregate_let`], with the files its `$group`
+    /// and `$setWindowFields` stages spilled to disk (explain's `usedDisk` / `spills`).
     pub fn aggregate_spilling(
         &self,
         pipeline: Vec<Document>,
@@ -516,7 +517,7 @@ impl SnapshotCollection {
                 }
             }
             let docs = exec.finish()?;
-            Ok((docs, rt.group_spills()))
+            Ok((docs, rt.spills()))
         })
     }
 
@@ -642,7 +643,7 @@ fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
         from_remset: 0,
         stopped_early: false,
         foreign_csn: Some(csn),
-        group_spills: 0,
+        spills: 0,
     }
 }
 

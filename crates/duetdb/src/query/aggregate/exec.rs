@@ -30,7 +30,8 @@
 //!   memory limit (292);
 //! - `$setWindowFields` (and `$fill`'s methods, which are one) sorts its
 //!   input by (partition, sortBy) through a [`Sorter`] and holds one
-//!   partition at a time (292 past the limit);
+//!   partition at a time; a partition past the limit is spooled to disk
+//!   (`spill.rs` `Spool`) when disk use is allowed, else 292;
 //! - `$bucketAuto` sorts its input by `groupBy` through a [`Sorter`]
 //!   (spilled, or 292 when disk use is not allowed) and cuts the buckets
 //!   from the sorted stream;
@@ -323,7 +324,7 @@ impl<'p> Exec<'p> {
                     let Some(group) = group.take() else {
                         continue;
                     };
-                    rt.note_group_spills(group.spills());
+                    rt.note_spills(group.spills());
                     let mut out = group.finish()?;
                     while let Some(d) = out.next_doc()? {
                         if emit(Row::Owned(d))?.is_break() {

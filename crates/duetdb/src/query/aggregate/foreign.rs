@@ -175,8 +175,9 @@ pub struct Runtime<'a> {
     pub limits: ReadLimits,
     pub spill_dir: PathBuf,
     cache: Mutex<HashMap<usize, Arc<Vec<Document>>>>,
-    /// Runs the `$group` stages of this execution spilled (explain).
-    group_spills: std::sync::atomic::AtomicU64,
+    /// Files the `$group` and `$setWindowFields` stages of this execution
+    /// spilled (explain).
+    spills: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Runtime<'_> {
@@ -197,7 +198,7 @@ impl<'a> Runtime<'a> {
             limits,
             spill_dir,
             cache: Mutex::new(HashMap::new()),
-            group_spills: std::sync::atomic::AtomicU64::new(0),
+            spills: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -207,15 +208,16 @@ impl<'a> Runtime<'a> {
         Runtime::new(&NO_FOREIGN, ReadLimits::default(), default_temp_spill_dir())
     }
 
-    /// Count runs a `$group` of this execution spilled.
-    pub(super) fn note_group_spills(&self, runs: u64) {
-        self.group_spills
+    /// Count files a `$group` or a `$setWindowFields` partition of this
+    /// execution spilled.
+    pub(super) fn note_spills(&self, runs: u64) {
+        self.spills
             .fetch_add(runs, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Runs the `$group` stages of this execution spilled so far.
-    pub fn group_spills(&self) -> u64 {
-        self.group_spills.load(std::sync::atomic::Ordering::Relaxed)
+    /// Files the stages of this execution spilled so far.
+    pub fn spills(&self) -> u64 {
+        self.spills.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The cached result of the uncorrelated sub-pipeline of the stage at

@@ -477,7 +477,7 @@ mod tests {
             }
         }
         let out = exec.finish()?;
-        Ok((out, rt.group_spills()))
+        Ok((out, rt.spills()))
     }
 
     /// Every accumulator of `$group`, order-dependent ones included.
