@@ -230,6 +230,28 @@ def test_set_window_fields_spills_by_partition(make_server, tmp_path):
         assert list(spill.iterdir()) == []
 
 
+def test_densify_streams_with_allow_disk_use(make_server, tmp_path):
+    """$densify sorts its input through the sorter (spilled with allowDiskUse,
+    292 without) and densifies the sorted stream."""
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$densify": {"field": "k", "range": {"step": 0.5, "bounds": "full"}}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([stage, {"$project": {"pad": 0}}], allowDiskUse=True))
+    # k takes each value 0..999 five times: 999 half steps are generated.
+    assert len(got) == 5_000 + 999
+    assert [d["k"] for d in got] == sorted(d["k"] for d in got)
+    made = [d["k"] for d in got if "_id" not in d]
+    assert made == [k + 0.5 for k in range(999)]
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []
+
+
 def test_sample_spills_with_allow_disk_use(make_server, tmp_path):
     """$sample draws through a sorter on random keys (as MongoDB's): a sample
     bigger than the memory limit spills with allowDiskUse, 292 without."""
