@@ -2,7 +2,9 @@
 //!
 //! Owns: `$fill`'s desugaring (as MongoDB's: `method` outputs become one
 //! `$setWindowFields` with `$locf`/`$linearFill`, `value` outputs an
-//! `$addFields` of `$ifNull`; a `sortBy` without methods a `$sort`), and
+//! `$addFields` of `$ifNull`; a `sortBy` without methods a `$sort` — so a
+//! `$fill` spills as those stages do, a partition past the memory limit
+//! included), and
 //! [`Densify`]: missing values of a numeric or date field generated at
 //! `step` intervals, per partition, within `full`, `partition` or explicit
 //! `[lower, upper)` bounds.
@@ -930,6 +932,37 @@ mod tests {
                 Ok(got) => prop_assert_eq!(Ok(got), want),
                 Err(e) => prop_assert_eq!(e.code(), 292),
             }
+        }
+    }
+
+    /// `$fill` is a `$setWindowFields` (methods) and a `$sort` + `$addFields`
+    /// (values): one partition past the limit spills with disk use.
+    #[test]
+    fn fill_over_one_partition_past_the_limit_spills() {
+        let docs: Vec<Document> = (0..1500i32)
+            .map(|i| {
+                let mut d = doc! {"i": i, "t": (i * 7919) % 1500, "pad": "f".repeat(40)};
+                if i % 5 == 0 {
+                    d.insert("a", i);
+                    d.insert("b", f64::from(i) * 2.0);
+                }
+                d
+            })
+            .collect();
+        let pipelines = [
+            vec![doc! {"$fill": {"sortBy": {"t": 1}, "output": {
+                "a": {"method": "locf"}, "b": {"method": "linear"}, "c": {"value": 7},
+            }}}],
+            vec![doc! {"$fill": {"sortBy": {"t": -1}, "output": {"c": {"value": 7}}}}],
+        ];
+        for p in pipelines {
+            let want = crate::query::aggregate::test_support::reference(&p, &docs);
+            let before = spill_stats().runs;
+            let got = streamed(&p, &docs, 16 * 1024, true).expect("spilled");
+            assert!(spill_stats().runs > before, "no spill");
+            assert_eq!(got, want);
+            let e = streamed(&p, &docs, 16 * 1024, false).expect_err("over the limit");
+            assert_eq!(e.code(), 292);
         }
     }
 }
