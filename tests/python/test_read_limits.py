@@ -203,6 +203,11 @@ def test_set_window_fields_spills_by_partition(make_server, tmp_path):
     # Partitions in partition order, each in _id order.
     keys = [((d["k"] % 100), d["_id"]) for d in got]
     assert keys == sorted(keys)
+    # Each partition fits in memory: the input's sort spilled, no partition did.
+    plan = db.command("explain", {"aggregate": "c", "pipeline": [stage], "cursor": {}, "allowDiskUse": True},
+                      verbosity="executionStats")
+    windows = [s for s in plan["stages"] if "$setWindowFields" in s]
+    assert windows and windows[0]["usedDisk"] is False and windows[0]["spills"] == 0, plan
     # One partition bigger than the limit: spooled to disk with disk use
     # (bounded, unbounded and shifted windows read it by position), 292 without.
     whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {

@@ -31,6 +31,7 @@ use bson::Document;
 use crate::api::{Collection, Database, SnapshotCollection};
 use crate::doc::collation::Collator;
 use crate::error::{Error, Result};
+pub use crate::query::aggregate::StageSpills;
 use crate::query::aggregate::{
     prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
 };
@@ -66,10 +67,9 @@ pub struct AggregateExplain {
     /// The commit the other collections (`$lookup`, `$unionWith`, ...) were
     /// read at: always `start_csn` (one snapshot per pipeline).
     pub foreign_csn: Option<u64>,
-    /// Files the pipeline's `$group` stages and `$setWindowFields`
-    /// partitions spilled to disk (MongoDB's
-    /// `spills`; `usedDisk` when above 0).
-    pub spills: u64,
+    /// What the pipeline's `$group` and `$setWindowFields` stages spilled
+    /// to disk (MongoDB's per-stage `spills`; `usedDisk` when above 0).
+    pub spills: StageSpills,
 }
 
 impl AggregateExplain {
@@ -86,8 +86,10 @@ impl AggregateExplain {
             "fromRemset": self.from_remset as i64,
             "stoppedEarly": self.stopped_early,
             "foreignCsn": self.foreign_csn.map(|c| c as i64),
-            "usedDisk": self.spills > 0,
-            "spills": self.spills as i64,
+            "usedDisk": self.spills.group + self.spills.window > 0,
+            "spills": (self.spills.group + self.spills.window) as i64,
+            "groupSpills": self.spills.group as i64,
+            "windowSpills": self.spills.window as i64,
         }
     }
 }
@@ -491,7 +493,7 @@ impl SnapshotCollection {
         pipeline: Vec<Document>,
         limits: &ReadLimits,
         let_vars: Option<&Document>,
-    ) -> Result<(Vec<Document>, u64)> {
+    ) -> Result<(Vec<Document>, StageSpills)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let collator = self.collator()?;
         crate::query::expr::under_collation(collator.as_ref(), || {
@@ -643,7 +645,7 @@ fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
         from_remset: 0,
         stopped_early: false,
         foreign_csn: Some(csn),
-        spills: 0,
+        spills: StageSpills::default(),
     }
 }
 

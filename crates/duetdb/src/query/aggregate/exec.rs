@@ -329,7 +329,7 @@ impl<'p> Exec<'p> {
                     let Some(group) = group.take() else {
                         continue;
                     };
-                    rt.note_spills(group.spills());
+                    rt.note_group_spills(group.spills());
                     let mut out = group.finish()?;
                     while let Some(d) = out.next_doc()? {
                         if emit(Row::Owned(d))?.is_break() {

@@ -477,7 +477,7 @@ mod tests {
             }
         }
         let out = exec.finish()?;
-        Ok((out, rt.spills()))
+        Ok((out, rt.group_spills()))
     }
 
     /// Every accumulator of `$group`, order-dependent ones included.

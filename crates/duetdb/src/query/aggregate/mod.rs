@@ -141,7 +141,7 @@ use stages::Unwind;
 use window::Window;
 
 pub use exec::Exec;
-pub use foreign::{Foreign, Pinned, Runtime};
+pub use foreign::{Foreign, Pinned, Runtime, StageSpills};
 pub use group::canonical_cmp;
 pub use output::{merged_version, MergeSpec, Output};
 pub use split::{

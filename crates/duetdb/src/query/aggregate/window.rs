@@ -401,7 +401,7 @@ impl Window {
             }
             if let Column::Disk(s) = &col {
                 if s.spilled() {
-                    rt.note_spills(1);
+                    rt.note_window_spills(1);
                 }
             }
             columns.push(col);
@@ -1057,7 +1057,7 @@ impl WindowRun<'_> {
             match spool.take() {
                 Some(s) => {
                     if s.spilled() {
-                        rt.note_spills(1);
+                        rt.note_window_spills(1);
                     }
                     stage.partition(&s, rt, emit)
                 }
@@ -1254,7 +1254,8 @@ mod tests {
             let _ = exec.push_document(d.clone()).expect("push");
         }
         assert_eq!(exec.finish().expect("finish"), want);
-        assert!(rt.spills() > 1, "spills {}", rt.spills());
+        assert!(rt.window_spills() > 1, "spills {:?}", rt.spills());
+        assert_eq!(rt.group_spills(), 0);
         // Without disk use it stays 292.
         let e = streamed(&p, &docs, 8 * 1024, false).expect_err("over the limit");
         assert_eq!(e.code(), 292);
