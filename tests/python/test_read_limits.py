@@ -203,11 +203,55 @@ def test_set_window_fields_spills_by_partition(make_server, tmp_path):
     # Partitions in partition order, each in _id order.
     keys = [((d["k"] % 100), d["_id"]) for d in got]
     assert keys == sorted(keys)
-    # One partition bigger than the limit: 292 even with disk use.
-    whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}}
+    # Each partition fits in memory: the input's sort spilled, no partition did.
+    plan = db.command("explain", {"aggregate": "c", "pipeline": [stage], "cursor": {}, "allowDiskUse": True},
+                      verbosity="executionStats")
+    windows = [s for s in plan["stages"] if "$setWindowFields" in s]
+    assert windows and windows[0]["usedDisk"] is False and windows[0]["spills"] == 0, plan
+    # One partition bigger than the limit: spooled to disk with disk use
+    # (bounded, unbounded and shifted windows read it by position), 292 without.
+    whole = {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {
+        "n": {"$documentNumber": {}},
+        "near": {"$sum": "$k", "window": {"documents": [-1, 1]}},
+        "top": {"$max": "$k", "window": {"documents": ["unbounded", "unbounded"]}},
+        "prev": {"$shift": {"output": "$k", "by": -1, "default": -1}},
+    }}}
     with pytest.raises(OperationFailure) as e:
-        list(db.c.aggregate([whole], allowDiskUse=True))
+        list(db.c.aggregate([whole], allowDiskUse=False))
     assert e.value.code == 292
+    got = list(db.c.aggregate([whole, {"$project": {"pad": 0}}], allowDiskUse=True))
+    ks = [(i * 7919) % 1000 for i in range(5_000)]
+    assert [d["_id"] for d in got] == list(range(5_000))
+    for i, d in enumerate(got):
+        near = sum(ks[max(0, i - 1):i + 2])
+        prev = ks[i - 1] if i else -1
+        assert (d["n"], d["near"], d["top"], d["prev"]) == (i + 1, near, 999, prev), d
+    plan = db.command("explain", {"aggregate": "c", "pipeline": [whole], "cursor": {}, "allowDiskUse": True},
+                      verbosity="executionStats")
+    windows = [s for s in plan["stages"] if "$setWindowFields" in s]
+    assert windows and windows[0]["usedDisk"] is True and windows[0]["spills"] > 0, plan
+    spill = tmp_path / "data" / "limits" / "spill"
+    if spill.exists():
+        assert list(spill.iterdir()) == []
+
+
+def test_densify_streams_with_allow_disk_use(make_server, tmp_path):
+    """$densify sorts its input through the sorter (spilled with allowDiskUse,
+    292 without) and densifies the sorted stream."""
+    srv = make_server("--query-memory-limit-bytes", "65536")
+    c = srv.client()
+    db = c.limits
+    load(db.c, 5_000)
+    stage = {"$densify": {"field": "k", "range": {"step": 0.5, "bounds": "full"}}}
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([stage], allowDiskUse=False))
+    assert e.value.code == 292
+    got = list(db.c.aggregate([stage, {"$project": {"pad": 0}}], allowDiskUse=True))
+    # k takes each value 0..999 five times: 999 half steps are generated.
+    assert len(got) == 5_000 + 999
+    assert [d["k"] for d in got] == sorted(d["k"] for d in got)
+    made = [d["k"] for d in got if "_id" not in d]
+    assert made == [k + 0.5 for k in range(999)]
     spill = tmp_path / "data" / "limits" / "spill"
     if spill.exists():
         assert list(spill.iterdir()) == []

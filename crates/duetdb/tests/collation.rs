@@ -471,7 +471,7 @@ fn group_keys_and_add_to_set_follow_the_collation() {
             .expect("aggregate");
         assert_eq!(out.len(), 1000, "{limits:?}");
         let small = limits.memory_limit_bytes < duetdb::DEFAULT_MEMORY_LIMIT;
-        assert_eq!(explain.group_spills > 0, small, "{explain:?}");
+        assert_eq!(explain.spills.group > 0, small, "{explain:?}");
         for d in &out {
             assert_eq!(d.get_i32("n").ok(), Some(4), "{d}");
             assert_eq!(d.get_array("vs").map(Vec::len).ok(), Some(1), "{d}");

@@ -453,7 +453,7 @@ fn aggregate_sort_and_group_spill_over_the_limit_or_refuse_without_disk_use() {
             .aggregate_limited(group, strategy, &limited(64 * 1024, true))
             .expect("group spills");
         assert_eq!(got, in_memory, "{strategy}");
-        assert!(explain.group_spills > 0, "{strategy}: {explain:?}");
+        assert!(explain.spills.group > 0, "{strategy}: {explain:?}");
         assert_eq!(explain.to_document().get_bool("usedDisk").ok(), Some(true));
         assert!(spill_stats().runs > before.runs, "{strategy}: no spill");
     }
@@ -512,7 +512,7 @@ fn spill_files_are_private_and_gone_after_the_query() {
         )
         .expect("spilling group");
     assert_eq!(groups.len(), 997);
-    assert!(explain.group_spills > 0);
+    assert!(explain.spills.group > 0);
     assert_eq!(std::fs::read_dir(&spill).expect("list").count(), 0);
     // A file a crash left behind is removed when the database opens again.
     std::fs::write(spill.join("run-1-1"), b"left by a crash").expect("plant");

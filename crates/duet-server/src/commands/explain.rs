@@ -470,15 +470,14 @@ impl Explainer<'_, '_, '_> {
                 duet.insert(k, v.clone());
             }
         }
-        // Runs the `$group` stages spilled (MongoDB's per-stage `spills`).
-        let mut spills = 0i64;
+        // Runs the `$group` stages spilled and files the `$setWindowFields`
+        // stages (`$fill`'s included) spooled (MongoDB's per-stage `spills`).
+        let (mut group_spills, mut window_spills) = (0i64, 0i64);
         let run = if self.executes() {
             let ((docs, report), mut c) =
                 self.counted(|limits| self.source.aggregate_run(stages.clone(), limits))?;
-            spills = report
-                .as_ref()
-                .and_then(|r| r.get_i64("spills").ok())
-                .unwrap_or(0);
+            let count = |k: &str| report.as_ref().and_then(|r| r.get_i64(k).ok()).unwrap_or(0);
+            (group_spills, window_spills) = (count("groupSpills"), count("windowSpills"));
             // An OLCP pass counts its own work: every version it read.
             if let Some(plan) = report
                 .as_ref()
@@ -517,7 +516,14 @@ impl Explainer<'_, '_, '_> {
         let last = rest.len();
         for (i, s) in rest.into_iter().enumerate() {
             let mut d = s.clone();
-            if run.is_some() && d.contains_key("$group") {
+            let spills = if d.contains_key("$group") {
+                Some(group_spills)
+            } else if d.contains_key("$setWindowFields") || d.contains_key("$fill") {
+                Some(window_spills)
+            } else {
+                None
+            };
+            if let (Some(spills), true) = (spills, run.is_some()) {
                 d.insert("usedDisk", spills > 0);
                 d.insert("spills", spills);
             }

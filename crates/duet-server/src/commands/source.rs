@@ -501,7 +501,7 @@ impl ReadSource<'_> {
             }
             ReadSource::Held { coll, .. } => {
                 let (docs, spills) = coll.aggregate_spilling(stages, &limits, None)?;
-                (docs, Some(bson::doc! {"spills": spills as i64}))
+                (docs, Some(spills.to_document()))
             }
             ReadSource::Txn(coll) => (Crud::aggregate(coll, stages)?, None),
         })

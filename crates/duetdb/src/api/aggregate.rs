@@ -31,6 +31,7 @@ use bson::Document;
 use crate::api::{Collection, Database, SnapshotCollection};
 use crate::doc::collation::Collator;
 use crate::error::{Error, Result};
+pub use crate::query::aggregate::StageSpills;
 use crate::query::aggregate::{
     prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
 };
@@ -66,9 +67,9 @@ pub struct AggregateExplain {
     /// The commit the other collections (`$lookup`, `$unionWith`, ...) were
     /// read at: always `start_csn` (one snapshot per pipeline).
     pub foreign_csn: Option<u64>,
-    /// Runs the pipeline's `$group` stages spilled to disk (MongoDB's
-    /// `spills`; `usedDisk` when above 0).
-    pub group_spills: u64,
+    /// What the pipeline's `$group` and `$setWindowFields` stages spilled
+    /// to disk (MongoDB's per-stage `spills`; `usedDisk` when above 0).
+    pub spills: StageSpills,
 }
 
 impl AggregateExplain {
@@ -85,8 +86,10 @@ impl AggregateExplain {
             "fromRemset": self.from_remset as i64,
             "stoppedEarly": self.stopped_early,
             "foreignCsn": self.foreign_csn.map(|c| c as i64),
-            "usedDisk": self.group_spills > 0,
-            "spills": self.group_spills as i64,
+            "usedDisk": self.spills.group + self.spills.window > 0,
+            "spills": (self.spills.group + self.spills.window) as i64,
+            "groupSpills": self.spills.group as i64,
+            "windowSpills": self.spills.window as i64,
         }
     }
 }
@@ -268,7 +271,7 @@ impl Collection {
                 from_remset: outcome.from_remset,
                 stopped_early,
                 foreign_csn: rt.foreign.csn(),
-                group_spills: rt.group_spills(),
+                spills: rt.spills(),
             },
         ))
     }
@@ -373,7 +376,7 @@ impl Collection {
                 from_remset: 0,
                 stopped_early: false,
                 foreign_csn: rt.foreign.csn(),
-                group_spills: rt.group_spills(),
+                spills: rt.spills(),
             },
         ))
     }
@@ -483,14 +486,14 @@ impl SnapshotCollection {
         Ok(self.aggregate_spilling(pipeline, limits, let_vars)?.0)
     }
 
-    /// [`SnapshotCollection::aggregate_let`], with the runs its `$group`
-    /// stages spilled to disk (explain's `usedDisk` / `spills`).
+    /// [`SnapshotCollection::aggregate_let`], with the files its `$group`
+    /// and `$setWindowFields` stages spilled to disk (explain's `usedDisk` / `spills`).
     pub fn aggregate_spilling(
         &self,
         pipeline: Vec<Document>,
         limits: &ReadLimits,
         let_vars: Option<&Document>,
-    ) -> Result<(Vec<Document>, u64)> {
+    ) -> Result<(Vec<Document>, StageSpills)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let collator = self.collator()?;
         crate::query::expr::under_collation(collator.as_ref(), || {
@@ -516,7 +519,7 @@ impl SnapshotCollection {
                 }
             }
             let docs = exec.finish()?;
-            Ok((docs, rt.group_spills()))
+            Ok((docs, rt.spills()))
         })
     }
 
@@ -642,7 +645,7 @@ fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
         from_remset: 0,
         stopped_early: false,
         foreign_csn: Some(csn),
-        group_spills: 0,
+        spills: StageSpills::default(),
     }
 }
 

@@ -24,7 +24,7 @@ pub mod text;
 pub mod transaction;
 pub mod ttl;
 
-pub use aggregate::AggregateExplain;
+pub use aggregate::{AggregateExplain, StageSpills};
 pub use analytics::{AnalyticCollection, AnalyticSession};
 pub use backup::{BackedUp, BackupInfo};
 pub use capped::TailPosition;

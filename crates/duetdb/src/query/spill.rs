@@ -2,8 +2,10 @@
 //! private temporary directory and read back once, in order.
 //!
 //! Owns: the spill directory's creation (mode 0700) and startup cleanup
-//! ([`clear_dir`]), run files (mode 0600, [`RunWriter`] / [`RunReader`]), and
-//! the process-wide spill figures ([`spill_stats`]).
+//! ([`clear_dir`]), run files (mode 0600, [`RunWriter`] / [`RunReader`]),
+//! [`Spool`] (documents appended once and read back by position, in memory
+//! up to a byte limit, then in one run file), and the process-wide spill
+//! figures ([`spill_stats`]).
 //!
 //! A run file is a sequence of `tie u64 LE | BSON document` records (the
 //! document starts with its own little-endian `i32` length; the tie is the
@@ -20,7 +22,11 @@
 //!   file is removed when its writer or reader is dropped. [`clear_dir`]
 //!   removes leftovers (`run-*`) when a database opens, for the window
 //!   between create and unlink;
-//! - reading a run never panics on its bytes: a damaged length is an error.
+//! - reading a run never panics on its bytes: a damaged length is an error;
+//! - a [`Spool`] holds at most its limit of document bytes in memory; past it
+//!   every document it holds is in its file (none in memory), and what it
+//!   keeps per document is one `u64` offset (plus one read chunk of at least
+//!   [`READ_BUFFER`] bytes). A spool file is one "run" of [`spill_stats`].
 //!
 //! File I/O here goes straight to `std::fs`, not through the durability
 //! layer's `Vfs`: spill files carry no durable state, so crash images of them
@@ -107,6 +113,24 @@ pub fn clear_dir(dir: &Path) -> Result<usize> {
     Ok(removed)
 }
 
+/// A new private file in `dir` (created 0700 when missing), opened for
+/// reading and writing; on unix already unlinked.
+fn create_file(dir: &Path) -> Result<(File, PathBuf)> {
+    create_dir(dir)?;
+    let n = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{RUN_PREFIX}{}-{n}", std::process::id()));
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let file = o
+        .open(&path)
+        .map_err(|e| io_error("create spill file", &path, &e))?;
+    #[cfg(unix)]
+    std::fs::remove_file(&path).map_err(|e| io_error("unlink spill file", &path, &e))?;
+    Ok((file, path))
+}
+
 /// A run being written: documents in the order they are pushed.
 pub struct RunWriter {
     out: BufWriter<File>,
@@ -118,18 +142,7 @@ pub struct RunWriter {
 impl RunWriter {
     /// A new run file in `dir` (created 0700 when missing).
     pub fn create(dir: &Path) -> Result<RunWriter> {
-        create_dir(dir)?;
-        let n = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{RUN_PREFIX}{}-{n}", std::process::id()));
-        let mut o = OpenOptions::new();
-        o.read(true).write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-        let file = o
-            .open(&path)
-            .map_err(|e| io_error("create spill file", &path, &e))?;
-        #[cfg(unix)]
-        std::fs::remove_file(&path).map_err(|e| io_error("unlink spill file", &path, &e))?;
+        let (file, path) = create_file(dir)?;
         Ok(RunWriter {
             out: BufWriter::with_capacity(WRITE_BUFFER, file),
             path,
@@ -246,6 +259,199 @@ impl Drop for RunReader {
     }
 }
 
+/// Documents appended once, then read by position (a `$setWindowFields`
+/// partition): in memory while they fit under the limit; past it (only
+/// with disk use allowed, else 292) all of them move to one spill file and
+/// are read back from it, one chunk of the file cached at a time, so reads
+/// near the last one (a sliding window) mostly come from memory.
+pub struct Spool {
+    limit: usize,
+    allow_disk_use: bool,
+    dir: PathBuf,
+    /// What runs out of memory without disk use (the 292's message).
+    what: &'static str,
+    mem: Vec<DocRef>,
+    mem_bytes: usize,
+    file: Option<SpoolFile>,
+}
+
+/// The file of a spilled [`Spool`].
+struct SpoolFile {
+    path: PathBuf,
+    /// Writing until the first read, then the file itself.
+    out: std::cell::RefCell<SpoolIo>,
+    /// Where each document starts; the last entry is the end of the file.
+    offsets: Vec<u64>,
+}
+
+enum SpoolIo {
+    Writing(BufWriter<File>),
+    Reading {
+        file: File,
+        /// A copy of the file's bytes from `chunk_at`.
+        chunk: Vec<u8>,
+        chunk_at: u64,
+    },
+    /// A write failed while switching to reading.
+    Broken,
+}
+
+impl std::fmt::Debug for Spool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spool")
+            .field("len", &self.len())
+            .field("mem_bytes", &self.mem_bytes)
+            .field("spilled", &self.spilled())
+            .finish()
+    }
+}
+
+impl Spool {
+    /// An empty spool holding up to `limit` bytes in memory; past it, it
+    /// spills to `dir` when `allow_disk_use`, else pushes fail with 292
+    /// naming `what`.
+    pub fn new(limit: usize, allow_disk_use: bool, dir: PathBuf, what: &'static str) -> Spool {
+        Spool {
+            limit,
+            allow_disk_use,
+            dir,
+            what,
+            mem: Vec::new(),
+            mem_bytes: 0,
+            file: None,
+        }
+    }
+
+    /// Documents pushed.
+    pub fn len(&self) -> usize {
+        match &self.file {
+            Some(f) => f.offsets.len() - 1,
+            None => self.mem.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Are its documents on disk?
+    pub fn spilled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Append `doc`.
+    pub fn push(&mut self, doc: DocRef) -> Result<()> {
+        if self.file.is_none() {
+            let bytes = doc.as_bytes().len();
+            if self.mem_bytes + bytes <= self.limit {
+                self.mem_bytes += bytes;
+                self.mem.push(doc);
+                return Ok(());
+            }
+            if !self.allow_disk_use {
+                return Err(Error::ExceededMemoryLimit(format!(
+                    "{} exceeded the memory limit of {} bytes, but did not opt in to external sorting. Pass allowDiskUse:true to opt in.",
+                    self.what, self.limit
+                )));
+            }
+            let (file, path) = create_file(&self.dir)?;
+            RUNS_WRITTEN.fetch_add(1, Ordering::Relaxed);
+            self.file = Some(SpoolFile {
+                path,
+                out: std::cell::RefCell::new(SpoolIo::Writing(BufWriter::with_capacity(
+                    WRITE_BUFFER,
+                    file,
+                ))),
+                offsets: vec![0],
+            });
+            for d in std::mem::take(&mut self.mem) {
+                self.append(&d)?;
+            }
+            self.mem_bytes = 0;
+        }
+        self.append(&doc)
+    }
+
+    fn append(&mut self, doc: &RawDocument) -> Result<()> {
+        let Some(f) = &mut self.file else {
+            return Err(Error::Internal("spool: append without a file".into()));
+        };
+        let bytes = doc.as_bytes();
+        match f.out.get_mut() {
+            SpoolIo::Writing(out) => out
+                .write_all(bytes)
+                .map_err(|e| io_error("write spill file", &f.path, &e))?,
+            _ => return Err(Error::Internal("spool: a push after the first read".into())),
+        }
+        let end = f.offsets.last().copied().unwrap_or(0) + bytes.len() as u64;
+        f.offsets.push(end);
+        BYTES_WRITTEN.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The document at `i` (pushed `i`-th); no push may follow a read.
+    pub fn get(&self, i: usize) -> Result<DocRef> {
+        let Some(f) = &self.file else {
+            return self
+                .mem
+                .get(i)
+                .cloned()
+                .ok_or_else(|| Error::Internal(format!("spool: no document {i}")));
+        };
+        let (Some(&start), Some(&end)) = (f.offsets.get(i), f.offsets.get(i + 1)) else {
+            return Err(Error::Internal(format!("spool: no document {i}")));
+        };
+        let mut io = f.out.borrow_mut();
+        if let SpoolIo::Writing(_) = &*io {
+            let SpoolIo::Writing(out) = std::mem::replace(&mut *io, SpoolIo::Broken) else {
+                return Err(Error::Internal("spool: state".into()));
+            };
+            let file = out
+                .into_inner()
+                .map_err(|e| io_error("write spill file", &f.path, e.error()))?;
+            *io = SpoolIo::Reading {
+                file,
+                chunk: Vec::new(),
+                chunk_at: 0,
+            };
+        }
+        let SpoolIo::Reading {
+            file,
+            chunk,
+            chunk_at,
+        } = &mut *io
+        else {
+            return Err(Error::Internal("spool: a write failed before".into()));
+        };
+        let len = (end - start) as usize;
+        if start < *chunk_at || end > *chunk_at + chunk.len() as u64 {
+            let file_end = f.offsets.last().copied().unwrap_or(0);
+            let want = ((file_end - start) as usize).min(len.max(READ_BUFFER));
+            chunk.resize(want, 0);
+            file.seek(SeekFrom::Start(start))
+                .and_then(|_| file.read_exact(chunk))
+                .map_err(|e| io_error("read spill file", &f.path, &e))?;
+            *chunk_at = start;
+        }
+        let at = (start - *chunk_at) as usize;
+        let doc = RawDocumentBuf::from_bytes(chunk[at..at + len].to_vec()).map_err(|e| {
+            Error::from(StorageError::corrupt(
+                &f.path,
+                start,
+                format!("spooled document: {e}"),
+            ))
+        })?;
+        Ok(Arc::new(doc))
+    }
+}
+
+#[cfg(not(unix))]
+impl Drop for SpoolFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,6 +509,46 @@ mod tests {
         assert_eq!(w.mode(), 0o600);
         drop(w);
         std::fs::remove_dir_all(&dir).expect("test setup");
+    }
+
+    #[test]
+    fn a_spool_reads_by_position_from_memory_or_disk() {
+        let dir = tmp("spool");
+        let docs: Vec<DocRef> = (0..2000i32)
+            .map(|i| {
+                Arc::new(
+                    RawDocumentBuf::try_from(&doc! {"i": i, "s": "y".repeat((i % 97) as usize)})
+                        .expect("test setup"),
+                )
+            })
+            .collect();
+        let total: usize = docs.iter().map(|d| d.as_bytes().len()).sum();
+        for (limit, spills) in [(total, false), (4096, true)] {
+            let before = spill_stats().runs;
+            let mut s = Spool::new(limit, true, dir.clone(), "test");
+            for d in &docs {
+                s.push(d.clone()).expect("push");
+            }
+            assert_eq!(s.spilled(), spills);
+            assert_eq!(s.len(), docs.len());
+            assert_eq!(spill_stats().runs > before, spills);
+            // Forward, backward and jumping reads.
+            let order = (0..docs.len())
+                .chain((0..docs.len()).rev())
+                .chain((0..docs.len()).map(|i| (i * 7919) % docs.len()));
+            for i in order {
+                assert_eq!(s.get(i).expect("get").as_bytes(), docs[i].as_bytes());
+            }
+            assert!(s.get(docs.len()).is_err());
+        }
+        // Without disk use: 292 past the limit.
+        let mut s = Spool::new(100, false, dir.clone(), "test");
+        let e = docs
+            .iter()
+            .try_for_each(|d| s.push(d.clone()))
+            .expect_err("over the limit");
+        assert_eq!(e.code(), 292);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

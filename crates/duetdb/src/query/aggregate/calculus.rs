@@ -24,9 +24,10 @@
 //! Cost: `$integral` and `$covariance*` use prefix sums over the partition,
 //! O(n) after the windows are known, whatever the window sizes.
 
-use bson::{Bson, Document};
+use bson::Bson;
 
 use crate::error::Result;
+use crate::query::aggregate::window::Rows;
 use crate::query::aggregate::ParseCtx;
 use crate::query::expr::{decimal, num_of, type_name, Expr, Root, Value};
 
@@ -214,32 +215,35 @@ impl Calc {
         !matches!(self, Calc::ExpMovingAvg { .. })
     }
 
-    /// The value for every document of a partition. `xs` are the sortBy
-    /// field's values; `windows[i]` is document i's `[start, end)`.
+    /// The value for every document of a partition, in order, to `out`.
+    /// `xs` are the sortBy field's values; `windows[i]` is document i's
+    /// `[start, end)`.
     pub(super) fn compute(
         &self,
-        docs: &[&Document],
+        rows: &dyn Rows,
         xs: &[Value],
         windows: &[(usize, usize)],
-    ) -> Result<Vec<Value>> {
+        out: &mut dyn FnMut(Value) -> Result<()>,
+    ) -> Result<()> {
         match self {
-            Calc::Derivative { input, unit_ms } => derivative(input, *unit_ms, docs, xs, windows),
-            Calc::Integral { input, unit_ms } => integral(input, *unit_ms, docs, xs, windows),
+            Calc::Derivative { input, unit_ms } => {
+                derivative(input, *unit_ms, rows, xs, windows, out)
+            }
+            Calc::Integral { input, unit_ms } => integral(input, *unit_ms, rows, xs, windows, out),
             Calc::ExpMovingAvg { input, alpha } => {
-                let mut out = Vec::with_capacity(docs.len());
                 let mut cur: Option<f64> = None;
-                for d in docs {
-                    if let Some(v) = as_f64(&input.eval(&Root::Doc(d))?) {
+                for i in 0..rows.len() {
+                    if let Some(v) = as_f64(&input.eval(&Root::Doc(&*rows.get(i)?))?) {
                         cur = Some(match cur {
                             None => v,
                             Some(r) => v * alpha + r * (1.0 - alpha),
                         });
                     }
-                    out.push(Some(cur.map_or(Bson::Null, Bson::Double)));
+                    out(Some(cur.map_or(Bson::Null, Bson::Double)))?;
                 }
-                Ok(out)
+                Ok(())
             }
-            Calc::Covariance { input, sample } => covariance(input, *sample, docs, windows),
+            Calc::Covariance { input, sample } => covariance(input, *sample, rows, windows, out),
         }
     }
 }
@@ -280,22 +284,22 @@ fn x_of(x: &Value, unit: bool, deriv: bool) -> Result<f64> {
 fn derivative(
     input: &Expr,
     unit_ms: Option<i64>,
-    docs: &[&Document],
+    rows: &dyn Rows,
     xs: &[Value],
     windows: &[(usize, usize)],
-) -> Result<Vec<Value>> {
-    let mut out = Vec::with_capacity(docs.len());
+    out: &mut dyn FnMut(Value) -> Result<()>,
+) -> Result<()> {
     for &(s, e) in windows {
         if e <= s {
-            out.push(Some(Bson::Null));
+            out(Some(Bson::Null))?;
             continue;
         }
         let (l, r) = (s, e - 1);
         let x0 = x_of(&xs[l], unit_ms.is_some(), true)?;
         let x1 = x_of(&xs[r], unit_ms.is_some(), true)?;
         let (y0, y1) = (
-            input.eval(&Root::Doc(docs[l]))?,
-            input.eval(&Root::Doc(docs[r]))?,
+            input.eval(&Root::Doc(&*rows.get(l)?))?,
+            input.eval(&Root::Doc(&*rows.get(r)?))?,
         );
         if nullish(&y0) || nullish(&y1) {
             return Err(coded!(
@@ -316,16 +320,16 @@ fn derivative(
         };
         let run = x1 - x0;
         if run == 0.0 {
-            out.push(Some(Bson::Null));
+            out(Some(Bson::Null))?;
             continue;
         }
         let rate = (y1n - y0n) / run;
-        out.push(double(match unit_ms {
+        out(double(match unit_ms {
             Some(ms) => rate * ms as f64,
             None => rate,
-        }));
+        }))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Which documents belong to at least one window (only those are checked,
@@ -350,11 +354,12 @@ fn covered(n: usize, windows: &[(usize, usize)]) -> Vec<bool> {
 fn integral(
     input: &Expr,
     unit_ms: Option<i64>,
-    docs: &[&Document],
+    rows: &dyn Rows,
     xs: &[Value],
     windows: &[(usize, usize)],
-) -> Result<Vec<Value>> {
-    let n = docs.len();
+    out: &mut dyn FnMut(Value) -> Result<()>,
+) -> Result<()> {
+    let n = rows.len();
     let used = covered(n, windows);
     let shape = || {
         coded!(
@@ -369,7 +374,7 @@ fn integral(
             pts.push((0.0, 0.0));
             continue;
         }
-        let y = as_f64(&input.eval(&Root::Doc(docs[i]))?).ok_or_else(shape)?;
+        let y = as_f64(&input.eval(&Root::Doc(&*rows.get(i)?))?).ok_or_else(shape)?;
         let is_x = matches!(&xs[i], Some(Bson::DateTime(_))) || as_f64(&xs[i]).is_some();
         if !is_x {
             return Err(shape());
@@ -394,35 +399,35 @@ fn integral(
             area[i + 1] = area[i] + t;
         }
     }
-    let mut out = Vec::with_capacity(n);
     for &(s, e) in windows {
         if e <= s {
-            out.push(Some(Bson::Null));
+            out(Some(Bson::Null))?;
             continue;
         }
         if nans[e] - nans[s] > 0 {
-            out.push(double(f64::NAN));
+            out(double(f64::NAN))?;
             continue;
         }
         let v = area[e - 1] - area[s];
-        out.push(double(match unit_ms {
+        out(double(match unit_ms {
             Some(ms) => v / ms as f64,
             None => v,
-        }));
+        }))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 fn covariance(
     input: &Expr,
     sample: bool,
-    docs: &[&Document],
+    rows: &dyn Rows,
     windows: &[(usize, usize)],
-) -> Result<Vec<Value>> {
-    let n = docs.len();
+    out: &mut dyn FnMut(Value) -> Result<()>,
+) -> Result<()> {
+    let n = rows.len();
     let mut pairs: Vec<Option<(f64, f64)>> = Vec::with_capacity(n);
-    for d in docs {
-        let v = input.eval(&Root::Doc(d))?;
+    for i in 0..n {
+        let v = input.eval(&Root::Doc(&*rows.get(i)?))?;
         pairs.push(match &v {
             Some(Bson::Array(a)) if a.len() == 2 => {
                 match (as_f64(&Some(a[0].clone())), as_f64(&Some(a[1].clone()))) {
@@ -458,18 +463,17 @@ fn covariance(
         sy[i + 1] = sy[i] + y;
         sxy[i + 1] = sxy[i] + x * y;
     }
-    let mut out = Vec::with_capacity(n);
     for &(s, e) in windows {
         let e = e.max(s);
         let k = (cnt[e] - cnt[s]) as f64;
         let need = if sample { 2.0 } else { 1.0 };
         if k < need {
-            out.push(Some(Bson::Null));
+            out(Some(Bson::Null))?;
             continue;
         }
         let (x, y, xy) = (sx[e] - sx[s], sy[e] - sy[s], sxy[e] - sxy[s]);
         let c = xy - x * y / k;
-        out.push(double(c / if sample { k - 1.0 } else { k }));
+        out(double(c / if sample { k - 1.0 } else { k }))?;
     }
-    Ok(out)
+    Ok(())
 }

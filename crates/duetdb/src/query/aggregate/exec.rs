@@ -26,11 +26,15 @@
 //!   random order), as MongoDB's `$sample` sorts on a random key: through
 //!   a [`Sorter`] with `keep = size`, so past the memory limit the kept
 //!   documents spill as sorted runs when disk use is allowed (292, the
-//!   sort's message, when not); `$densify` keeps its input under the
-//!   memory limit (292);
+//!   sort's message, when not);
+//! - `$densify` sorts its input by (partition, value) through a [`Sorter`]
+//!   (spilled, or 292) and densifies the sorted stream holding one
+//!   partition's few figures; the documents it generates are emitted as
+//!   they are made (at most 500,000 per stage: 5897900);
 //! - `$setWindowFields` (and `$fill`'s methods, which are one) sorts its
 //!   input by (partition, sortBy) through a [`Sorter`] and holds one
-//!   partition at a time (292 past the limit);
+//!   partition at a time; a partition past the limit is spooled to disk
+//!   (`spill.rs` `Spool`) when disk use is allowed, else 292;
 //! - `$bucketAuto` sorts its input by `groupBy` through a [`Sorter`]
 //!   (spilled, or 292 when disk use is not allowed) and cuts the buckets
 //!   from the sorted stream;
@@ -63,6 +67,7 @@ use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
 use crate::query::aggregate::bucket::{BucketAuto, BucketAutoRun};
 use crate::query::aggregate::facet::FacetRun;
+use crate::query::aggregate::fill::{Densify, DensifyRun};
 use crate::query::aggregate::group::Group;
 use crate::query::aggregate::group_spill::SpillingGroup;
 use crate::query::aggregate::stages::{per_document, Cur};
@@ -134,8 +139,10 @@ enum Node<'p> {
     /// `$setWindowFields`: its input through a sorter (started at the first
     /// row), one partition held at a time.
     Window(&'p Window, Option<WindowRun<'p>>),
-    /// A stage that needs its whole input (`$bucketAuto`,
-    /// `$setWindowFields` (and `$fill`'s methods), `$densify`).
+    /// `$densify`: its input through a sorter (started at the first row).
+    Densify(&'p Densify, Option<DensifyRun<'p>>),
+    /// A stage that needs its whole input (a `$setWindowFields` whose sort
+    /// cannot go through the sorter).
     Hold(Held<'p>),
     /// `$documents`: emits its documents when the pipeline finishes.
     Documents(&'p Expr),
@@ -244,13 +251,12 @@ impl<'p> Exec<'p> {
                 StageRef::Stage(Stage::Sample(n)) => Node::Sample(*n, None),
                 StageRef::Stage(Stage::BucketAuto(b)) => Node::BucketAuto(b, None),
                 StageRef::Stage(Stage::Window(w)) if w.can_spill() => Node::Window(w, None),
-                StageRef::Stage(stage @ (Stage::Window(_) | Stage::Densify(_))) => {
-                    Node::Hold(Held {
-                        stage,
-                        rows: Vec::new(),
-                        bytes: 0,
-                    })
-                }
+                StageRef::Stage(Stage::Densify(d)) => Node::Densify(d, None),
+                StageRef::Stage(stage @ Stage::Window(_)) => Node::Hold(Held {
+                    stage,
+                    rows: Vec::new(),
+                    bytes: 0,
+                }),
                 StageRef::Stage(Stage::Documents(e)) => Node::Documents(e),
                 StageRef::Stage(Stage::Output(_)) => Node::PassThrough,
                 StageRef::Stage(stage) => Node::PerDoc(stage),
@@ -387,6 +393,11 @@ impl<'p> Exec<'p> {
                         }
                     }
                 },
+                Node::Densify(_, run) => {
+                    if let Some(run) = run.take() {
+                        run.finish(rt, &mut |d| Ok(emit(Row::Owned(d))?.is_break()))?;
+                    }
+                }
                 Node::Hold(held) => {
                     let rows = std::mem::take(&mut held.rows);
                     for d in finish_held(held.stage, rows, rt)? {
@@ -542,6 +553,14 @@ fn push_at(
                         .start(rt)
                         .ok_or_else(|| Error::Internal("$setWindowFields cannot sort".into()))?,
                 ),
+            };
+            run.push(row.into_document()?)?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Node::Densify(stage, run) => {
+            let run = match run {
+                Some(run) => run,
+                None => run.insert(stage.start(rt)?),
             };
             run.push(row.into_document()?)?;
             Ok(ControlFlow::Continue(()))

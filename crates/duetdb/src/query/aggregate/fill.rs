@@ -2,17 +2,27 @@
 //!
 //! Owns: `$fill`'s desugaring (as MongoDB's: `method` outputs become one
 //! `$setWindowFields` with `$locf`/`$linearFill`, `value` outputs an
-//! `$addFields` of `$ifNull`; a `sortBy` without methods a `$sort`), and
+//! `$addFields` of `$ifNull`; a `sortBy` without methods a `$sort` — so a
+//! `$fill` spills as those stages do, a partition past the memory limit
+//! included), and
 //! [`Densify`]: missing values of a numeric or date field generated at
 //! `step` intervals, per partition, within `full`, `partition` or explicit
 //! `[lower, upper)` bounds.
 //!
 //! Invariants: `$densify` emits every input document once, partitions in
 //! partition-key order and each partition by its field (documents without
-//! a numeric/date field first, as they came); a generated document holds
-//! only the field and the partition fields; at most
-//! [`MAX_DENSIFY_DOCS`] documents are generated per stage (5897900), and the
-//! input is held under the read's memory limit (292).
+//! a numeric/date field first, as they came; values in [`f64::total_cmp`]
+//! order); a generated document holds only the field and the partition
+//! fields (the values of the partition's first document); at most
+//! [`MAX_DENSIFY_DOCS`] documents are generated per stage (5897900). It
+//! streams as MongoDB's does after its implicit sort ([`DensifyRun`]): the
+//! input goes through the sorter by (partition, has a value, value) —
+//! spilled with `allowDiskUse`, else 292 — and is densified as it comes out,
+//! holding one partition's figures (origin, step count, upper bound, the
+//! partition's field values); `full` bounds take the range of the whole
+//! input, counted while it is fed. Generated documents are emitted as they
+//! are made, never held. A value past explicit bounds is not walked to
+//! step by step (nothing is generated there).
 
 use std::cmp::Ordering;
 
@@ -24,6 +34,7 @@ use crate::query::aggregate::window::Window;
 use crate::query::aggregate::{ParseCtx, Runtime, Stage};
 use crate::query::expr::{compare, num_of, parse_field_path, type_name, Root};
 use crate::query::sort::SortSpec;
+use crate::query::sorter::Sorter;
 
 /// Most documents one `$densify` generates (MongoDB's
 /// `internalQueryMaxAllowedDensifyDocs`).
@@ -455,22 +466,292 @@ impl Densify {
         d
     }
 
+    /// `$densify` over materialized documents: the streaming run fed and
+    /// finished at once (the reference evaluation, a `$densify` that cannot
+    /// stream).
     pub(super) fn run(&self, rows: Vec<Document>, rt: &Runtime<'_>) -> Result<Vec<Document>> {
-        /// Key, the partition fields' values, the documents with their value.
+        let mut run = self.start(rt)?;
+        for d in rows {
+            run.push(d)?;
+        }
+        let mut out = Vec::new();
+        run.finish(rt, &mut |d| {
+            out.push(d);
+            Ok(false)
+        })?;
+        Ok(out)
+    }
+
+    /// A run whose input goes through a [`Sorter`] by (partition, has a
+    /// value, value): spilled past the read's memory limit with
+    /// `allowDiskUse` (else 292), then densified as it streams out, one
+    /// partition's few figures at a time.
+    pub(super) fn start(&self, rt: &Runtime<'_>) -> Result<DensifyRun<'_>> {
+        Ok(DensifyRun {
+            stage: self,
+            sorter: Sorter::new(sort_spec()?, &rt.limits, rt.spill_dir.clone(), None),
+            gmin: f64::INFINITY,
+            gmax: f64::NEG_INFINITY,
+        })
+    }
+}
+
+/// The sort of the wrapped documents (see [`DensifyRun::push`]).
+fn sort_spec() -> Result<SortSpec> {
+    SortSpec::parse(&bson::doc! {"p": 1, "h": 1, "x": 1})
+}
+
+/// `x` as an integer ordered as [`f64::total_cmp`] orders doubles (the
+/// in-memory order of the values: -NaN first, +NaN last, -0 before 0).
+fn total_order_key(x: f64) -> i64 {
+    let b = x.to_bits() as i64;
+    b ^ ((((b >> 63) as u64) >> 1) as i64)
+}
+
+/// A `$densify` being fed: its input sorted by (partition, has a value,
+/// value) through a [`Sorter`]; `full` bounds' range is the feed's.
+pub(super) struct DensifyRun<'p> {
+    stage: &'p Densify,
+    sorter: Sorter,
+    gmin: f64,
+    gmax: f64,
+}
+
+/// What one partition needs while it streams out.
+struct PartState {
+    /// The partition fields' values (of the partition's first document).
+    fields: Vec<(Vec<String>, Bson)>,
+    origin: f64,
+    /// `partition` bounds: the origin is the first value seen.
+    origin_set: bool,
+    /// The last value generated documents reach; `partition` bounds: the
+    /// greatest value so far.
+    upper: f64,
+    inclusive: bool,
+    /// Steps from `origin` already generated or covered.
+    k: i64,
+}
+
+impl DensifyRun<'_> {
+    /// Feed one document.
+    pub(super) fn push(&mut self, doc: Document) -> Result<()> {
+        let st = self.stage;
+        let mut key = Vec::with_capacity(st.partition.len());
+        for p in &st.partition {
+            key.push(Root::Doc(&doc).get(p)?.unwrap_or(Bson::Null));
+        }
+        let x = st.value_of(&doc)?;
+        if let Some(x) = x {
+            self.gmin = self.gmin.min(x);
+            self.gmax = self.gmax.max(x);
+        }
+        // `p` wraps the key in a one-element array: the sort compares the
+        // whole key as `compare` does.
+        let wrapped = bson::doc! {
+            "p": [Bson::Array(key)],
+            "h": i32::from(x.is_some()),
+            "x": x.map_or(0, total_order_key),
+            "d": doc,
+        };
+        let raw = bson::RawDocumentBuf::try_from(&wrapped)
+            .map_err(|e| Error::InvalidBson(e.to_string()))?;
+        self.sorter.push(std::sync::Arc::new(raw))
+    }
+
+    /// Densify the sorted input, handing every document (input and
+    /// generated) to `emit` (`true`: stop).
+    pub(super) fn finish(
+        self,
+        rt: &Runtime<'_>,
+        emit: &mut dyn FnMut(Document) -> Result<bool>,
+    ) -> Result<()> {
+        let st = self.stage;
+        let (gmin, gmax) = (self.gmin, self.gmax);
+        let mut part: Option<Bson> = None;
+        let mut cur: Option<PartState> = None;
+        let mut generated = 0usize;
+        for (n, d) in self.sorter.finish()?.enumerate() {
+            if n % 256 == 255 {
+                rt.limits.cancel.check()?;
+            }
+            let mut w = crate::doc::to_document(&d?)?;
+            let (Some(Bson::Array(mut p)), Some(Bson::Document(doc))) =
+                (w.remove("p"), w.remove("d"))
+            else {
+                return Err(Error::Internal(
+                    "$densify: a sorted document is damaged".into(),
+                ));
+            };
+            let p = p.pop().unwrap_or(Bson::Null);
+            if part
+                .as_ref()
+                .is_none_or(|q| compare(q, &p) != Ordering::Equal)
+            {
+                if let Some(s) = cur.take() {
+                    if st.end_partition(s, &mut generated, emit)? {
+                        return Ok(());
+                    }
+                }
+                cur = Some(st.begin_partition(&doc, gmin, gmax)?);
+                part = Some(p);
+            }
+            let Some(s) = cur.as_mut() else {
+                return Err(Error::Internal("$densify: no partition".into()));
+            };
+            if let Some(x) = st.value_of(&doc)? {
+                if st.before_value(s, x, &mut generated, emit)? {
+                    return Ok(());
+                }
+            }
+            if emit(doc)? {
+                return Ok(());
+            }
+        }
+        if let Some(s) = cur.take() {
+            st.end_partition(s, &mut generated, emit)?;
+        }
+        rt.limits.cancel.check()
+    }
+}
+
+impl Densify {
+    fn begin_partition(&self, first: &Document, gmin: f64, gmax: f64) -> Result<PartState> {
+        let mut fields = Vec::with_capacity(self.partition.len());
+        for p in &self.partition {
+            fields.push((p.clone(), Root::Doc(first).get(p)?.unwrap_or(Bson::Null)));
+        }
+        let (origin, origin_set, upper, inclusive) = match self.bounds {
+            DensifyBounds::Full => (gmin, true, gmax, true),
+            DensifyBounds::Partition => (f64::INFINITY, false, f64::NEG_INFINITY, true),
+            DensifyBounds::Explicit(lo, hi) => (lo, true, hi, false),
+        };
+        Ok(PartState {
+            fields,
+            origin,
+            origin_set,
+            upper,
+            inclusive,
+            k: 0,
+        })
+    }
+
+    /// Generate what comes before a document of value `x` (values arrive
+    /// in ascending order); `true`: `emit` stopped.
+    fn before_value(
+        &self,
+        s: &mut PartState,
+        x: f64,
+        generated: &mut usize,
+        emit: &mut dyn FnMut(Document) -> Result<bool>,
+    ) -> Result<bool> {
+        if matches!(self.bounds, DensifyBounds::Partition) && !x.is_nan() {
+            if !s.origin_set {
+                s.origin = x;
+                s.origin_set = true;
+            }
+            s.upper = s.upper.max(x);
+        }
+        if x >= s.origin {
+            if self.generate(s, x, true, generated, emit)? {
+                return Ok(true);
+            }
+            // Skip the aligned values this document covers (never past
+            // the bounds: nothing is generated there).
+            while self.at(s.origin, s.k).is_some_and(|v| v <= x && s.below(v)) {
+                s.k += 1;
+            }
+        }
+        Ok(false)
+    }
+
+    /// Generate up to the partition's upper bound; `true`: `emit` stopped.
+    fn end_partition(
+        &self,
+        mut s: PartState,
+        generated: &mut usize,
+        emit: &mut dyn FnMut(Document) -> Result<bool>,
+    ) -> Result<bool> {
+        if !s.origin.is_finite() {
+            return Ok(false);
+        }
+        let (upper, strict) = (s.upper, !s.inclusive);
+        self.generate(&mut s, upper, strict, generated, emit)
+    }
+
+    /// Generate the aligned values from step `s.k` below `limit` (up to it
+    /// when not `strict`) and within the bounds.
+    fn generate(
+        &self,
+        s: &mut PartState,
+        limit: f64,
+        strict: bool,
+        generated: &mut usize,
+        emit: &mut dyn FnMut(Document) -> Result<bool>,
+    ) -> Result<bool> {
+        while let Some(v) = self.at(s.origin, s.k) {
+            let before = if strict { v < limit } else { v <= limit };
+            if !(before && s.below(v) && s.origin.is_finite()) {
+                break;
+            }
+            *generated += 1;
+            if *generated > MAX_DENSIFY_DOCS {
+                return Err(too_many(*generated));
+            }
+            s.k += 1;
+            if emit(self.make(v, &s.fields))? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+impl PartState {
+    fn below(&self, v: f64) -> bool {
+        if self.inclusive {
+            v <= self.upper
+        } else {
+            v < self.upper
+        }
+    }
+}
+
+/// 5897900: more generated documents than MongoDB's default
+/// `internalQueryMaxAllowedDensifyDocs`.
+fn too_many(generated: usize) -> Error {
+    coded!(
+        5897900,
+        format!(
+            "Generated {generated} documents in $densify, which is over the limit of {MAX_DENSIFY_DOCS}. Increase the 'internalQueryMaxAllowedDensifyDocs' parameter to allow more generated documents"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+    use proptest::prelude::*;
+
+    use crate::query::aggregate::test_support::streamed;
+    use crate::query::spill::spill_stats;
+
+    /// The in-memory `$densify` this stage had before it streamed (the
+    /// oracle): every document held, partitioned, sorted, then densified.
+    fn held(st: &Densify, rows: Vec<Document>) -> Result<Vec<Document>> {
         type Partition = (Bson, Vec<(Vec<String>, Bson)>, Vec<(Option<f64>, Document)>);
-        // Partition by the partition fields' values.
         let mut parts: Vec<Partition> = Vec::new();
         let (mut gmin, mut gmax) = (f64::INFINITY, f64::NEG_INFINITY);
         for d in rows {
-            let mut key = Vec::with_capacity(self.partition.len());
-            let mut fields = Vec::with_capacity(self.partition.len());
-            for p in &self.partition {
+            let mut key = Vec::new();
+            let mut fields = Vec::new();
+            for p in &st.partition {
                 let v = Root::Doc(&d).get(p)?.unwrap_or(Bson::Null);
                 key.push(v.clone());
                 fields.push((p.clone(), v));
             }
             let key = Bson::Array(key);
-            let x = self.value_of(&d)?;
+            let x = st.value_of(&d)?;
             if let Some(x) = x {
                 gmin = gmin.min(x);
                 gmax = gmax.max(x);
@@ -487,7 +768,6 @@ impl Densify {
         let mut out = Vec::new();
         let mut generated = 0usize;
         for (_, fields, mut docs) in parts {
-            // Documents without a value first, in input order; then by value.
             docs.sort_by(|a, b| match (a.0, b.0) {
                 (None, None) => Ordering::Equal,
                 (None, Some(_)) => Ordering::Less,
@@ -500,43 +780,34 @@ impl Densify {
                 .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
                     (lo.min(x), hi.max(x))
                 });
-            let (origin, upper, inclusive) = match self.bounds {
+            let (origin, upper, inclusive) = match st.bounds {
                 DensifyBounds::Full => (gmin, gmax, true),
                 DensifyBounds::Partition => (pmin, pmax, true),
                 DensifyBounds::Explicit(lo, hi) => (lo, hi, false),
             };
             let below = |v: f64| if inclusive { v <= upper } else { v < upper };
             let mut k: i64 = 0;
-            let mut emit_until = |limit: f64,
-                                  strict: bool,
-                                  k: &mut i64,
-                                  out: &mut Vec<Document>|
-             -> Result<()> {
-                while let Some(v) = self.at(origin, *k) {
-                    let before = if strict { v < limit } else { v <= limit };
-                    if !(before && below(v) && origin.is_finite()) {
-                        break;
+            let mut emit_until =
+                |limit: f64, strict: bool, k: &mut i64, out: &mut Vec<Document>| -> Result<()> {
+                    while let Some(v) = st.at(origin, *k) {
+                        let before = if strict { v < limit } else { v <= limit };
+                        if !(before && below(v) && origin.is_finite()) {
+                            break;
+                        }
+                        generated += 1;
+                        if generated > MAX_DENSIFY_DOCS {
+                            return Err(too_many(generated));
+                        }
+                        out.push(st.make(v, &fields));
+                        *k += 1;
                     }
-                    generated += 1;
-                    if generated > MAX_DENSIFY_DOCS {
-                        return Err(coded!(
-                            5897900,
-                            format!(
-                                "Generated {generated} documents in $densify, which is over the limit of {MAX_DENSIFY_DOCS}. Increase the 'internalQueryMaxAllowedDensifyDocs' parameter to allow more generated documents"
-                            ),
-                        ));
-                    }
-                    out.push(self.make(v, &fields));
-                    *k += 1;
-                }
-                Ok(())
-            };
+                    Ok(())
+                };
             for (x, d) in docs {
                 if let Some(x) = x {
                     if x >= origin {
                         emit_until(x, true, &mut k, &mut out)?;
-                        // Skip the aligned values this document covers.
-                        while self.at(origin, k).is_some_and(|v| v <= x) {
+                        while st.at(origin, k).is_some_and(|v| v <= x && below(v)) {
                             k += 1;
                         }
                     }
@@ -546,8 +817,152 @@ impl Densify {
             if origin.is_finite() {
                 emit_until(upper, !inclusive, &mut k, &mut out)?;
             }
-            rt.limits.cancel.check()?;
         }
         Ok(out)
+    }
+
+    /// Documents in a few partitions (`g`, sometimes missing) with values
+    /// `v` (sometimes missing or not a number), padded.
+    fn input(xs: &[(u8, i16)]) -> Vec<Document> {
+        xs.iter()
+            .enumerate()
+            .map(|(i, (g, v))| {
+                let mut d = doc! {"i": i as i32, "pad": "z".repeat(40)};
+                if g % 5 != 4 {
+                    d.insert("g", i32::from(g % 4));
+                }
+                match v % 9 {
+                    0 => {}
+                    1 => {
+                        d.insert("v", "text");
+                    }
+                    2 => {
+                        d.insert("v", f64::from(*v) / 4.0);
+                    }
+                    _ => {
+                        d.insert("v", i32::from(*v));
+                    }
+                }
+                d
+            })
+            .collect()
+    }
+
+    fn stage(bounds: Bson, step: f64, partitioned: bool) -> Document {
+        let mut spec = doc! {"field": "v", "range": {"step": step, "bounds": bounds}};
+        if partitioned {
+            spec.insert("partitionByFields", ["g"]);
+        }
+        doc! {"$densify": spec}
+    }
+
+    fn oracle(stage: &Document, docs: &[Document]) -> Result<Vec<Document>> {
+        let d = Densify::parse(stage.get("$densify").expect("test setup"))?;
+        held(&d, docs.to_vec())
+    }
+
+    #[test]
+    fn densify_streams_over_more_than_the_memory_limit() {
+        let xs: Vec<(u8, i16)> = (0..3000u32)
+            .map(|i| ((i % 7) as u8, ((i * 37) % 600) as i16 - 100))
+            .collect();
+        let docs = input(&xs);
+        for s in [
+            stage(Bson::String("full".into()), 1.0, true),
+            stage(Bson::String("partition".into()), 2.0, true),
+            stage(bson::bson!([-50, 450]), 3.0, true),
+            stage(Bson::String("full".into()), 0.5, false),
+        ] {
+            let want = oracle(&s, &docs).expect("oracle");
+            let before = spill_stats().runs;
+            let got = streamed(std::slice::from_ref(&s), &docs, 32 * 1024, true).expect("spilled");
+            assert!(spill_stats().runs > before, "no spill: {s}");
+            assert_eq!(got, want, "{s}");
+            let e = streamed(std::slice::from_ref(&s), &docs, 32 * 1024, false)
+                .expect_err("over the limit without disk use");
+            assert_eq!(e.code(), 292, "{s}");
+        }
+    }
+
+    #[test]
+    fn generated_documents_are_limited_while_streaming() {
+        let docs = vec![doc! {"v": 0}, doc! {"v": 600_000}];
+        let s = stage(Bson::String("full".into()), 1.0, false);
+        let e = streamed(std::slice::from_ref(&s), &docs, 1024, true).expect_err("too many");
+        assert_eq!(e.code(), 5897900);
+        // Under the limit: generated as they stream, not held.
+        let docs = vec![doc! {"v": 0}, doc! {"v": 400_000}];
+        let got = streamed(&[s, doc! {"$count": "n"}], &docs, 1024, false).expect("streams");
+        assert_eq!(got, vec![doc! {"n": 400_001}]);
+    }
+
+    #[test]
+    fn a_value_far_past_explicit_bounds_does_not_walk_to_it() {
+        let docs = vec![doc! {"v": 0}, doc! {"v": 1e15}];
+        let s = stage(bson::bson!([0, 3]), 1.0, false);
+        let got = streamed(std::slice::from_ref(&s), &docs, 1 << 20, true).expect("densify");
+        let vs: Vec<f64> = got
+            .iter()
+            .map(|d| num_of(d.get("v").expect("v")).expect("num").to_f64())
+            .collect();
+        assert_eq!(vs, vec![0.0, 1.0, 2.0, 1e15]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn any_limit_gives_the_held_densify(
+            xs in proptest::collection::vec((0u8..10, -40i16..80), 0..200),
+            limit in 1024usize..16 * 1024,
+            bounds in 0u8..3,
+            step in 1u8..4,
+            partitioned in any::<bool>(),
+        ) {
+            let docs = input(&xs);
+            let b = match bounds {
+                0 => Bson::String("full".into()),
+                1 if partitioned => Bson::String("partition".into()),
+                _ => bson::bson!([-10, 30]),
+            };
+            let s = stage(b, f64::from(step) / 2.0, partitioned);
+            let want = oracle(&s, &docs).map_err(|e| e.code());
+            let got = streamed(std::slice::from_ref(&s), &docs, limit, true).map_err(|e| e.code());
+            prop_assert_eq!(got, want.clone());
+            match streamed(std::slice::from_ref(&s), &docs, limit, false) {
+                Ok(got) => prop_assert_eq!(Ok(got), want),
+                Err(e) => prop_assert_eq!(e.code(), 292),
+            }
+        }
+    }
+
+    /// `$fill` is a `$setWindowFields` (methods) and a `$sort` + `$addFields`
+    /// (values): one partition past the limit spills with disk use.
+    #[test]
+    fn fill_over_one_partition_past_the_limit_spills() {
+        let docs: Vec<Document> = (0..1500i32)
+            .map(|i| {
+                let mut d = doc! {"i": i, "t": (i * 7919) % 1500, "pad": "f".repeat(40)};
+                if i % 5 == 0 {
+                    d.insert("a", i);
+                    d.insert("b", f64::from(i) * 2.0);
+                }
+                d
+            })
+            .collect();
+        let pipelines = [
+            vec![doc! {"$fill": {"sortBy": {"t": 1}, "output": {
+                "a": {"method": "locf"}, "b": {"method": "linear"}, "c": {"value": 7},
+            }}}],
+            vec![doc! {"$fill": {"sortBy": {"t": -1}, "output": {"c": {"value": 7}}}}],
+        ];
+        for p in pipelines {
+            let want = crate::query::aggregate::test_support::reference(&p, &docs);
+            let before = spill_stats().runs;
+            let got = streamed(&p, &docs, 16 * 1024, true).expect("spilled");
+            assert!(spill_stats().runs > before, "no spill");
+            assert_eq!(got, want);
+            let e = streamed(&p, &docs, 16 * 1024, false).expect_err("over the limit");
+            assert_eq!(e.code(), 292);
+        }
     }
 }

@@ -177,6 +177,9 @@ pub struct Runtime<'a> {
     cache: Mutex<HashMap<usize, Arc<Vec<Document>>>>,
     /// Runs the `$group` stages of this execution spilled (explain).
     group_spills: std::sync::atomic::AtomicU64,
+    /// Partitions (and their output columns) the `$setWindowFields` stages
+    /// of this execution spooled to disk (explain).
+    window_spills: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Runtime<'_> {
@@ -190,6 +193,26 @@ impl std::fmt::Debug for Runtime<'_> {
 
 static NO_FOREIGN: NoForeign = NoForeign;
 
+/// What a pipeline's stages spilled to disk (explain's per-stage `usedDisk`
+/// and `spills`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageSpills {
+    /// Runs the `$group` stages spilled.
+    pub group: u64,
+    /// Files the `$setWindowFields` stages (and `$fill`'s) spooled.
+    pub window: u64,
+}
+
+impl StageSpills {
+    /// `{groupSpills, windowSpills}` (what explain reads).
+    pub fn to_document(self) -> Document {
+        bson::doc! {
+            "groupSpills": self.group as i64,
+            "windowSpills": self.window as i64,
+        }
+    }
+}
+
 impl<'a> Runtime<'a> {
     pub fn new(foreign: &'a dyn Foreign, limits: ReadLimits, spill_dir: PathBuf) -> Runtime<'a> {
         Runtime {
@@ -198,6 +221,7 @@ impl<'a> Runtime<'a> {
             spill_dir,
             cache: Mutex::new(HashMap::new()),
             group_spills: std::sync::atomic::AtomicU64::new(0),
+            window_spills: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -213,9 +237,29 @@ impl<'a> Runtime<'a> {
             .fetch_add(runs, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Count files a `$setWindowFields` of this execution spooled.
+    pub(super) fn note_window_spills(&self, files: u64) {
+        self.window_spills
+            .fetch_add(files, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Runs the `$group` stages of this execution spilled so far.
     pub fn group_spills(&self) -> u64 {
         self.group_spills.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Files the `$setWindowFields` stages of this execution spooled so far.
+    pub fn window_spills(&self) -> u64 {
+        self.window_spills
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Both, for explain.
+    pub fn spills(&self) -> StageSpills {
+        StageSpills {
+            group: self.group_spills(),
+            window: self.window_spills(),
+        }
     }
 
     /// The cached result of the uncorrelated sub-pipeline of the stage at

@@ -54,9 +54,10 @@
 //!   array by the 16 MiB document size (error 10334); a `$sort` run by
 //!   [`Exec`] by the read's memory limit (spilled, or 292); a `$lookup`'s
 //!   matches (4568), `$facet`'s outputs (4031700), `$graphLookup`'s visited
-//!   set (40099) and the documents `$sample`, `$bucketAuto`,
-//!   `$setWindowFields`, `$densify` and `$fill` hold (292) by the read's
-//!   memory limit.
+//!   set (40099) by the read's memory limit; the inputs of `$sample`,
+//!   `$bucketAuto`, `$setWindowFields`, `$densify` and `$fill` go through
+//!   the sorter (spilled with `allowDiskUse`, else 292), and a window
+//!   partition past the limit is spooled to disk the same way.
 //! - Nothing here panics on user input.
 
 /// An error with one of MongoDB's codes: `FailedToParse`, `TypeMismatch`,
@@ -140,7 +141,7 @@ use stages::Unwind;
 use window::Window;
 
 pub use exec::Exec;
-pub use foreign::{Foreign, Pinned, Runtime};
+pub use foreign::{Foreign, Pinned, Runtime, StageSpills};
 pub use group::canonical_cmp;
 pub use output::{merged_version, MergeSpec, Output};
 pub use split::{

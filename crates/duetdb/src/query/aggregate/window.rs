@@ -18,12 +18,20 @@
 //! no input (0, null, `[]`); `range` windows need a single numeric (or, with
 //! `unit`, date) `sortBy` field; the stage sorts its input through the sorter
 //! by (partition, sortBy) ([`WindowRun`]: spilled with `allowDiskUse`, else
-//! 292) and holds one partition at a time, under the read's memory limit
-//! (292: a partition is computed in memory); each partition's output is what
-//! [`Window::run`] gives for it. Cost: a window starting at
-//! "unbounded" is accumulated incrementally; other windows are
-//! recomputed per document (O(n·w)).
+//! 292) and holds one partition at a time in memory while it fits under the
+//! read's memory limit; a bigger partition moves to a [`Spool`] (with
+//! `allowDiskUse`, else 292), the functions read its documents by position
+//! ([`Rows`]) and its output values go to one spool per output, so every
+//! partition, in memory or on disk, is computed by the one code path
+//! ([`Window::partition`]) and gives what [`Window::run`] gives for it. What
+//! a spilled partition still keeps in memory is O(n) small figures per
+//! function (window bounds, the sortBy numbers, `$linearFill`'s and the
+//! numeric functions' points) and one file offset per document and output.
+//! Cost: a window starting at "unbounded" is accumulated incrementally;
+//! other windows are recomputed per document (O(n·w)), and a spilled
+//! partition decodes a document at every read.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use bson::{Bson, Document};
@@ -36,9 +44,87 @@ use crate::query::aggregate::{ParseCtx, Runtime};
 use crate::query::expr::{compare, num_of, parse_field_path, type_name, Expr, Root, Value};
 use crate::query::sort::{SortKey, SortSpec};
 use crate::query::sorter::Sorter;
+use crate::query::spill::Spool;
 
 fn failed(msg: impl Into<String>) -> Error {
     coded!(9, msg)
+}
+
+/// A partition's documents by position, in sortBy order: in memory, or
+/// spilled in a [`Spool`] (each read decodes the document again).
+pub(super) trait Rows {
+    fn len(&self) -> usize;
+    fn get(&self, i: usize) -> Result<Cow<'_, Document>>;
+    /// Are the documents on disk (so the outputs should be too)?
+    fn on_disk(&self) -> bool;
+}
+
+impl Rows for Vec<&Document> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn get(&self, i: usize) -> Result<Cow<'_, Document>> {
+        self.as_slice()
+            .get(i)
+            .map(|d| Cow::Borrowed(*d))
+            .ok_or_else(|| Error::Internal(format!("$setWindowFields: no document {i}")))
+    }
+
+    fn on_disk(&self) -> bool {
+        false
+    }
+}
+
+impl Rows for Spool {
+    fn len(&self) -> usize {
+        Spool::len(self)
+    }
+
+    fn get(&self, i: usize) -> Result<Cow<'_, Document>> {
+        Ok(Cow::Owned(crate::doc::to_document(&Spool::get(self, i)?)?))
+    }
+
+    fn on_disk(&self) -> bool {
+        self.spilled()
+    }
+}
+
+/// One output's values for a partition's documents, by position.
+enum Column {
+    Mem(Vec<Value>),
+    /// Each value as `{v: value}` (`{}` for missing).
+    Disk(Spool),
+}
+
+impl Column {
+    fn push(&mut self, v: Value) -> Result<()> {
+        match self {
+            Column::Mem(vs) => vs.push(v),
+            Column::Disk(s) => {
+                let mut d = Document::new();
+                if let Some(v) = v {
+                    d.insert("v", v);
+                }
+                s.push(std::sync::Arc::new(crate::doc::to_raw_document(&d)?))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Column::Mem(vs) => vs.len(),
+            Column::Disk(s) => s.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> Result<Value> {
+        match self {
+            Column::Mem(vs) => Ok(vs.get(i).cloned().flatten()),
+            Column::Disk(s) => Ok(crate::doc::to_document(&s.get(i)?)?.remove("v")),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -271,27 +357,69 @@ impl Window {
             while end < keyed.len() && compare(&keyed[end].0, &keyed[start].0) == Ordering::Equal {
                 end += 1;
             }
-            let part = &keyed[start..end];
-            let docs: Vec<&Document> = part.iter().map(|(_, _, d)| d).collect();
-            let keys: Vec<Option<&SortKey>> = part.iter().map(|(_, k, _)| k.as_ref()).collect();
-            let mut values: Vec<Vec<Value>> = Vec::with_capacity(self.outputs.len());
-            for o in &self.outputs {
-                values.push(self.compute(&o.func, &docs, &keys, rt)?);
-            }
-            for (i, (_, _, d)) in keyed[start..end].iter().enumerate() {
-                let mut d = d.clone();
-                for (o, vals) in self.outputs.iter().zip(&values) {
-                    match &vals[i] {
-                        Some(v) => set_nested(&mut d, &o.path, v.clone()),
-                        None => set_nested(&mut d, &o.path, Bson::Null),
-                    }
-                }
+            let docs: Vec<&Document> = keyed[start..end].iter().map(|(_, _, d)| d).collect();
+            self.partition(&docs, rt, &mut |d| {
                 out.push(d);
-            }
-            rt.limits.cancel.check()?;
+                Ok(false)
+            })?;
             start = end;
         }
         Ok(out)
+    }
+
+    /// Compute every output over one partition (`rows`, in sortBy order) and
+    /// hand each document with its outputs to `emit` (`true`: stop). A
+    /// partition on disk keeps its output values on disk too (a column
+    /// [`Spool`] per output, sharing the memory limit); one in memory keeps
+    /// them in memory. Returns whether `emit` stopped.
+    fn partition(
+        &self,
+        rows: &dyn Rows,
+        rt: &Runtime<'_>,
+        emit: &mut dyn FnMut(Document) -> Result<bool>,
+    ) -> Result<bool> {
+        let n = rows.len();
+        let mut columns: Vec<Column> = Vec::with_capacity(self.outputs.len());
+        for o in &self.outputs {
+            let mut col = if rows.on_disk() {
+                let share = rt.limits.memory_limit_bytes / self.outputs.len().max(1);
+                Column::Disk(Spool::new(
+                    share,
+                    true,
+                    rt.spill_dir.clone(),
+                    "$setWindowFields",
+                ))
+            } else {
+                Column::Mem(Vec::with_capacity(n))
+            };
+            self.compute(&o.func, rows, rt, &mut |v| col.push(v))?;
+            if col.len() != n {
+                return Err(Error::Internal(format!(
+                    "$setWindowFields: {} values for {n} documents",
+                    col.len()
+                )));
+            }
+            if let Column::Disk(s) = &col {
+                if s.spilled() {
+                    rt.note_window_spills(1);
+                }
+            }
+            columns.push(col);
+        }
+        for i in 0..n {
+            if i % 256 == 255 {
+                rt.limits.cancel.check()?;
+            }
+            let mut d = rows.get(i)?.into_owned();
+            for (o, col) in self.outputs.iter().zip(&columns) {
+                set_nested(&mut d, &o.path, col.get(i)?.unwrap_or(Bson::Null));
+            }
+            if emit(d)? {
+                return Ok(true);
+            }
+        }
+        rt.limits.cancel.check()?;
+        Ok(false)
     }
 
     /// The partition of one document (missing is null).
@@ -320,96 +448,102 @@ impl Window {
         })
     }
 
-    /// One output's value for every document of a partition.
+    /// One output's value for every document of a partition, in order, to
+    /// `out`.
     fn compute(
         &self,
         func: &Func,
-        docs: &[&Document],
-        keys: &[Option<&SortKey>],
+        rows: &dyn Rows,
         rt: &Runtime<'_>,
-    ) -> Result<Vec<Value>> {
-        let n = docs.len();
-        let same = |i: usize, j: usize| match (&self.sort_by, keys[i], keys[j]) {
+        out: &mut dyn FnMut(Value) -> Result<()>,
+    ) -> Result<()> {
+        let n = rows.len();
+        let key_of = |i: usize| -> Result<Option<SortKey>> {
+            Ok(match &self.sort_by {
+                Some(s) => Some(s.sort_key(&crate::doc::to_raw_document(&*rows.get(i)?)?)),
+                None => None,
+            })
+        };
+        let same = |a: &Option<SortKey>, b: &Option<SortKey>| match (&self.sort_by, a, b) {
             (Some(s), Some(a), Some(b)) => s.compare_keys(a, b) == Ordering::Equal,
             _ => false,
         };
-        Ok(match func {
-            Func::DocumentNumber => (0..n).map(|i| Some(Bson::Int64(i as i64 + 1))).collect(),
-            Func::Rank => {
-                let mut out = Vec::with_capacity(n);
-                let mut rank = 1;
+        match func {
+            Func::DocumentNumber => {
                 for i in 0..n {
-                    if i > 0 && !same(i - 1, i) {
-                        rank = i as i64 + 1;
-                    }
-                    out.push(Some(Bson::Int64(rank)));
+                    out(Some(Bson::Int64(i as i64 + 1)))?;
                 }
-                out
             }
-            Func::DenseRank => {
-                let mut out = Vec::with_capacity(n);
+            Func::Rank | Func::DenseRank => {
+                let dense = matches!(func, Func::DenseRank);
                 let mut rank = 1;
+                let mut prev: Option<SortKey> = None;
                 for i in 0..n {
-                    if i > 0 && !same(i - 1, i) {
-                        rank += 1;
+                    let key = key_of(i)?;
+                    if i > 0 && !same(&prev, &key) {
+                        rank = if dense { rank + 1 } else { i as i64 + 1 };
                     }
-                    out.push(Some(Bson::Int64(rank)));
+                    out(Some(Bson::Int64(rank)))?;
+                    prev = key;
                 }
-                out
             }
             Func::Shift {
                 output,
                 by,
                 default,
             } => {
-                let mut out = Vec::with_capacity(n);
                 for i in 0..n {
                     let j = i as i64 + by;
-                    out.push(if j >= 0 && (j as usize) < n {
+                    out(if j >= 0 && (j as usize) < n {
                         Some(
                             output
-                                .eval(&Root::Doc(docs[j as usize]))?
+                                .eval(&Root::Doc(&*rows.get(j as usize)?))?
                                 .unwrap_or(Bson::Null),
                         )
                     } else {
                         Some(default.clone())
-                    });
+                    })?;
                 }
-                out
             }
             Func::Locf(e) => {
-                let mut out = Vec::with_capacity(n);
                 let mut last: Value = None;
-                for d in docs {
-                    match e.eval(&Root::Doc(d))? {
+                for i in 0..n {
+                    match e.eval(&Root::Doc(&*rows.get(i)?))? {
                         Some(Bson::Null) | Some(Bson::Undefined) | None => {}
                         v => last = v,
                     }
-                    out.push(Some(last.clone().unwrap_or(Bson::Null)));
+                    out(Some(last.clone().unwrap_or(Bson::Null)))?;
                 }
-                out
             }
-            Func::LinearFill(e) => self.linear_fill(e, docs)?,
-            Func::Acc(group, bounds) => self.accumulate(group, bounds, docs, rt)?,
+            Func::LinearFill(e) => self.linear_fill(e, rows, out)?,
+            Func::Acc(group, bounds) => self.accumulate(group, bounds, rows, rt, out)?,
             Func::Calc(calc, bounds) => {
                 let (xs, windows) = if calc.windowed() {
-                    (self.sort_field_values(docs)?, self.windows(bounds, docs)?)
+                    (self.sort_field_values(rows)?, self.windows(bounds, rows)?)
                 } else {
                     (Vec::new(), Vec::new())
                 };
-                calc.compute(docs, &xs, &windows)?
+                calc.compute(rows, &xs, &windows, out)?
             }
-        })
+        }
+        Ok(())
     }
 
     /// `$linearFill`: nulls between two values get the value on the line
     /// through them, by the sortBy value; others stay.
-    fn linear_fill(&self, e: &Expr, docs: &[&Document]) -> Result<Vec<Value>> {
-        let xs = self.sort_values(docs, None)?;
-        let mut ys: Vec<Option<f64>> = Vec::with_capacity(docs.len());
-        let mut raw: Vec<Value> = Vec::with_capacity(docs.len());
-        for d in docs {
-            let v = e.eval(&Root::Doc(d))?;
+    fn linear_fill(
+        &self,
+        e: &Expr,
+        rows: &dyn Rows,
+        out: &mut dyn FnMut(Value) -> Result<()>,
+    ) -> Result<()> {
+        let n = rows.len();
+        let xs = self.sort_values(rows, None)?;
+        let mut ys: Vec<Option<f64>> = Vec::with_capacity(n);
+        // The values themselves are numbers: as small as ys.
+        let mut raw: Vec<Value> = Vec::with_capacity(n);
+        for i in 0..n {
+            let v = e.eval(&Root::Doc(&*rows.get(i)?))?;
             let y = match &v {
                 Some(Bson::Null) | Some(Bson::Undefined) | None => None,
                 Some(b) => Some(num_of(b).map(|n| n.to_f64()).ok_or_else(|| {
@@ -420,17 +554,16 @@ impl Window {
                 })?),
             };
             ys.push(y);
-            raw.push(v);
+            raw.push(if y.is_some() { v } else { None });
         }
-        let mut out = Vec::with_capacity(docs.len());
-        for i in 0..docs.len() {
+        for i in 0..n {
             if ys[i].is_some() {
-                out.push(raw[i].clone());
+                out(raw[i].clone())?;
                 continue;
             }
             let prev = (0..i).rev().find(|&j| ys[j].is_some());
-            let next = (i + 1..docs.len()).find(|&j| ys[j].is_some());
-            out.push(match (prev, next) {
+            let next = (i + 1..n).find(|&j| ys[j].is_some());
+            out(match (prev, next) {
                 (Some(p), Some(q)) => {
                     let (x0, x1, x) = (xs[p], xs[q], xs[i]);
                     let (y0, y1) = (ys[p].unwrap_or(0.0), ys[q].unwrap_or(0.0));
@@ -442,14 +575,14 @@ impl Window {
                     Some(Bson::Double(y))
                 }
                 _ => Some(Bson::Null),
-            });
+            })?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The single sortBy field's values as numbers (dates as milliseconds,
     /// checked against `unit`).
-    fn sort_values(&self, docs: &[&Document], unit: Option<Unit>) -> Result<Vec<f64>> {
+    fn sort_values(&self, rows: &dyn Rows, unit: Option<Unit>) -> Result<Vec<f64>> {
         let Some(sort) = &self.sort_by else {
             return Err(coded!(
                 5339902,
@@ -463,9 +596,10 @@ impl Window {
             ));
         }
         let path = parse_field_path(&sort.keys[0].0)?;
-        let mut out = Vec::with_capacity(docs.len());
-        for d in docs {
-            let v = Root::Doc(d).get(&path)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for i in 0..rows.len() {
+            let d = rows.get(i)?;
+            let v = Root::Doc(&d).get(&path)?;
             let x = match (&v, unit) {
                 (Some(Bson::DateTime(t)), Some(_)) => t.timestamp_millis() as f64,
                 (Some(Bson::DateTime(_)), None) => {
@@ -501,17 +635,19 @@ impl Window {
 
     /// The single sortBy field's raw values (parsing made sure there is
     /// exactly one field).
-    fn sort_field_values(&self, docs: &[&Document]) -> Result<Vec<Value>> {
+    fn sort_field_values(&self, rows: &dyn Rows) -> Result<Vec<Value>> {
         let Some(field) = self.sort_by.as_ref().and_then(|s| s.keys.first()) else {
-            return Ok(vec![None; docs.len()]);
+            return Ok(vec![None; rows.len()]);
         };
         let path = parse_field_path(&field.0)?;
-        docs.iter().map(|d| Root::Doc(d).get(&path)).collect()
+        (0..rows.len())
+            .map(|i| Root::Doc(&*rows.get(i)?).get(&path))
+            .collect()
     }
 
     /// `[start, end)` of each document's window.
-    fn windows(&self, bounds: &Bounds, docs: &[&Document]) -> Result<Vec<(usize, usize)>> {
-        let n = docs.len();
+    fn windows(&self, bounds: &Bounds, rows: &dyn Rows) -> Result<Vec<(usize, usize)>> {
+        let n = rows.len();
         Ok(match bounds {
             Bounds::Documents(lo, hi) => (0..n)
                 .map(|i| {
@@ -527,7 +663,7 @@ impl Window {
                     (s, e.max(s))
                 })
                 .collect(),
-            Bounds::Range(lo, hi, unit) => self.range_windows(docs, *lo, *hi, *unit)?,
+            Bounds::Range(lo, hi, unit) => self.range_windows(rows, *lo, *hi, *unit)?,
         })
     }
 
@@ -536,11 +672,11 @@ impl Window {
         &self,
         group: &Group,
         bounds: &Bounds,
-        docs: &[&Document],
+        rows: &dyn Rows,
         rt: &Runtime<'_>,
-    ) -> Result<Vec<Value>> {
-        let n = docs.len();
-        let windows = self.windows(bounds, docs)?;
+        out: &mut dyn FnMut(Value) -> Result<()>,
+    ) -> Result<()> {
+        let windows = self.windows(bounds, rows)?;
         let mut group = group.clone();
         group.memory_limit = group.memory_limit.min(rt.limits.memory_limit_bytes);
         let value_of = |state: GroupState, group: &Group| -> Result<Value> {
@@ -550,7 +686,6 @@ impl Window {
             };
             Ok(doc.get("v").cloned())
         };
-        let mut out = Vec::with_capacity(n);
         // Windows starting at the partition's start grow monotonically:
         // accumulate incrementally.
         let incremental =
@@ -560,35 +695,35 @@ impl Window {
             let mut fed = 0;
             for &(_, e) in &windows {
                 while fed < e {
-                    group.accumulate(&mut state, Root::Doc(docs[fed]))?;
+                    group.accumulate(&mut state, Root::Doc(&*rows.get(fed)?))?;
                     fed += 1;
                 }
-                out.push(value_of(state.clone(), &group)?);
+                out(value_of(state.clone(), &group)?)?;
             }
-            return Ok(out);
+            return Ok(());
         }
         for (i, &(s, e)) in windows.iter().enumerate() {
             if i % 256 == 255 {
                 rt.limits.cancel.check()?;
             }
             let mut state = GroupState::default();
-            for d in &docs[s..e] {
-                group.accumulate(&mut state, Root::Doc(d))?;
+            for j in s..e {
+                group.accumulate(&mut state, Root::Doc(&*rows.get(j)?))?;
             }
-            out.push(value_of(state, &group)?);
+            out(value_of(state, &group)?)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// `[start, end)` of each document's range window.
     fn range_windows(
         &self,
-        docs: &[&Document],
+        rows: &dyn Rows,
         lo: Bound,
         hi: Bound,
         unit: Option<Unit>,
     ) -> Result<Vec<(usize, usize)>> {
-        let xs = self.sort_values(docs, unit)?;
+        let xs = self.sort_values(rows, unit)?;
         let asc = self
             .sort_by
             .as_ref()
@@ -900,23 +1035,38 @@ impl WindowRun<'_> {
     }
 
     /// Compute every partition in order, handing each output document to
-    /// `emit` (`true`: stop).
+    /// `emit` (`true`: stop). A partition is held in memory while it fits
+    /// under the read's memory limit; past it, with disk use allowed, it
+    /// moves to a [`Spool`] and its window functions read its documents
+    /// from disk (else 292).
     pub(super) fn finish(
         self,
         rt: &Runtime<'_>,
         emit: &mut dyn FnMut(Document) -> Result<bool>,
     ) -> Result<()> {
-        let limit = rt.limits.memory_limit_bytes;
+        let limits = &rt.limits;
+        let limit = limits.memory_limit_bytes;
+        let stage = self.stage;
         let mut part: Option<Bson> = None;
         let mut held: Vec<Document> = Vec::new();
+        let mut spool: Option<Spool> = None;
         let mut bytes = 0usize;
-        let mut flush = |held: &mut Vec<Document>| -> Result<bool> {
-            for d in self.stage.run(std::mem::take(held), rt)? {
-                if emit(d)? {
-                    return Ok(true);
+        // The sorter gives (partition, sortBy) order, ties in input order:
+        // a held partition is computed as it is, without sorting again.
+        let mut flush = |held: &mut Vec<Document>, spool: &mut Option<Spool>| -> Result<bool> {
+            match spool.take() {
+                Some(s) => {
+                    if s.spilled() {
+                        rt.note_window_spills(1);
+                    }
+                    stage.partition(&s, rt, emit)
+                }
+                None => {
+                    let docs = std::mem::take(held);
+                    let refs: Vec<&Document> = docs.iter().collect();
+                    stage.partition(&refs, rt, emit)
                 }
             }
-            Ok(false)
         };
         for d in self.sorter.finish()? {
             let mut d = crate::doc::to_document(&d?)?;
@@ -932,22 +1082,35 @@ impl WindowRun<'_> {
                 .as_ref()
                 .is_some_and(|q| compare(q, &p) != Ordering::Equal)
             {
-                if flush(&mut held)? {
+                if flush(&mut held, &mut spool)? {
                     return Ok(());
                 }
                 bytes = 0;
             }
             part = Some(p);
-            bytes += crate::doc::size::document_len(&doc);
-            if bytes > limit {
-                return Err(Error::ExceededMemoryLimit(format!(
-                    "$setWindowFields exceeded the memory limit of {limit} bytes in one partition; its input spills to disk, but a partition is computed in memory"
-                )));
+            if let Some(s) = &mut spool {
+                s.push(std::sync::Arc::new(crate::doc::to_raw_document(&doc)?))?;
+                continue;
             }
+            bytes += crate::doc::size::document_len(&doc);
             held.push(doc);
+            if bytes > limit {
+                if !limits.allow_disk_use {
+                    return Err(Error::ExceededMemoryLimit(format!(
+                        "$setWindowFields exceeded the memory limit of {limit} bytes in one partition, but did not opt in to external sorting. Pass allowDiskUse:true to opt in."
+                    )));
+                }
+                // Everything held moves to disk (the spool's memory is
+                // the limit, which these bytes passed).
+                let mut s = Spool::new(limit, true, rt.spill_dir.clone(), "$setWindowFields");
+                for h in held.drain(..) {
+                    s.push(std::sync::Arc::new(crate::doc::to_raw_document(&h)?))?;
+                }
+                spool = Some(s);
+            }
         }
-        if !held.is_empty() {
-            flush(&mut held)?;
+        if !held.is_empty() || spool.as_ref().is_some_and(|s| !s.is_empty()) {
+            flush(&mut held, &mut spool)?;
         }
         Ok(())
     }
@@ -1008,6 +1171,53 @@ mod tests {
         ]
     }
 
+    /// One partition (no partitionBy) with every kind of function:
+    /// bounded and unbounded document windows, range windows, ranks,
+    /// `$shift`, `$locf`/`$linearFill` and the numeric functions.
+    fn one_partition() -> Vec<Document> {
+        vec![doc! {"$setWindowFields": {
+            "sortBy": {"s": 1},
+            "output": {
+                "n": {"$documentNumber": {}},
+                "rank": {"$rank": {}},
+                "dense": {"$denseRank": {}},
+                "next": {"$shift": {"output": "$i", "by": 3, "default": "none"}},
+                "prev": {"$shift": {"output": "$i", "by": -2}},
+                "near": {"$sum": "$i", "window": {"documents": [-3, 2]}},
+                "all": {"$max": "$i", "window": {"documents": ["unbounded", "unbounded"]}},
+                "rest": {"$sum": "$i", "window": {"documents": ["current", "unbounded"]}},
+                "run": {"$count": {}, "window": {"documents": ["unbounded", "current"]}},
+                "close": {"$push": "$i", "window": {"range": [-1, 0]}},
+                "ahead": {"$avg": "$i", "window": {"range": [0, 2]}},
+                "lf": {"$linearFill": "$gap"},
+                "locf": {"$locf": "$gap"},
+                "der": {"$derivative": {"input": "$i"}, "window": {"documents": [-1, 0]}},
+                "area": {"$integral": {"input": "$i"}, "window": {"range": [-2, 0]}},
+                "ema": {"$expMovingAvg": {"input": "$i", "N": 3}},
+                "cov": {"$covariancePop": ["$i", "$t"], "window": {"documents": [-4, 4]}},
+            },
+        }}]
+    }
+
+    /// `input` with a field `gap` that is null in most documents.
+    fn gappy(docs: &[Document]) -> Vec<Document> {
+        docs.iter()
+            .map(|d| {
+                let mut d = d.clone();
+                let i = d.get_i32("i").unwrap_or(0);
+                d.insert(
+                    "gap",
+                    if i % 7 == 0 {
+                        Bson::Int32(i)
+                    } else {
+                        Bson::Null
+                    },
+                );
+                d
+            })
+            .collect()
+    }
+
     #[test]
     fn a_spilled_window_stage_computes_the_in_memory_answer() {
         let xs: Vec<(u32, u32)> = (0..2500u32)
@@ -1022,13 +1232,33 @@ mod tests {
         // Without disk use: 292, as before.
         let e = streamed(&pipeline(), &docs, 64 * 1024, false).expect_err("over the limit");
         assert_eq!(e.code(), 292);
-        // One partition bigger than the limit: 292 even with disk use.
-        let one = [
-            doc! {"$setWindowFields": {"sortBy": {"s": 1}, "output": {"n": {"$documentNumber": {}}}}},
-        ];
-        let e = streamed(&one, &docs, 64 * 1024, true).expect_err("partition over the limit");
+    }
+
+    #[test]
+    fn a_partition_bigger_than_the_memory_limit_is_read_from_disk() {
+        let xs: Vec<(u32, u32)> = (0..600u32).map(|i| (0, (i * 31) % 97)).collect();
+        let docs = gappy(&input(&xs));
+        let p = one_partition();
+        let want = reference(&p, &docs);
+        // Every kind of function, the partition ~8 times the limit.
+        let got = streamed(&p, &docs, 8 * 1024, true).expect("spilled partition");
+        assert_eq!(got.len(), want.len());
+        assert_eq!(got, want);
+        // Explain's counter: the partition and its output columns spilled.
+        let pipeline = crate::query::aggregate::Pipeline::parse(&p).expect("parse");
+        let mut rt = crate::query::aggregate::Runtime::standalone();
+        rt.limits.memory_limit_bytes = 8 * 1024;
+        rt.limits.allow_disk_use = true;
+        let mut exec = crate::query::aggregate::exec::Exec::new(&pipeline.stages, None, &[], &rt);
+        for d in &docs {
+            let _ = exec.push_document(d.clone()).expect("push");
+        }
+        assert_eq!(exec.finish().expect("finish"), want);
+        assert!(rt.window_spills() > 1, "spills {:?}", rt.spills());
+        assert_eq!(rt.group_spills(), 0);
+        // Without disk use it stays 292.
+        let e = streamed(&p, &docs, 8 * 1024, false).expect_err("over the limit");
         assert_eq!(e.code(), 292);
-        assert!(e.to_string().contains("one partition"), "{e}");
     }
 
     proptest! {
@@ -1036,14 +1266,25 @@ mod tests {
         #[test]
         fn any_limit_gives_the_in_memory_windows(
             xs in proptest::collection::vec((0u32..50, 0u32..30), 0..300),
-            limit in 8 * 1024usize..32 * 1024,
+            limit in 2 * 1024usize..32 * 1024,
+            one in any::<bool>(),
         ) {
-            let docs = input(&xs);
-            let p = pipeline();
+            let mut docs = input(&xs);
+            let p = if one {
+                docs = gappy(&docs);
+                one_partition()
+            } else {
+                pipeline()
+            };
             let want = reference(&p, &docs);
+            // With disk use: whatever the limit, the in-memory answer.
             match streamed(&p, &docs, limit, true) {
+                Ok(got) => prop_assert_eq!(got, want.clone()),
+                Err(e) => prop_assert!(false, "with disk use: {}", e),
+            }
+            // Without: the answer or 292.
+            match streamed(&p, &docs, limit, false) {
                 Ok(got) => prop_assert_eq!(got, want),
-                // A partition of many small documents may pass a small limit.
                 Err(e) => prop_assert_eq!(e.code(), 292),
             }
         }
