@@ -336,48 +336,44 @@ pub fn committed_transaction(ctx: &Ctx<'_>, id: &[u8], n: i64) -> bool {
     member(ctx).is_some_and(|m| m.applied_retryable(&tag(id, n)))
 }
 
+/// How a retryable write the set already applied is answered.
+pub enum Retried {
+    /// As done, from the outcomes recorded.
+    Reply(Document),
+    /// A batch whose statements not applied run again (`retry.rs`).
+    Partly(super::retry::Recorded),
+}
+
 /// A retryable write the set already applied — made on a primary that
 /// failed before the driver got the reply, or on this member before it
-/// restarted — is answered as done instead of running again. The primary
-/// that ran it answers from its session table (the exact reply); another
-/// member, or this one after a restart, builds the first execution's reply
-/// from what the set recorded with the write's tag (`duetdb::WriteOutcome`
-/// per statement: counts, upserted ids, a findAndModify's document —
-/// MongoDB rebuilds it from its oplog entries and `config.image_collection`).
-pub fn retried(
-    ctx: &Ctx<'_>,
-    name: &str,
-    cmd: &Document,
-    session: &SessionArgs,
-) -> Option<Document> {
+/// restarted — is answered from what the set recorded with the write's tag
+/// instead of running again (the caller, `txn::retryable_write`, checked
+/// that this member's session table does not know it: the primary that
+/// ran it answers from there). The first execution's reply is built from
+/// the outcomes (`duetdb::WriteOutcome` per statement: counts, upserted
+/// ids, a findAndModify's document — MongoDB rebuilds it from its oplog
+/// entries and `config.image_collection`); a batch's statements that are
+/// not among them run again.
+pub fn retried(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Option<Retried> {
     let m = member(ctx)?;
     let origin = ctx.origin.as_ref()?;
     let outcomes = m.retry_outcomes(origin)?;
-    if let (Some(id), Some(n)) = (&session.lsid, session.txn_number) {
-        if let Some(s) = ctx.state.sessions.get(id) {
-            let s = s.lock();
-            // Answered by the session itself: its reply, or 225 for a
-            // number older than its newest (as MongoDB answers).
-            if s.txn_number.is_some_and(|t| t > n)
-                || (s.txn_number == Some(n)
-                    && matches!(s.state, crate::sessions::TxnState::Written { .. }))
-            {
-                return None;
-            }
-        }
-    }
     tracing::info!(
         conn = ctx.conn.id,
         command = name,
-        "retried write was applied before a failover or a restart: answered as done"
+        "retried write was applied before a failover or a restart: answered from the set's table"
     );
-    Some(retry_reply(name, cmd, &outcomes))
+    Some(match super::retry::from_outcomes(name, &outcomes) {
+        Some(rec) => Retried::Partly(rec),
+        None => Retried::Reply(retry_reply(name, cmd, &outcomes)),
+    })
 }
 
 /// The reply of write command `name` (`cmd`) that the set applied with
-/// these outcomes, one per statement applied, in order: statement `i`'s is
-/// the `i`-th (an ordered batch stops at its first failure, so the
-/// statements applied are its first ones). A tag recorded without outcomes
+/// these outcomes, for a findAndModify, or outcomes recorded without
+/// statement ids (an older build's: a batch's are read by `retry.rs`), one
+/// per statement applied, in order: statement `i`'s is taken as the
+/// `i`-th. A tag recorded without outcomes
 /// (by an older build) gets a reply built from the command: every
 /// statement counted, no upserted ids, no findAndModify document.
 pub(crate) fn retry_reply(name: &str, cmd: &Document, outcomes: &[Vec<u8>]) -> Document {
