@@ -8,18 +8,22 @@ again). So an ordered batch stopped by a duplicate key answers the same
 its retry applies the rest. Indexes in `writeErrors` and `upserted` are the
 original statement positions. On a standalone, a one-member set, and a
 three-member set after the primary that ran the write was killed (the
-new primary answers from the replicated table of outcomes).
+new primary answers from the replicated table of outcomes). Outside a
+replica set the server's own table is durable: a write retried after a
+SIGKILL and restart is answered, not run again.
 
 The commands go over the raw wire (`wire.py`): pymongo replaces a
 command's `lsid` with one of its pooled sessions, whose numbers it uses
 for its own retryable writes."""
 
 import os
+import signal
 
 import bson
 import pytest
 
 import wire
+from conftest import DuetServer
 from test_replication import cluster, primary_of  # noqa: F401  (fixture)
 
 DB = "retried_batches"
@@ -131,3 +135,35 @@ def test_a_retried_batch_on_a_new_primary_runs_only_the_statements_not_applied(c
     # set's table, the statements not applied run again.
     with wire.connected(primary_of(cluster).port, timeout=20) as sock:
         retries(sock, *attempts)
+
+
+@pytest.mark.parametrize("mode", ["standalone", "one-member set"])
+def test_a_write_retried_after_a_restart_is_answered_not_run_again(tmp_path, mode):
+    extra = ("--standalone",) if mode == "standalone" else ()
+    srv = DuetServer(tmp_path, *extra)
+    try:
+        with wire.connected(srv.port, timeout=20) as sock:
+            setup(sock)
+            # The second document gets a generated `_id`: run again, it
+            # would be a third document.
+            ins = tagged({"insert": "k", "documents": [{"_id": 1, "n": 0}, {"x": 1}]}, 3)
+            first = wire.command(sock, ins)
+            assert first["n"] == 2 and "writeErrors" not in first, first
+            inc = tagged({"update": "k", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]}, 4)
+            first_inc = wire.command(sock, inc)
+            assert first_inc["nModified"] == 1, first_inc
+            attempts = first_attempts(sock)
+    finally:
+        srv.stop(signal.SIGKILL)
+    srv = DuetServer(tmp_path, *extra)
+    try:
+        with wire.connected(srv.port, timeout=20) as sock:
+            assert strip(wire.command(sock, ins)) == strip(first)
+            assert strip(wire.command(sock, inc)) == strip(first_inc)
+            found = plain(sock, {"find": "k", "sort": {"_id": 1}})["cursor"]["firstBatch"]
+            assert len(found) == 2 and found[0] == {"_id": 1, "n": 1}, found
+            # The batches that applied some statements: the same errors,
+            # then the rest once the conflicts are gone.
+            retries(sock, *attempts)
+    finally:
+        assert srv.stop() == 0, srv.log_text()[-3000:]

@@ -82,9 +82,10 @@ pub struct Ctx<'a> {
     /// Where the command reports what its read runs on (`currentOp`, the
     /// slow-operation log); `None` off the connection path.
     pub report: Option<&'a crate::ops::OpReport>,
-    /// On a replica-set member, the tag of the retryable write this command
-    /// is (its `lsid` and `txnNumber`): its writes carry it, so every member
-    /// learns the write was applied (`repl.rs`).
+    /// The tag of the retryable write this command is (its `lsid` and
+    /// `txnNumber`) on a server that keeps a retry table (a replica-set
+    /// member's, or its own outside a set): its writes carry it, so the
+    /// table learns the write was applied (`repl.rs`).
     pub origin: Option<Arc<[u8]>>,
     /// The statement ids of the batch's items when they are not their
     /// positions (a retried batch runs the statements it did not apply

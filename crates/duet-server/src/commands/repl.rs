@@ -292,13 +292,30 @@ fn wait_for_cluster_time(ctx: &Ctx<'_>, m: &Member, cmd: &Document) -> CmdResult
     })
 }
 
-/// The origin tag of a retryable write on a replica-set member: `txnNumber`
-/// (8 bytes, little-endian) then the `lsid` bytes.
+/// Whether this server keeps a retry table: the replica set's, or outside
+/// a set its own (`duet_repl::local`).
+fn keeps_retries(state: &crate::state::ServerState) -> bool {
+    state.repl.get().is_some() || state.local_retries.get().is_some()
+}
+
+/// The outcomes recorded with tag `tag` in this server's retry table.
+fn table_outcomes(state: &crate::state::ServerState, tag: &[u8]) -> Option<Vec<Vec<u8>>> {
+    match state.repl.get() {
+        Some(m) => m.retry_outcomes(tag),
+        None => state.local_retries.get()?.outcomes(tag),
+    }
+}
+
+/// The origin tag of a retryable write on a server that keeps a retry
+/// table (a replica-set member, or a server with its own table):
+/// `txnNumber` (8 bytes, little-endian) then the `lsid` bytes.
 pub fn origin(
     state: &std::sync::Arc<crate::state::ServerState>,
     session: &SessionArgs,
 ) -> Option<std::sync::Arc<[u8]>> {
-    state.repl.get()?;
+    if !keeps_retries(state) {
+        return None;
+    }
     if session.in_transaction() {
         return None;
     }
@@ -323,8 +340,7 @@ pub fn transaction_tag(
     id: &[u8],
     n: i64,
 ) -> Option<std::sync::Arc<[u8]>> {
-    state.repl.get()?;
-    Some(tag(id, n))
+    keeps_retries(state).then(|| tag(id, n))
 }
 
 /// Whether the set applied the commit of transaction `n` of session `id`
@@ -333,7 +349,15 @@ pub fn transaction_tag(
 /// retried `commitTransaction` of a committed transaction with ok on any
 /// primary (the outcome is in its replicated `config.transactions`).
 pub fn committed_transaction(ctx: &Ctx<'_>, id: &[u8], n: i64) -> bool {
-    member(ctx).is_some_and(|m| m.applied_retryable(&tag(id, n)))
+    let t = tag(id, n);
+    match member(ctx) {
+        Some(m) => m.applied_retryable(&t),
+        None => ctx
+            .state
+            .local_retries
+            .get()
+            .is_some_and(|r| r.contains(&t)),
+    }
 }
 
 /// How a retryable write the set already applied is answered.
@@ -355,9 +379,8 @@ pub enum Retried {
 /// entries and `config.image_collection`); a batch's statements that are
 /// not among them run again.
 pub fn retried(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Option<Retried> {
-    let m = member(ctx)?;
     let origin = ctx.origin.as_ref()?;
-    let outcomes = m.retry_outcomes(origin)?;
+    let outcomes = table_outcomes(ctx.state, origin)?;
     tracing::info!(
         conn = ctx.conn.id,
         command = name,

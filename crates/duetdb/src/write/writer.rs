@@ -561,11 +561,13 @@ impl Writer {
                         if let Err(e) = logged {
                             self.hub.abandon(stamp.ts);
                             if let Some(c) = commit.take() {
-                                // The set committed what this member could
-                                // not log: its state no longer follows the set.
                                 let why =
                                     format!("a committed group could not be logged here: {e}");
-                                *self.poisoned.lock() = Some(why.clone());
+                                if c.binds() {
+                                    // The set committed what this member could
+                                    // not log: its state no longer follows the set.
+                                    *self.poisoned.lock() = Some(why.clone());
+                                }
                                 c.finish(Err(why));
                             }
                             for s in group {
