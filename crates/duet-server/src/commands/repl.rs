@@ -15,9 +15,9 @@
 //!   retry;
 //! - write concern: every acknowledged write was committed by a majority of
 //!   the set (the writer publishes only committed groups), so `w: 1` and
-//!   `w: "majority"` are answered at once; `w: N` waits until N members'
-//!   Raft logs hold the write (MongoDB counts members that applied it; ours
-//!   apply within a heartbeat), up to `wtimeout`, else `writeConcernError`
+//!   `w: "majority"` are answered at once; `w: N` waits until N members
+//!   applied the write, as MongoDB counts (`Member::wait_for_applied`: the
+//!   others asked over the Raft port), up to `wtimeout`, else `writeConcernError`
 //!   64 WriteConcernFailed with `errInfo.wtimeout`; N above the number of
 //!   members is 100 UnsatisfiableWriteConcern; a tag name is 79
 //!   UnknownReplWriteConcern;
@@ -588,14 +588,14 @@ pub fn after(
             format!("Not enough data-bearing nodes: w: {n} asks for more members than the set's {members}"),
         ));
     }
-    // A majority of the voters holds every acknowledged write.
-    if n <= s.voters() / 2 + 1 {
+    // This member applied the write before answering.
+    if n <= 1 {
         return Ok(reply);
     }
     let mut reply = reply;
-    // The client's write is in the log but maybe not yet applied here:
-    // wait for the log's end, which is at or past it.
-    if !m.wait_for_members(m.last_log_index(), n, wtimeout) {
+    // MongoDB counts members that applied the write. Its entry is at or
+    // before the log's end: wait until N members applied that far.
+    if !m.wait_for_applied(m.last_log_index(), n, wtimeout) {
         reply.insert(
             "writeConcernError",
             doc! {
