@@ -238,6 +238,30 @@ def test_write_concern_times_out_when_members_are_down(cluster):
         assert c.app.wc.find_one({"_id": 1}) == {"_id": 1}
 
 
+def test_w_n_counts_members_that_applied_the_write(cluster):
+    """`w: N` waits for N members that applied the write (MongoDB's
+    meaning), not N Raft logs holding it: a secondary under `fsync` lock
+    receives the log but applies nothing, so `w: 3` times out (64) while
+    `w: 2` (the primary and the other secondary) is met; unlocked, `w: 3`
+    is met again."""
+    p = primary_of(cluster)
+    locked = [m for m in cluster if m is not p][0]
+    with set_client(cluster) as c:
+        c.app.get_collection("wa", write_concern=WriteConcern(w=3, wtimeout=20000)).insert_one({"_id": 0})
+        with locked.direct() as d:
+            assert d.admin.command("fsync", lock=True)["ok"] == 1
+            try:
+                coll = c.app.get_collection("wa", write_concern=WriteConcern(w=3, wtimeout=1500))
+                with pytest.raises(WriteConcernError) as e:
+                    coll.insert_one({"_id": 1})
+                assert e.value.code == 64, e.value.details
+                c.app.get_collection("wa", write_concern=WriteConcern(w=2, wtimeout=20000)).insert_one({"_id": 2})
+            finally:
+                d.admin.command("fsyncUnlock")
+        c.app.get_collection("wa", write_concern=WriteConcern(w=3, wtimeout=20000)).insert_one({"_id": 3})
+        assert c.app.wa.count_documents({}) == 4
+
+
 def test_status_config_and_step_down(cluster):
     p = primary_of(cluster)
     with p.direct() as d:

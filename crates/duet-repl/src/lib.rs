@@ -9,6 +9,8 @@
 //! - `pending`: this member's writer groups waiting for their commit;
 //! - `retries`: which retryable writes and transaction commits the set
 //!   applied (failover dedup; durable, carried by Raft snapshots);
+//! - `local`: the same table for a server outside a replica set, fed by
+//!   the same `Replicate` hook, durable in the data directory;
 //! - `snapshot`: Raft snapshots (every database's checkpoint image);
 //! - `replicator`: the engine's `Replicate` hook (writer → Raft);
 //! - `network`: Raft RPCs over TCP between members;
@@ -31,6 +33,7 @@
 
 pub mod digest;
 pub mod history;
+pub mod local;
 pub mod log_store;
 pub mod member;
 pub mod network;

@@ -654,45 +654,66 @@ impl Member {
         }
     }
 
-    /// Wait (blocking) until `w` members hold entry `index` in their Raft
-    /// log, at most `timeout` (`None`: no limit). `Ok(false)` on time-out.
-    /// Requires: called from a thread outside the runtime (a command's
-    /// blocking thread).
-    pub fn wait_for_members(&self, index: u64, w: usize, timeout: Option<Duration>) -> bool {
-        let me = self.opts.member_id;
-        let mut rx = self.raft.metrics();
-        let wait = async move {
+    /// Wait (blocking) until `w` members, this one included, have applied
+    /// the log up to `index` — MongoDB's `w: N`, which counts members that
+    /// applied the write, not members whose Raft log holds it — at most
+    /// `timeout` (`None`: no limit). The others are asked in parallel over the Raft port
+    /// (`RpcRequest::Applied`); each answers once it has applied it. This
+    /// member counts once its own applied index reaches `index`. Requires:
+    /// called from a thread outside the runtime.
+    pub fn wait_for_applied(&self, index: u64, w: usize, timeout: Option<Duration>) -> bool {
+        let status = self.status();
+        let others: Vec<String> = status
+            .members
+            .iter()
+            .filter(|m| m.id != status.me)
+            .map(|m| m.host.clone())
+            .collect();
+        let in_set = status.members.iter().any(|m| m.id == status.me);
+        let (identity, transport) = (self.shared.identity.clone(), self.shared.transport.clone());
+        let shared = self.shared.clone();
+        // Without a time limit, ask again every round until enough answer.
+        let round = timeout.unwrap_or(Duration::from_secs(10));
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        self.runtime.block_on(async move {
             loop {
-                let enough = {
-                    let m = rx.borrow_and_update();
-                    let mut n = 0;
-                    if let Some(r) = &m.replication {
-                        for (id, l) in r {
-                            let got = if *id == me {
-                                m.last_log_index.unwrap_or(0)
-                            } else {
-                                l.map_or(0, |l| l.index)
-                            };
-                            n += usize::from(got >= index);
-                        }
-                        if !r.contains_key(&me) && m.last_log_index.unwrap_or(0) >= index {
-                            n += 1;
-                        }
-                    }
-                    n >= w
+                let wait = match deadline {
+                    Some(d) => d.saturating_duration_since(std::time::Instant::now()),
+                    None => round,
                 };
-                if enough {
-                    return true;
+                let mut asks = tokio::task::JoinSet::new();
+                for host in &others {
+                    let (identity, transport, host) =
+                        (identity.clone(), transport.clone(), host.clone());
+                    asks.spawn(async move {
+                        crate::network::ask_applied(&identity, &transport, &host, index, wait).await
+                    });
                 }
-                if rx.changed().await.is_err() {
+                if in_set {
+                    let shared = shared.clone();
+                    let ms = wait.as_millis().min(u128::from(u64::MAX)) as u64;
+                    asks.spawn(
+                        async move { crate::network::applied_here(&shared, index, ms).await },
+                    );
+                }
+                let mut n = 0;
+                let mut pending = asks.len();
+                while let Some(done) = asks.join_next().await {
+                    pending -= 1;
+                    n += usize::from(matches!(done, Ok(true)));
+                    if n >= w {
+                        return true;
+                    }
+                    if n + pending < w {
+                        break;
+                    }
+                }
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                     return false;
                 }
-            }
-        };
-        self.runtime.block_on(async move {
-            match timeout {
-                Some(t) => tokio::time::timeout(t, wait).await.unwrap_or(false),
-                None => wait.await,
+                // Some member could not answer (unreachable, restarting):
+                // ask again until the limit.
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     }

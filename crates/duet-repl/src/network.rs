@@ -93,6 +93,13 @@ enum RpcRequest {
         applied: u64,
         wait_ms: u64,
     },
+    /// Whether this member has applied the log up to `index`, waiting at
+    /// most `wait_ms` for it (a `w: N` write concern counts members that
+    /// applied the write, as MongoDB's).
+    Applied {
+        index: u64,
+        wait_ms: u64,
+    },
 }
 
 /// What goes on the wire: the request and who sends it.
@@ -125,6 +132,8 @@ enum RpcReply {
     Refused(String),
     /// A snapshot digest, or why there is none (code, message).
     Digest(Result<crate::digest::Digest, (i32, String)>),
+    /// Whether the member applied the log up to the index asked.
+    Applied(bool),
 }
 
 /// The Raft address (`host:port`) of the member whose wire address is `wire`.
@@ -424,6 +433,46 @@ pub async fn ask_digest(
     }
 }
 
+/// Whether the member whose wire address is `addr` has applied the log up
+/// to `index`, waiting at most `wait` for it (see [`RpcRequest::Applied`]);
+/// `false` when it cannot be reached or has not.
+pub async fn ask_applied(
+    identity: &Arc<Identity>,
+    transport: &Transport,
+    addr: &str,
+    index: u64,
+    wait: Duration,
+) -> bool {
+    let mut peer = Peer::new(identity, transport, 0, addr);
+    let rpc = RpcRequest::Applied {
+        index,
+        wait_ms: wait.as_millis().min(u128::from(u64::MAX)) as u64,
+    };
+    matches!(
+        peer.call(&rpc, wait + Duration::from_secs(5)).await,
+        Ok(RpcReply::Applied(true))
+    )
+}
+
+/// Wait until this member has applied the log up to `index`, at most
+/// `wait_ms`; whether it has.
+pub(crate) async fn applied_here(shared: &Arc<Shared>, index: u64, wait_ms: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        if shared
+            .applied_index
+            .load(std::sync::atomic::Ordering::Acquire)
+            >= index
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// This member's answer to [`RpcRequest::Digest`].
 async fn digest_here(
     shared: &Arc<Shared>,
@@ -623,6 +672,9 @@ impl Handler {
                 applied,
                 wait_ms,
             } => RpcReply::Digest(digest_here(shared, db, name, coll, applied, wait_ms).await),
+            RpcRequest::Applied { index, wait_ms } => {
+                RpcReply::Applied(applied_here(shared, index, wait_ms).await)
+            }
         };
         bincode::serialize(&reply).ok()
     }

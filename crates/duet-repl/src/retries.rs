@@ -276,6 +276,11 @@ impl Retries {
         }
     }
 
+    /// How many entries (one per command applied) the table keeps.
+    pub fn entries_count(&self) -> usize {
+        self.table.lock().entries
+    }
+
     pub fn contains(&self, tag: &[u8]) -> bool {
         self.table.lock().map.contains_key(tag)
     }

@@ -467,6 +467,20 @@ pub fn serve_cli(mut args: ServeArgs) -> Result<(), Box<dyn std::error::Error + 
             Some(opts) => Some(duet_repl::Member::start(opts, &engine).await?),
             None => None,
         };
+        if member.is_none() {
+            // Outside a replica set the server keeps its own retry table,
+            // durable with the data directory (a retried write after a
+            // restart is answered, as MongoDB's `config.transactions`).
+            let table = match &state.config.data_dir {
+                Some(dir) => duet_repl::local::LocalRetries::open(dir, |db| {
+                    engine.get(db).ok().flatten().map_or(0, |d| d.csn())
+                })?,
+                None => duet_repl::local::LocalRetries::in_memory(),
+            };
+            let table = std::sync::Arc::new(table);
+            engine.set_replicator(Some(table.clone()));
+            let _ = state.local_retries.set(table);
+        }
         drop(engine);
         if let Some(user) = &initial_root {
             auth::bootstrap::create_initial_root(&state, &user.0, &user.1)?;

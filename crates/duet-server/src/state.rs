@@ -185,6 +185,11 @@ pub struct ServerState {
     /// This server's replica-set member, when it runs one (`--members`);
     /// set once at start, before the first client.
     pub repl: std::sync::OnceLock<Arc<duet_repl::Member>>,
+    /// Outside a replica set, the table of the retryable writes and commits
+    /// this server applied (`duet_repl::local`, durable with a data
+    /// directory); set once at start by `duet serve`, before the first
+    /// client (in-process test servers run without it: sessions only).
+    pub local_retries: std::sync::OnceLock<Arc<duet_repl::local::LocalRetries>>,
     pub config: Config,
     pub started: Instant,
     pub cursors: CursorRegistry,
@@ -257,6 +262,7 @@ impl ServerState {
             ttl: ttl_monitor(weak, config.ttl_monitor_sleep),
             engine,
             repl: std::sync::OnceLock::new(),
+            local_retries: std::sync::OnceLock::new(),
             cursors: CursorRegistry::new(
                 CursorLimits {
                     per_connection: config.cursors_per_connection,

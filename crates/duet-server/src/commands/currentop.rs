@@ -119,6 +119,8 @@ pub fn plan_summary(
         cancel: &token,
         report: None,
         origin: None,
+        stmts: Default::default(),
+        stmt: Cell::new(None),
         raw_cursor: None,
     };
     let explain =

@@ -43,6 +43,7 @@ pub mod named;
 pub mod oplog;
 pub mod read;
 pub mod repl;
+pub mod retry;
 pub mod snapdb;
 pub mod source;
 pub mod stats;
@@ -81,10 +82,18 @@ pub struct Ctx<'a> {
     /// Where the command reports what its read runs on (`currentOp`, the
     /// slow-operation log); `None` off the connection path.
     pub report: Option<&'a crate::ops::OpReport>,
-    /// On a replica-set member, the tag of the retryable write this command
-    /// is (its `lsid` and `txnNumber`): its writes carry it, so every member
-    /// learns the write was applied (`repl.rs`).
+    /// The tag of the retryable write this command is (its `lsid` and
+    /// `txnNumber`) on a server that keeps a retry table (a replica-set
+    /// member's, or its own outside a set): its writes carry it, so the
+    /// table learns the write was applied (`repl.rs`).
     pub origin: Option<Arc<[u8]>>,
+    /// The statement ids of the batch's items when they are not their
+    /// positions (a retried batch runs the statements it did not apply
+    /// under their original ids: `retry.rs`).
+    pub stmts: std::cell::RefCell<Option<Arc<[u32]>>>,
+    /// The statement an update or delete batch is running (its writes
+    /// carry its id; `None`: an insert's items are its documents).
+    pub stmt: Cell<Option<usize>>,
     /// Where a find by one `_id` may leave its cursor as the stored
     /// document's bytes, for the connection to write into the reply as they
     /// are (`read::point_find`); `None` off the connection's inline path.
@@ -143,9 +152,21 @@ impl Ctx<'_> {
     /// `db` writing as this command's client operation (a retryable
     /// write's tag, replicated with its writes).
     fn tagged(&self, db: Database) -> Database {
-        match &self.origin {
-            Some(o) => db.with_origin(o.clone()),
-            None => db,
+        let Some(o) = &self.origin else {
+            return db;
+        };
+        let db = db.with_origin(o.clone());
+        let ids = self.stmts.borrow().clone();
+        match self.stmt.get() {
+            Some(i) => {
+                let own = u32::try_from(i).unwrap_or(u32::MAX);
+                let id = ids.map_or(own, |s| s.get(i).copied().unwrap_or(own));
+                db.with_statements(Arc::from([id]))
+            }
+            None => match ids {
+                Some(ids) => db.with_statements(ids),
+                None => db,
+            },
         }
     }
 
@@ -660,6 +681,8 @@ fn dispatch(
         cancel,
         report,
         origin: repl::origin(state, &session),
+        stmts: Default::default(),
+        stmt: Cell::new(None),
         raw_cursor,
     };
     // Users cached by connections are keyed by admin's csn, which a
@@ -671,9 +694,6 @@ fn dispatch(
     repl::admit(&ctx, canonical, cmd, &session)?;
     if crate::memory::adds_data(canonical, cmd) {
         state.memory.admit(canonical)?;
-    }
-    if let Some(reply) = repl::retried(&ctx, canonical, cmd, &session) {
-        return Ok(reply);
     }
     let result = session_dispatch(&ctx, name, cmd, &session);
     let result = repl::after(&ctx, canonical, cmd, &session, result);
@@ -698,7 +718,7 @@ fn session_dispatch(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &Session
         return txn::in_transaction(ctx, name, cmd, session);
     }
     if session.txn_number.is_some() {
-        return txn::retryable_write(ctx, name, session, || run(ctx, name, cmd));
+        return txn::retryable_write(ctx, name, cmd, session, |c| run(ctx, name, c));
     }
     if let Some(id) = &session.lsid {
         ctx.state.sessions.touch(id);

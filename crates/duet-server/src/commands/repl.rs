@@ -15,9 +15,9 @@
 //!   retry;
 //! - write concern: every acknowledged write was committed by a majority of
 //!   the set (the writer publishes only committed groups), so `w: 1` and
-//!   `w: "majority"` are answered at once; `w: N` waits until N members'
-//!   Raft logs hold the write (MongoDB counts members that applied it; ours
-//!   apply within a heartbeat), up to `wtimeout`, else `writeConcernError`
+//!   `w: "majority"` are answered at once; `w: N` waits until N members
+//!   applied the write, as MongoDB counts (`Member::wait_for_applied`: the
+//!   others asked over the Raft port), up to `wtimeout`, else `writeConcernError`
 //!   64 WriteConcernFailed with `errInfo.wtimeout`; N above the number of
 //!   members is 100 UnsatisfiableWriteConcern; a tag name is 79
 //!   UnknownReplWriteConcern;
@@ -292,13 +292,30 @@ fn wait_for_cluster_time(ctx: &Ctx<'_>, m: &Member, cmd: &Document) -> CmdResult
     })
 }
 
-/// The origin tag of a retryable write on a replica-set member: `txnNumber`
-/// (8 bytes, little-endian) then the `lsid` bytes.
+/// Whether this server keeps a retry table: the replica set's, or outside
+/// a set its own (`duet_repl::local`).
+fn keeps_retries(state: &crate::state::ServerState) -> bool {
+    state.repl.get().is_some() || state.local_retries.get().is_some()
+}
+
+/// The outcomes recorded with tag `tag` in this server's retry table.
+fn table_outcomes(state: &crate::state::ServerState, tag: &[u8]) -> Option<Vec<Vec<u8>>> {
+    match state.repl.get() {
+        Some(m) => m.retry_outcomes(tag),
+        None => state.local_retries.get()?.outcomes(tag),
+    }
+}
+
+/// The origin tag of a retryable write on a server that keeps a retry
+/// table (a replica-set member, or a server with its own table):
+/// `txnNumber` (8 bytes, little-endian) then the `lsid` bytes.
 pub fn origin(
     state: &std::sync::Arc<crate::state::ServerState>,
     session: &SessionArgs,
 ) -> Option<std::sync::Arc<[u8]>> {
-    state.repl.get()?;
+    if !keeps_retries(state) {
+        return None;
+    }
     if session.in_transaction() {
         return None;
     }
@@ -323,8 +340,7 @@ pub fn transaction_tag(
     id: &[u8],
     n: i64,
 ) -> Option<std::sync::Arc<[u8]>> {
-    state.repl.get()?;
-    Some(tag(id, n))
+    keeps_retries(state).then(|| tag(id, n))
 }
 
 /// Whether the set applied the commit of transaction `n` of session `id`
@@ -333,51 +349,54 @@ pub fn transaction_tag(
 /// retried `commitTransaction` of a committed transaction with ok on any
 /// primary (the outcome is in its replicated `config.transactions`).
 pub fn committed_transaction(ctx: &Ctx<'_>, id: &[u8], n: i64) -> bool {
-    member(ctx).is_some_and(|m| m.applied_retryable(&tag(id, n)))
+    let t = tag(id, n);
+    match member(ctx) {
+        Some(m) => m.applied_retryable(&t),
+        None => ctx
+            .state
+            .local_retries
+            .get()
+            .is_some_and(|r| r.contains(&t)),
+    }
+}
+
+/// How a retryable write the set already applied is answered.
+pub enum Retried {
+    /// As done, from the outcomes recorded.
+    Reply(Document),
+    /// A batch whose statements not applied run again (`retry.rs`).
+    Partly(super::retry::Recorded),
 }
 
 /// A retryable write the set already applied — made on a primary that
 /// failed before the driver got the reply, or on this member before it
-/// restarted — is answered as done instead of running again. The primary
-/// that ran it answers from its session table (the exact reply); another
-/// member, or this one after a restart, builds the first execution's reply
-/// from what the set recorded with the write's tag (`duetdb::WriteOutcome`
-/// per statement: counts, upserted ids, a findAndModify's document —
-/// MongoDB rebuilds it from its oplog entries and `config.image_collection`).
-pub fn retried(
-    ctx: &Ctx<'_>,
-    name: &str,
-    cmd: &Document,
-    session: &SessionArgs,
-) -> Option<Document> {
-    let m = member(ctx)?;
+/// restarted — is answered from what the set recorded with the write's tag
+/// instead of running again (the caller, `txn::retryable_write`, checked
+/// that this member's session table does not know it: the primary that
+/// ran it answers from there). The first execution's reply is built from
+/// the outcomes (`duetdb::WriteOutcome` per statement: counts, upserted
+/// ids, a findAndModify's document — MongoDB rebuilds it from its oplog
+/// entries and `config.image_collection`); a batch's statements that are
+/// not among them run again.
+pub fn retried(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> Option<Retried> {
     let origin = ctx.origin.as_ref()?;
-    let outcomes = m.retry_outcomes(origin)?;
-    if let (Some(id), Some(n)) = (&session.lsid, session.txn_number) {
-        if let Some(s) = ctx.state.sessions.get(id) {
-            let s = s.lock();
-            // Answered by the session itself: its reply, or 225 for a
-            // number older than its newest (as MongoDB answers).
-            if s.txn_number.is_some_and(|t| t > n)
-                || (s.txn_number == Some(n)
-                    && matches!(s.state, crate::sessions::TxnState::Written { .. }))
-            {
-                return None;
-            }
-        }
-    }
+    let outcomes = table_outcomes(ctx.state, origin)?;
     tracing::info!(
         conn = ctx.conn.id,
         command = name,
-        "retried write was applied before a failover or a restart: answered as done"
+        "retried write was applied before a failover or a restart: answered from the set's table"
     );
-    Some(retry_reply(name, cmd, &outcomes))
+    Some(match super::retry::from_outcomes(name, &outcomes) {
+        Some(rec) => Retried::Partly(rec),
+        None => Retried::Reply(retry_reply(name, cmd, &outcomes)),
+    })
 }
 
 /// The reply of write command `name` (`cmd`) that the set applied with
-/// these outcomes, one per statement applied, in order: statement `i`'s is
-/// the `i`-th (an ordered batch stops at its first failure, so the
-/// statements applied are its first ones). A tag recorded without outcomes
+/// these outcomes, for a findAndModify, or outcomes recorded without
+/// statement ids (an older build's: a batch's are read by `retry.rs`), one
+/// per statement applied, in order: statement `i`'s is taken as the
+/// `i`-th. A tag recorded without outcomes
 /// (by an older build) gets a reply built from the command: every
 /// statement counted, no upserted ids, no findAndModify document.
 pub(crate) fn retry_reply(name: &str, cmd: &Document, outcomes: &[Vec<u8>]) -> Document {
@@ -569,14 +588,14 @@ pub fn after(
             format!("Not enough data-bearing nodes: w: {n} asks for more members than the set's {members}"),
         ));
     }
-    // A majority of the voters holds every acknowledged write.
-    if n <= s.voters() / 2 + 1 {
+    // This member applied the write before answering.
+    if n <= 1 {
         return Ok(reply);
     }
     let mut reply = reply;
-    // The client's write is in the log but maybe not yet applied here:
-    // wait for the log's end, which is at or past it.
-    if !m.wait_for_members(m.last_log_index(), n, wtimeout) {
+    // MongoDB counts members that applied the write. Its entry is at or
+    // before the log's end: wait until N members applied that far.
+    if !m.wait_for_applied(m.last_log_index(), n, wtimeout) {
         reply.insert(
             "writeConcernError",
             doc! {

@@ -430,12 +430,18 @@ fn abort(s: &mut Session, n: i64) -> CmdResult {
 
 /// A retryable write: run `run` once per (session, txnNumber); a retry gets
 /// the remembered reply. A reply with `ok: 0` is not remembered (the write
-/// as a whole did not happen), so a retry runs it again.
+/// as a whole did not happen), so a retry runs it again. A batch that
+/// applied only some of its statements (its reply has `writeErrors`) runs
+/// the others again on a retry, as MongoDB does (`retry.rs`): `run` is
+/// given the command to run. A write this session does not know but the
+/// replica set applied (before a failover or a restart) is answered from
+/// the set's table (`repl::retried`).
 pub fn retryable_write(
     ctx: &Ctx<'_>,
     name: &str,
+    cmd: &Document,
     args: &SessionArgs,
-    run: impl FnOnce() -> CmdResult,
+    run: impl FnOnce(&Document) -> CmdResult,
 ) -> CmdResult {
     if !RETRYABLE_WRITES.contains(&name) {
         return Err(CommandError::new(
@@ -449,12 +455,16 @@ pub fn retryable_write(
     let mut s = session.lock();
     s.last_use = Instant::now();
     check_not_too_old(&s, n)?;
+    let mut applied = None;
     if s.txn_number == Some(n) {
         match &s.state {
-            TxnState::Written { reply } => {
-                tracing::debug!(conn = ctx.conn.id, txn_number = n, "retried write answered from the session");
-                return Ok(reply.clone());
-            }
+            TxnState::Written { reply } => match super::retry::from_reply(name, cmd, reply) {
+                Some(rec) => applied = Some(rec),
+                None => {
+                    tracing::debug!(conn = ctx.conn.id, txn_number = n, "retried write answered from the session");
+                    return Ok(reply.clone());
+                }
+            },
             TxnState::None => {}
             other => {
                 return Err(CommandError::new(
@@ -472,7 +482,16 @@ pub fn retryable_write(
         s.txn_number = Some(n);
         s.state = TxnState::None;
     }
-    let result = run();
+    let result = match applied {
+        Some(rec) => super::retry::answer(ctx, name, cmd, rec, run),
+        None => match super::repl::retried(ctx, name, cmd) {
+            Some(super::repl::Retried::Reply(reply)) => Ok(reply),
+            Some(super::repl::Retried::Partly(rec)) => {
+                super::retry::answer(ctx, name, cmd, rec, run)
+            }
+            None => run(cmd),
+        },
+    };
     if let Ok(reply) = &result {
         s.state = TxnState::Written {
             reply: reply.clone(),

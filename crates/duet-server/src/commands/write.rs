@@ -235,6 +235,8 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
         args::opt_doc(stmt, "c")?;
     }
     let one = |i: usize, stmt: &Document, q| -> Result<UpdateResult, StmtError> {
+        // A retryable write records which statement applied (`retry.rs`).
+        ctx.stmt.set(Some(i));
         let af = filters
             .get(i)
             .and_then(Option::as_deref)
@@ -279,7 +281,8 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
             ));
         }
     }
-    let one = |_: usize, stmt: &Document, q| -> Result<u64, StmtError> {
+    let one = |i: usize, stmt: &Document, q| -> Result<u64, StmtError> {
+        ctx.stmt.set(Some(i));
         let collation = super::source::collation_of(stmt)?;
         let coll = target.collection_collated(ctx, name, false, collation)?;
         match args::opt_i64(stmt, "limit")?.unwrap_or(0) {

@@ -152,16 +152,24 @@ impl Crud for Collection {
         &self.name
     }
 
-    fn insert_prepared(&self, docs: Vec<PreparedDoc>, ordered: bool) -> Result<InsertOutcome> {
+    fn insert_prepared(
+        &self,
+        docs: Vec<PreparedDoc>,
+        stmts: &[usize],
+        ordered: bool,
+    ) -> Result<InsertOutcome> {
         if docs.is_empty() {
             return Ok(InsertOutcome::default());
         }
-        match self.db.submit(Command::Insert {
-            coll: self.name.clone(),
-            docs,
-            ordered,
-            bypass_validation: self.bypass_validation,
-        }) {
+        match self.db.submit_statements(
+            Command::Insert {
+                coll: self.name.clone(),
+                docs,
+                ordered,
+                bypass_validation: self.bypass_validation,
+            },
+            stmts,
+        ) {
             Ok(Reply::Inserted(out)) => Ok(out),
             Ok(other) => Err(unexpected(other)),
             // The batch as a whole failed (the writer stopped): nothing is

@@ -93,8 +93,15 @@ pub trait Crud: sealed::Sealed {
     fn name(&self) -> &str;
 
     /// Primitive: store prepared documents, positions counted in `docs`;
-    /// `ordered` stops at the first failure.
-    fn insert_prepared(&self, docs: Vec<PreparedDoc>, ordered: bool) -> Result<InsertOutcome>;
+    /// `ordered` stops at the first failure. `stmts[i]` is document `i`'s
+    /// position in the caller's batch (its statement: a retryable write
+    /// records which statements it applied, `Database::with_statements`).
+    fn insert_prepared(
+        &self,
+        docs: Vec<PreparedDoc>,
+        stmts: &[usize],
+        ordered: bool,
+    ) -> Result<InsertOutcome>;
 
     /// Primitive: update the first (or, with `multi`, every) match of the
     /// filter, or upsert; a failing update changes nothing.
@@ -146,7 +153,7 @@ pub trait Crud: sealed::Sealed {
                 }
             }
         }
-        let out = self.insert_prepared(prepared, ordered)?;
+        let out = self.insert_prepared(prepared, &positions, ordered)?;
         let ids: Vec<Bson> = out.inserted.into_iter().map(|(_, id)| id).collect();
         errors.extend(
             out.errors

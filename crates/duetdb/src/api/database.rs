@@ -37,6 +37,9 @@ pub struct Database {
     /// Opaque tag of the client operation writes through this handle belong
     /// to (a retryable write's session and number), replicated with them.
     origin: Option<Arc<[u8]>>,
+    /// The statement ids of the client operation's items that writes
+    /// through this handle carry ([`Database::with_statements`]).
+    stmts: Option<Arc<[u32]>>,
 }
 
 struct DbInner {
@@ -134,6 +137,7 @@ impl Database {
             }),
             durability: None,
             origin: None,
+            stmts: None,
         }
     }
 
@@ -300,6 +304,7 @@ impl Database {
             inner,
             durability: None,
             origin: None,
+            stmts: None,
         };
         // Durable named snapshots come back by name (loaded on first read).
         db.register_durable_snapshots();
@@ -314,6 +319,7 @@ impl Database {
             inner: self.inner.clone(),
             durability: Some(durability),
             origin: self.origin.clone(),
+            stmts: self.stmts.clone(),
         }
     }
 
@@ -327,6 +333,24 @@ impl Database {
             inner: self.inner.clone(),
             durability: self.durability,
             origin: Some(origin),
+            stmts: self.stmts.clone(),
+        }
+    }
+
+    /// A handle whose tagged writes say which statements of their client
+    /// operation they are: `stmts[i]` is the statement id of item `i` of
+    /// the next command (an insert's document `i`; an update's, delete's or
+    /// findAndModify's one statement is item 0). Without it item `i` is
+    /// statement `i`. The ids are recorded with the outcome
+    /// (`WriteOutcome::encode_at`), so a retry knows which statements of a
+    /// batch were applied and runs only the others, as MongoDB does with
+    /// its `stmtId`s.
+    pub fn with_statements(&self, stmts: Arc<[u32]>) -> Database {
+        Database {
+            inner: self.inner.clone(),
+            durability: self.durability,
+            origin: self.origin.clone(),
+            stmts: Some(stmts),
         }
     }
 
@@ -425,9 +449,27 @@ impl Database {
     }
 
     pub(crate) fn submit(&self, cmd: Command) -> Result<Reply> {
+        self.submit_statements(cmd, &[0])
+    }
+
+    /// [`Database::submit`] of a command whose item `i` is item `items[i]`
+    /// of this handle's statements (an insert whose documents that failed
+    /// to prepare were left out).
+    pub(crate) fn submit_statements(&self, cmd: Command, items: &[usize]) -> Result<Reply> {
+        let stmts = self.origin.as_ref().map(|_| -> Arc<[u32]> {
+            items
+                .iter()
+                .map(|&i| {
+                    let own = u32::try_from(i).unwrap_or(u32::MAX);
+                    self.stmts
+                        .as_ref()
+                        .map_or(own, |s| s.get(i).copied().unwrap_or(own))
+                })
+                .collect()
+        });
         self.inner
             .writer
-            .submit_tagged(cmd, self.durability, self.origin.clone())
+            .submit_at(cmd, self.durability, self.origin.clone(), stmts)
     }
 
     /// Create an empty collection; error if it exists.

@@ -644,4 +644,60 @@ mod tests {
             out_of_order[0]
         );
     }
+
+    /// Keeps the outcomes of every group's tagged writes.
+    #[derive(Default)]
+    struct Tags(Mutex<Vec<Vec<u8>>>);
+
+    impl Replicate for Tags {
+        fn replicate(&self, rec: GroupRecord<'_>) -> Result<Commit, Error> {
+            let mut g = self.0.lock();
+            g.extend(rec.origins.iter().map(|t| t.outcome.clone()));
+            (rec.proposed)();
+            Ok(Commit::new(|_| {}))
+        }
+    }
+
+    #[test]
+    fn tagged_writes_record_the_statements_they_applied() {
+        use crate::write::command::WriteOutcome as W;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = Engine::open(dir.path()).expect("open");
+        let tags = Arc::new(Tags::default());
+        engine.set_replicator(Some(tags.clone()));
+        let db = engine.database("d").expect("database");
+        db.collection("c")
+            .insert_one(doc! {"_id": 2})
+            .expect("seed");
+        let tag: Arc<[u8]> = Arc::from(&b"tag"[..]);
+        // An unordered batch of statements 5..=9 (a retry running the
+        // statements its first run did not apply): 6 fails to prepare (an
+        // array `_id`: it is left out before the writer), 7 is a duplicate
+        // key.
+        let retried = db
+            .with_origin(tag.clone())
+            .with_statements(Arc::from([5, 6, 7, 8, 9]));
+        let docs = vec![
+            doc! {"_id": 1},
+            doc! {"_id": [1, 2]},
+            doc! {"_id": 2},
+            doc! {"_id": 3},
+            doc! {"_id": 4},
+        ];
+        assert!(retried.collection("c").insert_many(docs, false).is_err());
+        // An update is one statement: the handle's first.
+        let one = db.with_origin(tag).with_statements(Arc::from([3]));
+        one.collection("c")
+            .update_one(doc! {"_id": 1}, doc! {"$set": {"v": 1}})
+            .expect("update");
+        let got = tags.0.lock().clone();
+        let seed = got.len() - 2;
+        assert_eq!(W::statements(&got[seed]), Some(vec![5, 8, 9]));
+        assert_eq!(W::decode(&got[seed]), Some(W::Inserted { n: 3 }));
+        assert_eq!(W::statements(&got[seed + 1]), Some(vec![3]));
+        // Consecutive ids are kept as their first.
+        let enc = W::Inserted { n: 3 }.encode_at(&[4, 5, 6]);
+        assert_eq!(W::statements(&enc), Some(vec![4, 5, 6]));
+        assert_eq!(W::statements(&W::Inserted { n: 3 }.encode()), None);
+    }
 }

@@ -904,7 +904,12 @@ impl Crud for TxnCollection<'_> {
         &self.name
     }
 
-    fn insert_prepared(&self, docs: Vec<PreparedDoc>, ordered: bool) -> Result<InsertOutcome> {
+    fn insert_prepared(
+        &self,
+        docs: Vec<PreparedDoc>,
+        _stmts: &[usize],
+        ordered: bool,
+    ) -> Result<InsertOutcome> {
         let mut txn = self.txn()?;
         txn.check_active()?;
         let mut out = InsertOutcome::default();

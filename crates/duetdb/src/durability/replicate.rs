@@ -84,13 +84,33 @@ type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
 /// the writer reports their outcome with [`Commit::finish`].
 pub struct Commit {
     finish: Option<Finish>,
+    /// Others hold the record as committed (a replica set): failing to log
+    /// it here leaves this copy behind, and stops the writer.
+    binds: bool,
 }
 
 impl Commit {
     pub fn new(finish: impl FnOnce(Result<(), String>) + Send + 'static) -> Commit {
         Commit {
             finish: Some(Box::new(finish)),
+            binds: true,
         }
+    }
+
+    /// A commit nobody else holds (a server outside a replica set that
+    /// only notes the group's tags): a failed local append fails the group
+    /// as it would without a replicator, and the writer carries on.
+    pub fn local(finish: impl FnOnce(Result<(), String>) + Send + 'static) -> Commit {
+        Commit {
+            finish: Some(Box::new(finish)),
+            binds: false,
+        }
+    }
+
+    /// Whether failing to log the record here leaves this member behind
+    /// the others ([`Commit::new`]) rather than failing the group only.
+    pub fn binds(&self) -> bool {
+        self.binds
     }
 
     /// The record was appended to the local WAL and published (`Ok`), or

@@ -270,6 +270,83 @@ impl WriteOutcome {
             .unwrap_or_default()
     }
 
+    /// The statement ids of what `reply` applied, command item `i` being
+    /// statement `stmts[i]` (`None`: statement `i`): an insert's inserted
+    /// documents, else the command's one statement.
+    pub fn statements_of(reply: &Reply, stmts: Option<&[u32]>) -> Vec<u32> {
+        let id = |i: usize| {
+            let own = u32::try_from(i).unwrap_or(u32::MAX);
+            stmts.map_or(own, |s| s.get(i).copied().unwrap_or(own))
+        };
+        match reply {
+            Reply::Inserted(o) => o.inserted.iter().map(|(i, _)| id(*i)).collect(),
+            _ => vec![id(0)],
+        }
+    }
+
+    /// [`WriteOutcome::encode`] with the statement ids it applied
+    /// ([`WriteOutcome::statements`] reads them back): `s0`, the first,
+    /// when they are consecutive (an insert's `n` of them, else one), else
+    /// `s`, every id as 4 little-endian bytes. Empty for `Other`.
+    pub fn encode_at(&self, stmts: &[u32]) -> Vec<u8> {
+        let bytes = self.encode();
+        if bytes.is_empty() {
+            return bytes;
+        }
+        let Ok(mut d) = RawDocumentBuf::from_bytes(bytes)
+            .map_err(|_| ())
+            .and_then(|r| doc::to_document(&r).map_err(|_| ()))
+        else {
+            return Vec::new();
+        };
+        let consecutive = stmts.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]));
+        match stmts.first() {
+            Some(&first) if consecutive => {
+                d.insert("s0", i64::from(first));
+            }
+            _ => {
+                let bytes: Vec<u8> = stmts.iter().flat_map(|s| s.to_le_bytes()).collect();
+                d.insert(
+                    "s",
+                    bson::Binary {
+                        subtype: bson::spec::BinarySubtype::Generic,
+                        bytes,
+                    },
+                );
+            }
+        }
+        doc::to_raw_document(&d)
+            .map(|r| r.into_bytes())
+            .unwrap_or_default()
+    }
+
+    /// The statement ids an outcome [`WriteOutcome::encode_at`] wrote
+    /// applied, in order; `None` when it has none (written by a build
+    /// before statement ids, or by [`WriteOutcome::encode`]).
+    pub fn statements(bytes: &[u8]) -> Option<Vec<u32>> {
+        if bytes.is_empty() {
+            return None;
+        }
+        let raw = RawDocumentBuf::from_bytes(bytes.to_vec()).ok()?;
+        let d = doc::to_document(&raw).ok()?;
+        if let Ok(b) = d.get_binary_generic("s") {
+            if b.len() % 4 != 0 {
+                return None;
+            }
+            return Some(
+                b.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            );
+        }
+        let first = u32::try_from(d.get_i64("s0").ok()?).ok()?;
+        let n = match d.get_str("k").ok()? {
+            "i" => u32::try_from(d.get_i64("n").ok()?).ok()?,
+            _ => 1,
+        };
+        (0..n).map(|k| first.checked_add(k)).collect()
+    }
+
     /// What [`WriteOutcome::encode`] wrote; `None` for bytes it never
     /// writes (an empty outcome is `Other`).
     pub fn decode(bytes: &[u8]) -> Option<WriteOutcome> {

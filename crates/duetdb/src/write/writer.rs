@@ -91,6 +91,9 @@ struct Slot {
     solo: bool,
     /// The client operation the command belongs to (replicated with it).
     origin: Option<Arc<[u8]>>,
+    /// The statement ids of the command's items in that operation
+    /// (`Database::with_statements`; `None`: item `i` is statement `i`).
+    stmts: Option<Arc<[u32]>>,
     /// Per-write durability (`None`: the database's default).
     durability: Option<Durability>,
     reply: Mutex<Option<Result<Reply>>>,
@@ -281,6 +284,7 @@ impl Writer {
             replicated: Mutex::new(Some(Replicated { record, payload })),
             solo: true,
             origin: None,
+            stmts: None,
             durability: None,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
@@ -345,6 +349,18 @@ impl Writer {
         durability: Option<Durability>,
         origin: Option<Arc<[u8]>>,
     ) -> Result<Reply> {
+        self.submit_at(command, durability, origin, None)
+    }
+
+    /// [`Writer::submit_tagged`] of a command whose items are statements
+    /// `stmts` of client operation `origin` (recorded with its outcome).
+    pub fn submit_at(
+        &self,
+        command: Command,
+        durability: Option<Durability>,
+        origin: Option<Arc<[u8]>>,
+        stmts: Option<Arc<[u32]>>,
+    ) -> Result<Reply> {
         if let Some(wal) = &self.wal {
             wal.check_writable()?;
         }
@@ -353,6 +369,7 @@ impl Writer {
             replicated: Mutex::new(None),
             solo: false,
             origin,
+            stmts,
             durability,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
@@ -526,7 +543,9 @@ impl Writer {
                             .filter_map(|s| {
                                 let tag = s.origin.clone()?;
                                 let outcome = match s.reply.lock().as_ref() {
-                                    Some(Ok(r)) => WriteOutcome::of(r).encode(),
+                                    Some(Ok(r)) => WriteOutcome::of(r).encode_at(
+                                        &WriteOutcome::statements_of(r, s.stmts.as_deref()),
+                                    ),
                                     _ => Vec::new(),
                                 };
                                 Some(Tagged { tag, outcome })
@@ -542,11 +561,13 @@ impl Writer {
                         if let Err(e) = logged {
                             self.hub.abandon(stamp.ts);
                             if let Some(c) = commit.take() {
-                                // The set committed what this member could
-                                // not log: its state no longer follows the set.
                                 let why =
                                     format!("a committed group could not be logged here: {e}");
-                                *self.poisoned.lock() = Some(why.clone());
+                                if c.binds() {
+                                    // The set committed what this member could
+                                    // not log: its state no longer follows the set.
+                                    *self.poisoned.lock() = Some(why.clone());
+                                }
                                 c.finish(Err(why));
                             }
                             for s in group {
