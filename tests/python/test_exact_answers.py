@@ -461,3 +461,52 @@ def test_errors_raised_while_executing_carry_mongodbs_context(db):
     code, msg = failure(lambda: [seen.append(d) for d in db.g.find(late).batch_size(2)])
     assert seen and (code, msg) == (
         2, "Executor error during getMore :: caused by :: can't $divide by zero")
+
+
+def test_updates_of_a_document_with_repeated_names_keep_every_field(db):
+    # MongoDB's update addresses the first field of a name and keeps the
+    # others where they are; a stored document is never collapsed silently.
+    import bson
+    from bson.raw_bson import RawBSONDocument
+
+    def pairs(data):
+        """A document's elements in order, repeated names kept (nested too)."""
+        opts = bson.CodecOptions(document_class=RawBSONDocument)
+        out, pos, end = [], 4, len(data) - 1
+        while pos < end:
+            k, v, pos = bson._element_to_dict(data, memoryview(data), pos, end, opts)
+            out.append((k, pairs(v.raw) if isinstance(v, RawBSONDocument) else v))
+        return out
+
+    def stored(_id):
+        return pairs(db.d.with_options(
+            codec_options=bson.CodecOptions(document_class=RawBSONDocument)
+        ).find_one({"_id": _id}).raw)
+
+    cases = [
+        ({"$set": {"x": 9}}, [("_id", 0), ("x", 9), ("x", 2)]),
+        ({"$inc": {"x": 1}}, [("_id", 1), ("x", 2), ("x", 2)]),
+        ({"$unset": {"x": ""}}, [("_id", 2), ("x", 2)]),
+        ({"$push": {"y": 1}}, [("_id", 3), ("x", 1), ("x", 2), ("y", [1])]),
+        ({"$set": {"x": [1]}, "$push": {"z": 1}}, [("_id", 4), ("x", [1]), ("x", 2), ("z", [1])]),
+        ({"$rename": {"x": "w"}}, [("_id", 5), ("x", 2), ("w", 1)]),
+    ]
+    for i, (update, want) in enumerate(cases):
+        db.d.insert_one(raw(("_id", i), ("x", 1), ("x", 2)))
+        assert db.d.update_one({"_id": i}, update).modified_count == 1, update
+        assert stored(i) == want, update
+    # The first occurrence decides what a path can reach.
+    db.d.insert_one(raw(("_id", 10), ("x", 1), ("x", {"a": 1})))
+    with pytest.raises(WriteError) as e:
+        db.d.update_one({"_id": 10}, {"$set": {"x.y": 9}})
+    assert (e.value.code, e.value.details["errmsg"]) == (28, "Cannot create field 'y' in element {x: 1}")
+    # Nested repeats: a field beside them, and the first of them, change alone.
+    db.d.insert_one({"_id": 11, "a": raw(("b", 1), ("b", 2))})
+    db.d.update_one({"_id": 11}, {"$set": {"c": 1}})
+    db.d.update_one({"_id": 11}, {"$inc": {"a.b": 10}})
+    assert stored(11) == [("_id", 11), ("a", [("b", 11), ("b", 2)]), ("c", 1)]
+    # A pipeline-style update and findAndModify keep them too.
+    db.d.update_one({"_id": 0}, [{"$set": {"p": 1}}])
+    assert stored(0) == [("_id", 0), ("x", 9), ("x", 2), ("p", 1)]
+    db.d.find_one_and_update({"_id": 1}, {"$set": {"q": 1}})
+    assert stored(1) == [("_id", 1), ("x", 2), ("x", 2), ("q", 1)]

@@ -12,6 +12,7 @@
 pub mod collation;
 pub mod path;
 pub mod rawfield;
+pub mod repeated;
 pub mod size;
 pub mod types;
 pub mod value;

@@ -619,7 +619,14 @@ pub(crate) fn updated_version(
         // `_id` untouched, size and depth within limits (`raw.rs`).
         return Ok((new_raw.as_bytes() != old.as_bytes()).then_some(new_raw));
     }
-    let old_doc = doc::to_document(old)?;
+    // A document repeating a name keeps every occurrence the update does not
+    // address (`doc/repeated.rs`); a `Document` alone would keep one.
+    let repeats = doc::repeated::has_repeated_names(old);
+    let old_doc = if repeats {
+        doc::repeated::to_document_marked(old)?
+    } else {
+        doc::to_document(old)?
+    };
     // The array position the query matched, for a positional `$`.
     let position = if update.needs_position() {
         filter.match_position(old).flatten()
@@ -635,7 +642,11 @@ pub(crate) fn updated_version(
         },
     )?;
     doc::check_depth(&new_doc)?;
-    let new_raw = doc::to_raw_document(&new_doc)?;
+    let new_raw = if repeats {
+        doc::repeated::to_raw_unmarked(&new_doc)?
+    } else {
+        doc::to_raw_document(&new_doc)?
+    };
     if new_raw.as_bytes() == old.as_bytes() {
         return Ok(None);
     }

@@ -263,7 +263,12 @@ impl UpdateSpec {
     /// matched) change it? Computed as the write computes it; nothing is
     /// written (explain of an update reports `nWouldModify`).
     pub fn would_modify(&self, old: &bson::RawDocument, filter: &Filter) -> Result<bool> {
-        let doc = crate::doc::to_document(old)?;
+        let repeats = crate::doc::repeated::has_repeated_names(old);
+        let doc = if repeats {
+            crate::doc::repeated::to_document_marked(old)?
+        } else {
+            crate::doc::to_document(old)?
+        };
         let position = if self.positional {
             filter.match_position(old).flatten()
         } else {
@@ -275,7 +280,12 @@ impl UpdateSpec {
             position,
         };
         let new = self.apply(&doc, &ctx)?;
-        Ok(crate::doc::to_raw_document(&new)?.as_bytes() != old.as_bytes())
+        let new = if repeats {
+            crate::doc::repeated::to_raw_unmarked(&new)?
+        } else {
+            crate::doc::to_raw_document(&new)?
+        };
+        Ok(new.as_bytes() != old.as_bytes())
     }
 
     /// The new version of stored document `old` (an update of it, not an

@@ -12,7 +12,8 @@
 //! (property-tested in `tests.rs`): fields keep their position, a `$set`
 //! or `$inc` of a missing field appends it in the operators' (path) order,
 //! `$inc` follows MongoDB's numeric promotion through the same
-//! `arithmetic` function. Anything else — other operators, dotted or
+//! `arithmetic` function; a repeated name's first element is the field
+//! (`doc/repeated.rs`). Anything else — other operators, dotted or
 //! dynamic paths, `_id`, an `$inc` on a non-number or one that overflows,
 //! a value nested near the depth limit, a result over the size limit, a
 //! malformed stored document — answers `None`, and the caller takes the
@@ -50,7 +51,13 @@ pub(super) fn patch(spec: &UpdateSpec, old: &RawDocument) -> Option<RawDocumentB
         let len = 1 + key.len() + 1 + element.size();
         let whole = bytes.get(at..at + len)?;
         at += len;
-        let Some(i) = ops.iter().position(|o| o.path[0] == key) else {
+        // A repeated name: only its first occurrence is the field the
+        // update addresses (`doc/repeated.rs`); the others stay as they are.
+        let Some(i) = ops
+            .iter()
+            .position(|o| o.path[0] == key)
+            .filter(|&i| !done[i])
+        else {
             out.extend_from_slice(whole);
             continue;
         };

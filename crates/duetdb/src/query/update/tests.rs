@@ -635,6 +635,7 @@ proptest! {
             (0..4u8, arb_value()),
             1..4,
         ),
+        repeat in prop::option::of(("[a-f]", arb_value())),
     ) {
         let mut d = doc! {"_id": 7};
         for (k, v) in &start { d.insert(k.clone(), v.clone()); }
@@ -647,10 +648,16 @@ proptest! {
             if let Bson::Document(e) = entry { e.insert(k.clone(), arg); }
         }
         let Ok(u) = UpdateSpec::parse(&spec) else { return Ok(()) };
-        let old = crate::doc::to_raw_document(&d).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let general = u
-            .apply(&d, &ctx())
-            .and_then(|n| crate::doc::to_raw_document(&n));
+        let mut old = crate::doc::to_raw_document(&d).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // A name stored twice (BSON allows it): the update addresses the
+        // first occurrence and keeps the other (`doc/repeated.rs`).
+        if let Some((k, v)) = &repeat {
+            let v = bson::RawBson::try_from(v.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            old.append(bson::raw::CString::try_from(k.as_str()).map_err(|e| TestCaseError::fail(e.to_string()))?, v);
+        }
+        let general = crate::doc::repeated::to_document_marked(&old)
+            .and_then(|d| u.apply(&d, &ctx()))
+            .and_then(|n| crate::doc::repeated::to_raw_unmarked(&n));
         match (u.patch_raw(&old), general) {
             (Some(p), Ok(g)) => prop_assert_eq!(p.as_bytes(), g.as_bytes(), "{:?}", spec),
             (Some(p), Err(e)) => prop_assert!(false, "patched {:?} where the general path fails: {}", p, e),
