@@ -90,7 +90,7 @@ pub struct RecoveryArgs {
     /// `--keep` run left (no build): to profile the open alone.
     #[arg(long)]
     pub keep: bool,
-    /// Directory for `recovery.json` and `.md`.
+    /// Directory for `recovery.json`, `.md` and the chart `recovery.png`.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
 }
@@ -605,7 +605,9 @@ pub fn run(cmd: BenchCommand) -> Result<Option<BenchResult>> {
                 serde_json::to_string_pretty(&rows)?,
             )?;
             std::fs::write(a.out.join("recovery.md"), &md)?;
-            println!("{md}");
+            let png = a.out.join("recovery.png");
+            crate::workload::recovery::chart(&rows, &png)?;
+            println!("{md}\nchart: {}", png.display());
             Ok(None)
         }
         BenchCommand::Report(a) => {

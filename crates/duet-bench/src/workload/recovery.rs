@@ -320,6 +320,34 @@ pub fn run(p: &Params) -> Result<(Vec<Row>, String)> {
     Ok((rows, md))
 }
 
+/// The recovery-vs-size chart (issue #20: "recovery of 10 M documents is
+/// measured and charted"): seconds against millions of documents, one line
+/// each for the whole open, its phases and the time until `duet serve`
+/// answers a `ping` (when measured).
+pub fn chart(rows: &[Row], path: &Path) -> Result<()> {
+    let m = |r: &Row| r.documents as f64 / 1e6;
+    let line = |name: &str, f: &dyn Fn(&Row) -> Option<f64>| {
+        let points: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((m(r), f(r)?))).collect();
+        (name.to_string(), points)
+    };
+    let mut series = vec![
+        line("open (whole)", &|r| Some(r.open_secs)),
+        line("build (heap + indexes)", &|r| Some(r.phases.build)),
+        line("decode", &|r| Some(r.phases.decode)),
+        line("read", &|r| Some(r.phases.read)),
+        line("WAL replay", &|r| Some(r.phases.replay)),
+        line("duet serve ready", &|r| r.serve_ready_secs),
+    ];
+    series.retain(|(_, p)| !p.is_empty());
+    crate::plot::lines(
+        path,
+        "Recovery time vs size (3 secondary indexes)",
+        "documents (millions)",
+        "seconds",
+        &series,
+    )
+}
+
 fn header() -> &'static str {
     "| documents | data MB | checkpoint MB | WAL records | open (s) | recovery (s) | read | frames | decode | build | replay | indexes stored/sorted | serve ready (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
 }
@@ -372,5 +400,11 @@ mod tests {
         // The checkpoint stored the 3 indexes' entry orders: no sort at open.
         assert_eq!(rows[0].phases.indexes_in_stored_order, 3);
         assert_eq!(rows[0].phases.indexes_sorted, 0);
+        // The chart draws from the rows.
+        let png = dir.with_extension("png");
+        chart(&rows, &png).expect("chart");
+        let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
+        let _ = std::fs::remove_file(&png);
+        assert!(size > 1000, "chart of {size} bytes");
     }
 }
