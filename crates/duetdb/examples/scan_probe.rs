@@ -2,7 +2,8 @@
 //! (`valgrind --tool=callgrind`), which is repeatable on a noisy machine where
 //! wall-clock timing is not: loads `DUET_DOCS` (default 200,000) documents of
 //! the engine bench's shape and runs the bench's 2-field predicate count
-//! `DUET_SCANS` times (default 3) under `vls`, then (with `DUET_GETS`) that
+//! `DUET_SCANS` times (default 3) under `DUET_STRATEGY` (`vls` unless
+//! `none`, `cow` or `olcp`), then (with `DUET_GETS`) that
 //! many raw point reads by `_id`. Rates are given per wall-clock second and
 //! per second of process CPU time (steadier on a shared machine).
 //!
@@ -58,13 +59,16 @@ fn main() -> duetdb::Result<()> {
         let docs: Vec<Document> = (start..(start + 10_000).min(n)).map(make_doc).collect();
         c.insert_many(docs, true)?;
     }
+    let strategy = match std::env::var("DUET_STRATEGY").as_deref() {
+        Ok("none") => Strategy::None,
+        Ok("cow") => Strategy::Cow,
+        Ok("olcp") => Strategy::Olcp,
+        _ => Strategy::Vls,
+    };
     let mut total = 0;
     let (t, cpu) = (Instant::now(), cpu_seconds());
     for _ in 0..scans {
-        total += c.count_with(
-            doc! {"region": "east", "b": {"$lt": 500_000}},
-            Strategy::Vls,
-        )?;
+        total += c.count_with(doc! {"region": "east", "b": {"$lt": 500_000}}, strategy)?;
     }
     let (el, cpu) = (t.elapsed(), cpu_seconds() - cpu);
     let docs = scans as f64 * n as f64;

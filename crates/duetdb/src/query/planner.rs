@@ -1035,7 +1035,7 @@ where
     };
     match &plan.access {
         Access::CollScan { reverse: false } => {
-            for (rid, doc) in coll.heap.iter() {
+            for (rid, doc) in crate::doc::prefetching(coll.heap.iter()) {
                 tick()?;
                 if emit(rid, doc).is_break() {
                     break;

@@ -339,7 +339,7 @@ where
                     return Ok(());
                 };
                 let mut n = 0;
-                for (rid, d) in c.heap.iter_from(next) {
+                for (rid, d) in crate::doc::prefetching(c.heap.iter_from(next)) {
                     next = rid + 1;
                     if emit(d, visit).is_break() {
                         return Ok(());

@@ -394,27 +394,6 @@ impl ReadLog {
     }
 }
 
-/// Records ahead of the one being visited whose `Arc` (holding the bytes'
-/// address) is prefetched, and whose first bytes are: the `Arc` must have
-/// arrived before its pointer to the bytes can be read without a stall.
-const AHEAD_ARC: usize = 16;
-const AHEAD_BYTES: usize = 8;
-
-/// Start loading the documents `page[i]` will soon need (a hint only).
-#[inline]
-fn prefetch_ahead(page: &[(RecordId, &DocRef)], i: usize) {
-    if let Some((_, d)) = page.get(i + AHEAD_ARC) {
-        crate::doc::prefetch(Arc::as_ptr(d));
-    }
-    if let Some((_, d)) = page.get(i + AHEAD_BYTES) {
-        let bytes = d.as_bytes();
-        crate::doc::prefetch(bytes.as_ptr());
-        if bytes.len() > 64 {
-            crate::doc::prefetch(bytes[64..].as_ptr());
-        }
-    }
-}
-
 /// The state of one VLS scan between registration and release.
 struct ScanPass<'s, F> {
     writer: &'s Writer,
@@ -517,8 +496,7 @@ where
                 }
             }
             last_page |= page.len() < PAGE;
-            for (i, &(rid, d)) in page.iter().enumerate() {
-                prefetch_ahead(&page, i);
+            for (rid, d) in crate::doc::prefetching(page.iter().copied()) {
                 next = rid + 1;
                 self.claim_and_emit(&view, rid, d);
                 if self.stopped {
