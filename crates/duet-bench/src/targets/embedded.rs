@@ -15,8 +15,8 @@ use duetdb::{Collection, Database, IndexOptions, OlcpOptions, RemsetMode, Snapsh
 
 use super::{
     htap_batches, htap_doc_bytes, ycsb_doc, Field, HtapSession, HtapTarget, SnapshotSession,
-    SnapshotTarget, SpaceLatest, SpaceSession, SpaceTarget, Strategy, Target, VPerm, VlsFigures, YcsbSession,
-    YcsbTarget, HTAP_TABLE, SNAPSHOT_TABLE, SPACE_TABLE, YCSB_TABLE,
+    SnapshotTarget, SpaceLatest, SpaceSession, SpaceTarget, Strategy, Target, VPerm, VlsFigures,
+    YcsbSession, YcsbTarget, HTAP_TABLE, SNAPSHOT_TABLE, SPACE_TABLE, YCSB_TABLE,
 };
 use crate::machine::rss_mb;
 use crate::stats::{median, Latencies};

@@ -136,7 +136,10 @@ impl Steam {
 
     fn locate(&self, id: u64) -> Result<(&Mutex<Stripe>, usize)> {
         if id >= self.records {
-            bail!("steam: document {id} outside the loaded 0..{}", self.records);
+            bail!(
+                "steam: document {id} outside the loaded 0..{}",
+                self.records
+            );
         }
         Ok((
             &self.stripes[(id % STRIPES as u64) as usize],
@@ -225,7 +228,9 @@ impl Steam {
         visit: &mut dyn FnMut(u64, &[u8]),
     ) -> Result<(u64, u64)> {
         let s = self.begin()?;
-        let read = self.wait_for_writes(s).and_then(|()| self.read(store, s, visit));
+        let read = self
+            .wait_for_writes(s)
+            .and_then(|()| self.read(store, s, visit));
         // Released whatever the read did, so no later query pays for it.
         let ended = self.end(s);
         let n = read?;
@@ -414,7 +419,7 @@ mod tests {
                     let mut n = 0u64;
                     while !stop.load(Ordering::Acquire) || n < 2000 {
                         // Every third update on five hot documents.
-                        let id = if n % 3 == 0 {
+                        let id = if n.is_multiple_of(3) {
                             n % 5
                         } else {
                             (n * 7 + t * 13) % DOCS as u64
