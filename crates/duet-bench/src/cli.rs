@@ -351,8 +351,10 @@ pub struct SpaceArgs {
     /// Numbers of concurrent full-collection queries.
     #[arg(long, value_delimiter = ',', default_value = "1,3")]
     pub queries: Vec<usize>,
-    /// Systems: olcp, vls, cow-steam (which also yields the counted si-model).
-    #[arg(long, value_delimiter = ',', default_value = "olcp,vls,cow-steam")]
+    /// Systems: olcp, vls, cow (held duetdb snapshots; `cow-steam` is an old
+    /// name of it), steam (the bench's Steam baseline); `steam`, or else
+    /// `cow`, also yields the counted si-model.
+    #[arg(long, value_delimiter = ',', default_value = "olcp,vls,cow,steam")]
     pub systems: Vec<space::System>,
     /// `duet` (embedded) and/or `wire` (a duetdb server: queries are `count`
     /// commands with `$duet.workNsPerDoc`, old versions come from serverStatus

@@ -30,7 +30,7 @@ fn space_runs_tiny_and_charts() {
         out,
         "--quiet",
     ]);
-    for system in ["olcp", "vls", "cow-steam"] {
+    for system in ["olcp", "vls", "cow", "steam"] {
         for dist in ["uniform", "zipfian"] {
             let c = [("system", system), ("dist", dist), ("queries", "2")];
             let f = |m: &str| {
@@ -42,6 +42,11 @@ fn space_runs_tiny_and_charts() {
             assert!(f("queries_done") >= 2.0);
             assert!(f("query_docs_per_s") > 0.0);
             assert!(f("update_latency_us_max") >= f("update_latency_us_p99"));
+            if system == "steam" {
+                // Steam's bound: one old version per document per snapshot.
+                assert!(f("old_versions_peak") <= 2.0 * 3000.0);
+                assert!(f("steam_sweep_ms_max") > 0.0);
+            }
         }
     }
     assert!(r

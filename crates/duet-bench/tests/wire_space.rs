@@ -35,7 +35,7 @@ fn space_runs_embedded_and_over_the_wire() {
     ];
     let r = result(&args);
     for target in ["duetdb-embedded", "duetdb-wire"] {
-        for system in ["olcp", "vls", "cow-steam"] {
+        for system in ["olcp", "vls", "cow", "steam"] {
             let c = [("system", system), ("dist", "uniform"), ("queries", "2")];
             let f = |m: &str| {
                 r.find(target, &c, m)
@@ -46,6 +46,10 @@ fn space_runs_embedded_and_over_the_wire() {
             assert!(f("queries_done") >= 2.0, "{target} {system}");
             assert!(f("query_docs_per_s") > 0.0, "{target} {system}");
             assert!(f("old_versions_peak") >= 0.0);
+            if system == "steam" {
+                // Steam's bound: one old version per document per snapshot.
+                assert!(f("old_versions_peak") <= 2.0 * 3000.0);
+            }
             assert!(
                 r.series.iter().any(|s| s.target == target
                     && s.case.get("system").map(String::as_str) == Some(system)),

@@ -10,16 +10,17 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Result};
-use bson::{doc, Document};
+use bson::{doc, Bson, Document};
 use duetdb::{Collection, Database, IndexOptions, OlcpOptions, RemsetMode, Snapshot};
 
 use super::{
     htap_batches, htap_doc_bytes, ycsb_doc, Field, HtapSession, HtapTarget, SnapshotSession,
-    SnapshotTarget, SpaceSession, SpaceTarget, Strategy, Target, VPerm, VlsFigures, YcsbSession,
-    YcsbTarget, HTAP_TABLE, SNAPSHOT_TABLE, SPACE_TABLE, YCSB_TABLE,
+    SnapshotTarget, SpaceLatest, SpaceSession, SpaceTarget, Strategy, Target, VPerm, VlsFigures,
+    YcsbSession, YcsbTarget, HTAP_TABLE, SNAPSHOT_TABLE, SPACE_TABLE, YCSB_TABLE,
 };
 use crate::machine::rss_mb;
 use crate::stats::{median, Latencies};
+use crate::workload::space::busy_work;
 
 /// The duetdb engine, in process.
 pub struct Embedded {
@@ -369,7 +370,7 @@ impl SpaceTarget for Embedded {
     fn space_notes(&self, work_ns_per_doc: u64, _sample_ms: u64, retained_every_ms: u64) -> String {
         format!(
             "{}: queries do {work_ns_per_doc} ns of busy work per document in this process; \
-             olcp reads vls_stats().olcp_inflight and vls its remset; cow-steam sums the \
+             olcp reads vls_stats().olcp_inflight and vls its remset; cow sums the \
              retained cost of each held db.snapshot() (sampled every {retained_every_ms} ms; \
              shared versions count once per snapshot)",
             self.name()
@@ -399,20 +400,44 @@ impl SpaceTarget for Embedded {
 
 /// Busy work standing in for a real per-document computation.
 fn work(d: &bson::RawDocumentBuf, ns: u64) -> u64 {
-    let mut h = d.as_bytes().len() as u64;
-    if ns > 0 {
-        let t0 = Instant::now();
-        while t0.elapsed().as_nanos() < ns as u128 {
-            h = h.wrapping_mul(31).wrapping_add(7);
-        }
-    }
-    h
+    busy_work(d.as_bytes(), ns)
 }
 
-impl SpaceSession for EmbeddedColl<'_> {
+impl SpaceLatest for EmbeddedColl<'_> {
     fn update(&mut self, id: u64, payload: &str) -> Result<bool> {
         self.set_f2(id, payload)
     }
+    fn get_doc(&mut self, id: u64) -> Result<Vec<u8>> {
+        let d = self
+            .coll
+            .get(&Bson::Int64(i64::try_from(id)?))?
+            .ok_or_else(|| anyhow!("document {id} missing"))?;
+        Ok(d.as_bytes().to_vec())
+    }
+    fn scan_latest(&mut self, visit: &mut dyn FnMut(u64, &[u8]) -> Result<()>) -> Result<u64> {
+        let (mut n, mut failed) = (0u64, None);
+        self.coll.scan_with(Document::new(), Strategy::None, |d| {
+            let r = d
+                .get_i64("_id")
+                .map_err(anyhow::Error::from)
+                .and_then(|id| Ok(u64::try_from(id)?))
+                .and_then(|id| visit(id, d.as_bytes()));
+            match r {
+                Ok(()) => {
+                    n += 1;
+                    ControlFlow::Continue(())
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })?;
+        failed.map_or(Ok(n), Err)
+    }
+}
+
+impl SpaceSession for EmbeddedColl<'_> {
     fn olcp_query(&mut self, ns: u64) -> Result<u64> {
         let (acc, _) = self.target.db.olcp_query(
             SPACE_TABLE,

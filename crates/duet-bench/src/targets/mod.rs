@@ -202,11 +202,23 @@ pub trait SpaceTarget: Target {
     fn finish(&self) -> Result<()>;
 }
 
-/// One thread of a `space` cell: an update stream, a query loop or the sampler.
-pub trait SpaceSession: Send {
+/// The latest state of [`SPACE_TABLE`], one version per document: what the
+/// bench's own `steam` strategy (`crate::workload::steam`) keeps old
+/// versions beside.
+pub trait SpaceLatest {
     /// Set `f2` of document `id`; false when that changed nothing (no
     /// version made). A missing document is an error.
     fn update(&mut self, id: u64, payload: &str) -> Result<bool>;
+    /// The stored bytes of document `id` now (a missing one is an error).
+    fn get_doc(&mut self, id: u64) -> Result<Vec<u8>>;
+    /// Hand every document of the latest state (read page by page, no
+    /// snapshot) with its `_id` to `visit`, stopping at its first error;
+    /// how many were visited.
+    fn scan_latest(&mut self, visit: &mut dyn FnMut(u64, &[u8]) -> Result<()>) -> Result<u64>;
+}
+
+/// One thread of a `space` cell: an update stream, a query loop or the sampler.
+pub trait SpaceSession: SpaceLatest + Send {
     /// A full-collection OLCP query with `ns` of busy work per document;
     /// the documents it visited.
     fn olcp_query(&mut self, ns: u64) -> Result<u64>;

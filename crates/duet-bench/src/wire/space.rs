@@ -5,7 +5,9 @@
 //! - queries: `olcp` / `vls` = `count` with `$duet: {snapshot, workNsPerDoc}`
 //!   (the server busy-waits per document); the held-snapshot query =
 //!   `createSnapshot` → `count` with `$duet: {snapshotName, workNsPerDoc}` →
-//!   `dropSnapshot` (the named snapshot is what the query holds);
+//!   `dropSnapshot` (the named snapshot is what the query holds); the bench's
+//!   `steam` reads the latest state with `find` and `$duet: {snapshot: "none"}`
+//!   (point reads with `find` by `_id`);
 //! - old versions from `serverStatus.duet.databases[WIRE_DB].vls`
 //!   (`olcpInflight`, `remsetEntries`/`remsetBytes`) and the sum of
 //!   `listSnapshots`' `retainedDocs`/`retainedBytes` of the query snapshots.
@@ -18,11 +20,12 @@
 //! cells that follow); leftovers of an interrupted run are dropped at load.
 
 use anyhow::{anyhow, Result};
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson, Document, RawDocumentBuf};
 
 use super::{count_of, LaneGuard, WireTarget};
 use crate::targets::{
-    htap_batches, htap_doc_bytes, SpaceSession, SpaceTarget, VPerm, VlsFigures, SPACE_TABLE,
+    htap_batches, htap_doc_bytes, SpaceLatest, SpaceSession, SpaceTarget, VPerm, VlsFigures,
+    SPACE_TABLE,
 };
 
 /// Named snapshots of the held-snapshot queries start with this.
@@ -54,7 +57,7 @@ impl SpaceTarget for WireTarget {
     fn space_notes(&self, work_ns_per_doc: u64, sample_ms: u64, retained_every_ms: u64) -> String {
         format!(
             "{}: every operation over the wire; queries are `count` commands with `$duet.workNsPerDoc` = {work_ns_per_doc} (the server busy-waits per document); \
-             olcp reads serverStatus olcpInflight, vls remsetEntries/remsetBytes (every {sample_ms} ms); cow-steam holds a named snapshot per query \
+             olcp reads serverStatus olcpInflight, vls remsetEntries/remsetBytes (every {sample_ms} ms); cow holds a named snapshot per query \
              (createSnapshot → count with snapshotName → dropSnapshot) and sums listSnapshots' retainedDocs/retainedBytes every {retained_every_ms} ms",
             self.label()
         )
@@ -99,7 +102,7 @@ fn ns_arg(ns: u64) -> i64 {
     ns.min(i64::MAX as u64) as i64
 }
 
-impl SpaceSession for WireSpace<'_> {
+impl SpaceLatest for WireSpace<'_> {
     fn update(&mut self, id: u64, payload: &str) -> Result<bool> {
         let r = self.lane.block_on(
             self.coll
@@ -108,6 +111,32 @@ impl SpaceSession for WireSpace<'_> {
         anyhow::ensure!(r.matched_count == 1, "document {id} missing");
         Ok(r.modified_count > 0)
     }
+    fn get_doc(&mut self, id: u64) -> Result<Vec<u8>> {
+        let raw = self.coll.clone_with_type::<RawDocumentBuf>();
+        let d = self
+            .lane
+            .block_on(raw.find_one(doc! {"_id": i64::try_from(id)?}))?
+            .ok_or_else(|| anyhow!("document {id} missing"))?;
+        Ok(d.into_bytes())
+    }
+    fn scan_latest(&mut self, visit: &mut dyn FnMut(u64, &[u8]) -> Result<()>) -> Result<u64> {
+        let db = self.lane.database();
+        let cmd = doc! {"find": SPACE_TABLE, "filter": {}, "$duet": {"snapshot": "none"}};
+        self.lane.block_on(async {
+            let mut cursor = db.run_cursor_command(cmd).await?;
+            let mut n = 0u64;
+            while cursor.advance().await? {
+                let d = cursor.current();
+                let id = u64::try_from(d.get_i64("_id")?)?;
+                visit(id, d.as_bytes())?;
+                n += 1;
+            }
+            Ok(n)
+        })
+    }
+}
+
+impl SpaceSession for WireSpace<'_> {
     fn olcp_query(&mut self, ns: u64) -> Result<u64> {
         self.count(doc! {"snapshot": "olcp", "workNsPerDoc": ns_arg(ns)})
     }

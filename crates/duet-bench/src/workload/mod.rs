@@ -13,6 +13,7 @@ pub mod index_build;
 pub mod recovery;
 pub mod snapshot;
 pub mod space;
+pub mod steam;
 pub mod tpcch;
 pub mod ycsb;
 pub mod ycsbt;

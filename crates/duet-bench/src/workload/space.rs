@@ -9,19 +9,28 @@
 //!   document size (the sink holds shared pointers to documents).
 //! - `vls`: full scans under `Strategy::Vls`; old versions = remset entries,
 //!   bytes = the remset's own byte figure.
-//! - `cow-steam`: each query holds a snapshot and reads it. duetdb's
-//!   copy-on-write frees a superseded version as soon as no held root reaches
-//!   it, so each snapshot keeps at most one old version per document — the
-//!   Steam property (one version per active snapshot, not per update). Measured
+//! - `cow` (called `cow-steam` before `steam` existed; the old name is still
+//!   accepted): each query holds a duetdb snapshot (a copy-on-write root) and
+//!   reads it. The engine frees a superseded version as soon as no held root
+//!   reaches it, so the documents retained are Steam's (at most one old
+//!   version per document per held snapshot), but a held root also keeps the
+//!   heap and index pages it shares no more with the latest version. Measured
 //!   as what the held snapshots retain (an O(size) walk, so sampled only every
 //!   `retained_every_ms`); with several queries the per-snapshot figures are
-//!   summed, which counts a version shared by two snapshots twice (upper bound).
+//!   summed, which counts a version two snapshots share twice (an upper bound).
+//! - `steam`: KVell+'s Steam baseline, implemented in the bench
+//!   (`workload::steam`): version chains beside the target's latest state,
+//!   at most one version per document per active snapshot, deleted on the
+//!   document's next update and swept when a query ends once no snapshot sees
+//!   it; a version snapshots share counts once. Exact counters, sampled every
+//!   `sample_ms`.
 //! - `si-model`: conventional snapshot isolation with version chains and a
 //!   garbage-collection horizon keeps every version superseded since the oldest
 //!   running query started. It is not a second engine: it is counted from the
-//!   update stream of the `cow-steam` cell (updates acknowledged since the
-//!   oldest running query began × document size), which is what such a system
-//!   keeps at best (lazy GC only adds to it).
+//!   update stream of the `steam` cell (of the `cow` cell when `steam` does not
+//!   run): updates acknowledged since the oldest running query began ×
+//!   document size, which is what such a system keeps at best (lazy GC only
+//!   adds to it).
 //!
 //! Queries are slowed by `work_ns_per_doc` of busy work per document so that
 //! they last several seconds, as in the paper. Each cell writes its old-version
@@ -41,6 +50,7 @@ use crate::progress::note;
 use crate::result::{case, Series, Sink};
 use crate::stats::{median, Latencies};
 use crate::targets::{htap_payload, SpaceSession, SpaceTarget, VlsFigures};
+use crate::workload::steam::Steam;
 use crate::workload::{join_all, Pacer};
 
 /// Update key distribution.
@@ -60,14 +70,17 @@ impl KeyDist {
     }
 }
 
-/// A system under comparison (`si-model` comes with `cow-steam`).
+/// A system under comparison (`si-model` comes with `steam`, else with `cow`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum System {
     Olcp,
     Vls,
-    /// Held snapshots (Steam-like), plus the counted `si-model`.
-    CowSteam,
+    /// duetdb's held copy-on-write snapshots (Steam's documents plus pages).
+    #[value(alias = "cow-steam")]
+    Cow,
+    /// The bench's Steam (`workload::steam`).
+    Steam,
 }
 
 impl System {
@@ -75,8 +88,20 @@ impl System {
         match self {
             System::Olcp => "olcp",
             System::Vls => "vls",
-            System::CowSteam => "cow-steam",
+            System::Cow => "cow",
+            System::Steam => "steam",
         }
+    }
+
+    /// Whether this system's cells also count the `si-model` (one system of a
+    /// run does, so its rows are not recorded twice).
+    fn counts_si_model(self, systems: &[System]) -> bool {
+        let with = if systems.contains(&System::Steam) {
+            System::Steam
+        } else {
+            System::Cow
+        };
+        self == with
     }
 }
 
@@ -107,15 +132,18 @@ struct Shared {
     query_since: Vec<AtomicU64>,
     /// Query threads still running (updates go on until the last has ended).
     queries_running: AtomicU64,
+    /// The old versions of a `steam` cell.
+    steam: Option<Steam>,
 }
 
 impl Shared {
-    fn new(k: usize) -> Shared {
+    fn new(k: usize, steam: Option<Steam>) -> Shared {
         Shared {
             updates: AtomicU64::new(0),
             noops: AtomicU64::new(0),
             query_since: (0..k).map(|_| AtomicU64::new(u64::MAX)).collect(),
             queries_running: AtomicU64::new(k as u64),
+            steam,
         }
     }
 
@@ -167,6 +195,8 @@ struct CellOut {
     samples: Vec<(String, Vec<Sample>)>,
     rss_mb_peak: f64,
     update_noops: u64,
+    /// `steam`: the longest sweep after a query (ms).
+    steam_sweep_ms_max: Option<f64>,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -202,6 +232,16 @@ fn run_target(target: &dyn SpaceTarget, p: &Params, quiet: bool, out: &mut Sink)
     ));
     out.notes
         .push(target.space_notes(p.work_ns_per_doc, p.sample_ms, p.retained_every_ms));
+    if p.systems.contains(&System::Steam) {
+        out.notes.push(format!(
+            "{name}: steam is the bench's own Steam (workload/steam.rs) over this target's latest state: \
+             updates copy the replaced version out (a point read) when an active query snapshot sees it, \
+             queries scan the latest state (strategy none) and read newer documents from the kept copies, \
+             busy work ({} ns per document) runs in the bench process; old versions = kept copies, bytes = \
+             their document bytes (exact, every {} ms); steam_sweep_ms_max = the longest cleaning after a query",
+            p.work_ns_per_doc, p.sample_ms
+        ));
+    }
     // Reads the engine's figures between cells.
     let mut between = target.session()?;
     let mut cell_no = 0u64;
@@ -255,7 +295,8 @@ fn run_cell(target: &dyn SpaceTarget, p: &Params, cell: &Cell, quiet: bool) -> R
         .pop()
         .ok_or_else(|| anyhow!("no sampler session"))?;
     let queriers = updaters.split_off(threads);
-    let shared = Shared::new(cell.k);
+    let steam = (cell.system == System::Steam).then(|| Steam::new(p.records.max(1)));
+    let shared = Shared::new(cell.k, steam);
     let done = AtomicBool::new(false);
     target.begin_cell();
     let started = Instant::now();
@@ -301,6 +342,7 @@ fn run_cell(target: &dyn SpaceTarget, p: &Params, cell: &Cell, quiet: bool) -> R
             samples,
             rss_mb_peak,
             update_noops: shared.noops.load(Ordering::Relaxed),
+            steam_sweep_ms_max: shared.steam.as_ref().map(Steam::sweep_ms_max),
         })
     })
 }
@@ -332,7 +374,10 @@ fn update_loop(
         // versions.
         let payload = htap_payload(cell.cell_no << 40 | (n * threads + t as u64) & ((1 << 40) - 1));
         let t0 = Instant::now();
-        let changed = sess.update(id, &payload)?;
+        let changed = match &shared.steam {
+            Some(steam) => steam.update(sess.as_mut(), id, &payload)?.0,
+            None => sess.update(id, &payload)?,
+        };
         lat.record(t0.elapsed());
         if !changed {
             shared.noops.fetch_add(1, Ordering::Relaxed);
@@ -362,7 +407,19 @@ fn query_loop(
             docs += match system {
                 System::Olcp => sess.olcp_query(ns)?,
                 System::Vls => sess.vls_query(ns)?,
-                System::CowSteam => sess.held_query(ns, t)?,
+                System::Cow => sess.held_query(ns, t)?,
+                System::Steam => {
+                    let steam = shared
+                        .steam
+                        .as_ref()
+                        .ok_or_else(|| anyhow!("a steam cell without its version store"))?;
+                    let mut h = 0u64;
+                    let (n, _) = steam.query(sess.as_mut(), &mut |_, d| {
+                        h = h.wrapping_add(busy_work(d, ns));
+                    })?;
+                    std::hint::black_box(h);
+                    n
+                }
             };
             durations.push(t0.elapsed().as_secs_f64());
             shared.query_since[t].store(u64::MAX, Ordering::Release);
@@ -388,6 +445,7 @@ fn sample_loop(
     let mib = |n: f64| n / MIB;
     let per_doc = cell.doc_bytes as f64;
     let (mut main, mut si) = (Vec::new(), Vec::new());
+    let counts_si = cell.system.counts_si_model(&p.systems);
     let mut rss_peak = 0f64;
     let mut last_walk: Option<Instant> = None;
     while !done.load(Ordering::Acquire) {
@@ -405,9 +463,14 @@ fn sample_loop(
                 let v = sess.vls()?;
                 main.push((t, v.remset_entries, mib(v.remset_bytes)));
             }
-            System::CowSteam => {
-                let n = shared.si_model_versions();
-                si.push((t, n, mib(n * per_doc)));
+            System::Steam => {
+                let steam = shared
+                    .steam
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("a steam cell without its version store"))?;
+                main.push((t, steam.kept_versions(), mib(steam.kept_bytes())));
+            }
+            System::Cow => {
                 let due = last_walk
                     .is_none_or(|w| w.elapsed() >= Duration::from_millis(p.retained_every_ms));
                 if due {
@@ -417,9 +480,13 @@ fn sample_loop(
                 }
             }
         }
+        if counts_si {
+            let n = shared.si_model_versions();
+            si.push((t, n, mib(n * per_doc)));
+        }
     }
     let mut samples = vec![(cell.system.name().to_string(), main)];
-    if cell.system == System::CowSteam {
+    if counts_si {
         samples.push(("si-model".to_string(), si));
     }
     Ok((samples, rss_peak))
@@ -459,6 +526,19 @@ fn join_cell_threads<'s>(
         update_lat,
     };
     Ok((joined, first_err))
+}
+
+/// Busy work standing in for a real per-document computation: about `ns`
+/// of spinning over the document (its length seeds the result).
+pub fn busy_work(doc: &[u8], ns: u64) -> u64 {
+    let mut h = doc.len() as u64;
+    if ns > 0 {
+        let t0 = Instant::now();
+        while t0.elapsed().as_nanos() < ns as u128 {
+            h = h.wrapping_mul(31).wrapping_add(7);
+        }
+    }
+    h
 }
 
 /// Record one cell's figures and series under `target` (the same names on
@@ -527,6 +607,9 @@ fn record_cell(
             out.col
                 .add(target, &c, "olcp_propagated", propagated as f64);
         }
+        if let Some(ms) = cell.steam_sweep_ms_max {
+            out.col.add(target, &c, "steam_sweep_ms_max", ms);
+        }
         if rep == 0 {
             out.series.push(Series {
                 target: target.into(),
@@ -536,7 +619,7 @@ fn record_cell(
             });
         }
     }
-    if system == System::CowSteam && rep == 0 {
+    if rep == 0 {
         if let Some((_, pts)) = cell.samples.iter().find(|(l, _)| l == "si-model") {
             out.series.push(Series {
                 target: target.into(),
