@@ -585,7 +585,11 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
     (every database's checkpoint image, in chunks), then the log, and holds
     every document; its own restart then starts from its files. The
     snapshot carries the retry table: made primary, the member answers a
-    write retried from before the wipe as done, without applying it again."""
+    write retried from before the wipe as done, without applying it again.
+    It carries the named snapshots too: those created before the wipe read
+    the same on the rebuilt member with consistency 'all' (every member's
+    digest agrees); one dropped while it was away is not there; after its
+    restart the durable one still is."""
     ports = free_ports(3)
     members = [Member(tmp_path, i, ports, ["--repl-snapshot-entries", "50"]) for i in range(3)]
     try:
@@ -603,12 +607,22 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
                    "lsid": lsid, "txnNumber": bson.Int64(3)}
         with wire.connected(p.port, timeout=20) as sock:
             assert wire.command(sock, retried)["n"] == 1
+        # Named snapshots taken before the wipe, then changed under them.
+        named = client.get_database("d", write_concern=WriteConcern("majority"))
+        named.s.insert_many([{"_id": i, "v": i} for i in range(20)])
+        named.command("createSnapshot", "kept", ttlSeconds=3600)
+        named.command("createSnapshot", "pinned", durable=True, collections=["s"])
+        named.command("createSnapshot", "doomed")
+        named.s.update_many({}, {"$inc": {"v": 100}})
+        named.s.delete_many({"_id": {"$gte": 15}})
+        want_s = [{"_id": i, "v": i} for i in range(20)]
         victim = next(m for m in members if m is not p)
         wait_for("replication before the wipe",
                  lambda: victim.direct().d.c.with_options(
                      read_preference=ReadPreference.SECONDARY).count_documents({}) == n // 2)
         victim.stop()
         shutil.rmtree(victim.dir)
+        named.command("dropSnapshot", "doomed")
         step = n // 2 // 100
         for b in range(n // 2, n, step):
             coll.insert_many([{"_id": i, "pad": "y" * 100} for i in range(b, b + step)])
@@ -628,12 +642,29 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         assert victim.direct().e.x.with_options(
             read_preference=ReadPreference.SECONDARY).count_documents({}) == 1
         assert sorted(d["_id"] for d in sec().find({}, {"_id": 1})) == list(range(n))
+        with victim.direct() as d, p.direct() as pd:
+            listed = lambda c: sorted(  # noqa: E731
+                (x["name"], x["csn"], x["created"], x.get("ttlSeconds"), x["durable"])
+                for x in c.d.command("listSnapshots",
+                                     read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"])
+            assert listed(d) == listed(pd)
+            assert [x[0] for x in listed(d)] == ["kept", "pinned"]
+            for name in ("kept", "pinned"):
+                assert snapshot_read(d, name, "all", coll="s", db="d") == want_s, name
+                assert snapshot_read(d, name, "all", coll="s", db="d", agg=True) == want_s, name
+            with pytest.raises(OperationFailure) as e:
+                snapshot_read(d, "doomed", "one", coll="s", db="d")
+            assert e.value.code == 246, e.value.details
         # It keeps up from the log afterwards, and restarts from its files.
         coll.insert_one({"_id": n})
         wait_for("a write after the catch-up", lambda: sec().count_documents({}) == n + 1)
         assert victim.stop() == 0
         victim.start()
         wait_for("the restarted member", lambda: sec().count_documents({}) == n + 1)
+        # The durable named snapshot survives its restart ('kept' is not
+        # durable: gone from a restarted member, as from any).
+        with victim.direct() as d:
+            assert snapshot_read(d, "pinned", "all", coll="s", db="d") == want_s
         # Made primary (the third member stopped, the primary stepping down),
         # it answers the write retried from before its wipe as done.
         third = next(m for m in members if m is not p and m is not victim)
@@ -737,7 +768,7 @@ def test_drop_database_and_named_snapshot_times_are_the_primarys(cluster):
     client.close()
 
 
-def snapshot_read(d, name, consistency=None, coll="items", agg=False):
+def snapshot_read(d, name, consistency=None, coll="items", agg=False, db="app"):
     duet = {"snapshotName": name}
     if consistency is not None:
         duet["consistency"] = consistency
@@ -747,7 +778,7 @@ def snapshot_read(d, name, consistency=None, coll="items", agg=False):
     else:
         cmd = bson.SON([("find", coll), ("filter", {}), ("sort", {"_id": 1}),
                         ("batchSize", 1000), ("$duet", duet)])
-    reply = d.app.command(cmd, read_preference=ReadPreference.SECONDARY_PREFERRED)
+    reply = d[db].command(cmd, read_preference=ReadPreference.SECONDARY_PREFERRED)
     return reply["cursor"]["firstBatch"]
 
 

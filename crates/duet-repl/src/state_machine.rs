@@ -37,10 +37,11 @@
 //! are already there), so a restart converges to the same state.
 //!
 //! Raft snapshots (`snapshot.rs`): the builder takes every database's
-//! published state when openraft asks for it (between two applies, so the
-//! states are exactly those after the last applied entry) and writes them
-//! on a task of its own; an installed snapshot replaces the databases and
-//! the applied position. A `snapshot` file of a later position than
+//! published state and named snapshots when openraft asks for it (between
+//! two applies, so the states are exactly those after the last applied
+//! entry) and writes them on a task of its own; an installed snapshot
+//! replaces the databases (with their named snapshots) and the applied
+//! position. A `snapshot` file of a later position than
 //! `applied` (a crash in the middle of an install) is installed again at
 //! open, before openraft starts.
 
@@ -58,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use crate::log_store::write_atomic;
 use crate::pending::{Outcome, Pending};
 use crate::retries::Retry;
-use crate::snapshot::{self, Capture, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
+use crate::snapshot::{self, Capture, CapturedDb, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
 use crate::types::{
     record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership, Tagged,
     TypeConfig,
@@ -656,8 +657,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 dbs: engine
                     .all_databases()
                     .into_iter()
-                    .map(|d| (d.name().to_string(), d.snapshot()))
-                    .filter(|(_, s)| s.csn() > 0)
+                    .map(|d| CapturedDb {
+                        name: d.name().to_string(),
+                        state: d.snapshot(),
+                        named: d.named_copies(),
+                    })
+                    .filter(|d| d.state.csn() > 0)
                     .collect(),
                 retries: self.shared.retries.entries(),
             }
