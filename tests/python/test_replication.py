@@ -18,7 +18,8 @@ from pathlib import Path
 
 import bson
 import pytest
-from pymongo import MongoClient, ReadPreference
+from pymongo import MongoClient, ReadPreference, monitoring
+from pymongo.read_concern import ReadConcern
 from pymongo.errors import (
     ConnectionFailure,
     NotPrimaryError,
@@ -206,6 +207,118 @@ def test_secondary_reads_need_secondary_ok(cluster):
                                     "lsid": {"id": bson.Binary(os.urandom(16), 4)},
                                     "txnNumber": bson.Int64(1)})
         assert reply["code"] == 10107 and "RetryableWriteError" in reply["errorLabels"], reply
+
+
+def test_linearizable_reads_are_served_by_the_primary_only(cluster):
+    """Read concern linearizable: the primary serves it (once a majority
+    confirmed it still leads); a secondary refuses it with 10107
+    NotWritablePrimary and MongoDB's message, though it serves the same read
+    without it."""
+    p = primary_of(cluster)
+    with set_client(cluster) as c:
+        c.get_database("app", write_concern=WriteConcern(w=3)).items.insert_one({"_id": 1})
+        lin = c.get_database("app", read_concern=ReadConcern("linearizable")).items
+        assert lin.find_one({"_id": 1}) == {"_id": 1}
+    find = {"find": "items", "$db": "app", "filter": {"_id": 1}}
+    linearizable = {"readConcern": {"level": "linearizable"}}
+    on_sec = {"$readPreference": {"mode": "secondaryPreferred"}}
+    with wire.connected(p.port) as sock:
+        reply = wire.command(sock, {**find, **linearizable})
+        assert reply["ok"] == 1 and reply["cursor"]["firstBatch"] == [{"_id": 1}], reply
+    for m in cluster:
+        if m is p:
+            continue
+        with wire.connected(m.port) as sock:
+            reply = wire.command(sock, {**find, **linearizable, **on_sec})
+            assert reply["ok"] == 0 and reply["code"] == 10107, reply
+            assert reply["codeName"] == "NotWritablePrimary"
+            assert reply["errmsg"] == "cannot satisfy linearizable read concern on non-primary node"
+            reply = wire.command(sock, {**find, **on_sec})
+            assert reply["ok"] == 1 and reply["cursor"]["firstBatch"] == [{"_id": 1}], reply
+
+
+class Served(monitoring.CommandListener):
+    """Which server each `find` went to."""
+
+    def __init__(self):
+        self.finds = []
+
+    def started(self, event):
+        if event.command_name == "find":
+            self.finds.append(event.connection_id)
+
+    def succeeded(self, event):
+        pass
+
+    def failed(self, event):
+        pass
+
+
+def test_read_preference_nearest_is_served_by_any_member(cluster):
+    """readPreference=nearest: with every member within the latency window,
+    pymongo spreads reads over all of them, and secondaries serve them (a
+    secondary accepts mode 'nearest' as allowing it to answer)."""
+    p = primary_of(cluster)
+    with set_client(cluster) as c:
+        c.get_database("app", write_concern=WriteConcern(w=3)).items.insert_many(
+            [{"_id": i} for i in range(5)])
+    served = Served()
+    hosts = ",".join(f"127.0.0.1:{m.port}" for m in cluster)
+    with MongoClient(f"mongodb://{hosts}/?replicaSet={SET}&readPreference=nearest"
+                     "&localThresholdMS=100000", event_listeners=[served],
+                     serverSelectionTimeoutMS=30000) as c:
+        wait_for("every member known", lambda: len(c.nodes) == 3)
+        for _ in range(40):
+            assert sorted(d["_id"] for d in c.app.items.find()) == list(range(5))
+    ports = {addr[1] for addr in served.finds}
+    assert len(served.finds) == 40
+    assert len(ports) >= 2 and ports - {p.port}, ports
+    with wire.connected(next(m for m in cluster if m is not p).port) as sock:
+        reply = wire.command(sock, {"find": "items", "$db": "app", "filter": {"_id": 0},
+                                    "$readPreference": {"mode": "nearest"}})
+        assert reply["ok"] == 1 and reply["cursor"]["firstBatch"] == [{"_id": 0}], reply
+
+
+def test_a_change_stream_resumes_on_the_new_primary_after_a_kill(cluster):
+    """A change stream read on the primary; the primary is SIGKILLed; the
+    stream resumed on the new primary with the last token the old one gave
+    returns every later event once, in order: those written before the kill
+    that the old stream had not returned, and those written after it."""
+    old = primary_of(cluster)
+    with set_client(cluster, retryWrites=True) as c:
+        coll = c.get_database("app", write_concern=WriteConcern("majority")).events
+        coll.insert_one({"_id": -1})
+        seen = []
+        with old.direct() as d, d.app.events.watch(max_await_time_ms=200) as s:
+            coll.insert_many([{"_id": i} for i in range(10)])
+            deadline = time.time() + 30
+            while len(seen) < 6 and time.time() < deadline:
+                e = s.try_next()
+                if e is not None:
+                    seen.append(e["documentKey"]["_id"])
+            token = s.resume_token
+        assert seen == list(range(6)), seen
+        old.kill()
+        survivors = [m for m in cluster if m is not old]
+        new = primary_of(survivors, timeout=60)
+        sees_primary(c, new)
+        for i in range(10, 20):
+            coll.insert_one({"_id": i})
+        got = []
+        with new.direct() as d, d.app.events.watch(resume_after=token,
+                                                    max_await_time_ms=200) as s:
+            deadline = time.time() + 30
+            while len(got) < 14 and time.time() < deadline:
+                e = s.try_next()
+                if e is not None:
+                    assert e["operationType"] == "insert", e
+                    got.append(e["documentKey"]["_id"])
+            # Nothing more: no event twice.
+            time.sleep(0.5)
+            while (e := s.try_next()) is not None:
+                got.append(e["documentKey"]["_id"])
+        assert got == list(range(6, 20)), got
+    old.start()
 
 
 def test_write_concerns(cluster):
