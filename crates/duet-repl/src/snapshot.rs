@@ -48,7 +48,8 @@
 //!   lock) between two applies, when every applied group is published and
 //!   none other is; its retry table and its named snapshots are taken at the
 //!   same point (the tags of the entries applied up to there; every named
-//!   snapshot held then, as a lease on its state or its pinned file). A
+//!   snapshot held and not expired then, as a lease on its state or its
+//!   pinned file). A
 //!   pinned file that is gone by the time it is copied belonged to a
 //!   snapshot that a later entry dropped (`dropSnapshot`, `dropDatabase`) or
 //!   that expired: it is left out, and the receiver, which applies that

@@ -7,7 +7,8 @@
 //! snapshots (same name, csn, cluster time, creation time, TTL,
 //! collections, durability, documents); durable ones survive its restart,
 //! the others do not and leave no file behind. A pinned image dropped
-//! between the copy's capture and its write is reported gone, not an error.
+//! between the copy's capture and its write is reported gone, not an error;
+//! an expired snapshot is left out of a copy (and not swept by it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -222,4 +223,28 @@ fn an_installed_snapshot_that_is_not_durable_leaves_no_file_after_a_restart() {
     assert!(rdb.list_snapshots().is_empty());
     assert_eq!(rdb.named_snapshot("s").expect_err("gone").code(), 246);
     assert!(snap_files(&b_dir.join("d")).is_empty());
+}
+
+#[test]
+fn an_expired_snapshot_is_left_out_of_a_copy() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let engine = Engine::open(tmp.path()).expect("open");
+    let db = engine.database("d").expect("d");
+    let clock = std::sync::Arc::new(duetdb::ManualClock::new());
+    db.set_snapshot_clock(clock.clone());
+    fill(&db, 0, 3);
+    db.create_snapshot_with("short", opts(true, None, Some(Duration::from_secs(1))))
+        .expect("short");
+    db.create_snapshot("long", None, None).expect("long");
+    clock.advance(Duration::from_secs(2));
+    let names: Vec<String> = db
+        .named_copies()
+        .into_iter()
+        .map(|c| c.image.name)
+        .collect();
+    assert_eq!(names, ["long"]);
+    // Left for the next sweep, which unpins it (a copy does no I/O).
+    assert_eq!(snap_files(&tmp.path().join("d")).len(), 1);
+    assert_eq!(db.expire_snapshots(), 1);
+    assert!(snap_files(&tmp.path().join("d")).is_empty());
 }

@@ -35,9 +35,9 @@
 //!   the first read (a damaged image is an error on that read, never a panic
 //!   or other data);
 //! - copies (a replica set's Raft snapshot, docs/design.md §19):
-//!   `copies` takes every held snapshot's description with a lease on its
-//!   state, or the path of its pinned image when it was not read since open
-//!   (no file opened, nothing loaded); `install_image` registers a copy's
+//!   `copies` takes every unexpired snapshot's description with a lease on
+//!   its state, or the path of its pinned image when it was not read since
+//!   open (no I/O: no file opened, nothing loaded, nothing swept); `install_image` registers a copy's
 //!   image as an on-disk entry loaded on first read — pinned when durable,
 //!   otherwise a file of its own in no manifest (`spilled`), removed with
 //!   its entry and, after a restart, at open.
@@ -667,19 +667,22 @@ impl NamedSnapshots<'_> {
         self.release_expired(expired);
     }
 
-    /// Every named snapshot held now (expired ones swept first), each with
-    /// what a copy of the database needs to carry it: its description and a
-    /// lease on its state, or the image file it is loaded from (a durable
-    /// snapshot not read since open; no file is opened here). O(snapshots
-    /// held), under the registry lock only while their entries are cloned.
+    /// Every named snapshot held now and not expired, each with what a
+    /// copy of the database needs to carry it: its description and a lease
+    /// on its state, or the image file it is loaded from (a durable snapshot
+    /// not read since open). No I/O: nothing is opened, and expired entries
+    /// are left out rather than swept (sweeping one that is durable rewrites
+    /// the manifest), so a replica set's state machine may call it between
+    /// two applies. O(snapshots held), under the registry lock only while
+    /// their entries are cloned.
     pub fn copies(&self) -> Vec<NamedCopy> {
         let reg = self.reg;
         let now = reg.now();
-        let mut named = reg.named.lock();
-        let expired = named.sweep(now);
-        let out = named
+        let named = reg.named.lock();
+        named
             .held
             .iter()
+            .filter(|(_, e)| !e.expired(now))
             .filter_map(|(name, e)| {
                 let source = match &e.snapshot {
                     Held::Mem(s) => Source::Mem(s.clone()),
@@ -698,10 +701,7 @@ impl NamedSnapshots<'_> {
                     source,
                 })
             })
-            .collect();
-        drop(named);
-        self.release_expired(expired);
-        out
+            .collect()
     }
 
     /// Hold the named snapshot `image` describes, whose checkpoint image is
