@@ -37,18 +37,20 @@ fn contents(db: &Database, name: &str) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-/// What `list_snapshots` says that a copy must keep (not the age or the
-/// retained cost, which depend on the holder).
-fn described(
-    db: &Database,
-) -> Vec<(
+/// A snapshot as `list_snapshots` describes it: name, csn, creation time
+/// (unix ms), TTL, collections, durability.
+type Described = (
     String,
     u64,
     u128,
     Option<Duration>,
     Option<Vec<String>>,
     bool,
-)> {
+);
+
+/// What `list_snapshots` says that a copy must keep (not the age or the
+/// retained cost, which depend on the holder).
+fn described(db: &Database) -> Vec<Described> {
     db.list_snapshots()
         .into_iter()
         .map(|i| {
