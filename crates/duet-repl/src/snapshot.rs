@@ -109,6 +109,22 @@ pub struct CapturedDb {
     pub named: Vec<NamedCopy>,
 }
 
+/// Every database of `engine` that holds a commit, each with its published
+/// state and named snapshots (`Database::named_copies`, no I/O). Requires:
+/// called between two applies (see the module invariants).
+pub fn capture_databases(engine: &Engine) -> Vec<CapturedDb> {
+    engine
+        .all_databases()
+        .into_iter()
+        .map(|d| CapturedDb {
+            name: d.name().to_string(),
+            state: d.snapshot(),
+            named: d.named_copies(),
+        })
+        .filter(|d| d.state.csn() > 0)
+        .collect()
+}
+
 /// A named snapshot's description in a snapshot file (version 4 on).
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 struct NamedInfo {
@@ -496,15 +512,7 @@ mod tests {
     fn capture(engine: &Engine, index: u64) -> Capture {
         Capture {
             meta: meta(index),
-            dbs: engine
-                .all_databases()
-                .into_iter()
-                .map(|d| CapturedDb {
-                    name: d.name().to_string(),
-                    state: d.snapshot(),
-                    named: d.named_copies(),
-                })
-                .collect(),
+            dbs: capture_databases(engine),
             retries: Vec::new(),
         }
     }

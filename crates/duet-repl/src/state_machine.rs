@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use crate::log_store::write_atomic;
 use crate::pending::{Outcome, Pending};
 use crate::retries::Retry;
-use crate::snapshot::{self, Capture, CapturedDb, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
+use crate::snapshot::{self, Capture, Meta, Snapshots, INCOMING_FILE, SNAPSHOT_FILE};
 use crate::types::{
     record_range, Entry, LogId, NodeId, Request, Response, StorageError, StoredMembership, Tagged,
     TypeConfig,
@@ -654,16 +654,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         rand::random::<u32>()
                     ),
                 },
-                dbs: engine
-                    .all_databases()
-                    .into_iter()
-                    .map(|d| CapturedDb {
-                        name: d.name().to_string(),
-                        state: d.snapshot(),
-                        named: d.named_copies(),
-                    })
-                    .filter(|d| d.state.csn() > 0)
-                    .collect(),
+                dbs: snapshot::capture_databases(&engine),
                 retries: self.shared.retries.entries(),
             }
         });

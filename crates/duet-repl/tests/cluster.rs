@@ -299,33 +299,25 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// The documents of `d.c` on `n`, sorted by `_id`.
-fn documents(n: &Node) -> Vec<bson::Document> {
-    let Some(db) = n.engine.get("d").expect("name") else {
-        return Vec::new();
-    };
-    let mut docs: Vec<bson::Document> = db
-        .snapshot()
-        .collection("c")
-        .find(doc! {})
-        .run()
-        .expect("find");
+/// The documents of collection `c` of `snap`, sorted by `_id`.
+fn sorted_c(snap: duetdb::Snapshot) -> Vec<bson::Document> {
+    let mut docs: Vec<bson::Document> = snap.collection("c").find(doc! {}).run().expect("find");
     docs.sort_by_key(|d| d.get_i32("_id").unwrap_or(-1));
     docs
+}
+
+/// The documents of `d.c` on `n`, sorted by `_id`.
+fn documents(n: &Node) -> Vec<bson::Document> {
+    match n.engine.get("d").expect("name") {
+        Some(db) => sorted_c(db.snapshot()),
+        None => Vec::new(),
+    }
 }
 
 /// The documents of `d.c` in named snapshot `name` on `n`, sorted by `_id`.
 fn named_documents(n: &Node, name: &str) -> Vec<bson::Document> {
     let db = n.engine.get("d").expect("name").expect("d");
-    let mut docs: Vec<bson::Document> = db
-        .named_snapshot(name)
-        .expect("named snapshot")
-        .collection("c")
-        .find(doc! {})
-        .run()
-        .expect("find");
-    docs.sort_by_key(|d| d.get_i32("_id").unwrap_or(-1));
-    docs
+    sorted_c(db.named_snapshot(name).expect("named snapshot"))
 }
 
 /// What a member's copy of named snapshot `name` of `d` is described by

@@ -361,6 +361,9 @@ impl Entry {
     }
 }
 
+/// Entries removed from the registry, freed by the caller outside its lock.
+type Swept = Vec<(String, Entry)>;
+
 #[derive(Default)]
 struct Named {
     held: BTreeMap<String, Entry>,
@@ -399,6 +402,20 @@ impl Named {
             }
         }
         out
+    }
+
+    /// Why a new snapshot named `name` cannot be held now, if it cannot:
+    /// the name is taken (or reserved), or the bound is reached.
+    fn refusal(&self, name: &str) -> Option<Error> {
+        if self.held.contains_key(name) || self.busy.contains(name) {
+            Some(Error::SnapshotExists(name.to_string()))
+        } else if self.held.len() + self.busy.len() >= MAX_NAMED_SNAPSHOTS {
+            Some(Error::IllegalOperation(format!(
+                "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
+            )))
+        } else {
+            None
+        }
     }
 
     fn not_found(&self, name: &str) -> Error {
@@ -562,21 +579,7 @@ impl NamedSnapshots<'_> {
             }
         };
         let reg = self.reg;
-        let now = reg.now();
-        let mut named = reg.named.lock();
-        let expired = named.sweep(now);
-        if named.held.contains_key(name) || named.busy.contains(name) {
-            drop(named);
-            self.release_expired(expired);
-            return Err(Error::SnapshotExists(name.to_string()));
-        }
-        if named.held.len() + named.busy.len() >= MAX_NAMED_SNAPSHOTS {
-            drop(named);
-            self.release_expired(expired);
-            return Err(Error::IllegalOperation(format!(
-                "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
-            )));
-        }
+        let (mut named, now, expired) = self.lock_for_new(name)?;
         // Loaded under the registry lock so snapshots created one after another
         // have non-decreasing csns in creation order.
         let published = self.writer.published();
@@ -633,6 +636,25 @@ impl NamedSnapshots<'_> {
             spilled: None,
         };
         Ok(self.register(named, name, entry, now, expired))
+    }
+
+    /// The registry locked for a new snapshot named `name`, the registry's
+    /// now, and the expired entries swept (for the caller to release outside
+    /// the lock); the refusal when it cannot be held (`Named::refusal`; the
+    /// swept entries then released already).
+    fn lock_for_new(
+        &self,
+        name: &str,
+    ) -> Result<(parking_lot::MutexGuard<'_, Named>, Instant, Swept)> {
+        let now = self.reg.now();
+        let mut named = self.reg.named.lock();
+        let expired = named.sweep(now);
+        if let Some(e) = named.refusal(name) {
+            drop(named);
+            self.release_expired(expired);
+            return Err(e);
+        }
+        Ok((named, now, expired))
     }
 
     fn register(
@@ -723,23 +745,7 @@ impl NamedSnapshots<'_> {
             )));
         };
         let reg = self.reg;
-        let now = reg.now();
-        let mut named = reg.named.lock();
-        let expired = named.sweep(now);
-        let refused = if named.held.contains_key(name) || named.busy.contains(name) {
-            Some(Error::SnapshotExists(name.to_string()))
-        } else if named.held.len() + named.busy.len() >= MAX_NAMED_SNAPSHOTS {
-            Some(Error::IllegalOperation(format!(
-                "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
-            )))
-        } else {
-            None
-        };
-        if let Some(e) = refused {
-            drop(named);
-            self.release_expired(expired);
-            return Err(e);
-        }
+        let (mut named, now, expired) = self.lock_for_new(name)?;
         named.busy.insert(name.to_string());
         drop(named);
         self.release_expired(expired);
