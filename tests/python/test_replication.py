@@ -18,7 +18,8 @@ from pathlib import Path
 
 import bson
 import pytest
-from pymongo import MongoClient, ReadPreference
+from pymongo import MongoClient, ReadPreference, monitoring
+from pymongo.read_concern import ReadConcern
 from pymongo.errors import (
     ConnectionFailure,
     NotPrimaryError,
@@ -206,6 +207,118 @@ def test_secondary_reads_need_secondary_ok(cluster):
                                     "lsid": {"id": bson.Binary(os.urandom(16), 4)},
                                     "txnNumber": bson.Int64(1)})
         assert reply["code"] == 10107 and "RetryableWriteError" in reply["errorLabels"], reply
+
+
+def test_linearizable_reads_are_served_by_the_primary_only(cluster):
+    """Read concern linearizable: the primary serves it (once a majority
+    confirmed it still leads); a secondary refuses it with 10107
+    NotWritablePrimary and MongoDB's message, though it serves the same read
+    without it."""
+    p = primary_of(cluster)
+    with set_client(cluster) as c:
+        c.get_database("app", write_concern=WriteConcern(w=3)).items.insert_one({"_id": 1})
+        lin = c.get_database("app", read_concern=ReadConcern("linearizable")).items
+        assert lin.find_one({"_id": 1}) == {"_id": 1}
+    find = {"find": "items", "$db": "app", "filter": {"_id": 1}}
+    linearizable = {"readConcern": {"level": "linearizable"}}
+    on_sec = {"$readPreference": {"mode": "secondaryPreferred"}}
+    with wire.connected(p.port) as sock:
+        reply = wire.command(sock, {**find, **linearizable})
+        assert reply["ok"] == 1 and reply["cursor"]["firstBatch"] == [{"_id": 1}], reply
+    for m in cluster:
+        if m is p:
+            continue
+        with wire.connected(m.port) as sock:
+            reply = wire.command(sock, {**find, **linearizable, **on_sec})
+            assert reply["ok"] == 0 and reply["code"] == 10107, reply
+            assert reply["codeName"] == "NotWritablePrimary"
+            assert reply["errmsg"] == "cannot satisfy linearizable read concern on non-primary node"
+            reply = wire.command(sock, {**find, **on_sec})
+            assert reply["ok"] == 1 and reply["cursor"]["firstBatch"] == [{"_id": 1}], reply
+
+
+class Served(monitoring.CommandListener):
+    """Which server each `find` went to."""
+
+    def __init__(self):
+        self.finds = []
+
+    def started(self, event):
+        if event.command_name == "find":
+            self.finds.append(event.connection_id)
+
+    def succeeded(self, event):
+        pass
+
+    def failed(self, event):
+        pass
+
+
+def test_read_preference_nearest_is_served_by_any_member(cluster):
+    """readPreference=nearest: with every member within the latency window,
+    pymongo spreads reads over all of them, and secondaries serve them (a
+    secondary accepts mode 'nearest' as allowing it to answer)."""
+    p = primary_of(cluster)
+    with set_client(cluster) as c:
+        c.get_database("app", write_concern=WriteConcern(w=3)).items.insert_many(
+            [{"_id": i} for i in range(5)])
+    served = Served()
+    hosts = ",".join(f"127.0.0.1:{m.port}" for m in cluster)
+    with MongoClient(f"mongodb://{hosts}/?replicaSet={SET}&readPreference=nearest"
+                     "&localThresholdMS=100000", event_listeners=[served],
+                     serverSelectionTimeoutMS=30000) as c:
+        wait_for("every member known", lambda: len(c.nodes) == 3)
+        for _ in range(40):
+            assert sorted(d["_id"] for d in c.app.items.find()) == list(range(5))
+    ports = {addr[1] for addr in served.finds}
+    assert len(served.finds) == 40
+    assert len(ports) >= 2 and ports - {p.port}, ports
+    with wire.connected(next(m for m in cluster if m is not p).port) as sock:
+        reply = wire.command(sock, {"find": "items", "$db": "app", "filter": {"_id": 0},
+                                    "$readPreference": {"mode": "nearest"}})
+        assert reply["ok"] == 1 and reply["cursor"]["firstBatch"] == [{"_id": 0}], reply
+
+
+def test_a_change_stream_resumes_on_the_new_primary_after_a_kill(cluster):
+    """A change stream read on the primary; the primary is SIGKILLed; the
+    stream resumed on the new primary with the last token the old one gave
+    returns every later event once, in order: those written before the kill
+    that the old stream had not returned, and those written after it."""
+    old = primary_of(cluster)
+    with set_client(cluster, retryWrites=True) as c:
+        coll = c.get_database("app", write_concern=WriteConcern("majority")).events
+        coll.insert_one({"_id": -1})
+        seen = []
+        with old.direct() as d, d.app.events.watch(max_await_time_ms=200) as s:
+            coll.insert_many([{"_id": i} for i in range(10)])
+            deadline = time.time() + 30
+            while len(seen) < 6 and time.time() < deadline:
+                e = s.try_next()
+                if e is not None:
+                    seen.append(e["documentKey"]["_id"])
+            token = s.resume_token
+        assert seen == list(range(6)), seen
+        old.kill()
+        survivors = [m for m in cluster if m is not old]
+        new = primary_of(survivors, timeout=60)
+        sees_primary(c, new)
+        for i in range(10, 20):
+            coll.insert_one({"_id": i})
+        got = []
+        with new.direct() as d, d.app.events.watch(resume_after=token,
+                                                    max_await_time_ms=200) as s:
+            deadline = time.time() + 30
+            while len(got) < 14 and time.time() < deadline:
+                e = s.try_next()
+                if e is not None:
+                    assert e["operationType"] == "insert", e
+                    got.append(e["documentKey"]["_id"])
+            # Nothing more: no event twice.
+            time.sleep(0.5)
+            while (e := s.try_next()) is not None:
+                got.append(e["documentKey"]["_id"])
+        assert got == list(range(6, 20)), got
+    old.start()
 
 
 def test_write_concerns(cluster):
@@ -585,7 +698,11 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
     (every database's checkpoint image, in chunks), then the log, and holds
     every document; its own restart then starts from its files. The
     snapshot carries the retry table: made primary, the member answers a
-    write retried from before the wipe as done, without applying it again."""
+    write retried from before the wipe as done, without applying it again.
+    It carries the named snapshots too: those created before the wipe read
+    the same on the rebuilt member with consistency 'all' (every member's
+    digest agrees); one dropped while it was away is not there; after its
+    restart the durable one still is."""
     ports = free_ports(3)
     members = [Member(tmp_path, i, ports, ["--repl-snapshot-entries", "50"]) for i in range(3)]
     try:
@@ -603,12 +720,22 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
                    "lsid": lsid, "txnNumber": bson.Int64(3)}
         with wire.connected(p.port, timeout=20) as sock:
             assert wire.command(sock, retried)["n"] == 1
+        # Named snapshots taken before the wipe, then changed under them.
+        named = client.get_database("d", write_concern=WriteConcern("majority"))
+        named.s.insert_many([{"_id": i, "v": i} for i in range(20)])
+        named.command("createSnapshot", "kept", ttlSeconds=3600)
+        named.command("createSnapshot", "pinned", durable=True, collections=["s"])
+        named.command("createSnapshot", "doomed")
+        named.s.update_many({}, {"$inc": {"v": 100}})
+        named.s.delete_many({"_id": {"$gte": 15}})
+        want_s = [{"_id": i, "v": i} for i in range(20)]
         victim = next(m for m in members if m is not p)
         wait_for("replication before the wipe",
                  lambda: victim.direct().d.c.with_options(
                      read_preference=ReadPreference.SECONDARY).count_documents({}) == n // 2)
         victim.stop()
         shutil.rmtree(victim.dir)
+        named.command("dropSnapshot", "doomed")
         step = n // 2 // 100
         for b in range(n // 2, n, step):
             coll.insert_many([{"_id": i, "pad": "y" * 100} for i in range(b, b + step)])
@@ -628,12 +755,29 @@ def test_a_wiped_member_catches_up_from_a_raft_snapshot(tmp_path):
         assert victim.direct().e.x.with_options(
             read_preference=ReadPreference.SECONDARY).count_documents({}) == 1
         assert sorted(d["_id"] for d in sec().find({}, {"_id": 1})) == list(range(n))
+        with victim.direct() as d, p.direct() as pd:
+            listed = lambda c: sorted(  # noqa: E731
+                (x["name"], x["csn"], x["created"], x.get("ttlSeconds"), x["durable"])
+                for x in c.d.command("listSnapshots",
+                                     read_preference=ReadPreference.SECONDARY_PREFERRED)["snapshots"])
+            assert listed(d) == listed(pd)
+            assert [x[0] for x in listed(d)] == ["kept", "pinned"]
+            for name in ("kept", "pinned"):
+                assert snapshot_read(d, name, "all", coll="s", db="d") == want_s, name
+                assert snapshot_read(d, name, "all", coll="s", db="d", agg=True) == want_s, name
+            with pytest.raises(OperationFailure) as e:
+                snapshot_read(d, "doomed", "one", coll="s", db="d")
+            assert e.value.code == 246, e.value.details
         # It keeps up from the log afterwards, and restarts from its files.
         coll.insert_one({"_id": n})
         wait_for("a write after the catch-up", lambda: sec().count_documents({}) == n + 1)
         assert victim.stop() == 0
         victim.start()
         wait_for("the restarted member", lambda: sec().count_documents({}) == n + 1)
+        # The durable named snapshot survives its restart ('kept' is not
+        # durable: gone from a restarted member, as from any).
+        with victim.direct() as d:
+            assert snapshot_read(d, "pinned", "all", coll="s", db="d") == want_s
         # Made primary (the third member stopped, the primary stepping down),
         # it answers the write retried from before its wipe as done.
         third = next(m for m in members if m is not p and m is not victim)
@@ -737,7 +881,7 @@ def test_drop_database_and_named_snapshot_times_are_the_primarys(cluster):
     client.close()
 
 
-def snapshot_read(d, name, consistency=None, coll="items", agg=False):
+def snapshot_read(d, name, consistency=None, coll="items", agg=False, db="app"):
     duet = {"snapshotName": name}
     if consistency is not None:
         duet["consistency"] = consistency
@@ -747,7 +891,7 @@ def snapshot_read(d, name, consistency=None, coll="items", agg=False):
     else:
         cmd = bson.SON([("find", coll), ("filter", {}), ("sort", {"_id": 1}),
                         ("batchSize", 1000), ("$duet", duet)])
-    reply = d.app.command(cmd, read_preference=ReadPreference.SECONDARY_PREFERRED)
+    reply = d[db].command(cmd, read_preference=ReadPreference.SECONDARY_PREFERRED)
     return reply["cursor"]["firstBatch"]
 
 

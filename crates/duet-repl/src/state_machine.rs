@@ -37,10 +37,11 @@
 //! are already there), so a restart converges to the same state.
 //!
 //! Raft snapshots (`snapshot.rs`): the builder takes every database's
-//! published state when openraft asks for it (between two applies, so the
-//! states are exactly those after the last applied entry) and writes them
-//! on a task of its own; an installed snapshot replaces the databases and
-//! the applied position. A `snapshot` file of a later position than
+//! published state and named snapshots when openraft asks for it (between
+//! two applies, so the states are exactly those after the last applied
+//! entry) and writes them on a task of its own; an installed snapshot
+//! replaces the databases (with their named snapshots) and the applied
+//! position. A `snapshot` file of a later position than
 //! `applied` (a crash in the middle of an install) is installed again at
 //! open, before openraft starts.
 
@@ -653,12 +654,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         rand::random::<u32>()
                     ),
                 },
-                dbs: engine
-                    .all_databases()
-                    .into_iter()
-                    .map(|d| (d.name().to_string(), d.snapshot()))
-                    .filter(|(_, s)| s.csn() > 0)
-                    .collect(),
+                dbs: snapshot::capture_databases(&engine),
                 retries: self.shared.retries.entries(),
             }
         });

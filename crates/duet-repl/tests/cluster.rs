@@ -14,7 +14,8 @@
 //! - with Raft snapshots every few entries, the log is purged, and a member
 //!   whose disk was wiped catches up from a snapshot (then from the log),
 //!   also across its own restart, and knows the retryable writes the
-//!   snapshot holds;
+//!   snapshot holds and has its named snapshots (same documents, digests
+//!   and descriptions; the durable one also after its restart);
 //! - an idle primary writes no-op entries, so a secondary's last write time
 //!   and date advance while no database changes.
 
@@ -298,19 +299,52 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// The documents of `d.c` on `n`, sorted by `_id`.
-fn documents(n: &Node) -> Vec<bson::Document> {
-    let Some(db) = n.engine.get("d").expect("name") else {
-        return Vec::new();
-    };
-    let mut docs: Vec<bson::Document> = db
-        .snapshot()
-        .collection("c")
-        .find(doc! {})
-        .run()
-        .expect("find");
+/// The documents of collection `c` of `snap`, sorted by `_id`.
+fn sorted_c(snap: duetdb::Snapshot) -> Vec<bson::Document> {
+    let mut docs: Vec<bson::Document> = snap.collection("c").find(doc! {}).run().expect("find");
     docs.sort_by_key(|d| d.get_i32("_id").unwrap_or(-1));
     docs
+}
+
+/// The documents of `d.c` on `n`, sorted by `_id`.
+fn documents(n: &Node) -> Vec<bson::Document> {
+    match n.engine.get("d").expect("name") {
+        Some(db) => sorted_c(db.snapshot()),
+        None => Vec::new(),
+    }
+}
+
+/// The documents of `d.c` in named snapshot `name` on `n`, sorted by `_id`.
+fn named_documents(n: &Node, name: &str) -> Vec<bson::Document> {
+    let db = n.engine.get("d").expect("name").expect("d");
+    sorted_c(db.named_snapshot(name).expect("named snapshot"))
+}
+
+/// What a member's copy of named snapshot `name` of `d` is described by
+/// (csn, creation time, TTL, durability).
+fn named_info(n: &Node, name: &str) -> (u64, std::time::SystemTime, Option<Duration>, bool) {
+    let i = n
+        .engine
+        .get("d")
+        .expect("name")
+        .expect("d")
+        .snapshot_info(name)
+        .expect("info");
+    (i.csn, i.created, i.ttl, i.durable)
+}
+
+/// Whether every other member holds the same copy of collection `c` of
+/// named snapshot `name` as `n` (consistency `all`).
+fn all_agree(n: &Node, name: &str) -> bool {
+    let mine = duet_repl::digest::of_named(&n.engine, "d", name, "c").expect("digest");
+    let others = n.member.member_digests(
+        ("d", name, "c"),
+        &mine,
+        2,
+        Duration::from_secs(5),
+        Duration::from_secs(15),
+    );
+    others.len() == 2 && others.iter().all(|(_, d)| d.as_ref() == Ok(&mine))
 }
 
 #[test]
@@ -351,10 +385,25 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
         .collection("x")
         .insert_one(doc! {"_id": 1})
         .expect("insert gone");
+    // Named snapshots the wiped member must get from the snapshot (one is
+    // dropped while it is away), then changes under them.
+    let pm = nodes[p].as_ref().expect("p").member.clone();
+    let ttl = Some(Duration::from_secs(3600));
+    for (name, durable) in [("kept", false), ("pinned", true), ("doomed", false)] {
+        let opts = duetdb::SnapshotOptions {
+            ttl: ttl.filter(|_| !durable),
+            durable,
+            ..Default::default()
+        };
+        pm.create_snapshot("d", name, opts)
+            .expect("create snapshot");
+    }
     let s = (p + 1) % 3;
     wait_until("replication before the wipe", || {
         documents(nodes[s].as_ref().expect("s")).len() == 41
     });
+    let want_named = named_documents(nodes[p].as_ref().expect("p"), "kept");
+    assert_eq!(want_named.len(), 41);
 
     // Member s loses its disk; the set goes on writing and purges its log.
     let lost = nodes[s].take().expect("s");
@@ -368,6 +417,7 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
         .member
         .drop_database("gone")
         .expect("drop gone");
+    pm.drop_snapshot("d", "doomed").expect("drop snapshot");
     coll.update_many(doc! {"_id": {"$lt": 10}}, doc! {"$set": {"u": true}})
         .expect("update");
     tagged_insert(&pe, tag(3, 2), 1001);
@@ -376,7 +426,6 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
     for i in 40..100 {
         coll.insert_one(doc! {"_id": i, "v": i}).expect("insert");
     }
-    let pm = nodes[p].as_ref().expect("p").member.clone();
     wait_until("a snapshot and a purge on the primary", || {
         let st = pm.status();
         st.snapshots_built > 0 && st.purged_index > 0
@@ -408,6 +457,21 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
         .list_indexes()
         .expect("indexes");
     assert_eq!(idx.len(), 2, "the index came with the snapshot: {idx:?}");
+    // Its named snapshots: the same copies as everyone's, the same
+    // descriptions, the dropped one absent.
+    let pn = nodes[p].as_ref().expect("p");
+    for name in ["kept", "pinned"] {
+        assert_eq!(named_documents(&back, name), want_named, "{name}");
+        assert_eq!(named_info(&back, name), named_info(pn, name), "{name}");
+        assert!(
+            all_agree(&back, name),
+            "{name}: every member's digest agrees"
+        );
+    }
+    assert!(named_info(&back, "pinned").3, "still durable");
+    let d = back.engine.get("d").expect("name").expect("d");
+    assert_eq!(d.named_snapshot("doomed").expect_err("dropped").code(), 246);
+    drop(d);
     nodes[s] = Some(back);
     for i in 100..110 {
         coll.insert_one(doc! {"_id": i, "v": i})
@@ -430,6 +494,13 @@ fn a_wiped_member_catches_up_from_a_snapshot() {
             "{n} after a restart"
         );
     }
+    // The durable named snapshot survives the restart; the other does not
+    // (as on any member restarted).
+    assert_eq!(named_documents(&back, "pinned"), want_named);
+    assert!(all_agree(&back, "pinned"));
+    let d = back.engine.get("d").expect("name").expect("d");
+    assert!(d.named_snapshot("kept").is_err());
+    drop(d);
     nodes[s] = Some(back);
     drop((coll, db, pe));
     for n in nodes.iter().flatten() {

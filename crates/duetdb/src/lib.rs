@@ -121,6 +121,7 @@ pub mod structures {
 pub mod replication {
     pub use crate::api::backup::write_image;
     pub use crate::durability::replicate::{Commit, GroupRecord, Replicate, Tagged};
+    pub use crate::snapshot::named::{NamedCopy, NamedImage};
 }
 
 /// The storage seam: the file-system trait with its real and simulated

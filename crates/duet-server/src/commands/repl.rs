@@ -254,7 +254,8 @@ pub fn admit(ctx: &Ctx<'_>, name: &str, cmd: &Document, session: &SessionArgs) -
             return Err(CommandError::new(
                 10107,
                 "NotWritablePrimary",
-                "read concern 'linearizable' is served by the primary only",
+                // MongoDB's words (read_concern_mongod.cpp).
+                "cannot satisfy linearizable read concern on non-primary node",
             ));
         }
         m.ensure_linearizable()?;

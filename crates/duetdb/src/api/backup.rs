@@ -12,8 +12,9 @@
 //! go on meanwhile and copy the paths they touch as always.
 //!
 //! [`write_image`] writes one database's directory this way; a replica-set
-//! member builds its Raft snapshots with it and installs them with
-//! `Engine::restore_database` (docs/design.md §19).
+//! member builds its Raft snapshots with it (and its named snapshots'
+//! images with `NamedCopy::write_image`) and installs them with
+//! `Engine::restore_database_with` (docs/design.md §19).
 //!
 //! Invariants: each database's copy is exactly its state at the csn
 //! reported in [`BackupInfo`] (every command acknowledged before the call,

@@ -391,6 +391,21 @@ impl Engine {
     /// directory and opened. How a replica-set member installs a Raft
     /// snapshot (docs/design.md §19).
     pub fn restore_database(&self, name: &str, image: &Path) -> Result<Database> {
+        self.restore_database_with(name, image, &[])
+    }
+
+    /// [`Engine::restore_database`], the restored database then holding the
+    /// named snapshots `named` (each a description and its checkpoint image,
+    /// moved into the database's directory: durable ones pinned, all loaded
+    /// on first read; [`Database::install_named_image`]). They are installed
+    /// before the database is visible to other callers. On an error the
+    /// database stays restored with the snapshots installed so far.
+    pub fn restore_database_with(
+        &self,
+        name: &str,
+        image: &Path,
+        named: &[(crate::snapshot::named::NamedImage, std::path::PathBuf)],
+    ) -> Result<Database> {
         validate_db_name(name)?;
         let (Some(dir), Some(lock)) = (&self.dir, &self.lock) else {
             return Err(Error::Internal(
@@ -427,6 +442,9 @@ impl Engine {
         db.set_delta_indexing(delta);
         db.set_default_index_read(index_read);
         dbs.insert(name.to_string(), db.clone());
+        for (snapshot, file) in named {
+            db.install_named_image(snapshot, file)?;
+        }
         Ok(db)
     }
 

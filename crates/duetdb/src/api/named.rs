@@ -9,7 +9,7 @@ use crate::api::AnalyticSession;
 use crate::api::{Database, Snapshot};
 use crate::error::Result;
 use crate::snapshot::named::{
-    AnalyticsSnapshot, Clock, NamedSnapshots, SnapshotInfo, SnapshotOptions,
+    AnalyticsSnapshot, Clock, NamedCopy, NamedImage, NamedSnapshots, SnapshotInfo, SnapshotOptions,
 };
 use crate::snapshot::retained::{retained_between, RetainedCost};
 
@@ -68,6 +68,26 @@ impl Database {
     ) -> Result<SnapshotInfo> {
         self.snapshots()
             .create_snapshot_created(name, opts, Some(created))
+    }
+
+    /// Every named snapshot held now, each with its description and what its
+    /// image is written from ([`NamedCopy::write_image`]): what a copy of
+    /// the database carries besides its state (a replica set's Raft
+    /// snapshot). O(snapshots held); nothing is written or opened.
+    pub fn named_copies(&self) -> Vec<NamedCopy> {
+        self.snapshots().copies()
+    }
+
+    /// Hold the named snapshot `image` describes, from its checkpoint image
+    /// `from` (moved into the database's directory): durable ones pinned,
+    /// every one loaded on its first read (see
+    /// `snapshot::named::NamedSnapshots::install_image`).
+    pub fn install_named_image(
+        &self,
+        image: &NamedImage,
+        from: &std::path::Path,
+    ) -> Result<SnapshotInfo> {
+        self.snapshots().install_image(image, from)
     }
 
     /// Register the durable snapshots the manifest records (at open).

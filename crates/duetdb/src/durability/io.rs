@@ -3,8 +3,8 @@
 //! ([`SimFs`]) that counts operations, injects failures, and can produce the
 //! images a crash could leave on disk.
 //!
-//! The interface is deliberately narrow — whole-file reads, append-only files,
-//! rename, remove, directory sync — because that is all the WAL, checkpoint and
+//! The interface is deliberately narrow — whole-file (or streamed) reads,
+//! append-only files, rename, remove, directory sync — because that is all the WAL, checkpoint and
 //! manifest code needs, and a narrow interface is one whose crash behaviour we
 //! can model completely.
 //!
@@ -51,6 +51,13 @@ pub trait Vfs: Send + Sync {
     /// Open an existing file for appending at its end.
     fn open_append(&self, path: &Path) -> io::Result<Arc<dyn VFile>>;
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// `path` to read from its start as a stream, so a large file can be
+    /// copied without being held in memory whole (the default reads it
+    /// whole: fine where files are in memory already, as the simulated
+    /// disk's are).
+    fn open_read(&self, path: &Path) -> io::Result<Box<dyn io::Read + Send>> {
+        Ok(Box::new(io::Cursor::new(self.read(path)?)))
+    }
     fn exists(&self, path: &Path) -> bool;
     /// Atomically replace `to` by `from` (durable after `sync_dir`).
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
@@ -169,6 +176,9 @@ impl Vfs for RealFs {
     }
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         std::fs::read(path)
+    }
+    fn open_read(&self, path: &Path) -> io::Result<Box<dyn io::Read + Send>> {
+        Ok(Box::new(File::open(path)?))
     }
     fn exists(&self, path: &Path) -> bool {
         path.exists()

@@ -47,7 +47,11 @@
 //!   so it never removes a pinned image. At open, `snap-*` files the manifest
 //!   does not name (a crash between writing and installing, or between
 //!   uninstalling and deleting) are removed. Pins are loaded lazily, on the
-//!   first read by name ([`Durable::load_pin`]).
+//!   first read by name ([`Durable::load_pin`]). An image made elsewhere
+//!   (a replica set's Raft snapshot) is taken over by a rename
+//!   ([`Durable::adopt_image`]): then pinned the same way, or, for a
+//!   snapshot that is not durable, left out of the manifest (so the next
+//!   open removes it) and removed when the snapshot is dropped.
 
 pub mod background;
 pub mod chain;
@@ -582,18 +586,9 @@ impl Durable {
         ttl_ms: u64,
     ) -> Result<Pin, StorageError> {
         let vfs = &*self.opts.vfs;
-        let file = manifest::pin_file_name(name, state.csn, unique_id());
+        let file = self.image_name(name, state.csn);
         let t0 = Instant::now();
         let info = checkpoint::write_as(vfs, &self.dir, &file, state)?;
-        // The image's rename must be durable before a manifest naming it can
-        // be: unlike a regular checkpoint, a pin has no fallback. (Found by
-        // the reordered-subset crash images.)
-        if !self.opts.skip_dir_fsync() {
-            if let Err(e) = vfs.sync_dir(&self.dir) {
-                let _ = vfs.remove(&info.path);
-                return Err(StorageError::io("fsync directory", &self.dir, &e));
-            }
-        }
         let pin = Pin {
             name: name.to_string(),
             csn: state.csn,
@@ -602,23 +597,94 @@ impl Durable {
             ttl_ms,
             collections,
         };
-        let installed = self.manifest.update(|m| {
-            debug_assert!(m.pins.iter().all(|p| p.name != name), "pinned twice");
-            m.pins.retain(|p| p.name != name);
-            m.pins.push(pin.clone());
-        });
-        if let Err(e) = installed {
-            tracing::warn!(snapshot = name, error = %e, "durable snapshot not installed");
-            if !maybe_installed(&e) {
-                let _ = vfs.remove(&info.path);
-            }
-            return Err(e);
-        }
+        let pin = self.record_pin(pin)?;
         tracing::info!(
             snapshot = name, csn = info.csn, bytes = info.bytes, documents = info.documents,
             elapsed = ?t0.elapsed(), "durable snapshot pinned"
         );
         Ok(pin)
+    }
+
+    /// A new file name for the image of named snapshot `name` at `csn`
+    /// (`snap-*`, unique).
+    pub fn image_name(&self, name: &str, csn: u64) -> String {
+        manifest::pin_file_name(name, csn, unique_id())
+    }
+
+    /// Install a manifest recording `pin`, whose image is complete under its
+    /// final name in this directory: the directory is synced first (the
+    /// image's name must be durable before a manifest naming it can be:
+    /// unlike a regular checkpoint, a pin has no fallback — found by the
+    /// reordered-subset crash images). On error the image is removed unless
+    /// the manifest may name it ([`Durable::pin`]).
+    fn record_pin(&self, pin: Pin) -> Result<Pin, StorageError> {
+        let vfs = &*self.opts.vfs;
+        let path = self.dir.join(&pin.file);
+        if !self.opts.skip_dir_fsync() {
+            if let Err(e) = vfs.sync_dir(&self.dir) {
+                let _ = vfs.remove(&path);
+                return Err(StorageError::io("fsync directory", &self.dir, &e));
+            }
+        }
+        let installed = self.manifest.update(|m| {
+            debug_assert!(m.pins.iter().all(|p| p.name != pin.name), "pinned twice");
+            m.pins.retain(|p| p.name != pin.name);
+            m.pins.push(pin.clone());
+        });
+        if let Err(e) = installed {
+            tracing::warn!(snapshot = %pin.name, error = %e, "durable snapshot not installed");
+            if !maybe_installed(&e) {
+                let _ = vfs.remove(&path);
+            }
+            return Err(e);
+        }
+        Ok(pin)
+    }
+
+    /// Take the checkpoint image at `from` (a complete, synced file on this
+    /// directory's file system: moved, not copied) as the image of the named
+    /// snapshot `pin` describes, under `pin.file` (a name from
+    /// [`Durable::image_name`]). `durable`: recorded in the manifest as
+    /// [`Durable::pin`] records its image (on error nothing is recorded and
+    /// the image is removed). Otherwise it is not recorded: it is read like a
+    /// pin's image while its snapshot is held, removed with
+    /// [`Durable::remove_image`] when it is not, and at the next open as an
+    /// image no manifest names — a snapshot that is not durable does not
+    /// survive a restart. How a replica-set member installs the named
+    /// snapshots of a Raft snapshot.
+    ///
+    /// The caller guarantees that `pin.name` is not pinned already.
+    pub fn adopt_image(&self, from: &Path, pin: Pin, durable: bool) -> Result<Pin, StorageError> {
+        let to = self.dir.join(&pin.file);
+        self.opts
+            .vfs
+            .rename(from, &to)
+            .map_err(|e| StorageError::io("rename", from, &e))?;
+        if durable {
+            self.record_pin(pin)
+        } else {
+            Ok(pin)
+        }
+    }
+
+    /// Remove the image file `file` of a named snapshot no manifest records
+    /// ([`Durable::adopt_image`] with `durable: false`), best effort: one
+    /// left behind is removed at the next open.
+    pub fn remove_image(&self, file: &str) {
+        let path = self.dir.join(file);
+        match self.opts.vfs.remove(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a dropped snapshot's image; it is removed at the next open")
+            }
+        }
+    }
+
+    /// The file system and path of the image file `file`, to copy it
+    /// ([`crate::snapshot::named::NamedCopy`]).
+    pub fn image_file(&self, file: &str) -> (Arc<dyn io::Vfs>, PathBuf) {
+        (self.opts.vfs.clone(), self.dir.join(file))
     }
 
     /// Forget the durable snapshot `name` whose image is `file`: install a

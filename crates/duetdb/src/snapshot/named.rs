@@ -33,17 +33,26 @@
 //!   lock); dropping or expiring one removes it from the manifest before its
 //!   file; after a reopen they are registered by name and loaded from disk on
 //!   the first read (a damaged image is an error on that read, never a panic
-//!   or other data).
+//!   or other data);
+//! - copies (a replica set's Raft snapshot, docs/design.md §19):
+//!   `copies` takes every unexpired snapshot's description with a lease on
+//!   its state, or the path of its pinned image when it was not read since
+//!   open (no I/O: no file opened, nothing loaded, nothing swept); `install_image` registers a copy's
+//!   image as an on-disk entry loaded on first read — pinned when durable,
+//!   otherwise a file of its own in no manifest (`spilled`), removed with
+//!   its entry and, after a restart, at open.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::durability::{Durable, Pin};
+use crate::durability::io::Vfs;
+use crate::durability::{checkpoint, Durable, Pin};
 use crate::error::{Error, Result};
 use crate::snapshot::retained::{retained_between, RetainedCost};
 use crate::store::DbState;
@@ -147,6 +156,81 @@ pub struct SnapshotOptions {
     pub durable: bool,
 }
 
+/// A named snapshot as a copy of its database describes it (a replica
+/// set's Raft snapshot carries one per named snapshot, with its image).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedImage {
+    pub name: String,
+    /// The csn of the state it holds (its `atClusterTime` follows from it).
+    pub csn: u64,
+    /// Creation time, unix milliseconds (age and TTL count from it).
+    pub created_ms: u64,
+    /// Time to live in milliseconds; 0 = none.
+    pub ttl_ms: u64,
+    /// `None` = every collection at `csn`.
+    pub collections: Option<Vec<String>>,
+    /// Pinned to disk: survives restarts (on the copy's receiver too).
+    pub durable: bool,
+}
+
+/// One named snapshot taken for a copy of its database
+/// ([`NamedSnapshots::copies`]): its description, and a lease on its state
+/// or the image file it is loaded from.
+pub struct NamedCopy {
+    pub image: NamedImage,
+    source: Source,
+}
+
+enum Source {
+    Mem(Arc<DbState>),
+    /// The pinned image of a durable snapshot not loaded since open.
+    File {
+        vfs: Arc<dyn Vfs>,
+        path: PathBuf,
+    },
+}
+
+impl NamedCopy {
+    /// Write the snapshot's checkpoint image (the format durable snapshots
+    /// are pinned in, §13.4) to the new file `to`, streaming: a held state
+    /// with the checkpoint writer (frames of ~1 MiB), a pinned image copied
+    /// through a fixed buffer, so the memory used is bounded whatever the
+    /// snapshot's size. Its length; `None` when the pinned image is gone —
+    /// the snapshot was dropped (or expired, or its database dropped) since
+    /// [`NamedSnapshots::copies`] took it, so whatever dropped it comes after
+    /// the copy's position and drops it at the receiver too.
+    pub fn write_image(&self, to: &Path) -> Result<Option<u64>> {
+        let io = |op, e: &std::io::Error| Error::from(crate::error::StorageError::io(op, to, e));
+        match &self.source {
+            Source::Mem(state) => {
+                let (Some(dir), Some(file)) =
+                    (to.parent(), to.file_name().and_then(|f| f.to_str()))
+                else {
+                    return Err(Error::Internal(format!("no file name in {}", to.display())));
+                };
+                let info = checkpoint::write_as(&crate::durability::io::RealFs, dir, file, state)?;
+                Ok(Some(info.bytes))
+            }
+            Source::File { vfs, path } => {
+                let mut from = match vfs.open_read(path) {
+                    Ok(r) => r,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(crate::error::StorageError::io("open", path, &e).into()),
+                };
+                let mut out = std::io::BufWriter::new(
+                    std::fs::File::create(to).map_err(|e| io("create", &e))?,
+                );
+                let n = std::io::copy(&mut from, &mut out).map_err(|e| io("copy to", &e))?;
+                out.into_inner()
+                    .map_err(|e| io("write", e.error()))?
+                    .sync_all()
+                    .map_err(|e| io("fsync", &e))?;
+                Ok(Some(n))
+            }
+        }
+    }
+}
+
 /// Per-database default for analytic reads (AnKer's hybrid execution).
 ///
 /// Every single read call already loads one published root at its start and
@@ -210,6 +294,10 @@ struct Entry {
     ttl: Option<Duration>,
     /// File of the pinned image, for durable snapshots.
     durable: Option<String>,
+    /// File of the image of a snapshot that is not durable but lives on
+    /// disk (installed from a copy, [`NamedSnapshots::install_image`]): in
+    /// no manifest, removed with the entry.
+    spilled: Option<String>,
 }
 
 impl Entry {
@@ -219,6 +307,44 @@ impl Entry {
 
     fn expired(&self, now: Instant) -> bool {
         self.ttl.is_some_and(|ttl| self.age(now) >= ttl)
+    }
+
+    /// An entry for the image on disk `pin` describes (loaded on first
+    /// read), registered at `now`; its age counts from `pin.created_ms`.
+    fn on_disk(pin: Pin, durable: bool, now: Instant) -> Entry {
+        let created = std::time::UNIX_EPOCH + Duration::from_millis(pin.created_ms);
+        let file = pin.file.clone();
+        Entry {
+            csn: pin.csn,
+            collections: pin.collections.clone(),
+            created,
+            created_at: now,
+            age_offset: SystemTime::now()
+                .duration_since(created)
+                .unwrap_or_default(),
+            ttl: (pin.ttl_ms > 0).then(|| Duration::from_millis(pin.ttl_ms)),
+            durable: durable.then(|| file.clone()),
+            spilled: (!durable).then_some(file),
+            snapshot: Held::Disk(Arc::new(OnDisk {
+                pin,
+                loaded: Mutex::new(None),
+            })),
+        }
+    }
+
+    /// How a copy of the database describes this entry.
+    fn image(&self, name: &str) -> NamedImage {
+        NamedImage {
+            name: name.to_string(),
+            csn: self.csn,
+            created_ms: self
+                .created
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            ttl_ms: self.ttl.map_or(0, |t| (t.as_millis() as u64).max(1)),
+            collections: self.collections.clone(),
+            durable: self.durable.is_some(),
+        }
     }
 
     fn info(&self, name: &str, now: Instant) -> SnapshotInfo {
@@ -234,6 +360,9 @@ impl Entry {
         }
     }
 }
+
+/// Entries removed from the registry, freed by the caller outside its lock.
+type Swept = Vec<(String, Entry)>;
 
 #[derive(Default)]
 struct Named {
@@ -273,6 +402,20 @@ impl Named {
             }
         }
         out
+    }
+
+    /// Why a new snapshot named `name` cannot be held now, if it cannot:
+    /// the name is taken (or reserved), or the bound is reached.
+    fn refusal(&self, name: &str) -> Option<Error> {
+        if self.held.contains_key(name) || self.busy.contains(name) {
+            Some(Error::SnapshotExists(name.to_string()))
+        } else if self.held.len() + self.busy.len() >= MAX_NAMED_SNAPSHOTS {
+            Some(Error::IllegalOperation(format!(
+                "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
+            )))
+        } else {
+            None
+        }
     }
 
     fn not_found(&self, name: &str) -> Error {
@@ -436,21 +579,7 @@ impl NamedSnapshots<'_> {
             }
         };
         let reg = self.reg;
-        let now = reg.now();
-        let mut named = reg.named.lock();
-        let expired = named.sweep(now);
-        if named.held.contains_key(name) || named.busy.contains(name) {
-            drop(named);
-            self.release_expired(expired);
-            return Err(Error::SnapshotExists(name.to_string()));
-        }
-        if named.held.len() + named.busy.len() >= MAX_NAMED_SNAPSHOTS {
-            drop(named);
-            self.release_expired(expired);
-            return Err(Error::IllegalOperation(format!(
-                "too many named snapshots (limit {MAX_NAMED_SNAPSHOTS}); drop some first"
-            )));
-        }
+        let (mut named, now, expired) = self.lock_for_new(name)?;
         // Loaded under the registry lock so snapshots created one after another
         // have non-decreasing csns in creation order.
         let published = self.writer.published();
@@ -491,6 +620,7 @@ impl NamedSnapshots<'_> {
                 age_offset,
                 ttl,
                 durable: Some(file),
+                spilled: None,
             };
             return Ok(self.register(named, name, entry, now, Vec::new()));
         }
@@ -503,8 +633,28 @@ impl NamedSnapshots<'_> {
             age_offset,
             ttl,
             durable: None,
+            spilled: None,
         };
         Ok(self.register(named, name, entry, now, expired))
+    }
+
+    /// The registry locked for a new snapshot named `name`, the registry's
+    /// now, and the expired entries swept (for the caller to release outside
+    /// the lock); the refusal when it cannot be held (`Named::refusal`; the
+    /// swept entries then released already).
+    fn lock_for_new(
+        &self,
+        name: &str,
+    ) -> Result<(parking_lot::MutexGuard<'_, Named>, Instant, Swept)> {
+        let now = self.reg.now();
+        let mut named = self.reg.named.lock();
+        let expired = named.sweep(now);
+        if let Some(e) = named.refusal(name) {
+            drop(named);
+            self.release_expired(expired);
+            return Err(e);
+        }
+        Ok((named, now, expired))
     }
 
     fn register(
@@ -529,28 +679,89 @@ impl NamedSnapshots<'_> {
         let Some(store) = self.durable else { return };
         let reg = self.reg;
         let now = reg.now();
-        let wall = SystemTime::now();
         let mut named = reg.named.lock();
         for pin in store.pins() {
-            let created = std::time::UNIX_EPOCH + Duration::from_millis(pin.created_ms);
-            let entry = Entry {
-                csn: pin.csn,
-                collections: pin.collections.clone(),
-                created,
-                created_at: now,
-                age_offset: wall.duration_since(created).unwrap_or_default(),
-                ttl: (pin.ttl_ms > 0).then(|| Duration::from_millis(pin.ttl_ms)),
-                durable: Some(pin.file.clone()),
-                snapshot: Held::Disk(Arc::new(OnDisk {
-                    pin: pin.clone(),
-                    loaded: Mutex::new(None),
-                })),
-            };
-            named.held.insert(pin.name, entry);
+            let name = pin.name.clone();
+            named.held.insert(name, Entry::on_disk(pin, true, now));
         }
         let expired = named.sweep(now);
         drop(named);
         self.release_expired(expired);
+    }
+
+    /// Every named snapshot held now and not expired, each with what a
+    /// copy of the database needs to carry it: its description and a lease
+    /// on its state, or the image file it is loaded from (a durable snapshot
+    /// not read since open). No I/O: nothing is opened, and expired entries
+    /// are left out rather than swept (sweeping one that is durable rewrites
+    /// the manifest), so a replica set's state machine may call it between
+    /// two applies. O(snapshots held), under the registry lock only while
+    /// their entries are cloned.
+    pub fn copies(&self) -> Vec<NamedCopy> {
+        let reg = self.reg;
+        let now = reg.now();
+        let named = reg.named.lock();
+        named
+            .held
+            .iter()
+            .filter(|(_, e)| !e.expired(now))
+            .filter_map(|(name, e)| {
+                let source = match &e.snapshot {
+                    Held::Mem(s) => Source::Mem(s.clone()),
+                    // A first read may be loading it (holding `loaded` for
+                    // the whole load): take the file then, not the lock.
+                    Held::Disk(d) => match d.loaded.try_lock().and_then(|l| l.clone()) {
+                        Some(s) => Source::Mem(s),
+                        None => {
+                            let (vfs, path) = self.durable?.image_file(&d.pin.file);
+                            Source::File { vfs, path }
+                        }
+                    },
+                };
+                Some(NamedCopy {
+                    image: e.image(name),
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// Hold the named snapshot `image` describes, whose checkpoint image is
+    /// the file `from` (as [`NamedCopy::write_image`] writes one; moved into
+    /// the database's directory, on the same file system): a durable one is
+    /// pinned (recorded in the manifest, so it survives restarts), one that
+    /// is not stays on disk only while held (removed when dropped or
+    /// expired, and at the next open). Either is loaded on its first read,
+    /// so installing costs no memory; its creation time, age and TTL count
+    /// from `image.created_ms`. How a replica-set member installs the named
+    /// snapshots a Raft snapshot carries (docs/design.md §19).
+    pub fn install_image(&self, image: &NamedImage, from: &Path) -> Result<SnapshotInfo> {
+        validate_snapshot_name(&image.name)?;
+        let name = image.name.as_str();
+        let Some(store) = self.durable else {
+            return Err(Error::IllegalOperation(format!(
+                "cannot install snapshot '{name}': database '{}' lives in memory",
+                self.db
+            )));
+        };
+        let reg = self.reg;
+        let (mut named, now, expired) = self.lock_for_new(name)?;
+        named.busy.insert(name.to_string());
+        drop(named);
+        self.release_expired(expired);
+        let pin = Pin {
+            name: name.to_string(),
+            csn: image.csn,
+            file: store.image_name(name, image.csn),
+            created_ms: image.created_ms,
+            ttl_ms: image.ttl_ms,
+            collections: image.collections.clone(),
+        };
+        let adopted = store.adopt_image(from, pin, image.durable);
+        let mut named = reg.named.lock();
+        named.busy.remove(name);
+        let entry = Entry::on_disk(adopted?, image.durable, now);
+        Ok(self.register(named, name, entry, now, Vec::new()))
     }
 
     /// Free swept entries outside the registry lock; expired durable ones are
@@ -564,7 +775,15 @@ impl NamedSnapshots<'_> {
                     tracing::warn!(snapshot = %name, error = %err, "could not drop an expired durable snapshot");
                 }
             }
+            self.remove_spilled(&e);
             drop(e);
+        }
+    }
+
+    /// Remove the image of an entry that is not durable but on disk.
+    fn remove_spilled(&self, e: &Entry) {
+        if let (Some(file), Some(store)) = (&e.spilled, self.durable) {
+            store.remove_image(file);
         }
     }
 
@@ -651,6 +870,7 @@ impl NamedSnapshots<'_> {
         }
         named.bury(name.to_string(), Gone::Dropped { csn: entry.csn });
         drop(named);
+        self.remove_spilled(&entry);
         // Freed here, on the caller's thread, outside the lock.
         drop(entry);
         self.release_expired(expired);
