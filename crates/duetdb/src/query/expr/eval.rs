@@ -171,7 +171,7 @@ fn apply(op: Op, vals: Vec<Value>) -> Result<Value> {
         ToLower | ToUpper | SubstrBytes | SubstrCP | StrLenBytes | StrLenCP | Split
         | IndexOfBytes | IndexOfCP | Strcasecmp => string::apply(op, &vals),
         Type | IsNumber | ToString | ToInt | ToLong | ToDouble | ToDecimal | ToBool | ToDate
-        | ToObjectId => convert::apply(op, &vals),
+        | ToObjectId | ToHashedIndexKey => convert::apply(op, &vals),
         MergeObjects | BsonSize | BinarySize | TsSecond | TsIncrement => object::apply(op, vals),
         BitAnd | BitOr | BitXor | BitNot => arithmetic::bitwise(op, &vals),
         And | Or | Cond | IfNull | Concat => Err(Error::Internal(format!(
