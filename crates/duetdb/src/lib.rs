@@ -98,6 +98,7 @@ pub mod raw {
 pub mod lang {
     pub use crate::query::aggregate::canonical_cmp;
     pub use crate::query::distinct::Distinct;
+    pub use crate::query::expr::under_read_time;
     pub use crate::query::filter::Examined;
     pub use crate::query::{
         CommutativePart, Filter, PartialState, Pipeline, Projection, Split, UpdateSpec,

@@ -153,11 +153,14 @@ impl Collection {
         let out_db = out_db.unwrap_or(self.database());
         let state = self.database().writer().published();
         let pipeline = geo_key(pipeline, state.collection(self.name()))?;
+        // `$$CLUSTER_TIME`: the time of the state the read starts from (a
+        // strategy's scan may take a later one; design §14.1).
+        let read_time = state.ts;
         drop(state);
         let collator = self.collator()?;
         // Expressions (`$project`, `$bucket`, a `$lookup`'s sub-pipeline…)
         // compare strings under the command's collation, as MongoDB's do.
-        crate::query::expr::under_collation(collator.as_ref(), || {
+        crate::query::expr::under_read_time(read_time, || crate::query::expr::under_collation(collator.as_ref(), || {
             let mut p = prepare_collated(&pipeline, let_vars, collator.clone())?;
             p.limit_memory(limits.memory_limit_bytes);
             // OLCP's partitioned scans parse the scan filter themselves, without
@@ -212,7 +215,7 @@ impl Collection {
                 }
                 None => Ok((docs, explain)),
             }
-        })
+        }))
     }
 
     /// One scan under a non-OLCP strategy, every document pushed through
@@ -496,7 +499,7 @@ impl SnapshotCollection {
     ) -> Result<(Vec<Document>, StageSpills)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
+        crate::query::expr::under_read_time(self.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
             let p = prepare_collated(&pipeline, let_vars, collator.clone())?;
             if let Some(out) = p.output() {
                 return Err(Error::IllegalOperation(format!(
@@ -520,7 +523,7 @@ impl SnapshotCollection {
             }
             let docs = exec.finish()?;
             Ok((docs, rt.spills()))
-        })
+        }))
     }
 
     /// How [`SnapshotCollection::aggregate`] would run `pipeline`.
@@ -577,8 +580,11 @@ impl Database {
             Some(d) => Collator::from_document(d)?,
             None => None,
         };
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            self.aggregate_documents(&pipeline, limits, let_vars, out_db, collator.clone())
+        let read_time = self.writer().published().ts;
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                self.aggregate_documents(&pipeline, limits, let_vars, out_db, collator.clone())
+            })
         })
     }
 

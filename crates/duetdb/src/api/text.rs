@@ -393,7 +393,7 @@ pub(super) fn stream_in(
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
     let rest_doc = rest;
-    let rest = Filter::parse(&rest_doc)?;
+    let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
     // Projection: `$meta` fields added after the rest is applied.
     let mut score_fields = Vec::new();
     let mut plain = Document::new();
@@ -405,7 +405,7 @@ pub(super) fn stream_in(
         }
     }
     let projection = (!plain.is_empty())
-        .then(|| Projection::parse(&plain))
+        .then(|| crate::query::expr::under_read_time(state.ts, || Projection::parse(&plain)))
         .transpose()?;
     // Sort: components in order, each by score (highest first, the hidden
     // field a pipeline's `$sort` reads) or by a field.
@@ -466,7 +466,7 @@ pub(super) fn count_in(state: &DbState, name: &str, filter: &Document) -> Result
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
     let rest_doc = rest;
-    let rest = Filter::parse(&rest_doc)?;
+    let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
     let Some(coll) = state.collection(name) else {
         return Ok(0);
     };
@@ -518,9 +518,9 @@ impl Collection {
         out_db: Option<&crate::api::Database>,
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
+        let snap = self.db.snapshot();
+        crate::query::expr::under_read_time(snap.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
             let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            let snap = self.db.snapshot();
             let pinned =
                 Pinned::from_state(snap.state(), &p.rest.foreign_names(), limits.cancel.clone());
             let spill = limits.spill_dir_or(self.database().spill_dir());
@@ -533,7 +533,7 @@ impl Collection {
                 }
                 None => Ok(docs),
             }
-        })
+        }))
     }
 
     /// How many documents a filter with a top-level `$text` matches.
@@ -573,7 +573,7 @@ impl SnapshotCollection {
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
+        crate::query::expr::under_read_time(self.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
             let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
             if let Some(out) = p.rest.output() {
                 return Err(Error::IllegalOperation(format!(
@@ -585,7 +585,7 @@ impl SnapshotCollection {
                 Pinned::from_state(self.state(), &p.rest.foreign_names(), limits.cancel.clone());
             let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
             p.run(self.state(), self.name(), &rt)
-        })
+        }))
     }
 }
 
@@ -629,7 +629,7 @@ impl TextPipeline {
         let (query, rest_doc) = split(&self.first)?.ok_or_else(|| {
             Error::BadValue("$text is only allowed in the first $match stage".into())
         })?;
-        let rest = Filter::parse(&rest_doc)?;
+        let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
         let Some(coll) = state.collection(name) else {
             let mut out = self.rest.run_on_with(Vec::new(), rt)?;
             out.iter_mut().for_each(strip_text_score);
