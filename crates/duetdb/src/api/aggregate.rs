@@ -33,7 +33,8 @@ use crate::doc::collation::Collator;
 use crate::error::{Error, Result};
 pub use crate::query::aggregate::StageSpills;
 use crate::query::aggregate::{
-    prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
+    counts_bson, prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
+    StageCount, StageStats,
 };
 use crate::query::limits::{ReadLimits, PAGE_DOCS};
 use crate::query::{planner, Filter};
@@ -70,6 +71,11 @@ pub struct AggregateExplain {
     /// What the pipeline's `$group` and `$setWindowFields` stages spilled
     /// to disk (MongoDB's per-stage `spills`; `usedDisk` when above 0).
     pub spills: StageSpills,
+    /// What each executed stage (after the scan filter: the commutative
+    /// part's, then the rest's) returned, when the read was counted
+    /// (`ReadLimits::examined`); `None` for the stages of an OLCP pass but
+    /// its last (whose output the rest received).
+    pub stage_counts: Vec<Option<StageCount>>,
 }
 
 impl AggregateExplain {
@@ -90,8 +96,32 @@ impl AggregateExplain {
             "spills": (self.spills.group + self.spills.window) as i64,
             "groupSpills": self.spills.group as i64,
             "windowSpills": self.spills.window as i64,
+            "stageCounts": counts_bson(&self.stage_counts),
         }
     }
+}
+
+/// The executed stages' counts of an OLCP run: the part's stages are not
+/// counted one by one (map threads), but the last one's output is what the
+/// rest received; then the rest's stages.
+fn olcp_counts(p: &Prepared, rt: &Runtime<'_>) -> Vec<Option<StageCount>> {
+    let counts = rt.stage_counts();
+    if counts.is_empty() {
+        return Vec::new();
+    }
+    let part_len = p.part.stage_names().len();
+    let mut out: Vec<Option<StageCount>> = vec![None; part_len];
+    if let (Some(last), Some(input)) = (out.last_mut(), counts.first()) {
+        *last = Some(*input);
+    }
+    out.extend(counts.into_iter().skip(1).map(Some));
+    out
+}
+
+/// The executed stages' counts of a scan run (every node counted; the
+/// input's count dropped).
+fn scan_counts(rt: &Runtime<'_>) -> Vec<Option<StageCount>> {
+    rt.stage_counts().into_iter().skip(1).map(Some).collect()
 }
 
 impl Collection {
@@ -228,6 +258,9 @@ impl Collection {
         capture: Capture<'_>,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
         let mut exec = p.exec(rt);
+        if rt.limits.examined.is_some() {
+            exec.count_stages();
+        }
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
         let mut filter = Filter::parse(&p.filter)?.with_collation(self.collator()?);
@@ -275,6 +308,7 @@ impl Collection {
                 stopped_early,
                 foreign_csn: rt.foreign.csn(),
                 spills: rt.spills(),
+                stage_counts: scan_counts(rt),
             },
         ))
     }
@@ -301,7 +335,11 @@ impl Collection {
             vec![p.filter.clone()]
         };
         let part = &p.part;
-        let rest = Mutex::new(p.rest_exec(rt));
+        let mut rest_exec = p.rest_exec(rt);
+        if rt.limits.examined.is_some() {
+            rest_exec.count_stages();
+        }
+        let rest = Mutex::new(rest_exec);
         let hand_over = |st: &mut PartialState| -> Result<()> {
             if let Some(docs) = st.take_docs() {
                 let mut exec = rest
@@ -380,6 +418,7 @@ impl Collection {
                 stopped_early: false,
                 foreign_csn: rt.foreign.csn(),
                 spills: rt.spills(),
+                stage_counts: olcp_counts(p, rt),
             },
         ))
     }
@@ -496,7 +535,7 @@ impl SnapshotCollection {
         pipeline: Vec<Document>,
         limits: &ReadLimits,
         let_vars: Option<&Document>,
-    ) -> Result<(Vec<Document>, StageSpills)> {
+    ) -> Result<(Vec<Document>, StageStats)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let collator = self.collator()?;
         crate::query::expr::under_read_time(self.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
@@ -510,6 +549,9 @@ impl SnapshotCollection {
             let pinned = Pinned::from_state(self.state(), &p.foreign, limits.cancel.clone());
             let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
             let mut exec: Exec<'_> = p.exec(&rt);
+            if limits.examined.is_some() {
+                exec.count_stages();
+            }
             if !p.documents {
                 for d in self
                     .find(p.filter.clone())
@@ -522,7 +564,11 @@ impl SnapshotCollection {
                 }
             }
             let docs = exec.finish()?;
-            Ok((docs, rt.spills()))
+            let stats = StageStats {
+                spills: rt.spills(),
+                counts: scan_counts(&rt),
+            };
+            Ok((docs, stats))
         }))
     }
 
@@ -652,6 +698,7 @@ fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
         stopped_early: false,
         foreign_csn: Some(csn),
         spills: StageSpills::default(),
+        stage_counts: Vec::new(),
     }
 }
 

@@ -25,6 +25,7 @@ pub mod transaction;
 pub mod ttl;
 
 pub use aggregate::{AggregateExplain, StageSpills};
+pub use crate::query::aggregate::{StageCount, StageStats};
 pub use analytics::{AnalyticCollection, AnalyticSession};
 pub use backup::{BackedUp, BackupInfo};
 pub use capped::TailPosition;

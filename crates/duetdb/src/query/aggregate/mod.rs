@@ -141,7 +141,7 @@ use stages::Unwind;
 use window::Window;
 
 pub use exec::Exec;
-pub use foreign::{Foreign, Pinned, Runtime, StageSpills};
+pub use foreign::{counts_bson, Foreign, Pinned, Runtime, StageCount, StageSpills, StageStats};
 pub use group::canonical_cmp;
 pub use output::{merged_version, MergeSpec, Output};
 pub use split::{
@@ -403,6 +403,22 @@ impl Pipeline {
             out.extend(parsed);
         }
         Ok(Pipeline { stages: out })
+    }
+
+    /// How many executed stages each written stage of `stages` becomes
+    /// (`$bucket` is a `$group` and a `$sort`, `$sortByCount` likewise, …):
+    /// what maps explain's per-stage counts back to the stages as written.
+    /// A stage that does not parse here (it needs the command's `let`, or
+    /// a `$text` score) counts as one.
+    pub fn stage_widths(stages: &[Document]) -> Vec<usize> {
+        let ctx = ParseCtx::new(None).map(ParseCtx::with_text_score);
+        stages
+            .iter()
+            .map(|s| match &ctx {
+                Ok(ctx) => parse_stage(s, ctx).map_or(1, |v| v.len()),
+                Err(_) => 1,
+            })
+            .collect()
     }
 
     /// Lower the `$group` memory limit (tests; a server knob later).
