@@ -17,8 +17,11 @@
 //!   ranks index bounds, it does not race plans): `rejectedPlans` lists the
 //!   other indexes (and the `_id` range) that could have answered, as their
 //!   access paths (`FETCH`/`IXSCAN` with the filter, without the command's
-//!   `SORT`/`LIMIT`/projection stages), and `allPlansExecution` is empty
-//!   because only the winner runs.
+//!   `SORT`/`LIMIT`/projection stages), and `allPlansExecution` holds a
+//!   trial of each candidate (the winner first), its access path run alone
+//!   to MongoDB's trial end of 101 results (design §14.4). Each later stage
+//!   of an aggregate reports its own `nReturned` and
+//!   `executionTimeMillisEstimate` (the engine's per-stage counts).
 //! - duetdb's own facts — the strategy that runs and why, the requested
 //!   strategy, the snapshot's csn, a pipeline's split — are in one `duet`
 //!   sub-document.

@@ -114,6 +114,7 @@ mod group;
 mod group_spill;
 mod lookup;
 mod output;
+mod redact;
 mod split;
 mod stages;
 #[cfg(test)]
@@ -199,6 +200,8 @@ enum Stage {
     /// `$geoNear`'s last part: the distance (and location) fields
     /// (`geonear.rs`; its `$match` and distance sort precede it).
     GeoNear(Box<geonear::GeoNear>),
+    /// `$redact` (`redact.rs`).
+    Redact(Box<redact::Redact>),
 }
 
 impl Stage {
@@ -227,6 +230,7 @@ impl Stage {
             Stage::Documents(_) => "$documents",
             Stage::Output(o) => o.stage_name(),
             Stage::GeoNear(_) => "$geoNear",
+            Stage::Redact(_) => "$redact",
         }
     }
 
@@ -244,6 +248,7 @@ impl Stage {
                 | Stage::Lookup(_)
                 | Stage::GraphLookup(_)
                 | Stage::GeoNear(_)
+                | Stage::Redact(_)
         )
     }
 
@@ -634,6 +639,7 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         }
         "$count" => one(parse_count(arg)?),
         "$replaceRoot" => one(stages::parse_replace_root(arg, ctx)?),
+        "$redact" => one(Stage::Redact(Box::new(redact::Redact::parse(arg, ctx)?))),
         "$replaceWith" => one(Stage::ReplaceRoot {
             expr: ctx.expr(arg)?,
             with: true,

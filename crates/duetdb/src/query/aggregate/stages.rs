@@ -106,6 +106,10 @@ pub(super) fn per_document(
             Stage::Lookup(l) => Cur::Owned(l.apply(cur, rt)?),
             Stage::GraphLookup(g) => Cur::Owned(g.apply(cur, rt)?),
             Stage::GeoNear(g) => Cur::Owned(checked("$geoNear", g.apply(cur)?)?),
+            Stage::Redact(r) => match r.apply(&cur.into_document()?)? {
+                Some(d) => Cur::Owned(d),
+                None => return Ok(()),
+            },
             other => {
                 return Err(Error::Internal(format!(
                     "{} is not a per-document stage",

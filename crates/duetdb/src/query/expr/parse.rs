@@ -128,6 +128,24 @@ impl Scope {
         Ok(())
     }
 
+    /// Parse `$redact`'s expression: `CURRENT` bound to a variable of its
+    /// own (returned), which the stage sets to each (sub)document it visits,
+    /// so field paths start there while `$$ROOT` stays the whole document;
+    /// and `$$DESCEND`/`$$PRUNE`/`$$KEEP`, the strings `"descend"`,
+    /// `"prune"`, `"keep"` (MongoDB defines them for this stage only).
+    pub fn parse_redact(&self, v: &Bson) -> Result<(Expr, u32)> {
+        let mut scope = self.clone();
+        for (name, value) in [("DESCEND", "descend"), ("PRUNE", "prune"), ("KEEP", "keep")] {
+            scope.consts.retain(|(n, _)| n != name);
+            scope
+                .consts
+                .push((name.to_string(), Some(Bson::String(value.to_string()))));
+        }
+        let current = scope.bind("CURRENT");
+        let e = parse_at(v, 0, &mut scope)?;
+        Ok((e, current))
+    }
+
     /// The constant variables in scope (command `let`, `$lookup` `let`), in
     /// binding order; `None` is missing.
     pub fn consts(&self) -> &[(String, Option<Bson>)] {
