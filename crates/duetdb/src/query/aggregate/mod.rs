@@ -583,10 +583,7 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
     let want_doc = || -> Result<&Document> {
         match arg {
             Bson::Document(d) => Ok(d),
-            other => Err(Error::type_mismatch(format!(
-                "the {name} stage specification must be an object, not {}",
-                type_name(&Some(other.clone()))
-            ))),
+            other => Err(not_an_object(name, other)),
         }
     };
     let one = |s: Stage| Ok(vec![s]);
@@ -740,10 +737,39 @@ fn whole_number(stage: &str, v: &Bson) -> Result<i64> {
         Some(Num::I32(i)) => Ok(i64::from(i)),
         Some(Num::I64(i)) => Ok(i),
         Some(Num::F64(f)) if f.fract() == 0.0 && f.abs() < 9.2e18 => Ok(f as i64),
+        // `$skip`: MongoDB's `parseIntegerElementToLong` under 5107200,
+        // the element printed with its name.
+        None if stage == "$skip" => Err(coded!(
+            5107200,
+            format!(
+                "invalid argument to $skip stage: Expected a number in: $skip: {}",
+                crate::error::render_shell(v)
+            )
+        )),
+        None if stage == "$limit" => Err(coded!(15957, "the limit must be specified as a number")),
         _ => Err(Error::bad_value(format!(
             "invalid argument to {stage} stage: Expected an integer: {}",
             crate::error::render(v)
         ))),
+    }
+}
+
+/// A stage whose specification must be a document got `other`: MongoDB's
+/// code and words for each stage (`DocumentSource*::createFromBson`).
+fn not_an_object(name: &str, other: &Bson) -> Error {
+    let ty = type_name(&Some(other.clone()));
+    match name {
+        "$match" => coded!(15959, "the match filter must be an expression in an object"),
+        "$project" => coded!(15969, "$project specification must be an object"),
+        "$group" => coded!(15947, "a group's fields must be specified in an object"),
+        "$sort" => coded!(15973, "the $sort key specification must be an object"),
+        "$addFields" | "$set" => coded!(
+            40272,
+            format!("{name} specification stage must be an object, got {ty}")
+        ),
+        _ => Error::type_mismatch(format!(
+            "the {name} stage specification must be an object, not {ty}"
+        )),
     }
 }
 

@@ -105,7 +105,6 @@ impl Redact {
 fn value_string(v: Option<&Bson>) -> String {
     match v {
         None => "MISSING".to_string(),
-        Some(Bson::String(s)) => format!("\"{s}\""),
-        Some(other) => other.to_string(),
+        Some(other) => crate::error::render_value(other),
     }
 }
