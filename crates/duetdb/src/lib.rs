@@ -42,9 +42,9 @@ pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
     FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
-    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StageCount, StageSpills, StageStats, StorageStats,
-    TailPosition, TextFindOptions, TextStream, Transaction, TtlCounters, TtlMonitor, TtlPass,
-    UpdateOptions, Validation, BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
+    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StageCount, StageSpills, StageStats,
+    StorageStats, TailPosition, TextFindOptions, TextStream, Transaction, TtlCounters, TtlMonitor,
+    TtlPass, UpdateOptions, Validation, BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use doc::collation::{Collation, Collator};

@@ -303,7 +303,11 @@ fn validate_index_spec(spec: &Document) -> CmdResult<()> {
         }
         if let ("key", Bson::Document(key)) = (k.as_str(), v) {
             if key.is_empty() {
-                return fail(67, "CannotCreateIndex", "Index keys cannot be empty.".into());
+                return fail(
+                    67,
+                    "CannotCreateIndex",
+                    "Index keys cannot be empty.".into(),
+                );
             }
             for (_, part) in key {
                 if let Bson::String(plugin) = part {

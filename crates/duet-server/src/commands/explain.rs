@@ -591,7 +591,10 @@ impl Explainer<'_, '_, '_> {
         let counts_of = |written: usize, executed: &mut usize| -> Option<Document> {
             let width = widths.get(written).copied().unwrap_or(1);
             *executed += width;
-            stage_counts.get(executed.checked_sub(1)?).cloned().flatten()
+            stage_counts
+                .get(executed.checked_sub(1)?)
+                .cloned()
+                .flatten()
         };
         let leading = stages.len() - last;
         for (i, s) in rest.into_iter().enumerate() {

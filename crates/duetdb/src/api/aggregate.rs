@@ -190,62 +190,66 @@ impl Collection {
         let collator = self.collator()?;
         // Expressions (`$project`, `$bucket`, a `$lookup`'s sub-pipeline…)
         // compare strings under the command's collation, as MongoDB's do.
-        crate::query::expr::under_read_time(read_time, || crate::query::expr::under_collation(collator.as_ref(), || {
-            let mut p = prepare_collated(&pipeline, let_vars, collator.clone())?;
-            p.limit_memory(limits.memory_limit_bytes);
-            // OLCP's partitioned scans parse the scan filter themselves, without
-            // the collation: a collated pipeline runs as `vls` instead (below).
-            if p.documents {
-                let docs = self.database().run_documents(&p, limits)?;
-                let explain = documents_explain(&p, self.database().csn());
-                if let Some(out) = p.output() {
-                    out_db.write_output(out, docs)?;
-                    return Ok((Vec::new(), explain));
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let mut p = prepare_collated(&pipeline, let_vars, collator.clone())?;
+                p.limit_memory(limits.memory_limit_bytes);
+                // OLCP's partitioned scans parse the scan filter themselves, without
+                // the collation: a collated pipeline runs as `vls` instead (below).
+                if p.documents {
+                    let docs = self.database().run_documents(&p, limits)?;
+                    let explain = documents_explain(&p, self.database().csn());
+                    if let Some(out) = p.output() {
+                        out_db.write_output(out, docs)?;
+                        return Ok((Vec::new(), explain));
+                    }
+                    return Ok((docs, explain));
                 }
-                return Ok((docs, explain));
-            }
-            let mut choice = self.choose_for(&p, strategy)?;
-            if collator.is_some() && choice.strategy == Strategy::Olcp {
-                choice.strategy = Strategy::Vls;
-            }
-            let spill_dir = limits.spill_dir_or(self.database().spill_dir());
-            let pinned: OnceLock<Pinned> = OnceLock::new();
-            let rt = Runtime::new(&pinned, limits.clone(), spill_dir);
-            let capture = Capture {
-                names: &p.foreign,
-                into: &pinned,
-            };
-            let (docs, explain) = if choice.strategy == Strategy::Olcp {
-                match self.aggregate_olcp(&p, choice.reason, &rt, capture) {
-                    // The map threads' `$group` states are merged in memory: past
-                    // the limit, run once more as one ordered scan, whose `$group`
-                    // spills (another snapshot; the failed pass returned nothing).
-                    Err(e) if e.code() == 292 && limits.allow_disk_use && p.part.has_group() => {
-                        let pinned: OnceLock<Pinned> = OnceLock::new();
-                        let rt = Runtime::new(&pinned, limits.clone(), rt.spill_dir.clone());
-                        let capture = Capture {
-                            names: &p.foreign,
-                            into: &pinned,
-                        };
-                        let choice = Choice {
+                let mut choice = self.choose_for(&p, strategy)?;
+                if collator.is_some() && choice.strategy == Strategy::Olcp {
+                    choice.strategy = Strategy::Vls;
+                }
+                let spill_dir = limits.spill_dir_or(self.database().spill_dir());
+                let pinned: OnceLock<Pinned> = OnceLock::new();
+                let rt = Runtime::new(&pinned, limits.clone(), spill_dir);
+                let capture = Capture {
+                    names: &p.foreign,
+                    into: &pinned,
+                };
+                let (docs, explain) = if choice.strategy == Strategy::Olcp {
+                    match self.aggregate_olcp(&p, choice.reason, &rt, capture) {
+                        // The map threads' `$group` states are merged in memory: past
+                        // the limit, run once more as one ordered scan, whose `$group`
+                        // spills (another snapshot; the failed pass returned nothing).
+                        Err(e)
+                            if e.code() == 292 && limits.allow_disk_use && p.part.has_group() =>
+                        {
+                            let pinned: OnceLock<Pinned> = OnceLock::new();
+                            let rt = Runtime::new(&pinned, limits.clone(), rt.spill_dir.clone());
+                            let capture = Capture {
+                                names: &p.foreign,
+                                into: &pinned,
+                            };
+                            let choice = Choice {
                             strategy: Strategy::Vls,
                             reason: "olcp's $group passed the memory limit: rerun under vls, whose $group spills to disk",
                         };
-                        self.aggregate_scan(&p, choice, &rt, capture)?
+                            self.aggregate_scan(&p, choice, &rt, capture)?
+                        }
+                        r => r?,
                     }
-                    r => r?,
+                } else {
+                    self.aggregate_scan(&p, choice, &rt, capture)?
+                };
+                match p.output() {
+                    Some(out) => {
+                        out_db.write_output(out, docs)?;
+                        Ok((Vec::new(), explain))
+                    }
+                    None => Ok((docs, explain)),
                 }
-            } else {
-                self.aggregate_scan(&p, choice, &rt, capture)?
-            };
-            match p.output() {
-                Some(out) => {
-                    out_db.write_output(out, docs)?;
-                    Ok((Vec::new(), explain))
-                }
-                None => Ok((docs, explain)),
-            }
-        }))
+            })
+        })
     }
 
     /// One scan under a non-OLCP strategy, every document pushed through
@@ -538,38 +542,40 @@ impl SnapshotCollection {
     ) -> Result<(Vec<Document>, StageStats)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let collator = self.collator()?;
-        crate::query::expr::under_read_time(self.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = prepare_collated(&pipeline, let_vars, collator.clone())?;
-            if let Some(out) = p.output() {
-                return Err(Error::IllegalOperation(format!(
+        crate::query::expr::under_read_time(self.state().ts, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p = prepare_collated(&pipeline, let_vars, collator.clone())?;
+                if let Some(out) = p.output() {
+                    return Err(Error::IllegalOperation(format!(
                     "{} cannot run on a held snapshot: it writes; run it on the live collection",
                     out.stage_name()
                 )));
-            }
-            let pinned = Pinned::from_state(self.state(), &p.foreign, limits.cancel.clone());
-            let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
-            let mut exec: Exec<'_> = p.exec(&rt);
-            if limits.examined.is_some() {
-                exec.count_stages();
-            }
-            if !p.documents {
-                for d in self
-                    .find(p.filter.clone())
-                    .limits(limits.clone())
-                    .stream()?
-                {
-                    if exec.push_doc(&d?)?.is_break() {
-                        break;
+                }
+                let pinned = Pinned::from_state(self.state(), &p.foreign, limits.cancel.clone());
+                let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
+                let mut exec: Exec<'_> = p.exec(&rt);
+                if limits.examined.is_some() {
+                    exec.count_stages();
+                }
+                if !p.documents {
+                    for d in self
+                        .find(p.filter.clone())
+                        .limits(limits.clone())
+                        .stream()?
+                    {
+                        if exec.push_doc(&d?)?.is_break() {
+                            break;
+                        }
                     }
                 }
-            }
-            let docs = exec.finish()?;
-            let stats = StageStats {
-                spills: rt.spills(),
-                counts: scan_counts(&rt),
-            };
-            Ok((docs, stats))
-        }))
+                let docs = exec.finish()?;
+                let stats = StageStats {
+                    spills: rt.spills(),
+                    counts: scan_counts(&rt),
+                };
+                Ok((docs, stats))
+            })
+        })
     }
 
     /// How [`SnapshotCollection::aggregate`] would run `pipeline`.

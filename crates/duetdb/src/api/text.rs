@@ -519,21 +519,26 @@ impl Collection {
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
         let snap = self.db.snapshot();
-        crate::query::expr::under_read_time(snap.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            let pinned =
-                Pinned::from_state(snap.state(), &p.rest.foreign_names(), limits.cancel.clone());
-            let spill = limits.spill_dir_or(self.database().spill_dir());
-            let rt = Runtime::new(&pinned, limits.clone(), spill);
-            let docs = p.run(snap.state(), &self.name, &rt)?;
-            match p.rest.output() {
-                Some(out) => {
-                    out_db.unwrap_or(self.database()).write_output(out, docs)?;
-                    Ok(Vec::new())
+        crate::query::expr::under_read_time(snap.state().ts, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+                let pinned = Pinned::from_state(
+                    snap.state(),
+                    &p.rest.foreign_names(),
+                    limits.cancel.clone(),
+                );
+                let spill = limits.spill_dir_or(self.database().spill_dir());
+                let rt = Runtime::new(&pinned, limits.clone(), spill);
+                let docs = p.run(snap.state(), &self.name, &rt)?;
+                match p.rest.output() {
+                    Some(out) => {
+                        out_db.unwrap_or(self.database()).write_output(out, docs)?;
+                        Ok(Vec::new())
+                    }
+                    None => Ok(docs),
                 }
-                None => Ok(docs),
-            }
-        }))
+            })
+        })
     }
 
     /// How many documents a filter with a top-level `$text` matches.
@@ -573,19 +578,24 @@ impl SnapshotCollection {
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
-        crate::query::expr::under_read_time(self.state().ts, || crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            if let Some(out) = p.rest.output() {
-                return Err(Error::IllegalOperation(format!(
+        crate::query::expr::under_read_time(self.state().ts, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+                if let Some(out) = p.rest.output() {
+                    return Err(Error::IllegalOperation(format!(
                     "{} cannot run on a held snapshot: it writes; run it on the live collection",
                     out.stage_name()
                 )));
-            }
-            let pinned =
-                Pinned::from_state(self.state(), &p.rest.foreign_names(), limits.cancel.clone());
-            let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
-            p.run(self.state(), self.name(), &rt)
-        }))
+                }
+                let pinned = Pinned::from_state(
+                    self.state(),
+                    &p.rest.foreign_names(),
+                    limits.cancel.clone(),
+                );
+                let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
+                p.run(self.state(), self.name(), &rt)
+            })
+        })
     }
 }
 

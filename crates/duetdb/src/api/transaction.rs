@@ -892,23 +892,26 @@ impl<'t> TxnCollection<'t> {
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
         let read_time = self.txn()?.read_time();
-        crate::query::expr::under_read_time(read_time, || crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = crate::api::text::TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            if let Some(out) = p.rest.output() {
-                return Err(Error::Coded {
-                    code: 263,
-                    name: "OperationNotSupportedInTransaction",
-                    msg: format!("{} cannot be used in a transaction", out.stage_name()),
-                });
-            }
-            let state = self.text_state()?;
-            let mut txn = self.txn()?;
-            let foreign = TxnForeign {
-                txn: std::sync::Mutex::new(&mut **txn),
-            };
-            let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
-            p.run(&state, &self.name, &rt)
-        }))
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p =
+                    crate::api::text::TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+                if let Some(out) = p.rest.output() {
+                    return Err(Error::Coded {
+                        code: 263,
+                        name: "OperationNotSupportedInTransaction",
+                        msg: format!("{} cannot be used in a transaction", out.stage_name()),
+                    });
+                }
+                let state = self.text_state()?;
+                let mut txn = self.txn()?;
+                let foreign = TxnForeign {
+                    txn: std::sync::Mutex::new(&mut **txn),
+                };
+                let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
+                p.run(&state, &self.name, &rt)
+            })
+        })
     }
 }
 

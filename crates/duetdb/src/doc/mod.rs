@@ -309,7 +309,10 @@ mod tests {
             assert_eq!(err.code(), code, "{err}");
         }
         let err = prepare_insert(&doc! {"_id": Bson::Undefined}).expect_err("must fail");
-        assert_eq!(err.to_string(), "The '_id' value cannot be of type undefined");
+        assert_eq!(
+            err.to_string(),
+            "The '_id' value cannot be of type undefined"
+        );
         assert!(prepare_insert(&doc! {"_id": {"a": 1}}).is_ok());
     }
 

@@ -335,6 +335,12 @@ pub(crate) fn render(v: &Bson) -> String {
 pub fn render_shell(v: &Bson) -> String {
     let mut out = String::new();
     shell_into(v, &mut out, 0);
+    cut_rendered(&mut out);
+    out
+}
+
+/// Cut a rendered value at 1,000 bytes (on a character boundary) with `…`.
+fn cut_rendered(out: &mut String) {
     if out.len() > 1000 {
         let mut end = 1000;
         while !out.is_char_boundary(end) {
@@ -343,7 +349,6 @@ pub fn render_shell(v: &Bson) -> String {
         out.truncate(end);
         out.push('…');
     }
-    out
 }
 
 /// A value as MongoDB's `Value`/`Document` `operator<<` prints it in the
@@ -354,14 +359,7 @@ pub fn render_shell(v: &Bson) -> String {
 pub fn render_value(v: &Bson) -> String {
     let mut out = String::new();
     value_into(v, &mut out, 0);
-    if out.len() > 1000 {
-        let mut end = 1000;
-        while !out.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.truncate(end);
-        out.push('…');
-    }
+    cut_rendered(&mut out);
     out
 }
 

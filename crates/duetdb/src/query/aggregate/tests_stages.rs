@@ -1491,9 +1491,12 @@ fn redact_as_the_manual() {
         ],
     };
     let by_tags = doc! {"$redact": {"$cond": {
-        "if": {"$gt": [{"$size": {"$setIntersection": ["$tags", ["STLW", "G"]]}}, 0]},
-        "then": "$$DESCEND", "else": "$$PRUNE"}}};
-    let out = ok(vec![doc! {"$match": {"year": 2014}}, by_tags], vec![forecast]);
+    "if": {"$gt": [{"$size": {"$setIntersection": ["$tags", ["STLW", "G"]]}}, 0]},
+    "then": "$$DESCEND", "else": "$$PRUNE"}}};
+    let out = ok(
+        vec![doc! {"$match": {"year": 2014}}, by_tags],
+        vec![forecast],
+    );
     assert_eq!(
         out,
         vec![doc! {
@@ -1513,17 +1516,24 @@ fn redact_as_the_manual() {
         "status": "A",
     };
     let by_level = doc! {"$redact": {"$cond": {
-        "if": {"$eq": ["$level", 5]}, "then": "$$PRUNE", "else": "$$DESCEND"}}};
+    "if": {"$eq": ["$level", 5]}, "then": "$$PRUNE", "else": "$$DESCEND"}}};
     assert_eq!(
         ok(vec![by_level], vec![account.clone()]),
         vec![doc! {"_id": 1, "level": 1, "acct_id": "xyz123",
-                   "other": [[{"level": 2, "x": 1}], 7], "status": "A"}]
+        "other": [[{"level": 2, "x": 1}], 7], "status": "A"}]
     );
     // `$$ROOT` is the whole document at every level: descend while the
     // top level's status is "A" prunes nothing.
-    let by_root = doc! {"$redact": {"$cond": [{"$eq": ["$$ROOT.status", "A"]}, "$$DESCEND", "$$PRUNE"]}};
-    assert_eq!(ok(vec![by_root], vec![account.clone()]), vec![account.clone()]);
-    assert_eq!(ok(vec![doc! {"$redact": "$$KEEP"}], vec![account.clone()]), vec![account.clone()]);
+    let by_root =
+        doc! {"$redact": {"$cond": [{"$eq": ["$$ROOT.status", "A"]}, "$$DESCEND", "$$PRUNE"]}};
+    assert_eq!(
+        ok(vec![by_root], vec![account.clone()]),
+        vec![account.clone()]
+    );
+    assert_eq!(
+        ok(vec![doc! {"$redact": "$$KEEP"}], vec![account.clone()]),
+        vec![account.clone()]
+    );
     assert!(ok(vec![doc! {"$redact": "$$PRUNE"}], vec![account.clone()]).is_empty());
     assert_eq!(code(vec![doc! {"$redact": "$level"}], vec![account]), 17053);
     assert_eq!(parse_code(vec![doc! {"$project": {"a": "$$KEEP"}}]), 17276);

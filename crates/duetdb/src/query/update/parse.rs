@@ -208,7 +208,7 @@ fn parse_op(name: &str, field: &str, v: &Bson) -> Result<Op> {
                     code: 9,
                     name: "FailedToParse",
                     msg: format!("$pop expects 1 or -1, found: {}", render(v)),
-                })
+                });
             }
         },
         "$pull" => Op::Pull(ElemCond::parse(v)?),
