@@ -137,7 +137,11 @@ impl Matches {
             .indexes
             .iter()
             .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
-            .ok_or_else(|| Error::IndexNotFound("text index required for $text query".into()))?;
+            .ok_or_else(|| Error::Coded {
+                code: 27,
+                name: "IndexNotFound",
+                msg: "text index required for $text query".into(),
+            })?;
         let IndexKind::Text(text) = &index.spec.kind else {
             return Err(Error::Internal("text index without a text spec".into()));
         };

@@ -401,6 +401,25 @@ impl Pipeline {
         }
         let mut out = Vec::with_capacity(stages.len());
         for (i, s) in stages.iter().enumerate() {
+            // MongoDB refuses a `$text` `$match` anywhere but first before
+            // it parses the filter (`DocumentSourceMatch`).
+            if i > 0
+                && s.get_document("$match")
+                    .is_ok_and(|m| m.contains_key("$text"))
+            {
+                return Err(coded!(
+                    17313,
+                    "$match with $text is only allowed as the first pipeline stage"
+                ));
+            }
+            // A misplaced `$geoNear` is refused before its arguments are
+            // (its `key` is only looked up for a first stage).
+            if i > 0 && s.contains_key("$geoNear") {
+                return Err(coded!(
+                    40603,
+                    "$geoNear was not the first stage in the pipeline."
+                ));
+            }
             let parsed = parse_stage(s, ctx)?;
             for stage in &parsed {
                 check_position(stage, i, stages.len(), ctx.within)?;
