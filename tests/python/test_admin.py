@@ -12,6 +12,39 @@ def test_ping_buildinfo_hostinfo(client):
     assert hi["system"]["numCores"] >= 1
 
 
+def test_buildinfo_shape(client):
+    """MongoDB 7.0's buildInfo fields, in its order and with its types;
+    duetdb's own facts only under `duet`."""
+    from bson.int64 import Int64
+
+    bi = client.admin.command("buildInfo")
+    assert [k for k in bi if k not in ("operationTime", "$clusterTime")] == [
+        "version", "gitVersion", "modules", "allocator", "javascriptEngine",
+        "sysInfo", "versionArray", "openssl", "buildEnvironment", "bits",
+        "debug", "maxBsonObjectSize", "storageEngines", "duet", "ok",
+    ]
+    assert bi["versionArray"] == [7, 0, 0, 0]
+    assert all(type(x) is int for x in bi["versionArray"])
+    assert bi["sysInfo"] == "deprecated" and bi["modules"] == []
+    assert bi["javascriptEngine"] == "none"
+    assert bi["allocator"] == "mimalloc"
+    assert set(bi["openssl"]) == {"running", "compiled"}
+    assert set(bi["buildEnvironment"]) == {
+        "distmod", "distarch", "cc", "ccflags", "cxx", "cxxflags",
+        "linkflags", "target_arch", "target_os", "cppdefines",
+    }
+    assert bi["buildEnvironment"]["target_os"] == "linux"
+    assert bi["bits"] == 64 and isinstance(bi["debug"], bool)
+    assert bi["maxBsonObjectSize"] == 16 * 1024 * 1024
+    assert not isinstance(bi["maxBsonObjectSize"], Int64)
+    assert bi["storageEngines"] == ["duetdb"]
+    assert bi["duet"]["version"] == client.admin.command("serverStatus")["duet"]["version"]
+    assert "duetVersion" not in bi
+    # hello carries only MongoDB's fields.
+    hello = client.admin.command("hello")
+    assert not any(k.lower().startswith("duet") for k in hello)
+
+
 def test_get_parameter(client):
     r = client.admin.command({"getParameter": 1, "featureCompatibilityVersion": 1})
     assert r["featureCompatibilityVersion"]["version"] == "7.0"

@@ -218,6 +218,71 @@ def test_explain_lists_the_plans_it_chose_against(db):
     assert db.r.find({"c": 3}).explain()["queryPlanner"]["rejectedPlans"] == []
 
 
+def index_of(stage):
+    while "indexName" not in stage:
+        stage = stage["inputStage"]
+    return stage["indexName"]
+
+
+def test_all_plans_execution_runs_every_candidate(db):
+    """allPlansExecution: each candidate plan's trial (the winner first),
+    its access path run to 101 results or its end, with its own counters;
+    empty when only one plan could answer."""
+    db.r.insert_many([{"_id": i, "a": i % 10, "b": i % 7, "c": i} for i in range(200)])
+    db.r.create_index("a")
+    db.r.create_index("b")
+    db.r.create_index([("a", 1), ("c", 1)])
+    e = db.r.find({"a": 3, "b": 2}).explain()
+    win = e["queryPlanner"]["winningPlan"]["inputStage"]["indexName"]
+    trials = e["executionStats"]["allPlansExecution"]
+    assert [index_of(t["executionStages"]) for t in trials][0] == win
+    assert sorted(index_of(t["executionStages"]) for t in trials) == ["a_1", "a_1_c_1", "b_1"]
+    matches = sum(1 for i in range(200) if i % 10 == 3 and i % 7 == 2)
+    keys = {"a_1": 20, "a_1_c_1": 20, "b_1": sum(1 for i in range(200) if i % 7 == 2)}
+    for t in trials:
+        name = index_of(t["executionStages"])
+        assert t["nReturned"] == matches, t
+        assert t["totalKeysExamined"] == keys[name] and t["totalDocsExamined"] == keys[name], t
+        assert t["executionStages"]["stage"] == "FETCH"
+        assert t["executionStages"]["inputStage"]["keysExamined"] == keys[name]
+    # Every candidate stops at 101 results, as MongoDB's trial period does.
+    trials = db.r.find({"a": {"$gte": 0}, "b": {"$gte": 0}}).explain()[
+        "executionStats"]["allPlansExecution"]
+    assert len(trials) >= 2 and all(t["nReturned"] == 101 for t in trials), trials
+    # One possible plan: nothing to race.
+    assert db.r.find({"c": 3}).explain()["executionStats"]["allPlansExecution"] == []
+    # Below allPlansExecution the field is absent.
+    s = db.command({"explain": {"find": "r", "filter": {"a": 3, "b": 2}},
+                    "verbosity": "executionStats"})["executionStats"]
+    assert "allPlansExecution" not in s
+
+
+def test_aggregate_explain_counts_every_stage(db):
+    """explain(executionStats) of an aggregate: every stage after $cursor
+    has its own nReturned and executionTimeMillisEstimate; a stage the engine
+    runs as several ($bucket: $group then $sort) reports the last one's."""
+    db.s.insert_many([{"_id": i, "a": i % 10, "b": i} for i in range(100)])
+    e = db.command({"explain": {"aggregate": "s", "pipeline": [
+        {"$match": {"a": {"$lt": 5}}},
+        {"$project": {"a": 1}},
+        {"$group": {"_id": "$a", "n": {"$sum": 1}}},
+        {"$match": {"_id": {"$gte": 1}}},
+        {"$sort": {"_id": 1}},
+        {"$limit": 3},
+    ], "cursor": {}}, "verbosity": "executionStats"})
+    st = e["stages"]
+    assert st[0]["$cursor"]["executionStats"]["nReturned"] == 50
+    got = [(list(s)[0], s["nReturned"]) for s in st[1:]]
+    assert got == [("$project", 50), ("$group", 5), ("$match", 4), ("$sort", 3), ("$limit", 3)], got
+    assert all(isinstance(s["executionTimeMillisEstimate"], int) for s in st[1:])
+    e = db.command({"explain": {"aggregate": "s", "pipeline": [
+        {"$bucket": {"groupBy": "$b", "boundaries": [0, 30, 100]}},
+        {"$count": "n"},
+    ], "cursor": {}}, "verbosity": "executionStats"})
+    got = [(list(s)[0], s["nReturned"]) for s in e["stages"][1:]]
+    assert got == [("$bucket", 2), ("$count", 1)], got
+
+
 def test_explain_of_writes_does_not_write(db):
     db.w.insert_many([{"_id": i, "a": i % 3} for i in range(9)])
     e = db.command({"explain": {"update": "w", "updates": [{"q": {"a": 1}, "u": {"$set": {"a": 1}},

@@ -219,3 +219,30 @@ def test_error_codes(db, shop, spec, code):
     with pytest.raises(OperationFailure) as e:
         agg(db, [{"$project": {"x": spec}}])
     assert e.value.code == code, e.value.details
+
+
+def test_cluster_time_is_the_reads_snapshot_time(make_server):
+    """$$CLUSTER_TIME is the Timestamp of the read's snapshot — on a quiet
+    server, the reply's operationTime and $clusterTime — not the wall
+    clock; the same in a $expr filter of find and count."""
+    from bson import Timestamp
+
+    srv = make_server()
+    with srv.client() as c:
+        db = c.cts
+        db.c.insert_many([{"_id": i} for i in range(3)])
+        r = db.command("aggregate", "c", pipeline=[
+            {"$limit": 1}, {"$project": {"_id": 0, "t": "$$CLUSTER_TIME"}}], cursor={})
+        t = r["cursor"]["firstBatch"][0]["t"]
+        assert isinstance(t, Timestamp)
+        assert t == r["operationTime"] == r["$clusterTime"]["clusterTime"]
+        same = {"$expr": {"$eq": ["$$CLUSTER_TIME", t]}}
+        assert db.c.count_documents(same) == 3
+        assert len(list(db.c.find(same))) == 3
+        # A later write moves it on.
+        db.c.insert_one({"_id": 9})
+        r2 = db.command("aggregate", "c", pipeline=[
+            {"$limit": 1}, {"$project": {"_id": 0, "t": "$$CLUSTER_TIME"}}], cursor={})
+        t2 = r2["cursor"]["firstBatch"][0]["t"]
+        assert t2 > t and t2 == r2["operationTime"]
+        assert db.c.count_documents(same) == 0

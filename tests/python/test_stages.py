@@ -300,3 +300,27 @@ def test_transactions_lookup_own_writes(client, db, shop):
             list(db.orders.aggregate([{"$out": "x"}], session=s))
         assert e.value.code == 263
         s.abort_transaction()
+
+
+def test_redact(db):
+    """$redact through the server: the manual's level example (documents in
+    arrays pruned too) and 17053 for an answer that is no decision."""
+
+    db.accounts.insert_one({
+        "_id": 1, "level": 1, "acct_id": "xyz123",
+        "cc": {"level": 5, "type": "yy", "billing_addr": {"level": 5, "addr1": "123 ABC Street"},
+               "shipping_addr": [{"level": 3, "addr1": "987 XYZ Ave"}]},
+        "hist": [{"level": 5}, {"level": 2, "x": 1}],
+        "status": "A",
+    })
+    out = list(db.accounts.aggregate([
+        {"$match": {"status": "A"}},
+        {"$redact": {"$cond": {"if": {"$eq": ["$level", 5]},
+                               "then": "$$PRUNE", "else": "$$DESCEND"}}},
+    ]))
+    assert out == [{"_id": 1, "level": 1, "acct_id": "xyz123",
+                    "hist": [{"level": 2, "x": 1}], "status": "A"}]
+    with pytest.raises(OperationFailure) as e:
+        list(db.accounts.aggregate([{"$redact": "$acct_id"}]))
+    assert e.value.code == 17053
+    assert "aside from the variables $$KEEP, $$DESCEND, and $$PRUNE, but returned \"xyz123\"" in str(e.value)

@@ -10,8 +10,8 @@ use crate::error::{CmdResult, CommandError};
 
 fn wrong(field: &str, want: &str, got: &Bson) -> CommandError {
     CommandError::type_mismatch(format!(
-        "BSON field '{field}' is the wrong type '{:?}', expected type '{want}'",
-        got.element_type()
+        "BSON field '{field}' is the wrong type '{}', expected type '{want}'",
+        duetdb::raw::type_name(got)
     ))
 }
 
@@ -146,17 +146,22 @@ pub fn opt_count(d: &Document, field: &str) -> CmdResult<Option<u64>> {
 pub fn collection_name<'a>(cmd: &'a Document, name: &str) -> CmdResult<&'a str> {
     match cmd.get(name) {
         Some(Bson::String(s)) if !s.is_empty() => Ok(s),
+        // MongoDB's `CommandHelpers::parseNsCollectionRequired`: the
+        // namespace `db.` is not valid.
         Some(Bson::String(_)) => Err(CommandError::new(
             73,
             "InvalidNamespace",
-            "collection name must not be empty",
+            format!(
+                "Invalid namespace specified '{}.'",
+                cmd.get_str("$db").unwrap_or_default()
+            ),
         )),
         Some(other) => Err(CommandError::new(
             73,
             "InvalidNamespace",
             format!(
-                "collection name has invalid type {:?}",
-                other.element_type()
+                "collection name has invalid type {}",
+                duetdb::raw::type_name(other)
             ),
         )),
         None => Err(CommandError::bad_value("missing collection name")),

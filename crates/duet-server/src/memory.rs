@@ -26,7 +26,7 @@
 //!   documents stayed resident for minutes while the blocking threads that
 //!   had inserted them sat idle or served only refused commands). So a
 //!   release is a request every thread answers: the binary installs its
-//!   allocator's per-thread collect ([`set_allocator_release`]), the guard
+//!   allocator's per-thread collect ([`set_allocator`]), the guard
 //!   bumps [`RELEASE_EPOCH`], and each command thread runs
 //!   [`release_if_asked`] after its command and each runtime worker when it
 //!   parks; an idle blocking thread exits after the runtime's keep-alive,
@@ -62,10 +62,21 @@ thread_local! {
     static RELEASED_AT: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Installs the global allocator's per-thread release (e.g. mimalloc's
-/// `mi_collect(true)`); the first call wins.
-pub fn set_allocator_release(release: fn()) {
+/// The global allocator's name, as `buildInfo.allocator` reports it.
+static ALLOCATOR_NAME: OnceLock<&'static str> = OnceLock::new();
+
+/// Installs the global allocator's name (`buildInfo.allocator`) and its
+/// per-thread release (e.g. mimalloc's `mi_collect(true)`); the first call
+/// wins.
+pub fn set_allocator(name: &'static str, release: fn()) {
+    let _ = ALLOCATOR_NAME.set(name);
     let _ = ALLOCATOR_RELEASE.set(release);
+}
+
+/// The global allocator's name: the one installed with [`set_allocator`],
+/// else `system` (the process runs on the platform's malloc).
+pub fn allocator_name() -> &'static str {
+    ALLOCATOR_NAME.get().copied().unwrap_or("system")
 }
 
 /// Hands this thread's free heap memory back to the kernel (or, under the
@@ -250,7 +261,7 @@ mod tests {
 
     #[test]
     fn a_release_request_is_answered_once_by_every_thread() {
-        set_allocator_release(|| RELEASES.set(RELEASES.get() + 1));
+        set_allocator("test", || RELEASES.set(RELEASES.get() + 1));
         // Other tests of this binary may bump the epoch at any time, so each
         // check holds only while the epoch did not move under it.
         let on_a_new_thread = |f: fn() -> Option<(u64, u64)>| {

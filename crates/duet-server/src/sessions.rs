@@ -252,8 +252,8 @@ impl SessionArgs {
             Some(Bson::Document(l)) => Some(session_id(l)?),
             Some(other) => {
                 return Err(CommandError::type_mismatch(format!(
-                    "BSON field 'lsid' is the wrong type '{:?}', expected type 'object'",
-                    other.element_type()
+                    "BSON field 'lsid' is the wrong type '{}', expected type 'object'",
+                    duetdb::raw::type_name(other)
                 )))
             }
         };
@@ -263,8 +263,8 @@ impl SessionArgs {
             Some(Bson::Int32(n)) => Some(i64::from(*n)),
             Some(other) => {
                 return Err(CommandError::type_mismatch(format!(
-                    "BSON field 'txnNumber' is the wrong type '{:?}', expected type 'long'",
-                    other.element_type()
+                    "BSON field 'txnNumber' is the wrong type '{}', expected type 'long'",
+                    duetdb::raw::type_name(other)
                 )))
             }
         };
@@ -283,8 +283,8 @@ impl SessionArgs {
             }
             Some(other) => {
                 return Err(CommandError::type_mismatch(format!(
-                    "BSON field 'autocommit' is the wrong type '{:?}', expected type 'bool'",
-                    other.element_type()
+                    "BSON field 'autocommit' is the wrong type '{}', expected type 'bool'",
+                    duetdb::raw::type_name(other)
                 )))
             }
         };
@@ -300,8 +300,8 @@ impl SessionArgs {
             }
             Some(other) => {
                 return Err(CommandError::type_mismatch(format!(
-                    "BSON field 'startTransaction' is the wrong type '{:?}', expected type 'bool'",
-                    other.element_type()
+                    "BSON field 'startTransaction' is the wrong type '{}', expected type 'bool'",
+                    duetdb::raw::type_name(other)
                 )))
             }
         };
@@ -350,8 +350,8 @@ pub fn session_id(lsid: &Document) -> CmdResult<SessionId> {
             "lsid.id must be a UUID (16 bytes of binary)",
         )),
         Some(other) => Err(CommandError::type_mismatch(format!(
-            "BSON field 'lsid.id' is the wrong type '{:?}', expected type 'binData'",
-            other.element_type()
+            "BSON field 'lsid.id' is the wrong type '{}', expected type 'binData'",
+            duetdb::raw::type_name(other)
         ))),
         None => Err(CommandError::new(
             40414,

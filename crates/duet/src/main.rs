@@ -416,7 +416,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Serve(args) => {
             // mimalloc frees per thread: `--max-memory-gb` asks each thread
             // to collect (duet_server::memory).
-            duet_server::memory::set_allocator_release(|| {
+            duet_server::memory::set_allocator("mimalloc", || {
                 // SAFETY: collects the calling thread's own mimalloc heap.
                 unsafe { libmimalloc_sys::mi_collect(true) }
             });

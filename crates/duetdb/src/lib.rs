@@ -42,9 +42,9 @@ pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
     Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
     FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
-    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StageSpills, StorageStats,
-    TailPosition, TextFindOptions, TextStream, Transaction, TtlCounters, TtlMonitor, TtlPass,
-    UpdateOptions, Validation, BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
+    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StageCount, StageSpills, StageStats,
+    StorageStats, TailPosition, TextFindOptions, TextStream, Transaction, TtlCounters, TtlMonitor,
+    TtlPass, UpdateOptions, Validation, BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use doc::collation::{Collation, Collator};
@@ -98,6 +98,7 @@ pub mod raw {
 pub mod lang {
     pub use crate::query::aggregate::canonical_cmp;
     pub use crate::query::distinct::Distinct;
+    pub use crate::query::expr::under_read_time;
     pub use crate::query::filter::Examined;
     pub use crate::query::{
         CommutativePart, Filter, PartialState, Pipeline, Projection, Split, UpdateSpec,

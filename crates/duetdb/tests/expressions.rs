@@ -201,3 +201,45 @@ fn new_accumulators_equal_the_reference_under_every_strategy() {
         &doc! {"k0": 48, "k1": 49, "k2": 46, "k3": 47}
     );
 }
+
+/// `$$CLUSTER_TIME` is the time of the state a read reads (its last commit
+/// group's cluster time), not the wall clock: a held snapshot's reads see
+/// its time even after later commits, live reads the latest commit's, under
+/// every strategy; in a pipeline and in a `$expr` filter.
+#[test]
+fn cluster_time_is_the_reads_snapshot_time() {
+    let (db, c) = loaded();
+    let ts = |t: u64| {
+        Bson::Timestamp(bson::Timestamp {
+            time: (t >> 32) as u32,
+            increment: t as u32,
+        })
+    };
+    let snap = db.snapshot();
+    let t0 = snap.cluster_time();
+    assert!(t0 > 0, "a committed state has a cluster time");
+    c.insert_one(doc! {"_id": 1000}).expect("insert");
+    let t1 = db.snapshot().cluster_time();
+    assert!(t1 > t0);
+    let pipeline = vec![
+        doc! {"$limit": 1},
+        doc! {"$project": {"_id": 0, "t": "$$CLUSTER_TIME"}},
+    ];
+    let held = snap.collection("t");
+    let out = held.aggregate(pipeline.clone()).expect("held aggregate");
+    assert_eq!(out, vec![doc! {"t": ts(t0)}]);
+    let at_t0 = doc! {"$expr": {"$eq": ["$$CLUSTER_TIME", ts(t0)]}};
+    assert_eq!(held.find(at_t0.clone()).run().expect("find").len(), 50);
+    assert_eq!(held.count(at_t0).expect("count"), 50);
+    // (A read under some strategies commits a group of its own, so the
+    // latest time is taken again before each.)
+    for s in STRATEGIES {
+        let latest = db.snapshot().cluster_time();
+        assert!(latest >= t1);
+        let (out, _) = c.aggregate_with(pipeline.clone(), s).expect("aggregate");
+        assert_eq!(out, vec![doc! {"t": ts(latest)}], "{s:?}");
+    }
+    let latest = db.snapshot().cluster_time();
+    let at_latest = doc! {"$expr": {"$eq": ["$$CLUSTER_TIME", ts(latest)]}};
+    assert_eq!(c.count(at_latest).expect("count"), 51);
+}

@@ -31,17 +31,41 @@ use crate::error::{CmdResult, CommandError};
 /// The MongoDB version whose wire protocol we speak (wire version 21).
 pub const COMPAT_VERSION: &str = "7.0.0";
 
+/// `buildInfo`: the fields and field order of MongoDB 7.0's reply
+/// (`VersionInfoInterface::appendBuildInfo`, then mongod's `storageEngines`),
+/// with what is true of this build: no JavaScript engine (`none`, as a
+/// MongoDB built without one says), TLS by rustls rather than OpenSSL,
+/// the allocator the process installed. duetdb's own facts sit in one
+/// `duet` sub-document, so no top-level field means anything MongoDB's
+/// does not.
 pub fn build_info() -> Document {
+    let tls = "rustls 0.23 (ring)";
     doc! {
         "version": COMPAT_VERSION,
+        "gitVersion": concat!("duetdb-", env!("CARGO_PKG_VERSION")),
+        "modules": [],
+        "allocator": crate::memory::allocator_name(),
+        "javascriptEngine": "none",
+        "sysInfo": "deprecated",
         "versionArray": [7, 0, 0, 0],
-        "gitVersion": "duetdb",
-        "duetVersion": env!("CARGO_PKG_VERSION"),
+        "openssl": {"running": tls, "compiled": tls},
+        "buildEnvironment": {
+            "distmod": "",
+            "distarch": std::env::consts::ARCH,
+            "cc": "rustc",
+            "ccflags": "",
+            "cxx": "",
+            "cxxflags": "",
+            "linkflags": "",
+            "target_arch": std::env::consts::ARCH,
+            "target_os": std::env::consts::OS,
+            "cppdefines": "",
+        },
         "bits": 64,
         "debug": cfg!(debug_assertions),
         "maxBsonObjectSize": super::handshake::MAX_BSON_OBJECT_SIZE,
         "storageEngines": ["duetdb"],
-        "modules": [],
+        "duet": {"version": env!("CARGO_PKG_VERSION")},
         "ok": 1.0,
     }
 }

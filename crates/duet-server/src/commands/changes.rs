@@ -340,6 +340,7 @@ const RUN_AFTER: &[&str] = &[
     "$unset",
     "$replaceRoot",
     "$replaceWith",
+    "$redact",
 ];
 
 /// A change stream cursor's state: the scope and options, how far the

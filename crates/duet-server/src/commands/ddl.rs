@@ -219,8 +219,117 @@ pub fn rename_collection(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         Err(duetdb::Error::NamespaceNotFound(_)) => Err(CommandError::ns_not_found(format!(
             "Source collection {from} does not exist"
         ))),
+        Err(duetdb::Error::NamespaceExists(_)) => Err(CommandError::new(
+            48,
+            "NamespaceExists",
+            "target namespace exists",
+        )),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The fields MongoDB 7.0 knows in an index specification
+/// (`index_key_validate.cpp`'s allowed names); duet builds the ones in
+/// [`INDEX_OPTIONS_OK`] and refuses the others as unsupported (115).
+const INDEX_FIELDS_KNOWN: &[&str] = &[
+    "key",
+    "name",
+    "ns",
+    "v",
+    "background",
+    "unique",
+    "hidden",
+    "partialFilterExpression",
+    "sparse",
+    "expireAfterSeconds",
+    "storageEngine",
+    "weights",
+    "default_language",
+    "language_override",
+    "textIndexVersion",
+    "2dsphereIndexVersion",
+    "bits",
+    "min",
+    "max",
+    "bucketSize",
+    "collation",
+    "wildcardProjection",
+    "coarsestIndexedLevel",
+    "finestIndexedLevel",
+    "dropDups",
+    "originalSpec",
+    "clustered",
+    "prepareUnique",
+    "columnstoreProjection",
+    "columnstoreCompressor",
+];
+
+/// The index types a key pattern may name (`IndexNames`).
+const INDEX_PLUGINS: &[&str] = &[
+    "2d",
+    "2dsphere",
+    "2dsphere_bucket",
+    "text",
+    "hashed",
+    "wildcard",
+    "columnstore",
+];
+
+/// MongoDB's `validateIndexSpec` checks, in its order, each failure under
+/// createIndexes' context `Error in specification <spec> :: caused by ::`
+/// (`create_indexes_cmd.cpp`): an unknown field is 197, an empty key
+/// pattern or an unknown index type 67, a missing `key` 9.
+fn validate_index_spec(spec: &Document) -> CmdResult<()> {
+    let fail = |code: i32, name: &'static str, msg: String| {
+        Err(CommandError::new(
+            code,
+            name,
+            format!(
+                "Error in specification {} :: caused by :: {msg}",
+                duetdb::raw::render_shell(&Bson::Document(spec.clone()))
+            ),
+        ))
+    };
+    for (k, v) in spec {
+        if !INDEX_FIELDS_KNOWN.contains(&k.as_str()) {
+            return fail(
+                197,
+                "InvalidIndexSpecificationOption",
+                format!(
+                    "The field '{k}' is not valid for an index specification. Specification: {}",
+                    duetdb::raw::render_shell(&Bson::Document(spec.clone()))
+                ),
+            );
+        }
+        if let ("key", Bson::Document(key)) = (k.as_str(), v) {
+            if key.is_empty() {
+                return fail(
+                    67,
+                    "CannotCreateIndex",
+                    "Index keys cannot be empty.".into(),
+                );
+            }
+            for (_, part) in key {
+                if let Bson::String(plugin) = part {
+                    if !INDEX_PLUGINS.contains(&plugin.as_str()) {
+                        return fail(
+                            67,
+                            "CannotCreateIndex",
+                            format!("Unknown index plugin '{plugin}'"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if !spec.contains_key("key") {
+        return fail(
+            9,
+            "FailedToParse",
+            "The 'key' field is a required property of an index specification".into(),
+        );
+    }
+    Ok(())
 }
 
 const INDEX_OPTIONS_OK: &[&str] = &[
@@ -255,6 +364,9 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
     let before = coll.list_indexes().ok();
     let existed = before.is_some();
     let n_before = before.map(|v| v.len()).unwrap_or(1) as i32;
+    for spec in &specs {
+        validate_index_spec(spec)?;
+    }
     for spec in specs {
         if let Some((k, _)) = spec
             .iter()

@@ -17,8 +17,11 @@
 //!   ranks index bounds, it does not race plans): `rejectedPlans` lists the
 //!   other indexes (and the `_id` range) that could have answered, as their
 //!   access paths (`FETCH`/`IXSCAN` with the filter, without the command's
-//!   `SORT`/`LIMIT`/projection stages), and `allPlansExecution` is empty
-//!   because only the winner runs.
+//!   `SORT`/`LIMIT`/projection stages), and `allPlansExecution` holds a
+//!   trial of each candidate (the winner first), its access path run alone
+//!   to MongoDB's trial end of 101 results (design §14.4). Each later stage
+//!   of an aggregate reports its own `nReturned` and
+//!   `executionTimeMillisEstimate` (the engine's per-stage counts).
 //! - duetdb's own facts — the strategy that runs and why, the requested
 //!   strategy, the snapshot's csn, a pipeline's split — are in one `duet`
 //!   sub-document.
@@ -102,6 +105,7 @@ pub fn explain(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult {
         verbosity: v,
         limits_cmd: options,
         rejected: Default::default(),
+        trials: Default::default(),
     };
     let mut out = match name {
         "find" => ex.find(&FindPlan::from_find(inner)?)?,
@@ -159,6 +163,7 @@ pub fn aggregate_explain_flag(
         verbosity: Verbosity::QueryPlanner,
         limits_cmd: cmd,
         rejected: Default::default(),
+        trials: Default::default(),
     };
     let mut out = ex.aggregate(stages)?;
     out.insert("ok", 1.0);
@@ -176,7 +181,14 @@ struct Explainer<'a, 'c, 's> {
     /// The access paths the engine's planner chose against, from the last
     /// [`Explainer::plan`].
     rejected: std::cell::RefCell<Vec<Document>>,
+    /// `allPlansExecution`: each candidate's trial run, from the last
+    /// [`Explainer::plan`] (empty when only one plan could answer).
+    trials: std::cell::RefCell<Vec<Bson>>,
 }
+
+/// MongoDB's trial period ends when a candidate has returned this many
+/// documents (`internalQueryPlanEvaluationMaxResults`).
+const TRIAL_MAX_RESULTS: u64 = 101;
 
 /// What one execution counted.
 #[derive(Debug, Default, Clone, Copy)]
@@ -211,7 +223,7 @@ impl Explainer<'_, '_, '_> {
             .cloned()
             .unwrap_or_else(|_| doc! {"stage": "EOF"});
         let blocking = base.remove("blockingSortIfRequested").is_some();
-        let rejected = engine
+        let rejected: Vec<Document> = engine
             .get_document("queryPlanner")
             .and_then(|q| q.get_array("rejectedPlans"))
             .map(|r| {
@@ -224,8 +236,59 @@ impl Explainer<'_, '_, '_> {
                     .collect()
             })
             .unwrap_or_default();
+        let trials = if self.verbosity == Verbosity::AllPlansExecution && !rejected.is_empty() {
+            std::iter::once(&base)
+                .chain(rejected.iter())
+                .map(|plan| self.trial(find, plan))
+                .collect::<CmdResult<Vec<Bson>>>()?
+        } else {
+            Vec::new()
+        };
+        *self.trials.borrow_mut() = trials;
         *self.rejected.borrow_mut() = rejected;
         Ok((base, blocking, duet_facts(&engine)))
+    }
+
+    /// One candidate's trial (`allPlansExecution`): its access path run
+    /// alone — the filter through its index, hinted — until it has returned
+    /// [`TRIAL_MAX_RESULTS`] documents or ends, with the counters it kept.
+    /// MongoDB races the candidates round-robin and stops them all at the
+    /// same work count; duetdb ranks plans by rule and has no work units, so
+    /// each candidate runs on its own to that result count (design §14.4).
+    fn trial(&self, find: &FindPlan, plan: &Document) -> CmdResult<Bson> {
+        let hint = index_name(plan).map_or_else(
+            || Bson::Document(doc! {"$natural": 1}),
+            |n| Bson::String(n.to_string()),
+        );
+        let trial = FindPlan {
+            filter: find.filter.clone(),
+            options: FindOptions {
+                hint: Some(hint),
+                limit: TRIAL_MAX_RESULTS,
+                collation: find.options.collation.clone(),
+                ..FindOptions::default()
+            },
+            projection: None,
+        };
+        let (returned, c) = self.counted(|limits| {
+            let mut n = 0u64;
+            for d in self.source.find_stream(&trial, limits)? {
+                d?;
+                n += 1;
+                if n >= TRIAL_MAX_RESULTS {
+                    break;
+                }
+            }
+            Ok(n)
+        })?;
+        let stages = tree(with_filter(plan.clone(), &find.filter), &[], Some(&c));
+        Ok(Bson::Document(doc! {
+            "nReturned": returned as i64,
+            "executionTimeMillisEstimate": c.millis,
+            "totalKeysExamined": c.keys as i64,
+            "totalDocsExamined": c.docs as i64,
+            "executionStages": stages,
+        }))
     }
 
     /// Run `f` with counters attached to the read's limits; the counts and
@@ -290,7 +353,7 @@ impl Explainer<'_, '_, '_> {
                 "executionStages": tree(base, &stages, Some(&c)),
             };
             if self.verbosity == Verbosity::AllPlansExecution {
-                stats.insert("allPlansExecution", Bson::Array(Vec::new()));
+                stats.insert("allPlansExecution", Bson::Array(self.trials.take()));
             }
             out.insert("executionStats", stats);
         }
@@ -473,11 +536,17 @@ impl Explainer<'_, '_, '_> {
         // Runs the `$group` stages spilled and files the `$setWindowFields`
         // stages (`$fill`'s included) spooled (MongoDB's per-stage `spills`).
         let (mut group_spills, mut window_spills) = (0i64, 0i64);
+        let mut stage_counts: Vec<Option<Document>> = Vec::new();
         let run = if self.executes() {
             let ((docs, report), mut c) =
                 self.counted(|limits| self.source.aggregate_run(stages.clone(), limits))?;
             let count = |k: &str| report.as_ref().and_then(|r| r.get_i64(k).ok()).unwrap_or(0);
             (group_spills, window_spills) = (count("groupSpills"), count("windowSpills"));
+            stage_counts = report
+                .as_ref()
+                .and_then(|r| r.get_array("stageCounts").ok())
+                .map(|a| a.iter().map(|c| c.as_document().cloned()).collect())
+                .unwrap_or_default();
             // An OLCP pass counts its own work: every version it read.
             if let Some(plan) = report
                 .as_ref()
@@ -514,7 +583,22 @@ impl Explainer<'_, '_, '_> {
             .skip_while(|s| s.contains_key("$match"))
             .collect();
         let last = rest.len();
+        // Each written stage's counts: those of the last executed stage it
+        // became (`Pipeline::stage_widths`), in order after the scan's
+        // leading `$match`es.
+        let widths = duetdb::lang::Pipeline::stage_widths(&stages);
+        let mut executed = 0usize;
+        let counts_of = |written: usize, executed: &mut usize| -> Option<Document> {
+            let width = widths.get(written).copied().unwrap_or(1);
+            *executed += width;
+            stage_counts
+                .get(executed.checked_sub(1)?)
+                .cloned()
+                .flatten()
+        };
+        let leading = stages.len() - last;
         for (i, s) in rest.into_iter().enumerate() {
+            let counted = counts_of(leading + i, &mut executed);
             let mut d = s.clone();
             let spills = if d.contains_key("$group") {
                 Some(group_spills)
@@ -531,6 +615,12 @@ impl Explainer<'_, '_, '_> {
                 if i + 1 == last {
                     d.insert("nReturned", returned as i64);
                     d.insert("executionTimeMillisEstimate", c.millis);
+                } else if let Some(counted) = counted {
+                    for k in ["nReturned", "executionTimeMillisEstimate"] {
+                        if let Some(v) = counted.get(k) {
+                            d.insert(k, v.clone());
+                        }
+                    }
                 }
             }
             out_stages.push(Bson::Document(d));
@@ -760,6 +850,18 @@ fn projection_stage(p: &Document) -> &'static str {
 
 /// The stage tree: `stages` (innermost first) over `base`; with counters
 /// when executed.
+/// The index a plan's access path reads (`IXSCAN`'s `indexName`, under
+/// any `FETCH`); `None` for a collection scan.
+fn index_name(plan: &Document) -> Option<&str> {
+    let mut node = plan;
+    loop {
+        if let Ok(name) = node.get_str("indexName") {
+            return Some(name);
+        }
+        node = node.get_document("inputStage").ok()?;
+    }
+}
+
 fn tree(base: Document, stages: &[Stage], run: Option<&Counted>) -> Document {
     let mut node = match run {
         Some(c) => scan_stats(base, c),

@@ -176,7 +176,7 @@ pub const SPECS: &[Spec] = &[
     Spec {
         command: "aggregate",
         fields: &[
-            ("pipeline", Any),
+            ("pipeline", Arr),
             ("explain", Any),
             ("allowDiskUse", Bool),
             // Its own deserializer checks the type (`check_elems`).
@@ -481,7 +481,36 @@ impl<'a> Val<'a> {
 /// delete statements); for `explain`, the explained command too. Commands
 /// without a spec pass.
 pub fn check(canonical: &str, cmd: &Document) -> CmdResult<()> {
-    check_elems(canonical, &doc_elems(cmd))
+    check_elems(canonical, &doc_elems(cmd))?;
+    check_required(canonical, cmd)
+}
+
+/// The fields MongoDB's IDL declares required (no `optional: true`, no
+/// default) for the commands checked here: their absence is 40414 with the
+/// field's path, after the fields present were parsed.
+const REQUIRED: &[(&str, &str)] = &[
+    ("insert", "documents"),
+    ("update", "updates"),
+    ("delete", "deletes"),
+    ("distinct", "key"),
+    ("aggregate", "pipeline"),
+];
+
+/// MongoDB's 40414 for a required field `canonical` lacks (`null` counts
+/// as absent for an IDL field that is not optional too, but handlers meet
+/// that as a type error: only absence is decided here). Checked on the
+/// whole command, document sequences included, never on a body alone.
+fn check_required(canonical: &str, cmd: &Document) -> CmdResult<()> {
+    for &(command, field) in REQUIRED {
+        if command == canonical && !cmd.contains_key(field) {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                format!("BSON field '{command}.{field}' is missing but a required field"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// [`check`] on the command as sent, where a name may repeat: a command's
@@ -751,6 +780,15 @@ mod tests {
             );
             for g in GENERIC {
                 let mut cmd = doc! {spec.command: "c"};
+                for &(command, field) in REQUIRED {
+                    if command == spec.command {
+                        let value = match in_list(spec.fields, field) {
+                            Some(Str) => Bson::String("k".into()),
+                            _ => Bson::Array(Vec::new()),
+                        };
+                        cmd.insert(field, value);
+                    }
+                }
                 cmd.insert(*g, doc! {});
                 assert!(
                     check(spec.command, &cmd).is_ok(),
@@ -764,6 +802,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_missing_required_field_is_40414_with_its_path() {
+        for &(command, field) in REQUIRED {
+            assert!(
+                in_list(spec(command).expect("a spec").fields, field).is_some(),
+                "{command}.{field} is required but not in its field list"
+            );
+            let e = check(command, &doc! {command: "c"}).expect_err("refused");
+            assert_eq!(e.code, 40414);
+            assert_eq!(
+                e.message,
+                format!("BSON field '{command}.{field}' is missing but a required field")
+            );
+        }
+        // An unknown field is reported before a missing one, as MongoDB's
+        // parser meets it first.
+        let e = check("insert", &doc! {"insert": "c", "foo": 1}).expect_err("refused");
+        assert_eq!(e.code, 40415);
     }
 
     #[test]

@@ -473,7 +473,14 @@ pub fn execute_raw(
     raw_cursor: Option<&read::RawCursorSlot>,
 ) -> Document {
     OpCounters::bump(&state.ops.command, 1);
-    let mut reply = match dispatch(state, conn, db, cmd, cancel, report, raw_cursor) {
+    // `$$CLUSTER_TIME`: the cluster clock as the command starts (what the
+    // reply's operationTime carries unless a commit lands meanwhile); a read
+    // of a held snapshot binds its snapshot's time instead, inside.
+    let started_at = state.engine.cluster_time();
+    let outcome = duetdb::lang::under_read_time(started_at, || {
+        dispatch(state, conn, db, cmd, cancel, report, raw_cursor)
+    });
+    let mut reply = match outcome {
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(conn = conn.id, code = e.code, error = %e.message, "command failed");

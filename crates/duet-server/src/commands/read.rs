@@ -585,6 +585,7 @@ const SUPPORTED_STAGES: &[&str] = &[
     "$facet",
     "$replaceRoot",
     "$replaceWith",
+    "$redact",
     "$sample",
     "$bucket",
     "$bucketAuto",
@@ -600,7 +601,6 @@ const SUPPORTED_STAGES: &[&str] = &[
 
 /// Stages MongoDB has that we do not execute yet (refused with 115, not 40324).
 const KNOWN_UNSUPPORTED: &[&str] = &[
-    "$redact",
     "$collStats",
     "$indexStats",
     "$currentOp",

@@ -261,8 +261,8 @@ pub fn read_limits(ctx: &Ctx<'_>, cmd: &Document) -> CmdResult<ReadLimits> {
         Some(Bson::Boolean(b)) => *b,
         Some(other) => {
             return Err(CommandError::type_mismatch(format!(
-                "BSON field 'allowDiskUse' is the wrong type '{:?}', expected type 'bool'",
-                other.element_type()
+                "BSON field 'allowDiskUse' is the wrong type '{}', expected type 'bool'",
+                duetdb::raw::type_name(other)
             )))
         }
     };

@@ -33,7 +33,8 @@ use crate::doc::collation::Collator;
 use crate::error::{Error, Result};
 pub use crate::query::aggregate::StageSpills;
 use crate::query::aggregate::{
-    prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
+    counts_bson, prepare_collated, prepare_with, Exec, PartialState, Pinned, Prepared, Runtime,
+    StageCount, StageStats,
 };
 use crate::query::limits::{ReadLimits, PAGE_DOCS};
 use crate::query::{planner, Filter};
@@ -70,6 +71,11 @@ pub struct AggregateExplain {
     /// What the pipeline's `$group` and `$setWindowFields` stages spilled
     /// to disk (MongoDB's per-stage `spills`; `usedDisk` when above 0).
     pub spills: StageSpills,
+    /// What each executed stage (after the scan filter: the commutative
+    /// part's, then the rest's) returned, when the read was counted
+    /// (`ReadLimits::examined`); `None` for the stages of an OLCP pass but
+    /// its last (whose output the rest received).
+    pub stage_counts: Vec<Option<StageCount>>,
 }
 
 impl AggregateExplain {
@@ -90,8 +96,32 @@ impl AggregateExplain {
             "spills": (self.spills.group + self.spills.window) as i64,
             "groupSpills": self.spills.group as i64,
             "windowSpills": self.spills.window as i64,
+            "stageCounts": counts_bson(&self.stage_counts),
         }
     }
+}
+
+/// The executed stages' counts of an OLCP run: the part's stages are not
+/// counted one by one (map threads), but the last one's output is what the
+/// rest received; then the rest's stages.
+fn olcp_counts(p: &Prepared, rt: &Runtime<'_>) -> Vec<Option<StageCount>> {
+    let counts = rt.stage_counts();
+    if counts.is_empty() {
+        return Vec::new();
+    }
+    let part_len = p.part.stage_names().len();
+    let mut out: Vec<Option<StageCount>> = vec![None; part_len];
+    if let (Some(last), Some(input)) = (out.last_mut(), counts.first()) {
+        *last = Some(*input);
+    }
+    out.extend(counts.into_iter().skip(1).map(Some));
+    out
+}
+
+/// The executed stages' counts of a scan run (every node counted; the
+/// input's count dropped).
+fn scan_counts(rt: &Runtime<'_>) -> Vec<Option<StageCount>> {
+    rt.stage_counts().into_iter().skip(1).map(Some).collect()
 }
 
 impl Collection {
@@ -153,65 +183,72 @@ impl Collection {
         let out_db = out_db.unwrap_or(self.database());
         let state = self.database().writer().published();
         let pipeline = geo_key(pipeline, state.collection(self.name()))?;
+        // `$$CLUSTER_TIME`: the time of the state the read starts from (a
+        // strategy's scan may take a later one; design §14.1).
+        let read_time = state.ts;
         drop(state);
         let collator = self.collator()?;
         // Expressions (`$project`, `$bucket`, a `$lookup`'s sub-pipeline…)
         // compare strings under the command's collation, as MongoDB's do.
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            let mut p = prepare_collated(&pipeline, let_vars, collator.clone())?;
-            p.limit_memory(limits.memory_limit_bytes);
-            // OLCP's partitioned scans parse the scan filter themselves, without
-            // the collation: a collated pipeline runs as `vls` instead (below).
-            if p.documents {
-                let docs = self.database().run_documents(&p, limits)?;
-                let explain = documents_explain(&p, self.database().csn());
-                if let Some(out) = p.output() {
-                    out_db.write_output(out, docs)?;
-                    return Ok((Vec::new(), explain));
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let mut p = prepare_collated(&pipeline, let_vars, collator.clone())?;
+                p.limit_memory(limits.memory_limit_bytes);
+                // OLCP's partitioned scans parse the scan filter themselves, without
+                // the collation: a collated pipeline runs as `vls` instead (below).
+                if p.documents {
+                    let docs = self.database().run_documents(&p, limits)?;
+                    let explain = documents_explain(&p, self.database().csn());
+                    if let Some(out) = p.output() {
+                        out_db.write_output(out, docs)?;
+                        return Ok((Vec::new(), explain));
+                    }
+                    return Ok((docs, explain));
                 }
-                return Ok((docs, explain));
-            }
-            let mut choice = self.choose_for(&p, strategy)?;
-            if collator.is_some() && choice.strategy == Strategy::Olcp {
-                choice.strategy = Strategy::Vls;
-            }
-            let spill_dir = limits.spill_dir_or(self.database().spill_dir());
-            let pinned: OnceLock<Pinned> = OnceLock::new();
-            let rt = Runtime::new(&pinned, limits.clone(), spill_dir);
-            let capture = Capture {
-                names: &p.foreign,
-                into: &pinned,
-            };
-            let (docs, explain) = if choice.strategy == Strategy::Olcp {
-                match self.aggregate_olcp(&p, choice.reason, &rt, capture) {
-                    // The map threads' `$group` states are merged in memory: past
-                    // the limit, run once more as one ordered scan, whose `$group`
-                    // spills (another snapshot; the failed pass returned nothing).
-                    Err(e) if e.code() == 292 && limits.allow_disk_use && p.part.has_group() => {
-                        let pinned: OnceLock<Pinned> = OnceLock::new();
-                        let rt = Runtime::new(&pinned, limits.clone(), rt.spill_dir.clone());
-                        let capture = Capture {
-                            names: &p.foreign,
-                            into: &pinned,
-                        };
-                        let choice = Choice {
+                let mut choice = self.choose_for(&p, strategy)?;
+                if collator.is_some() && choice.strategy == Strategy::Olcp {
+                    choice.strategy = Strategy::Vls;
+                }
+                let spill_dir = limits.spill_dir_or(self.database().spill_dir());
+                let pinned: OnceLock<Pinned> = OnceLock::new();
+                let rt = Runtime::new(&pinned, limits.clone(), spill_dir);
+                let capture = Capture {
+                    names: &p.foreign,
+                    into: &pinned,
+                };
+                let (docs, explain) = if choice.strategy == Strategy::Olcp {
+                    match self.aggregate_olcp(&p, choice.reason, &rt, capture) {
+                        // The map threads' `$group` states are merged in memory: past
+                        // the limit, run once more as one ordered scan, whose `$group`
+                        // spills (another snapshot; the failed pass returned nothing).
+                        Err(e)
+                            if e.code() == 292 && limits.allow_disk_use && p.part.has_group() =>
+                        {
+                            let pinned: OnceLock<Pinned> = OnceLock::new();
+                            let rt = Runtime::new(&pinned, limits.clone(), rt.spill_dir.clone());
+                            let capture = Capture {
+                                names: &p.foreign,
+                                into: &pinned,
+                            };
+                            let choice = Choice {
                             strategy: Strategy::Vls,
                             reason: "olcp's $group passed the memory limit: rerun under vls, whose $group spills to disk",
                         };
-                        self.aggregate_scan(&p, choice, &rt, capture)?
+                            self.aggregate_scan(&p, choice, &rt, capture)?
+                        }
+                        r => r?,
                     }
-                    r => r?,
+                } else {
+                    self.aggregate_scan(&p, choice, &rt, capture)?
+                };
+                match p.output() {
+                    Some(out) => {
+                        out_db.write_output(out, docs)?;
+                        Ok((Vec::new(), explain))
+                    }
+                    None => Ok((docs, explain)),
                 }
-            } else {
-                self.aggregate_scan(&p, choice, &rt, capture)?
-            };
-            match p.output() {
-                Some(out) => {
-                    out_db.write_output(out, docs)?;
-                    Ok((Vec::new(), explain))
-                }
-                None => Ok((docs, explain)),
-            }
+            })
         })
     }
 
@@ -225,6 +262,9 @@ impl Collection {
         capture: Capture<'_>,
     ) -> Result<(Vec<Document>, AggregateExplain)> {
         let mut exec = p.exec(rt);
+        if rt.limits.examined.is_some() {
+            exec.count_stages();
+        }
         let mut failed: Option<Error> = None;
         let mut stopped_early = false;
         let mut filter = Filter::parse(&p.filter)?.with_collation(self.collator()?);
@@ -272,6 +312,7 @@ impl Collection {
                 stopped_early,
                 foreign_csn: rt.foreign.csn(),
                 spills: rt.spills(),
+                stage_counts: scan_counts(rt),
             },
         ))
     }
@@ -298,7 +339,11 @@ impl Collection {
             vec![p.filter.clone()]
         };
         let part = &p.part;
-        let rest = Mutex::new(p.rest_exec(rt));
+        let mut rest_exec = p.rest_exec(rt);
+        if rt.limits.examined.is_some() {
+            rest_exec.count_stages();
+        }
+        let rest = Mutex::new(rest_exec);
         let hand_over = |st: &mut PartialState| -> Result<()> {
             if let Some(docs) = st.take_docs() {
                 let mut exec = rest
@@ -377,6 +422,7 @@ impl Collection {
                 stopped_early: false,
                 foreign_csn: rt.foreign.csn(),
                 spills: rt.spills(),
+                stage_counts: olcp_counts(p, rt),
             },
         ))
     }
@@ -493,33 +539,42 @@ impl SnapshotCollection {
         pipeline: Vec<Document>,
         limits: &ReadLimits,
         let_vars: Option<&Document>,
-    ) -> Result<(Vec<Document>, StageSpills)> {
+    ) -> Result<(Vec<Document>, StageStats)> {
         let pipeline = geo_key(pipeline, self.state().collection(self.coll_name()))?;
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = prepare_collated(&pipeline, let_vars, collator.clone())?;
-            if let Some(out) = p.output() {
-                return Err(Error::IllegalOperation(format!(
+        crate::query::expr::under_read_time(self.state().ts, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p = prepare_collated(&pipeline, let_vars, collator.clone())?;
+                if let Some(out) = p.output() {
+                    return Err(Error::IllegalOperation(format!(
                     "{} cannot run on a held snapshot: it writes; run it on the live collection",
                     out.stage_name()
                 )));
-            }
-            let pinned = Pinned::from_state(self.state(), &p.foreign, limits.cancel.clone());
-            let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
-            let mut exec: Exec<'_> = p.exec(&rt);
-            if !p.documents {
-                for d in self
-                    .find(p.filter.clone())
-                    .limits(limits.clone())
-                    .stream()?
-                {
-                    if exec.push_doc(&d?)?.is_break() {
-                        break;
+                }
+                let pinned = Pinned::from_state(self.state(), &p.foreign, limits.cancel.clone());
+                let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
+                let mut exec: Exec<'_> = p.exec(&rt);
+                if limits.examined.is_some() {
+                    exec.count_stages();
+                }
+                if !p.documents {
+                    for d in self
+                        .find(p.filter.clone())
+                        .limits(limits.clone())
+                        .stream()?
+                    {
+                        if exec.push_doc(&d?)?.is_break() {
+                            break;
+                        }
                     }
                 }
-            }
-            let docs = exec.finish()?;
-            Ok((docs, rt.spills()))
+                let docs = exec.finish()?;
+                let stats = StageStats {
+                    spills: rt.spills(),
+                    counts: scan_counts(&rt),
+                };
+                Ok((docs, stats))
+            })
         })
     }
 
@@ -577,8 +632,11 @@ impl Database {
             Some(d) => Collator::from_document(d)?,
             None => None,
         };
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            self.aggregate_documents(&pipeline, limits, let_vars, out_db, collator.clone())
+        let read_time = self.writer().published().ts;
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                self.aggregate_documents(&pipeline, limits, let_vars, out_db, collator.clone())
+            })
         })
     }
 
@@ -646,6 +704,7 @@ fn documents_explain(p: &Prepared, csn: u64) -> AggregateExplain {
         stopped_early: false,
         foreign_csn: Some(csn),
         spills: StageSpills::default(),
+        stage_counts: Vec::new(),
     }
 }
 

@@ -624,7 +624,9 @@ impl Collection {
 
     /// Parse a filter of this handle's operations (under its collator).
     fn parse_filter(&self, filter: &Document) -> Result<Filter> {
-        Ok(Filter::parse(filter)?.with_collation(self.collator()?))
+        let read_time = self.state().ts;
+        let f = crate::query::expr::under_read_time(read_time, || Filter::parse(filter))?;
+        Ok(f.with_collation(self.collator()?))
     }
 
     /// This handle with `bypassDocumentValidation` set: its inserts and

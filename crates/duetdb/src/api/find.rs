@@ -450,6 +450,16 @@ impl Find {
     }
 
     fn spec(&self) -> Result<(FindSpec, Option<Projection>)> {
+        // `$$CLUSTER_TIME` in the filter and projection: the time of the
+        // state this find reads (a live strategy's scan may take a later one).
+        let read_time = match &self.source {
+            Source::Fixed(state) => state.ts,
+            Source::Latest(db) => db.writer().published().ts,
+        };
+        crate::query::expr::under_read_time(read_time, || self.spec_parsed())
+    }
+
+    fn spec_parsed(&self) -> Result<(FindSpec, Option<Projection>)> {
         let collator = self.collator()?;
         let mut filter = Filter::parse(&self.filter)?.with_collation(collator.clone());
         // explain's executionStats: count what this read examines.

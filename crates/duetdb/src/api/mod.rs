@@ -24,6 +24,7 @@ pub mod text;
 pub mod transaction;
 pub mod ttl;
 
+pub use crate::query::aggregate::{StageCount, StageStats};
 pub use aggregate::{AggregateExplain, StageSpills};
 pub use analytics::{AnalyticCollection, AnalyticSession};
 pub use backup::{BackedUp, BackupInfo};

@@ -69,7 +69,7 @@ impl Snapshot {
 
 /// Read operations shared by live and snapshot collection handles.
 pub(crate) fn count_in(state: &DbState, coll: &str, filter: &Document) -> Result<u64> {
-    let filter = Filter::parse(filter)?;
+    let filter = crate::query::expr::under_read_time(state.ts, || Filter::parse(filter))?;
     match state.collection(coll) {
         Some(c) => planner::count(c, &filter, None),
         None => Ok(0),

@@ -137,7 +137,11 @@ impl Matches {
             .indexes
             .iter()
             .find(|i| matches!(i.spec.kind, IndexKind::Text(_)))
-            .ok_or_else(|| Error::IndexNotFound("text index required for $text query".into()))?;
+            .ok_or_else(|| Error::Coded {
+                code: 27,
+                name: "IndexNotFound",
+                msg: "text index required for $text query".into(),
+            })?;
         let IndexKind::Text(text) = &index.spec.kind else {
             return Err(Error::Internal("text index without a text spec".into()));
         };
@@ -393,7 +397,7 @@ pub(super) fn stream_in(
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
     let rest_doc = rest;
-    let rest = Filter::parse(&rest_doc)?;
+    let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
     // Projection: `$meta` fields added after the rest is applied.
     let mut score_fields = Vec::new();
     let mut plain = Document::new();
@@ -405,7 +409,7 @@ pub(super) fn stream_in(
         }
     }
     let projection = (!plain.is_empty())
-        .then(|| Projection::parse(&plain))
+        .then(|| crate::query::expr::under_read_time(state.ts, || Projection::parse(&plain)))
         .transpose()?;
     // Sort: components in order, each by score (highest first, the hidden
     // field a pipeline's `$sort` reads) or by a field.
@@ -466,7 +470,7 @@ pub(super) fn count_in(state: &DbState, name: &str, filter: &Document) -> Result
     let (query, rest) =
         split(filter)?.ok_or_else(|| Error::BadValue("text_count needs a $text filter".into()))?;
     let rest_doc = rest;
-    let rest = Filter::parse(&rest_doc)?;
+    let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
     let Some(coll) = state.collection(name) else {
         return Ok(0);
     };
@@ -518,21 +522,26 @@ impl Collection {
         out_db: Option<&crate::api::Database>,
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            let snap = self.db.snapshot();
-            let pinned =
-                Pinned::from_state(snap.state(), &p.rest.foreign_names(), limits.cancel.clone());
-            let spill = limits.spill_dir_or(self.database().spill_dir());
-            let rt = Runtime::new(&pinned, limits.clone(), spill);
-            let docs = p.run(snap.state(), &self.name, &rt)?;
-            match p.rest.output() {
-                Some(out) => {
-                    out_db.unwrap_or(self.database()).write_output(out, docs)?;
-                    Ok(Vec::new())
+        let snap = self.db.snapshot();
+        crate::query::expr::under_read_time(snap.state().ts, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+                let pinned = Pinned::from_state(
+                    snap.state(),
+                    &p.rest.foreign_names(),
+                    limits.cancel.clone(),
+                );
+                let spill = limits.spill_dir_or(self.database().spill_dir());
+                let rt = Runtime::new(&pinned, limits.clone(), spill);
+                let docs = p.run(snap.state(), &self.name, &rt)?;
+                match p.rest.output() {
+                    Some(out) => {
+                        out_db.unwrap_or(self.database()).write_output(out, docs)?;
+                        Ok(Vec::new())
+                    }
+                    None => Ok(docs),
                 }
-                None => Ok(docs),
-            }
+            })
         })
     }
 
@@ -573,18 +582,23 @@ impl SnapshotCollection {
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            if let Some(out) = p.rest.output() {
-                return Err(Error::IllegalOperation(format!(
+        crate::query::expr::under_read_time(self.state().ts, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p = TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+                if let Some(out) = p.rest.output() {
+                    return Err(Error::IllegalOperation(format!(
                     "{} cannot run on a held snapshot: it writes; run it on the live collection",
                     out.stage_name()
                 )));
-            }
-            let pinned =
-                Pinned::from_state(self.state(), &p.rest.foreign_names(), limits.cancel.clone());
-            let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
-            p.run(self.state(), self.name(), &rt)
+                }
+                let pinned = Pinned::from_state(
+                    self.state(),
+                    &p.rest.foreign_names(),
+                    limits.cancel.clone(),
+                );
+                let rt = Runtime::new(&pinned, limits.clone(), limits.spill_dir_or(None));
+                p.run(self.state(), self.name(), &rt)
+            })
         })
     }
 }
@@ -629,7 +643,7 @@ impl TextPipeline {
         let (query, rest_doc) = split(&self.first)?.ok_or_else(|| {
             Error::BadValue("$text is only allowed in the first $match stage".into())
         })?;
-        let rest = Filter::parse(&rest_doc)?;
+        let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
         let Some(coll) = state.collection(name) else {
             let mut out = self.rest.run_on_with(Vec::new(), rt)?;
             out.iter_mut().for_each(strip_text_score);

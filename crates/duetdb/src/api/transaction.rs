@@ -170,6 +170,18 @@ impl Transaction {
         self.snapshot.csn
     }
 
+    /// Parse a filter of this transaction's operations, `$$CLUSTER_TIME`
+    /// bound to its snapshot's time, under `collator`.
+    fn parse_filter(&self, filter: &Document, collator: Option<&Arc<Collator>>) -> Result<Filter> {
+        let f = crate::query::expr::under_read_time(self.snapshot.ts, || Filter::parse(filter))?;
+        Ok(f.with_collation(collator.cloned()))
+    }
+
+    /// The cluster time of this transaction's snapshot (`$$CLUSTER_TIME`).
+    fn read_time(&self) -> u64 {
+        self.snapshot.ts
+    }
+
     pub fn isolation(&self) -> Isolation {
         self.options.isolation
     }
@@ -517,7 +529,7 @@ impl Transaction {
         collator: Option<&Arc<Collator>>,
     ) -> Result<Vec<DocRef>> {
         self.check_active()?;
-        let parsed = Filter::parse(filter)?.with_collation(collator.cloned());
+        let parsed = self.parse_filter(filter, collator)?;
         let sort = options
             .sort
             .as_ref()
@@ -547,7 +559,7 @@ impl Transaction {
         } = u;
         let (update, upsert) = (&update, options.upsert);
         self.check_active()?;
-        let parsed = Filter::parse(&filter)?.with_collation(collator.cloned());
+        let parsed = self.parse_filter(&filter, collator)?;
         let mut found = self.matching(coll, &parsed)?;
         if !multi {
             found.truncate(1);
@@ -590,7 +602,7 @@ impl Transaction {
         collator: Option<&Arc<Collator>>,
     ) -> Result<u64> {
         self.check_active()?;
-        let parsed = Filter::parse(&filter)?.with_collation(collator.cloned());
+        let parsed = self.parse_filter(&filter, collator)?;
         let mut found = self.matching(coll, &parsed)?;
         if !multi {
             found.truncate(1);
@@ -648,7 +660,7 @@ impl Transaction {
                 removed: true,
             });
         };
-        let parsed = Filter::parse(&filter)?.with_collation(collator.cloned());
+        let parsed = self.parse_filter(&filter, collator)?;
         let new = updated_version(&old, &update, &parsed, DateTime::now())?.map(Arc::new);
         if let Some(n) = &new {
             self.validate(coll, bypass, Some(&old), n)?;
@@ -879,22 +891,26 @@ impl<'t> TxnCollection<'t> {
         let_vars: Option<&Document>,
     ) -> Result<Vec<Document>> {
         let collator = self.collator()?;
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            let p = crate::api::text::TextPipeline::parse(pipeline, let_vars, collator.clone())?;
-            if let Some(out) = p.rest.output() {
-                return Err(Error::Coded {
-                    code: 263,
-                    name: "OperationNotSupportedInTransaction",
-                    msg: format!("{} cannot be used in a transaction", out.stage_name()),
-                });
-            }
-            let state = self.text_state()?;
-            let mut txn = self.txn()?;
-            let foreign = TxnForeign {
-                txn: std::sync::Mutex::new(&mut **txn),
-            };
-            let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
-            p.run(&state, &self.name, &rt)
+        let read_time = self.txn()?.read_time();
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                let p =
+                    crate::api::text::TextPipeline::parse(pipeline, let_vars, collator.clone())?;
+                if let Some(out) = p.rest.output() {
+                    return Err(Error::Coded {
+                        code: 263,
+                        name: "OperationNotSupportedInTransaction",
+                        msg: format!("{} cannot be used in a transaction", out.stage_name()),
+                    });
+                }
+                let state = self.text_state()?;
+                let mut txn = self.txn()?;
+                let foreign = TxnForeign {
+                    txn: std::sync::Mutex::new(&mut **txn),
+                };
+                let rt = Runtime::new(&foreign, limits.clone(), limits.spill_dir_or(None));
+                p.run(&state, &self.name, &rt)
+            })
         })
     }
 }
@@ -957,8 +973,9 @@ impl Crud for TxnCollection<'_> {
     }
 
     fn count(&self, filter: Document) -> Result<u64> {
-        let filter = Filter::parse(&filter)?.with_collation(self.collator()?);
+        let collator = self.collator()?;
         let mut txn = self.txn()?;
+        let filter = txn.parse_filter(&filter, collator.as_ref())?;
         txn.check_active()?;
         Ok(txn.matching(&self.name, &filter)?.len() as u64)
     }
@@ -993,8 +1010,11 @@ impl TxnCollection<'_> {
         let collator = self.collator()?;
         // The pipeline's stages and expressions compare under the
         // collation, as a live aggregation's do.
-        crate::query::expr::under_collation(collator.as_ref(), || {
-            self.aggregate_collated(&pipeline, let_vars, collator.clone())
+        let read_time = self.txn()?.read_time();
+        crate::query::expr::under_read_time(read_time, || {
+            crate::query::expr::under_collation(collator.as_ref(), || {
+                self.aggregate_collated(&pipeline, let_vars, collator.clone())
+            })
         })
     }
 

@@ -230,18 +230,19 @@ pub fn to_document(raw: &RawDocument) -> Result<Document> {
     Document::try_from(raw).map_err(|e| Error::InvalidBson(e.to_string()))
 }
 
-/// MongoDB forbids arrays, regexes and undefined as `_id`.
+/// MongoDB forbids arrays, regexes and undefined as `_id` (53
+/// InvalidIdField), and `$`-prefixed fields inside an `_id` document.
 pub fn check_id(id: &Bson) -> Result<()> {
     match id {
-        Bson::Array(_) => Err(Error::InvalidId(
-            "The '_id' value cannot be of type array".into(),
-        )),
-        Bson::RegularExpression(_) => Err(Error::InvalidId(
-            "The '_id' value cannot be of type regex".into(),
-        )),
-        Bson::Undefined => Err(Error::InvalidId(
-            "The '_id' value cannot be undefined".into(),
-        )),
+        // MongoDB's `storage_validation::storageValidIdField`: 53.
+        Bson::Array(_) | Bson::RegularExpression(_) | Bson::Undefined => Err(Error::Coded {
+            code: 53,
+            name: "InvalidIdField",
+            msg: format!(
+                "The '_id' value cannot be of type {}",
+                crate::doc::types::type_name(id)
+            ),
+        }),
         Bson::Document(d) => {
             if let Some((k, _)) = d.iter().find(|(k, _)| k.starts_with('$')) {
                 return Err(Error::InvalidId(format!(
@@ -345,14 +346,19 @@ mod tests {
 
     #[test]
     fn forbidden_ids() {
-        for bad in [
-            doc! {"_id": [1, 2]},
-            doc! {"_id": Bson::Undefined},
-            doc! {"_id": {"$x": 1}},
+        for (bad, code) in [
+            (doc! {"_id": [1, 2]}, 53),
+            (doc! {"_id": Bson::Undefined}, 53),
+            (doc! {"_id": {"$x": 1}}, 2),
         ] {
             let err = prepare_insert(&bad).expect_err("must fail");
-            assert_eq!(err.code(), 2, "{err}");
+            assert_eq!(err.code(), code, "{err}");
         }
+        let err = prepare_insert(&doc! {"_id": Bson::Undefined}).expect_err("must fail");
+        assert_eq!(
+            err.to_string(),
+            "The '_id' value cannot be of type undefined"
+        );
         assert!(prepare_insert(&doc! {"_id": {"a": 1}}).is_ok());
     }
 

@@ -335,6 +335,12 @@ pub(crate) fn render(v: &Bson) -> String {
 pub fn render_shell(v: &Bson) -> String {
     let mut out = String::new();
     shell_into(v, &mut out, 0);
+    cut_rendered(&mut out);
+    out
+}
+
+/// Cut a rendered value at 1,000 bytes (on a character boundary) with `…`.
+fn cut_rendered(out: &mut String) {
     if out.len() > 1000 {
         let mut end = 1000;
         while !out.is_char_boundary(end) {
@@ -343,7 +349,53 @@ pub fn render_shell(v: &Bson) -> String {
         out.truncate(end);
         out.push('…');
     }
+}
+
+/// A value as MongoDB's `Value`/`Document` `operator<<` prints it in the
+/// messages of the aggregation layer (`Input document: {_id: 1, a: [1, 2],
+/// s: "x"}`): no spaces inside braces or brackets, field names unquoted,
+/// strings in double quotes; other scalars as [`render_shell`]. Cut at
+/// 1,000 bytes with `…`, as `render_shell`.
+pub fn render_value(v: &Bson) -> String {
+    let mut out = String::new();
+    value_into(v, &mut out, 0);
+    cut_rendered(&mut out);
     out
+}
+
+fn value_into(v: &Bson, out: &mut String, depth: usize) {
+    use std::fmt::Write;
+    if out.len() > 1000 || depth > 200 {
+        return;
+    }
+    match v {
+        Bson::Document(d) => {
+            out.push('{');
+            for (i, (k, x)) in d.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(k);
+                out.push_str(": ");
+                value_into(x, out, depth + 1);
+            }
+            out.push('}');
+        }
+        Bson::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                value_into(x, out, depth + 1);
+            }
+            out.push(']');
+        }
+        Bson::Double(f) => {
+            let _ = write!(out, "{f}");
+        }
+        other => out.push_str(&render_shell(other)),
+    }
 }
 
 /// `render_shell` of a whole document.

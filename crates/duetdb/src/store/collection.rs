@@ -454,14 +454,14 @@ impl CollectionState {
             if existing.spec.same_keys_as(spec) {
                 return Err(Error::IndexOptionsConflict(format!(
                     "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
-                    spec.to_document(),
-                    existing.spec.to_document()
+                    crate::error::render_shell_doc(&spec.to_document()),
+                    crate::error::render_shell_doc(&existing.spec.to_document())
                 )));
             }
             return Err(Error::IndexConflict(format!(
                 "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
-                spec.to_document(),
-                existing.spec.to_document()
+                crate::error::render_shell_doc(&spec.to_document()),
+                crate::error::render_shell_doc(&existing.spec.to_document())
             )));
         }
         if matches!(spec.kind, IndexKind::Text(_)) {

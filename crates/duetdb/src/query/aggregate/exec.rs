@@ -72,7 +72,7 @@ use crate::query::aggregate::group::Group;
 use crate::query::aggregate::group_spill::SpillingGroup;
 use crate::query::aggregate::stages::{per_document, Cur};
 use crate::query::aggregate::window::{Window, WindowRun};
-use crate::query::aggregate::{Runtime, Stage};
+use crate::query::aggregate::{Runtime, Stage, StageCount};
 use crate::query::expr::{Expr, Root};
 use crate::query::limits::PAGE_DOCS;
 use crate::query::sort::SortSpec;
@@ -154,6 +154,39 @@ enum Node<'p> {
 struct Ticker {
     cancel: CancelToken,
     rows: usize,
+    /// Per-position counts when explain asked for them ([`Exec::count_stages`]).
+    stages: Option<StageClock>,
+}
+
+/// Rows that arrived at each position of the node list (position 0: the
+/// pipeline's input; position `i + 1`: what node `i` emitted; the last: the
+/// output) and when the last one did, from the execution's start.
+struct StageClock {
+    nodes: usize,
+    started: std::time::Instant,
+    arrived: Vec<u64>,
+    last_at: Vec<std::time::Duration>,
+}
+
+impl StageClock {
+    fn arrive(&mut self, nodes_left: usize) {
+        let pos = self.nodes - nodes_left;
+        if let (Some(n), Some(t)) = (self.arrived.get_mut(pos), self.last_at.get_mut(pos)) {
+            *n += 1;
+            *t = self.started.elapsed();
+        }
+    }
+
+    /// The input's count, then each node's output count, each with the
+    /// time of its last row.
+    fn counts(&self) -> Vec<StageCount> {
+        (0..=self.nodes)
+            .map(|pos| StageCount {
+                returned: self.arrived[pos],
+                millis: u64::try_from(self.last_at[pos].as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect()
+    }
 }
 
 impl Ticker {
@@ -273,6 +306,7 @@ impl<'p> Exec<'p> {
             ticker: Ticker {
                 cancel: limits.cancel.clone(),
                 rows: 0,
+                stages: None,
             },
             stopped: false,
         }
@@ -282,6 +316,19 @@ impl<'p> Exec<'p> {
     /// `used` (shared with the other facets of one `$facet`): 4031700 past it.
     pub(super) fn limit_output(&mut self, used: Arc<AtomicUsize>, limit: usize) {
         self.out.budget = Some((used, limit));
+    }
+
+    /// Count what each stage returns (explain's executionStats): at
+    /// [`Exec::finish`] the counts go to the runtime
+    /// ([`Runtime::stage_counts`]). Costs a clock read per row per stage.
+    pub fn count_stages(&mut self) {
+        let nodes = self.nodes.len();
+        self.ticker.stages = Some(StageClock {
+            nodes,
+            started: std::time::Instant::now(),
+            arrived: vec![0; nodes + 1],
+            last_at: vec![std::time::Duration::ZERO; nodes + 1],
+        });
     }
 
     /// Has a `$limit` ended this execution (nothing pushed can matter)?
@@ -416,6 +463,9 @@ impl<'p> Exec<'p> {
                 Node::PerDoc(_) | Node::Skip(_) | Node::Limit(_) | Node::PassThrough => {}
             }
         }
+        if let Some(clock) = &self.ticker.stages {
+            rt.note_stage_counts(clock.counts());
+        }
         Ok(self.out.docs)
     }
 }
@@ -453,6 +503,9 @@ fn push_at(
     row: Row,
 ) -> Result<ControlFlow<()>> {
     ticker.tick()?;
+    if let Some(clock) = &mut ticker.stages {
+        clock.arrive(nodes.len());
+    }
     let Some((node, rest)) = nodes.split_first_mut() else {
         out.push(row.into_document()?)?;
         return Ok(ControlFlow::Continue(()));

@@ -23,7 +23,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bson::Document;
+use bson::{Bson, Document};
 
 use crate::doc::DocRef;
 use crate::error::{CancelToken, Error, Result};
@@ -180,6 +180,57 @@ pub struct Runtime<'a> {
     /// Partitions (and their output columns) the `$setWindowFields` stages
     /// of this execution spooled to disk (explain).
     window_spills: std::sync::atomic::AtomicU64,
+    /// The input, then what each stage of the counted execution produced
+    /// (explain's executionStats; `None` until a counted [`Exec`] finishes).
+    ///
+    /// [`Exec`]: crate::query::aggregate::Exec
+    stage_counts: Mutex<Option<Vec<StageCount>>>,
+}
+
+/// What one executed stage produced: explain's per-stage `nReturned` and
+/// `executionTimeMillisEstimate` (milliseconds from the start of the
+/// execution to the stage's last output, so it includes the stages before
+/// it, as MongoDB's estimate includes its children's time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageCount {
+    pub returned: u64,
+    pub millis: u64,
+}
+
+/// A pipeline's per-stage figures for explain: what spilled, and what each
+/// executed stage (after the scan's leading `$match`es, in order; `None`
+/// for a stage of an OLCP pass, whose map threads count nothing per stage)
+/// returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageStats {
+    pub spills: StageSpills,
+    pub counts: Vec<Option<StageCount>>,
+}
+
+impl StageStats {
+    /// `{groupSpills, windowSpills, stageCounts: [{nReturned,
+    /// executionTimeMillisEstimate} | null]}` (what explain reads).
+    pub fn to_document(&self) -> Document {
+        let mut d = self.spills.to_document();
+        d.insert("stageCounts", counts_bson(&self.counts));
+        d
+    }
+}
+
+/// `stageCounts` as explain reads it.
+pub fn counts_bson(counts: &[Option<StageCount>]) -> Bson {
+    Bson::Array(
+        counts
+            .iter()
+            .map(|c| match c {
+                Some(c) => Bson::Document(bson::doc! {
+                    "nReturned": c.returned as i64,
+                    "executionTimeMillisEstimate": c.millis as i64,
+                }),
+                None => Bson::Null,
+            })
+            .collect(),
+    )
 }
 
 impl std::fmt::Debug for Runtime<'_> {
@@ -222,7 +273,25 @@ impl<'a> Runtime<'a> {
             cache: Mutex::new(HashMap::new()),
             group_spills: std::sync::atomic::AtomicU64::new(0),
             window_spills: std::sync::atomic::AtomicU64::new(0),
+            stage_counts: Mutex::new(None),
         }
+    }
+
+    /// Record what each stage of a counted execution produced.
+    pub(super) fn note_stage_counts(&self, counts: Vec<StageCount>) {
+        if let Ok(mut g) = self.stage_counts.lock() {
+            *g = Some(counts);
+        }
+    }
+
+    /// The counted execution's input (first), then what each of its stages
+    /// produced (empty when none was counted).
+    pub fn stage_counts(&self) -> Vec<StageCount> {
+        self.stage_counts
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
+            .unwrap_or_default()
     }
 
     /// Default limits, no other collection, the OS temporary spill directory

@@ -174,15 +174,18 @@ impl GeoNear {
 
 /// `pipeline` with its `$geoNear`s' `key` filled in from the collection's
 /// 2dsphere fields (`geo_paths`) where they have none: exactly one must
-/// exist (else 27 IndexNotFound, as MongoDB). Every stage is looked at, so
-/// a misplaced `$geoNear` still gets its own error (40603).
+/// exist (else 27 IndexNotFound, as MongoDB). Only a first stage is looked
+/// at: a misplaced `$geoNear` gets its own error (40603) when the pipeline
+/// parses, whether or not the collection has a geo index.
 pub fn resolve_key(pipeline: &mut [Document], geo_paths: &[String]) -> Result<()> {
-    for stage in pipeline.iter_mut() {
+    // Only a first stage runs: a `$geoNear` elsewhere is refused when the
+    // pipeline parses (40602), before any index is looked for.
+    if let Some(stage) = pipeline.first_mut() {
         let Some(Bson::Document(spec)) = stage.get_mut("$geoNear") else {
-            continue;
+            return Ok(());
         };
         if spec.contains_key("key") {
-            continue;
+            return Ok(());
         }
         match geo_paths {
             [one] => {

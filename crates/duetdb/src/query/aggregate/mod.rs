@@ -114,6 +114,7 @@ mod group;
 mod group_spill;
 mod lookup;
 mod output;
+mod redact;
 mod split;
 mod stages;
 #[cfg(test)]
@@ -141,7 +142,7 @@ use stages::Unwind;
 use window::Window;
 
 pub use exec::Exec;
-pub use foreign::{Foreign, Pinned, Runtime, StageSpills};
+pub use foreign::{counts_bson, Foreign, Pinned, Runtime, StageCount, StageSpills, StageStats};
 pub use group::canonical_cmp;
 pub use output::{merged_version, MergeSpec, Output};
 pub use split::{
@@ -199,6 +200,8 @@ enum Stage {
     /// `$geoNear`'s last part: the distance (and location) fields
     /// (`geonear.rs`; its `$match` and distance sort precede it).
     GeoNear(Box<geonear::GeoNear>),
+    /// `$redact` (`redact.rs`).
+    Redact(Box<redact::Redact>),
 }
 
 impl Stage {
@@ -227,6 +230,7 @@ impl Stage {
             Stage::Documents(_) => "$documents",
             Stage::Output(o) => o.stage_name(),
             Stage::GeoNear(_) => "$geoNear",
+            Stage::Redact(_) => "$redact",
         }
     }
 
@@ -244,6 +248,7 @@ impl Stage {
                 | Stage::Lookup(_)
                 | Stage::GraphLookup(_)
                 | Stage::GeoNear(_)
+                | Stage::Redact(_)
         )
     }
 
@@ -396,6 +401,25 @@ impl Pipeline {
         }
         let mut out = Vec::with_capacity(stages.len());
         for (i, s) in stages.iter().enumerate() {
+            // MongoDB refuses a `$text` `$match` anywhere but first before
+            // it parses the filter (`DocumentSourceMatch`).
+            if i > 0
+                && s.get_document("$match")
+                    .is_ok_and(|m| m.contains_key("$text"))
+            {
+                return Err(coded!(
+                    17313,
+                    "$match with $text is only allowed as the first pipeline stage"
+                ));
+            }
+            // A misplaced `$geoNear` is refused before its arguments are
+            // (its `key` is only looked up for a first stage).
+            if i > 0 && s.contains_key("$geoNear") {
+                return Err(coded!(
+                    40603,
+                    "$geoNear was not the first stage in the pipeline."
+                ));
+            }
             let parsed = parse_stage(s, ctx)?;
             for stage in &parsed {
                 check_position(stage, i, stages.len(), ctx.within)?;
@@ -403,6 +427,22 @@ impl Pipeline {
             out.extend(parsed);
         }
         Ok(Pipeline { stages: out })
+    }
+
+    /// How many executed stages each written stage of `stages` becomes
+    /// (`$bucket` is a `$group` and a `$sort`, `$sortByCount` likewise, …):
+    /// what maps explain's per-stage counts back to the stages as written.
+    /// A stage that does not parse here (it needs the command's `let`, or
+    /// a `$text` score) counts as one.
+    pub fn stage_widths(stages: &[Document]) -> Vec<usize> {
+        let ctx = ParseCtx::new(None).map(ParseCtx::with_text_score);
+        stages
+            .iter()
+            .map(|s| match &ctx {
+                Ok(ctx) => parse_stage(s, ctx).map_or(1, |v| v.len()),
+                Err(_) => 1,
+            })
+            .collect()
     }
 
     /// Lower the `$group` memory limit (tests; a server knob later).
@@ -562,10 +602,7 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
     let want_doc = || -> Result<&Document> {
         match arg {
             Bson::Document(d) => Ok(d),
-            other => Err(Error::type_mismatch(format!(
-                "the {name} stage specification must be an object, not {}",
-                type_name(&Some(other.clone()))
-            ))),
+            other => Err(not_an_object(name, other)),
         }
     };
     let one = |s: Stage| Ok(vec![s]);
@@ -618,6 +655,7 @@ fn parse_stage(stage: &Document, ctx: &ParseCtx) -> Result<Vec<Stage>> {
         }
         "$count" => one(parse_count(arg)?),
         "$replaceRoot" => one(stages::parse_replace_root(arg, ctx)?),
+        "$redact" => one(Stage::Redact(Box::new(redact::Redact::parse(arg, ctx)?))),
         "$replaceWith" => one(Stage::ReplaceRoot {
             expr: ctx.expr(arg)?,
             with: true,
@@ -718,10 +756,39 @@ fn whole_number(stage: &str, v: &Bson) -> Result<i64> {
         Some(Num::I32(i)) => Ok(i64::from(i)),
         Some(Num::I64(i)) => Ok(i),
         Some(Num::F64(f)) if f.fract() == 0.0 && f.abs() < 9.2e18 => Ok(f as i64),
+        // `$skip`: MongoDB's `parseIntegerElementToLong` under 5107200,
+        // the element printed with its name.
+        None if stage == "$skip" => Err(coded!(
+            5107200,
+            format!(
+                "invalid argument to $skip stage: Expected a number in: $skip: {}",
+                crate::error::render_shell(v)
+            )
+        )),
+        None if stage == "$limit" => Err(coded!(15957, "the limit must be specified as a number")),
         _ => Err(Error::bad_value(format!(
             "invalid argument to {stage} stage: Expected an integer: {}",
             crate::error::render(v)
         ))),
+    }
+}
+
+/// A stage whose specification must be a document got `other`: MongoDB's
+/// code and words for each stage (`DocumentSource*::createFromBson`).
+fn not_an_object(name: &str, other: &Bson) -> Error {
+    let ty = type_name(&Some(other.clone()));
+    match name {
+        "$match" => coded!(15959, "the match filter must be an expression in an object"),
+        "$project" => coded!(15969, "$project specification must be an object"),
+        "$group" => coded!(15947, "a group's fields must be specified in an object"),
+        "$sort" => coded!(15973, "the $sort key specification must be an object"),
+        "$addFields" | "$set" => coded!(
+            40272,
+            format!("{name} specification stage must be an object, got {ty}")
+        ),
+        _ => Error::type_mismatch(format!(
+            "the {name} stage specification must be an object, not {ty}"
+        )),
     }
 }
 

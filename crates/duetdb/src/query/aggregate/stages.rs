@@ -106,6 +106,10 @@ pub(super) fn per_document(
             Stage::Lookup(l) => Cur::Owned(l.apply(cur, rt)?),
             Stage::GraphLookup(g) => Cur::Owned(g.apply(cur, rt)?),
             Stage::GeoNear(g) => Cur::Owned(checked("$geoNear", g.apply(cur)?)?),
+            Stage::Redact(r) => match r.apply(&cur.into_document()?)? {
+                Some(d) => Cur::Owned(d),
+                None => return Ok(()),
+            },
             other => {
                 return Err(Error::Internal(format!(
                     "{} is not a per-document stage",
@@ -248,9 +252,9 @@ fn replace_root(expr: &Expr, with: bool, cur: &Cur<'_>) -> Result<Document> {
                     "{what} must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'. Input document: {}",
                     other
                         .as_ref()
-                        .map_or_else(|| "MISSING".to_string(), crate::error::render),
+                        .map_or_else(|| "MISSING".to_string(), crate::error::render_value),
                     type_name(&other),
-                    crate::error::render(&cur.root().whole()?),
+                    crate::error::render_value(&cur.root().whole()?),
                 ),
             ))
         }
@@ -435,8 +439,12 @@ impl Unwind {
                 }
                 Ok(u)
             }
-            _ => Err(Error::bad_value(
-                "expected either a string or an object as specification for $unwind stage",
+            other => Err(coded!(
+                15981,
+                format!(
+                    "expected either a string or an object as specification for $unwind stage, got {}",
+                    type_name(&Some(other.clone()))
+                )
             )),
         }
     }

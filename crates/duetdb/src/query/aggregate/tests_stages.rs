@@ -1474,3 +1474,67 @@ fn merge_versions() {
         51132
     );
 }
+
+/// `$redact`: the manual's two examples (descend by tag intersection;
+/// prune by level, arrays of subdocuments included), `$$ROOT` staying the
+/// whole document while field paths follow the level, `$$KEEP`, 17053,
+/// and `$$KEEP` unknown outside the stage (17276).
+#[test]
+fn redact_as_the_manual() {
+    let forecast = doc! {
+        "_id": 1, "title": "123 Department Report", "tags": ["G", "STLW"], "year": 2014,
+        "subsections": [
+            {"subtitle": "Section 1: Overview", "tags": ["SI", "G"], "content": "Section 1"},
+            {"subtitle": "Section 2: Analysis", "tags": ["STLW"], "content": "Section 2"},
+            {"subtitle": "Section 3: Budgeting", "tags": ["TK"],
+             "content": {"text": "Section 3", "tags": ["HCS"]}},
+        ],
+    };
+    let by_tags = doc! {"$redact": {"$cond": {
+    "if": {"$gt": [{"$size": {"$setIntersection": ["$tags", ["STLW", "G"]]}}, 0]},
+    "then": "$$DESCEND", "else": "$$PRUNE"}}};
+    let out = ok(
+        vec![doc! {"$match": {"year": 2014}}, by_tags],
+        vec![forecast],
+    );
+    assert_eq!(
+        out,
+        vec![doc! {
+            "_id": 1, "title": "123 Department Report", "tags": ["G", "STLW"], "year": 2014,
+            "subsections": [
+                {"subtitle": "Section 1: Overview", "tags": ["SI", "G"], "content": "Section 1"},
+                {"subtitle": "Section 2: Analysis", "tags": ["STLW"], "content": "Section 2"},
+            ],
+        }]
+    );
+    let account = doc! {
+        "_id": 1, "level": 1, "acct_id": "xyz123",
+        "cc": {"level": 5, "type": "yy", "num": 0,
+               "billing_addr": {"level": 5, "addr1": "123 ABC Street"},
+               "shipping_addr": [{"level": 3, "addr1": "987 XYZ Ave"}, {"level": 3, "addr1": "PO Box 0123"}]},
+        "other": [[{"level": 5}, {"level": 2, "x": 1}], 7],
+        "status": "A",
+    };
+    let by_level = doc! {"$redact": {"$cond": {
+    "if": {"$eq": ["$level", 5]}, "then": "$$PRUNE", "else": "$$DESCEND"}}};
+    assert_eq!(
+        ok(vec![by_level], vec![account.clone()]),
+        vec![doc! {"_id": 1, "level": 1, "acct_id": "xyz123",
+        "other": [[{"level": 2, "x": 1}], 7], "status": "A"}]
+    );
+    // `$$ROOT` is the whole document at every level: descend while the
+    // top level's status is "A" prunes nothing.
+    let by_root =
+        doc! {"$redact": {"$cond": [{"$eq": ["$$ROOT.status", "A"]}, "$$DESCEND", "$$PRUNE"]}};
+    assert_eq!(
+        ok(vec![by_root], vec![account.clone()]),
+        vec![account.clone()]
+    );
+    assert_eq!(
+        ok(vec![doc! {"$redact": "$$KEEP"}], vec![account.clone()]),
+        vec![account.clone()]
+    );
+    assert!(ok(vec![doc! {"$redact": "$$PRUNE"}], vec![account.clone()]).is_empty());
+    assert_eq!(code(vec![doc! {"$redact": "$level"}], vec![account]), 17053);
+    assert_eq!(parse_code(vec![doc! {"$project": {"a": "$$KEEP"}}]), 17276);
+}

@@ -70,6 +70,7 @@ pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
                 v.as_ref().is_some_and(crate::query::expr::array::is_num),
             )))
         }
+        Op::ToHashedIndexKey => return hashed_index_key(v.as_ref()).map(Some),
         Op::ToString => To::String,
         Op::ToInt => To::Int,
         Op::ToLong => To::Long,
@@ -95,6 +96,20 @@ pub(super) fn apply(op: Op, vals: &[Value]) -> Result<Value> {
         Ok(out) => Ok(Some(out)),
         Err(f) => Err(failure(b, to, f)),
     }
+}
+
+/// `$toHashedIndexKey`: the hash a hashed index stores for the value, as a
+/// long (missing hashes as null, as MongoDB's `ExpressionToHashedIndexKey`
+/// does; no collation applies, as its manual says).
+fn hashed_index_key(v: Option<&Bson>) -> Result<Bson> {
+    let raw = match v {
+        None => bson::RawBson::Null,
+        Some(b) => bson::RawBson::try_from(b.clone())
+            .map_err(|e| Error::Internal(format!("$toHashedIndexKey: {e}")))?,
+    };
+    Ok(Bson::Int64(crate::store::hashed::hash64(
+        raw.as_raw_bson_ref(),
+    )))
 }
 
 fn failure(b: &Bson, to: To, f: Fail) -> Error {

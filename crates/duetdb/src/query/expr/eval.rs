@@ -95,6 +95,15 @@ impl Expr {
         self.eval_in(&Env::new(root))
     }
 
+    /// Evaluate against `root` with the variable `id` bound to `value` (a
+    /// stage's own binding: `$redact`'s `CURRENT`, from
+    /// [`Scope::parse_redact`](crate::query::expr::Scope::parse_redact)).
+    pub fn eval_bound(&self, root: &Root<'_>, id: u32, value: Value) -> Result<Value> {
+        let env = Env::new(root);
+        let frame = env.frame(id, value);
+        self.eval_in(&env.enter(&frame))
+    }
+
     /// Evaluate in `cx`.
     pub fn eval_in(&self, cx: &Env<'_>) -> Result<Value> {
         match self {
@@ -171,7 +180,7 @@ fn apply(op: Op, vals: Vec<Value>) -> Result<Value> {
         ToLower | ToUpper | SubstrBytes | SubstrCP | StrLenBytes | StrLenCP | Split
         | IndexOfBytes | IndexOfCP | Strcasecmp => string::apply(op, &vals),
         Type | IsNumber | ToString | ToInt | ToLong | ToDouble | ToDecimal | ToBool | ToDate
-        | ToObjectId => convert::apply(op, &vals),
+        | ToObjectId | ToHashedIndexKey => convert::apply(op, &vals),
         MergeObjects | BsonSize | BinarySize | TsSecond | TsIncrement => object::apply(op, vals),
         BitAnd | BitOr | BitXor | BitNot => arithmetic::bitwise(op, &vals),
         And | Or | Cond | IfNull | Concat => Err(Error::Internal(format!(

@@ -27,7 +27,8 @@
 //! - Variables are resolved at parse time: every `$$name` names a variable in
 //!   scope (else 17276, as MongoDB), so evaluation never meets an unbound one.
 //!   `$$NOW` and `$$CLUSTER_TIME` are read once per parse (one command) and
-//!   are the same for every document; the command's `let` constants are
+//!   are the same for every document (`$$CLUSTER_TIME` is the read's
+//!   snapshot time, [`under_read_time`]); the command's `let` constants are
 //!   folded in as literals.
 //! - Evaluation never panics on any input: wrong types give MongoDB's codes
 //!   (TypeMismatch 14, BadValue 2, or its numbered locations such as 16554)
@@ -82,7 +83,7 @@ pub(crate) use array::{discrete_percentile, n_arg, percentiles_arg};
 pub use compare::{compare, compare_values};
 pub use logic::truthy_bson;
 pub use ops::{Named, Op};
-pub use parse::{parse_field_path, Scope};
+pub use parse::{parse_field_path, under_read_time, Scope};
 
 /// An evaluated value; `None` is *missing*.
 pub type Value = Option<Bson>;

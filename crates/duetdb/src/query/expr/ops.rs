@@ -101,6 +101,7 @@ pub enum Op {
     ToBool,
     ToDate,
     ToObjectId,
+    ToHashedIndexKey,
     MergeObjects,
     Rand,
     BsonSize,
@@ -206,6 +207,7 @@ impl Op {
             "$toBool" => Op::ToBool,
             "$toDate" => Op::ToDate,
             "$toObjectId" => Op::ToObjectId,
+            "$toHashedIndexKey" => Op::ToHashedIndexKey,
             "$mergeObjects" => Op::MergeObjects,
             "$rand" => Op::Rand,
             "$bsonSize" => Op::BsonSize,
@@ -314,6 +316,7 @@ impl Op {
             Op::ToBool => "$toBool",
             Op::ToDate => "$toDate",
             Op::ToObjectId => "$toObjectId",
+            Op::ToHashedIndexKey => "$toHashedIndexKey",
             Op::MergeObjects => "$mergeObjects",
             Op::Rand => "$rand",
             Op::BsonSize => "$bsonSize",
@@ -405,6 +408,7 @@ impl Op {
             | Op::ToBool
             | Op::ToDate
             | Op::ToObjectId
+            | Op::ToHashedIndexKey
             | Op::BsonSize
             | Op::BinarySize => (1, 1),
             Op::Round | Op::Trunc => (1, 2),

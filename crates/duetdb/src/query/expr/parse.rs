@@ -2,8 +2,9 @@
 //! `$filter`, `$reduce` and the command's `let`.
 //!
 //! Owns: [`Scope`] (which variables are visible where, and the values read
-//! once per command: `$$NOW`, `$$CLUSTER_TIME`, `let` constants) and the
-//! grammar of every operator's argument.
+//! once per command: `$$NOW`, `$$CLUSTER_TIME`, `let` constants), the read
+//! time `$$CLUSTER_TIME` takes ([`under_read_time`]) and the grammar of
+//! every operator's argument.
 //!
 //! Invariants: a `$$name` that no enclosing scope binds is refused here
 //! (17276), so evaluation never meets an unbound variable; every variable a
@@ -28,6 +29,47 @@ pub struct Scope {
     /// evaluated; `None` is a variable bound to missing.
     consts: Vec<(String, Option<Bson>)>,
     now: bson::DateTime,
+    /// `$$CLUSTER_TIME`: the read time in force ([`under_read_time`]).
+    cluster_time: bson::Timestamp,
+}
+
+thread_local! {
+    /// The cluster time of the read whose expressions this thread is
+    /// parsing (a packed `(seconds << 32) | increment`, the engine's clock
+    /// format). Set only by [`under_read_time`], which restores the previous
+    /// one when it returns or unwinds.
+    static READ_TIME: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with `$$CLUSTER_TIME` bound to `ts` in every expression parsed on
+/// this thread: the engine's read entry points pass their snapshot's cluster
+/// time (the last commit group it holds), the server every command's cluster
+/// clock, so one command sees one value. Nested calls: the innermost wins.
+pub fn under_read_time<R>(ts: u64, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<u64>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            READ_TIME.set(self.0);
+        }
+    }
+    let _restore = Restore(READ_TIME.replace(Some(ts)));
+    f()
+}
+
+/// `$$CLUSTER_TIME` for a scope made now: the read time in force, else (an
+/// expression parsed outside any read, e.g. by a caller of `Expr::parse`)
+/// the wall clock's second, increment 1.
+fn cluster_time_now(now: bson::DateTime) -> bson::Timestamp {
+    match READ_TIME.get() {
+        Some(ts) => bson::Timestamp {
+            time: (ts >> 32) as u32,
+            increment: ts as u32,
+        },
+        None => bson::Timestamp {
+            time: u32::try_from(now.timestamp_millis().div_euclid(1000)).unwrap_or(0),
+            increment: 1,
+        },
+    }
 }
 
 impl Default for Scope {
@@ -39,11 +81,13 @@ impl Default for Scope {
 impl Scope {
     /// A scope with only the built-in variables; `$$NOW` is read now.
     pub fn new() -> Scope {
+        let now = bson::DateTime::now();
         Scope {
             vars: Vec::new(),
             next_id: 0,
             consts: Vec::new(),
-            now: bson::DateTime::now(),
+            now,
+            cluster_time: cluster_time_now(now),
         }
     }
 
@@ -82,6 +126,24 @@ impl Scope {
             self.consts.push((name, value));
         }
         Ok(())
+    }
+
+    /// Parse `$redact`'s expression: `CURRENT` bound to a variable of its
+    /// own (returned), which the stage sets to each (sub)document it visits,
+    /// so field paths start there while `$$ROOT` stays the whole document;
+    /// and `$$DESCEND`/`$$PRUNE`/`$$KEEP`, the strings `"descend"`,
+    /// `"prune"`, `"keep"` (MongoDB defines them for this stage only).
+    pub fn parse_redact(&self, v: &Bson) -> Result<(Expr, u32)> {
+        let mut scope = self.clone();
+        for (name, value) in [("DESCEND", "descend"), ("PRUNE", "prune"), ("KEEP", "keep")] {
+            scope.consts.retain(|(n, _)| n != name);
+            scope
+                .consts
+                .push((name.to_string(), Some(Bson::String(value.to_string()))));
+        }
+        let current = scope.bind("CURRENT");
+        let e = parse_at(v, 0, &mut scope)?;
+        Ok((e, current))
     }
 
     /// The constant variables in scope (command `let`, `$lookup` `let`), in
@@ -215,16 +277,7 @@ fn parse_variable(v: &str, scope: &Scope) -> Result<Expr> {
         "ROOT" | "CURRENT" => Ok(Expr::Root(path)),
         "REMOVE" => Ok(Expr::Remove),
         "NOW" => Ok(literal_path(&Bson::DateTime(scope.now), &path)),
-        "CLUSTER_TIME" => {
-            let secs = u32::try_from(scope.now.timestamp_millis().div_euclid(1000)).unwrap_or(0);
-            Ok(literal_path(
-                &Bson::Timestamp(bson::Timestamp {
-                    time: secs,
-                    increment: 1,
-                }),
-                &path,
-            ))
-        }
+        "CLUSTER_TIME" => Ok(literal_path(&Bson::Timestamp(scope.cluster_time), &path)),
         "" => Err(loc!(16869, "empty variable names are not allowed")),
         other => Err(loc!(17276, "Use of undefined variable: {other}")),
     }

@@ -32,10 +32,11 @@ pub(super) fn concat(args: &[Expr], cx: &Env<'_>) -> Result<Value> {
                 out.push_str(&s);
             }
             other => {
-                return Err(Error::type_mismatch(format!(
+                return Err(loc!(
+                    16702,
                     "$concat only supports strings, not {}",
                     type_name(&other)
-                )))
+                ))
             }
         }
     }

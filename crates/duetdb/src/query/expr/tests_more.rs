@@ -1410,3 +1410,30 @@ fn let_may_rebind_current_and_field_paths_follow_it() {
         16867
     );
 }
+
+/// `$toHashedIndexKey`: the manual's example and MongoDB's hasher test
+/// vectors (`hasher_test.cpp`), a long in every case; missing hashes as null.
+#[test]
+fn to_hashed_index_key() {
+    let d = doc! {"val": "string to hash", "n": 42.123, "o": {"a": "abc", "b": 123i64}};
+    let h = |spec: Bson| ok(bson!({"$toHashedIndexKey": spec}), &d);
+    assert_eq!(h(bson!("$val")), Bson::Int64(763543691661428748));
+    assert_eq!(h(bson!(42)), Bson::Int64(-944302157085130861));
+    assert_eq!(h(bson!("$n")), Bson::Int64(-944302157085130861));
+    assert_eq!(h(bson!(42i64)), Bson::Int64(-944302157085130861));
+    assert_eq!(h(bson!(f64::NAN)), Bson::Int64(4854801880128277513));
+    assert_eq!(h(Bson::Null), Bson::Int64(2338878944348059895));
+    assert_eq!(h(bson!("$missing")), Bson::Int64(2338878944348059895));
+    assert_eq!(h(bson!("abc")), Bson::Int64(8478485326885698097));
+    assert_eq!(h(bson!("$o")), Bson::Int64(4771603801758380216));
+    assert_eq!(
+        h(bson!({"$literal": ["bar", "baz", "qux"]})),
+        Bson::Int64(-2938911267422831539)
+    );
+    assert_eq!(h(bson!(true)), Bson::Int64(6405873908747105701));
+    assert_eq!(
+        h(date("1970-01-01T00:00:00Z")),
+        Bson::Int64(-1178696894582842035)
+    );
+    assert_eq!(parse_code(bson!({"$toHashedIndexKey": [1, 2]})), 16020);
+}

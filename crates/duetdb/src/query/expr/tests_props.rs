@@ -429,6 +429,7 @@ const OPERATORS: &[&str] = &[
     "$toDate",
     "$toDecimal",
     "$toDouble",
+    "$toHashedIndexKey",
     "$toInt",
     "$toLong",
     "$toLower",

@@ -203,10 +203,12 @@ fn parse_op(name: &str, field: &str, v: &Bson) -> Result<Op> {
             Some(1) => Op::Pop(false),
             Some(-1) => Op::Pop(true),
             _ => {
-                return Err(Error::bad_value(format!(
-                    "$pop expects 1 or -1, found: {}",
-                    render(v)
-                )))
+                // MongoDB's `PopNode::init`: FailedToParse.
+                return Err(Error::Coded {
+                    code: 9,
+                    name: "FailedToParse",
+                    msg: format!("$pop expects 1 or -1, found: {}", render(v)),
+                });
             }
         },
         "$pull" => Op::Pull(ElemCond::parse(v)?),

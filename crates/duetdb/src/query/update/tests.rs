@@ -93,7 +93,7 @@ fn parse_errors() {
         (doc! {"a": 1, "$set": {"b": 1}}, 52),
         (doc! {"$inc": {"a": "x"}}, 14),
         (doc! {"$mul": {"a": null}}, 14),
-        (doc! {"$pop": {"a": 2}}, 2),
+        (doc! {"$pop": {"a": 2}}, 9),
         (doc! {"$rename": {"a": 1}}, 2),
         (doc! {"$rename": {"a": "a"}}, 2),
         (doc! {"$rename": {"a": "a.b"}}, 2),
