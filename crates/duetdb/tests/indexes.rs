@@ -1,7 +1,8 @@
 //! Index kinds and options (issue #18): TTL, partial and sparse (unique
 //! among the indexed documents only), hashed, wildcard; MongoDB's conflict
 //! codes; the planner using an index only when it holds every match; specs
-//! and entries surviving the WAL, checkpoints and recovery.
+//! and entries surviving the WAL, checkpoints and recovery; a model of TTL
+//! passes on random dates and a clock.
 
 use duetdb::bson::{doc, Bson, DateTime, Document};
 use duetdb::{Collection, Database, IndexTarget, TextFindOptions, TtlMonitor};
@@ -1038,4 +1039,150 @@ fn compound_text_index_follows_prefix_moves_under_concurrent_updates() {
     });
     assert!(checks >= 20 && nonempty > 0, "{checks} {nonempty}");
     c.check_invariants().expect("invariants");
+}
+
+// ------------------------------------------------------------ the TTL model
+
+/// The model's start of time (ms); the clock and every date are whole
+/// seconds from it, and the clock moves slowly through the dates' range, so
+/// dates fall exactly on a cutoff often (expired is strictly before it).
+const T0: i64 = 1_700_000_000_000;
+
+fn date(secs: i64) -> Bson {
+    Bson::DateTime(DateTime::from_millis(T0 + secs * 1000))
+}
+
+/// A value of a TTL-indexed field: dates, arrays of dates (with other
+/// values, empty, nested), and values that never expire.
+fn ttl_value() -> impl Strategy<Value = Bson> {
+    let d = || (10i64..30).prop_map(date);
+    prop_oneof![
+        4 => d(),
+        3 => proptest::collection::vec(prop_oneof![3 => d(), 1 => Just(Bson::Int32(3))], 0..4).prop_map(Bson::Array),
+        1 => d().prop_map(|x| Bson::Array(vec![Bson::Array(vec![x])])),
+        1 => (10i64..30).prop_map(|s| Bson::Int64(T0 + s * 1000)),
+        1 => Just(Bson::String("2023-11-14".into())),
+        1 => Just(Bson::Null),
+    ]
+}
+
+/// The model's verdict: the earliest date directly in `v` (itself or an
+/// element of it) lies before `cutoff_secs`; anything else never expires.
+fn expired(v: Option<&Bson>, cutoff_secs: i64) -> bool {
+    let before =
+        |b: &Bson| matches!(b, Bson::DateTime(t) if t.timestamp_millis() < T0 + cutoff_secs * 1000);
+    match v {
+        Some(Bson::Array(items)) => items.iter().any(before),
+        Some(b) => before(b),
+        None => false,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum TtlOp {
+    /// A document with these `at` and `to` fields (`None`: missing) and `keep`.
+    Insert(Option<Bson>, Option<Bson>, bool),
+    /// Set (`Some`) or unset the n-th document's `at`.
+    SetAt(usize, Option<Bson>),
+    /// Advance the clock by whole seconds.
+    Tick(i64),
+    /// `collMod` the `at` index's expireAfterSeconds.
+    Expire(i64),
+    Pass,
+}
+
+fn ttl_op() -> impl Strategy<Value = TtlOp> {
+    let v = || proptest::option::of(ttl_value());
+    prop_oneof![
+        4 => (v(), v(), any::<bool>()).prop_map(|(a, t, k)| TtlOp::Insert(a, t, k)),
+        2 => (0usize..16, v()).prop_map(|(i, a)| TtlOp::SetAt(i, a)),
+        2 => (0i64..4).prop_map(TtlOp::Tick),
+        1 => (0i64..8).prop_map(TtlOp::Expire),
+        3 => Just(TtlOp::Pass),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Random documents (dates, arrays of dates, nested arrays, other
+    /// values, missing fields), updates, `collMod`s and a clock against two
+    /// TTL indexes, one of them partial: each pass deletes exactly the
+    /// documents the model says expired at its `now` (and reports them),
+    /// and the indexes stay equal to a rebuild.
+    #[test]
+    fn a_ttl_pass_deletes_exactly_the_models_expired_set(ops in proptest::collection::vec(ttl_op(), 1..40)) {
+        let db = Database::in_memory();
+        let c = db.collection("s");
+        c.create_index_spec(&doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 5})
+            .expect("ttl");
+        c.create_index_spec(&doc! {
+            "key": {"to": 1}, "name": "to_1", "expireAfterSeconds": 0,
+            "partialFilterExpression": {"keep": false},
+        })
+        .expect("partial ttl");
+        let mut docs: std::collections::BTreeMap<i32, Document> = Default::default();
+        let (mut now, mut at_secs, mut next) = (20i64, 5i64, 0i32);
+        for op in &ops {
+            match op {
+                TtlOp::Insert(at, to, keep) => {
+                    next += 1;
+                    let mut d = doc! {"_id": next, "keep": *keep};
+                    if let Some(v) = at {
+                        d.insert("at", v.clone());
+                    }
+                    if let Some(v) = to {
+                        d.insert("to", v.clone());
+                    }
+                    c.insert_one(d.clone()).expect("insert");
+                    docs.insert(next, d);
+                }
+                TtlOp::SetAt(n, at) => {
+                    let Some(id) = docs.keys().nth(n % docs.len().max(1)).copied() else {
+                        continue;
+                    };
+                    let update = match at {
+                        Some(v) => doc! {"$set": {"at": v.clone()}},
+                        None => doc! {"$unset": {"at": 1}},
+                    };
+                    c.update_one(doc! {"_id": id}, update).expect("update");
+                    let d = docs.get_mut(&id).expect("present");
+                    match at {
+                        Some(v) => {
+                            d.insert("at", v.clone());
+                        }
+                        None => {
+                            d.remove("at");
+                        }
+                    }
+                }
+                TtlOp::Tick(s) => now += s,
+                TtlOp::Expire(s) => {
+                    c.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int64(*s))
+                        .expect("collMod");
+                    at_secs = *s;
+                }
+                TtlOp::Pass => {
+                    let gone: Vec<i32> = docs
+                        .iter()
+                        .filter(|(_, d)| {
+                            expired(d.get("at"), now - at_secs)
+                                || (d.get_bool("keep").ok() == Some(false) && expired(d.get("to"), now))
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    let pass = db.ttl_pass(DateTime::from_millis(T0 + now * 1000)).expect("pass");
+                    prop_assert_eq!(pass.indexes, 2);
+                    prop_assert_eq!(pass.deleted_documents, gone.len() as u64, "at {} after {:?}", now, ops);
+                    for id in gone {
+                        docs.remove(&id);
+                    }
+                    let left = ids(&c, doc! {});
+                    let want: Vec<i32> = docs.keys().copied().collect();
+                    prop_assert_eq!(left, want, "at {}", now);
+                }
+            }
+        }
+        c.check_invariants().map_err(TestCaseError::fail)?;
+    }
 }
