@@ -282,6 +282,10 @@ fn with_fields(id: i32, a: &Option<Bson>, b: &Option<bool>) -> Document {
     d
 }
 
+/// A write as the model judges it: the old version (`None`: an insert), the
+/// new one, and whether validation is bypassed.
+type Write = (Option<Document>, Document, bool);
+
 /// The validation model: the collection's documents by `_id` and its rules.
 struct VModel {
     docs: std::collections::BTreeMap<i32, Document>,
@@ -353,8 +357,7 @@ proptest! {
         let mut next_id = 100;
         for op in ops {
             let handle = |bypass: bool| db.collection("c").bypass_document_validation(bypass);
-            // (the write's result, the new version the model writes if accepted, its old version)
-            let (got, write): (duetdb::Result<()>, Option<(Option<Document>, Document, bool)>) = match &op {
+            let (got, write): (duetdb::Result<()>, Option<Write>) = match &op {
                 VOp::Insert(a, b, bypass) => {
                     next_id += 1;
                     let d = with_fields(next_id, a, b);
