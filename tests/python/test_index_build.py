@@ -2,7 +2,9 @@
 a collection of 10,000 documents or more builds from a snapshot outside the
 writer, catches up with the writes made meanwhile and publishes; other
 clients' writes are acknowledged during the build; currentOp shows the
-build's progress; killOp and dropIndexes abort it and leave no index."""
+build's progress; killOp and dropIndexes abort it and leave no index; a
+client that disconnects during its build does not abort it (MongoDB keeps
+building), and the build stays listed and killable."""
 
 import threading
 import time
@@ -10,6 +12,8 @@ import time
 import pytest
 from pymongo import ASCENDING
 from pymongo.errors import OperationFailure
+
+import wire
 
 N = 12_000
 # 20 keys per document: enough work for the build to last while it is watched.
@@ -148,3 +152,42 @@ def test_unique_build_over_duplicates_fails_and_leaves_nothing(db):
         db.big.create_index([("arr", ASCENDING)], unique=True)
     assert e.value.code == 11000
     assert [i["name"] for i in db.big.list_indexes()] == ["_id_"]
+
+
+def index_names(coll):
+    return [i["name"] for i in coll.list_indexes()]
+
+
+@pytest.mark.parametrize("then", ["finish", "killOp"])
+def test_a_build_survives_its_clients_disconnect(server, client, db, then):
+    """The client sends createIndexes on its own connection and closes it
+    while the build runs: the build goes on to the end (the index appears)
+    and stays in currentOp meanwhile, where killOp still aborts it."""
+    fill(db.big)
+    s = wire.connect(server.port)
+    s.sendall(wire.op_msg({"createIndexes": "big", "$db": db.name,
+                           "indexes": [{"key": {"arr": 1}, "name": "arr_1"}]}))
+    op = running_build(client)
+    s.close()
+    if then == "killOp":
+        # Still listed once the server saw the disconnect, and still killable.
+        time.sleep(0.05)
+        assert any(o.get("opid") == op["opid"]
+                   for o in client.admin.command("currentOp")["inprog"]), "ended early"
+        client.admin.command("killOp", op=op["opid"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = [o for o in client.admin.command("currentOp")["inprog"]
+                  if o.get("opid") == op["opid"]]
+        if not listed:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the build never ended")
+    if then == "finish":
+        assert index_names(db.big) == ["_id_", "arr_1"]
+        probe = {"arr": {"$gte": N // 2, "$lt": N // 2 + 50}}
+        assert sorted(d["_id"] for d in db.big.find(probe).hint("arr_1")) == sorted(
+            d["_id"] for d in db.big.find(probe).hint({"$natural": 1}))
+    else:
+        assert index_names(db.big) == ["_id_"]

@@ -48,9 +48,10 @@ def test_ttl_index_expires_documents_on_a_pass(client, db):
     assert params["ttlMonitorSleepSecs"] == 60
 
 
-def test_mongoose_expires_and_model_init_are_idempotent(db):
-    # What Mongoose sends for `createdAt: {type: Date, expires: 3600}` at
-    # Model.init(), and again at the next start (or syncIndexes).
+def test_ttl_index_created_again_is_a_no_op_and_coll_mod_changes_it(db):
+    # The requests Mongoose sends for `createdAt: {type: Date, expires: 3600}`
+    # at Model.init(), and again at the next start (Mongoose itself runs in
+    # test_mongoose.py).
     spec = {"key": {"createdAt": 1}, "name": "createdAt_1",
             "expireAfterSeconds": 3600, "background": True}
     first = db.command("createIndexes", "sessions", indexes=[spec])

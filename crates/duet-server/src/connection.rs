@@ -20,8 +20,9 @@
 //!   token carries the `maxTimeMS` deadline (the engine's reads check it once
 //!   per page and fail with MaxTimeMSExpired, 50); `killOp` cancels it
 //!   (Interrupted, 11601), and so does the client closing its connection
-//!   while the command runs (ClientDisconnect, 279: nobody reads that reply)
-//!   and shutdown (InterruptedAtShutdown, 11600). Work never outlives its
+//!   while the command runs (ClientDisconnect, 279: nobody reads that reply;
+//!   except `createIndexes`, whose build goes on as MongoDB's does:
+//!   `ops::SURVIVE_DISCONNECT`) and shutdown (InterruptedAtShutdown, 11600). Work never outlives its
 //!   request: a cancelled read stops within a page; a write already
 //!   submitted to the writer may still commit, as with MongoDB;
 //! - past `maxTimeMS` the client gets 50 even if the command ignored its
@@ -130,7 +131,8 @@ pub async fn serve(
             }
         };
         // A client that closes its connection while its command runs gets
-        // the command cancelled: nobody will read the reply.
+        // the command cancelled (nobody will read the reply), except an
+        // index build, which goes on (`ops::SURVIVE_DISCONNECT`).
         let reply = tokio::select! {
             r = handled => r,
             _ = stream.peer_closed() => {

@@ -18,7 +18,12 @@
 //! - an operation is listed from before its command starts until after its
 //!   engine call has returned (the guard lives on the blocking thread);
 //! - cancelling only sets the token: reads stop at their next page check,
-//!   writes already submitted to the writer may still commit (as MongoDB).
+//!   writes already submitted to the writer may still commit (as MongoDB);
+//! - a closed connection cancels its operations except those of
+//!   [`SURVIVE_DISCONNECT`] (`createIndexes`: MongoDB does not mark it
+//!   killable on client disconnect, so an index build goes on to the end);
+//!   they stay listed, and `killOp`, `maxTimeMS` and shutdown still cancel
+//!   them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,6 +108,8 @@ impl OpReport {
 
 struct Op {
     conn: u64,
+    /// Cancelled when its connection closes (false: [`SURVIVE_DISCONNECT`]).
+    kill_on_disconnect: bool,
     client: std::net::SocketAddr,
     ns: String,
     started: Instant,
@@ -110,6 +117,12 @@ struct Op {
     token: CancelToken,
     report: Arc<OpReport>,
 }
+
+/// Commands that go on when their client disconnects (MongoDB's commands
+/// not marked `killOnClientDisconnect` among those that last): an index
+/// build is not lost because the shell or driver that asked for it went
+/// away.
+pub const SURVIVE_DISCONNECT: &[&str] = &["createIndexes"];
 
 /// The namespace a command acts on: `db.coll` when its first field names
 /// a collection, else `db.$cmd`.
@@ -211,10 +224,15 @@ impl OpRegistry {
     ) -> OpGuard {
         let opid = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let ns = namespace(db, &cmd);
+        let kill_on_disconnect = !cmd
+            .keys()
+            .next()
+            .is_some_and(|name| SURVIVE_DISCONNECT.contains(&name.as_str()));
         let report = Arc::new(OpReport::new(cmd));
         let op = Op {
             report: report.clone(),
             conn: conn.id,
+            kill_on_disconnect,
             client: conn.peer,
             ns,
             started: Instant::now(),
@@ -243,11 +261,15 @@ impl OpRegistry {
         }
     }
 
-    /// Cancel every operation of connection `conn` (it closed).
+    /// Cancel every operation of connection `conn` (it closed), except
+    /// those that survive a disconnect ([`SURVIVE_DISCONNECT`]).
     pub fn kill_connection(&self, conn: u64, reason: CancelReason) -> usize {
         let ops = self.ops.lock();
         let mut n = 0;
-        for op in ops.values().filter(|o| o.conn == conn) {
+        for op in ops
+            .values()
+            .filter(|o| o.conn == conn && o.kill_on_disconnect)
+        {
             if op.token.cancel(reason) {
                 self.killed.fetch_add(1, Ordering::Relaxed);
                 n += 1;
@@ -324,5 +346,33 @@ impl OpRegistry {
             "killed": self.killed.load(Ordering::Relaxed) as i64,
             "finishedAfterCancel": self.finished_after_cancel.load(Ordering::Relaxed) as i64,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A closed connection cancels its operations but `createIndexes`,
+    /// which `killOp` and shutdown still cancel.
+    #[test]
+    fn a_disconnect_spares_index_builds_only() {
+        let reg = Arc::new(OpRegistry::default());
+        let addr: std::net::SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let conn = ConnInfo::new(7, addr, addr);
+        let find = CancelToken::new();
+        let build = CancelToken::new();
+        let _f = reg.register(&conn, "d", Arc::new(doc! {"find": "c"}), find.clone());
+        let b = reg.register(
+            &conn,
+            "d",
+            Arc::new(doc! {"createIndexes": "c", "indexes": []}),
+            build.clone(),
+        );
+        assert_eq!(reg.kill_connection(7, CancelReason::ClientDisconnected), 1);
+        assert_eq!(find.reason(), Some(CancelReason::ClientDisconnected));
+        assert_eq!(build.reason(), None);
+        assert!(reg.kill(b.opid()));
+        assert_eq!(build.reason(), Some(CancelReason::Killed));
     }
 }

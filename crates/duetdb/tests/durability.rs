@@ -68,6 +68,47 @@ fn soft(r: duetdb::Result<()>) -> duetdb::Result<()> {
     }
 }
 
+/// Words of the documents' `x` field.
+const WORDS: [&str; 5] = ["Tea", "coffee", "cakes", "Café", "the"];
+
+/// The indexes the workload creates and drops, one of every kind, with
+/// their collections (the plain text index on `b`: one text index per
+/// collection, and `a` has the compound one).
+fn workload_index_specs() -> Vec<(&'static str, duetdb::bson::Document)> {
+    vec![
+        ("a", doc! {"key": {"v": 1}, "name": "v_1"}),
+        (
+            "a",
+            doc! {"key": {"v": -1}, "name": "vp", "partialFilterExpression": {"v": {"$gte": 10}}},
+        ),
+        (
+            "a",
+            doc! {"key": {"t": 1}, "name": "ts", "sparse": true, "expireAfterSeconds": 3600},
+        ),
+        ("a", doc! {"key": {"v": "hashed"}, "name": "vh"}),
+        ("a", doc! {"key": {"$**": 1}, "name": "w"}),
+        (
+            "a",
+            doc! {"key": {"v": 1, "x": "text", "t": -1}, "name": "vx_text"},
+        ),
+        // 2dsphere and collated in one (each index costs every crash image).
+        (
+            "a",
+            doc! {"key": {"g": "2dsphere", "x": 1}, "name": "g_geo_ci", "collation": {"locale": "en", "strength": 2}},
+        ),
+        ("b", doc! {"key": {"x": "text"}, "name": "x_text"}),
+    ]
+}
+
+/// The names of the indexes collection `c` has now.
+fn index_names(c: &duetdb::Collection) -> Vec<String> {
+    c.list_indexes()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| s.get_str("name").ok().map(str::to_string))
+        .collect()
+}
+
 /// One step of the deterministic workload; every step is one command (one
 /// commit group) or a checkpoint.
 fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
@@ -77,7 +118,18 @@ fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
         0..=7 => {
             let n = 1 + rng.below(5);
             let docs: Vec<_> = (0..n)
-                .map(|k| doc! {"_id": format!("{i}-{k}"), "v": (rng.below(50)) as i64, "s": "y".repeat(rng.below(120) as usize)})
+                .map(|k| {
+                    let v = rng.below(50) as i64;
+                    let mut d = doc! {"_id": format!("{i}-{k}"), "v": v, "s": "y".repeat(rng.below(120) as usize)};
+                    // A short word for the text and collated indexes (cheap
+                    // to tokenize, stem and collate), and a point for the
+                    // 2dsphere index on most documents.
+                    d.insert("x", WORDS[(v % 5) as usize]);
+                    if v % 3 != 0 {
+                        d.insert("g", vec![Bson::Double(v as f64 - 25.0), Bson::Double((v % 7) as f64)]);
+                    }
+                    d
+                })
                 .collect();
             let c = if rng.chance(3) { &b } else { &a };
             c.insert_many(docs, true).map(|_| ()).map_err(|e| match e {
@@ -116,25 +168,38 @@ fn step(db: &Database, rng: &mut Rng, i: u64) -> duetdb::Result<()> {
         14 => a
             .find_one_and_delete(doc! {}, Default::default())
             .map(|_| ()),
-        15 => {
+        15..=16 => {
             // Every index kind (issue #18): recovered equal to a rebuild
-            // (`digest` checks the invariants and the listed specs).
-            let specs = [
-                doc! {"key": {"v": 1}, "name": "v_1"},
-                doc! {"key": {"v": -1}, "name": "vp", "partialFilterExpression": {"v": {"$gte": 10}}},
-                doc! {"key": {"t": 1}, "name": "ts", "sparse": true, "expireAfterSeconds": 3600},
-                doc! {"key": {"v": "hashed"}, "name": "vh"},
-                doc! {"key": {"$**": 1}, "name": "w"},
-                doc! {"key": {"s": "text"}, "name": "s_text"},
-            ];
-            let spec = &specs[rng.below(specs.len() as u64) as usize];
-            if rng.chance(2) {
-                soft(a.create_index_spec(spec).map(|_| ()))
-            } else {
-                soft(a.drop_index(spec.get_str("name").unwrap_or("v_1")))
+            // (`digest` checks the invariants and the listed specs). Mostly
+            // creates the next index (from a random start) that its
+            // collection lacks, so a few steps reach every kind; drops one
+            // that exists otherwise or when three exist (each costs every
+            // crash image's recovery and check).
+            let specs = workload_index_specs();
+            let exists: Vec<bool> = specs
+                .iter()
+                .map(|(coll, spec)| {
+                    let name = spec.get_str("name").unwrap_or_default();
+                    index_names(&db.collection(coll)).iter().any(|p| p == name)
+                })
+                .collect();
+            let start = rng.below(specs.len() as u64) as usize;
+            let create = rng.below(4) != 0 && exists.iter().filter(|e| **e).count() < 3;
+            for k in 0..specs.len() {
+                let at = (start + k) % specs.len();
+                let (coll, spec) = &specs[at];
+                let c = db.collection(coll);
+                let name = spec.get_str("name").unwrap_or_default();
+                if create && !exists[at] {
+                    return soft(c.create_index_spec(spec).map(|_| ()));
+                }
+                if !create && exists[at] {
+                    return c.drop_index(name).map(|_| ());
+                }
             }
+            Ok(())
         }
-        16 => {
+        17 if rng.chance(2) => {
             if rng.chance(2) {
                 soft(db.create_collection(&format!("c{}", rng.below(3))))
             } else {
@@ -256,13 +321,17 @@ fn crash_campaign_with(
     (s.results.len(), violations)
 }
 
+/// Steps per seed of the main campaign (its cost grows faster than the
+/// steps: later images hold more; 100 gives ~14,000 crash points).
+const CAMPAIGN_STEPS: u64 = 100;
+
 #[test]
 fn durability_crash_images_recover_to_an_acknowledged_prefix() {
     // The seeds are independent simulations: run them side by side (this is
     // the slowest test of the suite, and CI has 2 cores).
     let campaigns = std::thread::scope(|s| {
         let runs: Vec<_> = (1..=3u64)
-            .map(|seed| s.spawn(move || (seed, crash_campaign(seed, 120, 2, sim_opts))))
+            .map(|seed| s.spawn(move || (seed, crash_campaign(seed, CAMPAIGN_STEPS, 2, sim_opts))))
             .collect();
         runs.into_iter()
             .map(|h| h.join().expect("campaign thread"))
@@ -280,6 +349,35 @@ fn durability_crash_images_recover_to_an_acknowledged_prefix() {
     }
     eprintln!("crash points recovered: {points}");
     assert!(points >= 10_000, "only {points} crash points");
+}
+
+/// The campaign's seeds reach every index kind: each of the workload's
+/// indexes exists at some acknowledged step, with documents it indexes
+/// (the same deterministic steps as the campaign, without crash images).
+#[test]
+fn durability_crash_workload_covers_every_index_kind() {
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for seed in 1..=3u64 {
+        let fs = SimFs::new();
+        let db = Database::open_with(dir(), sim_opts(&fs)).expect("open");
+        let mut rng = Rng::new(seed);
+        for i in 0..CAMPAIGN_STEPS {
+            step(&db, &mut rng, i).expect("workload step");
+            for coll in ["a", "b", "b2"] {
+                let c = db.collection(coll);
+                for (name, entries) in c.stats().map(|s| s.indexes).unwrap_or_default() {
+                    let most = seen.entry(name).or_default();
+                    *most = (*most).max(entries as usize);
+                }
+            }
+        }
+    }
+    for (_, spec) in workload_index_specs() {
+        let name = spec.get_str("name").expect("named");
+        let entries = seen.get(name).copied().unwrap_or(0);
+        assert!(entries > 0, "{name} never held an entry: {seen:?}");
+    }
+    eprintln!("most entries per index: {seen:?}");
 }
 
 #[test]

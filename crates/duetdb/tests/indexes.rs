@@ -1,7 +1,8 @@
 //! Index kinds and options (issue #18): TTL, partial and sparse (unique
 //! among the indexed documents only), hashed, wildcard; MongoDB's conflict
 //! codes; the planner using an index only when it holds every match; specs
-//! and entries surviving the WAL, checkpoints and recovery.
+//! and entries surviving the WAL, checkpoints and recovery; a model of TTL
+//! passes on random dates and a clock.
 
 use duetdb::bson::{doc, Bson, DateTime, Document};
 use duetdb::{Collection, Database, IndexTarget, TextFindOptions, TtlMonitor};
@@ -363,76 +364,242 @@ fn conflicts_have_mongodbs_codes_and_identical_specs_are_no_ops() {
     );
 }
 
-/// Indexes of every kind come back from the WAL and from a checkpoint with
-/// their options and the same entries as a fresh build.
+/// The index specs of the recovery test: every kind on `x` (the text index
+/// compound, with a prefix and a suffix), and on `y`, a collection with a
+/// default collation (so its `_id` index is collated), a plain text index,
+/// a collated ordered index and a compound 2dsphere index collated on its
+/// other field.
+fn recovery_specs() -> [(&'static str, Vec<Document>); 2] {
+    [
+        (
+            "x",
+            vec![
+                doc! {"key": {"at": 1}, "expireAfterSeconds": 30},
+                doc! {"key": {"e": 1}, "unique": true, "sparse": true},
+                doc! {"key": {"u": 1}, "unique": true, "partialFilterExpression": {"on": true}},
+                doc! {"key": {"k": "hashed"}},
+                doc! {"key": {"$**": 1}, "wildcardProjection": {"k": 1, "n.x": 1}},
+                doc! {"key": {"k": 1, "n.y": "text", "w": "text", "u": -1}, "weights": {"w": 3}},
+                doc! {"key": {"loc": "2dsphere"}},
+                doc! {"key": {"name": 1, "k": -1}, "collation": {"locale": "de", "strength": 1}},
+            ],
+        ),
+        (
+            "y",
+            vec![
+                doc! {"key": {"w": "text"}, "collation": {"locale": "simple"}},
+                doc! {"key": {"name": 1}, "unique": false},
+                doc! {"key": {"k": 1, "loc": "2dsphere", "name": 1}},
+            ],
+        ),
+    ]
+}
+
+/// The options `y` is created with: a case-insensitive default collation.
+fn collated_options() -> duetdb::CollectionOptions {
+    duetdb::CollectionOptions {
+        collation: duetdb::Collator::from_document(&doc! {"locale": "en", "strength": 2})
+            .expect("collation"),
+        ..Default::default()
+    }
+}
+
+const NAMES: [&str; 6] = ["Ärger", "arger", "Apfel", "APFEL", "zebra", "Zoë"];
+const PHRASES: [&str; 5] = [
+    "coffee shops",
+    "Tea houses",
+    "baking cakes",
+    "café au lait",
+    "the",
+];
+
+/// Round `r` of the recovery test's writes on one collection: round 0
+/// inserts 800 documents (enough heap pages and index leaves for a later
+/// round to leave most of them unchanged); later rounds move them (points, words, names,
+/// dates, partial and sparse members) among the first 60, delete some of
+/// them and insert new ones (so a chained checkpoint reuses the rest).
+fn recovery_round(c: &Collection, r: i32) {
+    let point = |i: i32| doc! {"type": "Point", "coordinates": [f64::from(i % 37) * 0.5 - 9.0, f64::from(i % 23) * 0.7 - 8.0]};
+    let one = |i: i32| {
+        let mut d = doc! {
+            "_id": i, "k": i % 9, "n": {"x": i, "y": PHRASES[(i % 5) as usize]},
+            "w": PHRASES[((i + r) % 5) as usize], "on": i % 3 == 0, "u": i,
+            "name": NAMES[(i % 6) as usize], "at": DateTime::from_millis(i64::from(i) * 1000),
+        };
+        if i % 4 == 0 {
+            d.insert("e", i);
+        }
+        if i % 5 != 0 {
+            d.insert("loc", point(i));
+        }
+        d
+    };
+    if r == 0 {
+        c.insert_many((0..800).map(one), true).expect("insert");
+        return;
+    }
+    c.update_many(
+        doc! {"k": r % 9, "_id": {"$lt": 60}},
+        doc! {"$set": {"on": true, "loc": point(r * 11), "name": NAMES[(r % 6) as usize]}},
+    )
+    .expect("update");
+    c.update_many(
+        doc! {"k": (r + 4) % 9, "_id": {"$lt": 60}},
+        doc! {"$set": {"n.y": PHRASES[(r % 5) as usize], "at": [DateTime::from_millis(5), DateTime::from_millis(9)]}, "$unset": {"e": 1, "loc": 1}},
+    )
+    .expect("update");
+    c.delete_many(doc! {"k": (r + 2) % 9, "_id": {"$lt": 60}})
+        .expect("delete");
+    c.insert_many((1000 * r..1000 * r + 10).map(one), true)
+        .expect("insert");
+}
+
+/// What the recovery test compares: the listed specs, the entries and bytes
+/// of each index, and queries answered through the text, 2dsphere and
+/// collated indexes.
+type Listing = (Vec<Document>, Vec<(String, u64)>, Vec<Vec<Bson>>);
+
+fn listing(c: &Collection) -> Listing {
+    let ids = |docs: Vec<Document>| -> Vec<Bson> {
+        let mut v: Vec<Bson> = docs.iter().filter_map(|d| d.get("_id").cloned()).collect();
+        v.sort_by_key(|b| b.to_string());
+        v
+    };
+    let text = if c.name() == "x" {
+        doc! {"k": 3, "$text": {"$search": "coffee cafe"}}
+    } else {
+        doc! {"$text": {"$search": "tea -cakes"}}
+    };
+    let answers = vec![
+        ids(c.text_find(&text, TextFindOptions::default()).expect("text")),
+        ids(c
+            .find(doc! {"loc": {"$geoWithin": {"$centerSphere": [[0.0, 0.0], 0.08]}}, "k": {"$gte": 0}})
+            .run()
+            .expect("geo")),
+        ids(c
+            .clone()
+            .with_collation(Some(doc! {"locale": if c.name() == "x" { "de" } else { "en" }, "strength": if c.name() == "x" { 1 } else { 2 }}))
+            .find(doc! {"name": {"$in": ["arger", "apfel"]}})
+            .run()
+            .expect("collated")),
+    ];
+    (
+        c.list_indexes().expect("list"),
+        c.stats().expect("stats").indexes,
+        answers,
+    )
+}
+
+/// `db`'s collections equal a fresh in-memory build from their documents
+/// (same options, the same specs created after the documents), and each
+/// index holds exactly its documents' keys.
+fn assert_equal_to_a_fresh_build(db: &Database, when: &str) {
+    let fresh = Database::in_memory();
+    fresh
+        .create_collection_with("y", collated_options())
+        .expect("create y");
+    for (name, specs) in recovery_specs() {
+        let c = db.collection(name);
+        c.check_invariants()
+            .unwrap_or_else(|e| panic!("{when}: {name}: {e}"));
+        let f = fresh.collection(name);
+        let docs = c.find(doc! {}).run().expect("documents");
+        assert!(docs.len() > 100, "{when}: {name}: {} documents", docs.len());
+        f.insert_many(docs, true).expect("copy");
+        for s in &specs {
+            f.create_index_spec(s).expect("fresh index");
+        }
+        let (mut got, mut want) = (listing(&c), listing(&f));
+        // The TTL index's collMod is not part of a fresh build.
+        for l in [&mut got.0, &mut want.0] {
+            for spec in l.iter_mut() {
+                spec.remove("expireAfterSeconds");
+            }
+        }
+        assert_eq!(got, want, "{when}: {name}");
+        assert!(
+            got.2.iter().all(|a| !a.is_empty()),
+            "{when}: {name}: {:?}",
+            got.2
+        );
+    }
+}
+
+fn expire_after(c: &Collection) -> Option<i32> {
+    let list = c.list_indexes().expect("list");
+    list.iter()
+        .find(|s| s.get_str("name").ok() == Some("at_1"))
+        .and_then(|s| s.get_i32("expireAfterSeconds").ok())
+}
+
+/// Indexes of every kind (TTL, sparse and partial unique, hashed, wildcard,
+/// compound and plain text, 2dsphere and compound 2dsphere, collated, and a
+/// collated `_id`) come back from the WAL, from a whole checkpoint and from
+/// a chained (incremental) checkpoint plus a WAL tail with their options and
+/// the same entries as a fresh build.
 #[test]
 fn every_index_kind_recovers_equal_to_a_fresh_build() {
     let dir = tempfile::tempdir().expect("tmp");
-    let specs = vec![
-        doc! {"key": {"at": 1}, "expireAfterSeconds": 30},
-        doc! {"key": {"e": 1}, "unique": true, "sparse": true},
-        doc! {"key": {"u": 1}, "unique": true, "partialFilterExpression": {"on": true}},
-        doc! {"key": {"k": "hashed"}},
-        doc! {"key": {"$**": 1}, "wildcardProjection": {"k": 1, "n.x": 1}},
-        doc! {"key": {"n.y": "text", "w": "text"}, "weights": {"w": 3}},
-    ];
-    let fill = |c: &Collection| {
-        for i in 0..200 {
-            let mut d =
-                doc! {"_id": i, "k": i % 9, "n": {"x": i, "y": "z"}, "on": i % 3 == 0, "u": i};
-            if i % 4 == 0 {
-                d.insert("e", i);
-            }
-            d.insert("at", DateTime::from_millis(i64::from(i) * 1000));
-            c.insert_one(d).expect("insert");
-        }
-        c.update_many(doc! {"k": 1}, doc! {"$set": {"on": true}})
-            .expect("update");
-        c.delete_many(doc! {"k": 2}).expect("delete");
-    };
-    let listing = |c: &Collection| {
-        (
-            c.list_indexes().expect("list"),
-            c.stats().expect("stats").indexes,
-        )
-    };
-    let expected = {
-        let db = Database::in_memory();
-        let c = db.collection("x");
-        fill(&c);
-        for s in &specs {
-            c.create_index_spec(s).expect("index");
-        }
-        listing(&c)
-    };
     {
         let db = Database::open(dir.path()).expect("open");
-        let c = db.collection("x");
-        for s in &specs {
-            c.create_index_spec(s).expect("index");
+        db.create_collection_with("y", collated_options())
+            .expect("create y");
+        for (name, specs) in recovery_specs() {
+            let c = db.collection(name);
+            for s in &specs {
+                c.create_index_spec(s).expect("index");
+            }
+            recovery_round(&c, 0);
+            recovery_round(&c, 1);
         }
-        fill(&c);
-        c.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(30))
+        let x = db.collection("x");
+        x.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(30))
             .expect("same value: no change");
-        assert_eq!(listing(&c), expected);
+        assert_equal_to_a_fresh_build(&db, "before recovery");
     }
-    // Recovered from the WAL.
+    // Recovered from the WAL alone; then a whole checkpoint, more writes, a
+    // chained checkpoint, and a WAL tail.
     {
         let db = Database::open(dir.path()).expect("reopen");
-        let c = db.collection("x");
-        assert_eq!(listing(&c), expected);
-        c.check_invariants().expect("invariants");
-        c.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(45))
+        let r = db.recovery_report().expect("durable");
+        assert!(r.checkpoint.is_none() && r.records_replayed > 0, "{r}");
+        assert_equal_to_a_fresh_build(&db, "from the WAL");
+        let x = db.collection("x");
+        x.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int32(45))
             .expect("collMod");
-        db.checkpoint().expect("checkpoint");
+        db.checkpoint().expect("checkpoint").expect("written");
+        for name in ["x", "y"] {
+            recovery_round(&db.collection(name), 2);
+        }
+        db.checkpoint()
+            .expect("chained checkpoint")
+            .expect("written");
+        for name in ["x", "y"] {
+            recovery_round(&db.collection(name), 3);
+        }
     }
-    // Recovered from the checkpoint, with the collMod.
+    {
+        let db = Database::open(dir.path()).expect("reopen");
+        let r = db.recovery_report().expect("durable");
+        assert!(
+            r.checkpoint.is_some() && r.checkpoint_files.len() >= 2 && r.records_replayed > 0,
+            "a chained checkpoint and a WAL tail: {r} {:?}",
+            r.checkpoint_files
+        );
+        assert_equal_to_a_fresh_build(&db, "from a chained checkpoint and the WAL");
+        assert_eq!(expire_after(&db.collection("x")), Some(45));
+        db.checkpoint().expect("checkpoint").expect("written");
+    }
+    // Recovered from a whole checkpoint, nothing to replay.
     let db = Database::open(dir.path()).expect("reopen");
-    let c = db.collection("x");
-    let (list, entries) = listing(&c);
-    assert_eq!(entries, expected.1);
-    assert_eq!(list[1].get_i32("expireAfterSeconds").ok(), Some(45));
-    c.check_invariants().expect("invariants");
+    let r = db.recovery_report().expect("durable");
+    assert!(
+        r.checkpoint.is_some() && r.checkpoint_files.len() == 1,
+        "{r} {:?}",
+        r.checkpoint_files
+    );
+    assert_equal_to_a_fresh_build(&db, "from a whole checkpoint");
+    assert_eq!(expire_after(&db.collection("x")), Some(45));
 }
 
 fn text_ids(c: &Collection, search: &str) -> Vec<i32> {
@@ -872,4 +1039,150 @@ fn compound_text_index_follows_prefix_moves_under_concurrent_updates() {
     });
     assert!(checks >= 20 && nonempty > 0, "{checks} {nonempty}");
     c.check_invariants().expect("invariants");
+}
+
+// ------------------------------------------------------------ the TTL model
+
+/// The model's start of time (ms); the clock and every date are whole
+/// seconds from it, and the clock moves slowly through the dates' range, so
+/// dates fall exactly on a cutoff often (expired is strictly before it).
+const T0: i64 = 1_700_000_000_000;
+
+fn date(secs: i64) -> Bson {
+    Bson::DateTime(DateTime::from_millis(T0 + secs * 1000))
+}
+
+/// A value of a TTL-indexed field: dates, arrays of dates (with other
+/// values, empty, nested), and values that never expire.
+fn ttl_value() -> impl Strategy<Value = Bson> {
+    let d = || (10i64..30).prop_map(date);
+    prop_oneof![
+        4 => d(),
+        3 => proptest::collection::vec(prop_oneof![3 => d(), 1 => Just(Bson::Int32(3))], 0..4).prop_map(Bson::Array),
+        1 => d().prop_map(|x| Bson::Array(vec![Bson::Array(vec![x])])),
+        1 => (10i64..30).prop_map(|s| Bson::Int64(T0 + s * 1000)),
+        1 => Just(Bson::String("2023-11-14".into())),
+        1 => Just(Bson::Null),
+    ]
+}
+
+/// The model's verdict: the earliest date directly in `v` (itself or an
+/// element of it) lies before `cutoff_secs`; anything else never expires.
+fn expired(v: Option<&Bson>, cutoff_secs: i64) -> bool {
+    let before =
+        |b: &Bson| matches!(b, Bson::DateTime(t) if t.timestamp_millis() < T0 + cutoff_secs * 1000);
+    match v {
+        Some(Bson::Array(items)) => items.iter().any(before),
+        Some(b) => before(b),
+        None => false,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum TtlOp {
+    /// A document with these `at` and `to` fields (`None`: missing) and `keep`.
+    Insert(Option<Bson>, Option<Bson>, bool),
+    /// Set (`Some`) or unset the n-th document's `at`.
+    SetAt(usize, Option<Bson>),
+    /// Advance the clock by whole seconds.
+    Tick(i64),
+    /// `collMod` the `at` index's expireAfterSeconds.
+    Expire(i64),
+    Pass,
+}
+
+fn ttl_op() -> impl Strategy<Value = TtlOp> {
+    let v = || proptest::option::of(ttl_value());
+    prop_oneof![
+        4 => (v(), v(), any::<bool>()).prop_map(|(a, t, k)| TtlOp::Insert(a, t, k)),
+        2 => (0usize..16, v()).prop_map(|(i, a)| TtlOp::SetAt(i, a)),
+        2 => (0i64..4).prop_map(TtlOp::Tick),
+        1 => (0i64..8).prop_map(TtlOp::Expire),
+        3 => Just(TtlOp::Pass),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Random documents (dates, arrays of dates, nested arrays, other
+    /// values, missing fields), updates, `collMod`s and a clock against two
+    /// TTL indexes, one of them partial: each pass deletes exactly the
+    /// documents the model says expired at its `now` (and reports them),
+    /// and the indexes stay equal to a rebuild.
+    #[test]
+    fn a_ttl_pass_deletes_exactly_the_models_expired_set(ops in proptest::collection::vec(ttl_op(), 1..40)) {
+        let db = Database::in_memory();
+        let c = db.collection("s");
+        c.create_index_spec(&doc! {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 5})
+            .expect("ttl");
+        c.create_index_spec(&doc! {
+            "key": {"to": 1}, "name": "to_1", "expireAfterSeconds": 0,
+            "partialFilterExpression": {"keep": false},
+        })
+        .expect("partial ttl");
+        let mut docs: std::collections::BTreeMap<i32, Document> = Default::default();
+        let (mut now, mut at_secs, mut next) = (20i64, 5i64, 0i32);
+        for op in &ops {
+            match op {
+                TtlOp::Insert(at, to, keep) => {
+                    next += 1;
+                    let mut d = doc! {"_id": next, "keep": *keep};
+                    if let Some(v) = at {
+                        d.insert("at", v.clone());
+                    }
+                    if let Some(v) = to {
+                        d.insert("to", v.clone());
+                    }
+                    c.insert_one(d.clone()).expect("insert");
+                    docs.insert(next, d);
+                }
+                TtlOp::SetAt(n, at) => {
+                    let Some(id) = docs.keys().nth(n % docs.len().max(1)).copied() else {
+                        continue;
+                    };
+                    let update = match at {
+                        Some(v) => doc! {"$set": {"at": v.clone()}},
+                        None => doc! {"$unset": {"at": 1}},
+                    };
+                    c.update_one(doc! {"_id": id}, update).expect("update");
+                    let d = docs.get_mut(&id).expect("present");
+                    match at {
+                        Some(v) => {
+                            d.insert("at", v.clone());
+                        }
+                        None => {
+                            d.remove("at");
+                        }
+                    }
+                }
+                TtlOp::Tick(s) => now += s,
+                TtlOp::Expire(s) => {
+                    c.set_expire_after_seconds(IndexTarget::Name("at_1".into()), &Bson::Int64(*s))
+                        .expect("collMod");
+                    at_secs = *s;
+                }
+                TtlOp::Pass => {
+                    let gone: Vec<i32> = docs
+                        .iter()
+                        .filter(|(_, d)| {
+                            expired(d.get("at"), now - at_secs)
+                                || (d.get_bool("keep").ok() == Some(false) && expired(d.get("to"), now))
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    let pass = db.ttl_pass(DateTime::from_millis(T0 + now * 1000)).expect("pass");
+                    prop_assert_eq!(pass.indexes, 2);
+                    prop_assert_eq!(pass.deleted_documents, gone.len() as u64, "at {} after {:?}", now, ops);
+                    for id in gone {
+                        docs.remove(&id);
+                    }
+                    let left = ids(&c, doc! {});
+                    let want: Vec<i32> = docs.keys().copied().collect();
+                    prop_assert_eq!(left, want, "at {}", now);
+                }
+            }
+        }
+        c.check_invariants().map_err(TestCaseError::fail)?;
+    }
 }

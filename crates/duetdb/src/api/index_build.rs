@@ -27,8 +27,9 @@
 //! Aborts: the build registers itself per database ([`Builds`]);
 //! `dropIndexes` of its name (or `*`), dropping or renaming its collection
 //! or dropping its database abort it with 276 IndexBuildAborted, and the command's cancel token
-//! (`killOp`, `maxTimeMS`, a closed connection, shutdown) with the token's
-//! code; either way no index is left. An abort that comes too late for the
+//! (`killOp`, `maxTimeMS`, shutdown; the server does not cancel it when the
+//! client disconnects, as MongoDB) with the token's code; either way no
+//! index is left. An abort that comes too late for the
 //! checks still finds the collection replaced or gone at the final step.
 
 use std::sync::Arc;

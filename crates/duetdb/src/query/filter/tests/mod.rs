@@ -1,7 +1,9 @@
 //! Tests of query filters, by concern: what documents a filter matches
 //! (`matching`), what it refuses to parse (`errors`), the index bounds it offers
-//! the planner (`sarg`), and a property test (`props`) against a deliberately
-//! simple evaluator (`reference`). The helpers here are shared by all of them.
+//! the planner (`sarg`), and property tests against a deliberately simple
+//! evaluator (`reference`): of `Filter::matches` (`props`) and of a
+//! collection validator's verdict under each level and action
+//! (`validation`). The helpers here are shared by all of them.
 
 use bson::{Bson, Document, RawDocumentBuf};
 
@@ -13,6 +15,7 @@ mod matching;
 mod props;
 mod reference;
 mod sarg;
+mod validation;
 
 fn parse(f: Document) -> Filter {
     Filter::parse(&f).unwrap_or_else(|e| panic!("parse {f}: {e}"))

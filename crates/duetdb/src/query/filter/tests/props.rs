@@ -19,7 +19,7 @@ fn scalar() -> impl Strategy<Value = Bson> {
     ]
 }
 
-fn value() -> impl Strategy<Value = Bson> {
+pub(super) fn value() -> impl Strategy<Value = Bson> {
     scalar().prop_recursive(2, 12, 3, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..3).prop_map(Bson::Array),
@@ -35,7 +35,7 @@ fn value() -> impl Strategy<Value = Bson> {
     })
 }
 
-fn document() -> impl Strategy<Value = Document> {
+pub(super) fn document() -> impl Strategy<Value = Document> {
     proptest::collection::vec((prop_oneof![Just("a"), Just("b")], value()), 0..3).prop_map(|kv| {
         let mut d = Document::new();
         for (k, v) in kv {
@@ -47,7 +47,7 @@ fn document() -> impl Strategy<Value = Document> {
 
 /// Operands: like values, minus `undefined` (rejected by the parser) and
 /// documents with `$` keys (none are generated).
-fn operand() -> impl Strategy<Value = Bson> {
+pub(super) fn operand() -> impl Strategy<Value = Bson> {
     value().prop_filter("no undefined operand", |v| !matches!(v, Bson::Undefined))
 }
 
@@ -122,7 +122,7 @@ fn is_valid(op: &ROp) -> bool {
     }
 }
 
-fn filter() -> impl Strategy<Value = RF> {
+pub(super) fn filter() -> impl Strategy<Value = RF> {
     let field = (path(), op().prop_filter("valid", is_valid)).prop_map(|(p, o)| RF::Field(p, o));
     field.prop_recursive(2, 8, 3, |inner| {
         prop_oneof![
