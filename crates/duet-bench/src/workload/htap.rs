@@ -175,6 +175,10 @@ struct CellOut {
     wall_s: f64,
     scan_ms: Vec<f64>,
     scan_cpu_ms: Vec<f64>,
+    /// Aligned rounds: per round, the slowest scan's duration minus the
+    /// fastest's (their starts are the same instant, so this is how far
+    /// apart they finish).
+    round_spread_ms: Vec<f64>,
     wrong_counts: u64,
     space_start: Vec<(String, f64)>,
     space_peak: Vec<(String, f64)>,
@@ -251,10 +255,35 @@ fn run_cell(
             .iter()
             .flat_map(|r| r.cpu_ms.iter().copied())
             .collect(),
+        round_spread_ms: if rounds.is_some() {
+            round_spreads(
+                &run.readers
+                    .iter()
+                    .map(|r| &r.wall_ms[..])
+                    .collect::<Vec<_>>(),
+            )
+        } else {
+            Vec::new()
+        },
         wrong_counts: run.readers.iter().map(|r| r.wrong).sum(),
         space_start,
         space_peak,
     })
+}
+
+/// For rounds every scan took part in (round `r` is each scan's `r`-th
+/// duration), the longest duration minus the shortest.
+fn round_spreads(durations: &[&[f64]]) -> Vec<f64> {
+    let rounds = durations.iter().map(|d| d.len()).min().unwrap_or(0);
+    (0..rounds)
+        .map(|r| {
+            let (lo, hi) = durations
+                .iter()
+                .map(|d| d[r])
+                .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+            hi - lo
+        })
+        .collect()
 }
 
 /// One update thread: zipfian keys until the deadline, paced to its share
@@ -441,6 +470,14 @@ pub fn run(
                             col.add(&name, &c, "scans_completed", cell.scan_ms.len() as f64);
                             col.add(&name, &c, "scan_ms_median", median(&cell.scan_ms));
                             col.add(&name, &c, "scan_cpu_ms_median", median(&cell.scan_cpu_ms));
+                            if !cell.round_spread_ms.is_empty() {
+                                col.add(
+                                    &name,
+                                    &c,
+                                    "round_finish_spread_ms_median",
+                                    median(&cell.round_spread_ms),
+                                );
+                            }
                         }
                         for (n, v) in &cell.space_start {
                             col.add(&name, &c, &format!("{n}_start"), *v);
@@ -493,6 +530,14 @@ mod tests {
 
     /// Every active thread is released in every round, together; a thread
     /// that leaves early never holds the others back.
+    #[test]
+    fn round_spreads_take_rounds_every_scan_finished() {
+        let a = [10.0, 30.0, 5.0];
+        let b = [14.0, 20.0];
+        assert_eq!(super::round_spreads(&[&a[..], &b[..]]), vec![4.0, 10.0]);
+        assert!(super::round_spreads(&[]).is_empty());
+    }
+
     #[test]
     fn aligned_rounds_release_every_active_thread_together() {
         let threads = 4;
