@@ -113,6 +113,67 @@ def test_bulk_write_and_delete(db):
     assert r["n"] == 0 and r["writeErrors"][0]["code"] == 9
 
 
+def writer_of(client, db):
+    """The database's writer figures (serverStatus.duet)."""
+    st = client.admin.command("serverStatus")
+    return next(d for d in st["duet"]["databases"] if d["name"] == db.name)["writer"]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_bulk_update_with_a_failing_statement_in_the_middle(client, db, ordered):
+    """300 update statements in one command, with an upsert, a statement
+    matching nothing, a no-op one and a duplicate key at index 150: MongoDB's
+    reply (an ordered bulk stops there, an unordered one goes on), each
+    statement's effects kept on its own. The statements are applied in a
+    few writer groups (one batch), not one per statement; the WAL still
+    logs and syncs each group before the reply."""
+    db.c.create_index("k", unique=True)
+    db.c.insert_many([{"_id": i, "k": i, "n": 0} for i in range(100)])
+    ops = [UpdateOne({"_id": i % 100}, {"$inc": {"n": 1}}) for i in range(300)]
+    ops[10] = UpdateOne({"_id": "new"}, {"$set": {"k": 1000}}, upsert=True)
+    ops[20] = UpdateOne({"_id": "absent"}, {"$set": {"k": 2000}})
+    ops[30] = UpdateOne({"_id": 30}, {"$set": {"k": 30}})
+    ops[150] = UpdateOne({"_id": 50}, {"$set": {"k": 51}})
+    before = writer_of(client, db)
+    with pytest.raises(BulkWriteError) as e:
+        db.c.bulk_write(ops, ordered=ordered)
+    after = writer_of(client, db)
+    r = e.value.details
+    applied = range(150) if ordered else [i for i in range(300) if i != 150]
+    incs = [i for i in applied if i not in (10, 20, 30)]
+    assert r["nInserted"] == 0 and r["nRemoved"] == 0
+    assert r["nUpserted"] == 1 and r["upserted"] == [{"index": 10, "_id": "new"}]
+    assert r["nMatched"] == len(incs) + 1  # and the no-op at 30
+    assert r["nModified"] == len(incs)
+    assert [(w["index"], w["code"]) for w in r["writeErrors"]] == [(150, 11000)]
+    assert r["writeErrors"][0]["keyValue"] == {"k": 51}
+    got = {d["_id"]: d for d in db.c.find({"_id": {"$type": "number"}})}
+    for i in range(100):
+        want = sum(1 for j in incs if j % 100 == i)
+        assert got[i]["n"] == want, i
+    assert got[50]["k"] == 50 and db.c.find_one({"_id": "new"})["k"] == 1000
+    assert after["commands"] - before["commands"] >= (150 if ordered else 299)
+    assert after["groups"] - before["groups"] <= 3, (before, after)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_bulk_delete_with_a_failing_statement_in_the_middle(client, db, ordered):
+    """200 delete statements with a malformed filter at index 120 (reported
+    in its place) and a statement matching nothing."""
+    db.c.insert_many([{"_id": i} for i in range(300)])
+    deletes = [{"q": {"_id": i}, "limit": 1} for i in range(200)]
+    deletes[120] = {"q": {"_id": {"$nope": 1}}, "limit": 1}
+    deletes[7] = {"q": {"_id": 999}, "limit": 0}
+    before = writer_of(client, db)
+    r = db.command({"delete": "c", "deletes": deletes, "ordered": ordered})
+    after = writer_of(client, db)
+    applied = [i for i in (range(120) if ordered else range(200)) if i not in (7, 120)]
+    assert r["n"] == len(applied)
+    assert [(w["index"], w["code"]) for w in r["writeErrors"]] == [(120, 2)]
+    assert sorted(d["_id"] for d in db.c.find()) == [i for i in range(300) if i not in applied]
+    assert after["groups"] - before["groups"] <= 2, (before, after)
+
+
 def test_find_and_modify(db):
     db.c.insert_many([{"_id": i, "n": i} for i in range(5)])
     before = db.c.find_one_and_update({"n": {"$gte": 2}}, {"$inc": {"n": 100}}, sort=[("n", -1)])

@@ -40,11 +40,12 @@ pub use api::out::output_database;
 pub use api::{crud::FindAndModifyOutcome, Crud, TxnCollection};
 pub use api::{
     AggregateExplain, AnalyticCollection, AnalyticSession, BackedUp, BackupInfo, CollStats,
-    Collection, Database, DbOptions, DbStats, Engine, Find, FindAndModifyOptions, FindOptions,
-    FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions, IndexSize,
-    IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StageCount, StageSpills, StageStats,
-    StorageStats, TailPosition, TextFindOptions, TextStream, Transaction, TtlCounters, TtlMonitor,
-    TtlPass, UpdateOptions, Validation, BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
+    Collection, Database, DbOptions, DbStats, DeleteStatement, Engine, Find, FindAndModifyOptions,
+    FindOptions, FindOutcome, FindStream, IndexBuildMode, IndexBuildOptions, IndexOptions,
+    IndexSize, IndexTarget, ReturnDocument, Snapshot, SnapshotCollection, StageCount, StageSpills,
+    StageStats, StatementResults, StorageStats, TailPosition, TextFindOptions, TextStream,
+    Transaction, TtlCounters, TtlMonitor, TtlPass, UpdateOptions, UpdateStatement, Validation,
+    BACKGROUND_BUILD_MIN_DOCS, DEFAULT_TTL_SLEEP,
 };
 pub use api::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use doc::collation::{Collation, Collator};
@@ -73,7 +74,7 @@ pub use store::remset::{RemsetMode, RemsetStats};
 pub use store::vls::{VlsOptions, VlsStats};
 pub use store::DeltaOptions;
 pub use txn::{CommitInfo, CommitOutcome, Isolation, TxnOptions, DEFAULT_LIFETIME};
-pub use write::command::{UpdateResult, WriteOutcome};
+pub use write::command::{UpdateResult, WriteOutcome, MAX_BATCH_STATEMENTS};
 pub use write::delta::DeltaStats;
 pub use write::writer::{last_commit_csn, WriterStats};
 

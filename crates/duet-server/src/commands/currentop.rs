@@ -120,7 +120,7 @@ pub fn plan_summary(
         report: None,
         origin: None,
         stmts: Default::default(),
-        stmt: Cell::new(None),
+        items: Default::default(),
         raw_cursor: None,
     };
     let explain =

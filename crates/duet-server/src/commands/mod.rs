@@ -91,9 +91,10 @@ pub struct Ctx<'a> {
     /// positions (a retried batch runs the statements it did not apply
     /// under their original ids: `retry.rs`).
     pub stmts: std::cell::RefCell<Option<Arc<[u32]>>>,
-    /// The statement an update or delete batch is running (its writes
-    /// carry its id; `None`: an insert's items are its documents).
-    pub stmt: Cell<Option<usize>>,
+    /// The positions in the command of the items of the write an update or
+    /// delete batch is running (its statements, which carry their ids;
+    /// `None`: an insert's items are its documents).
+    pub items: std::cell::RefCell<Option<Arc<[usize]>>>,
     /// Where a find by one `_id` may leave its cursor as the stored
     /// document's bytes, for the connection to write into the reply as they
     /// are (`read::point_find`); `None` off the connection's inline path.
@@ -157,12 +158,17 @@ impl Ctx<'_> {
         };
         let db = db.with_origin(o.clone());
         let ids = self.stmts.borrow().clone();
-        match self.stmt.get() {
-            Some(i) => {
-                let own = u32::try_from(i).unwrap_or(u32::MAX);
-                let id = ids.map_or(own, |s| s.get(i).copied().unwrap_or(own));
-                db.with_statements(Arc::from([id]))
-            }
+        match self.items.borrow().as_deref() {
+            Some(items) => db.with_statements(
+                items
+                    .iter()
+                    .map(|&i| {
+                        let own = u32::try_from(i).unwrap_or(u32::MAX);
+                        ids.as_ref()
+                            .map_or(own, |s| s.get(i).copied().unwrap_or(own))
+                    })
+                    .collect(),
+            ),
             None => match ids {
                 Some(ids) => db.with_statements(ids),
                 None => db,
@@ -689,7 +695,7 @@ fn dispatch(
         report,
         origin: repl::origin(state, &session),
         stmts: Default::default(),
-        stmt: Cell::new(None),
+        items: Default::default(),
         raw_cursor,
     };
     // Users cached by connections are keyed by admin's csn, which a

@@ -49,7 +49,8 @@ use crate::error::{CmdResult, CommandError};
 
 /// Where a CRUD command's reads and writes go.
 pub enum Target<'t> {
-    /// The live database: each write is one atomic engine command.
+    /// The live database: each write (an update's or delete's statement
+    /// too, though they reach the writer in batches) is one atomic commit.
     Live,
     /// The session's open transaction: writes are buffered until commit.
     Txn(&'t mut Transaction),

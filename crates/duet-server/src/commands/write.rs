@@ -2,10 +2,17 @@
 //! database or inside the session's transaction: the same code runs on
 //! either handle through the engine's CRUD surface ([`Crud`]).
 //!
-//! Live, each statement is one engine command, so each is atomic (an update
-//! with `multi` changes all its matches or none); in a transaction it is
-//! buffered until commit. `ordered` batches stop at the first failing
-//! statement; unordered ones try every statement. Per-statement failures are
+//! Every statement is atomic on its own (an update with `multi` changes all
+//! its matches or none) and never together with another. Live, an insert's
+//! documents are one engine command, and so are an update's or a delete's
+//! statements, up to the engine's batch bound (`Crud::update_statements`:
+//! applied in order inside one writer group, one publish and one WAL
+//! record for the lot, each statement still its own commit); in a
+//! transaction they are buffered until commit. `ordered` batches stop at
+//! the first failing statement; unordered ones try every statement. A
+//! statement is checked (`u`, `c`, `collation`, `limit`, …) before any
+//! statement runs, so a malformed one is reported after the statements
+//! before it applied, as if it had run in its turn. Per-statement failures are
 //! reported in `writeErrors` (`index`, `code`, `codeName`, `errmsg`, and
 //! `keyPattern`/`keyValue` for duplicate keys) with `ok: 1`, as drivers
 //! expect; a malformed command as a whole gets `ok: 0`, and so does an error
@@ -13,10 +20,14 @@
 //! too large transaction), so that its labels reach the driver.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 use duetdb::lang::UpdateSpec;
-use duetdb::{FindAndModifyOptions, ReturnDocument, UpdateOptions, UpdateResult};
+use duetdb::{
+    DeleteStatement, FindAndModifyOptions, ReturnDocument, StatementResults, UpdateOptions,
+    UpdateResult, UpdateStatement,
+};
 
 use super::source::Target;
 use super::Ctx;
@@ -59,73 +70,82 @@ fn write_reply(n: i64, extra: Document, errors: Vec<Bson>) -> Document {
     d
 }
 
-/// An error that ends the transaction it happened in rather than one
-/// statement (only transactions raise these).
-fn ends_transaction(e: &duetdb::Error) -> bool {
-    matches!(
-        e,
-        duetdb::Error::WriteConflict(_)
-            | duetdb::Error::NoSuchTransaction(_)
-            | duetdb::Error::TransactionExceededLifetimeLimitSeconds(_)
-            | duetdb::Error::TransactionTooLarge(_)
-    )
+/// What a batch's statements did: each applied one's result with its
+/// position, and the `writeErrors`.
+struct Ran<T> {
+    done: Vec<(usize, T)>,
+    errors: Vec<Bson>,
 }
 
-/// Why one statement failed: an engine error (which may end the
-/// transaction) or a malformed statement.
-enum StmtError {
-    Engine(duetdb::Error),
-    Command(CommandError),
-}
-
-impl From<duetdb::Error> for StmtError {
-    fn from(e: duetdb::Error) -> StmtError {
-        StmtError::Engine(e)
-    }
-}
-
-impl From<CommandError> for StmtError {
-    fn from(e: CommandError) -> StmtError {
-        StmtError::Command(e)
-    }
-}
-
-/// Run each statement in order, counted in `counter`: `run` gets the
-/// statement's position, the statement and its query `q`, `done` each
-/// result; returns the `writeErrors`. An ordered batch stops at the first
-/// failure; an error that ends the transaction fails the whole command.
-fn each_statement<T>(
+/// Check each statement with `parse` (given its position, the statement
+/// and its query `q` with the command's `let` bound; a failure is the
+/// statement's write error, and ends an ordered batch there), then run the
+/// checked ones in order with `run`, which gets them in one call (their
+/// writes carry their statement ids: `Ctx::items`). Counted in `counter`
+/// per statement that ran or failed. An error that ends the transaction
+/// fails the whole command.
+fn run_statements<S, T>(
+    ctx: &Ctx<'_>,
     stmts: &[&Document],
     (ordered, let_vars): (bool, Option<&Document>),
     counter: &AtomicU64,
-    mut run: impl FnMut(usize, &Document, Document) -> Result<T, StmtError>,
-    mut done: impl FnMut(usize, T),
-) -> CmdResult<Vec<Bson>> {
-    let mut errors = Vec::new();
+    mut parse: impl FnMut(usize, &Document, Document) -> CmdResult<S>,
+    run: impl FnOnce(Vec<S>) -> CmdResult<StatementResults<T>>,
+) -> CmdResult<Ran<T>> {
+    let (mut checked, mut positions, mut refused) = (Vec::new(), Vec::new(), Vec::new());
     for (i, stmt) in stmts.iter().enumerate() {
-        OpCounters::bump(counter, 1);
-        let mut one = || -> Result<T, StmtError> {
+        let mut one = || -> CmdResult<S> {
             refuse_unsupported(stmt)?;
             let q = args::opt_doc(stmt, "q")?.cloned().unwrap_or_default();
             // The command's `let` variables, bound around the filter's `$expr`s.
-            let q = duetdb::lang::Filter::bind_let(&q, let_vars).map_err(StmtError::Engine)?;
-            run(i, stmt, q)
+            let q = duetdb::lang::Filter::bind_let(&q, let_vars)?;
+            parse(i, stmt, q)
         };
-        let e = match one() {
-            Ok(v) => {
-                done(i, v);
-                continue;
+        match one() {
+            Ok(s) => {
+                checked.push(s);
+                positions.push(i);
             }
-            Err(StmtError::Engine(e)) if ends_transaction(&e) => return Err(e.into()),
-            Err(StmtError::Engine(e)) => CommandError::from(e),
-            Err(StmtError::Command(e)) => e,
-        };
-        errors.push(Bson::Document(e.to_write_error(i)));
-        if ordered {
-            break;
+            Err(e) => {
+                refused.push((i, e));
+                if ordered {
+                    break;
+                }
+            }
         }
     }
-    Ok(errors)
+    let results = if checked.is_empty() {
+        Vec::new()
+    } else {
+        let items: Arc<[usize]> = positions.as_slice().into();
+        ctx.items.replace(Some(items));
+        let ran = run(checked);
+        ctx.items.replace(None);
+        ran?
+    };
+    let (mut done, mut errors) = (Vec::new(), Vec::new());
+    for (r, &i) in results.into_iter().zip(&positions) {
+        match r {
+            Ok(v) => done.push((i, v)),
+            Err(e) if e.ends_transaction() => {
+                OpCounters::bump(counter, (done.len() + errors.len() + 1) as u64);
+                return Err(e.into());
+            }
+            Err(e) => errors.push((i, CommandError::from(e))),
+        }
+    }
+    // Ordered, a refused statement comes after every statement that ran:
+    // it is reached only when none of them failed.
+    if !ordered || errors.is_empty() {
+        errors.extend(refused);
+        errors.sort_by_key(|(i, _)| *i);
+    }
+    OpCounters::bump(counter, (done.len() + errors.len()) as u64);
+    let errors = errors
+        .into_iter()
+        .map(|(i, e)| Bson::Document(e.to_write_error(i)))
+        .collect();
+    Ok(Ran { done, errors })
 }
 
 pub fn insert(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult {
@@ -135,7 +155,7 @@ pub fn insert(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
     match coll.insert_many(docs.into_iter().cloned().collect(), ordered) {
         Ok(ids) => Ok(write_reply(ids.len() as i64, Document::new(), vec![])),
         Err(duetdb::Error::BulkWrite(f)) => {
-            if let Some((_, e)) = f.errors.iter().find(|(_, e)| ends_transaction(e)) {
+            if let Some((_, e)) = f.errors.iter().find(|(_, e)| e.ends_transaction()) {
                 return Err(e.clone().into());
             }
             let errors = f
@@ -234,34 +254,42 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
         filters.push(array_filters(stmt, "update.updates.arrayFilters")?);
         args::opt_doc(stmt, "c")?;
     }
-    let one = |i: usize, stmt: &Document, q| -> Result<UpdateResult, StmtError> {
-        // A retryable write records which statement applied (`retry.rs`).
-        ctx.stmt.set(Some(i));
+    let parse = |i: usize, stmt: &Document, q| -> CmdResult<UpdateStatement> {
         let af = filters
             .get(i)
             .and_then(Option::as_deref)
             .unwrap_or_default();
-        let spec = update_spec(stmt.get("u"), af, let_vars, args::opt_doc(stmt, "c")?)?;
+        let update = update_spec(stmt.get("u"), af, let_vars, args::opt_doc(stmt, "c")?)?;
         let options = UpdateOptions {
             upsert: args::flag(stmt, "upsert")?,
             hint: stmt.get("hint").cloned(),
         };
-        // Each statement runs under its own `collation` (else the
-        // collection's default), live or in the transaction.
-        let collation = super::source::collation_of(stmt)?;
-        let coll = target.collection_collated(ctx, name, bypass, collation)?;
-        Ok(coll.update_with_spec(q, spec, args::flag(stmt, "multi")?, options)?)
+        Ok(UpdateStatement {
+            filter: q,
+            update,
+            options,
+            // Each statement runs under its own `collation` (else the
+            // collection's default), live or in the transaction.
+            collation: super::source::collation_of(stmt)?,
+            multi: args::flag(stmt, "multi")?,
+        })
     };
-    let (mut n, mut modified, mut upserted) = (0i64, 0i64, Vec::new());
+    let run = |checked| -> CmdResult<StatementResults<UpdateResult>> {
+        let coll = target.collection_with(ctx, name, bypass)?;
+        Ok(coll.update_statements(checked, ordered)?)
+    };
     let counted = &ctx.state.ops.update;
-    let errors = each_statement(&stmts, (ordered, let_vars), counted, one, |i, r| {
+    let Ran { done, errors } =
+        run_statements(ctx, &stmts, (ordered, let_vars), counted, parse, run)?;
+    let (mut n, mut modified, mut upserted) = (0i64, 0i64, Vec::new());
+    for (i, r) in done {
         n += r.matched as i64;
         modified += r.modified as i64;
         if let Some(id) = r.upserted_id {
             n += 1;
             upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
         }
-    })?;
+    }
     let mut extra = doc! {"nModified": modified as i32};
     if !upserted.is_empty() {
         extra.insert("upserted", upserted);
@@ -281,28 +309,35 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResu
             ));
         }
     }
-    let one = |i: usize, stmt: &Document, q| -> Result<u64, StmtError> {
-        ctx.stmt.set(Some(i));
+    let parse = |_: usize, stmt: &Document, q| -> CmdResult<DeleteStatement> {
         let collation = super::source::collation_of(stmt)?;
-        let coll = target.collection_collated(ctx, name, false, collation)?;
-        match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
-            0 => Ok(coll.delete_many(q)?),
-            1 => Ok(coll.delete_one(q)?),
-            other => Err(CommandError::new(
-                9,
-                "FailedToParse",
-                format!("The limit field in delete objects must be 0 or 1. Got {other}"),
-            )
-            .into()),
-        }
+        let multi = match args::opt_i64(stmt, "limit")?.unwrap_or(0) {
+            0 => true,
+            1 => false,
+            other => {
+                return Err(CommandError::new(
+                    9,
+                    "FailedToParse",
+                    format!("The limit field in delete objects must be 0 or 1. Got {other}"),
+                ))
+            }
+        };
+        Ok(DeleteStatement {
+            filter: q,
+            multi,
+            collation,
+        })
     };
-    let mut n = 0i64;
+    let run = |checked| -> CmdResult<StatementResults<u64>> {
+        let coll = target.collection(ctx, name)?;
+        Ok(coll.delete_statements(checked, ordered)?)
+    };
     let counted = &ctx.state.ops.delete;
     let let_vars = args::opt_doc(cmd, "let")?;
-    let errors = each_statement(&stmts, (ordered, let_vars), counted, one, |_, k| {
-        n += k as i64
-    })?;
-    Ok(write_reply(n, Document::new(), errors))
+    let Ran { done, errors } =
+        run_statements(ctx, &stmts, (ordered, let_vars), counted, parse, run)?;
+    let n: u64 = done.iter().map(|(_, k)| k).sum();
+    Ok(write_reply(n as i64, Document::new(), errors))
 }
 
 /// The arguments of a `findAndModify`, checked; counts the operation.

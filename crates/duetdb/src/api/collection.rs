@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use bson::{Bson, Document};
 
-use crate::api::crud::{CheckedModify, CheckedUpdate, Crud, PreparedDoc};
+use crate::api::crud::{
+    CheckedDelete, CheckedModify, CheckedUpdate, Crud, PreparedDoc, StatementResults,
+};
 use crate::api::database::unexpected;
 use crate::api::find::Source;
 use crate::api::snapshot::stats_of;
@@ -28,8 +30,8 @@ use crate::store::collection::ID_INDEX_NAME;
 use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 use crate::write::command::{
-    Command, FindAndModifyCommand, FindAndModifyOutcome, InsertOutcome, Reply, UpdateCommand,
-    UpdateResult,
+    Batch, Command, DeleteCommand, FindAndModifyCommand, FindAndModifyOutcome, InsertOutcome,
+    Reply, Statement, UpdateCommand, UpdateResult, MAX_BATCH_STATEMENTS,
 };
 
 /// Options of index creation (MongoDB's index options; see
@@ -182,36 +184,59 @@ impl Crud for Collection {
     }
 
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
-        let collator = self.collator()?;
-        let cmd = UpdateCommand {
-            coll: self.name.clone(),
-            filter: Filter::parse(&u.filter)?.with_collation(collator.clone()),
-            filter_doc: u.filter,
-            // The update's comparisons (`$addToSet`, `$pull`, `$min`, a
-            // pipeline's expressions…) take the operation's collation too.
-            update: u.spec.with_collation(collator),
-            multi: u.multi,
-            upsert: u.options.upsert,
-            bypass_validation: self.bypass_validation,
-            hint: u.options.hint.as_ref().map(Hint::from_bson).transpose()?,
-        };
-        match self.db.submit(Command::Update(cmd))? {
-            Reply::Updated(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        let cmd = self.update_command(u)?;
+        updated(self.db.submit(Command::Update(cmd))?)
     }
 
     fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
         let filter = self.parse_filter(&filter)?;
-        match self.db.submit(Command::Delete {
+        deleted(self.db.submit(Command::Delete(DeleteCommand {
             coll: self.name.clone(),
             filter,
             multi,
             hint: None,
-        })? {
-            Reply::Deleted(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
+        }))?)
+    }
+
+    fn update_batch(
+        &self,
+        stmts: Vec<Result<CheckedUpdate>>,
+        ordered: bool,
+    ) -> Result<StatementResults<UpdateResult>> {
+        let items = stmts
+            .into_iter()
+            .map(|u| u.and_then(|u| self.update_command(u).map(Statement::Update)))
+            .collect();
+        Ok(self
+            .run_batch(items, ordered)
+            .into_iter()
+            .map(|r| r.and_then(updated))
+            .collect())
+    }
+
+    fn delete_batch(
+        &self,
+        stmts: Vec<Result<CheckedDelete>>,
+        ordered: bool,
+    ) -> Result<StatementResults<u64>> {
+        let items = stmts
+            .into_iter()
+            .map(|d| {
+                let d = d?;
+                let collator = self.collator_for(d.collation.as_ref())?;
+                Ok(Statement::Delete(DeleteCommand {
+                    coll: self.name.clone(),
+                    filter: Filter::parse(&d.filter)?.with_collation(collator),
+                    multi: d.multi,
+                    hint: None,
+                }))
+            })
+            .collect();
+        Ok(self
+            .run_batch(items, ordered)
+            .into_iter()
+            .map(|r| r.and_then(deleted))
+            .collect())
     }
 
     fn modify_first(&self, m: CheckedModify) -> Result<FindAndModifyOutcome> {
@@ -253,6 +278,22 @@ impl Crud for Collection {
 
     fn aggregate(&self, pipeline: Vec<Document>) -> Result<Vec<Document>> {
         Collection::aggregate(self, pipeline)
+    }
+}
+
+/// An update's reply.
+fn updated(r: Reply) -> Result<UpdateResult> {
+    match r {
+        Reply::Updated(r) => Ok(r),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// A delete's reply.
+fn deleted(r: Reply) -> Result<u64> {
+    match r {
+        Reply::Deleted(n) => Ok(n),
+        other => Err(unexpected(other)),
     }
 }
 
@@ -613,13 +654,79 @@ impl Collection {
     /// The collator of this handle's operations: its `collation` option,
     /// else the collection's default (`None`: simple).
     pub fn collator(&self) -> Result<Option<Arc<Collator>>> {
-        match &self.collation {
+        self.collator_for(None)
+    }
+
+    /// The collator of an operation with its own `collation` option
+    /// (`over`), else [`Collection::collator`].
+    fn collator_for(&self, over: Option<&Document>) -> Result<Option<Arc<Collator>>> {
+        match over.or(self.collation.as_ref()) {
             Some(d) => Collator::from_document(d),
             None => Ok(self
                 .state()
                 .collection(&self.name)
                 .and_then(|c| c.options.collation.clone())),
         }
+    }
+
+    /// The writer command of a checked update, under its collation.
+    fn update_command(&self, u: CheckedUpdate) -> Result<UpdateCommand> {
+        let collator = self.collator_for(u.collation.as_ref())?;
+        Ok(UpdateCommand {
+            coll: self.name.clone(),
+            filter: Filter::parse(&u.filter)?.with_collation(collator.clone()),
+            filter_doc: u.filter,
+            // The update's comparisons (`$addToSet`, `$pull`, `$min`, a
+            // pipeline's expressions…) take the operation's collation too.
+            update: u.spec.with_collation(collator),
+            multi: u.multi,
+            upsert: u.options.upsert,
+            bypass_validation: self.bypass_validation,
+            hint: u.options.hint.as_ref().map(Hint::from_bson).transpose()?,
+        })
+    }
+
+    /// Run a batch's statements (item `i` is statement `i` of the handle's
+    /// client operation) as writer batches of at most [`MAX_BATCH_STATEMENTS`]
+    /// statements, each one writer command applied inside one group; an
+    /// ordered batch stops after its first failure. A writer command that
+    /// fails as a whole (a failed WAL append, a stopped writer) applied
+    /// none of its statements: each of them reports the error (an ordered
+    /// batch only its first), as each did when it was a command of its own.
+    fn run_batch(&self, items: Vec<Result<Statement>>, ordered: bool) -> StatementResults<Reply> {
+        let mut out: StatementResults<Reply> = Vec::with_capacity(items.len());
+        let mut rest = items.into_iter().peekable();
+        while rest.peek().is_some() {
+            let first = out.len();
+            let chunk: Vec<_> = rest.by_ref().take(MAX_BATCH_STATEMENTS).collect();
+            let n = chunk.len();
+            let positions: Vec<usize> = (first..first + n).collect();
+            let cmd = Command::Batch(Batch {
+                items: chunk,
+                ordered,
+            });
+            let replied = match self.db.submit_statements(cmd, &positions) {
+                Ok(Reply::Batch(results)) => Ok(results),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            };
+            match replied {
+                Ok(results) => out.extend(results),
+                Err(e) => {
+                    let failed = if ordered { 1 } else { n };
+                    out.extend(std::iter::repeat_n(e, failed).map(Err));
+                }
+            }
+            if ordered && out.last().is_some_and(|r| r.is_err()) {
+                break;
+            }
+            // Unordered, every statement has its result: positions stay aligned.
+            debug_assert!(
+                ordered || out.len() == first + n,
+                "a statement without a result"
+            );
+        }
+        out
     }
 
     /// Parse a filter of this handle's operations (under its collator).

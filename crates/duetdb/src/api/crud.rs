@@ -16,6 +16,11 @@
 //!   order; an ordered insert stops at, and reports only, the first failure;
 //! - primitives never see a `multi` replacement or an invalid collection
 //!   name on a write ([`CheckedUpdate`], [`CheckedModify`]);
+//! - a batch of update or delete statements ([`Crud::update_statements`],
+//!   [`Crud::delete_statements`]) gives, statement by statement, what the
+//!   same statements run one by one give (`tests/batch.rs` checks it
+//!   against that reference); only how many writer commands carry them
+//!   differs between the handles;
 //! - the trait is sealed: the primitives may change with the engine.
 
 use bson::raw::RawDocumentBuf;
@@ -58,15 +63,54 @@ pub struct FindAndModifyOptions {
 pub type PreparedDoc = (RawDocumentBuf, RawBson);
 
 /// An update whose arguments are checked (a valid collection name, `multi`
-/// only with operators): only [`Crud::update_with_spec`] makes one, so a
-/// primitive never sees an unchecked update.
+/// only with operators): only [`Crud::update_with_spec`] and
+/// [`Crud::update_statements`] make one, so a primitive never sees an
+/// unchecked update.
 #[derive(Debug)]
 pub struct CheckedUpdate {
     pub(crate) filter: Document,
     pub(crate) spec: UpdateSpec,
     pub(crate) multi: bool,
     pub(crate) options: UpdateOptions,
+    /// The statement's own `collation` (`None`: the handle's).
+    pub(crate) collation: Option<Document>,
 }
+
+/// A delete statement whose collection name is checked (only
+/// [`Crud::delete_statements`] makes one).
+#[derive(Debug)]
+pub struct CheckedDelete {
+    pub(crate) filter: Document,
+    pub(crate) multi: bool,
+    /// The statement's own `collation` (`None`: the handle's).
+    pub(crate) collation: Option<Document>,
+}
+
+/// One statement of an update command (MongoDB's `updates[i]`): what
+/// [`Crud::update_with_spec`] takes, and the statement's own `collation`.
+#[derive(Debug, Clone)]
+pub struct UpdateStatement {
+    pub filter: Document,
+    pub update: UpdateSpec,
+    pub multi: bool,
+    pub options: UpdateOptions,
+    /// `None`: the handle's collation, else the collection's default.
+    pub collation: Option<Document>,
+}
+
+/// One statement of a delete command (MongoDB's `deletes[i]`).
+#[derive(Debug, Clone)]
+pub struct DeleteStatement {
+    pub filter: Document,
+    /// `limit: 0` (every match) rather than `limit: 1`.
+    pub multi: bool,
+    /// `None`: the handle's collation, else the collection's default.
+    pub collation: Option<Document>,
+}
+
+/// What each statement of a batch did, in order: one entry per statement
+/// that ran (an ordered batch ends at its first failure).
+pub type StatementResults<T> = Vec<Result<T>>;
 
 /// A findAndModify whose arguments are checked (a valid collection name, a
 /// valid projection): only [`Crud::find_and_modify_with_spec`] makes one.
@@ -110,6 +154,24 @@ pub trait Crud: sealed::Sealed {
     /// Delete the first (or, with `multi`, every) match of `filter`; returns
     /// how many were deleted.
     fn delete(&self, filter: Document, multi: bool) -> Result<u64>;
+
+    /// Primitive: apply update statements in order, each exactly as
+    /// [`Crud::update_checked`] would apply it alone (an `Err` statement
+    /// fails in its place, changing nothing); `ordered` stops after the
+    /// first failure. Statement `i` is item `i` of the handle's client
+    /// operation (`Database::with_statements`).
+    fn update_batch(
+        &self,
+        stmts: Vec<Result<CheckedUpdate>>,
+        ordered: bool,
+    ) -> Result<StatementResults<UpdateResult>>;
+
+    /// Primitive: [`Crud::update_batch`] for delete statements.
+    fn delete_batch(
+        &self,
+        stmts: Vec<Result<CheckedDelete>>,
+        ordered: bool,
+    ) -> Result<StatementResults<u64>>;
 
     /// Primitive: update or delete the first match of the filter in
     /// `options.sort` order, or upsert; the outcome holds the version
@@ -192,8 +254,8 @@ pub trait Crud: sealed::Sealed {
         }
     }
 
-    /// Update (or replace) with an already-parsed spec: what a server's
-    /// `update` command runs per statement.
+    /// Update (or replace) with an already-parsed spec: one statement of a
+    /// server's `update` command.
     fn update_with_spec(
         &self,
         filter: Document,
@@ -201,20 +263,59 @@ pub trait Crud: sealed::Sealed {
         multi: bool,
         options: UpdateOptions,
     ) -> Result<UpdateResult> {
-        validate_collection_name(self.name())?;
-        if multi && update.is_replacement() {
-            return Err(Error::Coded {
-                code: 9,
-                name: "FailedToParse",
-                msg: "multi update is not supported for replacement-style update".into(),
-            });
-        }
-        self.update_checked(CheckedUpdate {
-            filter,
-            spec: update,
-            multi,
-            options,
-        })
+        self.update_checked(check_update(
+            self.name(),
+            UpdateStatement {
+                filter,
+                update,
+                multi,
+                options,
+                collation: None,
+            },
+        )?)
+    }
+
+    /// The statements of a server's `update` command (a driver's bulk
+    /// write), in order: each is its own atomic update, exactly as
+    /// [`Crud::update_with_spec`] under its own collation — a failing one
+    /// changes nothing and never undoes an earlier one (the statements are
+    /// not atomic together, as MongoDB's are not). `ordered` stops after
+    /// the first failure (later statements are not applied); unordered
+    /// applies every statement. One result per statement that ran, in
+    /// order. A live collection applies them in as few writer commands as
+    /// the writer's bounds allow (`write::command::MAX_BATCH_STATEMENTS` statements
+    /// each); a transaction's view one by one.
+    fn update_statements(
+        &self,
+        stmts: Vec<UpdateStatement>,
+        ordered: bool,
+    ) -> Result<StatementResults<UpdateResult>> {
+        let checked = stmts
+            .into_iter()
+            .map(|s| check_update(self.name(), s))
+            .collect();
+        self.update_batch(checked, ordered)
+    }
+
+    /// [`Crud::update_statements`] for the statements of a `delete`
+    /// command: each deletes its first match (every match with `multi`).
+    fn delete_statements(
+        &self,
+        stmts: Vec<DeleteStatement>,
+        ordered: bool,
+    ) -> Result<StatementResults<u64>> {
+        let named = validate_collection_name(self.name());
+        let checked = stmts
+            .into_iter()
+            .map(|s| {
+                named.clone().map(|()| CheckedDelete {
+                    filter: s.filter,
+                    multi: s.multi,
+                    collation: s.collation,
+                })
+            })
+            .collect();
+        self.delete_batch(checked, ordered)
     }
 
     fn update_one(&self, filter: Document, update: Document) -> Result<UpdateResult> {
@@ -335,6 +436,50 @@ pub trait Crud: sealed::Sealed {
         };
         Ok(self.find_with(filter, options)?.pop())
     }
+}
+
+/// `stmt` checked for collection `name`: a valid name, and `multi` only
+/// with update operators (9, MongoDB's message).
+fn check_update(name: &str, stmt: UpdateStatement) -> Result<CheckedUpdate> {
+    validate_collection_name(name)?;
+    if stmt.multi && stmt.update.is_replacement() {
+        return Err(Error::Coded {
+            code: 9,
+            name: "FailedToParse",
+            msg: "multi update is not supported for replacement-style update".into(),
+        });
+    }
+    Ok(CheckedUpdate {
+        filter: stmt.filter,
+        spec: stmt.update,
+        multi: stmt.multi,
+        options: stmt.options,
+        collation: stmt.collation,
+    })
+}
+
+/// A batch's statements run one at a time by `run` (a transaction's
+/// view): a refused statement fails in its place; stops after the first
+/// failure when `ordered`, and after an error that ends the transaction
+/// (later statements could only fail).
+pub(crate) fn one_by_one<S, T>(
+    stmts: Vec<Result<S>>,
+    ordered: bool,
+    mut run: impl FnMut(S) -> Result<T>,
+) -> StatementResults<T> {
+    let mut out = Vec::with_capacity(stmts.len());
+    for stmt in stmts {
+        let r = stmt.and_then(&mut run);
+        let stop = match &r {
+            Ok(_) => false,
+            Err(e) => ordered || e.ends_transaction(),
+        };
+        out.push(r);
+        if stop {
+            break;
+        }
+    }
+    out
 }
 
 /// An update that must use operators (`update_one`, `update_many`).

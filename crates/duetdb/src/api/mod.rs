@@ -31,7 +31,10 @@ pub use backup::{BackedUp, BackupInfo};
 pub use capped::TailPosition;
 pub use changes::{ChangeBatch, ChangeEvent, ChangeKind, ChangePosition, ChangeScope};
 pub use collection::{Collection, IndexOptions, IndexTarget};
-pub use crud::{Crud, FindAndModifyOptions, ReturnDocument, UpdateOptions};
+pub use crud::{
+    Crud, DeleteStatement, FindAndModifyOptions, ReturnDocument, StatementResults, UpdateOptions,
+    UpdateStatement,
+};
 pub use database::{validate_collection_name, CollStats, Database, DbOptions, DbStats};
 pub use engine::Engine;
 pub use find::{Find, FindOptions, FindOutcome, FindStream};

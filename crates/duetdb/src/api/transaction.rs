@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use bson::{Bson, DateTime, Document, RawBson};
 
-use crate::api::crud::{self, CheckedModify, CheckedUpdate, Crud, PreparedDoc};
+use crate::api::crud::{
+    self, CheckedDelete, CheckedModify, CheckedUpdate, Crud, PreparedDoc, StatementResults,
+};
 use crate::api::{Database, FindOptions, ReturnDocument};
 use crate::doc::collation::Collator;
 use crate::doc::{self, DocRef};
@@ -551,11 +553,13 @@ impl Transaction {
         bypass: bool,
         collator: Option<&Arc<Collator>>,
     ) -> Result<UpdateResult> {
+        // The collation is resolved by the caller (`collator`).
         let CheckedUpdate {
             filter,
             spec: update,
             multi,
             options,
+            collation: _,
         } = u;
         let (update, upsert) = (&update, options.upsert);
         self.check_active()?;
@@ -812,7 +816,13 @@ impl<'t> TxnCollection<'t> {
     /// the collection's default in the transaction's snapshot (`None`:
     /// simple).
     pub fn collator(&self) -> Result<Option<Arc<Collator>>> {
-        match &self.collation {
+        self.collator_for(None)
+    }
+
+    /// The collator of an operation with its own `collation` option
+    /// (`over`), else [`TxnCollection::collator`].
+    fn collator_for(&self, over: Option<&Document>) -> Result<Option<Arc<Collator>>> {
+        match over.or(self.collation.as_ref()) {
             Some(d) => Collator::from_document(d),
             None => Ok(self
                 .txn()?
@@ -820,6 +830,13 @@ impl<'t> TxnCollection<'t> {
                 .collection(&self.name)
                 .and_then(|c| c.options.collation.clone())),
         }
+    }
+
+    /// A delete under its own collation (else the view's).
+    fn delete_checked(&self, d: CheckedDelete) -> Result<u64> {
+        let collator = self.collator_for(d.collation.as_ref())?;
+        self.txn()?
+            .delete_in(&self.name, d.filter, d.multi, collator.as_ref())
     }
 
     fn txn(&self) -> Result<RefMut<'_, &'t mut Transaction>> {
@@ -944,7 +961,7 @@ impl Crud for TxnCollection<'_> {
     }
 
     fn update_checked(&self, u: CheckedUpdate) -> Result<UpdateResult> {
-        let collator = self.collator()?;
+        let collator = self.collator_for(u.collation.as_ref())?;
         let u = CheckedUpdate {
             spec: u.spec.with_collation(collator.clone()),
             ..u
@@ -954,9 +971,28 @@ impl Crud for TxnCollection<'_> {
     }
 
     fn delete(&self, filter: Document, multi: bool) -> Result<u64> {
-        let collator = self.collator()?;
-        self.txn()?
-            .delete_in(&self.name, filter, multi, collator.as_ref())
+        self.delete_checked(CheckedDelete {
+            filter,
+            multi,
+            collation: None,
+        })
+    }
+
+    /// The statements go into the transaction's buffer one by one.
+    fn update_batch(
+        &self,
+        stmts: Vec<Result<CheckedUpdate>>,
+        ordered: bool,
+    ) -> Result<StatementResults<UpdateResult>> {
+        Ok(crud::one_by_one(stmts, ordered, |u| self.update_checked(u)))
+    }
+
+    fn delete_batch(
+        &self,
+        stmts: Vec<Result<CheckedDelete>>,
+        ordered: bool,
+    ) -> Result<StatementResults<u64>> {
+        Ok(crud::one_by_one(stmts, ordered, |d| self.delete_checked(d)))
     }
 
     fn modify_first(&self, mut m: CheckedModify) -> Result<FindAndModifyOutcome> {

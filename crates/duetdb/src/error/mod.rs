@@ -278,6 +278,20 @@ impl Error {
         matches!(self, Error::WriteConflict(_))
     }
 
+    /// True for errors that end the transaction they happened in rather
+    /// than one statement of it (a write conflict, an aborted, expired or
+    /// too large transaction): a server fails the whole command with them
+    /// instead of reporting a write error, and a batch stops at them.
+    pub fn ends_transaction(&self) -> bool {
+        matches!(
+            self,
+            Error::WriteConflict(_)
+                | Error::NoSuchTransaction(_)
+                | Error::TransactionExceededLifetimeLimitSeconds(_)
+                | Error::TransactionTooLarge(_)
+        )
+    }
+
     /// MongoDB's `errorLabels` for this error (what the server puts on the reply).
     pub fn error_labels(&self) -> &'static [&'static str] {
         if self.is_transient_transaction_error() {

@@ -9,6 +9,10 @@
 //!
 //! `insert_many` is the one exception MongoDB's protocol requires: each
 //! document is its own atomic step and per-document errors are reported.
+//! A [`Command::Batch`] is not an exception: it is a list of commands
+//! (update and delete statements of one client command) that the writer
+//! applies one after the other, each under this contract on its own
+//! (`write/writer.rs`); this module never applies one as a whole.
 //!
 //! Every change a command keeps is also recorded as an [`Effect`] (a physical
 //! change: put, delete, create/drop/rename, index spec) for the WAL; recovery
@@ -39,6 +43,12 @@ use crate::store::DbState;
 /// Most documents one insert command may carry (MongoDB's maxWriteBatchSize).
 pub const MAX_WRITE_BATCH: usize = 100_000;
 
+/// Most statements one [`Command::Batch`] carries. A batch weighs its
+/// statements in a writer group, whose weight is bounded by
+/// `writer::MAX_GROUP` (equal to this): one publish never waits for more
+/// statements than it waited for when each statement was a command.
+pub const MAX_BATCH_STATEMENTS: usize = 1024;
+
 /// A mutation, executed atomically by the writer.
 #[derive(Debug)]
 pub enum Command {
@@ -62,12 +72,7 @@ pub enum Command {
         bypass_validation: bool,
     },
     Update(UpdateCommand),
-    Delete {
-        coll: String,
-        filter: Filter,
-        multi: bool,
-        hint: Option<Hint>,
-    },
+    Delete(DeleteCommand),
     FindAndModify(FindAndModifyCommand),
     CreateIndex {
         coll: String,
@@ -83,6 +88,46 @@ pub enum Command {
     /// completely or fails having changed nothing; its result comes back as
     /// [`Reply::Boundary`].
     AtBoundary(BoundaryStep),
+    /// Statements of one client command applied in order by one writer
+    /// command, each as a command of its own (see [`Batch`]).
+    Batch(Batch),
+}
+
+/// One statement of a [`Batch`]: what a single update or delete command
+/// would carry.
+#[derive(Debug)]
+// Both variants are hundreds of bytes (a parsed filter, an update); a batch
+// holds at most MAX_BATCH_STATEMENTS of them and moves each once.
+#[allow(clippy::large_enum_variant)]
+pub enum Statement {
+    Update(UpdateCommand),
+    Delete(DeleteCommand),
+}
+
+impl From<Statement> for Command {
+    fn from(s: Statement) -> Command {
+        match s {
+            Statement::Update(u) => Command::Update(u),
+            Statement::Delete(d) => Command::Delete(d),
+        }
+    }
+}
+
+/// Update or delete statements of one client command (a driver's bulk
+/// write, outside transactions), applied by the writer in order inside one
+/// group. Each statement is a command of its own: it takes its own csn,
+/// records its own effects and, when it fails, undoes only itself — the
+/// statements are not atomic together, as MongoDB's are not. `ordered`
+/// stops at the first failure (later statements are not applied);
+/// unordered applies every statement. The reply is [`Reply::Batch`]: one
+/// result per statement applied or failed, in order.
+#[derive(Debug)]
+pub struct Batch {
+    /// At most [`MAX_BATCH_STATEMENTS`]. `Err`: a statement refused before
+    /// it reached the writer (its arguments); it fails in its place and
+    /// changes nothing.
+    pub items: Vec<Result<Statement>>,
+    pub ordered: bool,
 }
 
 #[derive(Debug)]
@@ -97,6 +142,15 @@ pub struct UpdateCommand {
     pub hint: Option<Hint>,
     /// `bypassDocumentValidation`.
     pub bypass_validation: bool,
+}
+
+/// Delete the first match of `filter` (every match with `multi`).
+#[derive(Debug)]
+pub struct DeleteCommand {
+    pub coll: String,
+    pub filter: Filter,
+    pub multi: bool,
+    pub hint: Option<Hint>,
 }
 
 #[derive(Debug)]
@@ -125,11 +179,21 @@ impl Command {
             Command::RenameCollection { .. } => "renameCollection",
             Command::Insert { .. } => "insert",
             Command::Update(_) => "update",
-            Command::Delete { .. } => "delete",
+            Command::Delete(_) => "delete",
             Command::FindAndModify(_) => "findAndModify",
             Command::CreateIndex { .. } => "createIndex",
             Command::DropIndex { .. } => "dropIndex",
             Command::AtBoundary(_) => "boundary step",
+            Command::Batch(_) => "batch",
+        }
+    }
+
+    /// What the command weighs in a writer group: a batch its statements,
+    /// any other command 1.
+    pub fn weight(&self) -> usize {
+        match self {
+            Command::Batch(b) => b.items.len().max(1),
+            _ => 1,
         }
     }
 }
@@ -191,6 +255,9 @@ pub enum Reply {
     FoundAndModified(FindAndModifyOutcome),
     /// The result of an [`Command::AtBoundary`] step.
     Boundary(BoundaryResult),
+    /// The result of each statement of a [`Command::Batch`] that ran, in
+    /// order (an ordered batch's end at its first failure).
+    Batch(Vec<Result<Reply>>),
 }
 
 /// What a client write did, as a replica set remembers it with the write's
@@ -274,13 +341,32 @@ impl WriteOutcome {
     /// statement `stmts[i]` (`None`: statement `i`): an insert's inserted
     /// documents, else the command's one statement.
     pub fn statements_of(reply: &Reply, stmts: Option<&[u32]>) -> Vec<u32> {
-        let id = |i: usize| {
-            let own = u32::try_from(i).unwrap_or(u32::MAX);
-            stmts.map_or(own, |s| s.get(i).copied().unwrap_or(own))
-        };
         match reply {
-            Reply::Inserted(o) => o.inserted.iter().map(|(i, _)| id(*i)).collect(),
-            _ => vec![id(0)],
+            Reply::Inserted(o) => o
+                .inserted
+                .iter()
+                .map(|(i, _)| statement_id(stmts, *i))
+                .collect(),
+            _ => vec![statement_id(stmts, 0)],
+        }
+    }
+
+    /// What a replica set records of a successful command's `reply`, one
+    /// outcome ([`WriteOutcome::encode_at`]) per command it counts as: a
+    /// batch's statements that applied, each with its own statement id
+    /// (item `i` is `stmts[i]`), exactly as when each was a command of its
+    /// own; any other command one.
+    pub fn recorded(reply: &Reply, stmts: Option<&[u32]>) -> Vec<Vec<u8>> {
+        match reply {
+            Reply::Batch(items) => items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let r = r.as_ref().ok()?;
+                    Some(WriteOutcome::of(r).encode_at(&[statement_id(stmts, i)]))
+                })
+                .collect(),
+            r => vec![WriteOutcome::of(r).encode_at(&WriteOutcome::statements_of(r, stmts))],
         }
     }
 
@@ -377,6 +463,12 @@ impl WriteOutcome {
     }
 }
 
+/// The statement id of command item `i`: `stmts[i]` (`None`: `i`).
+fn statement_id(stmts: Option<&[u32]>, i: usize) -> u32 {
+    let own = u32::try_from(i).unwrap_or(u32::MAX);
+    stmts.map_or(own, |s| s.get(i).copied().unwrap_or(own))
+}
+
 /// Apply `cmd` to `state` (see the module contract).
 pub fn apply_command(state: &mut DbState, fx: &mut Effects, cmd: Command) -> Result<Reply> {
     match cmd {
@@ -434,12 +526,7 @@ pub fn apply_command(state: &mut DbState, fx: &mut Effects, cmd: Command) -> Res
             bypass_validation,
         } => insert(state, fx, &coll, docs, ordered, bypass_validation),
         Command::Update(u) => update(state, fx, u),
-        Command::Delete {
-            coll,
-            filter,
-            multi,
-            hint,
-        } => delete(state, fx, &coll, &filter, multi, hint.as_ref()),
+        Command::Delete(d) => delete(state, fx, &d),
         Command::FindAndModify(f) => find_and_modify(state, fx, f),
         Command::CreateIndex { coll, spec } => {
             let created_coll = ensure_collection(state, &coll);
@@ -472,6 +559,11 @@ pub fn apply_command(state: &mut DbState, fx: &mut Effects, cmd: Command) -> Res
         Command::AtBoundary(step) => {
             (step.0)(state, fx).map(|r| Reply::Boundary(BoundaryResult(r)))
         }
+        // Its statements are commands of their own, each with its csn and
+        // its own undo: only the writer applies them (`writer::apply_batch`).
+        Command::Batch(_) => Err(Error::Internal(
+            "a batch is applied statement by statement by the writer".into(),
+        )),
     }
 }
 
@@ -775,18 +867,12 @@ fn upsert_into(
     })
 }
 
-fn delete(
-    state: &mut DbState,
-    fx: &mut Effects,
-    coll: &str,
-    filter: &Filter,
-    multi: bool,
-    hint: Option<&Hint>,
-) -> Result<Reply> {
+fn delete(state: &mut DbState, fx: &mut Effects, d: &DeleteCommand) -> Result<Reply> {
+    let coll = d.coll.as_str();
     let Some(c) = state.collection(coll) else {
         return Ok(Reply::Deleted(0));
     };
-    let found = matching(c, filter, None, multi, hint)?;
+    let found = matching(c, &d.filter, None, d.multi, d.hint.as_ref())?;
     let c = state.collection_mut(coll).ok_or_else(|| missing(coll))?;
     for (rid, d) in &found {
         c.delete(*rid)?;

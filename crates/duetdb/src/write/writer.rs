@@ -13,6 +13,11 @@
 //! Invariants:
 //! - at most one leader applies commands at any time (it is the queue front, and
 //!   only the leader pops the queue);
+//! - a group weighs at most [`MAX_GROUP`] (a command weighs 1, a batch its
+//!   statements; a first command heavier than that is a group alone);
+//! - a batch's statements are applied in order as commands of their own
+//!   (each its csn, its effects, its undo when it fails); an ordered batch
+//!   applies none after its first failure;
 //! - `published.csn` grows strictly with every publish; a command's effects are
 //!   visible exactly from the first state whose `csn` >= its own;
 //! - a published state is never mutated again (copy-on-write working copy), so a
@@ -54,10 +59,17 @@ use crate::error::{Error, Result};
 #[cfg(debug_assertions)]
 use crate::store::collection::Fingerprint;
 use crate::store::DbState;
-use crate::write::command::{apply_command, BoundaryStep, Command, Reply, WriteOutcome};
+use crate::write::command::{
+    apply_command, Batch, BoundaryStep, Command, Reply, WriteOutcome, MAX_BATCH_STATEMENTS,
+};
 
-/// Most commands one leader applies before publishing (bounds reply latency).
+/// Most commands one leader applies before publishing (bounds reply
+/// latency), a batch counting as its statements (`Command::weight`).
 pub const MAX_GROUP: usize = 1024;
+
+// A full batch fits one group: batching never makes a publish wait for more
+// statements than a group of single commands would.
+const _: () = assert!(MAX_BATCH_STATEMENTS <= MAX_GROUP);
 
 /// Debug builds run `check_invariants` on the collections a group changed,
 /// on the writer thread before publishing; collections of at most this many
@@ -96,8 +108,11 @@ struct Slot {
     stmts: Option<Arc<[u32]>>,
     /// Per-write durability (`None`: the database's default).
     durability: Option<Durability>,
+    /// What the command weighs in a group (`Command::weight`).
+    weight: usize,
     reply: Mutex<Option<Result<Reply>>>,
-    /// The csn the command committed at (0 when it failed).
+    /// The csn the command committed at (a batch: its last committed
+    /// statement's; 0 when nothing committed).
     csn: AtomicU64,
     done: AtomicBool,
 }
@@ -286,6 +301,7 @@ impl Writer {
             origin: None,
             stmts: None,
             durability: None,
+            weight: 1,
             reply: Mutex::new(None),
             csn: AtomicU64::new(0),
             done: AtomicBool::new(false),
@@ -365,6 +381,7 @@ impl Writer {
             wal.check_writable()?;
         }
         let slot = Arc::new(Slot {
+            weight: command.weight(),
             command: Mutex::new(Some(command)),
             replicated: Mutex::new(None),
             solo: false,
@@ -403,19 +420,24 @@ impl Writer {
         let group: Vec<Arc<Slot>> = if slot.solo {
             vec![slot.clone()]
         } else {
+            let mut weight = 0usize;
             queue
                 .iter()
-                .take(MAX_GROUP)
-                .take_while(|s| !s.solo)
+                .take_while(|s| {
+                    weight += s.weight;
+                    !s.solo && (weight <= MAX_GROUP || Arc::ptr_eq(s, &slot))
+                })
                 .cloned()
                 .collect()
         };
         drop(queue);
+        debug_assert!(!group.is_empty(), "a leader leads its own command");
+        // Counted in statements: a batch's are commands as they were.
+        let weight: usize = group.iter().map(|s| s.weight).sum();
         self.groups.fetch_add(1, Ordering::Relaxed);
-        self.commands
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        self.commands.fetch_add(weight as u64, Ordering::Relaxed);
         self.largest_group
-            .fetch_max(group.len() as u64, Ordering::Relaxed);
+            .fetch_max(weight as u64, Ordering::Relaxed);
         if slot.solo {
             self.lead_replicated(&slot);
         } else {
@@ -480,20 +502,14 @@ impl Writer {
                     *s.reply.lock() = Some(Err(Error::Internal("command taken twice".into())));
                     continue;
                 };
-                // Cloning `working` here would make every node shared again and
-                // defeat copy-once-per-group; instead each command undoes its own
-                // partial effects on failure (see `command`), and consumes no csn.
-                #[cfg(debug_assertions)]
-                let (name, before) = (cmd.name(), fingerprint(&working));
-                working.csn += 1;
-                let mark = fx.mark();
-                let reply = apply_command(&mut working, &mut fx, cmd);
-                if reply.is_err() {
-                    working.csn -= 1;
-                    fx.truncate(mark);
-                    #[cfg(debug_assertions)]
-                    assert_unchanged(&before, &fingerprint(&working), name);
-                } else {
+                let before = working.csn;
+                let reply = match cmd {
+                    Command::Batch(batch) => Ok(apply_batch(&mut working, &mut fx, batch)),
+                    cmd => apply_one(&mut working, &mut fx, cmd),
+                };
+                // Something committed (a command, or a statement of a batch):
+                // the slot's csn is its last commit's.
+                if working.csn != before {
                     s.csn.store(working.csn, Ordering::Relaxed);
                     if s.durability.unwrap_or(self.durability) == Durability::Fsync {
                         sync = SyncMode::Now;
@@ -537,18 +553,25 @@ impl Writer {
                         // take back.
                         // With what each did: a retry answered from the
                         // replica set's table gets the same reply.
+                        // A batch's statements are tagged one by one.
                         let origins: Vec<Tagged> = group
                             .iter()
                             .filter(|s| s.csn.load(Ordering::Relaxed) != 0)
-                            .filter_map(|s| {
-                                let tag = s.origin.clone()?;
-                                let outcome = match s.reply.lock().as_ref() {
-                                    Some(Ok(r)) => WriteOutcome::of(r).encode_at(
-                                        &WriteOutcome::statements_of(r, s.stmts.as_deref()),
-                                    ),
-                                    _ => Vec::new(),
+                            .flat_map(|s| {
+                                let Some(tag) = s.origin.clone() else {
+                                    return Vec::new();
                                 };
-                                Some(Tagged { tag, outcome })
+                                let outcomes = match s.reply.lock().as_ref() {
+                                    Some(Ok(r)) => WriteOutcome::recorded(r, s.stmts.as_deref()),
+                                    _ => vec![Vec::new()],
+                                };
+                                outcomes
+                                    .into_iter()
+                                    .map(|outcome| Tagged {
+                                        tag: tag.clone(),
+                                        outcome,
+                                    })
+                                    .collect()
                             })
                             .collect();
                         let logged = self
@@ -712,6 +735,46 @@ impl Writer {
         }
         Ok(Reply::Existed(true))
     }
+}
+
+/// Apply `cmd` as one commit: it takes the next csn when it succeeds; when
+/// it fails it consumed no csn and its effects are cut off (the command
+/// undid its own changes: `command`'s contract, checked in debug builds).
+/// Requires: caller is leader. Cloning `working` per command would make
+/// every node shared again and defeat copy-once-per-group.
+fn apply_one(working: &mut DbState, fx: &mut Effects, cmd: Command) -> Result<Reply> {
+    #[cfg(debug_assertions)]
+    let (name, before) = (cmd.name(), fingerprint(working));
+    working.csn += 1;
+    let mark = fx.mark();
+    let reply = apply_command(working, fx, cmd);
+    if reply.is_err() {
+        working.csn -= 1;
+        fx.truncate(mark);
+        #[cfg(debug_assertions)]
+        assert_unchanged(&before, &fingerprint(working), name);
+    }
+    reply
+}
+
+/// Apply a batch's statements in order, each with [`apply_one`] (a
+/// statement refused before the writer fails in its place); an ordered
+/// batch stops after its first failure. Requires: caller is leader.
+fn apply_batch(working: &mut DbState, fx: &mut Effects, batch: Batch) -> Reply {
+    debug_assert!(
+        batch.items.len() <= MAX_BATCH_STATEMENTS,
+        "a batch over MAX_BATCH_STATEMENTS"
+    );
+    let mut results = Vec::with_capacity(batch.items.len());
+    for item in batch.items {
+        let r = item.and_then(|stmt| apply_one(working, fx, stmt.into()));
+        let failed = r.is_err();
+        results.push(r);
+        if failed && batch.ordered {
+            break;
+        }
+    }
+    Reply::Batch(results)
 }
 
 /// The working state's fingerprint: its csn and each collection's.
