@@ -18,10 +18,13 @@
 //!   name on a write ([`CheckedUpdate`], [`CheckedModify`]);
 //! - the trait is sealed: the primitives may change with the engine.
 
+use std::sync::Arc;
+
 use bson::raw::RawDocumentBuf;
 use bson::{Bson, Document, RawBson};
 
 use crate::api::{validate_collection_name, FindOptions};
+use crate::doc::collation::Collator;
 use crate::doc::{self, DocRef};
 use crate::error::{BulkWriteFailure, Error, Result};
 use crate::query::{Projection, SortSpec, UpdateSpec};
@@ -52,6 +55,9 @@ pub struct FindAndModifyOptions {
     pub return_document: ReturnDocument,
     /// An index to use (live collections; a transaction plans on its snapshot).
     pub hint: Option<Bson>,
+    /// The command's `let` variables, for the projection's expressions (the
+    /// filter and update carry their own).
+    pub let_vars: Option<Document>,
 }
 
 /// A document ready to store: its bytes and its `_id`.
@@ -115,6 +121,10 @@ pub trait Crud: sealed::Sealed {
     /// `options.sort` order, or upsert; the outcome holds the version
     /// `options.return_document` asks for, unprojected.
     fn modify_first(&self, modify: CheckedModify) -> Result<FindAndModifyOutcome>;
+
+    /// Primitive: the collation this handle's operations compare strings
+    /// under (`None`: simple).
+    fn op_collator(&self) -> Result<Option<Arc<Collator>>>;
 
     /// The matching stored documents, sorted, skipped and limited (shared,
     /// unprojected; `options.projection` is checked, not applied).
@@ -273,17 +283,37 @@ pub trait Crud: sealed::Sealed {
         options: FindAndModifyOptions,
     ) -> Result<(Option<Document>, FindAndModifyOutcome)> {
         validate_collection_name(self.name())?;
-        let projection = parse_projection(options.projection.as_ref())?;
+        let projection = parse_projection(
+            options.projection.as_ref(),
+            &filter,
+            options.let_vars.as_ref(),
+            self.op_collator()?,
+        )?;
+        // MongoDB's rule: the new version need not match the query any more.
+        if projection.as_ref().is_some_and(Projection::has_positional)
+            && options.return_document == ReturnDocument::After
+        {
+            return Err(Error::bad_value(
+                "cannot use a positional projection and return the new document",
+            ));
+        }
         let out = self.modify_first(CheckedModify {
             filter,
             update,
             options,
         })?;
+        // The projection runs in MongoDB's plan, after the write: its
+        // errors carry the executor's context and leave the write done.
         let doc = out
             .doc
             .as_ref()
             .map(|d| project(d, projection.as_ref()))
-            .transpose()?;
+            .transpose()
+            .map_err(|e| Error::Coded {
+                code: e.code(),
+                name: e.code_name(),
+                msg: format!("Plan executor error during findAndModify :: caused by :: {e}"),
+            })?;
         Ok((doc, out))
     }
 
@@ -321,7 +351,12 @@ pub trait Crud: sealed::Sealed {
 
     /// Matching documents with sort, skip, limit and projection.
     fn find_with(&self, filter: Document, options: FindOptions) -> Result<Vec<Document>> {
-        let projection = parse_projection(options.projection.as_ref())?;
+        let projection = parse_projection(
+            options.projection.as_ref(),
+            &filter,
+            options.let_vars.as_ref(),
+            self.op_collator()?,
+        )?;
         self.find_raw(filter, options)?
             .iter()
             .map(|d| project(d, projection.as_ref()))
@@ -359,12 +394,20 @@ fn replacement_spec(doc: &Document) -> Result<UpdateSpec> {
     Ok(spec)
 }
 
-/// A projection to apply; an empty one is none.
-fn parse_projection(projection: Option<&Document>) -> Result<Option<Projection>> {
-    projection
+/// A find projection to apply (an empty one is none): `query` is what a
+/// positional `a.$` matches, `let_vars` the command's variables, `collator`
+/// the operation's collation for its comparisons.
+fn parse_projection(
+    projection: Option<&Document>,
+    query: &Document,
+    let_vars: Option<&Document>,
+    collator: Option<Arc<Collator>>,
+) -> Result<Option<Projection>> {
+    Ok(projection
         .filter(|p| !p.is_empty())
-        .map(Projection::parse)
-        .transpose()
+        .map(|p| Projection::parse_find(p, Some(query), let_vars))
+        .transpose()?
+        .map(|p| p.with_collation(collator)))
 }
 
 fn project(doc: &DocRef, projection: Option<&Projection>) -> Result<Document> {
@@ -534,6 +577,7 @@ mod tests {
             projection: Some(doc! {"_id": 1}),
             hint: None,
             collation: None,
+            let_vars: None,
         };
         note("find", format!("{:?}", c.find_with(doc! {}, page)));
         note("find one", format!("{:?}", c.find_one(doc! {"_id": 50})));

@@ -354,6 +354,17 @@ fn parse_meta(arg: &Bson) -> Result<Expr> {
     }
 }
 
+/// Is `name` an expression operator (`$add`, `$literal`, …)? What MongoDB's
+/// `Expression::isExpressionName` answers: a projection's `{a: {$name: …}}`
+/// is an expression exactly when `$name` is one.
+pub fn is_expression_name(name: &str) -> bool {
+    matches!(
+        name,
+        "$literal" | "$meta" | "$let" | "$map" | "$filter" | "$reduce" | "$switch" | "$getField"
+    ) || Named::from_name(name).is_some()
+        || Op::from_name(name).is_some()
+}
+
 fn parse_operator(name: &str, arg: &Bson, depth: usize, scope: &mut Scope) -> Result<Expr> {
     let sub = depth + 1;
     match name {
