@@ -11,7 +11,9 @@
 //! Invariants:
 //! - every argument is parsed and checked before a primitive runs, so a
 //!   refused call changes nothing (a bad projection fails a findAndModify
-//!   before it writes; a bad document fails only its own position);
+//!   before it writes; a bad document fails only its own position); only an
+//!   error evaluating a findAndModify's projection comes after its write,
+//!   as MongoDB's plan evaluates it after the update;
 //! - insert errors carry their input position and come back in input
 //!   order; an ordered insert stops at, and reports only, the first failure;
 //! - primitives never see a `multi` replacement or an invalid collection
