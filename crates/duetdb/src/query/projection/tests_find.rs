@@ -471,6 +471,14 @@ fn parse_errors_in_mongodbs_words() {
     ] {
         assert_eq!(refused(spec.clone()), (code, words.to_string()), "{spec:?}");
     }
+    // `$function` is an expression MongoDB knows; duetdb runs no JavaScript.
+    assert_eq!(
+        refused(doc! {"t": {"$function": {"body": "f", "args": [], "lang": "js"}}}),
+        (
+            2,
+            "$function is not supported by duetdb: it runs JavaScript".to_string()
+        )
+    );
     // A positional projection needs the find's filter.
     let e: Error = Projection::parse(&doc! {"a.$": 1}).expect_err("no matcher");
     assert_eq!(
