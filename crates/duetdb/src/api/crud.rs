@@ -285,12 +285,7 @@ pub trait Crud: sealed::Sealed {
         options: FindAndModifyOptions,
     ) -> Result<(Option<Document>, FindAndModifyOutcome)> {
         validate_collection_name(self.name())?;
-        let projection = parse_projection(
-            options.projection.as_ref(),
-            &filter,
-            options.let_vars.as_ref(),
-            self.op_collator()?,
-        )?;
+        let projection = parse_projection(self, &filter, &options.projection, &options.let_vars)?;
         // MongoDB's rule: the new version need not match the query any more.
         if projection.as_ref().is_some_and(Projection::has_positional)
             && options.return_document == ReturnDocument::After
@@ -353,12 +348,7 @@ pub trait Crud: sealed::Sealed {
 
     /// Matching documents with sort, skip, limit and projection.
     fn find_with(&self, filter: Document, options: FindOptions) -> Result<Vec<Document>> {
-        let projection = parse_projection(
-            options.projection.as_ref(),
-            &filter,
-            options.let_vars.as_ref(),
-            self.op_collator()?,
-        )?;
+        let projection = parse_projection(self, &filter, &options.projection, &options.let_vars)?;
         self.find_raw(filter, options)?
             .iter()
             .map(|d| project(d, projection.as_ref()))
@@ -396,20 +386,20 @@ fn replacement_spec(doc: &Document) -> Result<UpdateSpec> {
     Ok(spec)
 }
 
-/// A find projection to apply (an empty one is none): `query` is what a
-/// positional `a.$` matches, `let_vars` the command's variables, `collator`
-/// the operation's collation for its comparisons.
-fn parse_projection(
-    projection: Option<&Document>,
+/// The find projection of an operation of `c` (an empty one is none):
+/// `query` is what a positional `a.$` matches, `let_vars` the command's
+/// variables; its comparisons take the operation's collation.
+fn parse_projection<C: Crud + ?Sized>(
+    c: &C,
     query: &Document,
-    let_vars: Option<&Document>,
-    collator: Option<Arc<Collator>>,
+    projection: &Option<Document>,
+    let_vars: &Option<Document>,
 ) -> Result<Option<Projection>> {
-    Ok(projection
-        .filter(|p| !p.is_empty())
-        .map(|p| Projection::parse_find(p, Some(query), let_vars))
-        .transpose()?
-        .map(|p| p.with_collation(collator)))
+    let Some(p) = projection.as_ref().filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let p = Projection::parse_find(p, Some(query), let_vars.as_ref())?;
+    Ok(Some(p.with_collation(c.op_collator()?)))
 }
 
 fn project(doc: &DocRef, projection: Option<&Projection>) -> Result<Document> {

@@ -46,6 +46,7 @@ macro_rules! loc {
         }
     };
 }
+pub(crate) use loc;
 
 mod arithmetic;
 mod array;

@@ -23,20 +23,9 @@ use bson::{Bson, Document, RawDocumentBuf};
 use crate::doc::size::{document_len, SizeBudget};
 use crate::doc::MAX_DEPTH;
 use crate::error::{Error, Result};
-use crate::query::expr::{under_collation, Root, Value};
+use crate::query::expr::{loc, under_collation, Root, Value};
 use crate::query::projection::{Leaf, Mode, Node, Positional, Projection};
 use crate::query::update::ElemCond;
-
-/// An error at one of MongoDB's numbered assertion locations.
-macro_rules! loc {
-    ($code:literal, $($fmt:tt)*) => {
-        Error::Coded {
-            code: $code,
-            name: concat!("Location", stringify!($code)),
-            msg: format!($($fmt)*),
-        }
-    };
-}
 
 impl Projection {
     /// Apply it to one stored document (find).

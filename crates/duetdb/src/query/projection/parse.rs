@@ -24,22 +24,11 @@ use bson::{Bson, Document};
 use crate::doc::path::MAX_PATH_COMPONENTS;
 use crate::doc::MAX_DEPTH;
 use crate::error::{render_shell, Error, Result};
-use crate::query::expr::{is_expression_name, truthy_bson, Expr, Scope};
+use crate::query::expr::{is_expression_name, loc, truthy_bson, Expr, Scope};
 use crate::query::projection::{Dialect, Leaf, Mode, Node, Positional, Projection};
 use crate::query::text::asks_text_score;
 use crate::query::update::ElemCond;
 use crate::query::Filter;
-
-/// An error at one of MongoDB's numbered assertion locations.
-macro_rules! loc {
-    ($code:literal, $($fmt:tt)*) => {
-        Error::Coded {
-            code: $code,
-            name: concat!("Location", stringify!($code)),
-            msg: format!($($fmt)*),
-        }
-    };
-}
 
 /// `$`-prefixed names MongoDB's `FieldPath` accepts (DBRef fields and
 /// metadata it uses itself).
@@ -191,7 +180,7 @@ fn is_inclusion_or_exclusion(v: &Bson) -> bool {
 /// values as the x86 conversion gives them, `i32::MIN`).
 fn number_int(v: &Bson) -> Option<i64> {
     let from_f64 = |f: f64| {
-        if f.is_nan() || f >= 2_147_483_648.0 || f < -2_147_483_648.0 {
+        if !(-2_147_483_648.0..2_147_483_648.0).contains(&f) {
             i64::from(i32::MIN)
         } else {
             f.trunc() as i64
@@ -563,14 +552,13 @@ impl<'q> Ctx<'q> {
             return Ok(false);
         }
         let is_meta = name == "$meta";
-        if self.kind == Some(Kind::Exclusion) && !is_meta {
-            return Err(loc!(
-                31252,
-                "Cannot use expression other than $meta in exclusion projection"
-            ));
-        }
         if !is_meta {
-            self.kind = Some(Kind::Inclusion);
+            self.fix_kind(Kind::Inclusion, || {
+                loc!(
+                    31252,
+                    "Cannot use expression other than $meta in exclusion projection"
+                )
+            })?;
         }
         let v = Bson::Document(sub.clone());
         let e = Expr::parse_in(&v, &mut self.scope)?;
@@ -615,16 +603,15 @@ impl<'q> Ctx<'q> {
             add_node(&mut self.root, parent, &path, leaf(Leaf::Include))?;
             self.id_included |= top_id;
         }
-        if !top_id {
-            if self.kind == Some(Kind::Exclusion) {
-                return Err(loc!(
-                    31253,
-                    "Cannot do inclusion on field {key} in exclusion projection"
-                ));
-            }
-            self.kind = Some(Kind::Inclusion);
+        if top_id {
+            return Ok(());
         }
-        Ok(())
+        self.fix_kind(Kind::Inclusion, || {
+            loc!(
+                31253,
+                "Cannot do inclusion on field {key} in exclusion projection"
+            )
+        })
     }
 
     /// `key: <false or 0>` (MongoDB's `parseExclusion`).
@@ -635,14 +622,12 @@ impl<'q> Ctx<'q> {
             self.id_excluded = true;
             return Ok(());
         }
-        if self.kind == Some(Kind::Inclusion) {
-            return Err(loc!(
+        self.fix_kind(Kind::Exclusion, || {
+            loc!(
                 31254,
                 "Cannot do exclusion on field {key} in inclusion projection"
-            ));
-        }
-        self.kind = Some(Kind::Exclusion);
-        Ok(())
+            )
+        })
     }
 
     /// `key: <any other value>`: an expression operand — a field path, a
@@ -652,15 +637,23 @@ impl<'q> Ctx<'q> {
         let e = Expr::parse_in(v, &mut self.scope)?;
         let path = field_path(key)?;
         add_node(&mut self.root, parent, &path, leaf(Leaf::Computed(e)))?;
-        if self.kind == Some(Kind::Exclusion) {
-            return Err(loc!(
+        self.reads_score |= asks_text_score(v);
+        self.fix_kind(Kind::Inclusion, || {
+            loc!(
                 31310,
                 "Cannot use an expression {key}: {} in an exclusion projection",
                 render_shell(v)
-            ));
+            )
+        })
+    }
+
+    /// The element makes the projection of `kind`: refused with `refuse`'s
+    /// error when the other kind is already fixed.
+    fn fix_kind(&mut self, kind: Kind, refuse: impl FnOnce() -> Error) -> Result<()> {
+        if self.kind.is_some_and(|k| k != kind) {
+            return Err(refuse());
         }
-        self.kind = Some(Kind::Inclusion);
-        self.reads_score |= asks_text_score(v);
+        self.kind = Some(kind);
         Ok(())
     }
 }
