@@ -157,13 +157,18 @@ def test_duet_extensions_and_commands_without_lists_are_unaffected(db):
 
 def test_probe_answers_in_mongodb_words(client, db):
     """Two differences errs_probe.py showed: an unknown expression in
-    `$project` names the stage (code kept), a rename of a missing source
-    collection says MongoDB's words."""
+    `$project` names the stage (code kept; where a projection value may be
+    an expression, MongoDB's projection parser answers 31325), a rename of a
+    missing source collection says MongoDB's words."""
     setup(db)
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.aggregate([{"$project": {"x": {"$add": [{"$foo": 1}]}}}]))
+    assert (e.value.code, e.value.details["errmsg"]) == (
+        168, "Invalid $project :: caused by :: Unrecognized expression '$foo'")
     with pytest.raises(OperationFailure) as e:
         list(db.c.aggregate([{"$project": {"x": {"$foo": 1}}}]))
     assert (e.value.code, e.value.details["errmsg"]) == (
-        168, "Invalid $project :: caused by :: Unrecognized expression '$foo'")
+        31325, "Invalid $project :: caused by :: Unknown expression $foo")
     with pytest.raises(OperationFailure) as e:
         client.admin.command({"renameCollection": f"{db.name}.nope", "to": f"{db.name}.x"})
     assert (e.value.code, e.value.details["errmsg"]) == (

@@ -224,8 +224,11 @@ fn project_inclusion_exclusion_and_computed() {
         code(vec![doc! {"$project": {"a": 1, "b": 0}}], &docs),
         31254
     );
-    assert_eq!(code(vec![doc! {"$project": {}}], &docs), 2);
-    assert_eq!(code(vec![doc! {"$project": {"a": 1, "a.b": 1}}], &docs), 2);
+    assert_eq!(code(vec![doc! {"$project": {}}], &docs), 51272);
+    assert_eq!(
+        code(vec![doc! {"$project": {"a": 1, "a.b": 1}}], &docs),
+        31249
+    );
 }
 
 #[test]
@@ -450,8 +453,17 @@ fn error_codes() {
         40238
     );
     assert_eq!(code(vec![doc! {"$match": {"$bogus": 1}}], &docs), 2);
+    // MongoDB's projection parser: an unknown operator where an expression
+    // may stand is 31325; inside an expression, 168.
     assert_eq!(
         code(vec![doc! {"$project": {"x": {"$frob": 1}}}], &docs),
+        31325
+    );
+    assert_eq!(
+        code(
+            vec![doc! {"$project": {"x": {"$add": [{"$frob": 1}]}}}],
+            &docs
+        ),
         168
     );
     // Runtime type errors carry MongoDB's wording and TypeMismatch.

@@ -797,9 +797,10 @@ fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str) -> CmdResult {
     }
     let filter_doc = args::opt_doc(cmd, "filter")?.cloned().unwrap_or_default();
     let filter = Filter::parse(&filter_doc)?;
+    let let_vars = args::opt_doc(cmd, "let")?;
     let projection = args::opt_doc(cmd, "projection")?
         .filter(|p| !p.is_empty())
-        .map(Projection::parse)
+        .map(|p| Projection::parse_find(p, Some(&filter_doc), let_vars))
         .transpose()?;
     let skip = args::opt_count(cmd, "skip")?.unwrap_or(0);
     let limit = args::opt_safe_i64(cmd, "limit")?.unwrap_or(0);

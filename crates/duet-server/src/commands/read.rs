@@ -119,17 +119,20 @@ impl FindPlan {
                 limit: args::opt_count(cmd, "limit")?.unwrap_or(0),
                 hint,
                 collation: super::source::collation_of(cmd)?,
+                let_vars: args::opt_doc(cmd, "let")?.cloned(),
             },
             projection: args::opt_doc(cmd, "projection")?.cloned(),
         })
     }
 
+    /// The find's projection (an empty one is none), with the find's filter
+    /// (a positional `a.$` matches it) and `let` variables.
     pub(crate) fn parsed_projection(&self) -> CmdResult<Option<Projection>> {
         Ok(self
             .projection
             .as_ref()
             .filter(|p| !p.is_empty())
-            .map(Projection::parse)
+            .map(|p| Projection::parse_find(p, Some(&self.filter), self.options.let_vars.as_ref()))
             .transpose()?)
     }
 }
@@ -214,7 +217,8 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, target: &mut Target<'_>) -> CmdResult
     let projection = plan.parsed_projection()?;
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;
-    // `$elemMatch` in the projection compares under the find's collation.
+    // The projection's expressions, `$elemMatch` and `a.$` compare under
+    // the find's collation.
     let projection = match projection {
         Some(p) => Some(p.with_collation(source.collator()?)),
         None => None,
@@ -367,6 +371,7 @@ fn text_find(
         sort: plan.options.sort.clone(),
         skip: plan.options.skip,
         limit: plan.options.limit,
+        let_vars: plan.options.let_vars.clone(),
     };
     let limits = read_limits(ctx, cmd)?;
     let source = read_source(ctx, cmd, coll, target)?;

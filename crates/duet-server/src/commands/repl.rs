@@ -480,13 +480,23 @@ pub(crate) fn retry_reply(name: &str, cmd: &Document, outcomes: &[Vec<u8>]) -> D
     }
 }
 
-/// `doc` projected with the command's `fields` (itself without any).
+/// `doc` projected with the command's `fields` (itself without any), with
+/// its `query`, `let` and `collation` as the first execution had them.
 fn project(cmd: &Document, doc: &Document) -> Option<Document> {
     let fields = match cmd.get("fields") {
         Some(Bson::Document(f)) if !f.is_empty() => f,
         _ => return Some(doc.clone()),
     };
-    let p = duetdb::lang::Projection::parse(fields).ok()?;
+    let let_vars = cmd.get_document("let").ok();
+    let query = cmd.get_document("query").cloned().unwrap_or_default();
+    let query = duetdb::lang::Filter::bind_let(&query, let_vars).ok()?;
+    let collator = match cmd.get_document("collation") {
+        Ok(c) => duetdb::Collator::from_document(c).ok()?,
+        Err(_) => None,
+    };
+    let p = duetdb::lang::Projection::parse_find(fields, Some(&query), let_vars)
+        .ok()?
+        .with_collation(collator);
     let raw = duetdb::raw::to_raw_document(doc).ok()?;
     p.apply(&raw).ok()
 }

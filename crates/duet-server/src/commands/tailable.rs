@@ -221,9 +221,10 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str, target: &Target<'_>) -> C
             "a tailable cursor cannot use $text (it scans in $natural order)",
         ));
     }
-    let filter_doc = Filter::bind_let(&filter_doc, args::opt_doc(cmd, "let")?)?;
-    // The cursor's filter (and `$elemMatch` projection) compare under the
-    // command's collation, else the collection's default, as a find's do.
+    let let_vars = args::opt_doc(cmd, "let")?;
+    let filter_doc = Filter::bind_let(&filter_doc, let_vars)?;
+    // The cursor's filter and projection compare under the command's
+    // collation, else the collection's default, as a find's do.
     let collator = ctx
         .database()?
         .collection(coll)
@@ -232,7 +233,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document, coll: &str, target: &Target<'_>) -> C
     let filter = Filter::parse(&filter_doc)?.with_collation(collator.clone());
     let projection = args::opt_doc(cmd, "projection")?
         .filter(|p| !p.is_empty())
-        .map(Projection::parse)
+        .map(|p| Projection::parse_find(p, Some(&filter_doc), let_vars))
         .transpose()?
         .map(|p| p.with_collation(collator));
     let await_data = args::flag(cmd, "awaitData")?;

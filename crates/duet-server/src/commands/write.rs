@@ -433,6 +433,7 @@ pub fn find_and_modify(
             ReturnDocument::Before
         },
         hint: cmd.get("hint").cloned(),
+        let_vars: args::opt_doc(cmd, "let")?.cloned(),
     };
     let bypass = args::flag(cmd, "bypassDocumentValidation")?;
     let collation = super::source::collation_of(cmd)?;

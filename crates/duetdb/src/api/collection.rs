@@ -264,6 +264,10 @@ impl Crud for Collection {
         }
     }
 
+    fn op_collator(&self) -> Result<Option<Arc<Collator>>> {
+        self.collator()
+    }
+
     fn find_raw(&self, filter: Document, options: FindOptions) -> Result<Vec<DocRef>> {
         self.find(filter).options(options).raw()
     }

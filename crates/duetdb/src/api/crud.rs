@@ -11,7 +11,9 @@
 //! Invariants:
 //! - every argument is parsed and checked before a primitive runs, so a
 //!   refused call changes nothing (a bad projection fails a findAndModify
-//!   before it writes; a bad document fails only its own position);
+//!   before it writes; a bad document fails only its own position); only an
+//!   error evaluating a findAndModify's projection comes after its write,
+//!   as MongoDB's plan evaluates it after the update;
 //! - insert errors carry their input position and come back in input
 //!   order; an ordered insert stops at, and reports only, the first failure;
 //! - primitives never see a `multi` replacement or an invalid collection
@@ -23,10 +25,13 @@
 //!   differs between the handles;
 //! - the trait is sealed: the primitives may change with the engine.
 
+use std::sync::Arc;
+
 use bson::raw::RawDocumentBuf;
 use bson::{Bson, Document, RawBson};
 
 use crate::api::{validate_collection_name, FindOptions};
+use crate::doc::collation::Collator;
 use crate::doc::{self, DocRef};
 use crate::error::{BulkWriteFailure, Error, Result};
 use crate::query::{Projection, SortSpec, UpdateSpec};
@@ -57,6 +62,9 @@ pub struct FindAndModifyOptions {
     pub return_document: ReturnDocument,
     /// An index to use (live collections; a transaction plans on its snapshot).
     pub hint: Option<Bson>,
+    /// The command's `let` variables, for the projection's expressions (the
+    /// filter and update carry their own).
+    pub let_vars: Option<Document>,
 }
 
 /// A document ready to store: its bytes and its `_id`.
@@ -177,6 +185,10 @@ pub trait Crud: sealed::Sealed {
     /// `options.sort` order, or upsert; the outcome holds the version
     /// `options.return_document` asks for, unprojected.
     fn modify_first(&self, modify: CheckedModify) -> Result<FindAndModifyOutcome>;
+
+    /// Primitive: the collation this handle's operations compare strings
+    /// under (`None`: simple).
+    fn op_collator(&self) -> Result<Option<Arc<Collator>>>;
 
     /// The matching stored documents, sorted, skipped and limited (shared,
     /// unprojected; `options.projection` is checked, not applied).
@@ -374,17 +386,32 @@ pub trait Crud: sealed::Sealed {
         options: FindAndModifyOptions,
     ) -> Result<(Option<Document>, FindAndModifyOutcome)> {
         validate_collection_name(self.name())?;
-        let projection = parse_projection(options.projection.as_ref())?;
+        let projection = parse_projection(self, &filter, &options.projection, &options.let_vars)?;
+        // MongoDB's rule: the new version need not match the query any more.
+        if projection.as_ref().is_some_and(Projection::has_positional)
+            && options.return_document == ReturnDocument::After
+        {
+            return Err(Error::bad_value(
+                "cannot use a positional projection and return the new document",
+            ));
+        }
         let out = self.modify_first(CheckedModify {
             filter,
             update,
             options,
         })?;
+        // The projection runs in MongoDB's plan, after the write: its
+        // errors carry the executor's context and leave the write done.
         let doc = out
             .doc
             .as_ref()
             .map(|d| project(d, projection.as_ref()))
-            .transpose()?;
+            .transpose()
+            .map_err(|e| Error::Coded {
+                code: e.code(),
+                name: e.code_name(),
+                msg: format!("Plan executor error during findAndModify :: caused by :: {e}"),
+            })?;
         Ok((doc, out))
     }
 
@@ -422,7 +449,7 @@ pub trait Crud: sealed::Sealed {
 
     /// Matching documents with sort, skip, limit and projection.
     fn find_with(&self, filter: Document, options: FindOptions) -> Result<Vec<Document>> {
-        let projection = parse_projection(options.projection.as_ref())?;
+        let projection = parse_projection(self, &filter, &options.projection, &options.let_vars)?;
         self.find_raw(filter, options)?
             .iter()
             .map(|d| project(d, projection.as_ref()))
@@ -504,12 +531,20 @@ fn replacement_spec(doc: &Document) -> Result<UpdateSpec> {
     Ok(spec)
 }
 
-/// A projection to apply; an empty one is none.
-fn parse_projection(projection: Option<&Document>) -> Result<Option<Projection>> {
-    projection
-        .filter(|p| !p.is_empty())
-        .map(Projection::parse)
-        .transpose()
+/// The find projection of an operation of `c` (an empty one is none):
+/// `query` is what a positional `a.$` matches, `let_vars` the command's
+/// variables; its comparisons take the operation's collation.
+fn parse_projection<C: Crud + ?Sized>(
+    c: &C,
+    query: &Document,
+    projection: &Option<Document>,
+    let_vars: &Option<Document>,
+) -> Result<Option<Projection>> {
+    let Some(p) = projection.as_ref().filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let p = Projection::parse_find(p, Some(query), let_vars.as_ref())?;
+    Ok(Some(p.with_collation(c.op_collator()?)))
 }
 
 fn project(doc: &DocRef, projection: Option<&Projection>) -> Result<Document> {
@@ -679,6 +714,7 @@ mod tests {
             projection: Some(doc! {"_id": 1}),
             hint: None,
             collation: None,
+            let_vars: None,
         };
         note("find", format!("{:?}", c.find_with(doc! {}, page)));
         note("find one", format!("{:?}", c.find_one(doc! {"_id": 50})));

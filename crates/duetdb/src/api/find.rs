@@ -122,6 +122,9 @@ pub struct FindOptions {
     pub hint: Option<Bson>,
     /// The `collation` option (`None`: the collection's default).
     pub collation: Option<Document>,
+    /// The command's `let` variables, for the projection's expressions (a
+    /// filter carries its own: `Filter::bind_let`).
+    pub let_vars: Option<Document>,
 }
 
 /// A find being built; [`Find::run`] executes it.
@@ -491,9 +494,10 @@ impl Find {
             .projection
             .as_ref()
             .filter(|p| !p.is_empty())
-            .map(Projection::parse)
+            .map(|p| Projection::parse_find(p, Some(&self.filter), self.options.let_vars.as_ref()))
             .transpose()?
-            // `$elemMatch` compares under the find's collation.
+            // Expressions, `$elemMatch` and `a.$` compare under the find's
+            // collation.
             .map(|p| p.with_collation(collator));
         Ok((spec, projection))
     }

@@ -43,13 +43,15 @@ use crate::store::DbState;
 /// Options of a `$text` find.
 #[derive(Debug, Clone, Default)]
 pub struct TextFindOptions {
-    /// May hold `{field: {$meta: "textScore"}}` entries.
+    /// A find projection; `{$meta: "textScore"}` reads the match's score.
     pub projection: Option<Document>,
     /// May hold `{field: {$meta: "textScore"}}` entries (highest score first).
     pub sort: Option<Document>,
     pub skip: u64,
     /// 0: no limit.
     pub limit: u64,
+    /// The command's `let` variables (the projection's expressions may use them).
+    pub let_vars: Option<Document>,
 }
 
 fn is_score_meta(v: &Bson) -> Result<bool> {
@@ -243,7 +245,6 @@ enum Kind {
 pub struct TextStream {
     kind: Kind,
     projection: Option<Projection>,
-    score_fields: Vec<String>,
     skip: u64,
     /// Documents still to yield (`None`: no limit).
     left: Option<u64>,
@@ -265,7 +266,6 @@ impl TextStream {
         TextStream {
             kind: Kind::Done,
             projection: None,
-            score_fields: Vec::new(),
             skip: 0,
             left: None,
             spilled_runs: 0,
@@ -344,14 +344,17 @@ impl TextStream {
         if let Some(n) = &mut self.left {
             *n -= 1;
         }
-        let mut out = match &self.projection {
+        Ok(Some(match &self.projection {
+            // `{$meta: "textScore"}` reads the hidden score field, as in a
+            // pipeline; it never reaches the result.
+            Some(p) if p.reads_text_score() => {
+                let mut out = p.apply(&scored(&d, score)?)?;
+                out.remove(TEXT_SCORE_FIELD);
+                out
+            }
             Some(p) => p.apply(&d)?,
             None => crate::doc::to_document(&d)?,
-        };
-        for f in &self.score_fields {
-            out.insert(f.clone(), score);
-        }
-        Ok(Some(out))
+        }))
     }
 }
 
@@ -398,18 +401,16 @@ pub(super) fn stream_in(
         split(filter)?.ok_or_else(|| Error::BadValue("text_find needs a $text filter".into()))?;
     let rest_doc = rest;
     let rest = crate::query::expr::under_read_time(state.ts, || Filter::parse(&rest_doc))?;
-    // Projection: `$meta` fields added after the rest is applied.
-    let mut score_fields = Vec::new();
-    let mut plain = Document::new();
-    for (k, v) in options.projection.iter().flatten() {
-        if is_score_meta(v)? {
-            score_fields.push(k.clone());
-        } else {
-            plain.insert(k.clone(), v.clone());
-        }
-    }
-    let projection = (!plain.is_empty())
-        .then(|| crate::query::expr::under_read_time(state.ts, || Projection::parse(&plain)))
+    // Projection: `{$meta: "textScore"}` reads the match's score.
+    let projection = options
+        .projection
+        .as_ref()
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            crate::query::expr::under_read_time(state.ts, || {
+                Projection::parse_text_find(p, &rest_doc, options.let_vars.as_ref())
+            })
+        })
         .transpose()?;
     // Sort: components in order, each by score (highest first, the hidden
     // field a pipeline's `$sort` reads) or by a field.
@@ -446,7 +447,6 @@ pub(super) fn stream_in(
     Ok(TextStream {
         kind,
         projection,
-        score_fields,
         skip: options.skip,
         left: (options.limit > 0).then_some(options.limit),
         spilled_runs,

@@ -1002,6 +1002,10 @@ impl Crud for TxnCollection<'_> {
             .modify_first_in(&self.name, m, self.bypass_validation, collator.as_ref())
     }
 
+    fn op_collator(&self) -> Result<Option<Arc<Collator>>> {
+        self.collator()
+    }
+
     fn find_raw(&self, filter: Document, options: FindOptions) -> Result<Vec<DocRef>> {
         let collator = self.collator()?;
         self.txn()?

@@ -53,25 +53,33 @@ fn strip_in(v: &mut Bson) {
     }
 }
 
+/// Does `v` (an expression, a stage, a sort) ask for `{$meta: "textScore"}`
+/// anywhere?
+pub(crate) fn asks_text_score(v: &Bson) -> bool {
+    match v {
+        Bson::Document(d) => {
+            matches!(d.get("$meta"), Some(Bson::String(s)) if s == "textScore")
+                || d.values().any(asks_text_score)
+        }
+        Bson::Array(items) => items.iter().any(asks_text_score),
+        _ => false,
+    }
+}
+
+/// MongoDB's 40218: a text score asked for where no `$text` gives one.
+pub(crate) fn no_text_score() -> Error {
+    Error::Coded {
+        code: 40218,
+        name: "Location40218",
+        msg: "query requires text score metadata, but it is not available".into(),
+    }
+}
+
 /// MongoDB's 40218 when a pipeline asks for `{$meta: "textScore"}` (in an
 /// expression or a `$sort`) without a `$text` first stage to give it.
 pub fn text_score_unavailable(stages: &[Document]) -> Result<()> {
-    fn asks(v: &Bson) -> bool {
-        match v {
-            Bson::Document(d) => {
-                matches!(d.get("$meta"), Some(Bson::String(s)) if s == "textScore")
-                    || d.values().any(asks)
-            }
-            Bson::Array(items) => items.iter().any(asks),
-            _ => false,
-        }
-    }
-    if stages.iter().any(|s| s.values().any(asks)) {
-        return Err(Error::Coded {
-            code: 40218,
-            name: "Location40218",
-            msg: "query requires text score metadata, but it is not available".into(),
-        });
+    if stages.iter().any(|s| s.values().any(asks_text_score)) {
+        return Err(no_text_score());
     }
     Ok(())
 }

@@ -722,11 +722,7 @@ fn parse_unset(arg: &Bson) -> Result<Stage> {
             ))
         }
     };
-    let mut spec = Document::new();
-    for p in paths {
-        spec.insert(p, 0);
-    }
-    Ok(Stage::Unset(Projection::parse_stage(&spec)?))
+    Ok(Stage::Unset(Projection::parse_unset(&paths)?))
 }
 
 /// `$count: "<field>"`: a plain, non-empty top-level field name.

@@ -46,6 +46,7 @@ macro_rules! loc {
         }
     };
 }
+pub(crate) use loc;
 
 mod arithmetic;
 mod array;
@@ -83,7 +84,7 @@ pub(crate) use array::{discrete_percentile, n_arg, percentiles_arg};
 pub use compare::{compare, compare_values};
 pub use logic::truthy_bson;
 pub use ops::{Named, Op};
-pub use parse::{parse_field_path, under_read_time, Scope};
+pub use parse::{is_expression_name, parse_field_path, under_read_time, Scope};
 
 /// An evaluated value; `None` is *missing*.
 pub type Value = Option<Bson>;

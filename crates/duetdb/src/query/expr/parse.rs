@@ -354,10 +354,35 @@ fn parse_meta(arg: &Bson) -> Result<Expr> {
     }
 }
 
+/// Is `name` an expression operator (`$add`, `$literal`, …)? What MongoDB's
+/// `Expression::isExpressionName` answers: a projection's `{a: {$name: …}}`
+/// is an expression exactly when `$name` is one.
+pub fn is_expression_name(name: &str) -> bool {
+    matches!(
+        name,
+        "$literal"
+            | "$meta"
+            | "$let"
+            | "$map"
+            | "$filter"
+            | "$reduce"
+            | "$switch"
+            | "$getField"
+            | "$function"
+    ) || Named::from_name(name).is_some()
+        || Op::from_name(name).is_some()
+}
+
 fn parse_operator(name: &str, arg: &Bson, depth: usize, scope: &mut Scope) -> Result<Expr> {
     let sub = depth + 1;
     match name {
         "$literal" => return Ok(Expr::Literal(arg.clone())),
+        // MongoDB knows it; it runs JavaScript, which duetdb does not embed.
+        "$function" => {
+            return Err(Error::bad_value(
+                "$function is not supported by duetdb: it runs JavaScript",
+            ))
+        }
         "$meta" => return parse_meta(arg),
         "$let" => return parse_let(arg, sub, scope),
         "$map" => return parse_map(arg, sub, scope),

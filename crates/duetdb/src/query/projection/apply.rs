@@ -1,25 +1,31 @@
 //! Applying a parsed [`Projection`] to one document.
 //!
 //! Owns: the inclusion and exclusion passes over a document, `$slice`, the
-//! `$elemMatch` pass, and the computed fields of `$project`.
+//! computed fields (expressions and `$elemMatch`), and positional `a.$` on
+//! the projected document.
 //!
 //! Invariants: an inclusion walks only the projected paths, an exclusion copies
 //! everything not excluded; both recurse only along the tree, so depth is
 //! bounded by the tree and checked against [`MAX_DEPTH`] (arrays of arrays
 //! recurse without consuming a path component). Computed fields read the whole
-//! input document (`root`), never the sub-document they are placed in; the
-//! computed values of one level are refused (10334) as soon as together they
-//! pass 16 MiB, so a projection never builds a far larger document (the
-//! pipeline checks each whole output document).
+//! input document (`root`), never the sub-document they are placed in, and
+//! are evaluated after the fields of their level are copied (MongoDB's
+//! `applyProjections` then `applyExpressions`): a new field is appended, an
+//! existing one replaced in place, a missing value removes it. The computed
+//! values of one level are refused (10334) as soon as together they pass 16
+//! MiB, so a projection never builds a far larger document (the pipeline
+//! checks each whole output document). Positional `a.$` runs last, on the
+//! projected document, as MongoDB's root-replacement expression does.
 
 use bson::raw::RawDocument;
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawDocumentBuf};
 
 use crate::doc::size::{document_len, SizeBudget};
 use crate::doc::MAX_DEPTH;
 use crate::error::{Error, Result};
-use crate::query::expr::Root;
-use crate::query::projection::{Leaf, Mode, Node, Projection};
+use crate::query::expr::{loc, under_collation, Root, Value};
+use crate::query::projection::{Leaf, Mode, Node, Positional, Projection};
+use crate::query::update::ElemCond;
 
 impl Projection {
     /// Apply it to one stored document (find).
@@ -28,8 +34,13 @@ impl Projection {
     }
 
     /// Apply it to the document a pipeline stage sees (raw or already owned);
-    /// computed fields are evaluated against it.
+    /// computed fields are evaluated against it, under this projection's
+    /// collation if it has one.
     pub fn apply_to(&self, root: &Root<'_>) -> Result<Document> {
+        under_collation(self.collator.as_ref(), || self.apply_here(root))
+    }
+
+    fn apply_here(&self, root: &Root<'_>) -> Result<Document> {
         let converted;
         let d: &Document = match root {
             Root::Doc(d) => d,
@@ -51,14 +62,10 @@ impl Projection {
                 }
                 out
             }
-            Mode::Exclude => exclude_doc(&self.root, d, 1)?,
+            Mode::Exclude => exclude_doc(&self.root, d, root, 1)?,
         };
-        for (name, cond) in &self.elem_matches {
-            if let Some(Bson::Array(items)) = d.get(name) {
-                if let Some(first) = items.iter().find(|x| cond.matches(x)) {
-                    out.insert(name.clone(), Bson::Array(vec![first.clone()]));
-                }
-            }
+        if let Some(p) = &self.positional {
+            positional(p, root, &mut out)?;
         }
         Ok(out)
     }
@@ -98,13 +105,13 @@ fn slice(leaf_skip: Option<i64>, limit: i64, v: &Bson) -> Bson {
     Bson::Array(a.iter().skip(start).take(count).cloned().collect())
 }
 
-/// The value a leaf keeps from the input (`None`: the field is left out here;
-/// computed and `$elemMatch` fields are added by their own passes).
-fn apply_leaf(leaf: &Leaf, v: &Bson) -> Option<Bson> {
+/// What an inclusion keeps of the value at a leaf (`None`: the field is
+/// left out here; computed fields are added by [`add_computed`]).
+fn included(leaf: &Leaf, v: &Bson) -> Option<Bson> {
     match leaf {
-        Leaf::Include => Some(v.clone()),
+        Leaf::Include | Leaf::Positional => Some(v.clone()),
         Leaf::Slice { skip, limit } => Some(slice(*skip, *limit, v)),
-        Leaf::Exclude | Leaf::ElemMatch | Leaf::Computed(_) => None,
+        Leaf::Exclude | Leaf::ElemMatch(_) | Leaf::Computed(_) => None,
     }
 }
 
@@ -116,7 +123,7 @@ fn include_doc(node: &Node, d: &Document, root: &Root<'_>, depth: usize) -> Resu
             continue;
         };
         let kept = match &child.leaf {
-            Some(leaf) => apply_leaf(leaf, v),
+            Some(leaf) => included(leaf, v),
             None => include_value(child, v, root, depth + 1)?,
         };
         if let Some(x) = kept {
@@ -150,7 +157,30 @@ fn include_array(node: &Node, items: &[Bson], root: &Root<'_>, depth: usize) -> 
     Ok(out)
 }
 
-/// Append the computed fields of `node`'s children (in spec order) to `out`.
+/// The value of a computed leaf named `k` (`None`: missing).
+fn computed(leaf: &Leaf, k: &str, root: &Root<'_>) -> Result<Option<Value>> {
+    Ok(match leaf {
+        Leaf::Computed(e) => Some(e.eval(root)?),
+        Leaf::ElemMatch(cond) => Some(elem_match(cond, k, root)?),
+        _ => None,
+    })
+}
+
+/// `$elemMatch` on top-level field `k` of the input: its first matching
+/// element as a one-element array; missing when none matches.
+fn elem_match(cond: &ElemCond, k: &str, root: &Root<'_>) -> Result<Value> {
+    let Some(Bson::Array(items)) = root.get(&[k.to_string()])? else {
+        return Ok(None);
+    };
+    Ok(items
+        .iter()
+        .find(|x| cond.matches(x))
+        .map(|x| Bson::Array(vec![x.clone()])))
+}
+
+/// Set the computed fields of `node`'s children (in spec order) in `out`:
+/// a new field is appended, an existing one replaced in place; a missing
+/// value removes the field.
 fn add_computed(node: &Node, out: &mut Document, root: &Root<'_>) -> Result<()> {
     if !node.has_computed {
         return Ok(());
@@ -160,13 +190,17 @@ fn add_computed(node: &Node, out: &mut Document, root: &Root<'_>) -> Result<()> 
     let mut size = SizeBudget::new("$project");
     for (k, child) in &node.children {
         match &child.leaf {
-            Some(Leaf::Computed(e)) => {
-                // Missing (`$$REMOVE`, an absent field) leaves the field out.
-                if let Some(v) = e.eval(root)? {
+            Some(leaf) => match computed(leaf, k, root)? {
+                Some(Some(v)) => {
                     size.add_element(k, &v)?;
                     out.insert(k.clone(), v);
                 }
-            }
+                // Missing (`$$REMOVE`, an absent field) leaves the field out.
+                Some(None) => {
+                    out.remove(k);
+                }
+                None => {}
+            },
             None if child.has_computed => match out.get(k) {
                 // Projected from the input: its computed fields were added there.
                 Some(Bson::Document(_)) | Some(Bson::Array(_)) => {}
@@ -176,7 +210,7 @@ fn add_computed(node: &Node, out: &mut Document, root: &Root<'_>) -> Result<()> 
                     out.insert(k.clone(), d);
                 }
             },
-            _ => {}
+            None => {}
         }
     }
     Ok(())
@@ -189,7 +223,7 @@ fn computed_only(node: &Node, root: &Root<'_>) -> Result<Document> {
     Ok(d)
 }
 
-fn exclude_doc(node: &Node, d: &Document, depth: usize) -> Result<Document> {
+fn exclude_doc(node: &Node, d: &Document, root: &Root<'_>, depth: usize) -> Result<Document> {
     check_depth(depth)?;
     let mut out = Document::new();
     for (k, v) in d {
@@ -197,32 +231,94 @@ fn exclude_doc(node: &Node, d: &Document, depth: usize) -> Result<Document> {
             out.insert(k.clone(), v.clone());
             continue;
         };
-        if let Some(leaf) = &child.leaf {
-            if let Some(x) = apply_leaf(leaf, v) {
-                out.insert(k.clone(), x);
+        let x = match (&child.leaf, v) {
+            (Some(Leaf::Exclude), _) => continue,
+            (Some(Leaf::Slice { skip, limit }), v) => slice(*skip, *limit, v),
+            // Kept; a computed field is set in place below.
+            (Some(_), v) => v.clone(),
+            (None, Bson::Document(sub)) => {
+                Bson::Document(exclude_doc(child, sub, root, depth + 1)?)
             }
-            continue;
-        }
-        let x = match v {
-            Bson::Document(sub) => Bson::Document(exclude_doc(child, sub, depth + 1)?),
-            Bson::Array(items) => Bson::Array(exclude_array(child, items, depth + 1)?),
-            other => other.clone(),
+            (None, Bson::Array(items)) => {
+                Bson::Array(exclude_array(child, items, root, depth + 1)?)
+            }
+            (None, other) => other.clone(),
         };
         out.insert(k.clone(), x);
     }
+    add_computed(node, &mut out, root)?;
     Ok(out)
 }
 
-fn exclude_array(node: &Node, items: &[Bson], depth: usize) -> Result<Vec<Bson>> {
+fn exclude_array(node: &Node, items: &[Bson], root: &Root<'_>, depth: usize) -> Result<Vec<Bson>> {
     check_depth(depth)?;
     items
         .iter()
         .map(|x| {
             Ok(match x {
-                Bson::Document(sub) => Bson::Document(exclude_doc(node, sub, depth + 1)?),
-                Bson::Array(inner) => Bson::Array(exclude_array(node, inner, depth + 1)?),
+                Bson::Document(sub) => Bson::Document(exclude_doc(node, sub, root, depth + 1)?),
+                Bson::Array(inner) => Bson::Array(exclude_array(node, inner, root, depth + 1)?),
                 other => other.clone(),
             })
         })
         .collect()
+}
+
+/// Positional `a.$` on the projected document `out` (MongoDB's
+/// `applyPositionalProjection`): the first array on the path, walked in
+/// `out`, becomes the one-element array of the element at the position the
+/// query's match went through (in the input document). No array on the
+/// path: `out` is left as it is.
+fn positional(p: &Positional, root: &Root<'_>, out: &mut Document) -> Result<()> {
+    let buf;
+    let raw: &RawDocument = match root {
+        Root::Raw(r) => r,
+        Root::Doc(d) => {
+            buf = RawDocumentBuf::try_from(*d).map_err(|e| Error::InvalidBson(e.to_string()))?;
+            &buf
+        }
+    };
+    let key = p.filter.match_position(raw).flatten();
+    let mut at: &Document = out;
+    for (i, part) in p.path.iter().enumerate() {
+        match at.get(part) {
+            Some(Bson::Array(items)) => {
+                let Some(idx) = key else {
+                    return Err(loc!(
+                        51246,
+                        "positional operator '.$' couldn't find a matching element in the array"
+                    ));
+                };
+                let Some(elem) = items.get(idx) else {
+                    return Err(loc!(51247, "positional operator '.$' element mismatch"));
+                };
+                let value = Bson::Array(vec![elem.clone()]);
+                set_nested(out, &p.path[..=i], value);
+                return Ok(());
+            }
+            Some(Bson::Document(sub)) => at = sub,
+            // Not on a path of documents: MongoDB looks the next component
+            // up in the same document.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Set `path` in `d` to `value`, making documents of what is missing or
+/// not a document on the way (`MutableDocument::setNestedField`).
+fn set_nested(d: &mut Document, path: &[String], value: Bson) {
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    if rest.is_empty() {
+        d.insert(first.clone(), value);
+        return;
+    }
+    if !matches!(d.get(first), Some(Bson::Document(_))) {
+        d.insert(first.clone(), Document::new());
+    }
+    if let Some(Bson::Document(sub)) = d.get_mut(first) {
+        set_nested(sub, rest, value);
+    }
 }

@@ -2,6 +2,7 @@
 //! fields, and the properties both share.
 
 use super::*;
+use crate::error::Error;
 use crate::query::expr::Root;
 use bson::{doc, RawDocumentBuf};
 use proptest::prelude::*;
@@ -84,25 +85,22 @@ fn errors() {
     assert!(e
         .to_string()
         .contains("Cannot do inclusion on field b in exclusion projection"));
-    for spec in [
-        doc! {"a": 1, "a.b": 1},
-        doc! {"a.b": 0, "a": 0},
-        doc! {"a": "x"},
-        doc! {"a": null},
-        doc! {"a": {}},
-        doc! {"a.$": 1},
-        doc! {"$a": 1},
-        doc! {"a": {"$meta": "textScore"}},
-        doc! {"a": {"$add": [1, 2]}},
-        doc! {"a": {"$slice": "x"}},
-        doc! {"a": {"$slice": [1, 0]}},
-        doc! {"a": {"$slice": [1, 2, 3]}},
-        doc! {"a.b": {"$elemMatch": {"$gt": 1}}},
-        doc! {"a": {"$elemMatch": 1}},
-        doc! {"a..b": 1},
-        doc! {"": 1},
+    // Each error's code (the words are pinned in `tests_find.rs`).
+    for (spec, code) in [
+        (doc! {"a": 1, "a.b": 1}, 31249),
+        (doc! {"a.b": 0, "a": 0}, 31250),
+        (doc! {"a": {}}, 51270),
+        (doc! {"a.$": 1}, 51050),
+        (doc! {"$a": 1}, 16410),
+        (doc! {"a": {"$meta": "textScore"}}, 40218),
+        (doc! {"a": {"$slice": "x"}}, 28667),
+        (doc! {"a": {"$slice": [1, 2, 3, 4]}}, 28667),
+        (doc! {"a.b": {"$elemMatch": {"$gt": 1}}}, 31275),
+        (doc! {"a": {"$elemMatch": 1}}, 31274),
+        (doc! {"a..b": 1}, 15998),
+        (doc! {"": 1}, 40352),
     ] {
-        assert_eq!(parse_err(spec.clone()).code(), 2, "{spec:?}");
+        assert_eq!(parse_err(spec.clone()).code(), code, "{spec:?}");
     }
 }
 
@@ -150,9 +148,10 @@ fn slice() {
 #[test]
 fn elem_match_scalar_conditions() {
     let d = doc! {"_id": 1, "a": [1, 5, 9], "b": 2};
+    // Alone, `$elemMatch` makes an inclusion (MongoDB 4.4+).
     assert_eq!(
         proj(doc! {"a": {"$elemMatch": {"$gt": 3}}}, d.clone()),
-        doc! {"_id": 1, "b": 2, "a": [5]}
+        doc! {"_id": 1, "a": [5]}
     );
     assert_eq!(
         proj(doc! {"a": {"$elemMatch": {"$gt": 30}}, "b": 1}, d.clone()),
@@ -207,13 +206,9 @@ fn stage_computed_fields() {
         ),
         doc! {"_id": 1, "s": 5, "c": 1, "lit": "x"}
     );
-    // A computed `_id` alone is an inclusion of just it...
+    // A computed `_id` is an inclusion of just it (and so cannot sit next
+    // to exclusions: `stage_errors`).
     assert_eq!(stage(doc! {"_id": "$s"}, &d), doc! {"_id": 5});
-    // ...and is dropped next to exclusions (never evaluated by an exclusion).
-    assert_eq!(
-        stage(doc! {"_id": "$s", "a": 0, "arr": 0}, &d),
-        doc! {"s": 5}
-    );
     // `$unset`'s form and the find forms agree with find's projection.
     let raw = RawDocumentBuf::try_from(&d).expect("encode");
     for spec in [doc! {"a": 0, "arr.x": 0}, doc! {"arr.x": 1, "_id": 0}] {
@@ -231,27 +226,68 @@ fn stage_errors() {
     assert!(stage_err(doc! {"a": 1, "b": 0}).contains(
         "Invalid $project :: caused by :: Cannot do exclusion on field b in inclusion projection"
     ));
-    assert!(stage_err(doc! {"a": 0, "b": "$x"}).contains("Cannot do inclusion on field b"));
+    assert_eq!(
+        stage_err(doc! {"a": 0, "b": "$x"}),
+        "Invalid $project :: caused by :: Cannot use an expression b: \"$x\" in an exclusion \
+         projection"
+    );
+    assert_eq!(
+        stage_err(doc! {"_id": "$s", "a": 0}),
+        "Invalid $project :: caused by :: Cannot do exclusion on field a in inclusion projection"
+    );
     assert!(stage_err(doc! {"a": 1, "a.b": "$x"}).contains("Path collision at a.b"));
     assert!(stage_err(doc! {"a": {}}).contains("An empty sub-projection"));
     // `$slice` is an expression in `$project`, taking 2 or 3 arguments.
     assert!(stage_err(doc! {"a": {"$slice": 1}}).contains("Expression $slice takes at least 2"));
-    // An expression's parse error names the stage and keeps its code.
-    let e = Projection::parse_stage(&doc! {"a": {"$frob": 1}}).expect_err("refused");
-    assert_eq!(
-        (e.code(), e.to_string()),
+    // An unknown operator where an expression may stand is 31325, as
+    // MongoDB's parser answers; deeper inside an expression, 168.
+    for (spec, code, words) in [
+        (doc! {"a": {"$frob": 1}}, 31325, "Unknown expression $frob"),
         (
+            doc! {"a": {"$add": [{"$frob": 1}]}},
             168,
-            "Invalid $project :: caused by :: Unrecognized expression '$frob'".to_string()
-        )
-    );
-    for spec in [doc! {"$a": 1}, doc! {"a.$": 1}, doc! {"a..b": 1}] {
+            "Unrecognized expression '$frob'",
+        ),
+        (
+            doc! {"$a": 1},
+            16410,
+            "FieldPath field names may not start with '$'. Consider using $getField or \
+             $setField.",
+        ),
+        (
+            doc! {"a.$": 1},
+            31324,
+            "Cannot use positional projection in aggregation projection",
+        ),
+        (
+            doc! {"a..b": 1},
+            15998,
+            "FieldPath field names may not be empty strings.",
+        ),
+        (
+            doc! {"a": {"$elemMatch": {"b": 1}}},
+            168,
+            "Cannot use $elemMatch in this context",
+        ),
+    ] {
+        let e = Projection::parse_stage(&spec).expect_err("refused");
         assert_eq!(
-            Projection::parse_stage(&spec).expect_err("refused").code(),
-            2,
+            (e.code(), e.to_string()),
+            (code, format!("Invalid $project :: caused by :: {words}")),
             "{spec:?}"
         );
     }
+    // `$unset` names itself, and a repeated path collides.
+    let e = Projection::parse_unset(&["v", "v.w"]).expect_err("refused");
+    assert_eq!(
+        (e.code(), e.to_string()),
+        (
+            31249,
+            "Invalid $unset :: caused by :: Path collision at v.w remaining portion w".to_string()
+        )
+    );
+    let e = Projection::parse_unset(&["v", "v"]).expect_err("refused");
+    assert_eq!(e.code(), 31250);
 }
 
 proptest! {
