@@ -262,9 +262,15 @@ fn fresh_and_stale_views_follow_a_reference() {
         }
         assert!(refused > 0, "seed {seed}: no duplicate was tried");
         // The merger ran, its merges were installed, and back-pressure
-        // folded some cuts on the writer.
+        // folded some cuts on the writer. Wait for the merges to finish
+        // (not for `delta_busy`: finished merges wait for the next write to
+        // be installed, so it stays true until the insert below).
         let deadline = Instant::now() + Duration::from_secs(60);
-        while db.delta_busy() && Instant::now() < deadline {
+        while Instant::now() < deadline {
+            let s = db.delta_stats();
+            if s.merged >= s.cuts {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         c.insert_one(doc! {"_id": -1i64, "a": -1i64})
