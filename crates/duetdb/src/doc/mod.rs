@@ -215,6 +215,11 @@ pub fn exact(raw: RawDocumentBuf) -> RawDocumentBuf {
 /// Serialize a document, enforcing the size limit and rejecting keys BSON cannot hold.
 pub fn to_raw_document(doc: &Document) -> Result<RawDocumentBuf> {
     let raw = RawDocumentBuf::try_from(doc).map_err(|e| Error::InvalidBson(e.to_string()))?;
+    within_size_limit(raw)
+}
+
+/// `raw` if it fits the document size limit, else `DocumentTooLarge`.
+pub(crate) fn within_size_limit(raw: RawDocumentBuf) -> Result<RawDocumentBuf> {
     let size = raw.as_bytes().len();
     if size > MAX_DOC_SIZE {
         return Err(Error::DocumentTooLarge {

@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use bson::raw::{RawArray, RawDocument, RawDocumentBuf};
 use bson::{Array, Bson, Document, RawBsonRef};
 
-use super::{MAX_DEPTH, MAX_DOC_SIZE};
+use super::MAX_DEPTH;
 use crate::error::{Error, Result};
 
 /// Whether any document in `raw` (nested ones included) repeats a name.
@@ -118,15 +118,7 @@ pub fn to_raw_unmarked(doc: &Document) -> Result<RawDocumentBuf> {
             other => bson::RawBson::try_from(other.clone()).map_err(bad)?,
         })
     }
-    let raw = document(doc)?;
-    let size = raw.as_bytes().len();
-    if size > MAX_DOC_SIZE {
-        return Err(Error::DocumentTooLarge {
-            size,
-            limit: MAX_DOC_SIZE,
-        });
-    }
-    Ok(raw)
+    super::within_size_limit(document(doc)?)
 }
 
 fn bad(e: impl std::fmt::Display) -> Error {
