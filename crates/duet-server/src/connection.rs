@@ -8,9 +8,12 @@
 //!   connection, with the reason logged;
 //! - commands run on blocking threads (`spawn_blocking`), except the few
 //!   that never wait, scan or write (`ping`, the handshake, a `find` by one
-//!   `_id` value: [`runs_inline`]), which run on the connection's task; a
-//!   panic in either (a bug) becomes an InternalError reply, never a crashed
-//!   server;
+//!   `_id` value: [`runs_inline`]), which run on the connection's task, and
+//!   writes whose work is bounded (inserts, statements by one `_id` value,
+//!   no `maxTimeMS`, standalone: [`is_point_write`]), which run in place on
+//!   the connection's worker thread after it hands its other tasks away
+//!   (`block_in_place`); a panic in any (a bug) becomes an InternalError
+//!   reply, never a crashed server;
 //! - a reply is serialized once, into the buffer that is sent (header room,
 //!   opcode prefix, document), and written with one `write`; a find by one
 //!   `_id` answered from stored bytes (`read::point_find`) has its document
@@ -472,24 +475,8 @@ fn runs_inline(name: &str, db: &str, cmd: &Document) -> bool {
 /// The internal databases and `system.*` collections are views computed on
 /// demand (the oplog, users, sessions): never inline.
 fn is_point_find(db: &str, cmd: &Document) -> bool {
-    let user_collection = matches!(cmd.get("find"), Some(Bson::String(c)) if !c.starts_with("system."))
-        && !matches!(db, "local" | "config" | "admin");
-    let point = match cmd.get("filter") {
-        Some(Bson::Document(f)) => {
-            f.len() == 1
-                && !matches!(
-                    f.get("_id"),
-                    None | Some(
-                        Bson::Document(_)
-                            | Bson::Array(_)
-                            | Bson::RegularExpression(_)
-                            | Bson::JavaScriptCode(_)
-                            | Bson::JavaScriptCodeWithScope(_)
-                    )
-                )
-        }
-        _ => false,
-    };
+    let user_collection = user_collection(db, cmd.get("find"));
+    let point = cmd.get("filter").is_some_and(is_id_point);
     let local = |rc: &Bson| match rc {
         Bson::Document(rc) => rc.iter().all(|(k, v)| {
             k == "level" && matches!(v, Bson::String(l) if l == "local" || l == "available")
@@ -518,6 +505,102 @@ fn is_point_find(db: &str, cmd: &Document) -> bool {
             "readConcern" => local(v),
             _ => false,
         })
+}
+
+/// Whether `collection` (a command's first value) names a user collection
+/// of a user database: the internal databases and `system.*` collections
+/// are views computed on demand (the oplog, users, sessions).
+fn user_collection(db: &str, collection: Option<&Bson>) -> bool {
+    matches!(collection, Some(Bson::String(c)) if !c.starts_with("system."))
+        && !matches!(db, "local" | "config" | "admin")
+}
+
+/// Whether a filter is `{_id: v}` with `v` a plain value (no operator
+/// document, array or regex, which may match many): one `_id` lookup.
+fn is_id_point(filter: &Bson) -> bool {
+    match filter {
+        Bson::Document(f) => {
+            f.len() == 1
+                && !matches!(
+                    f.get("_id"),
+                    None | Some(
+                        Bson::Document(_)
+                            | Bson::Array(_)
+                            | Bson::RegularExpression(_)
+                            | Bson::JavaScriptCode(_)
+                            | Bson::JavaScriptCodeWithScope(_)
+                    )
+                )
+        }
+        _ => false,
+    }
+}
+
+/// Where a command that does not go to the blocking pool runs.
+enum Here {
+    /// On the connection's task: it never waits ([`runs_inline`]).
+    Task,
+    /// On the connection's worker thread, which hands its other tasks to
+    /// another thread first (`block_in_place`): a write whose work is
+    /// bounded ([`is_point_write`]) but which waits for the writer group
+    /// (and its sync). No hand-off to a blocking thread and back: the two
+    /// wake-ups that hand-off costs are most of a small write's latency.
+    InPlace,
+}
+
+/// A write whose work is bounded whatever the collection's size: an
+/// `insert` (its documents are in the message), or an `update`, `delete` or
+/// `findAndModify` whose every statement addresses one `_id` value
+/// ([`is_id_point`]) with no `hint` (which may name another index to walk),
+/// `collation` (which may keep the `_id` index from answering) or `sort`;
+/// on a user collection, outside a transaction (a transaction's commands may
+/// wait for each other). A retryable write (`txnNumber` alone) qualifies.
+/// Such a command still waits for the writer and its sync, so it runs in
+/// place ([`Here::InPlace`]), never on the task itself.
+fn is_point_write(name: &str, db: &str, cmd: &Document) -> bool {
+    if cmd.contains_key("startTransaction")
+        || cmd.contains_key("autocommit")
+        || !user_collection(db, cmd.get(name))
+    {
+        return false;
+    }
+    let plain = |stmt: &Document, filter: &str| {
+        stmt.get(filter).is_some_and(is_id_point)
+            && !stmt.contains_key("hint")
+            && !stmt.contains_key("collation")
+            && !stmt.contains_key("sort")
+    };
+    let every = |field: &str, filter: &str| match cmd.get(field) {
+        Some(Bson::Array(stmts)) => stmts
+            .iter()
+            .all(|s| matches!(s, Bson::Document(s) if plain(s, filter))),
+        _ => false,
+    };
+    match name {
+        "insert" => true,
+        "update" => every("updates", "q"),
+        "delete" => every("deletes", "q"),
+        "findAndModify" | "findandmodify" => plain(cmd, "query"),
+        _ => false,
+    }
+}
+
+/// Run a command, a write first waiting while the `fsync` lock is held
+/// (until its token is cancelled).
+fn guarded(
+    state: &ServerState,
+    name: &str,
+    token: &CancelToken,
+    run: impl FnOnce() -> Document,
+) -> Document {
+    if crate::runtime::is_write(name) && state.fsync.count() > 0 {
+        match state.fsync.wait_unlocked(token) {
+            Ok(()) => run(),
+            Err(e) => e.to_reply(),
+        }
+    } else {
+        run()
+    }
 }
 
 /// How long a reply past `maxTimeMS` waits for its cancelled command to end.
@@ -556,31 +639,56 @@ async fn run_command(
     let op = state
         .operations
         .register(conn, &db, cmd.clone(), token.clone());
-    if state.config.inline_commands && runs_inline(&name, &db, &cmd) {
-        // Microseconds of work: the hand-off to a blocking thread would
-        // cost more than the command itself.
-        let started = Instant::now();
-        let slot = RawCursorSlot::default();
-        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            commands::execute_raw(
-                state,
-                conn,
-                &db,
-                &cmd,
-                &token,
-                Some(op.report()),
-                Some(&slot),
-            )
-        }))
-        .unwrap_or_else(|_| {
-            tracing::error!(conn = conn.id, command = %name, "command panicked (a bug)");
-            CommandError::internal(format!("command '{name}' failed internally")).to_reply()
-        });
-        finished(state, conn, &db, &cmd, &name, &reply, started, op.report());
-        return Answer {
-            doc: reply,
-            cursor: slot.into_inner(),
+    if state.config.inline_commands {
+        let here = if runs_inline(&name, &db, &cmd) {
+            Some(Here::Task)
+        } else if max_time.is_none()
+            && state.repl.get().is_none()
+            && state.fsync.count() == 0
+            && is_point_write(&name, &db, &cmd)
+            && tokio::runtime::Handle::current().runtime_flavor()
+                == tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            Some(Here::InPlace)
+        } else {
+            None
         };
+        if let Some(here) = here {
+            let run = || {
+                let started = Instant::now();
+                let slot = RawCursorSlot::default();
+                let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    guarded(state, &name, &token, || {
+                        commands::execute_raw(
+                            state,
+                            conn,
+                            &db,
+                            &cmd,
+                            &token,
+                            Some(op.report()),
+                            Some(&slot),
+                        )
+                    })
+                }))
+                .unwrap_or_else(|_| {
+                    tracing::error!(conn = conn.id, command = %name, "command panicked (a bug)");
+                    CommandError::internal(format!("command '{name}' failed internally")).to_reply()
+                });
+                finished(state, conn, &db, &cmd, &name, &reply, started, op.report());
+                Answer {
+                    doc: reply,
+                    cursor: slot.into_inner(),
+                }
+            };
+            return match here {
+                Here::Task => run(),
+                Here::InPlace => tokio::task::block_in_place(|| {
+                    let answer = run();
+                    crate::memory::release_if_asked();
+                    answer
+                }),
+            };
+        }
     }
     let mut task = {
         let state = state.clone();
@@ -603,14 +711,7 @@ async fn run_command(
                     Some(&slot),
                 )
             };
-            let reply = if crate::runtime::is_write(&name) && state.fsync.count() > 0 {
-                match state.fsync.wait_unlocked(&token) {
-                    Ok(()) => run(),
-                    Err(e) => e.to_reply(),
-                }
-            } else {
-                run()
-            };
+            let reply = guarded(&state, &name, &token, run);
             finished(
                 &state,
                 &conn,
@@ -847,6 +948,91 @@ mod tests {
             "find",
             "t",
             &doc! {"find": "system.js", "filter": {"_id": 7}}
+        ));
+    }
+
+    #[test]
+    fn only_writes_of_bounded_work_run_in_place() {
+        let w = |name: &str, cmd: Document| is_point_write(name, "t", &cmd);
+        assert!(w("insert", doc! {"insert": "c", "documents": [{"a": 1}]}));
+        assert!(w(
+            "insert",
+            doc! {"insert": "c", "documents": [{"a": 1}], "txnNumber": 3i64, "lsid": {"id": 1}}
+        ));
+        assert!(w(
+            "update",
+            doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"a": 2}}, "upsert": true}]}
+        ));
+        assert!(w(
+            "delete",
+            doc! {"delete": "c", "deletes": [{"q": {"_id": "k"}, "limit": 1}, {"q": {"_id": 2}, "limit": 0}]}
+        ));
+        assert!(w(
+            "findAndModify",
+            doc! {"findAndModify": "c", "query": {"_id": 1}, "update": {"$inc": {"n": 1}}}
+        ));
+        // Anything that may scan, walk another index or wait for another
+        // command of its session does not.
+        for (name, cmd) in [
+            (
+                "update",
+                doc! {"update": "c", "updates": [{"q": {}, "u": {"a": 1}}]},
+            ),
+            (
+                "update",
+                doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"a": 1}}, {"q": {"a": 1}, "u": {"a": 1}}]},
+            ),
+            (
+                "update",
+                doc! {"update": "c", "updates": [{"q": {"_id": {"$gt": 1}}, "u": {"a": 1}}]},
+            ),
+            (
+                "update",
+                doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"a": 1}, "hint": {"a": 1}}]},
+            ),
+            (
+                "update",
+                doc! {"update": "c", "updates": [{"q": {"_id": "x"}, "u": {"a": 1}, "collation": {"locale": "fr"}}]},
+            ),
+            ("update", doc! {"update": "c", "updates": "bogus"}),
+            ("update", doc! {"update": "c", "updates": [7]}),
+            (
+                "delete",
+                doc! {"delete": "c", "deletes": [{"q": {"_id": 1, "a": 2}, "limit": 1}]},
+            ),
+            ("delete", doc! {"delete": "c"}),
+            (
+                "findAndModify",
+                doc! {"findAndModify": "c", "query": {"_id": 1}, "sort": {"a": 1}, "remove": true},
+            ),
+            (
+                "findAndModify",
+                doc! {"findAndModify": "c", "query": {"a": 1}, "remove": true},
+            ),
+            (
+                "insert",
+                doc! {"insert": "c", "documents": [{}], "txnNumber": 1i64, "autocommit": false, "startTransaction": true},
+            ),
+            (
+                "insert",
+                doc! {"insert": "c", "documents": [{}], "txnNumber": 1i64, "autocommit": false},
+            ),
+            ("insert", doc! {"insert": "system.js", "documents": [{}]}),
+            ("insert", doc! {"insert": 7, "documents": [{}]}),
+            ("createIndexes", doc! {"createIndexes": "c", "indexes": []}),
+            ("find", doc! {"find": "c", "filter": {"_id": 1}}),
+        ] {
+            assert!(!w(name, cmd.clone()), "{cmd}");
+        }
+        assert!(!is_point_write(
+            "insert",
+            "admin",
+            &doc! {"insert": "c", "documents": [{}]}
+        ));
+        assert!(!is_point_write(
+            "insert",
+            "local",
+            &doc! {"insert": "c", "documents": [{}]}
         ));
     }
 }

@@ -111,9 +111,11 @@ pub struct Config {
     /// Compressors offered to clients in `hello` and accepted in
     /// `OP_COMPRESSED` (`--network-message-compressors`; empty: none).
     pub compressors: Vec<crate::compression::Compressor>,
-    /// Run the commands that never wait (`ping`, the handshake) on the
-    /// connection's task instead of a blocking thread (`connection.rs`);
-    /// off only to measure the difference (`duet bench wire-latency`).
+    /// Run the commands that never wait (`ping`, the handshake, a find by
+    /// `_id`) on the connection's task, and writes of bounded work in place
+    /// on its worker thread, instead of on a blocking thread
+    /// (`connection.rs`); off only to measure the difference (`duet bench
+    /// wire-latency`).
     pub inline_commands: bool,
 }
 

@@ -181,3 +181,68 @@ async fn count_runs_the_requested_strategy() {
     }
     s.shutdown().await;
 }
+
+/// Point writes (inserts, statements by one `_id`) run in place on the
+/// connection's worker thread (`connection.rs::is_point_write`). With two
+/// workers and many more connections writing at once, every write lands
+/// exactly once, and another connection's commands keep being answered
+/// while they run: a worker blocked in a write has handed its other tasks
+/// away. The timeout turns a starved or deadlocked runtime into a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_writes_in_place_from_many_connections() {
+    const CLIENTS: i64 = 24;
+    const EACH: i64 = 60;
+    let s = TestServer::start(|_| {}).await;
+    let c = client(&s).await;
+    let coll = c.database("inplace").collection::<Document>("c");
+    let pinger = Client::with_uri_str(s.uri()).await.expect("pinger");
+    let work = async {
+        let writers: Vec<_> = (0..CLIENTS)
+            .map(|t| {
+                let coll = coll.clone();
+                tokio::spawn(async move {
+                    for i in 0..EACH {
+                        let id = t * 1000 + i;
+                        coll.insert_one(doc! {"_id": id, "n": 0})
+                            .await
+                            .expect("insert");
+                        coll.update_one(doc! {"_id": id}, doc! {"$inc": {"n": 1}})
+                            .await
+                            .expect("update");
+                        coll.find_one_and_update(doc! {"_id": id}, doc! {"$inc": {"n": 1}})
+                            .await
+                            .expect("findAndModify");
+                        if i % 3 == 0 {
+                            let d = coll.delete_one(doc! {"_id": id}).await.expect("delete");
+                            assert_eq!(d.deleted_count, 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut pings = 0u32;
+        let admin = pinger.database("admin");
+        while writers.iter().any(|w| !w.is_finished()) {
+            admin.run_command(doc! {"ping": 1}).await.expect("ping");
+            pings += 1;
+        }
+        for w in writers {
+            w.await.expect("writer");
+        }
+        pings
+    };
+    let pings = tokio::time::timeout(std::time::Duration::from_secs(120), work)
+        .await
+        .expect("writes and pings finished");
+    assert!(pings > 0);
+    let kept = CLIENTS * (EACH - (EACH + 2) / 3);
+    assert_eq!(
+        coll.count_documents(doc! {}).await.expect("count"),
+        kept as u64
+    );
+    assert_eq!(
+        coll.count_documents(doc! {"n": 2}).await.expect("count n"),
+        kept as u64
+    );
+    s.shutdown().await;
+}
