@@ -93,7 +93,10 @@ stop_last() { # stop the server `serve` started last
 }
 
 RESULTS=$OUT/results.tsv
-printf 'round\tbinary\tdriver\tthreads\tworkload\tops_per_s\tread_p50_us\tread_p99_us\tupdate_p50_us\tupdate_p99_us\n' >"$RESULTS"
+printf 'round\tbinary\tdriver\tthreads\tworkload\tops_per_s\tread_p50_us\tread_p99_us\tupdate_p50_us\tupdate_p99_us\tserver_cpu_us_per_op\tclient_cpu_us_per_op\n' >"$RESULTS"
+TICK=$(getconf CLK_TCK)
+# cpu_ticks PID: user + system CPU time the process has used, in clock ticks.
+cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 
 # java_run ROUND BIN THREADS PORT: load, then each workload; appends rows.
 java_run() {
@@ -108,11 +111,20 @@ java_run() {
     -p batchsize=100 -threads 4 >"$log" 2>&1 || { echo "java load failed: $log" >&2; exit 1; }
   for w in ${WORKLOADS//,/ }; do
     log=$OUT/runs/java-$round-$bin-$t-$w.log
+    # Where each operation's CPU goes: the server's (from /proc, over the
+    # run alone) and the client JVM's (its whole process, start-up and JIT
+    # included), per operation.
+    local before after
+    before=$(cpu_ticks "${PIDS[-1]}")
     # operationcount bounds nothing here (maxexecutiontime does); 0 would mean no operations.
-    java "${common[@]}" -t -P "scripts/ycsb-java/workloads/workload$w" -p operationcount=2000000000 \
+    /usr/bin/time -f '%U %S' -o "$log.cpu" \
+      java "${common[@]}" -t -P "scripts/ycsb-java/workloads/workload$w" -p operationcount=2000000000 \
       -p maxexecutiontime="$SECONDS_PER_RUN" -p hdrhistogram.percentiles=50,99 -threads "$t" \
       >"$log" 2>&1 || { echo "java run failed: $log" >&2; exit 1; }
-    awk -F', ' -v r="$round" -v b="$bin" -v t="$t" -v w="${w^^}" '
+    after=$(cpu_ticks "${PIDS[-1]}")
+    awk -F', ' -v r="$round" -v b="$bin" -v t="$t" -v w="${w^^}" \
+      -v server_ticks="$(( after - before ))" -v tick="$TICK" -v client="$(cat "$log.cpu")" '
+      $1 == "[OVERALL]" && $2 == "RunTime(ms)" { ms = $3 }
       $1 == "[OVERALL]" && $2 == "Throughput(ops/sec)" { ops = $3 }
       $1 == "[READ]" && $2 == "50thPercentileLatency(us)" { r50 = $3 }
       $1 == "[READ]" && $2 == "99thPercentileLatency(us)" { r99 = $3 }
@@ -121,7 +133,10 @@ java_run() {
       $1 ~ /^\[(READ|UPDATE)\]$/ && $2 == "Return=ERROR" { err = 1 }
       END {
         if (ops == "" || err) { print "no throughput or errors in the YCSB output" > "/dev/stderr"; exit 1 }
-        printf "%s\t%s\tjava\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r, b, t, w, ops, r50, r99, u50, u99
+        n = ops * ms / 1000
+        split(client, c, " ")
+        printf "%s\t%s\tjava\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\n", r, b, t, w, ops, r50, r99, u50, u99,
+          server_ticks / tick / n * 1e6, (c[1] + c[2]) / n * 1e6
       }' "$log" >>"$RESULTS" || { echo "unreadable YCSB output: $log" >&2; exit 1; }
   done
 }
@@ -145,7 +160,7 @@ for f in json.load(open(path))["figures"]:
 for w, m in sorted(figs.items()):
     cols = [m.get(k, "") for k in ("ops_per_s", "read_latency_us_p50", "read_latency_us_p99",
                                    "update_latency_us_p50", "update_latency_us_p99")]
-    print("\t".join([rnd, binary, "rust", threads, w] + [str(c) for c in cols]))
+    print("\t".join([rnd, binary, "rust", threads, w] + [str(c) for c in cols] + ["", ""]))
 EOF
 }
 
@@ -187,13 +202,15 @@ def spread(rs, k):
 
 print(f"YCSB over the wire, prev {prev[:12]} vs cur {cur[:12]} ({profile} builds), "
       f"{records} records, {seconds} s per run, median of {rounds} interleaved rounds (spread)\n")
-print("| driver | workload | threads | prev ops/s | cur ops/s | cur/prev | prev read p50/p99 µs | cur read p50/p99 µs | prev update p50/p99 µs | cur update p50/p99 µs |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| driver | workload | threads | prev ops/s | cur ops/s | cur/prev | prev read p50/p99 µs | cur read p50/p99 µs | prev update p50/p99 µs | cur update p50/p99 µs | server CPU µs/op prev / cur | client CPU µs/op prev / cur |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for (d, w, t) in sorted(cells):
     c = cells[(d, w, t)]
     p, q = c.get("prev", []), c.get("cur", [])
     po, qo = med(p, "ops_per_s"), med(q, "ops_per_s")
     lat = lambda rs, op: f"{med(rs, op + '_p50_us'):.0f} / {med(rs, op + '_p99_us'):.0f}"
+    cpu = lambda rs, who: f"{med(rs, who + '_cpu_us_per_op'):.0f}"
     print(f"| {d} | {w} | {t} | {po:.0f} ({spread(p, 'ops_per_s')}) | {qo:.0f} ({spread(q, 'ops_per_s')}) | "
-          f"{qo / po if po else float('nan'):.2f} | {lat(p, 'read')} | {lat(q, 'read')} | {lat(p, 'update')} | {lat(q, 'update')} |")
+          f"{qo / po if po else float('nan'):.2f} | {lat(p, 'read')} | {lat(q, 'read')} | {lat(p, 'update')} | {lat(q, 'update')} | "
+          f"{cpu(p, 'server')} / {cpu(q, 'server')} | {cpu(p, 'client')} / {cpu(q, 'client')} |")
 EOF
