@@ -52,7 +52,7 @@ pub use doc::collation::{Collation, Collator};
 pub use durability::wal::WalStats;
 pub use durability::{
     CheckpointInfo, CheckpointStats, Durability, DurabilityOptions, RecoveryReport, Truncation,
-    DEFAULT_CHANGE_RETENTION, DEFAULT_CHANGE_RETENTION_BYTES,
+    DEFAULT_CHANGE_RETENTION, DEFAULT_CHANGE_RETENTION_BYTES, DEFAULT_CHECKPOINT_NICE,
 };
 pub use error::{
     BulkWriteFailure, CancelReason, CancelToken, DuplicateKey, Error, Result, StorageError,

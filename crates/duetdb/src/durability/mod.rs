@@ -122,6 +122,61 @@ pub const DEFAULT_CHANGE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// (1 GiB; MongoDB sizes its oplog at 5% of the disk, capped at 50 GB).
 pub const DEFAULT_CHANGE_RETENTION_BYTES: u64 = 1 << 30;
 
+/// The checkpoint writer's default nice value. A checkpoint is background
+/// work with slack (the WAL holds everything until it lands), so on a
+/// machine whose cores the writers keep busy it should take the CPU they
+/// leave, not a fair share of theirs: at nice 10 the scheduler weighs it
+/// ~1/10 of a nice-0 thread when they compete, and gives it whole idle
+/// cores. (Checkpoints back to back cost 0.48–0.67× of the writers'
+/// throughput at nice 0 on two cores: BENCHMARKS.md, issue #20 item 5.)
+pub const DEFAULT_CHECKPOINT_NICE: u8 = 10;
+
+/// Run `work` on its own thread at nice value `nice` (lowering a thread's
+/// priority cannot be undone without privileges, so not on the caller's);
+/// `nice` 0 runs it on the caller's thread. Where the priority cannot be
+/// set, the work runs at the thread's default one: only its share of CPU
+/// differs, never its result.
+fn at_nice<T: Send>(
+    nice: u8,
+    dir: &Path,
+    work: impl FnOnce() -> Result<T, StorageError> + Send,
+) -> Result<T, StorageError> {
+    if nice == 0 {
+        return work();
+    }
+    std::thread::scope(|s| {
+        let thread = std::thread::Builder::new()
+            .name("duet-checkpoint".into())
+            .spawn_scoped(s, move || {
+                lower_priority(nice);
+                work()
+            })
+            .map_err(|e| StorageError::io("starting the checkpoint thread for", dir, &e))?;
+        match thread.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// Set the calling thread's nice value (Linux: a per-thread attribute).
+fn lower_priority(nice: u8) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions; setpriority only reads its
+        // arguments, and a failure is reported through its return value.
+        let done = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, i32::from(nice.min(19)))
+        };
+        if done != 0 {
+            tracing::debug!(nice, "could not lower the checkpoint thread's priority");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+}
+
 /// Options of a durable database.
 #[derive(Clone)]
 pub struct DurabilityOptions {
@@ -137,6 +192,10 @@ pub struct DurabilityOptions {
     pub background_checkpoints: bool,
     /// Sync interval of `batch` writes.
     pub flush_interval: Duration,
+    /// The nice value (0–19) of the thread that writes a checkpoint: the
+    /// scheduler then gives the writers and readers the CPU first, and the
+    /// checkpoint the rest ([`DEFAULT_CHECKPOINT_NICE`]; 0: the same share).
+    pub checkpoint_nice: u8,
     /// The file system (tests pass a [`SimFs`]).
     pub vfs: Arc<dyn Vfs>,
     /// Recovery cuts the log at the first damaged record even when valid
@@ -187,6 +246,7 @@ impl Default for DurabilityOptions {
             checkpoint_interval: Some(Duration::from_secs(300)),
             background_checkpoints: true,
             flush_interval: Duration::from_millis(100),
+            checkpoint_nice: DEFAULT_CHECKPOINT_NICE,
             vfs: Arc::new(RealFs),
             accept_damaged_tail: false,
             change_retention: DEFAULT_CHANGE_RETENTION,
@@ -206,6 +266,7 @@ impl std::fmt::Debug for DurabilityOptions {
             .field("segment_bytes", &self.segment_bytes)
             .field("checkpoint_wal_bytes", &self.checkpoint_wal_bytes)
             .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("checkpoint_nice", &self.checkpoint_nice)
             .finish()
     }
 }
@@ -361,7 +422,9 @@ impl Durable {
         let mut chain = self.chain.lock();
         // Taken: a failure below leaves none, so the next one is written whole.
         let prev = chain.take();
-        let written = chain::write(vfs, &self.dir, state, prev.as_ref())?;
+        let written = at_nice(self.opts.checkpoint_nice, &self.dir, || {
+            chain::write(vfs, &self.dir, state, prev.as_ref())
+        })?;
         drop(prev);
         let info = written.info.clone();
         let synced = self.wal.as_ref().map_or(0, |w| w.synced_lsn());
@@ -929,4 +992,45 @@ fn remove_orphan_pins(vfs: &dyn Vfs, dir: &Path, m: &Manifest) {
 /// Whether the OS reported the disk as full.
 pub fn is_no_space(e: &crate::error::Error) -> bool {
     matches!(e, crate::error::Error::Storage(s) if s.is_no_space())
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn this_thread() -> (i64, i32) {
+        // SAFETY: gettid and getpriority only read their arguments.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid);
+            (
+                tid,
+                libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t),
+            )
+        }
+    }
+
+    #[test]
+    fn checkpoint_work_runs_at_a_lower_priority_and_returns_its_result() {
+        let (caller, caller_nice) = this_thread();
+        let dir = Path::new("/nonexistent");
+        // Nice 0: on the caller's thread, untouched.
+        let (tid, nice) = at_nice(0, dir, || Ok(this_thread())).expect("nice 0");
+        assert_eq!((tid, nice), (caller, caller_nice));
+        // Nice 10: another thread, at 10 (or at the process's nice, when that
+        // is already lower in priority: raising it needs a privilege).
+        let (tid, nice) = at_nice(10, dir, || Ok(this_thread())).expect("nice 10");
+        assert_ne!(tid, caller);
+        assert_eq!(nice, caller_nice.max(10));
+        assert_eq!(
+            this_thread().1,
+            caller_nice,
+            "the caller keeps its priority"
+        );
+        // The work's error comes back as it was.
+        let e = at_nice(10, dir, || -> Result<(), StorageError> {
+            Err(StorageError::corrupt(Path::new("x"), 7, "planted"))
+        })
+        .expect_err("the work's error");
+        assert!(matches!(e, StorageError::Corrupt { offset: 7, .. }), "{e}");
+    }
 }
