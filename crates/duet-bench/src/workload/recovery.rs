@@ -75,6 +75,10 @@ pub struct Phases {
     pub indexes_in_stored_order: u32,
     /// Secondary indexes whose entries were sorted.
     pub indexes_sorted: u32,
+    /// `_id` indexes placed by the order the checkpoint stored (no sort).
+    pub ids_in_stored_order: u32,
+    /// `_id` indexes whose ids were sorted.
+    pub ids_sorted: u32,
 }
 
 /// What to run.
@@ -168,6 +172,8 @@ fn open(dir: &Path, n: u64, row: &mut Row) -> Result<()> {
         replay: report.phases.replay.as_secs_f64(),
         indexes_in_stored_order: c.indexes_in_stored_order,
         indexes_sorted: c.indexes_sorted,
+        ids_in_stored_order: c.ids_in_stored_order,
+        ids_sorted: c.ids_sorted,
     };
     let stats = db.collection(COLL).stats()?;
     if stats.count != n {
@@ -400,6 +406,9 @@ mod tests {
         // The checkpoint stored the 3 indexes' entry orders: no sort at open.
         assert_eq!(rows[0].phases.indexes_in_stored_order, 3);
         assert_eq!(rows[0].phases.indexes_sorted, 0);
+        // And the `_id` index's: its ids were placed, not sorted.
+        assert_eq!(rows[0].phases.ids_in_stored_order, 1);
+        assert_eq!(rows[0].phases.ids_sorted, 0);
         // The chart draws from the rows.
         let png = dir.with_extension("png");
         chart(&rows, &png).expect("chart");

@@ -1,4 +1,5 @@
-//! Incremental checkpoints (checkpoint format 5): each checkpoint file
+//! Incremental checkpoints (checkpoint format 7; 5 before the `_id` order,
+//! still read): each checkpoint file
 //! holds only the heap pages and index leaves that changed since the
 //! previous checkpoint, and a map saying, in order, where every piece of the
 //! state lies — in this file or in an older one of the chain.
@@ -13,9 +14,9 @@
 //! written follow what changed; the walk itself is one hash lookup per page
 //! and per leaf (no document or key is touched for an unchanged one).
 //!
-//! Layout of `ckpt-<csn>.ckpt` in format 5: WAL-style frames
+//! Layout of `ckpt-<csn>.ckpt` in format 7: WAL-style frames
 //! `[len u32][crc32c u32][payload]`:
-//! - `H`: magic `DUETCKP\x01`, version u32 (5), csn u64, collection count
+//! - `H`: magic `DUETCKP\x01`, version u32 (7), csn u64, collection count
 //!   u32, cluster time u64, count u32 and csns u64 (ascending) of the older
 //!   checkpoint files this one's map points into;
 //! - piece frames, in any order: `P` a heap page: first record id u64,
@@ -24,7 +25,9 @@
 //!   key order;
 //! - per collection `C`: name, document count u64, index spec count u32,
 //!   specs, options (as format 4); the heap's extents; then per index its
-//!   leaves' extents. An extents list is: count u32, then per extent file
+//!   leaves' extents, and then the `_id` index's (format 7: its leaves'
+//!   record ids are its values; format 5 stores none, its ids are sorted at
+//!   load). An extents list is: count u32, then per extent file
 //!   csn u64, offset u64, length u64, piece count u32 — a run of whole
 //!   piece frames, consecutive in that file, in record (heap) or key
 //!   (index) order;
@@ -33,9 +36,9 @@
 //! Loading reads this file and every file it names, walks each extent's
 //! frames (checksums verified, tags and counts checked), decodes the pages'
 //! documents on up to one thread per core and builds each collection as a
-//! format-4 image is built (`store::bulk_load`): the record ids become
-//! positions (`0..n`), and each index's stored record ids become its entry
-//! order, so recovery still needs no sort.
+//! whole image is built (`store::bulk_load`): the record ids become
+//! positions (`0..n`), and each index's stored record ids (`_id`'s too)
+//! become its entry order, so recovery still needs no sort.
 //!
 //! Invariants:
 //! - a chain file is written once (tmp, fsync, rename) and never changed;
@@ -69,10 +72,18 @@ use super::effect::{put_options, put_spec, put_str, read_options, read_spec, Dec
 use super::io::Vfs;
 use super::wal::{frame, frame_unchecked};
 use crate::error::StorageError;
+use crate::store::btree::BTree;
+use crate::store::bulk_load::StoredOrders;
+use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
+use crate::store::index::{IndexTree, ValueKey};
 use crate::store::DbState;
 
-pub const CHAIN_VERSION: u32 = 5;
+/// The chain format this build writes: the `_id` index's leaves stored too.
+pub const CHAIN_VERSION: u32 = 7;
+/// The first chain format (no `_id` leaves: its ids are sorted at load),
+/// still read.
+pub const CHAIN_VERSION_5: u32 = 5;
 /// Write buffers are flushed at about this many bytes.
 const CHUNK: usize = 1 << 20;
 /// Sync the file every this many bytes (see `checkpoint::BYTES_PER_SYNC`).
@@ -154,6 +165,37 @@ fn read_extents(r: &mut Reader) -> Result<Vec<Extent>, DecodeError> {
     Ok(out)
 }
 
+/// The leaves of one index as a chain file stores them: each leaf's entries'
+/// record ids in key order (a secondary index's from its keys, the `_id`
+/// index's from its values).
+#[derive(Clone, Copy)]
+enum Leaves<'a> {
+    Index(&'a IndexTree),
+    Id(&'a BTree<ValueKey, RecordId>),
+}
+
+impl<'a> Leaves<'a> {
+    /// The indexes of `c` a file of `version` stores, in map order: the
+    /// secondary ones, then (format 7) `_id`.
+    fn of(c: &'a CollectionState, version: u32) -> impl Iterator<Item = Leaves<'a>> {
+        let id = (version >= CHAIN_VERSION).then_some(Leaves::Id(&c.id_index));
+        c.indexes.iter().map(|i| Leaves::Index(&i.tree)).chain(id)
+    }
+
+    /// Calls `f` for every leaf in key order with its address (see
+    /// [`BTree::for_each_leaf`]) and its entries' record ids.
+    fn for_each(self, f: &mut impl FnMut(usize, &mut dyn ExactSizeIterator<Item = RecordId>)) {
+        match self {
+            Leaves::Index(t) => {
+                t.for_each_leaf(&mut |addr, keys, _| f(addr, &mut keys.iter().map(|(_, r)| *r)))
+            }
+            Leaves::Id(t) => {
+                t.for_each_leaf(&mut |addr, _, rids| f(addr, &mut rids.iter().copied()))
+            }
+        }
+    }
+}
+
 /// What the checkpointer keeps between two checkpoints: the state it last
 /// wrote (held, so the addresses below stay identities) and where each of
 /// its pages and leaves lies.
@@ -198,8 +240,8 @@ fn evicted(state: &DbState, prev: &Chain) -> (BTreeSet<u64>, BTreeMap<u64, u64>)
                 *live.entry(l.file).or_default() += l.len;
             }
         });
-        for i in &c.indexes {
-            i.tree.for_each_leaf(&mut |addr, _| {
+        for leaves in Leaves::of(c, CHAIN_VERSION) {
+            leaves.for_each(&mut |addr, _| {
                 if let Some(l) = prev.leaves.get(&addr) {
                     *live.entry(l.file).or_default() += l.len;
                 }
@@ -233,6 +275,18 @@ pub fn write(
     dir: &Path,
     state: &DbState,
     prev: Option<&Chain>,
+) -> Result<Written, StorageError> {
+    write_version(vfs, dir, state, prev, CHAIN_VERSION)
+}
+
+/// [`write`] in format `version`: 7 (this build's) or 5 (no `_id` leaves;
+/// kept to test that such chains still load, alone or under a newer file).
+fn write_version(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    state: &DbState,
+    prev: Option<&Chain>,
+    version: u32,
 ) -> Result<Written, StorageError> {
     // Delta indexing: the fresh view of every index (see `checkpoint`); the
     // chain keeps this folded state, so its leaves' addresses stay valid,
@@ -290,7 +344,7 @@ pub fn write(
         };
         let mut p = vec![b'H'];
         p.extend_from_slice(MAGIC);
-        p.extend_from_slice(&CHAIN_VERSION.to_le_bytes());
+        p.extend_from_slice(&version.to_le_bytes());
         p.extend_from_slice(&csn.to_le_bytes());
         p.extend_from_slice(&(state.collections.len() as u32).to_le_bytes());
         p.extend_from_slice(&state.ts.to_le_bytes());
@@ -330,9 +384,9 @@ pub fn write(
             std::mem::replace(&mut failed, Ok(()))?;
             documents += c.len() as u64;
             let mut indexes = Vec::new();
-            for i in &c.indexes {
+            for index in Leaves::of(c, version) {
                 let mut ext = Vec::new();
-                i.tree.for_each_leaf(&mut |addr, keys| {
+                index.for_each(&mut |addr, rids| {
                     if failed.is_err() {
                         return;
                     }
@@ -341,8 +395,8 @@ pub fn write(
                         None => {
                             payload.clear();
                             payload.push(b'L');
-                            payload.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-                            for (_, rid) in keys {
+                            payload.extend_from_slice(&(rids.len() as u32).to_le_bytes());
+                            for rid in rids {
                                 payload.extend_from_slice(&rid.to_le_bytes());
                             }
                             let loc = frame_piece(&payload, &mut out, bytes, csn);
@@ -410,6 +464,8 @@ struct CollMap {
     options: crate::store::options::CollectionOptions,
     heap: Vec<Extent>,
     indexes: Vec<Vec<Extent>>,
+    /// The `_id` index's leaves (format 7).
+    id: Option<Vec<Extent>>,
     at: usize,
 }
 
@@ -512,6 +568,7 @@ pub(super) fn decode(
     path: &Path,
     db: &str,
     mut r: Reader,
+    version: u32,
     header_end: usize,
     read: Option<ReadOlder>,
 ) -> Result<(DbState, LoadTimes, Vec<u64>), StorageError> {
@@ -576,6 +633,11 @@ pub(super) fn decode(
         for _ in 0..n_specs {
             indexes.push(read_extents(&mut r).map_err(dec(at))?);
         }
+        let id = if version >= CHAIN_VERSION {
+            Some(read_extents(&mut r).map_err(dec(at))?)
+        } else {
+            None
+        };
         if !r.done() {
             return Err(corrupt(at, "bytes after the collection's map"));
         }
@@ -586,6 +648,7 @@ pub(super) fn decode(
             options,
             heap,
             indexes,
+            id,
             at,
         });
         frame = next(&mut pos)?;
@@ -702,10 +765,11 @@ pub(super) fn decode(
                     .and_then(|p| u32::try_from(p).ok()),
             }
         };
-        let mut orders = Vec::with_capacity(coll.indexes.len());
-        for ext in &coll.indexes {
+        // An index's stored order from its leaves: `None` when a leaf names
+        // no record (the order does not fit: sorted at load).
+        let order_of = |exts: &[Extent]| -> Result<Option<Vec<u32>>, StorageError> {
             let mut order: Option<Vec<u32>> = Some(Vec::new());
-            for e in ext {
+            for e in exts {
                 for (payload, _, at, fpath) in extent_frames(&files, e, b'L', true, path, coll.at)?
                 {
                     let mut r = Reader::new(&payload[1..]);
@@ -734,8 +798,19 @@ pub(super) fn decode(
                     }
                 }
             }
-            orders.push(order);
-        }
+            Ok(order)
+        };
+        // In map order (the first damaged leaf in it is the one reported).
+        let indexes = coll
+            .indexes
+            .iter()
+            .map(|exts| order_of(exts))
+            .collect::<Result<_, _>>()?;
+        let id = match &coll.id {
+            Some(exts) => order_of(exts)?,
+            None => None,
+        };
+        let orders = StoredOrders { id, indexes };
         times.decode += t.elapsed();
         let c = build_collection(
             &format!("{db}.{}", coll.name),
@@ -813,6 +888,13 @@ mod tests {
             assert_eq!(docs(a), docs(b), "{name}");
             assert_eq!(a.options, b.options);
             assert_eq!(a.indexes.len(), b.indexes.len());
+            let ids = |c: &CollectionState| {
+                c.id_index
+                    .iter()
+                    .map(|(k, rid)| (k.clone(), c.get(*rid).cloned()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(ids(a), ids(b), "{name}");
             for (x, y) in a.indexes.iter().zip(&b.indexes) {
                 assert_eq!(x.spec, y.spec);
                 let entries = |c: &CollectionState, i: &crate::store::index::IndexState| {
@@ -867,6 +949,7 @@ mod tests {
             (times.indexes_in_stored_order, times.indexes_sorted),
             (2, 0)
         );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (1, 0));
         assert_same(&state, &back);
         // The same state written whole (format 4) loads the same.
         let whole = write_full(&fs, Path::new("/e"), &state).expect("test value");
@@ -878,6 +961,68 @@ mod tests {
         let third = write(&fs, dir, &same, Some(&second.chain)).expect("test value");
         assert!(third.info.bytes < 4096, "{}", third.info.bytes);
         assert_same(&same, &load(&fs, &third.info).0);
+    }
+
+    /// A chain of format 5 (no `_id` leaves, as builds before format 7
+    /// wrote) loads by sorting the ids; a format-7 checkpoint chained on it
+    /// writes the `_id` leaves it lacks (and only the changed pieces
+    /// otherwise) and loads with every index in its stored order. An `_id`
+    /// leaf whose record ids are out of `_id` order (checksum valid) only
+    /// costs the sort; the state is the same each time.
+    #[test]
+    fn format_5_chains_load_and_the_id_order_is_checked() {
+        let fs = SimFs::new();
+        let dir = Path::new("/d");
+        let mut state = state_of(5_000);
+        let old = write_version(&fs, dir, &state, None, CHAIN_VERSION_5).expect("test value");
+        let (back, times, _) = load(&fs, &old.info);
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (2, 0)
+        );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (0, 1));
+        assert_same(&state, &back);
+        state.csn = 2;
+        let (d, id) = raw(the_doc(9_000, 4));
+        coll(&mut state, "c").insert(d, id).expect("test value");
+        let new = write(&fs, dir, &state, Some(&old.chain)).expect("test value");
+        assert!(!new.full);
+        assert!(new.info.bytes < old.info.bytes / 4, "{}", new.info.bytes);
+        let (back, times, files) = load(&fs, &new.info);
+        assert_eq!(files, vec![1, 2]);
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (1, 0));
+        assert_same(&state, &back);
+        // The `_id` leaves are the last leaves of the newest file: swap the
+        // first two record ids of the last one.
+        let image = fs.read(&new.info.path).expect("test value");
+        let mut pos = 0;
+        let mut last_leaf = None;
+        while let Ok(Some((p, next))) = super::super::wal::read_frame(&image, pos) {
+            if p[0] == b'L' {
+                last_leaf = Some((pos, p.to_vec()));
+            }
+            pos = next;
+        }
+        let (at, mut p) = last_leaf.expect("test value");
+        assert!(p.len() >= 5 + 16);
+        let first: Vec<u8> = p[5..13].to_vec();
+        p.copy_within(13..21, 5);
+        p[13..21].copy_from_slice(&first);
+        let mut bad = image[..at].to_vec();
+        frame(&p, &mut bad);
+        bad.extend_from_slice(&image[bad.len()..]);
+        fs.remove(&new.info.path).expect("test value");
+        fs.create(&new.info.path)
+            .expect("test value")
+            .append(&bad)
+            .expect("test value");
+        let (back, times, _) = load(&fs, &new.info);
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (2, 0)
+        );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (0, 1));
+        assert_same(&state, &back);
     }
 
     /// Damage in an older file the chain points into, or in the newest one,
@@ -1087,6 +1232,7 @@ mod tests {
                         let w = write(&fs, dir, &state, Some(&chain)).expect("test value");
                         let (back, times, files) = load(&fs, &w.info);
                         prop_assert_eq!(times.indexes_sorted, 0);
+                        prop_assert_eq!(times.ids_sorted, 0);
                         prop_assert_eq!(files, w.chain.files());
                         assert_same(&state, &back);
                         chain = w.chain;

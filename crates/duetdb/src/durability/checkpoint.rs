@@ -1,14 +1,16 @@
 //! Checkpoints: a complete image of one published state, written from a held
 //! `cow` snapshot so writers never pause, and loaded at recovery.
 //!
-//! This file writes the self-contained image (format 4: durable snapshots,
+//! This file writes the self-contained image (format 6: durable snapshots,
 //! hot backups, replication snapshots) and loads every format; the
-//! database's own checkpoints are chained (format 5, [`super::chain`]: only
-//! what changed is written) and loaded through [`load_with_files`].
+//! database's own checkpoints are chained (format 7, or 5 before the `_id`
+//! order, [`super::chain`]: only what changed is written) and loaded
+//! through [`load_with_files`]. Versions 1 to 4 and 6 are whole images, 5
+//! and 7 chained ones (one number space: the version alone says which).
 //!
 //! Layout of `ckpt-<csn, 20 digits>.ckpt` (see docs/design.md §13.4): a sequence
 //! of WAL-style frames `[len u32][crc32c u32][payload]`:
-//! - `H`: magic `DUETCKP\x01`, format version u32 (4), csn u64, collection
+//! - `H`: magic `DUETCKP\x01`, format version u32 (6), csn u64, collection
 //!   count u32, cluster time u64 of the state (version 1, still read, has no
 //!   time: it loads as 0);
 //! - per collection `C`: name, document count u64, index spec count u32, specs
@@ -18,7 +20,9 @@
 //!   (count u32, BSON documents) in record order; then (version 4) per
 //!   secondary index `O` frames holding its entry order: index number u32,
 //!   count u32, and for each entry in key order the position of its record
-//!   among the collection's documents (u32);
+//!   among the collection's documents (u32); then (version 6) the `_id`
+//!   index's order in `O` frames numbered one past the secondary indexes
+//!   (the position of each record in `_id` order);
 //! - `E`: csn u64 and total documents u64; the file ends right after it.
 //!
 //! The index entries themselves are not stored: they are formed again at
@@ -28,7 +32,8 @@
 //! tree is built from them after one linear check (each entry placed once,
 //! neighbours strictly ascending); an order that does not fit — a build
 //! whose key order differs — is ignored and the entries sorted, as for an
-//! image of version 3 or older, which stores none. Loading walks the frames
+//! image of version 3 or older, which stores none (version 4 stores none
+//! for `_id`: its ids are sorted). Loading walks the frames
 //! in order, then verifies and decodes the documents frames on up to one
 //! thread per core and builds each collection's heap and indexes side by
 //! side (`store::bulk_load`); the phases are timed ([`LoadTimes`], in the
@@ -60,12 +65,12 @@ use crate::error::StorageError;
 use crate::store::bulk_load;
 use crate::store::collection::CollectionState;
 use crate::store::heap::RecordId;
-use crate::store::index::{IndexSpec, IndexState};
+use crate::store::index::IndexSpec;
 use crate::store::options::CollectionOptions;
 use crate::store::DbState;
 
 pub(super) const MAGIC: &[u8; 8] = b"DUETCKP\x01";
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 6;
 /// Documents are framed in chunks of about this many bytes.
 const CHUNK: usize = 1 << 20;
 /// Most record positions in one order frame (about `CHUNK` bytes).
@@ -163,19 +168,20 @@ impl Positions {
     }
 }
 
-/// The entry order of `index` (see [`bulk_load::EntryOrder`]), or `None`
-/// when an entry names a record not in the heap (it never does: the index
-/// would then be sorted at load).
-fn entry_order(index: &IndexState, positions: &Positions) -> Option<Vec<u32>> {
-    index
-        .tree
-        .iter()
-        .map(|((_, rid), ())| positions.of(*rid))
-        .collect()
+/// The entry order of an index whose entries name the records `rids` in
+/// key order (see [`bulk_load::EntryOrder`]), or `None` when an entry
+/// names a record not in the heap (it never does: the index would then be
+/// sorted at load).
+fn entry_order<'a>(
+    rids: impl Iterator<Item = &'a RecordId>,
+    positions: &Positions,
+) -> Option<Vec<u32>> {
+    rids.map(|rid| positions.of(*rid)).collect()
 }
 
-/// [`write_as`] in format `version`: 4 (this build's) or 3 (no entry orders;
-/// kept to test that such images still load).
+/// [`write_as`] in format `version`: 6 (this build's), 4 (no `_id` order)
+/// or 3 (no entry orders); the older two kept to test that such images
+/// still load.
 fn write_version(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -258,14 +264,22 @@ fn write_version(
                 emit(&mut chunk, &mut n, &mut out);
             }
             flush(&mut out, false)?;
-            if version < 4 || c.indexes.is_empty() {
+            if version < 4 || (version < 6 && c.indexes.is_empty()) {
                 continue;
             }
             let Some(positions) = Positions::new(c) else {
                 continue;
             };
-            for (i, index) in c.indexes.iter().enumerate() {
-                let Some(order) = entry_order(index, &positions) else {
+            // The secondary indexes in spec order, then `_id` numbered one
+            // past them (format 6).
+            let secondary = c.indexes.iter().map(|index| {
+                let rids = index.tree.iter().map(|((_, rid), ())| rid);
+                entry_order(rids, &positions)
+            });
+            let id = (version >= 6)
+                .then(|| entry_order(c.id_index.iter().map(|(_, rid)| rid), &positions));
+            for (i, order) in secondary.chain(id).enumerate() {
+                let Some(order) = order else {
                     continue;
                 };
                 // At least one frame, so an empty index's (empty) order is stored too.
@@ -321,6 +335,11 @@ pub struct LoadTimes {
     /// Secondary indexes whose entries were sorted (an image of format 3 or
     /// older, or an order that did not fit the documents).
     pub indexes_sorted: u32,
+    /// `_id` indexes placed by the order the image stored (no sort).
+    pub ids_in_stored_order: u32,
+    /// `_id` indexes whose ids were sorted (the image stored no `_id`
+    /// order — formats 1 to 5 — or one that did not fit).
+    pub ids_sorted: u32,
 }
 
 /// Load the checkpoint at `path` into a state for database `db`.
@@ -392,9 +411,9 @@ struct CollFrames<'a> {
     specs: Vec<IndexSpec>,
     options: CollectionOptions,
     frames: Vec<DocFrame<'a>>,
-    /// The stored entry order of each secondary index (format 4; `None`:
-    /// not stored, sorted at load).
-    orders: Vec<Option<bulk_load::EntryOrder>>,
+    /// The stored entry orders (format 4: of the secondary indexes; 6: of
+    /// `_id` too; `None`: not stored, sorted at load).
+    orders: bulk_load::StoredOrders,
     /// The collection frame's offset (named when its indexes do not build).
     at: usize,
 }
@@ -451,10 +470,10 @@ fn decode_inner(
         return Err(corrupt(at, "not a duetdb checkpoint (bad header)".into()));
     }
     let version = r.u32().map_err(dec(at))?;
-    if version == chain::CHAIN_VERSION {
-        return chain::decode(buf, path, db, r, pos, older);
+    if version == chain::CHAIN_VERSION || version == chain::CHAIN_VERSION_5 {
+        return chain::decode(buf, path, db, r, version, pos, older);
     }
-    if !(1..=FORMAT_VERSION).contains(&version) {
+    if !(1..=4).contains(&version) && version != FORMAT_VERSION {
         return Err(corrupt(
             at,
             format!(
@@ -502,9 +521,17 @@ fn decode_inner(
             frames.push(doc_frame);
         }
         let orders = if version >= 4 {
-            walk_orders(buf, &mut pos, specs.len(), path)?
+            // Format 6 numbers `_id` one past the secondary indexes.
+            let with_id = version >= 6;
+            let mut indexes = walk_orders(buf, &mut pos, specs.len() + usize::from(with_id), path)?;
+            let id = if with_id {
+                indexes.pop().flatten()
+            } else {
+                None
+            };
+            bulk_load::StoredOrders { id, indexes }
         } else {
-            Vec::new()
+            bulk_load::StoredOrders::default()
         };
         total += loaded;
         colls.push(CollFrames {
@@ -560,7 +587,7 @@ pub(super) fn build_collection(
         CollectionOptions,
         Vec<DocRef>,
         Vec<IndexSpec>,
-        Vec<Option<bulk_load::EntryOrder>>,
+        bulk_load::StoredOrders,
     ),
     times: &mut LoadTimes,
 ) -> Result<CollectionState, String> {
@@ -570,13 +597,16 @@ pub(super) fn build_collection(
     times.build += t.elapsed();
     times.indexes_in_stored_order += counts.stored;
     times.indexes_sorted += counts.sorted;
+    times.ids_in_stored_order += counts.ids_stored;
+    times.ids_sorted += counts.ids_sorted;
     Ok(c)
 }
 
-/// The order frames after a collection's documents frames (format 4),
+/// The order frames after a collection's documents frames (format 4 on),
 /// moving `*pos` past them: each `'O' index:u32 n:u32 position:u32[n]`, the
 /// index numbers ascending (an index's order may take several frames) and
-/// below `n_specs`. The walk stops at the first frame that is not an order
+/// below `n_specs` (the secondary indexes, and in format 6 `_id` after
+/// them). The walk stops at the first frame that is not an order
 /// frame (the next collection's or the end frame, checked by the caller: a
 /// damaged frame is reported there, at its offset).
 fn walk_orders(
@@ -842,6 +872,7 @@ mod tests {
             (3, 0),
             "built in the stored order, no sort"
         );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (1, 0));
         assert_same_collection(&state, &back, n as usize);
     }
 
@@ -969,8 +1000,8 @@ mod tests {
             }
         );
         // And what format 3 writes for those options is that image; this
-        // build's (format 4) differs only in the version (no index, so no
-        // order frames).
+        // build's (format 6) differs only in the version and the `_id`
+        // index's (empty) order frame: no secondary index, no document.
         let fs = SimFs::new();
         let state = state_with(c.options.clone());
         let v3 = write_version(&fs, Path::new("/d"), "v3.ckpt", &state, 3).expect("test value");
@@ -980,8 +1011,10 @@ mod tests {
         let header = read_frame(&written, 0)
             .expect("test value")
             .expect("test value");
-        assert_eq!(header.0[9..13], 4u32.to_le_bytes());
-        assert_eq!(written.len(), out.len());
+        assert_eq!(header.0[9..13], 6u32.to_le_bytes());
+        assert_eq!(frames_tagged(&written, b'O').len(), 1);
+        // The frame: length and checksum, tag, index number, count.
+        assert_eq!(written.len(), out.len() + 8 + 9);
     }
 
     /// An image of format 3 (no entry orders, as every earlier build wrote)
@@ -1000,20 +1033,49 @@ mod tests {
             (times.indexes_in_stored_order, times.indexes_sorted),
             (0, 3)
         );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (0, 1));
         assert_same_collection(&state, &back, n as usize);
-        // The same state in format 4 is larger by the orders only: 4 bytes
-        // an entry plus the frames' headers.
+        // The same state in format 6 is larger by the orders only: 4 bytes
+        // an entry (a record's for `_id`) plus the frames' headers.
         let new = write(&fs, Path::new("/e"), &state).expect("test value");
-        let entries: usize = state
-            .collection("c")
-            .expect("test value")
-            .indexes
-            .iter()
-            .map(|i| i.tree.len())
-            .sum();
+        let c = state.collection("c").expect("test value");
+        let entries: usize = c.len() + c.indexes.iter().map(|i| i.tree.len()).sum::<usize>();
         let grown = new.bytes - info.bytes;
         assert!(
             grown as usize >= 4 * entries && (grown as usize) < 4 * entries + 4096,
+            "{grown}"
+        );
+    }
+
+    /// An image of format 4 (the secondary indexes' orders, none for `_id`,
+    /// as the builds before format 6 wrote) still loads: the secondary
+    /// indexes in their stored order, the ids sorted; the state is the same.
+    #[test]
+    fn a_format_4_image_loads_sorting_the_ids() {
+        let n = (PARALLEL_MIN_DOCS as i32) + 31;
+        let state = big_state(n);
+        let fs = SimFs::new();
+        let info = write_version(&fs, Path::new("/d"), "v4.ckpt", &state, 4).expect("test value");
+        let image = fs.read(&info.path).expect("test value");
+        assert_eq!(
+            read_frame(&image, 0)
+                .expect("test value")
+                .expect("test value")
+                .0[9..13],
+            4u32.to_le_bytes()
+        );
+        let (back, times) = load_timed(&fs, &info.path, "t").expect("test value");
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (3, 0)
+        );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (0, 1));
+        assert_same_collection(&state, &back, n as usize);
+        // Format 6 adds one order frame (a record a position) for `_id`.
+        let new = write(&fs, Path::new("/e"), &state).expect("test value");
+        let grown = new.bytes - info.bytes;
+        assert!(
+            grown as usize >= 4 * n as usize && (grown as usize) < 4 * n as usize + 1024,
             "{grown}"
         );
     }
@@ -1080,6 +1142,28 @@ mod tests {
             (times.indexes_in_stored_order, times.indexes_sorted),
             (2, 1)
         );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (1, 0));
+        assert_same_collection(
+            &state,
+            &back,
+            state.collection("c").expect("test value").len(),
+        );
+        // The `_id` order (numbered after the 3 secondary indexes, last)
+        // with its first two records swapped: the ids are sorted instead.
+        let id_at = *orders.last().expect("test value");
+        let swapped = reframe(&good, id_at, |p| {
+            assert_eq!(p[1..5], 3u32.to_le_bytes());
+            let (a, b) = (9..13, 13..17);
+            let first: Vec<u8> = p[a.clone()].to_vec();
+            p.copy_within(b.clone(), a.start);
+            p[b].copy_from_slice(&first);
+        });
+        let (back, times) = decode_timed(&swapped, &info.path, "t").expect("test value");
+        assert_eq!(
+            (times.indexes_in_stored_order, times.indexes_sorted),
+            (3, 0)
+        );
+        assert_eq!((times.ids_in_stored_order, times.ids_sorted), (0, 1));
         assert_same_collection(
             &state,
             &back,

@@ -912,15 +912,15 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     }
 
     /// Calls `f` for every leaf in key order with its address (an identity,
-    /// valid while this version is held) and its keys. A leaf at the same
+    /// valid while this version is held), its keys and their values. A leaf at the same
     /// address in two held versions is the same leaf with the same entries
     /// (nodes are immutable once shared): incremental checkpoints reuse what
     /// they wrote for it.
-    pub fn for_each_leaf(&self, f: &mut impl FnMut(usize, &[K])) {
+    pub fn for_each_leaf(&self, f: &mut impl FnMut(usize, &[K], &[V])) {
         if let Some(root) = self.root.as_deref() {
             visit_nodes(root, &mut |node| {
                 if let Node::Leaf(leaf) = node {
-                    f(node as *const Node<K, V> as usize, &leaf.keys);
+                    f(node as *const Node<K, V> as usize, &leaf.keys, &leaf.vals);
                 }
             });
         }

@@ -10,6 +10,12 @@
 //! neighbours strictly ascending); an order that does not fit is ignored
 //! and the entries are sorted as without one.
 //!
+//! The `_id` index is placed the same way by its own stored order (the
+//! record positions in `_id` order): each record must be placed exactly
+//! once and the ids strictly ascending, else the ids are sorted as without
+//! an order (collected again in record order, so even a duplicate's error
+//! names the same key as without one).
+//!
 //! Invariants:
 //! - the result equals inserting the records one by one in order into an
 //!   empty collection and then calling [`CollectionState::create_index`]
@@ -20,8 +26,9 @@
 //!   cannot be formed is an error and nothing is returned (no partial
 //!   collection);
 //! - a stored order never changes the result, only its cost: the entries
-//!   placed by it are the documents' keys, and the tree is built from them
-//!   only when they are strictly ascending (else they are sorted);
+//!   placed by it are the documents' keys (or ids), and the tree is built
+//!   from them only when they are strictly ascending (else they are
+//!   sorted);
 //! - at most [`workers`] threads run at once (one job per structure): the
 //!   entries being sorted are the peak of memory, and more threads than
 //!   cores would only hold more of them at the same time.
@@ -53,7 +60,18 @@ pub fn workers(jobs: usize) -> usize {
 /// least key).
 pub type EntryOrder = Vec<u32>;
 
-/// How a secondary index's entries were put in order.
+/// The orders a checkpoint image stored for one collection's indexes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredOrders {
+    /// The `_id` index's: the record positions in `_id` order (one entry a
+    /// record). `None`: not stored (sorted at load).
+    pub id: Option<EntryOrder>,
+    /// Each secondary index's (`indexes[i]` for the i-th spec; missing or
+    /// `None`: sorted at load).
+    pub indexes: Vec<Option<EntryOrder>>,
+}
+
+/// How an index's entries were put in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ordered {
     /// By the stored [`EntryOrder`] (checked, no sort).
@@ -207,32 +225,93 @@ fn not_sorted(what: &str) -> Error {
     Error::Internal(format!("index {what}: sorted entries are not ascending"))
 }
 
+/// The ids of `docs` placed by `order` (record id = position), or `None`
+/// when `order` does not place every record exactly once or a record has
+/// no `_id` (the caller then collects them in record order, which reports
+/// that record as without an order). Not checked for order here (the tree
+/// build checks it).
+fn ids_in_order(docs: &[DocRef], order: &[u32]) -> Option<Vec<(ValueKey, RecordId)>> {
+    if order.len() != docs.len() {
+        return None;
+    }
+    // One bit a record (a tenth of a byte vector's cache footprint).
+    let mut seen = vec![0u64; docs.len().div_ceil(64)];
+    let mut ids = Vec::with_capacity(docs.len());
+    for &p in order {
+        let at = p as usize;
+        let d = docs.get(at)?;
+        let (word, bit) = (at / 64, 1u64 << (at % 64));
+        if seen[word] & bit != 0 {
+            return None;
+        }
+        seen[word] |= bit;
+        ids.push((ValueKey(doc::id_of(d)?.into()), RecordId::from(p)));
+    }
+    Some(ids)
+}
+
+/// The `_id` index of `docs` (record id = position): placed by `order`
+/// when it fits, else sorted; and which it was. A record without `_id` is
+/// an error, a duplicate id is `dup`'s error for the first key found held
+/// twice (as without an order: the ids are then sorted from record order).
+fn build_id_index(
+    docs: &[DocRef],
+    order: Option<&[u32]>,
+    dup: impl Fn(&RawBson) -> Error,
+) -> Result<(BTree<ValueKey, RecordId>, Ordered)> {
+    if let Some(ids) = order.and_then(|o| ids_in_order(docs, o)) {
+        // Strictly ascending also means no duplicate: equal ids would be
+        // neighbours once sorted, and a strictly ascending run is sorted.
+        if let Ok(tree) = BTree::try_from_sorted(ids) {
+            return Ok((tree, Ordered::Stored));
+        }
+    }
+    let mut ids = Vec::with_capacity(docs.len());
+    for (rid, d) in docs.iter().enumerate() {
+        let id: RawBson = doc::id_of(d)
+            .ok_or_else(|| Error::Internal(format!("record {rid} has no _id")))?
+            .into();
+        ids.push((ValueKey(id), rid as RecordId));
+    }
+    ids.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(dup(&w[0].0 .0));
+    }
+    let tree = BTree::from_sorted(ids).map_err(|_| not_sorted("_id_"))?;
+    Ok((tree, Ordered::Sorted))
+}
+
 /// What one job built.
 enum Built {
     Heap(Heap<DocRef>, u64),
-    Id(BTree<ValueKey, RecordId>),
+    Id(BTree<ValueKey, RecordId>, Ordered),
     Index(usize, IndexState, Ordered),
 }
 
-/// How a load put the secondary indexes' entries in order.
+/// How a load put its indexes' entries in order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OrderCounts {
-    /// Indexes built in their stored order (no sort).
+    /// Secondary indexes built in their stored order (no sort).
     pub stored: u32,
-    /// Indexes whose entries were sorted.
+    /// Secondary indexes whose entries were sorted.
     pub sorted: u32,
+    /// `_id` indexes placed by their stored order (0 or 1 a collection).
+    pub ids_stored: u32,
+    /// `_id` indexes whose ids were sorted.
+    pub ids_sorted: u32,
 }
 
 /// The collection `ns` holding `docs` (record ids `0..n` in this order) with
-/// the options and the secondary indexes of `specs` (in this order), each
-/// index in the order `orders` gives for it when there is one and it fits
-/// (`orders[i]` for `specs[i]`; missing or `None`: sorted).
+/// the options and the secondary indexes of `specs` (in this order), the
+/// `_id` index and each secondary index in the order `orders` stored for it
+/// when there is one and it fits (`orders.indexes[i]` for `specs[i]`;
+/// missing or `None`: sorted).
 pub fn load_collection(
     ns: &str,
     options: CollectionOptions,
     docs: Vec<DocRef>,
     specs: Vec<IndexSpec>,
-    orders: Vec<Option<EntryOrder>>,
+    orders: StoredOrders,
 ) -> Result<(CollectionState, OrderCounts)> {
     let mut c = CollectionState::new(ns, Default::default());
     c.options = options;
@@ -259,26 +338,12 @@ pub fn load_collection(
                 }
                 Ok(Built::Heap(heap, bytes))
             }
-            1 => {
-                let mut ids = Vec::with_capacity(n);
-                for (rid, d) in records() {
-                    let id: RawBson = doc::id_of(d)
-                        .ok_or_else(|| Error::Internal(format!("record {rid} has no _id")))?
-                        .into();
-                    ids.push((ValueKey(id), rid));
-                }
-                ids.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
-                    return Err(proto.dup_id_error(&w[0].0 .0));
-                }
-                BTree::from_sorted(ids)
-                    .map(Built::Id)
-                    .map_err(|_| not_sorted("_id_"))
-            }
+            1 => build_id_index(&docs, orders.id.as_deref(), |id| proto.dup_id_error(id))
+                .map(|(tree, how)| Built::Id(tree, how)),
             j => {
                 let at = j - 2;
                 let index = &proto.indexes[at];
-                let order = orders.get(at).and_then(|o| o.as_deref());
+                let order = orders.indexes.get(at).and_then(|o| o.as_deref());
                 build_index(index.spec.clone(), records(), n, index.usage.clone(), order)
                     .map(|(built, how)| Built::Index(at, built, how))
                     .map_err(|e| match e {
@@ -321,7 +386,13 @@ pub fn load_collection(
                 c.heap = heap;
                 c.data_bytes = bytes;
             }
-            Built::Id(tree) => c.id_index = tree,
+            Built::Id(tree, how) => {
+                c.id_index = tree;
+                match how {
+                    Ordered::Stored => counts.ids_stored += 1,
+                    Ordered::Sorted => counts.ids_sorted += 1,
+                }
+            }
             Built::Index(at, index, how) => {
                 c.indexes[at] = index;
                 match how {
@@ -382,7 +453,7 @@ mod tests {
     #[test]
     fn bulk_load_equals_inserts_then_index_builds() {
         let docs = docs(1009);
-        let bulk = load_collection("t.c", Default::default(), docs.clone(), specs(), vec![])
+        let bulk = load_collection("t.c", Default::default(), docs.clone(), specs(), none())
             .expect("bulk")
             .0;
         let slow = one_by_one(&docs, specs()).expect("slow");
@@ -412,13 +483,13 @@ mod tests {
             Arc::new(rawdoc! {"_id": 1.0, "u": 2}),
         ];
         let e =
-            load_collection("t.c", Default::default(), twice, vec![], vec![]).expect_err("dup _id");
+            load_collection("t.c", Default::default(), twice, vec![], none()).expect_err("dup _id");
         assert_eq!(e.code(), 11000);
         let dup_u = vec![
             Arc::new(rawdoc! {"_id": 1, "u": 1}),
             Arc::new(rawdoc! {"_id": 2, "u": 1}),
         ];
-        let e = load_collection("t.c", Default::default(), dup_u.clone(), specs(), vec![])
+        let e = load_collection("t.c", Default::default(), dup_u.clone(), specs(), none())
             .expect_err("dup u");
         assert_eq!(e.code(), 11000);
         assert_eq!(
@@ -434,7 +505,7 @@ mod tests {
             Default::default(),
             docs(10),
             same_name.clone(),
-            vec![],
+            none(),
         )
         .expect_err("conflict");
         assert_eq!(
@@ -442,16 +513,33 @@ mod tests {
             one_by_one(&docs(10), same_name).expect_err("slow").code()
         );
         let no_id = vec![Arc::new(rawdoc! {"u": 1})];
-        assert!(load_collection("t.c", Default::default(), no_id, vec![], vec![]).is_err());
+        assert!(load_collection("t.c", Default::default(), no_id, vec![], none()).is_err());
     }
 
-    /// The stored order of each index of `c` (record id = position, as
-    /// `one_by_one` numbers them).
-    fn orders_of(c: &CollectionState) -> Vec<Option<EntryOrder>> {
-        c.indexes
-            .iter()
-            .map(|i| Some(i.tree.iter().map(|((_, rid), ())| *rid as u32).collect()))
-            .collect()
+    fn none() -> StoredOrders {
+        StoredOrders::default()
+    }
+
+    /// The stored order of each secondary index of `c` (record id =
+    /// position, as `one_by_one` numbers them), and of its `_id` index.
+    fn orders_of(c: &CollectionState) -> StoredOrders {
+        StoredOrders {
+            id: Some(c.id_index.iter().map(|(_, rid)| *rid as u32).collect()),
+            indexes: c
+                .indexes
+                .iter()
+                .map(|i| Some(i.tree.iter().map(|((_, rid), ())| *rid as u32).collect()))
+                .collect(),
+        }
+    }
+
+    fn counts(stored: u32, sorted: u32, ids_stored: u32, ids_sorted: u32) -> OrderCounts {
+        OrderCounts {
+            stored,
+            sorted,
+            ids_stored,
+            ids_sorted,
+        }
     }
 
     /// With the stored orders every index is built without a sort and
@@ -461,17 +549,12 @@ mod tests {
     fn stored_orders_build_without_sorting() {
         let docs = docs(1009);
         let slow = one_by_one(&docs, specs()).expect("slow");
-        let (bulk, counts) =
+        let (bulk, how) =
             load_collection("t.c", Default::default(), docs, specs(), orders_of(&slow))
                 .expect("bulk");
-        assert_eq!(
-            counts,
-            OrderCounts {
-                stored: 3,
-                sorted: 0
-            }
-        );
+        assert_eq!(how, counts(3, 0, 1, 0));
         bulk.check_invariants().expect("invariants");
+        assert_eq!(bulk.id_index, slow.id_index);
         for (b, s) in bulk.indexes.iter().zip(&slow.indexes) {
             assert_eq!(b.multikey, s.multikey);
             assert_eq!(b.tree, s.tree);
@@ -490,42 +573,30 @@ mod tests {
         let good = orders_of(&slow);
         let mut bad = good.clone();
         // `a_1_s_-1`: two neighbours of different records swapped.
-        let o = bad[0].as_mut().expect("order");
+        let o = bad.indexes[0].as_mut().expect("order");
         let i = (0..o.len() - 1)
             .find(|&i| o[i] != o[i + 1])
             .expect("two records");
         o.swap(i, i + 1);
         // `tags_1`: a record placed once more, the last entry's dropped.
-        let o = bad[1].as_mut().expect("order");
+        let o = bad.indexes[1].as_mut().expect("order");
         let last = o.len() - 1;
         o[last] = o[0];
         // `u_unique`: one entry short.
-        bad[2].as_mut().expect("order").pop();
-        let (bulk, counts) =
+        bad.indexes[2].as_mut().expect("order").pop();
+        let (bulk, how) =
             load_collection("t.c", Default::default(), docs.clone(), specs(), bad).expect("bulk");
-        assert_eq!(
-            counts,
-            OrderCounts {
-                stored: 0,
-                sorted: 3
-            }
-        );
+        assert_eq!(how, counts(0, 3, 1, 0));
         for (b, s) in bulk.indexes.iter().zip(&slow.indexes) {
             assert_eq!(b.tree, s.tree);
         }
         let mut past = good;
-        if let Some(o) = past[2].as_mut() {
+        if let Some(o) = past.indexes[2].as_mut() {
             o[0] = 5000;
         }
-        let (bulk, counts) =
+        let (bulk, how) =
             load_collection("t.c", Default::default(), docs, specs(), past).expect("bulk");
-        assert_eq!(
-            counts,
-            OrderCounts {
-                stored: 2,
-                sorted: 1
-            }
-        );
+        assert_eq!(how, counts(2, 1, 1, 0));
         assert_eq!(bulk.indexes[2].tree, slow.indexes[2].tree);
     }
 
@@ -536,9 +607,81 @@ mod tests {
             Arc::new(rawdoc! {"_id": 1, "u": 1}),
             Arc::new(rawdoc! {"_id": 2, "u": 1}),
         ];
-        let orders = vec![Some(vec![]), Some(vec![]), Some(vec![0, 1])];
+        let orders = StoredOrders {
+            id: Some(vec![0, 1]),
+            indexes: vec![Some(vec![]), Some(vec![]), Some(vec![0, 1])],
+        };
         let e =
             load_collection("t.c", Default::default(), dup_u, specs(), orders).expect_err("dup u");
         assert_eq!(e.code(), 11000);
+    }
+
+    /// An `_id` order that does not fit is ignored, never trusted: two
+    /// neighbours swapped (out of `_id` order), a record placed twice (and
+    /// one never), one short, a position past the records — the ids are
+    /// then sorted and the `_id` index is the same. The secondary orders
+    /// are used all the while (each order is judged on its own).
+    #[test]
+    fn an_id_order_that_does_not_fit_is_sorted_instead() {
+        let docs = docs(1009);
+        let slow = one_by_one(&docs, specs()).expect("slow");
+        let good = orders_of(&slow);
+        let id = good.id.clone().expect("order");
+        let mut swapped = id.clone();
+        swapped.swap(10, 11);
+        let mut twice = id.clone();
+        twice[0] = twice[1];
+        let mut short = id.clone();
+        short.pop();
+        let mut past = id;
+        past[5] = 1009;
+        for (bad, why) in [
+            (swapped, "swapped"),
+            (twice, "twice"),
+            (short, "short"),
+            (past, "past"),
+        ] {
+            let orders = StoredOrders {
+                id: Some(bad),
+                ..good.clone()
+            };
+            let (bulk, how) =
+                load_collection("t.c", Default::default(), docs.clone(), specs(), orders)
+                    .expect("bulk");
+            assert_eq!(how, counts(3, 0, 0, 1), "{why}");
+            assert_eq!(bulk.id_index, slow.id_index, "{why}");
+            bulk.check_invariants().expect("invariants");
+        }
+    }
+
+    /// Duplicate ids fail with an `_id` order as without, naming the same
+    /// key: by MongoDB equality 1 and 1.0 are one id, so an order holding
+    /// them as neighbours is not strictly ascending and the ids are sorted
+    /// from record order. A record without `_id` fails too.
+    #[test]
+    fn a_duplicate_id_fails_with_a_stored_order() {
+        let twice = vec![
+            Arc::new(rawdoc! {"_id": 2, "u": 1}),
+            Arc::new(rawdoc! {"_id": 1.0, "u": 2}),
+            Arc::new(rawdoc! {"_id": 1, "u": 3}),
+        ];
+        let without = load_collection("t.c", Default::default(), twice.clone(), vec![], none())
+            .expect_err("dup _id");
+        for order in [vec![1, 2, 0], vec![2, 1, 0]] {
+            let orders = StoredOrders {
+                id: Some(order),
+                indexes: vec![],
+            };
+            let e = load_collection("t.c", Default::default(), twice.clone(), vec![], orders)
+                .expect_err("dup _id");
+            assert_eq!(e.code(), 11000);
+            assert_eq!(e.to_string(), without.to_string());
+        }
+        let no_id = vec![Arc::new(rawdoc! {"_id": 1}), Arc::new(rawdoc! {"u": 1})];
+        let orders = StoredOrders {
+            id: Some(vec![0, 1]),
+            indexes: vec![],
+        };
+        assert!(load_collection("t.c", Default::default(), no_id, vec![], orders).is_err());
     }
 }

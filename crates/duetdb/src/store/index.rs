@@ -619,6 +619,15 @@ impl IndexSpec {
         if let IndexKind::Geo { pos } = self.kind {
             return self.geo_keys(pos, doc);
         }
+        if let Some(key) = self.single_plain_key(doc) {
+            return Ok((vec![key], false));
+        }
+        self.ordered_keys(doc)
+    }
+
+    /// The keys of an ordered or hashed index (the general path of
+    /// [`Self::keys_for`]: any fields, arrays, collation).
+    fn ordered_keys(&self, doc: &RawDocument) -> Result<(Vec<IndexKey>, bool)> {
         let hashed_pos = match self.kind {
             IndexKind::Hashed { pos } => Some(pos),
             _ => None,
@@ -726,6 +735,33 @@ impl IndexSpec {
             });
         }
         Ok((keys, multikey))
+    }
+
+    /// The one key of `doc` when the general path of [`Self::keys_for`]
+    /// would find a single value and no array: an ordered index of one
+    /// top-level field (no dot in its path), no collation, a value that is
+    /// not an array (missing: null) — the same key, without that path's
+    /// vectors and value copies (a bulk load forms one key per record and
+    /// index). `None`: take the general path.
+    fn single_plain_key(&self, doc: &RawDocument) -> Option<IndexKey> {
+        if !matches!(self.kind, IndexKind::Ordered) || self.collation.is_some() {
+            return None;
+        }
+        let [(path, _)] = self.fields.as_slice() else {
+            return None;
+        };
+        if path.contains('.') {
+            return None;
+        }
+        let v: RawBson = match crate::doc::rawfield::field(doc, path) {
+            Some(RawBsonRef::Array(_)) => return None,
+            Some(v) => v.into(),
+            None => RawBson::Null,
+        };
+        Some(IndexKey {
+            parts: Arc::from([KeyPart::Val(v)]),
+            desc: self.desc_mask(),
+        })
     }
 
     /// The values one ordered field contributes (missing: null; an array:
@@ -1201,6 +1237,45 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// The one-field shortcut of `keys_for` gives exactly the general
+    /// path's keys (values compared by representation, not only by order:
+    /// 1 and 1.0 stay apart), and leaves arrays, dotted paths and compound
+    /// or hashed indexes to it.
+    #[test]
+    fn the_single_field_shortcut_equals_the_general_path() {
+        let docs = [
+            rawdoc! {"a": 1},
+            rawdoc! {"a": 1.0},
+            rawdoc! {"a": "s"},
+            rawdoc! {"a": null},
+            rawdoc! {"b": 1},
+            rawdoc! {"a": {"x": 1}},
+            rawdoc! {"a": {"$numberDecimal": "1"}},
+            rawdoc! {"a": 2, "a": 3},
+            rawdoc! {"a": bson::oid::ObjectId::from_bytes([7; 12])},
+        ];
+        for keys in [doc! {"a": 1}, doc! {"a": -1}] {
+            let s = spec(keys);
+            for d in &docs {
+                let fast = s.single_plain_key(d).expect("shortcut");
+                let (general, multikey) = s.ordered_keys(d).expect("keys");
+                assert!(!multikey);
+                assert_eq!(general.len(), 1);
+                assert_eq!(fast.desc, general[0].desc);
+                assert_eq!(key_values(&[fast]), key_values(&general), "{d:?}");
+            }
+        }
+        let arrays = rawdoc! {"a": [1, 2], "b": {"c": 1}};
+        assert!(spec(doc! {"a": 1}).single_plain_key(&arrays).is_none());
+        assert!(spec(doc! {"b.c": 1}).single_plain_key(&arrays).is_none());
+        assert!(spec(doc! {"a": 1, "b": 1})
+            .single_plain_key(&arrays)
+            .is_none());
+        assert!(spec(doc! {"b": "hashed"})
+            .single_plain_key(&arrays)
+            .is_none());
     }
 
     #[test]
