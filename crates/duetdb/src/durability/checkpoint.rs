@@ -1130,13 +1130,19 @@ mod tests {
                 other => panic!("flip in the order frame at {at}: {other:?}"),
             }
         }
-        // The first index's first two entries swapped, checksum valid.
-        let swapped = reframe(&good, orders[0], |p| {
-            let (a, b) = (9..13, 13..17);
-            let first: Vec<u8> = p[a.clone()].to_vec();
-            p.copy_within(b.clone(), a.start);
-            p[b].copy_from_slice(&first);
-        });
+        // An order frame (`'O' index:u32 n:u32 position:u32[n]`) with its
+        // first two positions swapped, checksum valid.
+        let swap_first_two = |at: usize, index: u32| {
+            reframe(&good, at, |p| {
+                assert_eq!(p[1..5], index.to_le_bytes());
+                let (a, b) = (9..13, 13..17);
+                let first: Vec<u8> = p[a.clone()].to_vec();
+                p.copy_within(b.clone(), a.start);
+                p[b].copy_from_slice(&first);
+            })
+        };
+        // The first index's first two entries swapped.
+        let swapped = swap_first_two(orders[0], 0);
         let (back, times) = decode_timed(&swapped, &info.path, "t").expect("test value");
         assert_eq!(
             (times.indexes_in_stored_order, times.indexes_sorted),
@@ -1151,13 +1157,7 @@ mod tests {
         // The `_id` order (numbered after the 3 secondary indexes, last)
         // with its first two records swapped: the ids are sorted instead.
         let id_at = *orders.last().expect("test value");
-        let swapped = reframe(&good, id_at, |p| {
-            assert_eq!(p[1..5], 3u32.to_le_bytes());
-            let (a, b) = (9..13, 13..17);
-            let first: Vec<u8> = p[a.clone()].to_vec();
-            p.copy_within(b.clone(), a.start);
-            p[b].copy_from_slice(&first);
-        });
+        let swapped = swap_first_two(id_at, 3);
         let (back, times) = decode_timed(&swapped, &info.path, "t").expect("test value");
         assert_eq!(
             (times.indexes_in_stored_order, times.indexes_sorted),
