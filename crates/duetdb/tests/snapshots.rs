@@ -441,9 +441,15 @@ fn one_copy_per_node_per_group() {
     }
     // Same documents' work in both (64 modified each); only the pages differ.
     eprintln!("allocations spread - same page, per round: {diffs:?}");
-    let best = diffs.iter().copied().min().unwrap_or(0);
+    // The median: one round may carry one-time work in either of its two
+    // measurements (seen once in the suite: [-12230, 63, 63], the first
+    // round's same-page update allocating 12 k blocks more), which the
+    // other rounds do not repeat.
+    let mut sorted = diffs.clone();
+    sorted.sort_unstable();
+    let median = sorted[sorted.len() / 2];
     assert!(
-        (63..=66).contains(&best),
+        (63..=66).contains(&median),
         "expected ~63 extra leaf copies, got {diffs:?}"
     );
 }
