@@ -298,7 +298,11 @@ impl VModel {
     /// Is writing `new` over `old` (`None`: an insert) accepted?
     fn accepts(&self, old: Option<&Document>, new: &Document, bypass: bool) -> bool {
         let valid = |d: &Document| valid_under(self.validator, d);
-        if bypass || old == Some(new) {
+        // A document's fields are ordered: a replacement with the same
+        // fields in another order is a write (judged), not a no-op.
+        // (`Document`'s `==` ignores order, so it cannot tell.)
+        let unchanged = old.is_some_and(|o| o.iter().eq(new.iter()));
+        if bypass || unchanged {
             // Bypassed, or a no-op update (nothing is written, nothing judged).
             return true;
         }
