@@ -194,9 +194,8 @@ impl VlsGuard<'_> {
             "VLS slot still active after finish_table"
         );
         debug_assert!(!self.released, "VLS slot released twice");
-        for (id, entry) in self.vls.remset.pending_for(self.slot) {
-            self.vls.remset.release(self.slot, id, &entry);
-        }
+        let (remset, slot) = (&self.vls.remset, self.slot);
+        remset.for_each_pending(slot, |id, entry| remset.release(slot, id, entry));
         self.vls.release(self.slot, reset);
         self.released = true;
     }
@@ -543,15 +542,16 @@ where
     /// scan read them. Every entry the slot still needs is released.
     fn remset_pass(&mut self, record_set: Option<&RecordSet>) -> u64 {
         let mut from_remset = 0;
-        for (id, entry) in self.vls.remset.pending_for(self.slot) {
+        let (vls, slot) = (self.vls, self.slot);
+        vls.remset.for_each_pending(slot, |id, entry| {
             self.read.read(entry.rid, "remset");
             let wanted = record_set.is_none_or(|s| s.contains(entry.rid));
             if wanted && !self.stopped {
                 from_remset += 1;
                 self.emit(&entry.doc);
             }
-            self.vls.remset.release(self.slot, id, &entry);
-        }
+            vls.remset.release(slot, id, entry);
+        });
         from_remset
     }
 }

@@ -16,6 +16,8 @@
 //!   per needing scan (as if each scan kept its own copy); in "reclaim at scan
 //!   end" mode fully-read entries are removed only when a scan ends.
 
+use std::collections::BTreeMap;
+#[cfg(debug_assertions)]
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -69,7 +71,10 @@ pub struct RemsetStats {
 #[derive(Default)]
 struct Inner {
     next_id: u64,
-    entries: HashMap<u64, Arc<Entry>>,
+    /// By id, i.e. in insertion order: a scan's remset pass walks it in
+    /// batches from where the last batch stopped (no collect-and-sort of the
+    /// whole set, and the writer's inserts wait for one batch at most).
+    entries: BTreeMap<u64, Arc<Entry>>,
     stats: RemsetStats,
     /// Debug builds: the live entries of each record, to check that no two of
     /// them are needed by the same scan.
@@ -163,18 +168,53 @@ impl Remset {
         s.bytes_peak = s.bytes_peak.max(s.bytes);
     }
 
-    /// The entries the scan in `slot` still has to visit.
+    /// The entries the scan in `slot` still has to visit, in insertion order.
     pub fn pending_for(&self, slot: usize) -> Vec<(u64, Arc<Entry>)> {
+        let mut all = Vec::new();
+        let mut from = Some(0);
+        while let Some(f) = from {
+            from = self.pending_batch(slot, f, usize::MAX, &mut all);
+        }
+        all
+    }
+
+    /// Append to `out` the entries the scan in `slot` still has to visit
+    /// among the next `max` entries with ids from `from` on (insertion
+    /// order), and return the id to continue from (`None`: none left). The
+    /// lock is held for this batch only.
+    pub fn pending_batch(
+        &self,
+        slot: usize,
+        from: u64,
+        max: usize,
+        out: &mut Vec<(u64, Arc<Entry>)>,
+    ) -> Option<u64> {
         let inner = self.inner.lock();
-        let mut v: Vec<(u64, Arc<Entry>)> = inner
-            .entries
-            .iter()
-            .filter(|(_, e)| e.needed_by(slot))
-            .map(|(id, e)| (*id, e.clone()))
-            .collect();
-        // Insertion order: deterministic and roughly record order.
-        v.sort_by_key(|(id, _)| *id);
-        v
+        for (examined, (id, e)) in inner.entries.range(from..).enumerate() {
+            if examined == max {
+                return Some(*id);
+            }
+            if e.needed_by(slot) {
+                out.push((*id, e.clone()));
+            }
+        }
+        None
+    }
+
+    /// Call `f` on every entry the scan in `slot` still has to visit, in
+    /// insertion order, a batch at a time and outside the lock (`f` may
+    /// release the entry).
+    pub fn for_each_pending(&self, slot: usize, mut f: impl FnMut(u64, &Arc<Entry>)) {
+        const BATCH: usize = 256;
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut from = Some(0);
+        while let Some(start) = from {
+            batch.clear();
+            from = self.pending_batch(slot, start, BATCH, &mut batch);
+            for (id, entry) in &batch {
+                f(*id, entry);
+            }
+        }
     }
 
     /// The scan in `slot` is done with entry `id`: set its bit, and reclaim the
@@ -276,5 +316,47 @@ mod tests {
         r.insert(7, &doc, Mask::all_ones_except(3));
         r.insert(7, &doc, Mask::all_ones_except(4));
         assert_eq!(r.stats().entries, 2);
+    }
+
+    /// The batched walk of a scan's remset pass sees exactly the entries its
+    /// slot needs, in insertion order, across batch boundaries, while it
+    /// releases (and so removes) each entry it visits.
+    #[test]
+    fn the_pending_walk_visits_each_needed_entry_once_in_order() {
+        let r = Remset::new(1, RemsetMode::Shared);
+        let doc: DocRef = Arc::new(rawdoc! {"_id": 1});
+        // 700 entries (beyond two batches): slot 3 needs the even ones,
+        // slot 4 every one.
+        for rid in 0..700u64 {
+            let mut mask = Mask::all_ones_except(4);
+            if rid % 2 == 0 {
+                mask.0[0] &= !(1 << 3);
+            }
+            r.insert(rid, &doc, mask);
+        }
+        let mut seen = Vec::new();
+        r.for_each_pending(3, |id, e| {
+            seen.push(e.rid);
+            r.release(3, id, e);
+        });
+        assert_eq!(seen, (0..700).step_by(2).collect::<Vec<_>>());
+        assert!(r.pending_for(3).is_empty());
+        // Slot 4 still needs all 700; releasing them empties the remset.
+        let mut n = 0;
+        r.for_each_pending(4, |id, e| {
+            n += 1;
+            r.release(4, id, e);
+        });
+        assert_eq!(n, 700);
+        assert_eq!(r.stats().entries, 0);
+        // A batch bounds the entries examined, not only those returned.
+        r.insert(0, &doc, Mask::all_ones_except(5));
+        r.insert(1, &doc, Mask::all_ones_except(6));
+        let mut out = Vec::new();
+        let next = r.pending_batch(6, 0, 1, &mut out);
+        assert!(out.is_empty(), "the first entry is slot 5's");
+        let next = next.expect("one entry left to examine");
+        assert_eq!(r.pending_batch(6, next, 1, &mut out), None);
+        assert_eq!(out.len(), 1);
     }
 }
