@@ -544,6 +544,8 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
                 "remsetBytesPeak": i(v.remset.bytes_peak),
                 "remsetSharedVersions": i(v.remset.shared_inserts),
                 "remsetReclaimed": i(v.remset.reclaimed),
+                "remsetVersionsKept": i(v.remset.insert_calls),
+                "remsetNeedingTotal": i(v.remset.needing_total),
                 "olcpPropagated": i(v.olcp_propagated),
                 "olcpInflight": i(v.olcp_inflight),
             },

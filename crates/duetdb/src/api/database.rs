@@ -221,6 +221,8 @@ impl Database {
             t.shared_inserts += r.shared_inserts;
             t.inserts += r.inserts;
             t.reclaimed += r.reclaimed;
+            t.insert_calls += r.insert_calls;
+            t.needing_total += r.needing_total;
         }
         total
     }

@@ -64,8 +64,16 @@ pub struct RemsetStats {
     pub bytes_peak: u64,
     /// Entries that were needed by more than one scan when inserted.
     pub shared_inserts: u64,
+    /// Entries inserted (in `PerScan` mode one per needing scan, so more
+    /// than the versions kept).
     pub inserts: u64,
     pub reclaimed: u64,
+    /// Versions kept: calls of [`Remset::insert`], the same in every mode.
+    pub insert_calls: u64,
+    /// The sum over the versions kept of the number of scans that needed
+    /// each when it was inserted (the same in every mode); divided by
+    /// `insert_calls`, the mean number of scans a version serves.
+    pub needing_total: u64,
 }
 
 #[derive(Default)]
@@ -135,6 +143,8 @@ impl Remset {
         let mut inner = self.inner.lock();
         #[cfg(debug_assertions)]
         inner.check_unique(rid, mask, self.words);
+        inner.stats.insert_calls += 1;
+        inner.stats.needing_total += needing as u64;
         let add = |inner: &mut Inner, m: Mask| {
             let id = inner.next_id;
             inner.next_id += 1;
@@ -316,6 +326,24 @@ mod tests {
         r.insert(7, &doc, Mask::all_ones_except(3));
         r.insert(7, &doc, Mask::all_ones_except(4));
         assert_eq!(r.stats().entries, 2);
+    }
+
+    /// Versions kept and the scans needing them count the same in both
+    /// modes; only the entries differ (one per needing scan in `PerScan`).
+    #[test]
+    fn needing_counts_are_per_version_in_every_mode() {
+        let doc: DocRef = Arc::new(rawdoc! {"_id": 1});
+        for mode in [RemsetMode::Shared, RemsetMode::PerScan] {
+            let r = Remset::new(1, mode);
+            let mut three = Mask::all_ones_except(1);
+            three.0[0] &= !0b1100;
+            r.insert(1, &doc, three);
+            r.insert(2, &doc, Mask::all_ones_except(5));
+            let s = r.stats();
+            assert_eq!((s.insert_calls, s.needing_total), (2, 4), "{mode:?}");
+            let entries = if mode == RemsetMode::PerScan { 4 } else { 2 };
+            assert_eq!((s.inserts, s.entries), (entries, entries), "{mode:?}");
+        }
     }
 
     /// The batched walk of a scan's remset pass sees exactly the entries its
