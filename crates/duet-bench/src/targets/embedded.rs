@@ -29,6 +29,9 @@ pub struct Embedded {
     /// The snapshot each running `space` held-snapshot query holds, by query
     /// thread, so the sampler can walk what they retain.
     held: Mutex<BTreeMap<usize, Snapshot>>,
+    /// The remset's (versions kept, scans needing them) when the current
+    /// HTAP cell began: its counters are totals since the collection's load.
+    cell_base: Mutex<(u64, u64)>,
 }
 
 impl Default for Embedded {
@@ -56,6 +59,7 @@ impl Embedded {
             db: Database::with_options("bench", None, options),
             remset,
             held: Mutex::new(BTreeMap::new()),
+            cell_base: Mutex::new((0, 0)),
         }
     }
 
@@ -162,6 +166,23 @@ impl EmbeddedColl<'_> {
 impl HtapTarget for Embedded {
     fn begin_cell(&self) {
         self.db.reset_vls_peaks();
+        let r = self.db.vls_stats().remset;
+        if let Ok(mut base) = self.cell_base.lock() {
+            *base = (r.insert_calls, r.needing_total);
+        }
+    }
+    fn cell_counters(&self) -> Vec<(String, f64)> {
+        let r = self.db.vls_stats().remset;
+        let (calls0, needing0) = self.cell_base.lock().map_or((0, 0), |b| *b);
+        let calls = r.insert_calls.saturating_sub(calls0);
+        if calls == 0 {
+            return Vec::new();
+        }
+        let needing = r.needing_total.saturating_sub(needing0);
+        vec![
+            ("remset_versions_kept".into(), calls as f64),
+            ("remset_needing_mean".into(), needing as f64 / calls as f64),
+        ]
     }
     fn cell_figures(&self) -> Vec<(String, f64)> {
         let v = self.db.vls_stats();

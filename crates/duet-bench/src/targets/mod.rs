@@ -125,6 +125,11 @@ pub trait HtapTarget: Target {
     fn cell_figures(&self) -> Vec<(String, f64)> {
         Vec::new()
     }
+    /// Figures of the whole cell reported under their own name (e.g. the
+    /// mean number of scans a remset version served).
+    fn cell_counters(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 }
 
 pub trait HtapSession {

@@ -165,6 +165,9 @@ struct UpdateOut {
 struct ScanOut {
     wall_ms: Vec<f64>,
     cpu_ms: Vec<f64>,
+    /// Each scan's start and end, ms since the cell's start.
+    start_ms: Vec<f64>,
+    end_ms: Vec<f64>,
     wrong: u64,
 }
 
@@ -179,9 +182,17 @@ struct CellOut {
     /// fastest's (their starts are the same instant, so this is how far
     /// apart they finish).
     round_spread_ms: Vec<f64>,
+    /// Aligned rounds: per round, (last end − first end) / the round's
+    /// median scan duration, and last start − first start (ms).
+    round_ends: Vec<(f64, f64)>,
+    /// Scans running, averaged over the update window (`p.seconds`): how
+    /// many scans an update could find running.
+    scans_active_mean: f64,
     wrong_counts: u64,
     space_start: Vec<(String, f64)>,
     space_peak: Vec<(String, f64)>,
+    /// The target's whole-cell figures ([`HtapTarget::cell_counters`]).
+    counters: Vec<(String, f64)>,
 }
 
 fn run_cell(
@@ -265,9 +276,16 @@ fn run_cell(
         } else {
             Vec::new()
         },
+        round_ends: if rounds.is_some() {
+            round_ends(&run.readers)
+        } else {
+            Vec::new()
+        },
+        scans_active_mean: scans_active_mean(&run.readers, p.seconds * 1000.0),
         wrong_counts: run.readers.iter().map(|r| r.wrong).sum(),
         space_start,
         space_peak,
+        counters: target.cell_counters(),
     })
 }
 
@@ -284,6 +302,35 @@ fn round_spreads(durations: &[&[f64]]) -> Vec<f64> {
             hi - lo
         })
         .collect()
+}
+
+/// For rounds every scan took part in: how far apart the scans finished, as
+/// a fraction of the round's median scan duration, and how far apart they
+/// started (ms; the barrier wakes the threads one by one).
+fn round_ends(scans: &[ScanOut]) -> Vec<(f64, f64)> {
+    let rounds = scans.iter().map(|s| s.end_ms.len()).min().unwrap_or(0);
+    let spread = |xs: &mut dyn Iterator<Item = f64>| {
+        let (lo, hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        hi - lo
+    };
+    (0..rounds)
+        .map(|r| {
+            let durations: Vec<f64> = scans.iter().map(|s| s.wall_ms[r]).collect();
+            let ends = spread(&mut scans.iter().map(|s| s.end_ms[r]));
+            let starts = spread(&mut scans.iter().map(|s| s.start_ms[r]));
+            (ends / median(&durations).max(1e-9), starts)
+        })
+        .collect()
+}
+
+/// The time-weighted mean number of scans running in `[0, window_ms]`.
+fn scans_active_mean(scans: &[ScanOut], window_ms: f64) -> f64 {
+    let busy: f64 = scans
+        .iter()
+        .flat_map(|s| s.start_ms.iter().zip(&s.end_ms))
+        .map(|(a, b)| (b.min(window_ms) - a.min(window_ms)).max(0.0))
+        .sum();
+    busy / window_ms.max(1e-9)
 }
 
 /// One update thread: zipfian keys until the deadline, paced to its share
@@ -331,6 +378,8 @@ fn scan_loop(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut durations = Vec::new();
     let mut cpu_ms = Vec::new();
+    let (mut start_ms, mut end_ms) = (Vec::new(), Vec::new());
+    let since = |t: Instant| t.saturating_duration_since(clock.started).as_secs_f64() * 1000.0;
     let mut wrong = 0;
     while clock.reading(durations.len()) {
         if let Some(r) = rounds {
@@ -346,7 +395,10 @@ fn scan_loop(
                 (sess.range_count(lo, lo + width, strategy)?, width)
             }
         };
-        durations.push(t0.elapsed().as_secs_f64() * 1000.0);
+        let t1 = Instant::now();
+        durations.push(t1.duration_since(t0).as_secs_f64() * 1000.0);
+        start_ms.push(since(t0));
+        end_ms.push(since(t1));
         cpu_ms.push(super::thread_cpu().saturating_sub(cpu0).as_secs_f64() * 1000.0);
         if got != want {
             wrong += 1;
@@ -355,6 +407,8 @@ fn scan_loop(
     Ok(ScanOut {
         wall_ms: durations,
         cpu_ms,
+        start_ms,
+        end_ms,
         wrong,
     })
 }
@@ -491,12 +545,22 @@ pub fn run(
                                     median(&cell.round_spread_ms),
                                 );
                             }
+                            col.add(&name, &c, "scans_active_mean", cell.scans_active_mean);
+                            if !cell.round_ends.is_empty() {
+                                let (ends, starts): (Vec<f64>, Vec<f64>) =
+                                    cell.round_ends.iter().copied().unzip();
+                                col.add(&name, &c, "scan_end_spread_frac", median(&ends));
+                                col.add(&name, &c, "scan_start_spread_ms_median", median(&starts));
+                            }
                         }
                         for (n, v) in &cell.space_start {
                             col.add(&name, &c, &format!("{n}_start"), *v);
                         }
                         for (n, v) in &cell.space_peak {
                             col.add(&name, &c, &format!("{n}_peak"), *v);
+                        }
+                        for (n, v) in &cell.counters {
+                            col.add(&name, &c, n, *v);
                         }
                         if cell.wrong_counts > 0 {
                             notes.push(format!(
@@ -549,6 +613,32 @@ mod tests {
         let b = [14.0, 20.0];
         assert_eq!(super::round_spreads(&[&a[..], &b[..]]), vec![4.0, 10.0]);
         assert!(super::round_spreads(&[]).is_empty());
+    }
+
+    /// End spread over the round's median duration; start spread in ms.
+    #[test]
+    fn round_ends_compare_end_instants_of_rounds_every_scan_finished() {
+        let scan = |start: &[f64], end: &[f64]| super::ScanOut {
+            wall_ms: start.iter().zip(end).map(|(s, e)| e - s).collect(),
+            cpu_ms: Vec::new(),
+            start_ms: start.to_vec(),
+            end_ms: end.to_vec(),
+            wrong: 0,
+        };
+        let a = scan(&[0.0, 100.0, 200.0], &[100.0, 200.0, 300.0]);
+        let b = scan(&[1.0, 121.0], &[121.0, 181.0]);
+        let c = scan(&[0.0, 120.0], &[110.0, 220.0]);
+        // Round 0: ends 100, 121, 110 (spread 21), durations 100, 120,
+        // 110 (median 110), starts 0, 1, 0. Round 1: ends 200, 181, 220
+        // (39), durations 100, 60, 100 (100), starts 100, 121, 120 (21).
+        let scans = [a, b, c];
+        let got = super::round_ends(&scans);
+        assert_eq!(got.len(), 2);
+        assert!((got[0].0 - 21.0 / 110.0).abs() < 1e-12 && got[0].1 == 1.0);
+        assert!((got[1].0 - 0.39).abs() < 1e-12 && got[1].1 == 21.0);
+        // Busy ms within the first 150 ms: a 100 + 50, b 120 + 29, c 110 + 30.
+        let got = super::scans_active_mean(&scans, 150.0);
+        assert!((got - 439.0 / 150.0).abs() < 1e-12, "{got}");
     }
 
     #[test]
