@@ -7,6 +7,20 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+# A clean clone gains nothing from incremental compilation but ~2 GB of
+# target/debug/incremental; the debug build needs ~7 GB more. Say how much
+# room there is, so a full disk reads as that and not as a linker crash.
+if [ -n "${CI:-}" ]; then
+    export CARGO_INCREMENTAL=0
+fi
+target_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target_dir"
+avail_kb=$(df -Pk "$target_dir" | awk 'NR == 2 { print $4 }')
+if [ -n "$avail_kb" ] && [ "$avail_kb" -lt 10485760 ]; then
+    printf 'warning: %s MB free for %s; the debug build and its test binaries need ~8 GB\n' \
+        "$((avail_kb / 1024))" "$target_dir" >&2
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
