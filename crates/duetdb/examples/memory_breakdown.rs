@@ -214,7 +214,7 @@ fn main() {
         stats.heap_nodes
     );
     println!(
-        "size_of: RawBson (an `_id` index key) {} B, Arc<RawDocumentBuf> block {} B",
+        "size_of: RawBson (a secondary index key part) {} B, Arc<RawDocumentBuf> block {} B",
         std::mem::size_of::<duetdb::bson::RawBson>(),
         2 * std::mem::size_of::<usize>() + std::mem::size_of::<RawDocumentBuf>(),
     );

@@ -89,7 +89,7 @@ impl Database {
                 for (_, d) in c.heap.iter() {
                     let Some(id) = doc::id_of(d) else { continue };
                     w.insert(
-                        ValueKey(id.into()),
+                        ValueKey::from(id),
                         Pending {
                             base: Some(d.clone()),
                             new: None,
@@ -100,7 +100,7 @@ impl Database {
                 }
             }
             for (raw, id) in new {
-                let key = ValueKey(id);
+                let key = ValueKey::from(id);
                 match w.get_mut(&key) {
                     Some(p) if p.new.is_some() => return Err(dup_id(state, &coll, &key)),
                     Some(p) => p.new = Some(raw),
@@ -160,7 +160,7 @@ impl Database {
                     continue;
                 };
                 let (raw, id) = doc::prepare_insert(&out)?;
-                let key = ValueKey(id);
+                let key = ValueKey::from(id);
                 let latest = latest_version(state, &coll, &key);
                 if !matched && (latest.is_some() || w.get(&key).is_some_and(|p| p.new.is_some())) {
                     // An insert whose `_id` another target document holds.
@@ -214,11 +214,11 @@ fn commit(
 
 fn latest_version(state: &DbState, coll: &str, key: &ValueKey) -> Option<DocRef> {
     let c = state.collection(coll)?;
-    c.get(c.rid_of_id(&key.0)?).cloned()
+    c.get(c.rid_of_key(key)?).cloned()
 }
 
 fn dup_id(state: &DbState, coll: &str, key: &ValueKey) -> Error {
-    let id = Bson::try_from(key.0.clone()).unwrap_or(Bson::Null);
+    let id = Bson::try_from(key.to_raw()).unwrap_or(Bson::Null);
     Error::DuplicateKey(Box::new(DuplicateKey {
         ns: format!("{}.{coll}", state.db),
         index: "_id_".into(),

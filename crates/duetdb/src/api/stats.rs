@@ -17,7 +17,7 @@ use std::collections::HashSet;
 
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::snapshot::retained::{index_key_out_of_line, raw_bson_out_of_line};
+use crate::snapshot::retained::index_key_out_of_line;
 use crate::store::collection::ID_INDEX_NAME;
 
 /// One index's size: entries and the bytes of its nodes (node, `Arc`
@@ -84,9 +84,7 @@ pub(crate) fn storage_stats_in(state: &crate::store::DbState, name: &str) -> Res
     let (heap_nodes, heap_bytes) = c.heap.walk_unknown(&none, &mut |_| {});
     let (_, id_bytes) = c
         .id_index
-        .walk_unknown(&none, &|k: &crate::store::index::ValueKey| {
-            raw_bson_out_of_line(&k.0)
-        });
+        .walk_unknown(&none, &crate::store::index::ValueKey::out_of_line_bytes);
     let mut indexes = vec![IndexSize {
         name: ID_INDEX_NAME.to_string(),
         entries: c.id_index.len() as u64,

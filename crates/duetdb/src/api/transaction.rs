@@ -299,7 +299,7 @@ impl Transaction {
         let mut out: Vec<DocRef> = Vec::with_capacity(matched.len());
         for (_, d) in &matched {
             let overwritten = buffered.is_some_and(|b| {
-                doc::id_of(d).is_some_and(|id| b.contains_key(&ValueKey(id.into())))
+                doc::id_of(d).is_some_and(|id| b.contains_key(&ValueKey::from(id)))
             });
             if !overwritten {
                 out.push(d.clone());
@@ -330,7 +330,7 @@ impl Transaction {
         self.check_active()?;
         let id =
             crate::doc::value::to_raw(id).ok_or_else(|| Error::InvalidId("invalid _id".into()))?;
-        Ok(self.read_point(coll, &ValueKey(id)))
+        Ok(self.read_point(coll, &ValueKey::from(id)))
     }
 
     /// This transaction's view of collection `coll`, with the whole CRUD
@@ -492,7 +492,7 @@ impl Transaction {
         bypass: bool,
     ) -> Result<Bson> {
         self.validate(coll, bypass, None, &stored)?;
-        let key = ValueKey(id.clone());
+        let key = ValueKey::from(&id);
         let id_bson = Bson::try_from(id).unwrap_or(Bson::Null);
         if self.read_point(coll, &key).is_some() {
             return Err(dup_id_error(&self.snapshot, coll, &id_bson));
@@ -762,7 +762,7 @@ fn dup_id_error(state: &DbState, coll: &str, id: &Bson) -> Error {
 /// The `_id` of a stored document as an index key.
 fn id_key(d: &DocRef) -> Result<ValueKey> {
     let id = doc::id_of(d).ok_or_else(|| Error::Internal("stored document without _id".into()))?;
-    Ok(ValueKey(id.into()))
+    Ok(ValueKey::from(id))
 }
 
 /// One collection as a transaction sees it (its snapshot overlaid with its

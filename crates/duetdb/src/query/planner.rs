@@ -134,8 +134,8 @@ impl Plan {
                 upper,
                 reverse,
             } => {
-                let lo = lower.as_ref().map(|k| k.0.clone());
-                let hi = upper.as_ref().map(|k| k.0.clone());
+                let lo = lower.as_ref().map(ValueKey::to_raw);
+                let hi = upper.as_ref().map(ValueKey::to_raw);
                 doc! {
                     "stage": "FETCH",
                     "inputStage": {
@@ -758,8 +758,8 @@ fn plan_id(sargs: &[(String, Sarg)], sort: Option<&SortSpec>) -> Option<Plan> {
             let (lower, upper) = value_intervals(sarg, false).pop()?;
             Some(Plan {
                 access: Access::IdRange {
-                    lower: lower.map(ValueKey),
-                    upper: upper.map(ValueKey),
+                    lower: lower.map(ValueKey::from),
+                    upper: upper.map(ValueKey::from),
                     reverse: sort_dir == Some(true),
                 },
                 provides_sort: sort_dir.is_some(),

@@ -8,8 +8,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use bson::RawBson;
-
 use crate::store::index::{IndexKey, KeyPart, ValueKey};
 use crate::store::DbState;
 
@@ -125,7 +123,7 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
         cc.node_bytes = heap_bytes as u64;
         let (n, b) = c
             .id_index
-            .walk_unknown(&latest_nodes, &|k: &ValueKey| raw_bson_out_of_line(&k.0));
+            .walk_unknown(&latest_nodes, &ValueKey::out_of_line_bytes);
         cc.index_nodes += n as u64;
         cc.node_bytes += b as u64;
         for i in &c.indexes {
@@ -155,24 +153,12 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
     cost
 }
 
-/// Bytes a key value owns outside the node (strings, embedded documents,
-/// binary). Approximate: regexes and code-with-scope count 0.
-pub(crate) fn raw_bson_out_of_line(v: &RawBson) -> usize {
-    match v {
-        RawBson::String(s) | RawBson::Symbol(s) | RawBson::JavaScriptCode(s) => s.capacity(),
-        RawBson::Document(d) => d.as_bytes().len(),
-        RawBson::Array(a) => a.as_bytes().len(),
-        RawBson::Binary(b) => b.bytes.capacity(),
-        _ => 0,
-    }
-}
-
 pub(crate) fn index_key_out_of_line(k: &IndexKey) -> usize {
     k.parts.len() * std::mem::size_of::<KeyPart>()
         + k.parts
             .iter()
             .map(|p| match p {
-                KeyPart::Val(v) => raw_bson_out_of_line(v),
+                KeyPart::Val(v) => crate::store::index::raw_bson_out_of_line(v),
                 KeyPart::Low | KeyPart::High => 0,
             })
             .sum::<usize>()

@@ -621,7 +621,7 @@ pub(crate) fn index_rids(index: &IndexAtStart, plan: &Plan) -> Vec<RecordId> {
     match (index, &plan.access) {
         (IndexAtStart::Id(tree), Access::IdPoints { ids }) => {
             for id in ids {
-                if let Some(rid) = tree.get(&ValueKey(id.clone())) {
+                if let Some(rid) = tree.get(&ValueKey::from(id)) {
                     out.push(*rid);
                 }
             }

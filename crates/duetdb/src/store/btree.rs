@@ -21,6 +21,8 @@ use std::iter::FusedIterator;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 /// Default number of children per inner node (entries per leaf).
 ///
 /// From `benches/btree.rs` (100k random u64 keys): fanouts 64-128 read 10-25%
@@ -45,24 +47,54 @@ pub struct TreeStats {
     pub entries: usize,
 }
 
+/// Entries a node holds inline, in its own allocation: a full node at the
+/// default fanout plus the one an insert adds before the node splits. Larger
+/// fanouts (benches) spill to a separate buffer, as a `Vec` would.
+const INLINE: usize = DEFAULT_FANOUT + 1;
+
+/// A node's keys, values or children. Inline so a descent costs one cache
+/// miss per level (the node, with its keys beside it) instead of two (the
+/// node, then its separate key buffer): on a tree larger than the cache that
+/// was two thirds of a point read by `_id` (BENCHMARKS.md, session 17).
+type Slots<T> = SmallVec<[T; INLINE]>;
+
+// Both variants hold their entries inline, so a leaf whose values are smaller
+// than a child pointer (secondary indexes: `()`) is padded to an inner node's
+// size; boxing either variant would put back the dependent miss per level
+// that inlining removed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Node<K, V> {
     Leaf(Leaf<K, V>),
     Inner(Inner<K, V>),
 }
 
-/// Keys and values in separate vectors so a search touches only keys.
+/// Keys and values in separate arrays so a search touches only keys.
 #[derive(Clone)]
 struct Leaf<K, V> {
-    keys: Vec<K>,
-    vals: Vec<V>,
+    keys: Slots<K>,
+    vals: Slots<V>,
 }
 
 #[derive(Clone)]
 struct Inner<K, V> {
     /// `keys.len() + 1 == children.len()`.
-    keys: Vec<K>,
-    children: Vec<Arc<Node<K, V>>>,
+    keys: Slots<K>,
+    children: Slots<Arc<Node<K, V>>>,
+}
+
+/// Bytes of the separate buffer `v` spilled to (0 while it is inline).
+fn spilled_bytes<T>(v: &Slots<T>) -> usize {
+    if v.spilled() {
+        v.capacity() * std::mem::size_of::<T>()
+    } else {
+        0
+    }
+}
+
+/// The entries of `v` from `at` on, moved out (`Vec::split_off`).
+fn split_off<T>(v: &mut Slots<T>, at: usize) -> Slots<T> {
+    v.drain(at..).collect()
 }
 
 impl<K, V> Node<K, V> {
@@ -233,7 +265,7 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
         let mut level: Vec<(K, Arc<Node<K, V>>)> = Vec::with_capacity(tree.len.div_ceil(fanout));
         let mut rest = entries.into_iter();
         for size in even_groups(tree.len, fanout) {
-            let (keys, vals): (Vec<K>, Vec<V>) = rest.by_ref().take(size).unzip();
+            let (keys, vals): (Slots<K>, Slots<V>) = rest.by_ref().take(size).unzip();
             if let Some(first) = keys.first().cloned() {
                 level.push((first, Arc::new(Node::Leaf(Leaf { keys, vals }))));
             }
@@ -247,8 +279,8 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
                 let Some((first, child)) = group.next() else {
                     break;
                 };
-                let mut keys = Vec::with_capacity(size - 1);
-                let mut children = Vec::with_capacity(size);
+                let mut keys = Slots::with_capacity(size - 1);
+                let mut children = Slots::with_capacity(size);
                 children.push(child);
                 for (k, c) in group {
                     keys.push(k);
@@ -305,8 +337,8 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
         let fanout = self.fanout;
         let Some(root) = self.root.as_mut() else {
             self.root = Some(Arc::new(Node::Leaf(Leaf {
-                keys: vec![key],
-                vals: vec![value],
+                keys: smallvec::smallvec![key],
+                vals: smallvec::smallvec![value],
             })));
             self.len = 1;
             return None;
@@ -318,8 +350,8 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
                 .take()
                 .expect("the root was just split, so it exists");
             self.root = Some(Arc::new(Node::Inner(Inner {
-                keys: vec![separator],
-                children: vec![left, right],
+                keys: smallvec::smallvec![separator],
+                children: smallvec::smallvec![left, right],
             })));
         }
         if old.is_none() {
@@ -464,8 +496,8 @@ fn insert_rec<K: Ord + Clone, V: Clone>(
                 }
                 let mid = leaf.keys.len() / 2;
                 let right = Leaf {
-                    keys: leaf.keys.split_off(mid),
-                    vals: leaf.vals.split_off(mid),
+                    keys: split_off(&mut leaf.keys, mid),
+                    vals: split_off(&mut leaf.vals, mid),
                 };
                 let separator = right.keys[0].clone();
                 (None, Some((separator, Arc::new(Node::Leaf(right)))))
@@ -484,8 +516,8 @@ fn insert_rec<K: Ord + Clone, V: Clone>(
             }
             let mid = inner.children.len() / 2;
             let right = Inner {
-                children: inner.children.split_off(mid),
-                keys: inner.keys.split_off(mid),
+                children: split_off(&mut inner.children, mid),
+                keys: split_off(&mut inner.keys, mid),
             };
             // The left half kept `mid` keys for `mid` children: its last key
             // moves up as the separator.
@@ -869,7 +901,8 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     /// Walks the nodes of this version whose address is not in `known`,
     /// skipping a known node's subtree whole (shared nodes are immutable, so a
     /// version that reaches a node reaches all below it). Returns the unknown
-    /// nodes and their bytes: the node, its `Arc` header, its vectors' capacity,
+    /// nodes and their bytes: the node (entries inline), its `Arc` header, any
+    /// buffer a node larger than [`INLINE`] spilled to,
     /// plus `key_bytes` of each key for what keys own out of line.
     pub fn walk_unknown(
         &self,
@@ -886,16 +919,13 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
                 return;
             }
             let (keys, out_of_line) = match node {
-                Node::Leaf(leaf) => (&leaf.keys, leaf.vals.capacity() * std::mem::size_of::<V>()),
-                Node::Inner(inner) => (
-                    &inner.keys,
-                    inner.children.capacity() * std::mem::size_of::<Arc<Node<K, V>>>(),
-                ),
+                Node::Leaf(leaf) => (&leaf.keys, spilled_bytes(&leaf.vals)),
+                Node::Inner(inner) => (&inner.keys, spilled_bytes(&inner.children)),
             };
             acc.0 += 1;
             acc.1 += std::mem::size_of::<Node<K, V>>()
                 + 2 * std::mem::size_of::<usize>()
-                + keys.capacity() * std::mem::size_of::<K>()
+                + spilled_bytes(keys)
                 + keys.iter().map(key_bytes).sum::<usize>()
                 + out_of_line;
             if let Node::Inner(inner) = node {

@@ -245,7 +245,7 @@ fn ids_in_order(docs: &[DocRef], order: &[u32]) -> Option<Vec<(ValueKey, RecordI
             return None;
         }
         seen[word] |= bit;
-        ids.push((ValueKey(doc::id_of(d)?.into()), RecordId::from(p)));
+        ids.push((ValueKey::from(doc::id_of(d)?), RecordId::from(p)));
     }
     Some(ids)
 }
@@ -271,11 +271,11 @@ fn build_id_index(
         let id: RawBson = doc::id_of(d)
             .ok_or_else(|| Error::Internal(format!("record {rid} has no _id")))?
             .into();
-        ids.push((ValueKey(id), rid as RecordId));
+        ids.push((ValueKey::from(id), rid as RecordId));
     }
     ids.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(dup(&w[0].0 .0));
+        return Err(dup(&w[0].0.to_raw()));
     }
     let tree = BTree::from_sorted(ids).map_err(|_| not_sorted("_id_"))?;
     Ok((tree, Ordered::Sorted))

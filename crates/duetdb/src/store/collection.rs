@@ -147,7 +147,12 @@ impl CollectionState {
 
     /// The record holding `_id == id`.
     pub fn rid_of_id(&self, id: &RawBson) -> Option<RecordId> {
-        self.id_index.get(&ValueKey(id.clone())).copied()
+        self.rid_of_key(&ValueKey::from(id))
+    }
+
+    /// The record holding the `_id` that `key` stands for.
+    pub fn rid_of_key(&self, key: &ValueKey) -> Option<RecordId> {
+        self.id_index.get(key).copied()
     }
 
     pub fn index(&self, name: &str) -> Option<&IndexState> {
@@ -259,7 +264,7 @@ impl CollectionState {
             }
         }
         self.data_bytes += raw.as_bytes().len() as u64;
-        self.id_index.insert(ValueKey(id), rid);
+        self.id_index.insert(ValueKey::from(id), rid);
         self.vls.on_insert(rid);
         self.heap.insert(rid, raw);
         Ok(rid)
@@ -358,7 +363,7 @@ impl CollectionState {
             }
         }
         if let Some(id) = doc::id_of(&old) {
-            self.id_index.remove(&ValueKey(id.into()));
+            self.id_index.remove(&ValueKey::from(id));
         }
         self.data_bytes -= old.as_bytes().len() as u64;
         Ok(old)
@@ -539,7 +544,7 @@ impl CollectionState {
         for (rid, d) in self.heap.iter() {
             bytes += d.as_bytes().len() as u64;
             let id = doc::id_of(d).ok_or(format!("record {rid} has no _id"))?;
-            if self.id_index.get(&ValueKey(id.into())) != Some(&rid) {
+            if self.id_index.get(&ValueKey::from(id)) != Some(&rid) {
                 return Err(format!("record {rid}: _id index does not point at it"));
             }
             for (index, per_record) in self.indexes.iter().zip(&mut keys) {

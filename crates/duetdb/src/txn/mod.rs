@@ -238,7 +238,7 @@ fn latest_version<'s>(state: &'s DbState, coll: &str, id: &ValueKey) -> Option<&
 }
 
 fn conflict(state: &DbState, coll: &str, id: &ValueKey, what: &str) -> Error {
-    let id = Bson::try_from(id.0.clone()).unwrap_or(Bson::Null);
+    let id = Bson::try_from(id.to_raw()).unwrap_or(Bson::Null);
     Error::WriteConflict(format!(
         "{what} {}.{coll} _id {} was changed by a commit after the transaction's snapshot",
         state.db,
@@ -281,7 +281,7 @@ fn assert_committed(state: &DbState, writes: &WriteSet) {
             assert!(
                 same_version(latest_version(state, coll, id), p.new.as_ref()),
                 "after a commit {coll} _id {:?} does not hold the committed version",
-                id.0
+                id
             );
         }
     }
@@ -320,7 +320,7 @@ impl WrittenBefore {
             assert!(
                 same_version(latest_version(state, coll, id), v.as_ref()),
                 "a failed commit left {coll} _id {:?} changed",
-                id.0
+                id
             );
         }
         for (coll, f) in &self.colls {
@@ -390,8 +390,7 @@ fn validate_reads(state: &DbState, commit: &TxnCommit) -> Result<()> {
         }
         let own = commit.writes.get(&r.coll).unwrap_or(&no_writes);
         let is_own = |d: &DocRef| {
-            !own.is_empty()
-                && doc::id_of(d).is_some_and(|id| own.contains_key(&ValueKey(id.into())))
+            !own.is_empty() && doc::id_of(d).is_some_and(|id| own.contains_key(&ValueKey::from(id)))
         };
         let mut before: Vec<(RecordId, usize)> = r
             .matched
@@ -528,13 +527,13 @@ fn apply_writes_inner(
         // Phase 1: deletes (cannot fail once validated).
         for (id, p) in w {
             if p.new.is_none() {
-                if let Some(rid) = c.rid_of_id(&id.0) {
+                if let Some(rid) = c.rid_of_key(id) {
                     let old = c.delete(rid)?;
                     let pre = c.options.pre_and_post_images.then(|| old.clone());
-                    undo.push(Undo::Deleted(coll.clone(), old, id.0.clone()));
+                    undo.push(Undo::Deleted(coll.clone(), old, id.to_raw()));
                     fx.record(|| Effect::Delete {
                         coll: coll.clone(),
-                        id: id.0.clone(),
+                        id: id.to_raw(),
                         pre,
                     });
                     order.push(p.seq);
@@ -544,7 +543,7 @@ fn apply_writes_inner(
         }
         // Phase 2: replacements of records that exist.
         for (id, p) in w {
-            if let (Some(new), Some(rid)) = (&p.new, c.rid_of_id(&id.0)) {
+            if let (Some(new), Some(rid)) = (&p.new, c.rid_of_key(id)) {
                 let old = c
                     .get(rid)
                     .cloned()
@@ -562,13 +561,13 @@ fn apply_writes_inner(
         let mut inserts: Vec<(&ValueKey, &DocRef, usize)> = Vec::new();
         for (id, p) in w {
             if let Some(new) = &p.new {
-                if c.rid_of_id(&id.0).is_none() {
+                if c.rid_of_key(id).is_none() {
                     inserts.push((id, new, p.seq));
                 }
             }
         }
         for (id, new, seq) in inserts {
-            let rid = c.insert(new.clone(), id.0.clone())?;
+            let rid = c.insert(new.clone(), id.to_raw())?;
             undo.push(Undo::Inserted(coll.clone(), rid));
             // Logged as physical changes in this command's WAL record (one
             // record per writer group: a transaction is never half-recovered;
