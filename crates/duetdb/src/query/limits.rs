@@ -85,7 +85,8 @@ impl ReadLimits {
 }
 
 /// Where in-memory databases spill: `<OS temp dir>/duetdb-spill-<pid>` (a
-/// crash leaves nothing there on unix: run files are unlinked at creation).
+/// crash leaves nothing there on unix: run files are unlinked at creation,
+/// and the directory is removed after each, `spill::create_file`).
 pub fn default_temp_spill_dir() -> PathBuf {
     std::env::temp_dir().join(format!("duetdb-spill-{}", std::process::id()))
 }

@@ -493,8 +493,10 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
 
+    /// The process's temporary spill directory: removed again after each
+    /// run file is created, so these tests leave nothing behind.
     fn dir() -> PathBuf {
-        std::env::temp_dir().join(format!("duet-sorter-test-{}", std::process::id()))
+        crate::query::limits::default_temp_spill_dir()
     }
 
     fn d(doc: Document) -> DocRef {

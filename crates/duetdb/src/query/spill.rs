@@ -1,7 +1,8 @@
 //! Spill files of external sorts: sorted runs of raw documents written to a
 //! private temporary directory and read back once, in order.
 //!
-//! Owns: the spill directory's creation (mode 0700) and startup cleanup
+//! Owns: the spill directory's creation (mode 0700), the removal of the
+//! per-process temporary one after use, startup cleanup
 //! ([`clear_dir`]), run files (mode 0600, [`RunWriter`] / [`RunReader`]),
 //! [`Spool`] (documents appended once and read back by position, in memory
 //! up to a byte limit, then in one run file), and the process-wide spill
@@ -35,13 +36,14 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bson::raw::{RawDocument, RawDocumentBuf};
 
 use crate::doc::DocRef;
 use crate::error::{Error, Result, StorageError};
+use crate::query::limits::default_temp_spill_dir;
 
 /// Bytes buffered per run while writing it.
 const WRITE_BUFFER: usize = 256 * 1024;
@@ -53,6 +55,9 @@ const RUN_PREFIX: &str = "run-";
 static RUNS_WRITTEN: AtomicU64 = AtomicU64::new(0);
 static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
 static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
+/// Spills of this process between creating their directory and unlinking
+/// their new file (see [`create_file`]).
+static CREATING: AtomicUsize = AtomicUsize::new(0);
 
 /// Spill figures since the process started (serverStatus, tests).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,19 +81,17 @@ fn io_error(op: &'static str, path: &Path, e: &std::io::Error) -> Error {
 }
 
 /// Create `dir` (and missing parents) and make it 0700.
-pub fn create_dir(dir: &Path) -> Result<()> {
+fn create_dir(dir: &Path) -> std::io::Result<()> {
     let mut b = std::fs::DirBuilder::new();
     b.recursive(true);
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-    b.create(dir)
-        .map_err(|e| io_error("create spill directory", dir, &e))?;
+    b.create(dir)?;
     // An existing directory keeps its mode under `create`: set it.
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| io_error("chmod spill directory", dir, &e))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
 }
@@ -115,17 +118,47 @@ pub fn clear_dir(dir: &Path) -> Result<usize> {
 
 /// A new private file in `dir` (created 0700 when missing), opened for
 /// reading and writing; on unix already unlinked.
+///
+/// On unix the process's own temporary directory
+/// ([`default_temp_spill_dir`], used by in-memory databases) is removed again
+/// once the file is unlinked, so a process that spilled leaves nothing under
+/// the OS temporary directory. It is removed only by the last of the spills
+/// creating a file at that moment ([`CREATING`]); one that starts just as it
+/// is removed finds its directory gone and retries.
 fn create_file(dir: &Path) -> Result<(File, PathBuf)> {
-    create_dir(dir)?;
+    CREATING.fetch_add(1, Ordering::AcqRel);
+    let made = create_file_in(dir);
+    let last = CREATING.fetch_sub(1, Ordering::AcqRel) == 1;
+    if cfg!(unix) && last && made.is_ok() && dir == default_temp_spill_dir() {
+        // Fails harmlessly if another spill has just created it again.
+        let _ = std::fs::remove_dir(dir);
+    }
+    made
+}
+
+fn create_file_in(dir: &Path) -> Result<(File, PathBuf)> {
     let n = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(format!("{RUN_PREFIX}{}-{n}", std::process::id()));
     let mut o = OpenOptions::new();
     o.read(true).write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-    let file = o
-        .open(&path)
-        .map_err(|e| io_error("create spill file", &path, &e))?;
+    let mut attempts = 0;
+    let file = loop {
+        attempts += 1;
+        let retry = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound && attempts < 64;
+        if let Err(e) = create_dir(dir) {
+            if retry(&e) {
+                continue;
+            }
+            return Err(io_error("create spill directory", dir, &e));
+        }
+        match o.open(&path) {
+            Ok(f) => break f,
+            Err(e) if retry(&e) => continue,
+            Err(e) => return Err(io_error("create spill file", &path, &e)),
+        }
+    };
     #[cfg(unix)]
     std::fs::remove_file(&path).map_err(|e| io_error("unlink spill file", &path, &e))?;
     Ok((file, path))
@@ -494,6 +527,35 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
+    fn spills_to_the_process_temp_dir_leave_no_directory_behind() {
+        let dir = default_temp_spill_dir();
+        let doc = RawDocumentBuf::try_from(&doc! {"i": 1}).expect("test setup");
+        // Several threads at once: each may remove the directory while
+        // another is between creating it and opening its file.
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        let mut w = RunWriter::create(&dir).expect("spill");
+                        w.push(7, &doc).expect("spill");
+                        let mut r = w.finish().expect("spill");
+                        let (tie, got) = r.next_doc().expect("read").expect("one document");
+                        assert_eq!((tie, got.as_bytes()), (7, doc.as_bytes()));
+                    }
+                });
+            }
+        });
+        // Another test of this process may be spilling there right now: its
+        // directory lives only from its `create_dir` to its unlink.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while dir.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+
+    #[cfg(unix)]
+    #[test]
     fn directory_is_0700_and_files_0600_whatever_the_existing_mode() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tmp("modes");
@@ -531,7 +593,11 @@ mod tests {
             }
             assert_eq!(s.spilled(), spills);
             assert_eq!(s.len(), docs.len());
-            assert_eq!(spill_stats().runs > before, spills);
+            // Other tests of this process spill at the same time: the
+            // process-wide figure can only show that this spool's run counted.
+            if spills {
+                assert!(spill_stats().runs > before);
+            }
             // Forward, backward and jumping reads.
             let order = (0..docs.len())
                 .chain((0..docs.len()).rev())
