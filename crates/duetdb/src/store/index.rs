@@ -1424,6 +1424,8 @@ mod tests {
             RawBson::Document(rawdoc! {"a": 1}),
             RawBson::Document(rawdoc! {"a": 1_i64}),
             RawBson::Symbol("a".into()),
+            RawBson::Double(f64::NAN),
+            RawBson::Double(f64::NEG_INFINITY),
         ];
         for a in &vals {
             for b in &vals {
@@ -1431,6 +1433,39 @@ mod tests {
                 let slow = value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref());
                 assert_eq!(fast, slow, "{a:?} vs {b:?}");
             }
+        }
+    }
+
+    fn any_id() -> impl proptest::strategy::Strategy<Value = RawBson> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (-3i32..3).prop_map(RawBson::Int32),
+            any::<i32>().prop_map(RawBson::Int32),
+            (-3i64..3).prop_map(RawBson::Int64),
+            any::<i64>().prop_map(RawBson::Int64),
+            (-3i32..3).prop_map(|i| RawBson::Double(f64::from(i) / 2.0)),
+            any::<f64>().prop_map(RawBson::Double),
+            "[a-c]{0,3}".prop_map(RawBson::String),
+            any::<[u8; 12]>().prop_map(|b| RawBson::ObjectId(bson::oid::ObjectId::from_bytes(b))),
+            Just(RawBson::Null),
+            any::<bool>().prop_map(RawBson::Boolean),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Whatever the two values' types, the compact key orders them as
+        /// MongoDB does, and gives the value back.
+        #[test]
+        fn value_keys_order_as_the_values_do(a in any_id(), b in any_id()) {
+            let (ka, kb) = (ValueKey::from(&a), ValueKey::from(b.clone()));
+            let want = value::compare(a.as_raw_bson_ref(), b.as_raw_bson_ref());
+            proptest::prop_assert_eq!(ka.cmp(&kb), want);
+            proptest::prop_assert_eq!(kb.cmp(&ka), want.reverse());
+            proptest::prop_assert_eq!(ka == kb, want == Ordering::Equal);
+            // Debug text, not `==`: a NaN double is not equal to itself.
+            proptest::prop_assert_eq!(format!("{:?}", ka.to_raw()), format!("{a:?}"));
         }
     }
 
