@@ -135,9 +135,9 @@ impl Ord for IndexKey {
 ///
 /// 32 bytes, where a `RawBson` is 56: the common `_id` types (32- and 64-bit
 /// integers, ObjectIds, strings — inline up to [`SHORT_STR`] bytes) are kept
-/// compactly and everything else boxed, so a B+tree node of these keys spans fewer cache lines and copies
-/// fewer bytes when a write shadows it. Ordered exactly as
-/// `value::compare` orders the values they stand for.
+/// compactly and everything else boxed, so a B+tree node of these keys spans
+/// fewer cache lines and copies fewer bytes when a write shadows it. Ordered
+/// exactly as `value::compare` orders the values they stand for.
 #[derive(Clone)]
 pub enum ValueKey {
     Int32(i32),
