@@ -224,8 +224,99 @@ impl Find {
     /// Execute and report how: the matching stored documents (sorted, skipped,
     /// limited; unprojected), the strategy, the snapshot's csn and the plan.
     pub fn run_detailed(self) -> Result<FindOutcome> {
+        if let Some((doc, scan)) = self.id_hack() {
+            let docs = doc.into_iter().collect();
+            return Ok(FindOutcome { docs, scan });
+        }
         let (spec, _) = self.spec()?;
         self.execute(&spec)
+    }
+
+    /// MongoDB's IDHACK: a find whose filter is `{_id: <scalar>}` alone, with
+    /// no sort, skip, hint or counting, read as `cow` (the choice `auto`
+    /// makes for it), is one `_id` index lookup in the version read: no
+    /// filter parsing, no planning, no walk. The answer, and what it reports
+    /// (plan `IDHACK`, strategy, csn, the `_id` index's use), are the general
+    /// path's. `None`: not such a find; the general path answers it.
+    fn id_hack(&self) -> Option<(Option<DocRef>, ScanOutcome)> {
+        let o = &self.options;
+        if self.filter.len() != 1
+            || o.skip != 0
+            || o.hint.is_some()
+            || o.sort.as_ref().is_some_and(|s| !s.is_empty())
+            || self.limits.examined.is_some()
+            || self.limits.cancel.check().is_err()
+        {
+            return None;
+        }
+        let id = self.filter.get("_id")?;
+        let string = match id {
+            Bson::String(_) => true,
+            Bson::Int32(_)
+            | Bson::Int64(_)
+            | Bson::Double(_)
+            | Bson::ObjectId(_)
+            | Bson::Boolean(_)
+            | Bson::DateTime(_)
+            | Bson::Timestamp(_)
+            | Bson::Decimal128(_)
+            | Bson::Binary(_) => false,
+            // Documents (operators or whole-document equality), arrays,
+            // null, regexes and the rest keep their own semantics.
+            _ => return None,
+        };
+        // A collation changes how strings compare; the `_id` index's is simple.
+        if string && o.collation.is_some() {
+            return None;
+        }
+        // The strategy the general path would read under; a live scan
+        // (`vls`, `olcp`, `none`) is not a root lookup.
+        let live = match &self.source {
+            Source::Fixed(_) => None,
+            Source::Latest(db) => {
+                let requested = self.strategy.unwrap_or_else(|| db.default_strategy());
+                if !matches!(requested, Strategy::Auto | Strategy::Cow) {
+                    return None;
+                }
+                Some((db, requested))
+            }
+        };
+        let state = self.source.state();
+        let c = state.collection(&self.coll);
+        if string && c.is_some_and(|c| c.options.collation.is_some()) {
+            return None;
+        }
+        let raw = doc::value::to_raw(id)?;
+        let found = c.and_then(|c| {
+            c.id_usage.record();
+            c.rid_of_id(&raw).and_then(|rid| c.heap.get(rid)).cloned()
+        });
+        let plan = match c {
+            Some(_) => Plan {
+                access: planner::Access::IdPoints { ids: vec![raw] },
+                provides_sort: true,
+            },
+            None => empty_plan(),
+        };
+        let stale = |db: &Database| {
+            self.index_read.unwrap_or_else(|| db.default_index_read())
+                == crate::store::delta::IndexRead::Stale
+        };
+        let scan = match live {
+            Some((db, requested)) if !stale(db) => {
+                let choice = choose(requested, Read::Find { top_k: false }, c.map(|_| &plan));
+                db.note_read(choice.strategy);
+                outcome_of(choice, state.csn, plan)
+            }
+            // A stale read of the latest version reads it as a held one (the
+            // `_id` index has no delta layers: stale and fresh agree).
+            Some((db, _)) => {
+                db.note_read(Strategy::Cow);
+                held_outcome(state.csn, plan)
+            }
+            None => held_outcome(state.csn, plan),
+        };
+        Some((found, scan))
     }
 
     fn execute(&self, spec: &FindSpec) -> Result<FindOutcome> {
@@ -238,6 +329,17 @@ impl Find {
     /// The matching stored documents as a stream (see the module doc for
     /// when it is lazy); unprojected.
     pub fn stream(self) -> Result<FindStream> {
+        if let Some((doc, scan)) = self.id_hack() {
+            let docs = doc.into_iter().collect::<Vec<_>>().into_iter();
+            let limit = self.options.limit;
+            return Ok(FindStream::new(
+                Kind::Docs(docs),
+                0,
+                limit,
+                self.limits.cancel,
+                scan,
+            ));
+        }
         let (spec, _) = self.spec()?;
         self.open(&spec)
     }
@@ -505,12 +607,25 @@ impl Find {
     /// The matching stored documents (shared, unprojected), sorted, skipped
     /// and limited, read under the requested strategy.
     pub fn raw(self) -> Result<Vec<DocRef>> {
+        if let Some((doc, _)) = self.id_hack() {
+            return Ok(doc.into_iter().collect());
+        }
         let (spec, _) = self.spec()?;
         Ok(self.execute(&spec)?.docs)
     }
 
     /// Execute: the matching documents, sorted, skipped, limited and projected.
     pub fn run(self) -> Result<Vec<Document>> {
+        let no_projection = self
+            .options
+            .projection
+            .as_ref()
+            .is_none_or(|p| p.is_empty());
+        if no_projection {
+            if let Some((doc, _)) = self.id_hack() {
+                return doc.iter().map(|d| doc::to_document(d)).collect();
+            }
+        }
         let (spec, projection) = self.spec()?;
         let found = self.execute(&spec)?.docs;
         found
