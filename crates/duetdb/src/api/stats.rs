@@ -17,7 +17,6 @@ use std::collections::HashSet;
 
 use crate::api::*;
 use crate::error::{Error, Result};
-use crate::snapshot::retained::index_key_out_of_line;
 use crate::store::collection::ID_INDEX_NAME;
 
 /// One index's size: entries and the bytes of its nodes (node, `Arc`
@@ -94,7 +93,7 @@ pub(crate) fn storage_stats_in(state: &crate::store::DbState, name: &str) -> Res
         let (_, bytes) = i.tree.walk_unknown(&none, &|k: &(
             crate::store::index::IndexKey,
             crate::store::heap::RecordId,
-        )| { index_key_out_of_line(&k.0) });
+        )| { k.0.out_of_line_bytes() });
         if i.spec.is_collated_id() {
             // Part of the `_id` index (listed once, as `_id_`).
             indexes[0].bytes += bytes as u64;

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use crate::store::index::{IndexKey, KeyPart, ValueKey};
+use crate::store::index::{IndexKey, ValueKey};
 use crate::store::DbState;
 
 /// What one collection of a snapshot retains beyond the latest version.
@@ -127,15 +127,15 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
         cc.index_nodes += n as u64;
         cc.node_bytes += b as u64;
         for i in &c.indexes {
-            let (n, b) = i.tree.walk_unknown(&latest_nodes, &|k: &(IndexKey, _)| {
-                index_key_out_of_line(&k.0)
-            });
+            let (n, b) = i
+                .tree
+                .walk_unknown(&latest_nodes, &|k: &(IndexKey, _)| k.0.out_of_line_bytes());
             cc.index_nodes += n as u64;
             cc.node_bytes += b as u64;
             for l in i.frozen.iter().map(|f| &**f).chain([&i.active]) {
-                let (n, b) = l.map().walk_unknown(&latest_nodes, &|k: &(IndexKey, _)| {
-                    index_key_out_of_line(&k.0)
-                });
+                let (n, b) = l
+                    .map()
+                    .walk_unknown(&latest_nodes, &|k: &(IndexKey, _)| k.0.out_of_line_bytes());
                 cc.index_nodes += n as u64;
                 cc.node_bytes += b as u64;
             }
@@ -151,15 +151,4 @@ pub fn retained_between(snap: &Arc<DbState>, latest: &Arc<DbState>) -> RetainedC
     cost.nodes = cost.heap_nodes + cost.index_nodes;
     cost.bytes = cost.node_bytes + cost.doc_bytes;
     cost
-}
-
-pub(crate) fn index_key_out_of_line(k: &IndexKey) -> usize {
-    k.parts.len() * std::mem::size_of::<KeyPart>()
-        + k.parts
-            .iter()
-            .map(|p| match p {
-                KeyPart::Val(v) => crate::store::index::raw_bson_out_of_line(v),
-                KeyPart::Low | KeyPart::High => 0,
-            })
-            .sum::<usize>()
 }

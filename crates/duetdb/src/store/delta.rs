@@ -319,7 +319,7 @@ fn rid(e: &Entry) -> RecordId {
 mod tests {
     use super::*;
     use crate::store::index::{IndexSpec, KeyPart};
-    use bson::{doc, RawBson};
+    use bson::{doc, RawBson, RawBsonRef};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
@@ -370,8 +370,8 @@ mod tests {
                 }
                 let layers: Vec<&DeltaLayer> = frozen.iter().chain([&active]).collect();
                 let want: Vec<(i32, u64)> = model.iter().copied().collect();
-                let key = |e: &Entry| match &e.0.parts[0] {
-                    KeyPart::Val(RawBson::Int32(k)) => (*k, rid(e)),
+                let key = |e: &Entry| match e.0.value(0) {
+                    Some(RawBsonRef::Int32(k)) => (k, rid(e)),
                     _ => unreachable!("test keys are ints"),
                 };
                 let fwd: Vec<_> = IndexRange::new(&tree, &layers, Bound::Unbounded, Bound::Unbounded)

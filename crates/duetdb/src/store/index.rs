@@ -67,24 +67,110 @@ pub enum KeyPart {
     High,
 }
 
-/// A whole index key; `desc` bit i reverses part i. The parts are shared
-/// (`Arc`): copy-on-write B+tree nodes clone their keys on every path copy, so a
-/// key clone must cost a reference-count increment, not an allocation.
+/// A whole index key; `desc` bit i reverses part i.
+///
+/// A key of one part (every single-field index) holds it inline, as a
+/// compact [`ValueKey`]: comparing two keys in a node's binary search then
+/// reads only the node, and a write that shadows the node copies its keys
+/// without touching any other allocation. Longer keys share their parts
+/// (`Arc`), so a clone costs a reference-count increment, not an allocation.
 #[derive(Debug, Clone)]
 pub struct IndexKey {
-    pub parts: Arc<[KeyPart]>,
+    parts: Parts,
     pub desc: u32,
 }
 
+#[derive(Debug, Clone)]
+enum Parts {
+    One(Part),
+    Many(Arc<[Part]>),
+}
+
+/// A [`KeyPart`] as an index key holds it.
+#[derive(Debug, Clone)]
+enum Part {
+    Low,
+    Val(ValueKey),
+    High,
+}
+
+impl From<KeyPart> for Part {
+    fn from(p: KeyPart) -> Part {
+        match p {
+            KeyPart::Low => Part::Low,
+            KeyPart::Val(v) => Part::Val(ValueKey::from(v)),
+            KeyPart::High => Part::High,
+        }
+    }
+}
+
 impl IndexKey {
+    /// The key of `parts` (in field order) under the direction bits `desc`.
+    pub fn new(parts: Vec<KeyPart>, desc: u32) -> IndexKey {
+        let parts = if parts.len() == 1 {
+            let mut parts = parts;
+            match parts.pop() {
+                Some(p) => Parts::One(p.into()),
+                None => Parts::Many(Arc::from([])),
+            }
+        } else {
+            Parts::Many(parts.into_iter().map(Part::from).collect())
+        };
+        IndexKey { parts, desc }
+    }
+
+    fn parts(&self) -> &[Part] {
+        match &self.parts {
+            Parts::One(p) => std::slice::from_ref(p),
+            Parts::Many(ps) => ps,
+        }
+    }
+
+    /// How many parts the key has (its index's fields).
+    pub fn len(&self) -> usize {
+        self.parts().len()
+    }
+
+    /// Never true for a key of an index (an index has at least one field).
+    pub fn is_empty(&self) -> bool {
+        self.parts().is_empty()
+    }
+
+    /// Part `i`'s value; `None` for a range sentinel or past the end.
+    pub fn value(&self, i: usize) -> Option<RawBsonRef<'_>> {
+        match self.parts().get(i)? {
+            Part::Val(v) => Some(v.as_raw_ref()),
+            Part::Low | Part::High => None,
+        }
+    }
+
+    /// Bytes this key owns outside itself (memory accounting).
+    pub fn out_of_line_bytes(&self) -> usize {
+        let values = self
+            .parts()
+            .iter()
+            .map(|p| match p {
+                Part::Val(v) => v.out_of_line_bytes(),
+                Part::Low | Part::High => 0,
+            })
+            .sum::<usize>();
+        match &self.parts {
+            Parts::One(_) => values,
+            Parts::Many(ps) => {
+                2 * std::mem::size_of::<usize>() + std::mem::size_of_val::<[Part]>(ps) + values
+            }
+        }
+    }
+
     fn cmp_parts(&self, other: &Self) -> Ordering {
-        for (i, (a, b)) in self.parts.iter().zip(other.parts.iter()).enumerate() {
+        let (a, b) = (self.parts(), other.parts());
+        for (i, (a, b)) in a.iter().zip(b.iter()).enumerate() {
             let ord = match (a, b) {
-                (KeyPart::Low, KeyPart::Low) | (KeyPart::High, KeyPart::High) => Ordering::Equal,
-                (KeyPart::Low, _) | (_, KeyPart::High) => Ordering::Less,
-                (_, KeyPart::Low) | (KeyPart::High, _) => Ordering::Greater,
-                (KeyPart::Val(x), KeyPart::Val(y)) => {
-                    let o = value::compare(x.as_raw_bson_ref(), y.as_raw_bson_ref());
+                (Part::Low, Part::Low) | (Part::High, Part::High) => Ordering::Equal,
+                (Part::Low, _) | (_, Part::High) => Ordering::Less,
+                (_, Part::Low) | (Part::High, _) => Ordering::Greater,
+                (Part::Val(x), Part::Val(y)) => {
+                    let o = x.cmp(y);
                     if self.desc & (1 << i) != 0 {
                         o.reverse()
                     } else {
@@ -96,17 +182,17 @@ impl IndexKey {
                 return ord;
             }
         }
-        self.parts.len().cmp(&other.parts.len())
+        a.len().cmp(&b.len())
     }
 
     /// The key as a document `{field: value, …}` (for error messages and explain).
     pub fn to_document(&self, spec: &IndexSpec) -> Document {
         let mut d = Document::new();
-        for ((path, _), part) in spec.fields.iter().zip(self.parts.iter()) {
+        for ((path, _), part) in spec.fields.iter().zip(self.parts()) {
             let v = match part {
-                KeyPart::Low => Bson::MinKey,
-                KeyPart::High => Bson::MaxKey,
-                KeyPart::Val(v) => Bson::try_from(v.clone()).unwrap_or(Bson::Null),
+                Part::Low => Bson::MinKey,
+                Part::High => Bson::MaxKey,
+                Part::Val(v) => Bson::try_from(v.to_raw()).unwrap_or(Bson::Null),
             };
             d.insert(path.clone(), v);
         }
@@ -131,24 +217,30 @@ impl Ord for IndexKey {
     }
 }
 
-/// A single BSON value ordered by MongoDB's order (the `_id` index key).
+/// A single BSON value ordered by MongoDB's order: the `_id` index key, and
+/// the key of a one-field secondary index ([`IndexKey`]).
 ///
-/// 32 bytes, where a `RawBson` is 56: the common `_id` types (32- and 64-bit
-/// integers, ObjectIds, strings — inline up to [`SHORT_STR`] bytes) are kept
-/// compactly and everything else boxed, so a B+tree node of these keys spans
-/// fewer cache lines and copies fewer bytes when a write shadows it. Ordered
+/// 32 bytes, where a `RawBson` is 56: the common key types (32- and 64-bit
+/// integers, doubles, dates, booleans, null, ObjectIds, strings — inline up
+/// to [`SHORT_STR`] bytes) are kept inline and everything else behind an
+/// `Arc`, so a B+tree node of these keys spans fewer cache lines, and a
+/// write that shadows a node copies its keys without allocating. Ordered
 /// exactly as `value::compare` orders the values they stand for.
 #[derive(Clone)]
 pub enum ValueKey {
     Int32(i32),
     Int64(i64),
+    Double(f64),
+    DateTime(i64),
+    Bool(bool),
+    Null,
     ObjectId([u8; 12]),
     /// A string of at most [`SHORT_STR`] bytes, inline: comparing two of them
     /// touches no other cache line (YCSB's `user…` keys are 23 bytes, hex
     /// ObjectId strings 24).
     ShortStr(ShortStr),
-    Str(Box<str>),
-    Other(Box<RawBson>),
+    Str(Arc<str>),
+    Other(Arc<RawBson>),
 }
 
 /// The longest string a [`ValueKey`] holds inline.
@@ -200,10 +292,13 @@ impl From<RawBson> for ValueKey {
         match v {
             RawBson::Int32(i) => ValueKey::Int32(i),
             RawBson::Int64(i) => ValueKey::Int64(i),
+            RawBson::Double(d) => ValueKey::Double(d),
+            RawBson::DateTime(d) => ValueKey::DateTime(d.timestamp_millis()),
+            RawBson::Boolean(b) => ValueKey::Bool(b),
+            RawBson::Null => ValueKey::Null,
             RawBson::ObjectId(o) => ValueKey::ObjectId(o.bytes()),
-            RawBson::String(s) if s.len() > SHORT_STR => ValueKey::Str(s.into_boxed_str()),
             RawBson::String(s) => str_key(&s),
-            other => ValueKey::Other(Box::new(other)),
+            other => ValueKey::Other(Arc::new(other)),
         }
     }
 }
@@ -219,9 +314,13 @@ impl From<RawBsonRef<'_>> for ValueKey {
         match v {
             RawBsonRef::Int32(i) => ValueKey::Int32(i),
             RawBsonRef::Int64(i) => ValueKey::Int64(i),
+            RawBsonRef::Double(d) => ValueKey::Double(d),
+            RawBsonRef::DateTime(d) => ValueKey::DateTime(d.timestamp_millis()),
+            RawBsonRef::Boolean(b) => ValueKey::Bool(b),
+            RawBsonRef::Null => ValueKey::Null,
             RawBsonRef::ObjectId(o) => ValueKey::ObjectId(o.bytes()),
             RawBsonRef::String(s) => str_key(s),
-            other => ValueKey::Other(Box::new(RawBson::from(other))),
+            other => ValueKey::Other(Arc::new(RawBson::from(other))),
         }
     }
 }
@@ -232,6 +331,10 @@ impl ValueKey {
         match self {
             ValueKey::Int32(i) => RawBsonRef::Int32(*i),
             ValueKey::Int64(i) => RawBsonRef::Int64(*i),
+            ValueKey::Double(d) => RawBsonRef::Double(*d),
+            ValueKey::DateTime(d) => RawBsonRef::DateTime(bson::DateTime::from_millis(*d)),
+            ValueKey::Bool(b) => RawBsonRef::Boolean(*b),
+            ValueKey::Null => RawBsonRef::Null,
             ValueKey::ObjectId(b) => RawBsonRef::ObjectId(bson::oid::ObjectId::from_bytes(*b)),
             ValueKey::ShortStr(s) => RawBsonRef::String(s.as_str()),
             ValueKey::Str(s) => RawBsonRef::String(s),
@@ -244,6 +347,10 @@ impl ValueKey {
         match self {
             ValueKey::Int32(i) => RawBson::Int32(*i),
             ValueKey::Int64(i) => RawBson::Int64(*i),
+            ValueKey::Double(d) => RawBson::Double(*d),
+            ValueKey::DateTime(d) => RawBson::DateTime(bson::DateTime::from_millis(*d)),
+            ValueKey::Bool(b) => RawBson::Boolean(*b),
+            ValueKey::Null => RawBson::Null,
             ValueKey::ObjectId(b) => RawBson::ObjectId(bson::oid::ObjectId::from_bytes(*b)),
             ValueKey::ShortStr(s) => RawBson::String(s.as_str().to_string()),
             ValueKey::Str(s) => RawBson::String(s.to_string()),
@@ -251,11 +358,15 @@ impl ValueKey {
         }
     }
 
-    /// Bytes this key owns outside itself (memory accounting).
+    /// Bytes this key owns outside itself (memory accounting; an `Arc`
+    /// shared by several versions' nodes counts in full for each).
     pub fn out_of_line_bytes(&self) -> usize {
+        const ARC_COUNTS: usize = 2 * std::mem::size_of::<usize>();
         match self {
-            ValueKey::Str(s) => s.len(),
-            ValueKey::Other(v) => std::mem::size_of::<RawBson>() + raw_bson_out_of_line(v),
+            ValueKey::Str(s) => ARC_COUNTS + s.len(),
+            ValueKey::Other(v) => {
+                ARC_COUNTS + std::mem::size_of::<RawBson>() + raw_bson_out_of_line(v)
+            }
             _ => 0,
         }
     }
@@ -740,10 +851,7 @@ impl IndexSpec {
         while parts.len() < self.key_len() {
             parts.push(fill.clone());
         }
-        IndexKey {
-            parts: parts.into(),
-            desc: self.desc_mask(),
-        }
+        IndexKey::new(parts, self.desc_mask())
     }
 
     /// The keys of `doc` for this index, deduplicated, and whether the document
@@ -875,10 +983,7 @@ impl IndexSpec {
                     KeyPart::Val(v.clone())
                 })
                 .collect();
-            keys.push(IndexKey {
-                parts: parts.into(),
-                desc,
-            });
+            keys.push(IndexKey::new(parts, desc));
         }
         Ok((keys, multikey))
     }
@@ -904,10 +1009,7 @@ impl IndexSpec {
             Some(v) => v.into(),
             None => RawBson::Null,
         };
-        Some(IndexKey {
-            parts: Arc::from([KeyPart::Val(v)]),
-            desc: self.desc_mask(),
-        })
+        Some(IndexKey::new(vec![KeyPart::Val(v)], self.desc_mask()))
     }
 
     /// The values one ordered field contributes (missing: null; an array:
@@ -1018,10 +1120,7 @@ impl IndexSpec {
         }
         let keys = keys
             .into_iter()
-            .map(|parts| IndexKey {
-                parts: parts.into(),
-                desc,
-            })
+            .map(|parts| IndexKey::new(parts, desc))
             .collect();
         // A shape may have several cells: the planner treats the index as multikey.
         Ok((keys, true))
@@ -1079,10 +1178,7 @@ impl IndexSpec {
                         None => KeyPart::Val(RawBson::String(term.take().unwrap_or_default())),
                     })
                     .collect();
-                IndexKey {
-                    parts: parts.into(),
-                    desc,
-                }
+                IndexKey::new(parts, desc)
             })
             .collect();
         Ok((keys, true))
@@ -1105,10 +1201,7 @@ impl IndexSpec {
         });
         let keys = pairs
             .into_iter()
-            .map(|(p, v)| IndexKey {
-                parts: vec![KeyPart::Val(RawBson::String(p)), KeyPart::Val(v)].into(),
-                desc: 0,
-            })
+            .map(|(p, v)| IndexKey::new(vec![KeyPart::Val(RawBson::String(p)), KeyPart::Val(v)], 0))
             .collect();
         // Every path may hold arrays: the planner treats the index as multikey.
         Ok((keys, true))
@@ -1374,11 +1467,10 @@ mod tests {
     fn key_values(keys: &[IndexKey]) -> Vec<Vec<Bson>> {
         keys.iter()
             .map(|k| {
-                k.parts
-                    .iter()
-                    .map(|p| match p {
-                        KeyPart::Val(v) => Bson::try_from(v.clone()).expect("bson"),
-                        _ => Bson::Null,
+                (0..k.len())
+                    .map(|i| match k.value(i) {
+                        Some(v) => Bson::try_from(RawBson::from(v)).expect("bson"),
+                        None => Bson::Null,
                     })
                     .collect()
             })
@@ -1483,6 +1575,10 @@ mod tests {
             RawBson::Symbol("a".into()),
             RawBson::Double(f64::NAN),
             RawBson::Double(f64::NEG_INFINITY),
+            RawBson::DateTime(bson::DateTime::from_millis(-5)),
+            RawBson::DateTime(bson::DateTime::from_millis(5)),
+            RawBson::Boolean(false),
+            RawBson::Decimal128("5".parse().expect("decimal")),
         ];
         for a in &vals {
             for b in &vals {
@@ -1509,6 +1605,9 @@ mod tests {
             any::<[u8; 12]>().prop_map(|b| RawBson::ObjectId(bson::oid::ObjectId::from_bytes(b))),
             Just(RawBson::Null),
             any::<bool>().prop_map(RawBson::Boolean),
+            any::<i64>().prop_map(|t| RawBson::DateTime(bson::DateTime::from_millis(t))),
+            (-3i64..3).prop_map(|t| RawBson::DateTime(bson::DateTime::from_millis(t))),
+            (-3i32..3).prop_map(|i| RawBson::Decimal128(i.to_string().parse().expect("decimal"))),
         ]
     }
 
@@ -1527,6 +1626,37 @@ mod tests {
             // Debug text, not `==`: a NaN double is not equal to itself.
             proptest::prop_assert_eq!(format!("{:?}", ka.to_raw()), format!("{a:?}"));
         }
+    }
+
+    #[test]
+    fn a_one_field_key_is_inline_and_orders_as_its_value() {
+        // A secondary index's node size follows it (entries are `(key, rid)`).
+        assert!(std::mem::size_of::<IndexKey>() <= 40);
+        let s = spec(doc! {"a": -1});
+        let key = |d: bson::RawDocumentBuf| s.keys_for(&d).expect("keys").0.remove(0);
+        let (one, two) = (key(rawdoc! {"a": 1.5}), key(rawdoc! {"a": 2_i64}));
+        assert!(matches!(
+            one.parts,
+            Parts::One(Part::Val(ValueKey::Double(_)))
+        ));
+        assert_eq!(one.out_of_line_bytes(), 0);
+        // Descending: 2 before 1.5.
+        assert_eq!(two.cmp(&one), Ordering::Less);
+        assert_eq!(one.value(0), Some(RawBsonRef::Double(1.5)));
+        assert_eq!(one.value(1), None);
+        let low = s.bound_key(Vec::new(), KeyPart::Low);
+        let high = s.bound_key(Vec::new(), KeyPart::High);
+        assert!(low < two && two < one && one < high);
+        // Compound keys share their parts.
+        let c = spec(doc! {"a": 1, "b": 1});
+        let k = c
+            .keys_for(&rawdoc! {"a": 1, "b": "x"})
+            .expect("keys")
+            .0
+            .remove(0);
+        assert!(matches!(k.parts, Parts::Many(_)));
+        assert_eq!(k.len(), 2);
+        assert_eq!(k.value(1), Some(RawBsonRef::String("x")));
     }
 
     #[test]
@@ -1552,6 +1682,10 @@ mod tests {
         }
         assert!(matches!(
             ValueKey::from(RawBson::Double(2.5)),
+            ValueKey::Double(_)
+        ));
+        assert!(matches!(
+            ValueKey::from(RawBson::Decimal128(bson::Decimal128::from_bytes([0; 16]))),
             ValueKey::Other(_)
         ));
         assert!(matches!(
