@@ -3,6 +3,12 @@
 //! mutates its private clone and copies a node only while another version still
 //! holds it (DStore §4.1, with `Arc` counts in place of per-node counters).
 //!
+//! Leaves and inner nodes are separate types, each in an allocation of its own
+//! size, so a leaf of values smaller than a child pointer (secondary indexes:
+//! `()`) is not padded to an inner node's size. Siblings share a depth, so an
+//! inner node's children are all leaves or all inner nodes: one tag in the
+//! parent says which, and a descent still loads one node per level.
+//!
 //! Invariants (checked by [`BTree::check_invariants`]):
 //! - all leaves are at the same depth; an empty tree has no root at all;
 //! - leaf keys are strictly ascending; an inner node with children `c0..=cm`
@@ -15,11 +21,12 @@
 //!   never modified in place: writers go through `Arc::make_mut`, so a held clone
 //!   never changes, and a batch of writes copies each shared node at most once.
 
+use std::any::Any;
 use std::collections::HashSet;
 use std::fmt;
 use std::iter::FusedIterator;
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use smallvec::SmallVec;
 
@@ -58,17 +65,6 @@ const INLINE: usize = DEFAULT_FANOUT + 1;
 /// was two thirds of a point read by `_id` (BENCHMARKS.md, session 17).
 type Slots<T> = SmallVec<[T; INLINE]>;
 
-// Both variants hold their entries inline, so a leaf whose values are smaller
-// than a child pointer (secondary indexes: `()`) is padded to an inner node's
-// size; boxing either variant would put back the dependent miss per level
-// that inlining removed.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone)]
-enum Node<K, V> {
-    Leaf(Leaf<K, V>),
-    Inner(Inner<K, V>),
-}
-
 /// Keys and values in separate arrays so a search touches only keys.
 #[derive(Clone)]
 struct Leaf<K, V> {
@@ -80,7 +76,315 @@ struct Leaf<K, V> {
 struct Inner<K, V> {
     /// `keys.len() + 1 == children.len()`.
     keys: Slots<K>,
-    children: Slots<Arc<Node<K, V>>>,
+    children: Children<K, V>,
+}
+
+/// A leaf or an inner node, in whatever form it is held: the root ([`Root`]),
+/// a borrowed node ([`NodeRef`]), or all the children of one inner node
+/// ([`Children`]: one tag for the lot, since siblings share a depth).
+#[derive(Clone, Copy)]
+enum Kind<L, I> {
+    Leaf(L),
+    Inner(I),
+}
+
+type Root<K, V> = Kind<Arc<Leaf<K, V>>, Arc<Inner<K, V>>>;
+type Children<K, V> = Kind<Slots<Arc<Leaf<K, V>>>, Slots<Arc<Inner<K, V>>>>;
+type NodeRef<'a, K, V> = Kind<&'a Leaf<K, V>, &'a Inner<K, V>>;
+
+/// `$body` with `$n` bound to what either variant of the [`Kind`] `$kind`
+/// holds: code that reads the same for leaves and inner nodes, compiled once
+/// per node type (through [`Node`] where it needs one).
+macro_rules! kind {
+    ($kind:expr, $n:pat => $body:expr) => {
+        match $kind {
+            Kind::Leaf($n) => $body,
+            Kind::Inner($n) => $body,
+        }
+    };
+}
+
+impl<K, V> Root<K, V> {
+    fn node(&self) -> NodeRef<'_, K, V> {
+        match self {
+            Kind::Leaf(leaf) => Kind::Leaf(leaf),
+            Kind::Inner(inner) => Kind::Inner(inner),
+        }
+    }
+}
+
+impl<K, V> Children<K, V> {
+    fn len(&self) -> usize {
+        kind!(self, nodes => nodes.len())
+    }
+
+    /// Child `i`, as a new root (when the root collapses onto it).
+    fn root(&self, i: usize) -> Root<K, V> {
+        match self {
+            Kind::Leaf(leaves) => Kind::Leaf(Arc::clone(&leaves[i])),
+            Kind::Inner(inners) => Kind::Inner(Arc::clone(&inners[i])),
+        }
+    }
+
+    /// The children from `at` on, moved out.
+    fn split_off(&mut self, at: usize) -> Self {
+        match self {
+            Kind::Leaf(leaves) => Kind::Leaf(split_off(leaves, at)),
+            Kind::Inner(inners) => Kind::Inner(split_off(inners, at)),
+        }
+    }
+
+    /// Moves one child from the end of `left` to the front of `right`
+    /// (`from_left`), or from the front of `right` to the end of `left`.
+    fn shift(left: &mut Self, right: &mut Self, from_left: bool) {
+        match (left, right) {
+            (Kind::Leaf(l), Kind::Leaf(r)) => shift(l, r, from_left),
+            (Kind::Inner(l), Kind::Inner(r)) => shift(l, r, from_left),
+            _ => unreachable!("siblings share a depth, so both hold leaves or both inner nodes"),
+        }
+    }
+
+    fn append(&mut self, other: Self) {
+        match (self, other) {
+            (Kind::Leaf(l), Kind::Leaf(mut r)) => l.append(&mut r),
+            (Kind::Inner(l), Kind::Inner(mut r)) => l.append(&mut r),
+            _ => unreachable!("siblings share a depth, so both hold leaves or both inner nodes"),
+        }
+    }
+}
+
+impl<'a, K, V> NodeRef<'a, K, V> {
+    /// The node's address: an identity, valid while a version holding it is.
+    fn addr(self) -> usize {
+        kind!(self, node => node as *const _ as usize)
+    }
+
+    /// The node's children, left to right (none for a leaf).
+    fn children(self) -> impl Iterator<Item = NodeRef<'a, K, V>> {
+        let (leaves, inners) = match self {
+            Kind::Leaf(_) => (&[][..], &[][..]),
+            Kind::Inner(Inner {
+                children: Kind::Leaf(leaves),
+                ..
+            }) => (&leaves[..], &[][..]),
+            Kind::Inner(Inner {
+                children: Kind::Inner(inners),
+                ..
+            }) => (&[][..], &inners[..]),
+        };
+        let leaves = leaves.iter().map(|leaf| Kind::Leaf(&**leaf));
+        leaves.chain(inners.iter().map(|inner| Kind::Inner(&**inner)))
+    }
+}
+
+impl<K: Ord, V> Leaf<K, V> {
+    fn get(&self, key: &K) -> Option<&V> {
+        prefetch_all(&self.keys);
+        prefetch_all(&self.vals);
+        self.keys.binary_search(key).ok().map(|i| &self.vals[i])
+    }
+}
+
+impl<K, V> Inner<K, V> {
+    fn child(&self, i: usize) -> NodeRef<'_, K, V> {
+        match &self.children {
+            Kind::Leaf(leaves) => Kind::Leaf(&leaves[i]),
+            Kind::Inner(inners) => Kind::Inner(&inners[i]),
+        }
+    }
+}
+
+/// Separator and new right sibling of a node that overflowed and split.
+type Split<K, N> = Option<(K, N)>;
+
+/// The writes on one node, leaf or inner: the code above a node (its
+/// parent's, or the tree's for the root) is written once, generic over this.
+trait Node<K, V>: Clone {
+    /// Entries of a leaf or children of an inner node: what fill limits count.
+    fn fill(&self) -> usize;
+
+    /// Returns the old value if `key` was present, and the split if the node
+    /// overflowed.
+    fn insert(&mut self, key: K, value: V, fanout: usize) -> (Option<V>, Split<K, Self>);
+
+    /// Requires: `key` is present under the node (else the path was copied
+    /// for nothing). Leaves the node possibly underfull; its parent rebalances.
+    fn remove(&mut self, key: &K, min: usize) -> Option<V>;
+
+    /// Moves one item across the boundary between siblings `left` and
+    /// `right`, `separator` being the parent's key between them.
+    fn borrow(left: &mut Self, right: &mut Self, separator: &mut K, from_left: bool);
+
+    /// Moves all of `right` (the sibling after `separator`) into `left`; both
+    /// together fit in one node.
+    fn merge(left: &mut Self, right: Self, separator: K);
+
+    /// `nodes` as the children of an inner node.
+    fn tagged(nodes: Slots<Arc<Self>>) -> Children<K, V>;
+}
+
+impl<K: Ord + Clone, V: Clone> Node<K, V> for Leaf<K, V> {
+    fn fill(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn insert(&mut self, key: K, value: V, fanout: usize) -> (Option<V>, Split<K, Self>) {
+        match self.keys.binary_search(&key) {
+            Ok(i) => (Some(std::mem::replace(&mut self.vals[i], value)), None),
+            Err(i) => {
+                self.keys.insert(i, key);
+                self.vals.insert(i, value);
+                if self.keys.len() <= fanout {
+                    return (None, None);
+                }
+                let mid = self.keys.len() / 2;
+                let right = Leaf {
+                    keys: split_off(&mut self.keys, mid),
+                    vals: split_off(&mut self.vals, mid),
+                };
+                (None, Some((right.keys[0].clone(), right)))
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &K, _min: usize) -> Option<V> {
+        let i = self.keys.binary_search(key).ok()?;
+        self.keys.remove(i);
+        Some(self.vals.remove(i))
+    }
+
+    fn borrow(left: &mut Self, right: &mut Self, separator: &mut K, from_left: bool) {
+        shift(&mut left.keys, &mut right.keys, from_left);
+        shift(&mut left.vals, &mut right.vals, from_left);
+        *separator = right.keys[0].clone();
+    }
+
+    fn merge(left: &mut Self, mut right: Self, _separator: K) {
+        left.keys.append(&mut right.keys);
+        left.vals.append(&mut right.vals);
+    }
+
+    fn tagged(nodes: Slots<Arc<Self>>) -> Children<K, V> {
+        Kind::Leaf(nodes)
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> Node<K, V> for Inner<K, V> {
+    fn fill(&self) -> usize {
+        self.children.len()
+    }
+
+    fn insert(&mut self, key: K, value: V, fanout: usize) -> (Option<V>, Split<K, Self>) {
+        let i = child_index(&self.keys, &key);
+        let old = kind!(&mut self.children, children => {
+            insert_child(&mut self.keys, children, i, key, value, fanout)
+        });
+        if self.children.len() <= fanout {
+            return (old, None);
+        }
+        let mid = self.children.len() / 2;
+        let right = Inner {
+            children: self.children.split_off(mid),
+            keys: split_off(&mut self.keys, mid),
+        };
+        // The left half kept `mid` keys for `mid` children: its last key
+        // moves up as the separator.
+        let separator = self
+            .keys
+            .pop()
+            .expect("the left half of a split inner node keeps mid >= 2 keys");
+        (old, Some((separator, right)))
+    }
+
+    fn remove(&mut self, key: &K, min: usize) -> Option<V> {
+        let i = child_index(&self.keys, key);
+        kind!(&mut self.children, children => {
+            remove_child(&mut self.keys, children, i, key, min)
+        })
+    }
+
+    fn borrow(left: &mut Self, right: &mut Self, separator: &mut K, from_left: bool) {
+        // Rotate through the parent: the old separator comes down, the moved
+        // child's bounding key goes up.
+        if from_left {
+            let k = left
+                .keys
+                .pop()
+                .expect("a lending sibling is above min fill");
+            right.keys.insert(0, std::mem::replace(separator, k));
+        } else {
+            let k = right.keys.remove(0);
+            left.keys.push(std::mem::replace(separator, k));
+        }
+        Children::shift(&mut left.children, &mut right.children, from_left);
+    }
+
+    fn merge(left: &mut Self, mut right: Self, separator: K) {
+        left.keys.push(separator);
+        left.keys.append(&mut right.keys);
+        left.children.append(right.children);
+    }
+
+    fn tagged(nodes: Slots<Arc<Self>>) -> Children<K, V> {
+        Kind::Inner(nodes)
+    }
+}
+
+/// Inserts under `children[i]` of an inner node with separators `keys`,
+/// taking in the new sibling if that child split. Returns the old value.
+fn insert_child<K: Ord + Clone, V: Clone, N: Node<K, V>>(
+    keys: &mut Slots<K>,
+    children: &mut Slots<Arc<N>>,
+    i: usize,
+    key: K,
+    value: V,
+    fanout: usize,
+) -> Option<V> {
+    let (old, split) = Arc::make_mut(&mut children[i]).insert(key, value, fanout);
+    if let Some((separator, right)) = split {
+        keys.insert(i, separator);
+        children.insert(i + 1, Arc::new(right));
+    }
+    old
+}
+
+/// Removes `key` from under `children[i]` (see [`Node::remove`]), then
+/// restores that child's fill if it fell one below `min`: by taking one item
+/// from a sibling that can spare it, else by merging with that sibling.
+fn remove_child<K: Ord + Clone, V: Clone, N: Node<K, V>>(
+    keys: &mut Slots<K>,
+    children: &mut Slots<Arc<N>>,
+    i: usize,
+    key: &K,
+    min: usize,
+) -> Option<V> {
+    let old = Arc::make_mut(&mut children[i]).remove(key, min)?;
+    if children[i].fill() >= min {
+        return Some(old);
+    }
+    debug_assert!(children.len() >= 2, "an inner node has >= 2 children");
+    let sibling = if i > 0 { i - 1 } else { i + 1 };
+    let left = i.min(sibling);
+    if children[sibling].fill() > min {
+        let (head, tail) = children.split_at_mut(left + 1);
+        N::borrow(
+            Arc::make_mut(&mut head[left]),
+            Arc::make_mut(&mut tail[0]),
+            &mut keys[left],
+            sibling < i,
+        );
+    } else {
+        let right = children.remove(left + 1);
+        let separator = keys.remove(left);
+        // A right node still shared with another version is cloned, never
+        // moved from.
+        N::merge(
+            Arc::make_mut(&mut children[left]),
+            Arc::unwrap_or_clone(right),
+            separator,
+        );
+    }
+    Some(old)
 }
 
 /// Bytes of the separate buffer `v` spilled to (0 while it is inline).
@@ -97,13 +401,14 @@ fn split_off<T>(v: &mut Slots<T>, at: usize) -> Slots<T> {
     v.drain(at..).collect()
 }
 
-impl<K, V> Node<K, V> {
-    /// Entries of a leaf or children of an inner node: what fill limits count.
-    fn fill(&self) -> usize {
-        match self {
-            Node::Leaf(leaf) => leaf.keys.len(),
-            Node::Inner(inner) => inner.children.len(),
-        }
+/// Moves one entry from the end of `left` to the front of `right`
+/// (`from_left`), or from the front of `right` to the end of `left`.
+fn shift<T>(left: &mut Slots<T>, right: &mut Slots<T>, from_left: bool) {
+    if from_left {
+        let item = left.pop().expect("a lending sibling is above min fill");
+        right.insert(0, item);
+    } else {
+        left.push(right.remove(0));
     }
 }
 
@@ -122,6 +427,33 @@ fn even_groups(n: usize, max: usize) -> impl Iterator<Item = usize> {
         g => (n / g, n % g),
     };
     (0..groups).map(move |i| q + usize::from(i < r))
+}
+
+/// The level of inner nodes over `level` (each node with the least key under
+/// it: the separator its parent puts before it), for a bottom-up build.
+fn build_level<K: Ord + Clone, V: Clone, N: Node<K, V>>(
+    level: Vec<(K, Arc<N>)>,
+    fanout: usize,
+) -> Vec<(K, Arc<Inner<K, V>>)> {
+    let mut above = Vec::with_capacity(level.len().div_ceil(fanout));
+    let n = level.len();
+    let mut rest = level.into_iter();
+    for size in even_groups(n, fanout) {
+        let mut group = rest.by_ref().take(size);
+        let Some((first, child)) = group.next() else {
+            break;
+        };
+        let mut keys = Slots::with_capacity(size - 1);
+        let mut children = Slots::with_capacity(size);
+        children.push(child);
+        for (k, c) in group {
+            keys.push(k);
+            children.push(c);
+        }
+        let children = N::tagged(children);
+        above.push((first, Arc::new(Inner { keys, children })));
+    }
+    above
 }
 
 /// Index of the child whose key interval holds `key`.
@@ -147,7 +479,7 @@ fn min_fill(fanout: usize) -> usize {
 /// A persistent ordered map: `clone` is O(1); writes copy only the nodes still
 /// shared with other clones.
 pub struct BTree<K, V> {
-    root: Option<Arc<Node<K, V>>>,
+    root: Option<Root<K, V>>,
     len: usize,
     fanout: usize,
 }
@@ -177,7 +509,7 @@ impl<K: Ord + Clone + fmt::Debug, V: Clone + fmt::Debug> fmt::Debug for BTree<K,
 impl<K: Ord + Clone, V: Clone + PartialEq> PartialEq for BTree<K, V> {
     fn eq(&self, other: &Self) -> bool {
         let same_root = match (&self.root, &other.root) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (Some(a), Some(b)) => a.node().addr() == b.node().addr(),
             (None, None) => true,
             _ => false,
         };
@@ -260,37 +592,24 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
             return Err(entries);
         }
         tree.len = entries.len();
-        // Each node of the level being built, with the least key under it
-        // (the separator its parent puts before it).
-        let mut level: Vec<(K, Arc<Node<K, V>>)> = Vec::with_capacity(tree.len.div_ceil(fanout));
+        // Each leaf with its least key (the separator its parent puts before it).
+        let mut leaves = Vec::with_capacity(tree.len.div_ceil(fanout));
         let mut rest = entries.into_iter();
         for size in even_groups(tree.len, fanout) {
             let (keys, vals): (Slots<K>, Slots<V>) = rest.by_ref().take(size).unzip();
             if let Some(first) = keys.first().cloned() {
-                level.push((first, Arc::new(Node::Leaf(Leaf { keys, vals }))));
+                leaves.push((first, Arc::new(Leaf { keys, vals })));
             }
         }
-        while level.len() > 1 {
-            let mut above = Vec::with_capacity(level.len().div_ceil(fanout));
-            let n = level.len();
-            let mut rest = level.into_iter();
-            for size in even_groups(n, fanout) {
-                let mut group = rest.by_ref().take(size);
-                let Some((first, child)) = group.next() else {
-                    break;
-                };
-                let mut keys = Slots::with_capacity(size - 1);
-                let mut children = Slots::with_capacity(size);
-                children.push(child);
-                for (k, c) in group {
-                    keys.push(k);
-                    children.push(c);
-                }
-                above.push((first, Arc::new(Node::Inner(Inner { keys, children }))));
+        tree.root = if leaves.len() <= 1 {
+            leaves.pop().map(|(_, leaf)| Kind::Leaf(leaf))
+        } else {
+            let mut level = build_level(leaves, fanout);
+            while level.len() > 1 {
+                level = build_level(level, fanout);
             }
-            level = above;
-        }
-        tree.root = level.pop().map(|(_, root)| root);
+            level.pop().map(|(_, inner)| Kind::Inner(inner))
+        };
         Ok(tree)
     }
 
@@ -307,24 +626,21 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     }
 
     pub fn get(&self, key: &K) -> Option<&V> {
-        let mut node = self.root.as_deref()?;
+        let mut inner = match self.root.as_ref()? {
+            Kind::Leaf(leaf) => return leaf.get(key),
+            Kind::Inner(inner) => &**inner,
+        };
         loop {
-            match node {
-                Node::Inner(inner) => {
-                    // On a tree larger than the cache every level is a chain of
-                    // misses (node, then the key lines the binary search
-                    // probes one after another, then the child pointer):
-                    // requesting the node's keys and children at once overlaps
-                    // them.
-                    prefetch_all(&inner.keys);
-                    prefetch_all(&inner.children);
-                    node = &inner.children[child_index(&inner.keys, key)];
-                }
-                Node::Leaf(leaf) => {
-                    prefetch_all(&leaf.keys);
-                    prefetch_all(&leaf.vals);
-                    return leaf.keys.binary_search(key).ok().map(|i| &leaf.vals[i]);
-                }
+            // On a tree larger than the cache every level is a chain of misses
+            // (node, then the key lines the binary search probes one after
+            // another, then the child pointer): requesting the node's keys and
+            // children at once overlaps them.
+            prefetch_all(&inner.keys);
+            kind!(&inner.children, children => prefetch_all(children));
+            let i = child_index(&inner.keys, key);
+            match &inner.children {
+                Kind::Leaf(leaves) => return leaves[i].get(key),
+                Kind::Inner(inners) => inner = &inners[i],
             }
         }
     }
@@ -336,23 +652,19 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         let fanout = self.fanout;
         let Some(root) = self.root.as_mut() else {
-            self.root = Some(Arc::new(Node::Leaf(Leaf {
+            self.root = Some(Kind::Leaf(Arc::new(Leaf {
                 keys: smallvec::smallvec![key],
                 vals: smallvec::smallvec![value],
             })));
             self.len = 1;
             return None;
         };
-        let (old, split) = insert_rec(root, key, value, fanout);
-        if let Some((separator, right)) = split {
-            let left = self
-                .root
-                .take()
-                .expect("the root was just split, so it exists");
-            self.root = Some(Arc::new(Node::Inner(Inner {
-                keys: smallvec::smallvec![separator],
-                children: smallvec::smallvec![left, right],
-            })));
+        let (old, grown) = kind!(root, node => {
+            let (old, split) = Arc::make_mut(node).insert(key, value, fanout);
+            (old, split.map(|(separator, right)| grow(node, separator, right)))
+        });
+        if let Some(new_root) = grown {
+            self.root = Some(Kind::Inner(Arc::new(new_root)));
         }
         if old.is_none() {
             self.len += 1;
@@ -370,12 +682,12 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
             .root
             .as_mut()
             .expect("the key was found, so a root exists");
-        let old = remove_rec(root, key, min);
+        let old = kind!(root, node => Arc::make_mut(node).remove(key, min));
         debug_assert!(old.is_some(), "the key was found before removal");
-        let collapse_to = match self.root.as_deref() {
-            Some(Node::Leaf(leaf)) if leaf.keys.is_empty() => Some(None),
-            Some(Node::Inner(inner)) if inner.children.len() == 1 => {
-                Some(Some(Arc::clone(&inner.children[0])))
+        let collapse_to = match &self.root {
+            Some(Kind::Leaf(leaf)) if leaf.keys.is_empty() => Some(None),
+            Some(Kind::Inner(inner)) if inner.children.len() == 1 => {
+                Some(Some(inner.children.root(0)))
             }
             _ => None,
         };
@@ -392,9 +704,9 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     /// for descending. Starting costs one root-to-leaf descent per end. Bounds
     /// that cross (lower above upper) give an empty range rather than a panic.
     pub fn range<'a>(&'a self, lower: Bound<&K>, upper: Bound<&K>) -> Range<'a, K, V> {
-        let ends = self.root.as_deref().and_then(|root| {
-            let front = Cursor::seek_lower(root, lower)?;
-            let back = Cursor::seek_upper(root, upper)?;
+        let ends = self.root.as_ref().and_then(|root| {
+            let front = Cursor::seek_lower(root.node(), lower)?;
+            let back = Cursor::seek_upper(root.node(), upper)?;
             (front.key_value().0 <= back.key_value().0).then_some((front, back))
         });
         Range { ends }
@@ -414,19 +726,19 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
 
     pub fn stats(&self) -> TreeStats {
         let mut stats = TreeStats::default();
-        let Some(root) = self.root.as_deref() else {
+        let Some(root) = &self.root else {
             return stats;
         };
         let mut depth = 1;
-        let mut node = root;
-        while let Node::Inner(inner) = node {
+        let mut node = root.node();
+        while let Kind::Inner(inner) = node {
             depth += 1;
-            node = &inner.children[0];
+            node = inner.child(0);
         }
         stats.depth = depth;
-        visit_nodes(root, &mut |node| {
+        visit_nodes(root.node(), &mut |node| {
             stats.nodes += 1;
-            if let Node::Leaf(leaf) = node {
+            if let Kind::Leaf(leaf) = node {
                 stats.leaves += 1;
                 stats.entries += leaf.keys.len();
             }
@@ -438,15 +750,15 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     /// `other`: after `k` writes on a clone, all but O(k * depth) are shared.
     pub fn shared_nodes_with(&self, other: &Self) -> usize {
         let mut theirs = HashSet::new();
-        if let Some(root) = other.root.as_deref() {
-            visit_nodes(root, &mut |node| {
-                theirs.insert(node as *const Node<K, V>);
+        if let Some(root) = &other.root {
+            visit_nodes(root.node(), &mut |node| {
+                theirs.insert(node.addr());
             });
         }
         let mut shared = 0;
-        if let Some(root) = self.root.as_deref() {
-            visit_nodes(root, &mut |node| {
-                if theirs.contains(&(node as *const Node<K, V>)) {
+        if let Some(root) = &self.root {
+            visit_nodes(root.node(), &mut |node| {
+                if theirs.contains(&node.addr()) {
                     shared += 1;
                 }
             });
@@ -459,7 +771,7 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     #[doc(hidden)]
     pub fn check_invariants(&self) {
         assert!((MIN_FANOUT..=MAX_FANOUT).contains(&self.fanout));
-        let Some(root) = self.root.as_deref() else {
+        let Some(root) = &self.root else {
             assert_eq!(self.len, 0, "a tree without root must be empty");
             return;
         };
@@ -467,7 +779,7 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
             min: min_fill(self.fanout),
             max: self.fanout,
         };
-        let (entries, _depth) = check_node(root, None, None, true, limits);
+        let (entries, _depth) = check_node(root.node(), None, None, true, limits);
         assert_eq!(
             entries, self.len,
             "len disagrees with the entries in leaves"
@@ -475,162 +787,22 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     }
 }
 
-/// Separator and new right sibling of a node that overflowed and split.
-type Split<K, V> = Option<(K, Arc<Node<K, V>>)>;
-
-/// Returns the old value if `key` was present, and the split if `node` overflowed.
-fn insert_rec<K: Ord + Clone, V: Clone>(
-    node: &mut Arc<Node<K, V>>,
-    key: K,
-    value: V,
-    fanout: usize,
-) -> (Option<V>, Split<K, V>) {
-    match Arc::make_mut(node) {
-        Node::Leaf(leaf) => match leaf.keys.binary_search(&key) {
-            Ok(i) => (Some(std::mem::replace(&mut leaf.vals[i], value)), None),
-            Err(i) => {
-                leaf.keys.insert(i, key);
-                leaf.vals.insert(i, value);
-                if leaf.keys.len() <= fanout {
-                    return (None, None);
-                }
-                let mid = leaf.keys.len() / 2;
-                let right = Leaf {
-                    keys: split_off(&mut leaf.keys, mid),
-                    vals: split_off(&mut leaf.vals, mid),
-                };
-                let separator = right.keys[0].clone();
-                (None, Some((separator, Arc::new(Node::Leaf(right)))))
-            }
-        },
-        Node::Inner(inner) => {
-            let i = child_index(&inner.keys, &key);
-            let (old, split) = insert_rec(&mut inner.children[i], key, value, fanout);
-            let Some((separator, right)) = split else {
-                return (old, None);
-            };
-            inner.keys.insert(i, separator);
-            inner.children.insert(i + 1, right);
-            if inner.children.len() <= fanout {
-                return (old, None);
-            }
-            let mid = inner.children.len() / 2;
-            let right = Inner {
-                children: split_off(&mut inner.children, mid),
-                keys: split_off(&mut inner.keys, mid),
-            };
-            // The left half kept `mid` keys for `mid` children: its last key
-            // moves up as the separator.
-            let separator = inner
-                .keys
-                .pop()
-                .expect("the left half of a split inner node keeps mid >= 2 keys");
-            (old, Some((separator, Arc::new(Node::Inner(right)))))
-        }
+/// The new root over a root that split into `left` and `right`.
+fn grow<K: Ord + Clone, V: Clone, N: Node<K, V>>(
+    left: &Arc<N>,
+    separator: K,
+    right: N,
+) -> Inner<K, V> {
+    Inner {
+        keys: smallvec::smallvec![separator],
+        children: N::tagged(smallvec::smallvec![Arc::clone(left), Arc::new(right)]),
     }
 }
 
-/// Requires: `key` is present under `node` (else the path was copied for nothing).
-/// Leaves `node` possibly underfull; its parent rebalances.
-fn remove_rec<K: Ord + Clone, V: Clone>(
-    node: &mut Arc<Node<K, V>>,
-    key: &K,
-    min: usize,
-) -> Option<V> {
-    match Arc::make_mut(node) {
-        Node::Leaf(leaf) => {
-            let i = leaf.keys.binary_search(key).ok()?;
-            leaf.keys.remove(i);
-            Some(leaf.vals.remove(i))
-        }
-        Node::Inner(inner) => {
-            let i = child_index(&inner.keys, key);
-            let old = remove_rec(&mut inner.children[i], key, min)?;
-            if inner.children[i].fill() < min {
-                rebalance(inner, i, min);
-            }
-            Some(old)
-        }
-    }
-}
-
-/// Restores the fill of `parent.children[i]` (one below `min`) by taking one
-/// item from a sibling that can spare it, else by merging with that sibling.
-fn rebalance<K: Ord + Clone, V: Clone>(parent: &mut Inner<K, V>, i: usize, min: usize) {
-    debug_assert!(
-        parent.children.len() >= 2,
-        "an inner node has >= 2 children"
-    );
-    let sibling = if i > 0 { i - 1 } else { i + 1 };
-    let left = i.min(sibling);
-    if parent.children[sibling].fill() > min {
-        borrow(parent, left, sibling < i);
-    } else {
-        merge(parent, left);
-    }
-}
-
-/// Moves one item across the boundary between children `left` and `left + 1`.
-fn borrow<K: Ord + Clone, V: Clone>(parent: &mut Inner<K, V>, left: usize, from_left: bool) {
-    let (head, tail) = parent.children.split_at_mut(left + 1);
-    let separator = &mut parent.keys[left];
-    match (Arc::make_mut(&mut head[left]), Arc::make_mut(&mut tail[0])) {
-        (Node::Leaf(l), Node::Leaf(r)) => {
-            if from_left {
-                let k = l.keys.pop().expect("a lending sibling is above min fill");
-                let v = l.vals.pop().expect("keys and vals have equal length");
-                r.keys.insert(0, k);
-                r.vals.insert(0, v);
-            } else {
-                l.keys.push(r.keys.remove(0));
-                l.vals.push(r.vals.remove(0));
-            }
-            *separator = r.keys[0].clone();
-        }
-        (Node::Inner(l), Node::Inner(r)) => {
-            // Rotate through the parent: the old separator comes down, the
-            // moved child's bounding key goes up.
-            if from_left {
-                let k = l.keys.pop().expect("a lending sibling is above min fill");
-                let c = l.children.pop().expect("children outnumber keys");
-                r.keys.insert(0, std::mem::replace(separator, k));
-                r.children.insert(0, c);
-            } else {
-                let k = r.keys.remove(0);
-                l.keys.push(std::mem::replace(separator, k));
-                l.children.push(r.children.remove(0));
-            }
-        }
-        _ => unreachable!("siblings share a depth, so both are leaves or both inner"),
-    }
-}
-
-/// Merges child `left + 1` into child `left`; both together fit in one node.
-fn merge<K: Ord + Clone, V: Clone>(parent: &mut Inner<K, V>, left: usize) {
-    let right = parent.children.remove(left + 1);
-    let separator = parent.keys.remove(left);
-    // A right node still shared with another version is cloned, never moved from.
-    let right = Arc::unwrap_or_clone(right);
-    match (Arc::make_mut(&mut parent.children[left]), right) {
-        (Node::Leaf(l), Node::Leaf(mut r)) => {
-            l.keys.append(&mut r.keys);
-            l.vals.append(&mut r.vals);
-        }
-        (Node::Inner(l), Node::Inner(mut r)) => {
-            l.keys.push(separator);
-            l.keys.append(&mut r.keys);
-            l.children.append(&mut r.children);
-        }
-        _ => unreachable!("siblings share a depth, so both are leaves or both inner"),
-    }
-}
-
-fn visit_nodes<K, V>(node: &Node<K, V>, f: &mut impl FnMut(&Node<K, V>)) {
+fn visit_nodes<'a, K, V>(node: NodeRef<'a, K, V>, f: &mut impl FnMut(NodeRef<'a, K, V>)) {
     f(node);
-    if let Node::Inner(inner) = node {
-        for child in &inner.children {
-            visit_nodes(child, f);
-        }
+    for child in node.children() {
+        visit_nodes(child, f);
     }
 }
 
@@ -642,17 +814,14 @@ struct FillLimits {
 
 /// Checks the subtree whose keys must lie in `[lower, upper)`; returns its
 /// entry count and depth.
-fn check_node<K: Ord, V>(
-    node: &Node<K, V>,
+fn check_node<K: Ord + Clone, V: Clone>(
+    node: NodeRef<'_, K, V>,
     lower: Option<&K>,
     upper: Option<&K>,
     is_root: bool,
     limits: FillLimits,
 ) -> (usize, usize) {
-    let keys = match node {
-        Node::Leaf(leaf) => &leaf.keys,
-        Node::Inner(inner) => &inner.keys,
-    };
+    let (keys, fill) = kind!(node, node => (&node.keys, node.fill()));
     assert!(
         keys.windows(2).all(|w| w[0] < w[1]),
         "keys not strictly ascending"
@@ -664,26 +833,25 @@ fn check_node<K: Ord, V>(
         assert!(last < hi, "key not below its subtree's upper separator");
     }
     let min = match (is_root, node) {
-        (true, Node::Leaf(_)) => 1,
-        (true, Node::Inner(_)) => 2,
+        (true, Kind::Leaf(_)) => 1,
+        (true, Kind::Inner(_)) => 2,
         (false, _) => limits.min,
     };
-    let fill = node.fill();
     assert!(
         (min..=limits.max).contains(&fill),
         "fill {fill} outside {min}..={}",
         limits.max
     );
     match node {
-        Node::Leaf(leaf) => {
+        Kind::Leaf(leaf) => {
             assert_eq!(leaf.keys.len(), leaf.vals.len(), "a key without value");
             (leaf.keys.len(), 1)
         }
-        Node::Inner(inner) => {
+        Kind::Inner(inner) => {
             assert_eq!(inner.keys.len() + 1, inner.children.len());
             let mut entries = 0;
             let mut depth = None;
-            for (i, child) in inner.children.iter().enumerate() {
+            for (i, child) in node.children().enumerate() {
                 let lo = if i == 0 {
                     lower
                 } else {
@@ -717,15 +885,15 @@ impl<'a, K: Ord, V> Cursor<'a, K, V> {
     }
 
     /// Descends from `node` to its first (`last == false`) or last leaf entry.
-    fn descend(&mut self, mut node: &'a Node<K, V>, last: bool) {
+    fn descend(&mut self, mut node: NodeRef<'a, K, V>, last: bool) {
         loop {
             match node {
-                Node::Inner(inner) => {
+                Kind::Inner(inner) => {
                     let i = if last { inner.children.len() - 1 } else { 0 };
                     self.path.push((inner, i));
-                    node = &inner.children[i];
+                    node = inner.child(i);
                 }
-                Node::Leaf(leaf) => {
+                Kind::Leaf(leaf) => {
                     self.leaf = leaf;
                     self.idx = if last {
                         leaf.keys.len().saturating_sub(1)
@@ -751,7 +919,7 @@ impl<'a, K: Ord, V> Cursor<'a, K, V> {
             let inner: &'a Inner<K, V> = top.0;
             if top.1 + 1 < inner.children.len() {
                 top.1 += 1;
-                let child: &'a Node<K, V> = &inner.children[top.1];
+                let child = inner.child(top.1);
                 self.descend(child, false);
                 return true;
             }
@@ -772,7 +940,7 @@ impl<'a, K: Ord, V> Cursor<'a, K, V> {
             let inner: &'a Inner<K, V> = top.0;
             if top.1 > 0 {
                 top.1 -= 1;
-                let child: &'a Node<K, V> = &inner.children[top.1];
+                let child = inner.child(top.1);
                 self.descend(child, true);
                 return true;
             }
@@ -781,20 +949,20 @@ impl<'a, K: Ord, V> Cursor<'a, K, V> {
     }
 
     /// Cursor at the first entry inside `lower`, if any.
-    fn seek_lower(root: &'a Node<K, V>, lower: Bound<&K>) -> Option<Self> {
+    fn seek_lower(root: NodeRef<'a, K, V>, lower: Bound<&K>) -> Option<Self> {
         let mut path = Vec::new();
         let mut node = root;
         loop {
             match node {
-                Node::Inner(inner) => {
+                Kind::Inner(inner) => {
                     let i = match lower {
                         Bound::Unbounded => 0,
                         Bound::Included(k) | Bound::Excluded(k) => child_index(&inner.keys, k),
                     };
                     path.push((inner, i));
-                    node = &inner.children[i];
+                    node = inner.child(i);
                 }
-                Node::Leaf(leaf) => {
+                Kind::Leaf(leaf) => {
                     let idx = match lower {
                         Bound::Unbounded => 0,
                         Bound::Included(k) => leaf.keys.partition_point(|e| e < k),
@@ -815,21 +983,21 @@ impl<'a, K: Ord, V> Cursor<'a, K, V> {
     }
 
     /// Cursor at the last entry inside `upper`, if any.
-    fn seek_upper(root: &'a Node<K, V>, upper: Bound<&K>) -> Option<Self> {
+    fn seek_upper(root: NodeRef<'a, K, V>, upper: Bound<&K>) -> Option<Self> {
         let mut path = Vec::new();
         let mut node = root;
         loop {
             match node {
-                Node::Inner(inner) => {
+                Kind::Inner(inner) => {
                     let i = match upper {
                         Bound::Unbounded => inner.children.len() - 1,
                         Bound::Included(k) => child_index(&inner.keys, k),
                         Bound::Excluded(k) => inner.keys.partition_point(|s| s < k),
                     };
                     path.push((inner, i));
-                    node = &inner.children[i];
+                    node = inner.child(i);
                 }
-                Node::Leaf(leaf) => {
+                Kind::Leaf(leaf) => {
                     let end = match upper {
                         Bound::Unbounded => leaf.keys.len(),
                         Bound::Included(k) => leaf.keys.partition_point(|e| e <= k),
@@ -891,9 +1059,9 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     /// Adds the address of every node of this version to `out`. Addresses are
     /// identities only, valid while the version is held.
     pub fn node_addrs_into(&self, out: &mut HashSet<usize>) {
-        if let Some(root) = self.root.as_deref() {
-            visit_nodes(root, &mut |node| {
-                out.insert(node as *const Node<K, V> as usize);
+        if let Some(root) = &self.root {
+            visit_nodes(root.node(), &mut |node| {
+                out.insert(node.addr());
             });
         }
     }
@@ -901,42 +1069,44 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     /// Walks the nodes of this version whose address is not in `known`,
     /// skipping a known node's subtree whole (shared nodes are immutable, so a
     /// version that reaches a node reaches all below it). Returns the unknown
-    /// nodes and their bytes: the node (entries inline), its `Arc` header, any
-    /// buffer a node larger than [`INLINE`] spilled to,
-    /// plus `key_bytes` of each key for what keys own out of line.
+    /// nodes and their bytes: the node (entries inline, sized to its type:
+    /// leaf or inner), its `Arc` header, any buffer a node larger than
+    /// [`INLINE`] spilled to, plus `key_bytes` of each key for what keys own
+    /// out of line.
     pub fn walk_unknown(
         &self,
         known: &HashSet<usize>,
         key_bytes: &impl Fn(&K) -> usize,
     ) -> (usize, usize) {
         fn walk<K, V>(
-            node: &Node<K, V>,
+            node: NodeRef<'_, K, V>,
             known: &HashSet<usize>,
             key_bytes: &impl Fn(&K) -> usize,
             acc: &mut (usize, usize),
         ) {
-            if known.contains(&(node as *const Node<K, V> as usize)) {
+            if known.contains(&node.addr()) {
                 return;
             }
             let (keys, out_of_line) = match node {
-                Node::Leaf(leaf) => (&leaf.keys, spilled_bytes(&leaf.vals)),
-                Node::Inner(inner) => (&inner.keys, spilled_bytes(&inner.children)),
+                Kind::Leaf(leaf) => (&leaf.keys, spilled_bytes(&leaf.vals)),
+                Kind::Inner(inner) => (
+                    &inner.keys,
+                    kind!(&inner.children, children => spilled_bytes(children)),
+                ),
             };
             acc.0 += 1;
-            acc.1 += std::mem::size_of::<Node<K, V>>()
+            acc.1 += kind!(node, node => std::mem::size_of_val(node))
                 + 2 * std::mem::size_of::<usize>()
                 + spilled_bytes(keys)
                 + keys.iter().map(key_bytes).sum::<usize>()
                 + out_of_line;
-            if let Node::Inner(inner) = node {
-                for child in &inner.children {
-                    walk(child, known, key_bytes, acc);
-                }
+            for child in node.children() {
+                walk(child, known, key_bytes, acc);
             }
         }
         let mut acc = (0, 0);
-        if let Some(root) = self.root.as_deref() {
-            walk(root, known, key_bytes, &mut acc);
+        if let Some(root) = &self.root {
+            walk(root.node(), known, key_bytes, &mut acc);
         }
         acc
     }
@@ -947,10 +1117,10 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
     /// (nodes are immutable once shared): incremental checkpoints reuse what
     /// they wrote for it.
     pub fn for_each_leaf(&self, f: &mut impl FnMut(usize, &[K], &[V])) {
-        if let Some(root) = self.root.as_deref() {
-            visit_nodes(root, &mut |node| {
-                if let Node::Leaf(leaf) = node {
-                    f(node as *const Node<K, V> as usize, &leaf.keys, &leaf.vals);
+        if let Some(root) = &self.root {
+            visit_nodes(root.node(), &mut |node| {
+                if let Kind::Leaf(leaf) = node {
+                    f(node.addr(), &leaf.keys, &leaf.vals);
                 }
             });
         }
@@ -958,26 +1128,27 @@ impl<K: Ord + Clone, V: Clone> BTree<K, V> {
 
     /// A weak reference to every node: a probe is dead once no version holds
     /// that node any more (leak tests: released snapshots free their nodes).
-    pub fn node_probes(&self) -> Vec<std::sync::Weak<dyn std::any::Any>>
+    pub fn node_probes(&self) -> Vec<Weak<dyn Any>>
     where
         K: 'static,
         V: 'static,
     {
-        fn walk<K: 'static, V: 'static>(
-            node: &Arc<Node<K, V>>,
-            out: &mut Vec<std::sync::Weak<dyn std::any::Any>>,
-        ) {
-            let any: Arc<dyn std::any::Any> = node.clone();
-            out.push(Arc::downgrade(&any));
-            if let Node::Inner(inner) = &**node {
-                for child in &inner.children {
-                    walk(child, out);
-                }
+        fn probe<N: Any>(node: &Arc<N>) -> Weak<dyn Any> {
+            let any: Arc<dyn Any> = node.clone();
+            Arc::downgrade(&any)
+        }
+        fn walk<K: 'static, V: 'static>(inner: &Arc<Inner<K, V>>, out: &mut Vec<Weak<dyn Any>>) {
+            out.push(probe(inner));
+            match &inner.children {
+                Kind::Leaf(leaves) => out.extend(leaves.iter().map(probe)),
+                Kind::Inner(inners) => inners.iter().for_each(|child| walk(child, out)),
             }
         }
         let mut out = Vec::new();
-        if let Some(root) = &self.root {
-            walk(root, &mut out);
+        match &self.root {
+            Some(Kind::Leaf(leaf)) => out.push(probe(leaf)),
+            Some(Kind::Inner(inner)) => walk(inner, &mut out),
+            None => {}
         }
         out
     }
@@ -990,25 +1161,6 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeMap;
-    use std::sync::Weak;
-
-    impl<K, V> BTree<K, V> {
-        fn weak_nodes(&self) -> Vec<Weak<Node<K, V>>> {
-            fn walk<K, V>(node: &Arc<Node<K, V>>, out: &mut Vec<Weak<Node<K, V>>>) {
-                out.push(Arc::downgrade(node));
-                if let Node::Inner(inner) = &**node {
-                    for child in &inner.children {
-                        walk(child, out);
-                    }
-                }
-            }
-            let mut out = Vec::new();
-            if let Some(root) = &self.root {
-                walk(root, &mut out);
-            }
-            out
-        }
-    }
 
     fn assert_same(tree: &BTree<u32, u32>, model: &BTreeMap<u32, u32>) {
         assert_eq!(tree.len(), model.len());
@@ -1228,7 +1380,7 @@ mod tests {
             }
         }
         for version in versions.iter().chain([&tree]) {
-            weak.extend(version.weak_nodes());
+            weak.extend(version.node_probes());
         }
         assert!(weak.iter().all(|w| w.upgrade().is_some()));
         drop(versions);
