@@ -214,8 +214,8 @@ fn main() {
         stats.heap_nodes
     );
     println!(
-        "size_of: RawBson (a secondary index key part) {} B, Arc<RawDocumentBuf> block {} B",
-        std::mem::size_of::<duetdb::bson::RawBson>(),
+        "size_of: IndexKey (a secondary index's key, one field inline) {} B, Arc<RawDocumentBuf> block {} B",
+        std::mem::size_of::<duetdb::structures::IndexKey>(),
         2 * std::mem::size_of::<usize>() + std::mem::size_of::<RawDocumentBuf>(),
     );
     println!(
