@@ -149,28 +149,15 @@ fn id_lookups_answer_as_the_general_path() {
             0,
             "{what}"
         );
-        same_outcome(
-            &c.find(fast.clone())
-                .snapshot(Strategy::Vls)
-                .run_detailed()
-                .expect("fast"),
-            &c.find(eq(&v))
-                .snapshot(Strategy::Vls)
-                .run_detailed()
-                .expect("general"),
-            &what,
-        );
-        same_outcome(
-            &c.find(fast.clone())
-                .snapshot(Strategy::Cow)
-                .run_detailed()
-                .expect("fast"),
-            &c.find(eq(&v))
-                .snapshot(Strategy::Cow)
-                .run_detailed()
-                .expect("general"),
-            &what,
-        );
+        for strategy in [Strategy::Vls, Strategy::Olcp, Strategy::None, Strategy::Cow] {
+            let run = |filter: Document| {
+                c.find(filter)
+                    .snapshot(strategy)
+                    .run_detailed()
+                    .expect("find")
+            };
+            same_outcome(&run(fast.clone()), &run(eq(&v)), &what);
+        }
     }
     // Writes after the snapshot are invisible to it, visible to the latest.
     c.delete_one(doc! {"_id": 1}).expect("delete");
