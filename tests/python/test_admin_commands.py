@@ -133,9 +133,17 @@ def running_count(server, db, duet):
 
 
 def wait_for_op(client, pred, what):
+    """The first op `pred` accepts once its read has started: an op shows in
+    currentOp from the moment its command is registered, and gains its
+    `duet` section (strategy, snapshot) and plan only when its read has
+    chosen what it runs on, a moment later."""
     deadline = time.time() + 10
     while time.time() < deadline:
-        ops = [o for o in client.admin.command("currentOp")["inprog"] if pred(o)]
+        ops = [
+            o
+            for o in client.admin.command("currentOp")["inprog"]
+            if pred(o) and "duet" in o
+        ]
         if ops:
             return ops[0]
         time.sleep(0.02)
