@@ -107,14 +107,9 @@ impl From<KeyPart> for Part {
 impl IndexKey {
     /// The key of `parts` (in field order) under the direction bits `desc`.
     pub fn new(parts: Vec<KeyPart>, desc: u32) -> IndexKey {
-        let parts = if parts.len() == 1 {
-            let mut parts = parts;
-            match parts.pop() {
-                Some(p) => Parts::One(p.into()),
-                None => Parts::Many(Arc::from([])),
-            }
-        } else {
-            Parts::Many(parts.into_iter().map(Part::from).collect())
+        let parts = match <[KeyPart; 1]>::try_from(parts) {
+            Ok([part]) => Parts::One(part.into()),
+            Err(parts) => Parts::Many(parts.into_iter().map(Part::from).collect()),
         };
         IndexKey { parts, desc }
     }
@@ -289,17 +284,8 @@ fn str_key(s: &str) -> ValueKey {
 
 impl From<RawBson> for ValueKey {
     fn from(v: RawBson) -> Self {
-        match v {
-            RawBson::Int32(i) => ValueKey::Int32(i),
-            RawBson::Int64(i) => ValueKey::Int64(i),
-            RawBson::Double(d) => ValueKey::Double(d),
-            RawBson::DateTime(d) => ValueKey::DateTime(d.timestamp_millis()),
-            RawBson::Boolean(b) => ValueKey::Bool(b),
-            RawBson::Null => ValueKey::Null,
-            RawBson::ObjectId(o) => ValueKey::ObjectId(o.bytes()),
-            RawBson::String(s) => str_key(&s),
-            other => ValueKey::Other(Arc::new(other)),
-        }
+        // A value kept whole is moved into its `Arc`, not copied.
+        ValueKey::inline(v.as_raw_bson_ref()).unwrap_or_else(|| ValueKey::Other(Arc::new(v)))
     }
 }
 
@@ -311,7 +297,15 @@ impl From<&RawBson> for ValueKey {
 
 impl From<RawBsonRef<'_>> for ValueKey {
     fn from(v: RawBsonRef<'_>) -> Self {
-        match v {
+        ValueKey::inline(v).unwrap_or_else(|| ValueKey::Other(Arc::new(RawBson::from(v))))
+    }
+}
+
+impl ValueKey {
+    /// The key of `v` when it is one of the kinds held without an `Arc` of
+    /// the whole value (a long string is, in an `Arc<str>`).
+    fn inline(v: RawBsonRef<'_>) -> Option<ValueKey> {
+        Some(match v {
             RawBsonRef::Int32(i) => ValueKey::Int32(i),
             RawBsonRef::Int64(i) => ValueKey::Int64(i),
             RawBsonRef::Double(d) => ValueKey::Double(d),
@@ -320,12 +314,10 @@ impl From<RawBsonRef<'_>> for ValueKey {
             RawBsonRef::Null => ValueKey::Null,
             RawBsonRef::ObjectId(o) => ValueKey::ObjectId(o.bytes()),
             RawBsonRef::String(s) => str_key(s),
-            other => ValueKey::Other(Arc::new(RawBson::from(other))),
-        }
+            _ => return None,
+        })
     }
-}
 
-impl ValueKey {
     /// The value, borrowed.
     pub fn as_raw_ref(&self) -> RawBsonRef<'_> {
         match self {
@@ -345,16 +337,8 @@ impl ValueKey {
     /// The value, owned.
     pub fn to_raw(&self) -> RawBson {
         match self {
-            ValueKey::Int32(i) => RawBson::Int32(*i),
-            ValueKey::Int64(i) => RawBson::Int64(*i),
-            ValueKey::Double(d) => RawBson::Double(*d),
-            ValueKey::DateTime(d) => RawBson::DateTime(bson::DateTime::from_millis(*d)),
-            ValueKey::Bool(b) => RawBson::Boolean(*b),
-            ValueKey::Null => RawBson::Null,
-            ValueKey::ObjectId(b) => RawBson::ObjectId(bson::oid::ObjectId::from_bytes(*b)),
-            ValueKey::ShortStr(s) => RawBson::String(s.as_str().to_string()),
-            ValueKey::Str(s) => RawBson::String(s.to_string()),
             ValueKey::Other(v) => (**v).clone(),
+            _ => RawBson::from(self.as_raw_ref()),
         }
     }
 
